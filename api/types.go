@@ -1,0 +1,332 @@
+package api
+
+import "net/netip"
+
+// LabelSelector is the Kubernetes label selector form. A nil *LabelSelector
+// means "not specified"; an empty one selects everything.
+type LabelSelector struct {
+	MatchLabels      map[string]string          `json:"matchLabels,omitempty"`
+	MatchExpressions []LabelSelectorRequirement `json:"matchExpressions,omitempty"`
+}
+
+// Label selector operators.
+const (
+	OpIn           = "In"
+	OpNotIn        = "NotIn"
+	OpExists       = "Exists"
+	OpDoesNotExist = "DoesNotExist"
+)
+
+// LabelSelectorRequirement is one matchExpressions entry.
+type LabelSelectorRequirement struct {
+	Key      string   `json:"key"`
+	Operator string   `json:"operator"`
+	Values   []string `json:"values,omitempty"`
+}
+
+// ---------------------------------------------------------------- Node
+
+// Node is a host running tabby-agent. Its labels are metadata.labels.
+type Node struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta `json:"metadata"`
+	Spec     NodeSpec   `json:"spec"`
+}
+
+// NodeSpec describes a node's addresses and BGP identity.
+type NodeSpec struct {
+	// Addresses lists the node's addresses (informational, for example
+	// InternalIP); routing uses BGP.IPv4Address.
+	Addresses []NodeAddress `json:"addresses,omitempty"`
+	BGP       *NodeBGPSpec  `json:"bgp,omitempty"`
+}
+
+// NodeAddress is one address of a node.
+type NodeAddress struct {
+	Address string `json:"address"`
+	Type    string `json:"type,omitempty"`
+}
+
+// NodeBGPSpec is the node's BGP identity.
+type NodeBGPSpec struct {
+	// IPv4Address is the node's underlay address with its prefix length
+	// ("198.18.0.2/24"); it is the BGP router ID, session address and next hop.
+	IPv4Address string `json:"ipv4Address,omitempty"`
+	// ASNumber overrides BGPConfiguration's asNumber for this node.
+	ASNumber *uint32 `json:"asNumber,omitempty"`
+	// RouteReflectorClusterID makes the node a route reflector with that
+	// cluster ID (an IPv4 address in dotted form).
+	RouteReflectorClusterID string `json:"routeReflectorClusterID,omitempty"`
+}
+
+// ---------------------------------------------------------------- IPPool
+
+// IPPool is a range of pod addresses, carved into blocks.
+type IPPool struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta `json:"metadata"`
+	Spec     IPPoolSpec `json:"spec"`
+}
+
+// Default and limits of IPPoolSpec.BlockSize.
+const (
+	DefaultBlockSize = 26
+	MinBlockSize     = 20
+	MaxBlockSize     = 32
+)
+
+// IPPoolSpec describes a pool.
+type IPPoolSpec struct {
+	CIDR             string         `json:"cidr"`
+	BlockSize        int            `json:"blockSize,omitempty"`
+	NATOutgoing      bool           `json:"natOutgoing,omitempty"`
+	Disabled         bool           `json:"disabled,omitempty"`
+	NodeSelector     *LabelSelector `json:"nodeSelector,omitempty"`
+	DisableBGPExport bool           `json:"disableBGPExport,omitempty"`
+}
+
+// ---------------------------------------------------------------- IPAMConfig
+
+// IPAMConfig is the singleton (name "default") that tunes IPAM.
+type IPAMConfig struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta     `json:"metadata"`
+	Spec     IPAMConfigSpec `json:"spec"`
+}
+
+// IPAMConfigSpec tunes IPAM.
+type IPAMConfigSpec struct {
+	// StrictAffinity forbids borrowing addresses from other nodes' blocks.
+	StrictAffinity bool `json:"strictAffinity,omitempty"`
+	// AutoAllocateBlocks lets a node claim new blocks (default true).
+	AutoAllocateBlocks *bool `json:"autoAllocateBlocks,omitempty"`
+	// MaxBlocksPerHost limits the blocks affine to one node (0: no limit).
+	MaxBlocksPerHost int `json:"maxBlocksPerHost,omitempty"`
+}
+
+// ---------------------------------------------------------------- BGP
+
+// Defaults of BGPConfigurationSpec.
+const (
+	DefaultASNumber   uint32 = 64512
+	DefaultListenPort uint16 = 179
+)
+
+// BGPConfiguration is the singleton (name "default") for cluster-wide BGP.
+type BGPConfiguration struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta           `json:"metadata"`
+	Spec     BGPConfigurationSpec `json:"spec"`
+}
+
+// BGPConfigurationSpec holds cluster-wide BGP settings.
+type BGPConfigurationSpec struct {
+	ASNumber               *uint32   `json:"asNumber,omitempty"`
+	NodeToNodeMeshEnabled  *bool     `json:"nodeToNodeMeshEnabled,omitempty"`
+	ListenPort             *uint16   `json:"listenPort,omitempty"`
+	NodeMeshPassword       string    `json:"nodeMeshPassword,omitempty"`
+	NodeMeshMaxRestartTime *Duration `json:"nodeMeshMaxRestartTime,omitempty"`
+	KeepaliveTime          *Duration `json:"keepaliveTime,omitempty"`
+	HoldTime               *Duration `json:"holdTime,omitempty"`
+}
+
+// BGPPeer is an explicit BGP session: global (no node, no nodeSelector), for
+// one node, or for the nodes a selector picks. PeerIP names a router outside
+// the cluster; PeerSelector instead names the cluster nodes to peer with.
+type BGPPeer struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta  `json:"metadata"`
+	Spec     BGPPeerSpec `json:"spec"`
+}
+
+// Values of BGPPeerSpec.SourceAddress.
+const (
+	SourceAddressUseNodeIP = "UseNodeIP"
+	SourceAddressNone      = "None"
+)
+
+// BGPPeerSpec describes an explicit peering.
+type BGPPeerSpec struct {
+	PeerIP         string         `json:"peerIP,omitempty"`
+	ASNumber       uint32         `json:"asNumber,omitempty"`
+	Node           string         `json:"node,omitempty"`
+	NodeSelector   *LabelSelector `json:"nodeSelector,omitempty"`
+	PeerSelector   *LabelSelector `json:"peerSelector,omitempty"`
+	Password       string         `json:"password,omitempty"`
+	KeepaliveTime  *Duration      `json:"keepaliveTime,omitempty"`
+	HoldTime       *Duration      `json:"holdTime,omitempty"`
+	MaxRestartTime *Duration      `json:"maxRestartTime,omitempty"`
+	SourceAddress  string         `json:"sourceAddress,omitempty"`
+}
+
+// ---------------------------------------------------------------- WorkloadEndpoint
+
+// WorkloadEndpoint is one pod interface. It is namespaced by the pod's
+// namespace; metadata.labels are the pod's labels.
+type WorkloadEndpoint struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta           `json:"metadata"`
+	Spec     WorkloadEndpointSpec `json:"spec"`
+}
+
+// WorkloadEndpointSpec describes a pod interface.
+type WorkloadEndpointSpec struct {
+	Node          string `json:"node"`
+	Orchestrator  string `json:"orchestrator,omitempty"`
+	Pod           string `json:"pod,omitempty"`
+	ContainerID   string `json:"containerID"`
+	Endpoint      string `json:"endpoint,omitempty"`
+	InterfaceName string `json:"interfaceName"`
+	MAC           string `json:"mac,omitempty"`
+	// IPNetworks are the pod's addresses as /32 CIDRs.
+	IPNetworks []string `json:"ipNetworks"`
+	// IPAMHandle is the IPAM handle the addresses are held under.
+	IPAMHandle string `json:"ipamHandle,omitempty"`
+	// NamespaceLabels are the labels of the pod's namespace, for policy
+	// namespaceSelectors.
+	NamespaceLabels map[string]string `json:"namespaceLabels,omitempty"`
+	Profiles        []string          `json:"profiles,omitempty"`
+	// Ports are the pod's named ports, for named ports in policy.
+	Ports []EndpointPort `json:"ports,omitempty"`
+}
+
+// EndpointPort is a named container port.
+type EndpointPort struct {
+	Name     string `json:"name"`
+	Protocol string `json:"protocol,omitempty"`
+	Port     uint16 `json:"port"`
+}
+
+// ---------------------------------------------------------------- NetworkPolicy
+
+// Policy types.
+type PolicyType string
+
+// The policy types.
+const (
+	PolicyTypeIngress PolicyType = "Ingress"
+	PolicyTypeEgress  PolicyType = "Egress"
+)
+
+// NetworkPolicy is a namespaced policy whose spec is exactly Kubernetes'
+// networking.k8s.io/v1 NetworkPolicySpec.
+type NetworkPolicy struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta        `json:"metadata"`
+	Spec     NetworkPolicySpec `json:"spec"`
+}
+
+// NetworkPolicySpec mirrors networking.k8s.io/v1.
+type NetworkPolicySpec struct {
+	PodSelector LabelSelector              `json:"podSelector"`
+	Ingress     []NetworkPolicyIngressRule `json:"ingress,omitempty"`
+	Egress      []NetworkPolicyEgressRule  `json:"egress,omitempty"`
+	PolicyTypes []PolicyType               `json:"policyTypes,omitempty"`
+}
+
+// NetworkPolicyIngressRule mirrors networking.k8s.io/v1.
+type NetworkPolicyIngressRule struct {
+	Ports []NetworkPolicyPort `json:"ports,omitempty"`
+	From  []NetworkPolicyPeer `json:"from,omitempty"`
+}
+
+// NetworkPolicyEgressRule mirrors networking.k8s.io/v1.
+type NetworkPolicyEgressRule struct {
+	Ports []NetworkPolicyPort `json:"ports,omitempty"`
+	To    []NetworkPolicyPeer `json:"to,omitempty"`
+}
+
+// NetworkPolicyPeer mirrors networking.k8s.io/v1.
+type NetworkPolicyPeer struct {
+	PodSelector       *LabelSelector `json:"podSelector,omitempty"`
+	NamespaceSelector *LabelSelector `json:"namespaceSelector,omitempty"`
+	IPBlock           *IPBlock       `json:"ipBlock,omitempty"`
+}
+
+// IPBlock mirrors networking.k8s.io/v1.
+type IPBlock struct {
+	CIDR   string   `json:"cidr"`
+	Except []string `json:"except,omitempty"`
+}
+
+// NetworkPolicyPort mirrors networking.k8s.io/v1. Protocol defaults to TCP.
+type NetworkPolicyPort struct {
+	Protocol *string      `json:"protocol,omitempty"`
+	Port     *IntOrString `json:"port,omitempty"`
+	EndPort  *int32       `json:"endPort,omitempty"`
+}
+
+// ---------------------------------------------------------------- GlobalNetworkPolicy
+
+// Rule actions.
+const (
+	ActionAllow = "Allow"
+	ActionDeny  = "Deny"
+)
+
+// GlobalNetworkPolicy is a cluster-wide ordered policy with Allow and Deny
+// rules, evaluated before namespaced NetworkPolicy.
+type GlobalNetworkPolicy struct {
+	TypeMeta `json:",inline"`
+	Metadata ObjectMeta              `json:"metadata"`
+	Spec     GlobalNetworkPolicySpec `json:"spec"`
+}
+
+// GlobalNetworkPolicySpec selects endpoints and lists rules. Lower order
+// comes first; a nil order comes last.
+type GlobalNetworkPolicySpec struct {
+	Order             *float64       `json:"order,omitempty"`
+	Selector          *LabelSelector `json:"selector,omitempty"`
+	NamespaceSelector *LabelSelector `json:"namespaceSelector,omitempty"`
+	Types             []PolicyType   `json:"types,omitempty"`
+	Ingress           []Rule         `json:"ingress,omitempty"`
+	Egress            []Rule         `json:"egress,omitempty"`
+}
+
+// Rule is one GlobalNetworkPolicy rule.
+type Rule struct {
+	Action      string      `json:"action"`
+	Protocol    *string     `json:"protocol,omitempty"`
+	Source      EntityRule  `json:"source,omitempty"`
+	Destination EntityRule  `json:"destination,omitempty"`
+}
+
+// EntityRule matches a packet's source or destination. Ports are numbers,
+// "lo:hi" ranges or named ports.
+type EntityRule struct {
+	Selector          *LabelSelector `json:"selector,omitempty"`
+	NamespaceSelector *LabelSelector `json:"namespaceSelector,omitempty"`
+	Nets              []string       `json:"nets,omitempty"`
+	NotNets           []string       `json:"notNets,omitempty"`
+	Ports             []IntOrString  `json:"ports,omitempty"`
+}
+
+// ---------------------------------------------------------------- accessors
+
+// IPv4 returns the node's BGP address and prefix, if it has a valid one.
+func (n *Node) IPv4() (netip.Prefix, bool) {
+	if n.Spec.BGP == nil || n.Spec.BGP.IPv4Address == "" {
+		return netip.Prefix{}, false
+	}
+	p, err := netip.ParsePrefix(n.Spec.BGP.IPv4Address)
+	if err != nil {
+		a, err2 := netip.ParseAddr(n.Spec.BGP.IPv4Address)
+		if err2 != nil || !a.Is4() {
+			return netip.Prefix{}, false
+		}
+		return netip.PrefixFrom(a, 32), true
+	}
+	if !p.Addr().Is4() {
+		return netip.Prefix{}, false
+	}
+	return p, true
+}
+
+// Prefix returns the pool's CIDR, masked.
+func (p *IPPool) Prefix() (netip.Prefix, error) {
+	pr, err := netip.ParsePrefix(p.Spec.CIDR)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return pr.Masked(), nil
+}

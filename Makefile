@@ -1,0 +1,36 @@
+# Tabby — see README.md. `make demo` and `make test` are the two entry points.
+GO      ?= go
+BIN     := $(CURDIR)/bin
+PKGS    := ./...
+CMDS    := tabby-agent tabby tabbyctl tabby-lab
+TESTFLAGS ?= -count=1 -timeout 20m -p 2
+
+.PHONY: all build test unit lint deps demo clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+
+# Every tier. Privileged and end-to-end tests run when root and skip (saying so) otherwise.
+test: build
+	@if [ "$$(id -u)" != 0 ]; then echo "make test: not root: privileged and end-to-end tests will be skipped"; fi
+	TABBY_BIN=$(BIN) $(GO) test $(TESTFLAGS) $(PKGS)
+
+# Unit tier only (no root needed, no namespaces).
+unit:
+	TABBY_SKIP_PRIVILEGED=1 $(GO) test -count=1 $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+deps:
+	@./scripts/deps.sh
+
+demo: deps build
+	$(BIN)/tabby-lab demo $(DEMOFLAGS)
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,275 @@
+package bgp
+
+import (
+	"cmp"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// nodeInfo is what DesiredPeers needs to know about a node.
+type nodeInfo struct {
+	name      string
+	addr      netip.Addr
+	asn       uint32
+	clusterID string
+	labels    map[string]string
+}
+
+func newNodeInfo(n *api.Node, defaultASN uint32) (nodeInfo, bool) {
+	p, ok := n.IPv4()
+	if !ok {
+		return nodeInfo{}, false
+	}
+	ni := nodeInfo{name: n.Metadata.Name, addr: p.Addr(), asn: defaultASN, labels: n.Metadata.Labels}
+	if b := n.Spec.BGP; b != nil {
+		if b.ASNumber != nil {
+			ni.asn = *b.ASNumber
+		}
+		ni.clusterID = b.RouteReflectorClusterID
+	}
+	return ni, true
+}
+
+// DesiredPeers computes the BGP sessions node self should have.
+//
+//   - With the node-to-node mesh enabled (the default), self peers with every
+//     other node that has an IPv4 address (type "mesh", plain iBGP even
+//     between route reflectors, password nodeMeshPassword).
+//   - BGPPeer resources apply whether or not the mesh is enabled. A BGPPeer
+//     applies to self when it is global (neither node nor nodeSelector),
+//     names self, or its nodeSelector matches self's labels. It then adds a
+//     session to its peerIP (type "global" or "node") and to every other
+//     node its peerSelector matches.
+//   - Between two cluster nodes in the same AS (iBGP), when self has a
+//     route-reflector cluster ID and the peer node does not have the same
+//     one, the peer is self's reflector client (RRClient, type
+//     "rr-client"); a peer node that has a cluster ID is typed "rr". This is
+//     Calico's rule, so two reflectors with different cluster IDs treat each
+//     other as clients. Mesh sessions never set RRClient.
+//   - An explicit peerIP in self's own AS is also made a reflector client
+//     when self is a reflector and the address is not a reflector of the
+//     same cluster.
+//
+// The ASN of a node is its spec.bgp.asNumber, else the configuration's
+// asNumber, else 64512. Timers come from the BGPPeer, else from the
+// configuration. LocalAddress is self's address unless the BGPPeer's
+// sourceAddress is "None". The result has one entry per address (explicit
+// BGPPeers beat the mesh; among BGPPeers the one with the smallest name
+// wins), never self's own address, sorted by address. It is nil when self is
+// unknown or has no IPv4 address.
+func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, peers []*api.BGPPeer) []Peer {
+	var spec api.BGPConfigurationSpec
+	if cfg != nil {
+		spec = cfg.Spec
+	}
+	defaultASN := api.DefaultASNumber
+	if spec.ASNumber != nil {
+		defaultASN = *spec.ASNumber
+	}
+	var listenPort uint16
+	if spec.ListenPort != nil && *spec.ListenPort != api.DefaultListenPort {
+		listenPort = *spec.ListenPort
+	}
+	keepalive, hold := dur(spec.KeepaliveTime), dur(spec.HoldTime)
+
+	var me nodeInfo
+	found := false
+	var others []nodeInfo
+	byAddr := map[netip.Addr]nodeInfo{}
+	for _, n := range nodes {
+		if n == nil {
+			continue
+		}
+		ni, ok := newNodeInfo(n, defaultASN)
+		if n.Metadata.Name == self {
+			if !ok {
+				return nil
+			}
+			me, found = ni, true
+			continue
+		}
+		if ok {
+			others = append(others, ni)
+			if _, dup := byAddr[ni.addr]; !dup {
+				byAddr[ni.addr] = ni
+			}
+		}
+	}
+	if !found {
+		return nil
+	}
+	slices.SortFunc(others, func(a, b nodeInfo) int { return cmp.Compare(a.name, b.name) })
+
+	result := map[netip.Addr]Peer{}
+	explicit := map[netip.Addr]bool{}
+	addExplicit := func(p Peer) {
+		if p.Address == me.addr || explicit[p.Address] {
+			return
+		}
+		explicit[p.Address] = true
+		result[p.Address] = p
+	}
+
+	// nodePeer fills in the reflector relationship between self and node n.
+	nodePeer := func(n nodeInfo, asn uint32, typ PeerType) Peer {
+		p := Peer{Address: n.addr, ASN: asn, Type: typ, Name: n.name, Port: listenPort}
+		if asn == me.asn {
+			switch {
+			case me.clusterID != "" && n.clusterID != me.clusterID:
+				p.RRClient, p.Type = true, PeerRRClient
+			case n.clusterID != "":
+				p.Type = PeerRR
+			}
+		}
+		return p
+	}
+
+	sorted := slices.Clone(peers)
+	sorted = slices.DeleteFunc(sorted, func(p *api.BGPPeer) bool { return p == nil })
+	slices.SortFunc(sorted, func(a, b *api.BGPPeer) int { return cmp.Compare(a.Metadata.Name, b.Metadata.Name) })
+	for _, bp := range sorted {
+		s := bp.Spec
+		global := s.Node == "" && s.NodeSelector == nil
+		if s.Node != "" && s.Node != self {
+			continue
+		}
+		if s.NodeSelector != nil && !selectorMatches(s.NodeSelector, me.labels) {
+			continue
+		}
+		apply := func(p Peer) Peer {
+			p.Password = s.Password
+			p.Keepalive, p.Hold = keepalive, hold
+			if s.KeepaliveTime != nil {
+				p.Keepalive = s.KeepaliveTime.Duration
+			}
+			if s.HoldTime != nil {
+				p.Hold = s.HoldTime.Duration
+			}
+			p.RestartTime = dur(s.MaxRestartTime)
+			if s.SourceAddress != api.SourceAddressNone {
+				p.LocalAddress = me.addr
+			}
+			return p
+		}
+		if s.PeerIP != "" {
+			addr, port, ok := parsePeerIP(s.PeerIP)
+			if ok {
+				var p Peer
+				if n, isNode := byAddr[addr]; isNode {
+					asn := n.asn
+					if s.ASNumber != 0 {
+						asn = s.ASNumber
+					}
+					p = nodePeer(n, asn, PeerNode)
+				} else {
+					p = Peer{Address: addr, ASN: s.ASNumber, Type: PeerNode, Name: bp.Metadata.Name}
+					if p.ASN == 0 {
+						p.ASN = me.asn
+					}
+					if p.ASN == me.asn && me.clusterID != "" {
+						p.RRClient = true
+					}
+				}
+				if global && p.Type == PeerNode {
+					p.Type = PeerGlobal
+				}
+				if port != 0 {
+					p.Port = port
+				}
+				addExplicit(apply(p))
+			}
+		}
+		if s.PeerSelector != nil {
+			for _, n := range others {
+				if selectorMatches(s.PeerSelector, n.labels) {
+					addExplicit(apply(nodePeer(n, n.asn, PeerNode)))
+				}
+			}
+		}
+	}
+
+	if spec.NodeToNodeMeshEnabled == nil || *spec.NodeToNodeMeshEnabled {
+		for _, n := range others {
+			if n.addr == me.addr || explicit[n.addr] {
+				continue
+			}
+			if _, dup := result[n.addr]; dup {
+				continue
+			}
+			result[n.addr] = Peer{
+				Address: n.addr, ASN: n.asn, Type: PeerMesh, Name: n.name,
+				Password: spec.NodeMeshPassword, Keepalive: keepalive, Hold: hold,
+				RestartTime: dur(spec.NodeMeshMaxRestartTime), LocalAddress: me.addr, Port: listenPort,
+			}
+		}
+	}
+
+	out := make([]Peer, 0, len(result))
+	for _, p := range result {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return a.Address.Compare(b.Address) })
+	return out
+}
+
+// parsePeerIP accepts "198.18.0.1", "198.18.0.1:1790" and "[addr]:port".
+func parsePeerIP(s string) (netip.Addr, uint16, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), 0, true
+	}
+	host, portStr, err := net.SplitHostPort(s)
+	if err != nil {
+		return netip.Addr{}, 0, false
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}, 0, false
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return netip.Addr{}, 0, false
+	}
+	return a.Unmap(), uint16(port), true
+}
+
+func dur(d *api.Duration) time.Duration {
+	if d == nil {
+		return 0
+	}
+	return d.Duration
+}
+
+// Block is an IPAM block (affine or borrowed address) as the BGP side sees it.
+type Block struct {
+	CIDR             netip.Prefix
+	DisableBGPExport bool
+}
+
+// DesiredAdvertisements returns the prefixes to originate: every affine
+// block and every borrowed /32 whose pool allows BGP export, masked, sorted
+// and without duplicates.
+func DesiredAdvertisements(affine []Block, borrowed []Block) []netip.Prefix {
+	var out []netip.Prefix
+	for _, list := range [][]Block{affine, borrowed} {
+		for _, b := range list {
+			if b.DisableBGPExport || !b.CIDR.IsValid() {
+				continue
+			}
+			out = append(out, b.CIDR.Masked())
+		}
+	}
+	slices.SortFunc(out, comparePrefix)
+	return slices.Compact(out)
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Bits(), b.Bits())
+}

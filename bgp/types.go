@@ -1,0 +1,126 @@
+// Package bgp owns Tabby's BGP side: a Speaker interface over an embedded
+// GoBGP server (the only package that imports GoBGP), and pure functions that
+// compute, from datastore resources, which peers a node should have and which
+// prefixes it should advertise.
+//
+// Everything exported here uses net/netip and Tabby's own types; GoBGP types
+// never leak out.
+package bgp
+
+import (
+	"context"
+	"net/netip"
+	"time"
+)
+
+// PeerType says why a peering exists. It is informational: it shows up in
+// status output and never changes how a session is configured (the other Peer
+// fields do that).
+type PeerType string
+
+// Peer types produced by DesiredPeers.
+const (
+	// PeerMesh is a node-to-node full-mesh iBGP session.
+	PeerMesh PeerType = "mesh"
+	// PeerGlobal is an explicit BGPPeer with a peerIP that applies to all nodes.
+	PeerGlobal PeerType = "global"
+	// PeerNode is an explicit BGPPeer scoped to some nodes (node or
+	// nodeSelector), or a peerSelector match that is neither a reflector
+	// nor a reflector client.
+	PeerNode PeerType = "node"
+	// PeerRRClient is a session on a reflector towards one of its clients.
+	PeerRRClient PeerType = "rr-client"
+	// PeerRR is a session towards a route reflector.
+	PeerRR PeerType = "rr"
+)
+
+// Peer is one desired BGP session. Zero durations mean "the speaker's
+// default" (see DefaultHold, DefaultKeepalive; RestartTime falls back to
+// Config.RestartTime). Port 0 means 179. A zero LocalAddress lets the kernel
+// pick the source address.
+type Peer struct {
+	Address      netip.Addr
+	ASN          uint32
+	Type         PeerType
+	Name         string // the peer node's name, or the BGPPeer's name for routers outside the cluster
+	Password     string // TCP MD5 password; empty for none
+	RRClient     bool   // we reflect routes to this peer
+	Keepalive    time.Duration
+	Hold         time.Duration
+	RestartTime  time.Duration
+	LocalAddress netip.Addr
+	Port         uint16
+}
+
+// Config configures a Speaker. RouterID is also the next hop of every
+// prefix the speaker originates.
+type Config struct {
+	RouterID netip.Addr
+	ASN      uint32
+	// ListenAddr is the address BGP listens on; zero means all IPv4
+	// addresses (0.0.0.0).
+	ListenAddr netip.Addr
+	// ListenPort is the BGP port; 0 means 179 and -1 means do not listen
+	// (the speaker only connects out).
+	ListenPort int32
+	// ClusterID is this node's route-reflector cluster ID (dotted IPv4),
+	// empty when it is not a reflector.
+	ClusterID string
+	// GracefulRestart enables RFC 4724 graceful restart (helper and
+	// restarting speaker) for IPv4 unicast.
+	GracefulRestart bool
+	// RestartTime is the restart time we announce to peers; 0 means
+	// DefaultRestartTime.
+	RestartTime time.Duration
+	// LocalRestarting announces that this speaker has just restarted (the
+	// "R" bit), so peers keep our stale routes until we send End-of-RIB.
+	// Set it when the agent finds its own routes still in the kernel.
+	LocalRestarting bool
+	// APIListen, when set, exposes GoBGP's gRPC API on this host:port so
+	// that the gobgp CLI can inspect the speaker. It must be a loopback
+	// address.
+	APIListen string
+}
+
+// LearnedRoute is one prefix learned from peers with all of its equal-cost
+// next hops, sorted.
+type LearnedRoute struct {
+	Prefix   netip.Prefix
+	NextHops []netip.Addr
+}
+
+// PeerStatus is the state of one configured peer. It never carries the
+// peer's password.
+type PeerStatus struct {
+	Address netip.Addr
+	Type    PeerType
+	State   string    // "Established", "Active", "Connect", "OpenSent", "OpenConfirm", "Idle"
+	Since   time.Time // when the session entered its current state, if known
+	Info    string    // e.g. the last error or disconnect reason
+}
+
+// Speaker is a BGP speaker. Its methods are safe for concurrent use.
+// SetPeers and SetAdvertised are level-triggered and idempotent: each call
+// states the complete desired set and may be repeated with the same value.
+type Speaker interface {
+	// Start starts the speaker. It may be called once.
+	Start(ctx context.Context, cfg Config) error
+	// SetPeers reconciles the configured peers with peers: it adds
+	// missing ones, updates changed ones and deletes the rest.
+	SetPeers(ctx context.Context, peers []Peer) error
+	// SetAdvertised reconciles the prefixes we originate (next hop =
+	// RouterID, origin IGP), withdrawing those no longer listed.
+	SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error
+	// Routes delivers, after each change, the full current set of best
+	// routes learned from peers. Only the latest set matters: a slow
+	// reader misses intermediate sets, never the last one. The channel
+	// is closed by Stop.
+	Routes() <-chan []LearnedRoute
+	// Peers reports the state of every configured peer, sorted by address.
+	Peers(ctx context.Context) ([]PeerStatus, error)
+	// Stop stops the speaker. Graceful keeps our routes at peers that
+	// support graceful restart: the sessions are closed without a BGP
+	// NOTIFICATION, which the peers treat as a restart and so keep our
+	// routes (as stale) for the restart time.
+	Stop(graceful bool) error
+}

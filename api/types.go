@@ -285,10 +285,10 @@ type GlobalNetworkPolicySpec struct {
 
 // Rule is one GlobalNetworkPolicy rule.
 type Rule struct {
-	Action      string      `json:"action"`
-	Protocol    *string     `json:"protocol,omitempty"`
-	Source      EntityRule  `json:"source,omitempty"`
-	Destination EntityRule  `json:"destination,omitempty"`
+	Action      string     `json:"action"`
+	Protocol    *string    `json:"protocol,omitempty"`
+	Source      EntityRule `json:"source,omitempty"`
+	Destination EntityRule `json:"destination,omitempty"`
 }
 
 // EntityRule matches a packet's source or destination. Ports are numbers,

@@ -1,0 +1,436 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// KindList is the kind of a document that wraps several resources in
+// "items", as kubectl writes them.
+const KindList = "List"
+
+// Decode parses one or more resources: YAML documents separated by "---"
+// lines, or one or more JSON values. A document may be a single resource,
+// a "kind: List" with items, or a top-level array of resources. Decoding is
+// strict: every document needs apiVersion tabby.dev/v1 and a known kind,
+// and unknown or misspelt fields (matched case-sensitively) are errors that
+// name the field. Errors name the document ("document 2: …"), counting
+// non-empty documents from 1.
+//
+// Decode neither defaults nor validates; callers call SetDefaults and
+// Validate. It is safe to call on any input.
+func Decode(data []byte) ([]Object, error) {
+	docs, err := splitDocuments(data)
+	if err != nil {
+		return nil, err
+	}
+	var out []Object
+	for i, doc := range docs {
+		objs, err := decodeDocument(doc)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i+1, err)
+		}
+		out = append(out, objs...)
+	}
+	return out, nil
+}
+
+// splitDocuments turns the input into JSON documents.
+func splitDocuments(data []byte) ([][]byte, error) {
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
+		return splitJSON(trimmed)
+	}
+	var docs [][]byte
+	for _, doc := range splitYAML(data) {
+		if isBlankYAML(doc) {
+			continue
+		}
+		j, err := yaml.YAMLToJSONStrict(doc)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: invalid YAML: %w", len(docs)+1, err)
+		}
+		docs = append(docs, j)
+	}
+	return docs, nil
+}
+
+func splitJSON(data []byte) ([][]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var docs [][]byte
+	for {
+		var raw json.RawMessage
+		err := dec.Decode(&raw)
+		if errors.Is(err, io.EOF) {
+			return docs, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("document %d: invalid JSON: %w", len(docs)+1, err)
+		}
+		docs = append(docs, raw)
+	}
+}
+
+// splitYAML splits on lines that are exactly "---" (optionally followed by
+// spaces or a comment). A "..." document end marker line ends a document.
+func splitYAML(data []byte) [][]byte {
+	var docs [][]byte
+	var cur bytes.Buffer
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64*1024), len(data)+1)
+	for sc.Scan() {
+		line := sc.Text()
+		if isDocSeparator(line) || strings.TrimRight(line, " \t\r") == "..." {
+			docs = append(docs, bytes.Clone(cur.Bytes()))
+			cur.Reset()
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+	}
+	return append(docs, cur.Bytes())
+}
+
+func isDocSeparator(line string) bool {
+	rest, ok := strings.CutPrefix(line, "---")
+	if !ok {
+		return false
+	}
+	rest = strings.TrimLeft(rest, " \t\r")
+	return rest == "" || strings.HasPrefix(rest, "#")
+}
+
+// isBlankYAML reports whether a document holds only whitespace, comments
+// and directives.
+func isBlankYAML(doc []byte) bool {
+	for _, line := range strings.Split(string(doc), "\n") {
+		l := strings.TrimSpace(line)
+		if l != "" && !strings.HasPrefix(l, "#") && !strings.HasPrefix(l, "%") {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeDocument decodes one JSON document: a resource, a List or an array.
+func decodeDocument(doc []byte) ([]Object, error) {
+	var generic any
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	if err := dec.Decode(&generic); err != nil {
+		return nil, fmt.Errorf("invalid JSON: %w", err)
+	}
+	switch g := generic.(type) {
+	case nil:
+		return nil, nil
+	case []any:
+		return decodeItems("", g)
+	case map[string]any:
+		kind, _ := g["kind"].(string)
+		if kind != KindList {
+			obj, err := decodeObject(g)
+			if err != nil {
+				return nil, err
+			}
+			return []Object{obj}, nil
+		}
+		for k := range g {
+			switch k {
+			case "apiVersion", "kind", "items", "metadata":
+			default:
+				return nil, fmt.Errorf("%s: unknown field in a List", k)
+			}
+		}
+		if av, _ := g["apiVersion"].(string); av != "" && av != "v1" && av != APIVersion {
+			return nil, fmt.Errorf("apiVersion: %q is not supported for a List (want %q or \"v1\")", av, APIVersion)
+		}
+		if g["items"] == nil {
+			return nil, nil
+		}
+		items, ok := g["items"].([]any)
+		if !ok {
+			return nil, errors.New("items: must be a list")
+		}
+		return decodeItems("items", items)
+	default:
+		return nil, fmt.Errorf("want a resource (an object with apiVersion and kind), got %s", jsonTypeName(generic))
+	}
+}
+
+func decodeItems(path string, items []any) ([]Object, error) {
+	out := make([]Object, 0, len(items))
+	for i, it := range items {
+		m, ok := it.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("%s[%d]: want a resource (an object with apiVersion and kind), got %s", path, i, jsonTypeName(it))
+		}
+		obj, err := decodeObject(m)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %w", path, i, err)
+		}
+		out = append(out, obj)
+	}
+	return out, nil
+}
+
+// decodeObject decodes one resource from its generic JSON form.
+func decodeObject(m map[string]any) (Object, error) {
+	av, ok := m["apiVersion"].(string)
+	switch {
+	case m["apiVersion"] == nil:
+		return nil, fmt.Errorf("apiVersion: is required (want %q)", APIVersion)
+	case !ok:
+		return nil, errors.New("apiVersion: must be a string")
+	case av != APIVersion:
+		return nil, fmt.Errorf("apiVersion: %q is not supported (want %q)", av, APIVersion)
+	}
+	kind, ok := m["kind"].(string)
+	switch {
+	case m["kind"] == nil:
+		return nil, errors.New("kind: is required")
+	case !ok:
+		return nil, errors.New("kind: must be a string")
+	case kind == KindList:
+		return nil, errors.New("kind: a List cannot be nested in a List")
+	}
+	info, found := LookupKind(kind)
+	if !found {
+		return nil, fmt.Errorf("kind: %w %q", ErrUnknownKind, kind)
+	}
+	if info.Kind != kind {
+		return nil, fmt.Errorf("kind: %w %q (did you mean %q?)", ErrUnknownKind, kind, info.Kind)
+	}
+	obj, err := New(kind)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkFields("", m, reflect.TypeOf(obj).Elem()); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("re-encoding: %w", err)
+	}
+	// yaml.UnmarshalStrict (over JSON, a subset of YAML) rather than
+	// encoding/json: it converts scalars to the target type, so that an
+	// unquoted YAML number works as a string field ("name: 123").
+	if err := yaml.UnmarshalStrict(raw, obj); err != nil {
+		return nil, cleanJSONError(err)
+	}
+	return obj, nil
+}
+
+// cleanJSONError drops the layers of prefixes the yaml and json packages
+// put before the useful part of the message.
+// A type error becomes "<path>: cannot unmarshal <what> into <type>".
+func cleanJSONError(err error) error {
+	msg := err.Error()
+	for _, p := range []string{"error unmarshaling JSON: ", "while decoding JSON: ", "json: "} {
+		msg = strings.ReplaceAll(msg, p, "")
+	}
+	if m := typeErrorRE.FindStringSubmatch(msg); m != nil {
+		msg = fmt.Sprintf("%s: cannot unmarshal %s into %s", m[2], m[1], m[3])
+	}
+	return errors.New(msg)
+}
+
+var typeErrorRE = regexp.MustCompile(`^cannot unmarshal (.+) into Go struct field [A-Za-z0-9_]+\.(\S+) of type (\S+)$`)
+
+var jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+// checkFields reports the first object key in v (decoded JSON) that has no
+// matching field in t, with its path. Keys must match the json tags exactly,
+// unlike encoding/json, which folds case. Scalars and types with their own
+// UnmarshalJSON are left to the decoder.
+func checkFields(path string, v any, t reflect.Type) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(jsonUnmarshalerType) {
+		return nil
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		fields := jsonFields(t)
+		for _, k := range sortedKeys(m) {
+			ft, ok := fields[k]
+			p := joinPath(path, k)
+			if !ok {
+				return fmt.Errorf("%s: unknown field%s", p, suggestField(k, fields))
+			}
+			if err := checkFields(p, m[k], ft); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		for _, k := range sortedKeys(m) {
+			if err := checkFields(fmt.Sprintf("%s[%q]", path, k), m[k], t.Elem()); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		s, ok := v.([]any)
+		if !ok {
+			return nil
+		}
+		for i, e := range s {
+			if err := checkFields(fmt.Sprintf("%s[%d]", path, i), e, t.Elem()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func joinPath(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}
+
+// jsonFields maps the JSON names of t's fields, including those of inlined
+// embedded structs, to their types.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := make(map[string]reflect.Type)
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		name, _, _ := strings.Cut(tag, ",")
+		if name == "-" {
+			continue
+		}
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			for k, v := range jsonFields(f.Type) {
+				out[k] = v
+			}
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+// suggestField returns " (did you mean "x"?)" when k matches a field but
+// for case.
+func suggestField(k string, fields map[string]reflect.Type) string {
+	for name := range fields {
+		if strings.EqualFold(name, k) {
+			return fmt.Sprintf(" (did you mean %q?)", name)
+		}
+	}
+	return ""
+}
+
+func jsonTypeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "a boolean"
+	case json.Number, float64:
+		return "a number"
+	case string:
+		return "a string"
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "an object"
+	}
+	return fmt.Sprintf("%T", v)
+}
+
+// Encode renders obj as "yaml" or "json" (indented). When obj's apiVersion
+// or kind is unset, the output carries the right ones; obj is not modified.
+func Encode(obj Object, format string) ([]byte, error) {
+	if obj == nil || reflect.ValueOf(obj).IsNil() {
+		return nil, errors.New("encoding: nil object")
+	}
+	kind := KindOf(obj)
+	if kind == "" {
+		return nil, fmt.Errorf("encoding: %T is not a Tabby resource", obj)
+	}
+	if tm := obj.GetTypeMeta(); tm.APIVersion != APIVersion || tm.Kind != kind {
+		cp := reflect.New(reflect.TypeOf(obj).Elem())
+		cp.Elem().Set(reflect.ValueOf(obj).Elem())
+		obj = cp.Interface().(Object)
+		setTypeMeta(obj.GetTypeMeta(), kind)
+	}
+	return encodeValue(obj, format)
+}
+
+// EncodeList renders several objects: YAML documents separated by "---",
+// or a JSON "kind: List" with items. Decode reads both back.
+func EncodeList(objs []Object, format string) ([]byte, error) {
+	switch format {
+	case "yaml":
+		var buf bytes.Buffer
+		for i, o := range objs {
+			b, err := Encode(o, format)
+			if err != nil {
+				return nil, fmt.Errorf("item %d: %w", i, err)
+			}
+			if i > 0 {
+				buf.WriteString("---\n")
+			}
+			buf.Write(b)
+		}
+		return buf.Bytes(), nil
+	case "json":
+		items := make([]json.RawMessage, 0, len(objs))
+		for i, o := range objs {
+			b, err := Encode(o, format)
+			if err != nil {
+				return nil, fmt.Errorf("item %d: %w", i, err)
+			}
+			items = append(items, b)
+		}
+		return encodeValue(struct {
+			APIVersion string            `json:"apiVersion"`
+			Kind       string            `json:"kind"`
+			Items      []json.RawMessage `json:"items"`
+		}{"v1", KindList, items}, format)
+	}
+	return nil, fmt.Errorf("encoding: unknown format %q (want yaml or json)", format)
+}
+
+func encodeValue(v any, format string) ([]byte, error) {
+	switch format {
+	case "yaml":
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("encoding yaml: %w", err)
+		}
+		return b, nil
+	case "json":
+		b, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return nil, fmt.Errorf("encoding json: %w", err)
+		}
+		return append(b, '\n'), nil
+	}
+	return nil, fmt.Errorf("encoding: unknown format %q (want yaml or json)", format)
+}

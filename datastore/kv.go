@@ -1,0 +1,273 @@
+package datastore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// LeaseID identifies an etcd lease; 0 = no lease.
+type LeaseID int64
+
+// KV is one key with its value. Key is relative to the store's prefix.
+type KV struct {
+	Key         string
+	Value       []byte
+	ModRevision int64
+	Lease       LeaseID
+}
+
+// Cmp is a condition of Txn: the key's ModRevision must equal ModRevision;
+// 0 means the key must not exist.
+type Cmp struct {
+	Key         string
+	ModRevision int64
+}
+
+// Op is a write of Txn: a put (with an optional lease) or, with Delete, a
+// delete.
+type Op struct {
+	Key    string
+	Value  []byte
+	Delete bool
+	Lease  LeaseID
+}
+
+// listPageSize bounds the keys fetched per request by ListKV.
+const listPageSize = 1000
+
+func (s *Store) toKV(kv *mvccpb.KeyValue) KV {
+	return KV{Key: s.rel(kv.Key), Value: kv.Value, ModRevision: kv.ModRevision, Lease: LeaseID(kv.Lease)}
+}
+
+// GetKV returns the key, or ErrNotFound.
+func (s *Store) GetKV(ctx context.Context, key string) (KV, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	resp, err := s.client.Get(ctx, s.abs(key))
+	if err != nil {
+		return KV{}, s.etcdErr(fmt.Sprintf("getting %s", key), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return KV{}, fmt.Errorf("%s: %w", key, ErrNotFound)
+	}
+	return s.toKV(resp.Kvs[0]), nil
+}
+
+// ListKV returns every key that starts with prefix (a plain string prefix:
+// pass "ipam/blocks/" with the slash), sorted by key, and the store revision
+// the list was taken at. Large lists are fetched in pages at one revision, so
+// the result is a consistent snapshot.
+func (s *Store) ListKV(ctx context.Context, prefix string) ([]KV, int64, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	start := s.abs(prefix)
+	end := clientv3.GetPrefixRangeEnd(start)
+	var (
+		out []KV
+		rev int64
+	)
+	for {
+		opts := []clientv3.OpOption{
+			clientv3.WithRange(end),
+			clientv3.WithLimit(listPageSize),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
+		}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := s.client.Get(ctx, start, opts...)
+		if err != nil {
+			return nil, 0, s.etcdErr(fmt.Sprintf("listing %s", prefix), err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			out = append(out, s.toKV(kv))
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return out, rev, nil
+		}
+		start = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// CreateKV writes the key if it does not exist (else ErrExists) and returns
+// its ModRevision.
+func (s *Store) CreateKV(ctx context.Context, key string, val []byte, lease LeaseID) (int64, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	k := s.abs(key)
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
+		Commit()
+	if err != nil {
+		return 0, s.etcdErr(fmt.Sprintf("creating %s", key), err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("%s: %w", key, ErrExists)
+	}
+	return resp.Header.Revision, nil
+}
+
+// UpdateKV writes the key if its ModRevision is still modRev and returns the
+// new ModRevision: ErrConflict if it changed, ErrNotFound if it is gone. The
+// key keeps its lease.
+func (s *Store) UpdateKV(ctx context.Context, key string, val []byte, modRev int64) (int64, error) {
+	if modRev <= 0 {
+		return 0, fmt.Errorf("updating %s: a revision is required (got %d)", key, modRev)
+	}
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	k := s.abs(key)
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
+		Then(clientv3.OpPut(k, string(val), clientv3.WithIgnoreLease())).
+		Else(clientv3.OpGet(k, clientv3.WithCountOnly())).
+		Commit()
+	if err != nil {
+		return 0, s.etcdErr(fmt.Sprintf("updating %s", key), err)
+	}
+	if !resp.Succeeded {
+		return 0, s.casFailure(key, resp)
+	}
+	return resp.Header.Revision, nil
+}
+
+// casFailure tells ErrNotFound from ErrConflict from the Else branch's get.
+func (s *Store) casFailure(key string, resp *clientv3.TxnResponse) error {
+	if len(resp.Responses) == 1 {
+		if r := resp.Responses[0].GetResponseRange(); r != nil && r.Count == 0 {
+			return fmt.Errorf("%s: %w", key, ErrNotFound)
+		}
+	}
+	return fmt.Errorf("%s: %w", key, ErrConflict)
+}
+
+// PutKV writes the key unconditionally and returns its new ModRevision.
+func (s *Store) PutKV(ctx context.Context, key string, val []byte, lease LeaseID) (int64, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	resp, err := s.client.Put(ctx, s.abs(key), string(val), clientv3.WithLease(clientv3.LeaseID(lease)))
+	if err != nil {
+		return 0, s.etcdErr(fmt.Sprintf("putting %s", key), err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// DeleteKV deletes the key: unconditionally when modRev is 0, else only if
+// its ModRevision is still modRev (ErrConflict). A missing key is
+// ErrNotFound.
+func (s *Store) DeleteKV(ctx context.Context, key string, modRev int64) error {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	k := s.abs(key)
+	if modRev == 0 {
+		resp, err := s.client.Delete(ctx, k)
+		if err != nil {
+			return s.etcdErr(fmt.Sprintf("deleting %s", key), err)
+		}
+		if resp.Deleted == 0 {
+			return fmt.Errorf("%s: %w", key, ErrNotFound)
+		}
+		return nil
+	}
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
+		Then(clientv3.OpDelete(k)).
+		Else(clientv3.OpGet(k, clientv3.WithCountOnly())).
+		Commit()
+	if err != nil {
+		return s.etcdErr(fmt.Sprintf("deleting %s", key), err)
+	}
+	if !resp.Succeeded {
+		return s.casFailure(key, resp)
+	}
+	return nil
+}
+
+// Txn applies every op atomically if every condition holds, else returns
+// ErrConflict. It returns the store revision after the transaction.
+func (s *Store) Txn(ctx context.Context, cmps []Cmp, ops []Op) (int64, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	conds := make([]clientv3.Cmp, 0, len(cmps))
+	for _, c := range cmps {
+		conds = append(conds, clientv3.Compare(clientv3.ModRevision(s.abs(c.Key)), "=", c.ModRevision))
+	}
+	writes := make([]clientv3.Op, 0, len(ops))
+	for _, o := range ops {
+		if o.Delete {
+			writes = append(writes, clientv3.OpDelete(s.abs(o.Key)))
+			continue
+		}
+		writes = append(writes, clientv3.OpPut(s.abs(o.Key), string(o.Value), clientv3.WithLease(clientv3.LeaseID(o.Lease))))
+	}
+	resp, err := s.client.Txn(ctx).If(conds...).Then(writes...).Commit()
+	if err != nil {
+		return 0, s.etcdErr(fmt.Sprintf("transaction on %d keys", len(cmps)+len(ops)), err)
+	}
+	if !resp.Succeeded {
+		return 0, fmt.Errorf("transaction: %w", ErrConflict)
+	}
+	return resp.Header.Revision, nil
+}
+
+// GrantLease creates a lease of ttl, rounded up to whole seconds (at least
+// one).
+func (s *Store) GrantLease(ctx context.Context, ttl time.Duration) (LeaseID, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	secs := int64((ttl + time.Second - 1) / time.Second)
+	if secs < 1 {
+		secs = 1
+	}
+	resp, err := s.client.Grant(ctx, secs)
+	if err != nil {
+		return 0, s.etcdErr("granting lease", err)
+	}
+	return LeaseID(resp.ID), nil
+}
+
+// KeepAlive keeps the lease alive until ctx is done (it then returns
+// ctx.Err()) or the lease is lost: expired, revoked, or not renewed in time
+// because etcd was unreachable (ErrLeaseLost).
+func (s *Store) KeepAlive(ctx context.Context, id LeaseID) error {
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := s.client.KeepAlive(kctx, clientv3.LeaseID(id))
+	if err != nil {
+		return s.etcdErr(fmt.Sprintf("keeping lease %x alive", int64(id)), err)
+	}
+	for range ch {
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("lease %x: %w", int64(id), ErrLeaseLost)
+}
+
+// RevokeLease revokes the lease, deleting its keys. A lease that is already
+// gone is ErrNotFound.
+func (s *Store) RevokeLease(ctx context.Context, id LeaseID) error {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	if _, err := s.client.Revoke(ctx, clientv3.LeaseID(id)); err != nil {
+		if isLeaseNotFound(err) {
+			return fmt.Errorf("lease %x: %w", int64(id), ErrNotFound)
+		}
+		return s.etcdErr(fmt.Sprintf("revoking lease %x", int64(id)), err)
+	}
+	return nil
+}
+
+func isLeaseNotFound(err error) bool {
+	return errors.Is(err, rpctypes.ErrLeaseNotFound)
+}

@@ -1,0 +1,230 @@
+// Package datastore owns Tabby's etcd-backed store: the key layout, a raw
+// key/value layer with compare-and-swap on etcd revisions, leases, a watch
+// that survives reconnects and compaction by re-listing, typed access to the
+// api resources, TLS and authentication towards etcd, and an embedded etcd
+// for tests and the lab.
+//
+// Every key is relative to Config.Prefix ("/tabby" by default); see
+// docs/datastore.md for the layout. A Store is safe for concurrent use.
+package datastore
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrNotFound: the key or resource does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrExists: a create found the key or resource already there.
+	ErrExists = errors.New("already exists")
+	// ErrConflict: a compare-and-swap found a different revision.
+	ErrConflict = errors.New("conflict: modified concurrently")
+	// ErrLeaseLost: KeepAlive found its lease expired or revoked.
+	ErrLeaseLost = errors.New("lease lost")
+)
+
+// Defaults of Config.
+const (
+	DefaultDialTimeout    = 5 * time.Second
+	DefaultRequestTimeout = 5 * time.Second
+	DefaultPrefix         = "/tabby"
+)
+
+// Config says how to reach etcd.
+type Config struct {
+	// Endpoints: "http://127.0.0.1:2379", "https://…", "unix:///path".
+	Endpoints []string
+	// CAFile verifies the server (https); CertFile and KeyFile are the
+	// client certificate for mutual TLS. Any of them turns TLS on.
+	CAFile, CertFile, KeyFile string
+	// Username and Password authenticate with etcd's auth.
+	Username, Password string
+	// DialTimeout bounds connecting, including New's connectivity check.
+	DialTimeout time.Duration
+	// RequestTimeout applies to each call whose ctx has no deadline.
+	RequestTimeout time.Duration
+	// Prefix is prepended (with "/") to every key.
+	Prefix string
+	// Logger receives the watch's reconnect and resync notices and etcd
+	// client warnings; nil = silent.
+	Logger *slog.Logger
+}
+
+// Default fills unset fields with their defaults.
+func (c *Config) Default() {
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = DefaultRequestTimeout
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+}
+
+// Validate reports every problem of the config.
+func (c *Config) Validate() error {
+	var errs []error
+	if len(c.Endpoints) == 0 {
+		errs = append(errs, errors.New("endpoints: at least one is required"))
+	}
+	for _, ep := range c.Endpoints {
+		if !strings.Contains(ep, "://") {
+			errs = append(errs, fmt.Errorf("endpoints: %q needs a scheme (http://, https://, unix://)", ep))
+		}
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		errs = append(errs, errors.New("certFile and keyFile must be given together"))
+	}
+	if c.Password != "" && c.Username == "" {
+		errs = append(errs, errors.New("password given without username"))
+	}
+	if c.DialTimeout < 0 {
+		errs = append(errs, errors.New("dialTimeout must not be negative"))
+	}
+	if c.RequestTimeout < 0 {
+		errs = append(errs, errors.New("requestTimeout must not be negative"))
+	}
+	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
+		errs = append(errs, fmt.Errorf("prefix %q must start with /", c.Prefix))
+	}
+	return errors.Join(errs...)
+}
+
+// Store is a connection to etcd.
+type Store struct {
+	client    *clientv3.Client
+	cfg       Config
+	base      string // Prefix + "/"
+	endpoints string // for error messages: "[http://a http://b]"
+	log       *slog.Logger
+}
+
+// New connects to etcd and checks within DialTimeout that it answers; the
+// error names the endpoints.
+func New(ctx context.Context, cfg Config) (*Store, error) {
+	cfg.Default()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid datastore config: %w", err)
+	}
+	endpoints := fmt.Sprint(cfg.Endpoints)
+	tlsCfg, err := clientTLS(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("configuring tls for etcd at %s: %w", endpoints, err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	client, err := clientv3.New(clientv3.Config{
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          cfg.DialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  tlsCfg,
+		Username:             cfg.Username,
+		Password:             cfg.Password,
+		Logger:               zapLogger(cfg.Logger),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to etcd at %s: %w", endpoints, err)
+	}
+	s := &Store{
+		client:    client,
+		cfg:       cfg,
+		base:      strings.TrimSuffix(cfg.Prefix, "/") + "/",
+		endpoints: endpoints,
+		log:       log,
+	}
+	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	// A Get under our prefix proves connectivity, TLS and, with auth, that we
+	// may read our keys.
+	if _, err := client.Get(cctx, s.base, clientv3.WithCountOnly()); err != nil {
+		cerr := client.Close()
+		return nil, errors.Join(fmt.Errorf("connecting to etcd at %s: %w", endpoints, err), cerr)
+	}
+	return s, nil
+}
+
+// clientTLS builds the client TLS config: nil for plain http unless a file
+// is given.
+func clientTLS(cfg Config) (*tls.Config, error) {
+	secure := cfg.CAFile != "" || cfg.CertFile != ""
+	for _, ep := range cfg.Endpoints {
+		if strings.HasPrefix(ep, "https://") || strings.HasPrefix(ep, "unixs://") {
+			secure = true
+		}
+	}
+	if !secure {
+		return nil, nil
+	}
+	t := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.CAFile != "" {
+		pem, err := os.ReadFile(cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading ca file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca file %s holds no PEM certificate", cfg.CAFile)
+		}
+		t.RootCAs = pool
+	}
+	if cfg.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("loading client certificate: %w", err)
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
+}
+
+// Close closes the connection; watches end.
+func (s *Store) Close() error {
+	if err := s.client.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("closing etcd client: %w", err)
+	}
+	return nil
+}
+
+// Endpoints returns the configured etcd endpoints.
+func (s *Store) Endpoints() []string { return append([]string(nil), s.cfg.Endpoints...) }
+
+// Prefix returns the absolute prefix with a trailing "/", under which every
+// relative key lives.
+func (s *Store) Prefix() string { return s.base }
+
+// Client returns the underlying etcd client, for what this package does not
+// offer (maintenance, tests forcing a compaction). Do not close it.
+func (s *Store) Client() *clientv3.Client { return s.client }
+
+// withTimeout applies RequestTimeout when ctx has no deadline.
+func (s *Store) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
+}
+
+func (s *Store) abs(key string) string { return s.base + key }
+
+func (s *Store) rel(key []byte) string { return strings.TrimPrefix(string(key), s.base) }
+
+// etcdErr wraps an error of the etcd client with what we did and where.
+func (s *Store) etcdErr(what string, err error) error {
+	return fmt.Errorf("%s: etcd at %s: %w", what, s.endpoints, err)
+}

@@ -1,0 +1,73 @@
+// Package storetest gives tests a real etcd: an embedded single-member etcd
+// in t.TempDir() on free loopback ports, and datastore.Stores connected to
+// it, all cleaned up with t.Cleanup.
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// startTimeout bounds starting etcd and connecting to it.
+const startTimeout = 30 * time.Second
+
+// Etcd starts an embedded etcd for the test and stops it at cleanup. Its data
+// directory is in t.TempDir(), so Stop followed by Restart keeps the data.
+func Etcd(t testing.TB) *datastore.Embedded {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	e, err := datastore.StartEmbedded(ctx, datastore.EmbeddedConfig{
+		Dir:           t.TempDir(),
+		UnsafeNoFsync: true,
+	})
+	if err != nil {
+		t.Fatalf("starting embedded etcd: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := e.Stop(); err != nil {
+			t.Errorf("stopping embedded etcd: %v", err)
+		}
+	})
+	return e
+}
+
+// Connect returns a new Store on e, closed at cleanup. mutate, if given,
+// adjusts the config (for example the prefix) before connecting.
+func Connect(t testing.TB, e *datastore.Embedded, mutate ...func(*datastore.Config)) *datastore.Store {
+	t.Helper()
+	cfg := datastore.Config{Endpoints: e.Endpoints()}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	s, err := datastore.New(ctx, cfg)
+	if err != nil {
+		t.Fatalf("connecting to embedded etcd: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("closing store: %v", err)
+		}
+	})
+	return s
+}
+
+// New returns a Store connected to a fresh embedded etcd.
+func New(t testing.TB) *datastore.Store {
+	t.Helper()
+	s, _ := NewWithEtcd(t)
+	return s
+}
+
+// NewWithEtcd returns a Store connected to a fresh embedded etcd, and the
+// etcd, so that the test can Stop and Restart it.
+func NewWithEtcd(t testing.TB) (*datastore.Store, *datastore.Embedded) {
+	t.Helper()
+	e := Etcd(t)
+	return Connect(t, e), e
+}

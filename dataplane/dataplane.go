@@ -1,0 +1,160 @@
+// Package dataplane owns everything that touches the kernel's network stack:
+// network namespaces, the veth pair of each workload and its sysctls, and the
+// routes Tabby programs. Callers see small interfaces (Workloads, Routes) in
+// net/netip terms; the Linux implementations (NewWorkloads, NewRoutes) speak
+// netlink, and dataplane/fake holds in-memory fakes for unit tests.
+//
+// Ownership: Tabby's routes carry the kernel route protocol numbers
+// RouteProtoWorkload and RouteProtoBGP. Nothing here changes or deletes a
+// route with any other protocol number.
+//
+// No other Tabby package imports netlink, netns or go-iptables.
+package dataplane
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+)
+
+// Kernel route protocol numbers owned by Tabby.
+const (
+	// RouteProtoWorkload marks workload /32 routes and blackhole block routes.
+	RouteProtoWorkload = 80
+	// RouteProtoBGP marks routes learned over BGP.
+	RouteProtoBGP = 81
+)
+
+// Names and addresses of the Calico-style point-to-point wiring.
+const (
+	// HostMAC is the MAC address of every host-side workload interface.
+	HostMAC = "ee:ee:ee:ee:ee:ee"
+	// DefaultMTU is used when WorkloadSpec.MTU is 0.
+	DefaultMTU = 1500
+)
+
+// GatewayAddr is the fake next hop every workload routes through; the host
+// side answers ARP for it by proxy ARP.
+var GatewayAddr = netip.MustParseAddr("169.254.1.1")
+
+// ErrForeignRoute is returned (wrapped) when an operation would change or
+// delete a route whose protocol number is not one of Tabby's.
+var ErrForeignRoute = errors.New("route not owned by tabby")
+
+// OwnedProto reports whether proto is one of Tabby's route protocol numbers.
+func OwnedProto(proto int) bool {
+	return proto == RouteProtoWorkload || proto == RouteProtoBGP
+}
+
+// WorkloadSpec describes one workload's interface.
+type WorkloadSpec struct {
+	NetNS      string         // path, e.g. /var/run/netns/x or /proc/<pid>/ns/net
+	IfName     string         // container side, "eth0"
+	HostIfName string         // "cali0123456789a"
+	Addrs      []netip.Prefix // /32s
+	MTU        int            // 0 = 1500
+	MAC        string         // container side MAC, "" = random
+}
+
+// WorkloadStatus reports what Setup created.
+type WorkloadStatus struct {
+	HostIfIndex      int
+	HostMAC          string
+	ContainerIfIndex int
+	ContainerMAC     string
+}
+
+// Workloads creates and removes workload interfaces. Implementations are safe
+// for concurrent use on different workloads; callers serialise calls for the
+// same workload.
+type Workloads interface {
+	// Setup wires the workload; it is idempotent and replaces a stale host
+	// link of the same name. On failure it removes what it created.
+	Setup(ctx context.Context, spec WorkloadSpec) (WorkloadStatus, error)
+	// Teardown removes the workload's links and host routes; a missing
+	// netns, link or route is success.
+	Teardown(ctx context.Context, spec WorkloadSpec) error
+	// Check compares the kernel with spec and returns errors.Join of every
+	// difference (nil when they agree).
+	Check(ctx context.Context, spec WorkloadSpec) error
+}
+
+// HostIfName returns the host-side interface name for a workload:
+// "cali" followed by the first 11 hex characters of sha1(workloadID), 15
+// characters in all (the kernel limit).
+func HostIfName(workloadID string) string {
+	sum := sha1.Sum([]byte(workloadID))
+	return "cali" + hex.EncodeToString(sum[:])[:11]
+}
+
+// EffectiveMTU returns the MTU the workload's interfaces get.
+func (s WorkloadSpec) EffectiveMTU() int {
+	if s.MTU == 0 {
+		return DefaultMTU
+	}
+	return s.MTU
+}
+
+// Validate reports every problem with the spec.
+func (s WorkloadSpec) Validate() error {
+	var errs []error
+	if s.IfName == "" {
+		errs = append(errs, errors.New("container interface name is empty"))
+	} else if err := validIfName(s.IfName); err != nil {
+		errs = append(errs, fmt.Errorf("container interface name: %w", err))
+	}
+	if s.HostIfName == "" {
+		errs = append(errs, errors.New("host interface name is empty"))
+	} else if err := validIfName(s.HostIfName); err != nil {
+		errs = append(errs, fmt.Errorf("host interface name: %w", err))
+	}
+	if s.NetNS == "" {
+		errs = append(errs, errors.New("netns path is empty"))
+	}
+	if len(s.Addrs) == 0 {
+		errs = append(errs, errors.New("no addresses"))
+	}
+	seen := map[netip.Prefix]bool{}
+	for _, p := range s.Addrs {
+		switch {
+		case !p.IsValid():
+			errs = append(errs, fmt.Errorf("invalid address %v", p))
+		case !p.Addr().Is4() || p.Bits() != 32:
+			errs = append(errs, fmt.Errorf("address %v is not an IPv4 /32", p))
+		case seen[p]:
+			errs = append(errs, fmt.Errorf("address %v listed twice", p))
+		}
+		seen[p] = true
+	}
+	if s.MTU < 0 || s.MTU > 65535 || (s.MTU != 0 && s.MTU < 68) {
+		errs = append(errs, fmt.Errorf("mtu %d out of range 68-65535", s.MTU))
+	}
+	if s.MAC != "" {
+		if hw, err := net.ParseMAC(s.MAC); err != nil || len(hw) != 6 {
+			errs = append(errs, fmt.Errorf("invalid mac %q", s.MAC))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid workload spec: %w", err)
+	}
+	return nil
+}
+
+func validIfName(name string) error {
+	if len(name) > 15 {
+		return fmt.Errorf("%q is longer than 15 characters", name)
+	}
+	if name == "." || name == ".." {
+		return fmt.Errorf("%q is not allowed", name)
+	}
+	for _, c := range name {
+		if c == '/' || c == ':' || c <= ' ' || c == 0x7f {
+			return fmt.Errorf("%q contains %q", name, c)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,47 @@
+package fake
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/tabbynet/tabby/dataplane"
+)
+
+func hostRoute(host string, a netip.Addr) dataplane.Route {
+	return dataplane.Route{
+		Dst:   netip.PrefixFrom(a, a.BitLen()),
+		Type:  dataplane.RouteUnicast,
+		Dev:   host,
+		Proto: dataplane.RouteProtoWorkload,
+	}
+}
+
+func cloneSpec(s dataplane.WorkloadSpec) dataplane.WorkloadSpec {
+	s.Addrs = slices.Clone(s.Addrs)
+	return s
+}
+
+func sortedPrefixes(ps []netip.Prefix) []netip.Prefix {
+	out := slices.Clone(ps)
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return out
+}
+
+func normMAC(s string) string {
+	if hw, err := net.ParseMAC(s); err == nil {
+		return hw.String()
+	}
+	return s
+}
+
+func sameSpec(a, b dataplane.WorkloadSpec) bool {
+	return a.NetNS == b.NetNS && a.IfName == b.IfName && a.HostIfName == b.HostIfName &&
+		a.EffectiveMTU() == b.EffectiveMTU() && normMAC(a.MAC) == normMAC(b.MAC) &&
+		slices.Equal(sortedPrefixes(a.Addrs), sortedPrefixes(b.Addrs))
+}

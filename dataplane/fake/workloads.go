@@ -1,0 +1,237 @@
+package fake
+
+import (
+	"context"
+	"crypto/sha1"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/tabbynet/tabby/dataplane"
+)
+
+// Workloads is an in-memory dataplane.Workloads. When it has a Routes table,
+// Setup installs each workload's host routes there (protocol 80) and
+// Teardown removes them, as the real implementation does in the kernel.
+type Workloads struct {
+	mu sync.Mutex
+	failer
+	routes    *Routes
+	links     map[string]*workload // by host interface name
+	nextIndex int
+	ops       []string
+}
+
+type workload struct {
+	spec   dataplane.WorkloadSpec
+	status dataplane.WorkloadStatus
+}
+
+var _ dataplane.Workloads = (*Workloads)(nil)
+
+// NewWorkloads returns an empty set of workloads whose host routes go into
+// routes (nil: no routes are kept).
+func NewWorkloads(routes *Routes) *Workloads {
+	return &Workloads{routes: routes, links: map[string]*workload{}, nextIndex: 10}
+}
+
+// SetFail makes op fail with err from now on; a nil err clears it.
+func (w *Workloads) SetFail(op string, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	setFail(&w.failer, op, err)
+}
+
+// Setup implements dataplane.Workloads. A second Setup with the same spec
+// returns the same status and changes nothing; one with a changed spec for
+// the same host interface replaces the workload (as a stale link would be).
+// On failure nothing of this call remains.
+func (w *Workloads) Setup(ctx context.Context, spec dataplane.WorkloadSpec) (_ dataplane.WorkloadStatus, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.fail("Setup", spec.HostIfName); err != nil {
+		return dataplane.WorkloadStatus{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return dataplane.WorkloadStatus{}, err
+	}
+	if err := spec.Validate(); err != nil {
+		return dataplane.WorkloadStatus{}, err
+	}
+	spec = cloneSpec(spec)
+	if old, ok := w.links[spec.HostIfName]; ok {
+		if sameSpec(old.spec, spec) && w.checkLocked(old.spec) == nil {
+			return old.status, nil
+		}
+		w.removeLocked(spec.HostIfName)
+	}
+	for host, other := range w.links {
+		if other.spec.NetNS == spec.NetNS && other.spec.IfName == spec.IfName {
+			return dataplane.WorkloadStatus{}, fmt.Errorf("creating %s in netns %s: interface exists (peer of %s)",
+				spec.IfName, spec.NetNS, host)
+		}
+	}
+
+	st := dataplane.WorkloadStatus{
+		HostIfIndex:      w.nextIndex,
+		HostMAC:          dataplane.HostMAC,
+		ContainerIfIndex: w.nextIndex + 1,
+		ContainerMAC:     spec.MAC,
+	}
+	w.nextIndex += 2
+	if st.ContainerMAC == "" {
+		sum := sha1.Sum([]byte(spec.NetNS + "/" + spec.IfName))
+		st.ContainerMAC = net.HardwareAddr{0x0a, sum[0], sum[1], sum[2], sum[3], sum[4]}.String()
+	} else {
+		hw, _ := net.ParseMAC(spec.MAC) // validated above
+		st.ContainerMAC = hw.String()
+	}
+	w.links[spec.HostIfName] = &workload{spec: spec, status: st}
+	defer func() {
+		if err != nil {
+			w.removeLocked(spec.HostIfName)
+		}
+	}()
+	if w.routes != nil {
+		for _, a := range spec.Addrs {
+			rt := hostRoute(spec.HostIfName, a.Addr())
+			if err := w.routes.Replace(rt); err != nil {
+				return dataplane.WorkloadStatus{}, fmt.Errorf("adding host route %v: %w", rt, err)
+			}
+		}
+	}
+	w.ops = append(w.ops, "setup "+spec.HostIfName)
+	return st, nil
+}
+
+// Teardown implements dataplane.Workloads; a missing workload is success.
+func (w *Workloads) Teardown(ctx context.Context, spec dataplane.WorkloadSpec) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.fail("Teardown", spec.HostIfName); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if spec.HostIfName == "" {
+		return errors.New("tearing down workload: host interface name is empty")
+	}
+	if _, ok := w.links[spec.HostIfName]; ok {
+		w.ops = append(w.ops, "teardown "+spec.HostIfName)
+	}
+	w.removeLocked(spec.HostIfName)
+	return nil
+}
+
+// Check implements dataplane.Workloads.
+func (w *Workloads) Check(ctx context.Context, spec dataplane.WorkloadSpec) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.fail("Check", spec.HostIfName); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return w.checkLocked(spec)
+}
+
+func (w *Workloads) checkLocked(spec dataplane.WorkloadSpec) error {
+	wl, ok := w.links[spec.HostIfName]
+	if !ok {
+		return fmt.Errorf("host interface %s does not exist", spec.HostIfName)
+	}
+	var errs []error
+	have := wl.spec
+	if have.NetNS != spec.NetNS || have.IfName != spec.IfName {
+		errs = append(errs, fmt.Errorf("peer of %s is %s in %s, want %s in %s",
+			spec.HostIfName, have.IfName, have.NetNS, spec.IfName, spec.NetNS))
+	}
+	if have.EffectiveMTU() != spec.EffectiveMTU() {
+		errs = append(errs, fmt.Errorf("mtu of %s is %d, want %d", spec.IfName, have.EffectiveMTU(), spec.EffectiveMTU()))
+	}
+	if spec.MAC != "" {
+		if hw, err := net.ParseMAC(spec.MAC); err != nil || hw.String() != wl.status.ContainerMAC {
+			errs = append(errs, fmt.Errorf("mac of %s is %s, want %s", spec.IfName, wl.status.ContainerMAC, spec.MAC))
+		}
+	}
+	if !slices.Equal(sortedPrefixes(have.Addrs), sortedPrefixes(spec.Addrs)) {
+		errs = append(errs, fmt.Errorf("addresses of %s are %v, want %v", spec.IfName, have.Addrs, spec.Addrs))
+	}
+	if w.routes != nil {
+		w.routes.mu.Lock()
+		for _, a := range spec.Addrs {
+			want := hostRoute(spec.HostIfName, a.Addr())
+			if got, ok := w.routes.routes[want.Dst]; !ok || !want.Satisfies(got) {
+				errs = append(errs, fmt.Errorf("host route %v missing", want))
+			}
+		}
+		w.routes.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// RemoveLink deletes a workload's host interface (and so its routes) behind
+// the back of the caller, as an administrator or a crash would.
+func (w *Workloads) RemoveLink(hostIfName string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.removeLocked(hostIfName)
+}
+
+func (w *Workloads) removeLocked(host string) {
+	delete(w.links, host)
+	if w.routes != nil {
+		w.routes.removeDev(host)
+	}
+}
+
+// Specs returns the specs of the workloads that are set up, sorted by host
+// interface name.
+func (w *Workloads) Specs() []dataplane.WorkloadSpec {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]dataplane.WorkloadSpec, 0, len(w.links))
+	for _, wl := range w.links {
+		out = append(out, cloneSpec(wl.spec))
+	}
+	slices.SortFunc(out, func(a, b dataplane.WorkloadSpec) int {
+		return strings.Compare(a.HostIfName, b.HostIfName)
+	})
+	return out
+}
+
+// Ops returns the Setup and Teardown calls that changed state, oldest first,
+// as "setup <host if>" and "teardown <host if>".
+func (w *Workloads) Ops() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.ops)
+}
+
+// Lines returns one line per workload, sorted:
+// "cali0123456789a <-> eth0 netns /run/netns/p1 10.244.0.5/32 mtu 1500".
+func (w *Workloads) Lines() []string {
+	specs := w.Specs()
+	lines := make([]string, len(specs))
+	for i, s := range specs {
+		lines[i] = fmt.Sprintf("%s <-> %s netns %s", s.HostIfName, s.IfName, s.NetNS)
+		for _, a := range sortedPrefixes(s.Addrs) {
+			lines[i] += " " + a.String()
+		}
+		lines[i] += fmt.Sprintf(" mtu %d", s.EffectiveMTU())
+		if s.MAC != "" {
+			lines[i] += " mac " + s.MAC
+		}
+	}
+	return lines
+}
+
+// String prints the workloads as Lines, one per line.
+func (w *Workloads) String() string {
+	return joinLines(w.Lines())
+}

@@ -1,0 +1,262 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NetlinkRoutes implements Routes over netlink in one network namespace.
+// It is safe for concurrent use.
+type NetlinkRoutes struct {
+	mu sync.Mutex // serialises use of h's socket
+	h  *netlink.Handle
+}
+
+var _ Routes = (*NetlinkRoutes)(nil)
+
+// NewRoutes returns Routes acting in the network namespace at netnsPath
+// ("" = the namespace of the calling thread). The caller must Close it.
+func NewRoutes(netnsPath string) (*NetlinkRoutes, error) {
+	nsh, err := openNetNS(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer nsh.Close()
+	return newRoutesAt(nsh)
+}
+
+func newRoutesAt(nsh netns.NsHandle) (*NetlinkRoutes, error) {
+	h, err := newHandleAt(nsh)
+	if err != nil {
+		return nil, err
+	}
+	return &NetlinkRoutes{h: h}, nil
+}
+
+// Close releases the netlink socket.
+func (r *NetlinkRoutes) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h != nil {
+		r.h.Close()
+		r.h = nil
+	}
+	return nil
+}
+
+// List implements Routes. Route types other than unicast and blackhole are
+// left out.
+func (r *NetlinkRoutes) List(proto int) ([]Route, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: netlink.RouteProtocol(proto)}
+	nrs, err := retryDump(func() ([]netlink.Route, error) {
+		return r.h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing routes with protocol %d: %w", proto, err)
+	}
+	names := map[int]string{}
+	var out []Route
+	for _, nr := range nrs {
+		rt, ok, err := r.fromNetlink(nr, names)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, rt)
+		}
+	}
+	slices.SortFunc(out, CompareRoutes)
+	return out, nil
+}
+
+// fromNetlink converts a kernel route; ok is false for route types Route
+// cannot express.
+func (r *NetlinkRoutes) fromNetlink(nr netlink.Route, names map[int]string) (_ Route, ok bool, _ error) {
+	rt := Route{Proto: int(nr.Protocol)}
+	switch nr.Type {
+	case unix.RTN_UNICAST:
+		rt.Type = RouteUnicast
+	case unix.RTN_BLACKHOLE:
+		rt.Type = RouteBlackhole
+	default:
+		return Route{}, false, nil
+	}
+	if nr.Dst == nil {
+		rt.Dst = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	} else if rt.Dst, ok = prefixOf(nr.Dst); !ok {
+		return Route{}, false, fmt.Errorf("route with bad destination %v", nr.Dst)
+	}
+	devIndex := nr.LinkIndex
+	if gw, ok := addrOf(nr.Gw); ok {
+		rt.Gateways = append(rt.Gateways, gw)
+	}
+	for i, nh := range nr.MultiPath {
+		if gw, ok := addrOf(nh.Gw); ok {
+			rt.Gateways = append(rt.Gateways, gw)
+		}
+		switch {
+		case i == 0:
+			devIndex = nh.LinkIndex
+		case devIndex != nh.LinkIndex:
+			devIndex = 0 // next hops on several devices: no single Dev
+		}
+	}
+	if devIndex > 0 {
+		name, err := r.linkName(devIndex, names)
+		if err != nil {
+			return Route{}, false, err
+		}
+		rt.Dev = name
+	}
+	return rt.Normalized(), true, nil
+}
+
+func (r *NetlinkRoutes) linkName(index int, cache map[int]string) (string, error) {
+	if name, ok := cache[index]; ok {
+		return name, nil
+	}
+	l, err := r.h.LinkByIndex(index)
+	if err != nil {
+		return "", fmt.Errorf("looking up link %d: %w", index, err)
+	}
+	cache[index] = l.Attrs().Name
+	return l.Attrs().Name, nil
+}
+
+// Replace implements Routes. It adds the route, or replaces the route for the
+// same destination in the main table if that route is Tabby's; a foreign
+// route there is left alone and ErrForeignRoute returned.
+func (r *NetlinkRoutes) Replace(rt Route) error {
+	rt = rt.Normalized()
+	if err := rt.Validate(); err != nil {
+		return err
+	}
+	if !OwnedProto(rt.Proto) {
+		return fmt.Errorf("replacing route %v: %w", rt, ErrForeignRoute)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	nr, err := r.toNetlink(rt)
+	if err != nil {
+		return fmt.Errorf("replacing route %v: %w", rt, err)
+	}
+	err = r.h.RouteAdd(nr)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding route %v: %w", rt, err)
+	}
+	// A route for the destination exists: replace it only if it is ours.
+	if err := r.checkOwned(rt.Dst); err != nil {
+		return fmt.Errorf("replacing route %v: %w", rt, err)
+	}
+	if err := r.h.RouteReplace(nr); err != nil {
+		return fmt.Errorf("replacing route %v: %w", rt, err)
+	}
+	return nil
+}
+
+// checkOwned fails with ErrForeignRoute if the route for dst that a replace
+// would overwrite (main table, metric 0, TOS 0) is not Tabby's.
+func (r *NetlinkRoutes) checkOwned(dst netip.Prefix) error {
+	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: ipNet(dst)}
+	nrs, err := retryDump(func() ([]netlink.Route, error) {
+		return r.h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+	})
+	if err != nil {
+		return fmt.Errorf("listing routes to %v: %w", dst, err)
+	}
+	for _, nr := range nrs {
+		if nr.Priority == 0 && nr.Tos == 0 && !OwnedProto(int(nr.Protocol)) {
+			return fmt.Errorf("route to %v has protocol %d: %w", dst, int(nr.Protocol), ErrForeignRoute)
+		}
+	}
+	return nil
+}
+
+func (r *NetlinkRoutes) toNetlink(rt Route) (*netlink.Route, error) {
+	nr := &netlink.Route{
+		Dst:      ipNet(rt.Dst),
+		Table:    unix.RT_TABLE_MAIN,
+		Protocol: netlink.RouteProtocol(rt.Proto),
+		Family:   netlink.FAMILY_V4,
+	}
+	if rt.Type == RouteBlackhole {
+		nr.Type = unix.RTN_BLACKHOLE
+		return nr, nil
+	}
+	nr.Type = unix.RTN_UNICAST
+	if rt.Dev != "" {
+		l, err := r.h.LinkByName(rt.Dev)
+		if err != nil {
+			return nil, fmt.Errorf("looking up device %s: %w", rt.Dev, err)
+		}
+		nr.LinkIndex = l.Attrs().Index
+	}
+	switch len(rt.Gateways) {
+	case 0:
+		nr.Scope = netlink.SCOPE_LINK
+	case 1:
+		nr.Gw = net.IP(rt.Gateways[0].AsSlice())
+	default:
+		for _, gw := range rt.Gateways {
+			nr.MultiPath = append(nr.MultiPath, &netlink.NexthopInfo{LinkIndex: nr.LinkIndex, Gw: net.IP(gw.AsSlice())})
+		}
+		nr.LinkIndex = 0
+	}
+	return nr, nil
+}
+
+// Delete implements Routes. Only a route with rt's destination, protocol and
+// type (and device, if rt names one) is deleted; a missing one is success.
+func (r *NetlinkRoutes) Delete(rt Route) error {
+	rt = rt.Normalized()
+	if !OwnedProto(rt.Proto) {
+		return fmt.Errorf("deleting route %v: %w", rt, ErrForeignRoute)
+	}
+	if !rt.Dst.IsValid() || !rt.Dst.Addr().Is4() {
+		return fmt.Errorf("deleting route %v: destination is not an IPv4 prefix", rt)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	nr := &netlink.Route{
+		Dst:      ipNet(rt.Dst),
+		Table:    unix.RT_TABLE_MAIN,
+		Protocol: netlink.RouteProtocol(rt.Proto),
+		Family:   netlink.FAMILY_V4,
+		Scope:    netlink.SCOPE_NOWHERE, // any scope
+		Type:     unix.RTN_UNICAST,
+	}
+	if rt.Type == RouteBlackhole {
+		nr.Type = unix.RTN_BLACKHOLE
+	}
+	if rt.Dev != "" && len(rt.Gateways) < 2 {
+		l, err := r.h.LinkByName(rt.Dev)
+		if errors.As(err, new(netlink.LinkNotFoundError)) {
+			return nil // the device is gone, and its routes with it
+		}
+		if err != nil {
+			return fmt.Errorf("deleting route %v: looking up device: %w", rt, err)
+		}
+		nr.LinkIndex = l.Attrs().Index
+	}
+	if len(rt.Gateways) == 1 {
+		nr.Gw = net.IP(rt.Gateways[0].AsSlice())
+	}
+	err := r.h.RouteDel(nr)
+	if err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("deleting route %v: %w", rt, err)
+	}
+	return nil
+}

@@ -143,7 +143,7 @@ func decodeDocument(doc []byte) ([]Object, error) {
 			}
 			return []Object{obj}, nil
 		}
-		for k := range g {
+		for _, k := range sortedKeys(g) {
 			switch k {
 			case "apiVersion", "kind", "items", "metadata":
 			default:

@@ -188,9 +188,13 @@ func (w *WorkloadEndpoint) Validate() error {
 		v.add("spec.ipNetworks", "at least one address is required")
 	}
 	for i, n := range s.IPNetworks {
-		if pr, ok := v.cidr4(idx("spec.ipNetworks", i), n); ok && pr.Bits() != 32 {
-			v.add(idx("spec.ipNetworks", i), "%q must be a single address (/32)", n)
+		// A pod address with a shorter prefix is a likely mistake; say
+		// so rather than complain about host bits.
+		if pr, err := netip.ParsePrefix(n); err == nil && pr.Addr().Is4() && pr.Bits() != 32 {
+			v.add(idx("spec.ipNetworks", i), "%q must be a single address, like %q", n, pr.Addr().String()+"/32")
+			continue
 		}
+		v.cidr4(idx("spec.ipNetworks", i), n)
 	}
 	v.labels("spec.namespaceLabels", s.NamespaceLabels)
 	for i, prof := range s.Profiles {

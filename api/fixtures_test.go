@@ -1,0 +1,123 @@
+package api
+
+// Valid objects of every kind, which tests mutate into invalid ones.
+
+func ptr[T any](v T) *T { return &v }
+
+func validNode() *Node {
+	return &Node{
+		Metadata: ObjectMeta{Name: "node-1", Labels: map[string]string{"rack": "r1", "tabby.dev/rr": "true"}},
+		Spec: NodeSpec{
+			Addresses: []NodeAddress{{Address: "198.18.0.2", Type: "InternalIP"}},
+			BGP:       &NodeBGPSpec{IPv4Address: "198.18.0.2/24", ASNumber: ptr(uint32(65001)), RouteReflectorClusterID: "224.0.0.1"},
+		},
+	}
+}
+
+func validPool() *IPPool {
+	return &IPPool{
+		Metadata: ObjectMeta{Name: "default-pool"},
+		Spec: IPPoolSpec{CIDR: "10.244.0.0/16", BlockSize: 26, NATOutgoing: true,
+			NodeSelector: &LabelSelector{MatchExpressions: []LabelSelectorRequirement{{Key: "rack", Operator: OpIn, Values: []string{"r1", "r2"}}}}},
+	}
+}
+
+func validIPAMConfig() *IPAMConfig {
+	return &IPAMConfig{Metadata: ObjectMeta{Name: "default"}, Spec: IPAMConfigSpec{StrictAffinity: true, MaxBlocksPerHost: 4}}
+}
+
+func validBGPConfig() *BGPConfiguration {
+	return &BGPConfiguration{
+		Metadata: ObjectMeta{Name: "default"},
+		Spec: BGPConfigurationSpec{
+			ASNumber: ptr(uint32(64512)), NodeToNodeMeshEnabled: ptr(false), ListenPort: ptr(uint16(1179)),
+			NodeMeshPassword: "secret", KeepaliveTime: &Duration{3e9}, HoldTime: &Duration{9e9},
+			NodeMeshMaxRestartTime: &Duration{120e9},
+		},
+	}
+}
+
+func validPeer() *BGPPeer {
+	return &BGPPeer{
+		Metadata: ObjectMeta{Name: "tor-1"},
+		Spec: BGPPeerSpec{
+			PeerIP: "198.18.0.1", ASNumber: 65000,
+			NodeSelector: &LabelSelector{MatchLabels: map[string]string{"rack": "r1"}},
+			Password:     "md5", HoldTime: &Duration{30e9}, SourceAddress: SourceAddressUseNodeIP,
+		},
+	}
+}
+
+func validRRPeer() *BGPPeer {
+	return &BGPPeer{
+		Metadata: ObjectMeta{Name: "to-rr"},
+		Spec: BGPPeerSpec{
+			NodeSelector: &LabelSelector{MatchExpressions: []LabelSelectorRequirement{{Key: "tabby.dev/rr", Operator: OpDoesNotExist}}},
+			PeerSelector: &LabelSelector{MatchExpressions: []LabelSelectorRequirement{{Key: "tabby.dev/rr", Operator: OpExists}}},
+		},
+	}
+}
+
+func validWEP() *WorkloadEndpoint {
+	return &WorkloadEndpoint{
+		Metadata: ObjectMeta{Name: "node--1-k8s-web-0-eth0", Namespace: "default", Labels: map[string]string{"app": "web"}},
+		Spec: WorkloadEndpointSpec{
+			Node: "node-1", Orchestrator: "k8s", Pod: "web-0", ContainerID: "0123456789abcdef",
+			Endpoint: "eth0", InterfaceName: "cali0123456789a", MAC: "ee:ee:ee:ee:ee:ee",
+			IPNetworks: []string{"10.244.1.5/32"}, IPAMHandle: "tabby.0123456789abcdef",
+			NamespaceLabels: map[string]string{"kubernetes.io/metadata.name": "default"},
+			Ports:           []EndpointPort{{Name: "http", Protocol: ProtocolTCP, Port: 8080}},
+		},
+	}
+}
+
+func validNetPol() *NetworkPolicy {
+	return &NetworkPolicy{
+		Metadata: ObjectMeta{Name: "allow-web", Namespace: "default"},
+		Spec: NetworkPolicySpec{
+			PodSelector: LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Ingress: []NetworkPolicyIngressRule{{
+				Ports: []NetworkPolicyPort{
+					{Protocol: ptr(ProtocolTCP), Port: ptr(FromInt(8000)), EndPort: ptr(int32(8080))},
+					{Port: ptr(FromString("http"))},
+				},
+				From: []NetworkPolicyPeer{
+					{PodSelector: &LabelSelector{MatchLabels: map[string]string{"app": "client"}}},
+					{IPBlock: &IPBlock{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}},
+				},
+			}},
+			Egress:      []NetworkPolicyEgressRule{{To: []NetworkPolicyPeer{{NamespaceSelector: &LabelSelector{}}}}},
+			PolicyTypes: []PolicyType{PolicyTypeIngress, PolicyTypeEgress},
+		},
+	}
+}
+
+func validGNP() *GlobalNetworkPolicy {
+	return &GlobalNetworkPolicy{
+		Metadata: ObjectMeta{Name: "deny-db"},
+		Spec: GlobalNetworkPolicySpec{
+			Order:    ptr(100.0),
+			Selector: &LabelSelector{MatchLabels: map[string]string{"role": "db"}},
+			Types:    []PolicyType{PolicyTypeIngress, PolicyTypeEgress},
+			Ingress: []Rule{
+				{Action: ActionAllow, Protocol: ptr(ProtocolTCP), Source: EntityRule{Nets: []string{"10.244.0.0/16"}},
+					Destination: EntityRule{Ports: []IntOrString{FromInt(5432), FromString("6000:6010"), FromString("metrics")}}},
+				{Action: ActionDeny},
+			},
+			Egress: []Rule{{Action: ActionAllow, Protocol: ptr(ProtocolICMP), Destination: EntityRule{NotNets: []string{"192.168.0.0/16"}}}},
+		},
+	}
+}
+
+// validObjects returns one or more valid objects of every kind.
+func validObjects() []Object {
+	return []Object{validNode(), validPool(), validIPAMConfig(), validBGPConfig(), validPeer(), validRRPeer(),
+		validWEP(), validNetPol(), validGNP(),
+		&Node{Metadata: ObjectMeta{Name: "bare"}},
+		&IPPool{Metadata: ObjectMeta{Name: "p"}, Spec: IPPoolSpec{CIDR: "10.245.0.0/26"}},
+		&IPAMConfig{Metadata: ObjectMeta{Name: "default"}},
+		&BGPConfiguration{Metadata: ObjectMeta{Name: "default"}},
+		&NetworkPolicy{Metadata: ObjectMeta{Name: "deny-all", Namespace: "prod"}},
+		&GlobalNetworkPolicy{Metadata: ObjectMeta{Name: "empty"}},
+	}
+}

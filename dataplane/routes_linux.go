@@ -22,6 +22,8 @@ type NetlinkRoutes struct {
 
 var _ Routes = (*NetlinkRoutes)(nil)
 
+var errClosed = errors.New("dataplane handle is closed")
+
 // NewRoutes returns Routes acting in the network namespace at netnsPath
 // ("" = the namespace of the calling thread). The caller must Close it.
 func NewRoutes(netnsPath string) (*NetlinkRoutes, error) {
@@ -57,9 +59,16 @@ func (r *NetlinkRoutes) Close() error {
 func (r *NetlinkRoutes) List(proto int) ([]Route, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.h == nil {
+		return nil, errClosed
+	}
+	return listRoutes(r.h, proto)
+}
+
+func listRoutes(h *netlink.Handle, proto int) ([]Route, error) {
 	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: netlink.RouteProtocol(proto)}
 	nrs, err := retryDump(func() ([]netlink.Route, error) {
-		return r.h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing routes with protocol %d: %w", proto, err)
@@ -67,7 +76,7 @@ func (r *NetlinkRoutes) List(proto int) ([]Route, error) {
 	names := map[int]string{}
 	var out []Route
 	for _, nr := range nrs {
-		rt, ok, err := r.fromNetlink(nr, names)
+		rt, ok, err := fromNetlink(h, nr, names)
 		if err != nil {
 			return nil, err
 		}
@@ -81,7 +90,7 @@ func (r *NetlinkRoutes) List(proto int) ([]Route, error) {
 
 // fromNetlink converts a kernel route; ok is false for route types Route
 // cannot express.
-func (r *NetlinkRoutes) fromNetlink(nr netlink.Route, names map[int]string) (_ Route, ok bool, _ error) {
+func fromNetlink(h *netlink.Handle, nr netlink.Route, names map[int]string) (_ Route, ok bool, _ error) {
 	rt := Route{Proto: int(nr.Protocol)}
 	switch nr.Type {
 	case unix.RTN_UNICAST:
@@ -112,7 +121,7 @@ func (r *NetlinkRoutes) fromNetlink(nr netlink.Route, names map[int]string) (_ R
 		}
 	}
 	if devIndex > 0 {
-		name, err := r.linkName(devIndex, names)
+		name, err := linkName(h, devIndex, names)
 		if err != nil {
 			return Route{}, false, err
 		}
@@ -121,11 +130,11 @@ func (r *NetlinkRoutes) fromNetlink(nr netlink.Route, names map[int]string) (_ R
 	return rt.Normalized(), true, nil
 }
 
-func (r *NetlinkRoutes) linkName(index int, cache map[int]string) (string, error) {
+func linkName(h *netlink.Handle, index int, cache map[int]string) (string, error) {
 	if name, ok := cache[index]; ok {
 		return name, nil
 	}
-	l, err := r.h.LinkByIndex(index)
+	l, err := h.LinkByIndex(index)
 	if err != nil {
 		return "", fmt.Errorf("looking up link %d: %w", index, err)
 	}
@@ -137,42 +146,52 @@ func (r *NetlinkRoutes) linkName(index int, cache map[int]string) (string, error
 // same destination in the main table if that route is Tabby's; a foreign
 // route there is left alone and ErrForeignRoute returned.
 func (r *NetlinkRoutes) Replace(rt Route) error {
-	rt = rt.Normalized()
-	if err := rt.Validate(); err != nil {
-		return err
-	}
-	if !OwnedProto(rt.Proto) {
-		return fmt.Errorf("replacing route %v: %w", rt, ErrForeignRoute)
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	nr, err := r.toNetlink(rt)
-	if err != nil {
-		return fmt.Errorf("replacing route %v: %w", rt, err)
+	if r.h == nil {
+		return errClosed
 	}
-	err = r.h.RouteAdd(nr)
+	_, err := replaceRoute(r.h, rt)
+	return err
+}
+
+// replaceRoute adds or replaces rt; created says whether no route for the
+// destination existed before.
+func replaceRoute(h *netlink.Handle, rt Route) (created bool, _ error) {
+	rt = rt.Normalized()
+	if err := rt.Validate(); err != nil {
+		return false, err
+	}
+	if !OwnedProto(rt.Proto) {
+		return false, fmt.Errorf("replacing route %v: %w", rt, ErrForeignRoute)
+	}
+	nr, err := toNetlink(h, rt)
+	if err != nil {
+		return false, fmt.Errorf("replacing route %v: %w", rt, err)
+	}
+	err = h.RouteAdd(nr)
 	if err == nil {
-		return nil
+		return true, nil
 	}
 	if !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("adding route %v: %w", rt, err)
+		return false, fmt.Errorf("adding route %v: %w", rt, err)
 	}
 	// A route for the destination exists: replace it only if it is ours.
-	if err := r.checkOwned(rt.Dst); err != nil {
-		return fmt.Errorf("replacing route %v: %w", rt, err)
+	if err := checkOwned(h, rt.Dst); err != nil {
+		return false, fmt.Errorf("replacing route %v: %w", rt, err)
 	}
-	if err := r.h.RouteReplace(nr); err != nil {
-		return fmt.Errorf("replacing route %v: %w", rt, err)
+	if err := h.RouteReplace(nr); err != nil {
+		return false, fmt.Errorf("replacing route %v: %w", rt, err)
 	}
-	return nil
+	return false, nil
 }
 
 // checkOwned fails with ErrForeignRoute if the route for dst that a replace
 // would overwrite (main table, metric 0, TOS 0) is not Tabby's.
-func (r *NetlinkRoutes) checkOwned(dst netip.Prefix) error {
+func checkOwned(h *netlink.Handle, dst netip.Prefix) error {
 	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: ipNet(dst)}
 	nrs, err := retryDump(func() ([]netlink.Route, error) {
-		return r.h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
 	})
 	if err != nil {
 		return fmt.Errorf("listing routes to %v: %w", dst, err)
@@ -185,7 +204,7 @@ func (r *NetlinkRoutes) checkOwned(dst netip.Prefix) error {
 	return nil
 }
 
-func (r *NetlinkRoutes) toNetlink(rt Route) (*netlink.Route, error) {
+func toNetlink(h *netlink.Handle, rt Route) (*netlink.Route, error) {
 	nr := &netlink.Route{
 		Dst:      ipNet(rt.Dst),
 		Table:    unix.RT_TABLE_MAIN,
@@ -198,7 +217,7 @@ func (r *NetlinkRoutes) toNetlink(rt Route) (*netlink.Route, error) {
 	}
 	nr.Type = unix.RTN_UNICAST
 	if rt.Dev != "" {
-		l, err := r.h.LinkByName(rt.Dev)
+		l, err := h.LinkByName(rt.Dev)
 		if err != nil {
 			return nil, fmt.Errorf("looking up device %s: %w", rt.Dev, err)
 		}
@@ -221,6 +240,15 @@ func (r *NetlinkRoutes) toNetlink(rt Route) (*netlink.Route, error) {
 // Delete implements Routes. Only a route with rt's destination, protocol and
 // type (and device, if rt names one) is deleted; a missing one is success.
 func (r *NetlinkRoutes) Delete(rt Route) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.h == nil {
+		return errClosed
+	}
+	return deleteRoute(r.h, rt)
+}
+
+func deleteRoute(h *netlink.Handle, rt Route) error {
 	rt = rt.Normalized()
 	if !OwnedProto(rt.Proto) {
 		return fmt.Errorf("deleting route %v: %w", rt, ErrForeignRoute)
@@ -228,8 +256,6 @@ func (r *NetlinkRoutes) Delete(rt Route) error {
 	if !rt.Dst.IsValid() || !rt.Dst.Addr().Is4() {
 		return fmt.Errorf("deleting route %v: destination is not an IPv4 prefix", rt)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	nr := &netlink.Route{
 		Dst:      ipNet(rt.Dst),
 		Table:    unix.RT_TABLE_MAIN,
@@ -242,7 +268,7 @@ func (r *NetlinkRoutes) Delete(rt Route) error {
 		nr.Type = unix.RTN_BLACKHOLE
 	}
 	if rt.Dev != "" && len(rt.Gateways) < 2 {
-		l, err := r.h.LinkByName(rt.Dev)
+		l, err := h.LinkByName(rt.Dev)
 		if errors.As(err, new(netlink.LinkNotFoundError)) {
 			return nil // the device is gone, and its routes with it
 		}
@@ -254,7 +280,7 @@ func (r *NetlinkRoutes) Delete(rt Route) error {
 	if len(rt.Gateways) == 1 {
 		nr.Gw = net.IP(rt.Gateways[0].AsSlice())
 	}
-	err := r.h.RouteDel(nr)
+	err := h.RouteDel(nr)
 	if err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("deleting route %v: %w", rt, err)
 	}

@@ -73,7 +73,7 @@ var _ dataplane.Routes = (*Routes)(nil)
 // NewRoutes returns an empty table holding routes (of any protocol, as if
 // some other program had added them).
 func NewRoutes(routes ...dataplane.Route) *Routes {
-	r := &Routes{}
+	r := &Routes{failer: failer{FailOn: map[string]error{}}}
 	for _, rt := range routes {
 		r.Add(rt)
 	}

@@ -35,7 +35,9 @@ var _ dataplane.Workloads = (*Workloads)(nil)
 // NewWorkloads returns an empty set of workloads whose host routes go into
 // routes (nil: no routes are kept).
 func NewWorkloads(routes *Routes) *Workloads {
-	return &Workloads{routes: routes, links: map[string]*workload{}, nextIndex: 10}
+	w := &Workloads{routes: routes, links: map[string]*workload{}, nextIndex: 10}
+	w.FailOn = map[string]error{}
+	return w
 }
 
 // SetFail makes op fail with err from now on; a nil err clears it.
@@ -225,7 +227,7 @@ func (w *Workloads) Lines() []string {
 		}
 		lines[i] += fmt.Sprintf(" mtu %d", s.EffectiveMTU())
 		if s.MAC != "" {
-			lines[i] += " mac " + s.MAC
+			lines[i] += " mac " + normMAC(s.MAC)
 		}
 	}
 	return lines

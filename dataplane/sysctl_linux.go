@@ -1,0 +1,98 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netns"
+)
+
+// A sysctl is one /proc/sys setting, named by its path below /proc/sys
+// ("net/ipv4/conf/cali1/proxy_arp"), so that interface names with dots
+// need no escaping.
+type sysctl struct {
+	Path  string
+	Value string
+}
+
+func (s sysctl) String() string { return strings.ReplaceAll(s.Path, "/", ".") + "=" + s.Value }
+
+// hostIfSysctls are the settings of a workload's host interface: answer ARP
+// for 169.254.1.1 (proxy ARP) at once, and route the workload's traffic.
+func hostIfSysctls(ifName string) []sysctl {
+	return []sysctl{
+		{"net/ipv4/conf/" + ifName + "/proxy_arp", "1"},
+		{"net/ipv4/neigh/" + ifName + "/proxy_delay", "0"},
+		{"net/ipv4/conf/" + ifName + "/forwarding", "1"},
+	}
+}
+
+// nodeSysctls are the node-wide settings the agent ensures.
+var nodeSysctls = []sysctl{{"net/ipv4/ip_forward", "1"}}
+
+// EnsureNodeSysctls sets the node-wide sysctls (net.ipv4.ip_forward=1) in
+// the network namespace at netnsPath ("" = the calling thread's). It writes
+// only values that differ.
+func EnsureNodeSysctls(netnsPath string) error {
+	nsh, err := openNetNS(netnsPath)
+	if err != nil {
+		return err
+	}
+	defer nsh.Close()
+	return ensureSysctls(nsh, nodeSysctls)
+}
+
+// ensureSysctls writes each setting that differs, inside the namespace nsh.
+// /proc/sys/net shows the namespace of the thread that opens it, so the
+// files are opened on a thread moved into nsh.
+func ensureSysctls(nsh netns.NsHandle, settings []sysctl) error {
+	return withNetNS(nsh, func() error {
+		var errs []error
+		for _, s := range settings {
+			got, err := readSysctl(s.Path)
+			if err == nil && got == s.Value {
+				continue
+			}
+			if err := writeSysctl(s.Path, s.Value); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// checkSysctls returns an error for each setting that differs in nsh.
+func checkSysctls(nsh netns.NsHandle, settings []sysctl) error {
+	var errs []error
+	err := withNetNS(nsh, func() error {
+		for _, s := range settings {
+			got, err := readSysctl(s.Path)
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case got != s.Value:
+				errs = append(errs, fmt.Errorf("sysctl %s is %s, want %s", strings.ReplaceAll(s.Path, "/", "."), got, s.Value))
+			}
+		}
+		return nil
+	})
+	return errors.Join(append(errs, err)...)
+}
+
+func readSysctl(path string) (string, error) {
+	b, err := os.ReadFile(filepath.Join("/proc/sys", path))
+	if err != nil {
+		return "", fmt.Errorf("reading sysctl %s: %w", strings.ReplaceAll(path, "/", "."), err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func writeSysctl(path, value string) error {
+	if err := os.WriteFile(filepath.Join("/proc/sys", path), []byte(value), 0o644); err != nil {
+		return fmt.Errorf("setting sysctl %s=%s: %w", strings.ReplaceAll(path, "/", "."), value, err)
+	}
+	return nil
+}

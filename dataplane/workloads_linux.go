@@ -1,0 +1,525 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NetlinkWorkloads implements Workloads with netlink. Host ends and host
+// routes live in the node's network namespace, fixed at construction; each
+// call opens its own netlink sockets, so calls for different workloads may
+// run concurrently.
+type NetlinkWorkloads struct {
+	mu     sync.Mutex
+	nodeNS netns.NsHandle
+}
+
+var _ Workloads = (*NetlinkWorkloads)(nil)
+
+// NewWorkloads returns Workloads whose host side is the network namespace at
+// nodeNetNSPath ("" = the namespace of the calling thread). The caller must
+// Close it.
+func NewWorkloads(nodeNetNSPath string) (*NetlinkWorkloads, error) {
+	nsh, err := openNetNS(nodeNetNSPath)
+	if err != nil {
+		return nil, err
+	}
+	return &NetlinkWorkloads{nodeNS: nsh}, nil
+}
+
+// Close releases the node namespace handle.
+func (w *NetlinkWorkloads) Close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.nodeNS.IsOpen() {
+		return nil
+	}
+	err := w.nodeNS.Close()
+	w.nodeNS = netns.None()
+	return err
+}
+
+// nodeHandle opens a netlink handle in the node namespace.
+func (w *NetlinkWorkloads) nodeHandle() (*netlink.Handle, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.nodeNS.IsOpen() {
+		return nil, errClosed
+	}
+	return newHandleAt(w.nodeNS)
+}
+
+// nodeNSDup returns a copy of the node namespace handle that the caller must
+// close, so that Close cannot pull it away under a running call.
+func (w *NetlinkWorkloads) nodeNSDup() (netns.NsHandle, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.nodeNS.IsOpen() {
+		return netns.None(), errClosed
+	}
+	fd, err := unix.FcntlInt(uintptr(w.nodeNS), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return netns.None(), fmt.Errorf("duplicating node netns handle: %w", err)
+	}
+	return netns.NsHandle(fd), nil
+}
+
+// workloadCall holds what one Setup, Teardown or Check works with.
+type workloadCall struct {
+	spec   WorkloadSpec
+	nodeNS netns.NsHandle
+	node   *netlink.Handle
+	contNS netns.NsHandle
+	cont   *netlink.Handle
+}
+
+// open opens the node and (if it exists) container namespaces. contGone
+// reports a container namespace that does not exist (any more).
+func (w *NetlinkWorkloads) open(spec WorkloadSpec) (c *workloadCall, contGone bool, err error) {
+	c = &workloadCall{spec: spec, nodeNS: netns.None(), contNS: netns.None()}
+	defer func() {
+		if err != nil {
+			c.close()
+			c = nil
+		}
+	}()
+	if c.nodeNS, err = w.nodeNSDup(); err != nil {
+		return c, false, err
+	}
+	if c.node, err = newHandleAt(c.nodeNS); err != nil {
+		return c, false, fmt.Errorf("node netns: %w", err)
+	}
+	if spec.NetNS == "" {
+		return c, true, nil
+	}
+	if c.contNS, err = openNetNS(spec.NetNS); err != nil {
+		if netnsGone(err) {
+			return c, true, nil
+		}
+		return c, false, err
+	}
+	if c.cont, err = newHandleAt(c.contNS); err != nil {
+		return c, false, fmt.Errorf("netns %s: %w", spec.NetNS, err)
+	}
+	return c, false, nil
+}
+
+func (c *workloadCall) close() {
+	if c.cont != nil {
+		c.cont.Close()
+	}
+	if c.node != nil {
+		c.node.Close()
+	}
+	if c.contNS.IsOpen() {
+		c.contNS.Close()
+	}
+	if c.nodeNS.IsOpen() {
+		c.nodeNS.Close()
+	}
+}
+
+func isNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
+}
+
+// linkByName returns the link or nil if there is none.
+func linkByName(h *netlink.Handle, name string) (netlink.Link, error) {
+	l, err := h.LinkByName(name)
+	if isNotFound(err) {
+		return nil, nil
+	}
+	return l, err
+}
+
+// isPair reports whether host (in the node namespace) and cont (in the
+// container namespace) are the two ends of one veth.
+func (c *workloadCall) isPair(host, cont netlink.Link) bool {
+	if host.Type() != "veth" || cont.Type() != "veth" {
+		return false
+	}
+	ha, ca := host.Attrs(), cont.Attrs()
+	if ha.ParentIndex != ca.Index || ca.ParentIndex != ha.Index {
+		return false
+	}
+	// The index check could match by chance across namespaces; the netns id
+	// of the peer, where the kernel has one, settles it.
+	if id, err := c.node.GetNetNsIdByFd(int(c.contNS)); err == nil && id >= 0 && ha.NetNsID >= 0 {
+		return id == ha.NetNsID
+	}
+	return true
+}
+
+// hostRouteFor is the node's route to one workload address.
+func hostRouteFor(spec WorkloadSpec, a netip.Prefix) Route {
+	return Route{Dst: a.Masked(), Type: RouteUnicast, Dev: spec.HostIfName, Proto: RouteProtoWorkload}
+}
+
+var hostHWAddr, _ = net.ParseMAC(HostMAC)
+
+// Setup implements Workloads.
+//
+// It creates the veth pair (or keeps a pair that is already right), then
+// converges every attribute, each step changing only what differs. A host
+// link of the same name that is not the peer of the container interface is
+// stale and replaced. If a step fails, everything this call created is
+// removed again.
+func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ WorkloadStatus, err error) {
+	if err := spec.Validate(); err != nil {
+		return WorkloadStatus{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+	}
+	c, contGone, err := w.open(spec)
+	if err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+	}
+	defer c.close()
+	if contGone {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: netns %s does not exist", spec.HostIfName, spec.NetNS)
+	}
+
+	// undo holds the inverse of each change this call made, run in reverse
+	// order if the call fails. err is the named result, so a failure
+	// returned from any step below is seen here.
+	var undo []func() error
+	defer func() {
+		if err == nil {
+			return
+		}
+		var uerrs []error
+		for i := len(undo) - 1; i >= 0; i-- {
+			if uerr := undo[i](); uerr != nil {
+				uerrs = append(uerrs, uerr)
+			}
+		}
+		if len(uerrs) > 0 {
+			err = errors.Join(err, fmt.Errorf("rolling back: %w", errors.Join(uerrs...)))
+		}
+	}()
+
+	host, cont, err := c.ensurePair(&undo)
+	if err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+	}
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"configuring host interface", func() error { return c.ensureHostLink(host) }},
+		{"configuring container interface", func() error { return c.ensureContainerLink(cont) }},
+		{"adding host routes", func() error { return c.ensureHostRoutes(&undo) }},
+	}
+	for _, st := range steps {
+		if err := ctx.Err(); err != nil {
+			return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+		}
+		if err := st.do(); err != nil {
+			return WorkloadStatus{}, fmt.Errorf("setting up %s: %s: %w", spec.HostIfName, st.what, err)
+		}
+	}
+	st, err := c.status()
+	if err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+	}
+	return st, nil
+}
+
+// ensurePair returns the host and container ends of the workload's veth,
+// creating the pair if needed.
+func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link, err error) {
+	spec := c.spec
+	if host, err = linkByName(c.node, spec.HostIfName); err != nil {
+		return nil, nil, fmt.Errorf("looking up %s: %w", spec.HostIfName, err)
+	}
+	if cont, err = linkByName(c.cont, spec.IfName); err != nil {
+		return nil, nil, fmt.Errorf("looking up %s in %s: %w", spec.IfName, spec.NetNS, err)
+	}
+	if host != nil && cont != nil && c.isPair(host, cont) {
+		return host, cont, nil
+	}
+	if host != nil {
+		// Stale: left by an earlier sandbox, its peer elsewhere. Deleting
+		// one end of a veth deletes both, and the routes through it.
+		if err := c.node.LinkDel(host); err != nil && !isNotFound(err) {
+			return nil, nil, fmt.Errorf("deleting stale %s: %w", spec.HostIfName, err)
+		}
+		if cont, err = linkByName(c.cont, spec.IfName); err != nil {
+			return nil, nil, fmt.Errorf("looking up %s in %s: %w", spec.IfName, spec.NetNS, err)
+		}
+	}
+	if cont != nil {
+		return nil, nil, fmt.Errorf("interface %s already exists in netns %s and is not the peer of %s",
+			spec.IfName, spec.NetNS, spec.HostIfName)
+	}
+
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = spec.HostIfName
+	attrs.MTU = spec.EffectiveMTU()
+	attrs.HardwareAddr = hostHWAddr
+	veth := &netlink.Veth{
+		LinkAttrs:     attrs,
+		PeerName:      spec.IfName,
+		PeerNamespace: netlink.NsFd(int(c.contNS)),
+		PeerMTU:       uint32(spec.EffectiveMTU()),
+		PeerTxQLen:    -1,
+	}
+	if spec.MAC != "" {
+		veth.PeerHardwareAddr, _ = net.ParseMAC(spec.MAC) // validated
+	}
+	if err := c.node.LinkAdd(veth); err != nil {
+		return nil, nil, fmt.Errorf("creating veth %s/%s: %w", spec.HostIfName, spec.IfName, err)
+	}
+	*undo = append(*undo, func() error {
+		l, err := linkByName(c.node, spec.HostIfName)
+		if err != nil || l == nil {
+			return err
+		}
+		if err := c.node.LinkDel(l); err != nil && !isNotFound(err) {
+			return fmt.Errorf("deleting %s: %w", spec.HostIfName, err)
+		}
+		return nil
+	})
+	if host, err = c.node.LinkByName(spec.HostIfName); err != nil {
+		return nil, nil, fmt.Errorf("looking up new %s: %w", spec.HostIfName, err)
+	}
+	if cont, err = c.cont.LinkByName(spec.IfName); err != nil {
+		return nil, nil, fmt.Errorf("looking up new %s in %s: %w", spec.IfName, spec.NetNS, err)
+	}
+	return host, cont, nil
+}
+
+// ensureLinkAttrs sets MTU and MAC (if mac is not nil) where they differ.
+func ensureLinkAttrs(h *netlink.Handle, l netlink.Link, mtu int, mac net.HardwareAddr) error {
+	a := l.Attrs()
+	if a.MTU != mtu {
+		if err := h.LinkSetMTU(l, mtu); err != nil {
+			return fmt.Errorf("setting mtu %d: %w", mtu, err)
+		}
+	}
+	if mac != nil && a.HardwareAddr.String() != mac.String() {
+		if err := h.LinkSetHardwareAddr(l, mac); err != nil {
+			return fmt.Errorf("setting mac %s: %w", mac, err)
+		}
+	}
+	return nil
+}
+
+func ensureUp(h *netlink.Handle, l netlink.Link) error {
+	if l.Attrs().Flags&net.FlagUp != 0 {
+		return nil
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("setting %s up: %w", l.Attrs().Name, err)
+	}
+	return nil
+}
+
+func (c *workloadCall) ensureHostLink(host netlink.Link) error {
+	if err := ensureLinkAttrs(c.node, host, c.spec.EffectiveMTU(), hostHWAddr); err != nil {
+		return err
+	}
+	if err := ensureSysctls(c.nodeNS, hostIfSysctls(c.spec.HostIfName)); err != nil {
+		return err
+	}
+	return ensureUp(c.node, host)
+}
+
+func (c *workloadCall) ensureContainerLink(cont netlink.Link) error {
+	spec := c.spec
+	var mac net.HardwareAddr
+	if spec.MAC != "" {
+		mac, _ = net.ParseMAC(spec.MAC) // validated
+	}
+	if err := ensureLinkAttrs(c.cont, cont, spec.EffectiveMTU(), mac); err != nil {
+		return err
+	}
+	if err := c.ensureAddrs(cont); err != nil {
+		return err
+	}
+	if err := ensureUp(c.cont, cont); err != nil {
+		return err
+	}
+	lo, err := c.cont.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("looking up lo: %w", err)
+	}
+	if err := ensureUp(c.cont, lo); err != nil {
+		return err
+	}
+	// Re-read the link: routes need it up.
+	if cont, err = c.cont.LinkByIndex(cont.Attrs().Index); err != nil {
+		return fmt.Errorf("looking up %s: %w", spec.IfName, err)
+	}
+	return c.ensureContainerRoutes(cont)
+}
+
+// ensureAddrs makes the IPv4 addresses of cont exactly spec.Addrs.
+func (c *workloadCall) ensureAddrs(cont netlink.Link) error {
+	have, err := retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_V4) })
+	if err != nil {
+		return fmt.Errorf("listing addresses: %w", err)
+	}
+	haveSet := map[netip.Prefix]bool{}
+	for _, a := range have {
+		p, ok := prefixOf(a.IPNet)
+		if ok && !slices.Contains(c.spec.Addrs, p) {
+			if err := c.cont.AddrDel(cont, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+				return fmt.Errorf("removing address %v: %w", p, err)
+			}
+			continue
+		}
+		haveSet[p] = true
+	}
+	for _, p := range c.spec.Addrs {
+		if haveSet[p.Masked()] {
+			continue
+		}
+		if err := c.cont.AddrAdd(cont, &netlink.Addr{IPNet: ipNet(p)}); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("adding address %v: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// containerRoutes are the routes inside the workload: the gateway on the
+// link, then the default route through it.
+func containerRoutes(index int) []*netlink.Route {
+	gw := net.IP(GatewayAddr.AsSlice())
+	return []*netlink.Route{
+		{LinkIndex: index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4},
+		{LinkIndex: index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: gw, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4},
+	}
+}
+
+// missingContainerRoutes returns the container routes that cont lacks.
+func (c *workloadCall) missingContainerRoutes(cont netlink.Link) ([]*netlink.Route, error) {
+	filter := &netlink.Route{LinkIndex: cont.Attrs().Index, Table: unix.RT_TABLE_MAIN}
+	have, err := retryDump(func() ([]netlink.Route, error) {
+		return c.cont.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing routes: %w", err)
+	}
+	var missing []*netlink.Route
+	for _, want := range containerRoutes(cont.Attrs().Index) {
+		found := slices.ContainsFunc(have, func(r netlink.Route) bool {
+			dst := r.Dst
+			if dst == nil {
+				dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+			}
+			return r.Type == unix.RTN_UNICAST && dst.String() == want.Dst.String() &&
+				r.Gw.Equal(want.Gw) && r.Scope == want.Scope && r.Priority == 0
+		})
+		if !found {
+			missing = append(missing, want)
+		}
+	}
+	return missing, nil
+}
+
+func (c *workloadCall) ensureContainerRoutes(cont netlink.Link) error {
+	missing, err := c.missingContainerRoutes(cont)
+	if err != nil {
+		return err
+	}
+	for _, r := range missing {
+		if err := c.cont.RouteReplace(r); err != nil {
+			return fmt.Errorf("adding route %v: %w", r, err)
+		}
+	}
+	return nil
+}
+
+// ensureHostRoutes adds the node's /32 route to each address; one for the
+// same /32 through another interface is replaced.
+func (c *workloadCall) ensureHostRoutes(undo *[]func() error) error {
+	for _, a := range c.spec.Addrs {
+		rt := hostRouteFor(c.spec, a)
+		created, err := replaceRoute(c.node, rt)
+		if err != nil {
+			return err
+		}
+		if created {
+			*undo = append(*undo, func() error { return deleteRoute(c.node, rt) })
+		}
+	}
+	return nil
+}
+
+func (c *workloadCall) status() (WorkloadStatus, error) {
+	host, err := c.node.LinkByName(c.spec.HostIfName)
+	if err != nil {
+		return WorkloadStatus{}, fmt.Errorf("looking up %s: %w", c.spec.HostIfName, err)
+	}
+	cont, err := c.cont.LinkByName(c.spec.IfName)
+	if err != nil {
+		return WorkloadStatus{}, fmt.Errorf("looking up %s in %s: %w", c.spec.IfName, c.spec.NetNS, err)
+	}
+	return WorkloadStatus{
+		HostIfIndex:      host.Attrs().Index,
+		HostMAC:          host.Attrs().HardwareAddr.String(),
+		ContainerIfIndex: cont.Attrs().Index,
+		ContainerMAC:     cont.Attrs().HardwareAddr.String(),
+	}, nil
+}
+
+// Teardown implements Workloads: it deletes the container end (if the netns
+// still exists), the host routes and the host end. Whatever is already
+// gone counts as done; it keeps going after a failure and joins the errors.
+func (w *NetlinkWorkloads) Teardown(ctx context.Context, spec WorkloadSpec) error {
+	if spec.HostIfName == "" {
+		return errors.New("tearing down workload: host interface name is empty")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("tearing down %s: %w", spec.HostIfName, err)
+	}
+	c, contGone, err := w.open(spec)
+	if err != nil {
+		return fmt.Errorf("tearing down %s: %w", spec.HostIfName, err)
+	}
+	defer c.close()
+	var errs []error
+
+	if !contGone && spec.IfName != "" {
+		cont, err := linkByName(c.cont, spec.IfName)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("looking up %s in %s: %w", spec.IfName, spec.NetNS, err))
+		case cont != nil && cont.Type() == "veth":
+			if err := c.cont.LinkDel(cont); err != nil && !isNotFound(err) {
+				errs = append(errs, fmt.Errorf("deleting %s in %s: %w", spec.IfName, spec.NetNS, err))
+			}
+		}
+	}
+
+	host, err := linkByName(c.node, spec.HostIfName)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("looking up %s: %w", spec.HostIfName, err))
+	}
+	if host != nil {
+		for _, a := range spec.Addrs {
+			if err := deleteRoute(c.node, hostRouteFor(spec, a)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := c.node.LinkDel(host); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("deleting %s: %w", spec.HostIfName, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("tearing down %s: %w", spec.HostIfName, err)
+	}
+	return nil
+}

@@ -56,7 +56,15 @@ func (f *fakeHandler) Add(ctx context.Context, req *Request, conf *NetConf, args
 	if f.add != nil {
 		return f.add(ctx, req)
 	}
-	return testResult(req.IfName, "10.244.0.5"), nil
+	ip := "10.244.0.5"
+	if len(args.IPs) > 0 {
+		ip = args.IPs[0].String()
+	}
+	res := testResult(req.IfName, ip)
+	if args.MAC != "" {
+		res.Interfaces[0].Mac = args.MAC
+	}
+	return res, nil
 }
 
 func (f *fakeHandler) Del(ctx context.Context, req *Request, conf *NetConf, args *Args) error {

@@ -200,6 +200,9 @@ func (s *Server) serve(ctx context.Context, req *Request) (resp Response) {
 	if deadline.IsZero() {
 		deadline = time.Now().Add(conf.Timeout(req.Command))
 	}
+	// Finish a little before the shim gives up, so that the agent's own
+	// error rather than the shim's bare timeout reaches the runtime.
+	deadline = deadline.Add(-max(0, min(500*time.Millisecond, time.Until(deadline)/10)))
 	// Requests in flight finish even when the server shuts down.
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()

@@ -143,10 +143,15 @@ func (c *workloadCall) checkHostRoutes(errs *[]error) {
 		*errs = append(*errs, err)
 		return
 	}
-	for _, a := range c.spec.Addrs {
-		want := hostRouteFor(c.spec, a)
-		if !slices.ContainsFunc(routes, want.Satisfies) {
-			*errs = append(*errs, fmt.Errorf("host route %v missing", want))
+	want := HostRoutes(c.spec)
+	for _, w := range want {
+		if !slices.ContainsFunc(routes, w.Satisfies) {
+			*errs = append(*errs, fmt.Errorf("host route %v missing", w))
+		}
+	}
+	for _, rt := range routes {
+		if rt.Dev == c.spec.HostIfName && !slices.ContainsFunc(want, func(w Route) bool { return w.Satisfies(rt) }) {
+			*errs = append(*errs, fmt.Errorf("unexpected host route %v", rt))
 		}
 	}
 }

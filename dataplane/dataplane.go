@@ -91,6 +91,18 @@ func HostIfName(workloadID string) string {
 	return "cali" + hex.EncodeToString(sum[:])[:11]
 }
 
+// HostRoutes returns the node's routes to the workload's addresses,
+// "<addr>/32 dev <HostIfName> scope link proto 80", which Setup installs.
+// A caller that syncs protocol RouteProtoWorkload with SyncRoutes must
+// include them in its desired set.
+func HostRoutes(spec WorkloadSpec) []Route {
+	out := make([]Route, 0, len(spec.Addrs))
+	for _, a := range spec.Addrs {
+		out = append(out, Route{Dst: a.Masked(), Type: RouteUnicast, Dev: spec.HostIfName, Proto: RouteProtoWorkload})
+	}
+	return out
+}
+
 // EffectiveMTU returns the MTU the workload's interfaces get.
 func (s WorkloadSpec) EffectiveMTU() int {
 	if s.MTU == 0 {

@@ -18,8 +18,6 @@ type sysctl struct {
 	Value string
 }
 
-func (s sysctl) String() string { return strings.ReplaceAll(s.Path, "/", ".") + "=" + s.Value }
-
 // hostIfSysctls are the settings of a workload's host interface: answer ARP
 // for 169.254.1.1 (proxy ARP) at once, and route the workload's traffic.
 func hostIfSysctls(ifName string) []sysctl {

@@ -160,11 +160,6 @@ func (c *workloadCall) isPair(host, cont netlink.Link) bool {
 	return true
 }
 
-// hostRouteFor is the node's route to one workload address.
-func hostRouteFor(spec WorkloadSpec, a netip.Prefix) Route {
-	return Route{Dst: a.Masked(), Type: RouteUnicast, Dev: spec.HostIfName, Proto: RouteProtoWorkload}
-}
-
 var hostHWAddr, _ = net.ParseMAC(HostMAC)
 
 // Setup implements Workloads.
@@ -209,7 +204,7 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 		}
 	}()
 
-	host, cont, err := c.ensurePair(&undo)
+	host, cont, existed, err := c.ensurePair(&undo)
 	if err != nil {
 		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
 	}
@@ -219,7 +214,7 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 	}{
 		{"configuring host interface", func() error { return c.ensureHostLink(host) }},
 		{"configuring container interface", func() error { return c.ensureContainerLink(cont) }},
-		{"adding host routes", func() error { return c.ensureHostRoutes(&undo) }},
+		{"adding host routes", func() error { return c.ensureHostRoutes(existed, &undo) }},
 	}
 	for _, st := range steps {
 		if err := ctx.Err(); err != nil {
@@ -237,30 +232,30 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 }
 
 // ensurePair returns the host and container ends of the workload's veth,
-// creating the pair if needed.
-func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link, err error) {
+// creating the pair if needed; existed says it was there already.
+func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link, existed bool, err error) {
 	spec := c.spec
 	if host, err = linkByName(c.node, spec.HostIfName); err != nil {
-		return nil, nil, fmt.Errorf("looking up %s: %w", spec.HostIfName, err)
+		return nil, nil, false, fmt.Errorf("looking up %s: %w", spec.HostIfName, err)
 	}
 	if cont, err = linkByName(c.cont, spec.IfName); err != nil {
-		return nil, nil, fmt.Errorf("looking up %s in %s: %w", spec.IfName, spec.NetNS, err)
+		return nil, nil, false, fmt.Errorf("looking up %s in %s: %w", spec.IfName, spec.NetNS, err)
 	}
 	if host != nil && cont != nil && c.isPair(host, cont) {
-		return host, cont, nil
+		return host, cont, true, nil
 	}
 	if host != nil {
 		// Stale: left by an earlier sandbox, its peer elsewhere. Deleting
 		// one end of a veth deletes both, and the routes through it.
 		if err := c.node.LinkDel(host); err != nil && !isNotFound(err) {
-			return nil, nil, fmt.Errorf("deleting stale %s: %w", spec.HostIfName, err)
+			return nil, nil, false, fmt.Errorf("deleting stale %s: %w", spec.HostIfName, err)
 		}
 		if cont, err = linkByName(c.cont, spec.IfName); err != nil {
-			return nil, nil, fmt.Errorf("looking up %s in %s: %w", spec.IfName, spec.NetNS, err)
+			return nil, nil, false, fmt.Errorf("looking up %s in %s: %w", spec.IfName, spec.NetNS, err)
 		}
 	}
 	if cont != nil {
-		return nil, nil, fmt.Errorf("interface %s already exists in netns %s and is not the peer of %s",
+		return nil, nil, false, fmt.Errorf("interface %s already exists in netns %s and is not the peer of %s",
 			spec.IfName, spec.NetNS, spec.HostIfName)
 	}
 
@@ -279,7 +274,7 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 		veth.PeerHardwareAddr, _ = net.ParseMAC(spec.MAC) // validated
 	}
 	if err := c.node.LinkAdd(veth); err != nil {
-		return nil, nil, fmt.Errorf("creating veth %s/%s: %w", spec.HostIfName, spec.IfName, err)
+		return nil, nil, false, fmt.Errorf("creating veth %s/%s: %w", spec.HostIfName, spec.IfName, err)
 	}
 	*undo = append(*undo, func() error {
 		l, err := linkByName(c.node, spec.HostIfName)
@@ -292,12 +287,12 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 		return nil
 	})
 	if host, err = c.node.LinkByName(spec.HostIfName); err != nil {
-		return nil, nil, fmt.Errorf("looking up new %s: %w", spec.HostIfName, err)
+		return nil, nil, false, fmt.Errorf("looking up new %s: %w", spec.HostIfName, err)
 	}
 	if cont, err = c.cont.LinkByName(spec.IfName); err != nil {
-		return nil, nil, fmt.Errorf("looking up new %s in %s: %w", spec.IfName, spec.NetNS, err)
+		return nil, nil, false, fmt.Errorf("looking up new %s in %s: %w", spec.IfName, spec.NetNS, err)
 	}
-	return host, cont, nil
+	return host, cont, false, nil
 }
 
 // ensureLinkAttrs sets MTU and MAC (if mac is not nil) where they differ.
@@ -443,10 +438,21 @@ func (c *workloadCall) ensureContainerRoutes(cont netlink.Link) error {
 }
 
 // ensureHostRoutes adds the node's /32 route to each address; one for the
-// same /32 through another interface is replaced.
-func (c *workloadCall) ensureHostRoutes(undo *[]func() error) error {
-	for _, a := range c.spec.Addrs {
-		rt := hostRouteFor(c.spec, a)
+// same /32 through another interface is replaced. On a pair that existed
+// before, routes through it to addresses the workload no longer has go.
+func (c *workloadCall) ensureHostRoutes(existed bool, undo *[]func() error) error {
+	if existed {
+		extra, err := c.extraHostRoutes()
+		if err != nil {
+			return err
+		}
+		for _, rt := range extra {
+			if err := deleteRoute(c.node, rt); err != nil {
+				return err
+			}
+		}
+	}
+	for _, rt := range HostRoutes(c.spec) {
 		created, err := replaceRoute(c.node, rt)
 		if err != nil {
 			return err
@@ -456,6 +462,23 @@ func (c *workloadCall) ensureHostRoutes(undo *[]func() error) error {
 		}
 	}
 	return nil
+}
+
+// extraHostRoutes returns the proto 80 routes through the host interface
+// that the spec does not ask for.
+func (c *workloadCall) extraHostRoutes() ([]Route, error) {
+	routes, err := listRoutes(c.node, RouteProtoWorkload)
+	if err != nil {
+		return nil, err
+	}
+	want := HostRoutes(c.spec)
+	var extra []Route
+	for _, rt := range routes {
+		if rt.Dev == c.spec.HostIfName && !slices.ContainsFunc(want, func(w Route) bool { return w.Satisfies(rt) }) {
+			extra = append(extra, rt)
+		}
+	}
+	return extra, nil
 }
 
 func (c *workloadCall) status() (WorkloadStatus, error) {
@@ -509,8 +532,8 @@ func (w *NetlinkWorkloads) Teardown(ctx context.Context, spec WorkloadSpec) erro
 		errs = append(errs, fmt.Errorf("looking up %s: %w", spec.HostIfName, err))
 	}
 	if host != nil {
-		for _, a := range spec.Addrs {
-			if err := deleteRoute(c.node, hostRouteFor(spec, a)); err != nil {
+		for _, rt := range HostRoutes(spec) {
+			if err := deleteRoute(c.node, rt); err != nil {
 				errs = append(errs, err)
 			}
 		}

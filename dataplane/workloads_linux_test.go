@@ -465,3 +465,34 @@ func BenchmarkPrivilegedSetupTeardown(b *testing.B) {
 		}
 	}
 }
+
+func TestPrivilegedWorkloadAddressChange(t *testing.T) {
+	skipUnlessPrivileged(t)
+	node, w := workloadNode(t)
+	pod := newNetNS(t, "pod")
+	ctx := context.Background()
+	old := podSpec(pod, "default/mv", "10.244.0.60/32", "10.244.0.61/32")
+	st := setup(t, w, old)
+	spec := podSpec(pod, "default/mv", "10.244.0.61/32", "10.244.0.62/32")
+	spec.MTU = 1450
+	if st2 := setup(t, w, spec); st2 != st {
+		t.Errorf("Setup with new addresses recreated the pair: %+v vs %+v", st2, st)
+	}
+	if err := w.Check(ctx, spec); err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	err := w.Check(ctx, old)
+	for _, want := range []string{"unexpected host route 10.244.0.62/32", "host route 10.244.0.60/32 dev " + spec.HostIfName + " scope link proto 80 missing", "mtu 1450, want 1500"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Check of the old spec = %v, want it to mention %q", err, want)
+		}
+	}
+	want := "10.244.0.61 dev " + spec.HostIfName + " scope link \n10.244.0.62 dev " + spec.HostIfName + " scope link \n"
+	if got := run(t, "ip", "-n", node.Name, "route", "show", "proto", "80"); got != want {
+		t.Errorf("host routes = %q, want %q", got, want)
+	}
+	got := run(t, "ip", "-4", "-o", "-n", pod.Name, "addr", "show", "dev", "eth0")
+	if strings.Contains(got, "10.244.0.60") || !strings.Contains(got, "10.244.0.61/32") || !strings.Contains(got, "10.244.0.62/32") {
+		t.Errorf("pod addresses:\n%s", got)
+	}
+}

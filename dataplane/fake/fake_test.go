@@ -55,6 +55,20 @@ func TestWorkloadsLifecycle(t *testing.T) {
 		t.Errorf("workloads (-want +got):\n%s", diff)
 	}
 
+	// The agent's proto 80 sync keeps the workload routes it is told about.
+	r.ResetOps()
+	block := dataplane.Route{Dst: netip.MustParsePrefix("10.244.0.0/26"), Type: dataplane.RouteBlackhole, Proto: 80}
+	desired := append(append([]dataplane.Route{block}, dataplane.HostRoutes(a)...), dataplane.HostRoutes(b)...)
+	if err := dataplane.SyncRoutes(r, 80, desired); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"replace blackhole 10.244.0.0/26 proto 80"}, r.Ops()); diff != "" {
+		t.Errorf("sync ops (-want +got):\n%s", diff)
+	}
+	if err := r.Delete(block); err != nil {
+		t.Fatal(err)
+	}
+
 	// Idempotent.
 	if st, err := w.Setup(ctx, a); err != nil || st != stA {
 		t.Errorf("second Setup = %+v, %v; want %+v", st, err, stA)

@@ -8,15 +8,6 @@ import (
 	"github.com/tabbynet/tabby/dataplane"
 )
 
-func hostRoute(host string, a netip.Addr) dataplane.Route {
-	return dataplane.Route{
-		Dst:   netip.PrefixFrom(a, a.BitLen()),
-		Type:  dataplane.RouteUnicast,
-		Dev:   host,
-		Proto: dataplane.RouteProtoWorkload,
-	}
-}
-
 func cloneSpec(s dataplane.WorkloadSpec) dataplane.WorkloadSpec {
 	s.Addrs = slices.Clone(s.Addrs)
 	return s

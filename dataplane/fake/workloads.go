@@ -98,8 +98,7 @@ func (w *Workloads) Setup(ctx context.Context, spec dataplane.WorkloadSpec) (_ d
 		}
 	}()
 	if w.routes != nil {
-		for _, a := range spec.Addrs {
-			rt := hostRoute(spec.HostIfName, a.Addr())
+		for _, rt := range dataplane.HostRoutes(spec) {
 			if err := w.routes.Replace(rt); err != nil {
 				return dataplane.WorkloadStatus{}, fmt.Errorf("adding host route %v: %w", rt, err)
 			}
@@ -166,8 +165,7 @@ func (w *Workloads) checkLocked(spec dataplane.WorkloadSpec) error {
 	}
 	if w.routes != nil {
 		w.routes.mu.Lock()
-		for _, a := range spec.Addrs {
-			want := hostRoute(spec.HostIfName, a.Addr())
+		for _, want := range dataplane.HostRoutes(spec) {
 			if got, ok := w.routes.routes[want.Dst]; !ok || !want.Satisfies(got) {
 				errs = append(errs, fmt.Errorf("host route %v missing", want))
 			}

@@ -255,7 +255,19 @@ func checkFields(path string, v any, t reflect.Type) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if v == nil {
+		return nil
+	}
 	if reflect.PointerTo(t).Implements(jsonUnmarshalerType) {
+		// Decode the value here too, because encoding/json returns a
+		// custom unmarshaler's error without the field's path.
+		b, err := json.Marshal(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		if err := reflect.New(t).Interface().(json.Unmarshaler).UnmarshalJSON(b); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
 		return nil
 	}
 	switch t.Kind() {

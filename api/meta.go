@@ -6,6 +6,7 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 )
@@ -72,15 +73,24 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 }
 
 // UnmarshalJSON implements json.Unmarshaler. It accepts a duration string
-// ("30s", "2m") or a number of seconds.
+// ("30s", "2m") or a number of seconds; null leaves d unchanged.
 func (d *Duration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	var s string
 	if err := json.Unmarshal(b, &s); err != nil {
 		var secs float64
 		if err2 := json.Unmarshal(b, &secs); err2 != nil {
 			return fmt.Errorf("duration must be a string like \"30s\" or a number of seconds")
 		}
-		d.Duration = time.Duration(secs * float64(time.Second))
+		ns := secs * float64(time.Second)
+		// Beyond ±2^63 ns the conversion is undefined; refuse rather
+		// than wrap.
+		if math.IsNaN(ns) || ns >= math.MaxInt64 || ns <= math.MinInt64 {
+			return fmt.Errorf("duration of %v seconds is out of range", secs)
+		}
+		d.Duration = time.Duration(ns)
 		return nil
 	}
 	v, err := time.ParseDuration(s)

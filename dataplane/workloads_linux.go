@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"sync"
 
@@ -329,112 +328,6 @@ func (c *workloadCall) ensureHostLink(host netlink.Link) error {
 		return err
 	}
 	return ensureUp(c.node, host)
-}
-
-func (c *workloadCall) ensureContainerLink(cont netlink.Link) error {
-	spec := c.spec
-	var mac net.HardwareAddr
-	if spec.MAC != "" {
-		mac, _ = net.ParseMAC(spec.MAC) // validated
-	}
-	if err := ensureLinkAttrs(c.cont, cont, spec.EffectiveMTU(), mac); err != nil {
-		return err
-	}
-	if err := c.ensureAddrs(cont); err != nil {
-		return err
-	}
-	if err := ensureUp(c.cont, cont); err != nil {
-		return err
-	}
-	lo, err := c.cont.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("looking up lo: %w", err)
-	}
-	if err := ensureUp(c.cont, lo); err != nil {
-		return err
-	}
-	// Re-read the link: routes need it up.
-	if cont, err = c.cont.LinkByIndex(cont.Attrs().Index); err != nil {
-		return fmt.Errorf("looking up %s: %w", spec.IfName, err)
-	}
-	return c.ensureContainerRoutes(cont)
-}
-
-// ensureAddrs makes the IPv4 addresses of cont exactly spec.Addrs.
-func (c *workloadCall) ensureAddrs(cont netlink.Link) error {
-	have, err := retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_V4) })
-	if err != nil {
-		return fmt.Errorf("listing addresses: %w", err)
-	}
-	haveSet := map[netip.Prefix]bool{}
-	for _, a := range have {
-		p, ok := prefixOf(a.IPNet)
-		if ok && !slices.Contains(c.spec.Addrs, p) {
-			if err := c.cont.AddrDel(cont, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-				return fmt.Errorf("removing address %v: %w", p, err)
-			}
-			continue
-		}
-		haveSet[p] = true
-	}
-	for _, p := range c.spec.Addrs {
-		if haveSet[p.Masked()] {
-			continue
-		}
-		if err := c.cont.AddrAdd(cont, &netlink.Addr{IPNet: ipNet(p)}); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("adding address %v: %w", p, err)
-		}
-	}
-	return nil
-}
-
-// containerRoutes are the routes inside the workload: the gateway on the
-// link, then the default route through it.
-func containerRoutes(index int) []*netlink.Route {
-	gw := net.IP(GatewayAddr.AsSlice())
-	return []*netlink.Route{
-		{LinkIndex: index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4},
-		{LinkIndex: index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: gw, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4},
-	}
-}
-
-// missingContainerRoutes returns the container routes that cont lacks.
-func (c *workloadCall) missingContainerRoutes(cont netlink.Link) ([]*netlink.Route, error) {
-	filter := &netlink.Route{LinkIndex: cont.Attrs().Index, Table: unix.RT_TABLE_MAIN}
-	have, err := retryDump(func() ([]netlink.Route, error) {
-		return c.cont.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listing routes: %w", err)
-	}
-	var missing []*netlink.Route
-	for _, want := range containerRoutes(cont.Attrs().Index) {
-		found := slices.ContainsFunc(have, func(r netlink.Route) bool {
-			dst := r.Dst
-			if dst == nil {
-				dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
-			}
-			return r.Type == unix.RTN_UNICAST && dst.String() == want.Dst.String() &&
-				r.Gw.Equal(want.Gw) && r.Scope == want.Scope && r.Priority == 0
-		})
-		if !found {
-			missing = append(missing, want)
-		}
-	}
-	return missing, nil
-}
-
-func (c *workloadCall) ensureContainerRoutes(cont netlink.Link) error {
-	missing, err := c.missingContainerRoutes(cont)
-	if err != nil {
-		return err
-	}
-	for _, r := range missing {
-		if err := c.cont.RouteReplace(r); err != nil {
-			return fmt.Errorf("adding route %v: %w", r, err)
-		}
-	}
-	return nil
 }
 
 // ensureHostRoutes adds the node's /32 route to each address; one for the

@@ -1,0 +1,294 @@
+// Command tabby-lab builds a Tabby cluster out of network namespaces on one
+// machine (as root): a fabric bridge, a top-of-rack router, etcd, nodes
+// running tabby-agent and pods wired up by the CNI plugin. See package
+// github.com/tabbynet/tabby/e2e/lab.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tabbynet/tabby/e2e/lab"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			os.Exit(ee.code)
+		}
+		fmt.Fprintln(os.Stderr, "tabby-lab:", err)
+		os.Exit(1)
+	}
+}
+
+// exitError carries the exit status of a command run by `exec`.
+type exitError struct{ code int }
+
+func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+type globalFlags struct {
+	name, runDir string
+}
+
+func newRoot() *cobra.Command {
+	g := &globalFlags{}
+	root := &cobra.Command{
+		Use:           "tabby-lab",
+		Short:         "An N-node Tabby cluster in network namespaces",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.name, "name", lab.DefaultName, "lab name, the prefix of its namespaces")
+	root.PersistentFlags().StringVar(&g.runDir, "run-dir", lab.DefaultRunDir, "directory holding one directory per lab")
+	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), podCmd(g), demoCmd(g), etcdCmd(), cniCmd())
+	return root
+}
+
+// upOptions holds the flags shared by up and demo.
+type upOptions struct {
+	nodes, rrs, pods int
+	binDir           string
+	noAgents         bool
+}
+
+func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
+	c.Flags().IntVar(&u.nodes, "nodes", nodes, "number of nodes")
+	c.Flags().IntVar(&u.rrs, "route-reflectors", 0, "make the first K nodes route reflectors (mesh off)")
+	c.Flags().IntVar(&u.pods, "pods-per-node", pods, "pods to add on each node")
+	c.Flags().StringVar(&u.binDir, "bin-dir", "", "directory with tabby-agent and tabby (default $TABBY_BIN, then this program's directory, else go build)")
+}
+
+func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return lab.Options{}, fmt.Errorf("finding tabby-lab's own path: %w", err)
+	}
+	bin := u.binDir
+	if bin == "" {
+		bin = os.Getenv("TABBY_BIN")
+	}
+	if bin == "" {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(self), "tabby-agent")); err == nil {
+			bin = filepath.Dir(self)
+		}
+	}
+	return lab.Options{
+		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, PodsPerNode: u.pods,
+		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
+	}, nil
+}
+
+func upCmd(g *globalFlags) *cobra.Command {
+	u := &upOptions{}
+	c := &cobra.Command{
+		Use:   "up",
+		Short: "Bring a lab up (fabric, ToR, etcd, nodes with agents, pods)",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			o, err := u.options(g)
+			if err != nil {
+				return err
+			}
+			_, err = lab.Up(c.Context(), o)
+			return err
+		},
+	}
+	u.register(c, 3, 0)
+	c.Flags().BoolVar(&u.noAgents, "no-agents", false, "only the fabric, ToR, etcd and node namespaces")
+	return c
+}
+
+func downCmd(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Remove a lab: its processes, namespaces and run directory (also after a crash)",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return lab.Teardown(context.WithoutCancel(c.Context()), g.runDir, g.name, os.Stdout)
+		},
+	}
+}
+
+func statusCmd(g *globalFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "status",
+		Short: "Show the nodes, their BGP sessions, and the pods with their addresses",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			if err != nil {
+				return err
+			}
+			return l.WriteStatus(c.Context(), os.Stdout)
+		},
+	}
+}
+
+func execCmd(g *globalFlags) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "exec NODE|POD|tor|etcd|fabric -- CMD [ARG...]",
+		Short: "Run a command in the network namespace of a node, pod or the ToR",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			if err != nil {
+				return err
+			}
+			ns, err := l.ResolveNetNS(args[0])
+			if err != nil {
+				return err
+			}
+			cmd := exec.CommandContext(c.Context(), "nsenter", append([]string{"--net=" + lab.NetNSPath(ns), "--"}, args[1:]...)...)
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+			err = cmd.Run()
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return &exitError{code: ee.ExitCode()}
+			}
+			return err
+		},
+	}
+	// Everything after the target belongs to the command.
+	c.Flags().SetInterspersed(false)
+	return c
+}
+
+func podCmd(g *globalFlags) *cobra.Command {
+	pod := &cobra.Command{Use: "pod", Short: "Add or delete pods"}
+	var namespace, labels string
+	add := &cobra.Command{
+		Use:   "add NODE NAME",
+		Short: "Create a pod namespace on NODE and run the CNI chain ADD for it",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			ls, err := lab.ParseLabels(labels)
+			if err != nil {
+				return err
+			}
+			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			if err != nil {
+				return err
+			}
+			p, err := l.AddPod(c.Context(), args[0], args[1], lab.PodOptions{Namespace: namespace, Labels: ls})
+			if err != nil {
+				return err
+			}
+			fmt.Printf("%s %s %s\n", p.Name, p.IPs[0], p.NetNS)
+			return nil
+		},
+	}
+	add.Flags().StringVar(&namespace, "namespace", "default", "Kubernetes namespace of the pod")
+	add.Flags().StringVar(&labels, "labels", "", "pod labels, k=v,k=v")
+	del := &cobra.Command{
+		Use:   "del NAME",
+		Short: "Run the CNI chain DEL for a pod and delete its namespace",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			if err != nil {
+				return err
+			}
+			return l.DelPod(c.Context(), args[0])
+		},
+	}
+	pod.AddCommand(add, del)
+	return pod
+}
+
+func demoCmd(g *globalFlags) *cobra.Command {
+	u := &upOptions{}
+	var keep bool
+	c := &cobra.Command{
+		Use:   "demo",
+		Short: "Bring up 3 nodes × 2 pods, show BGP sessions, routes and a ping matrix, then tear down",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			o, err := u.options(g)
+			if err != nil {
+				return err
+			}
+			return lab.Demo(c.Context(), o, keep, os.Stdout)
+		},
+	}
+	u.register(c, 3, 2)
+	c.Flags().BoolVar(&keep, "keep", false, "leave the lab up afterwards")
+	return c
+}
+
+// etcdCmd runs the lab's etcd; the lab starts it inside its control-plane
+// namespace.
+func etcdCmd() *cobra.Command {
+	var o lab.EtcdOptions
+	c := &cobra.Command{
+		Use:    "etcd",
+		Short:  "Run an embedded etcd (started by the lab in its control-plane namespace)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			return lab.RunEtcd(c.Context(), o)
+		},
+	}
+	c.Flags().StringVar(&o.Dir, "dir", "", "data directory")
+	c.Flags().StringVar(&o.ClientURL, "client-url", lab.EtcdClientURL, "client URL to serve")
+	c.Flags().StringVar(&o.UnixSocket, "unix-socket", "", "also serve clients on this unix socket")
+	_ = c.MarkFlagRequired("dir")
+	return c
+}
+
+// cniCmd calls a CNI configuration list through libcni like a runtime; the
+// lab runs it inside the node's namespace.
+func cniCmd() *cobra.Command {
+	var r lab.CNIRequest
+	var cniPath, args, labels string
+	c := &cobra.Command{
+		Use:       "cni add|del|check",
+		Short:     "Call the CNI plugins of a configuration list as a runtime does",
+		Hidden:    true,
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: []string{"add", "del", "check"},
+		RunE: func(c *cobra.Command, a []string) error {
+			var err error
+			r.Command = a[0]
+			r.CNIPath = strings.Split(cniPath, ":")
+			if r.Args, err = lab.ParseCNIArgs(args); err != nil {
+				return err
+			}
+			if r.Labels, err = lab.ParseLabels(labels); err != nil {
+				return err
+			}
+			out, err := lab.RunCNI(c.Context(), r)
+			if err != nil {
+				return err
+			}
+			_, err = os.Stdout.Write(out)
+			return err
+		},
+	}
+	c.Flags().StringVar(&r.Conflist, "conflist", "", "network configuration list")
+	c.Flags().StringVar(&r.NetNS, "netns", "", "path of the pod's network namespace")
+	c.Flags().StringVar(&r.ContainerID, "container-id", "", "container ID")
+	c.Flags().StringVar(&r.IfName, "ifname", "eth0", "interface name in the pod")
+	c.Flags().StringVar(&cniPath, "cni-path", "/opt/cni/bin", "plugin directories, colon separated")
+	c.Flags().StringVar(&r.CacheDir, "cache-dir", "", "libcni cache directory")
+	c.Flags().StringVar(&args, "args", "", "CNI_ARGS, K=V;K=V")
+	c.Flags().StringVar(&labels, "labels", "", "pod labels, k=v,k=v (args.cni.labels)")
+	for _, f := range []string{"conflist", "netns", "container-id"} {
+		_ = c.MarkFlagRequired(f)
+	}
+	return c
+}

@@ -1,0 +1,383 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// Files of a node in its directory.
+func (l *Lab) cniSocket(node string) string    { return filepath.Join(l.nodeDir(node), "cni.sock") }
+func (l *Lab) statusSocket(node string) string { return filepath.Join(l.nodeDir(node), "status.sock") }
+func (l *Lab) conflistPath(node string) string {
+	return filepath.Join(l.nodeDir(node), "net.d", "10-tabby.conflist")
+}
+
+// portmapDirs are where Debian's CNI plugins live; the lab adds portmap to
+// the chain when one of them has it.
+var portmapDirs = []string{"/usr/lib/cni", "/opt/cni/bin"}
+
+func pluginDir(name string) string {
+	for _, d := range portmapDirs {
+		if fi, err := os.Stat(filepath.Join(d, name)); err == nil && !fi.IsDir() {
+			return d
+		}
+	}
+	return ""
+}
+
+// writeConflist writes the node's CNI network configuration.
+func (l *Lab) writeConflist(node string) error {
+	plugins := []map[string]any{{"type": "tabby", "agent_socket": l.cniSocket(node), "mtu": 1500}}
+	if pluginDir("portmap") != "" {
+		plugins = append(plugins, map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true})
+	}
+	conf := map[string]any{"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": plugins}
+	b, err := json.MarshalIndent(conf, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding CNI configuration: %w", err)
+	}
+	path := l.conflistPath(node)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("writing CNI configuration: %w", err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing CNI configuration: %w", err)
+	}
+	return nil
+}
+
+// agentArgv is the agent's command line for a node.
+func (l *Lab) agentArgv(st *State, n *NodeState) []string {
+	d := l.nodeDir(n.Name)
+	argv := []string{
+		filepath.Join(st.BinDir, binAgent),
+		"--node-name", n.Name,
+		"--node-ip", n.IP.String(),
+		"--etcd-endpoints", EtcdClientURL,
+		"--cni-socket", l.cniSocket(n.Name),
+		"--status-socket", l.statusSocket(n.Name),
+		"--state-dir", filepath.Join(d, "state"),
+		"--http-listen", agentHTTPListen,
+		"--default-ipv4-pool", PodPool,
+	}
+	return append(argv, l.agentArgs...)
+}
+
+// StartAgent starts the node's tabby-agent in the node's namespace (again,
+// after StopAgent). It does not wait for the agent to serve.
+func (l *Lab) StartAgent(ctx context.Context, node string) error {
+	st := l.State()
+	n := st.node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	if n.Agent.alive() {
+		return fmt.Errorf("the agent of %s is running (pid %d)", node, n.Agent.PID)
+	}
+	d := l.nodeDir(node)
+	if err := os.MkdirAll(filepath.Join(d, "state"), 0o755); err != nil {
+		return fmt.Errorf("creating agent state directory: %w", err)
+	}
+	progress(l.log, "starting tabby-agent on %s (%s)", node, n.IP)
+	p, done, err := startDetached("agent "+node, n.NetNS, l.agentArgv(st, n), filepath.Join(d, "agent.log"), pidFile(d, "agent"))
+	if err != nil {
+		return err
+	}
+	l.trackExit(p.PID, done)
+	return l.update(func(s *State) error {
+		if n := s.node(node); n != nil {
+			n.Agent = p
+			return nil
+		}
+		return fmt.Errorf("node %q vanished while starting its agent", node)
+	})
+}
+
+// StopAgent sends sig to the node's agent and waits until it exited
+// (SIGKILL after 10 s). SIGTERM is the agent's graceful exit.
+func (l *Lab) StopAgent(ctx context.Context, node string, sig syscall.Signal) error {
+	n := l.State().node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	if n.Agent == nil {
+		return nil
+	}
+	progress(l.log, "stopping tabby-agent on %s (pid %d, %v)", node, n.Agent.PID, sig)
+	return n.Agent.stop(ctx, sig, 10*time.Second, l.exitChan(n.Agent.PID))
+}
+
+// waitAgentServing waits until the node's agent answers on its status
+// socket and has its CNI socket.
+func (l *Lab) waitAgentServing(ctx context.Context, node string) error {
+	n := l.State().node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		if !n.Agent.alive() {
+			return false, fmt.Errorf("the agent of %s exited; see %s", node, n.Agent.Log)
+		}
+		if _, err := os.Stat(l.cniSocket(node)); err != nil {
+			return false, nil
+		}
+		_, err := l.NodeStatus(ctx, node)
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the agent of %s: %w", node, err)
+	}
+	return nil
+}
+
+// NodeStatus is what an agent reports on GET /status.
+type NodeStatus struct {
+	Node      string       `json:"node"`
+	Address   string       `json:"address"`
+	ASN       uint32       `json:"asn"`
+	Ready     bool         `json:"ready"`
+	Peers     []PeerStatus `json:"peers"`
+	Blocks    []string     `json:"blocks"`
+	Workloads int          `json:"workloads"`
+}
+
+// PeerStatus is one BGP session of a node.
+type PeerStatus struct {
+	Address string `json:"address"`
+	Type    string `json:"type"`
+	State   string `json:"state"`
+	Since   string `json:"since"`
+	Info    string `json:"info"`
+}
+
+// NodeStatus asks the node's agent for its status over the status socket
+// (HTTP on a unix socket).
+func (l *Lab) NodeStatus(ctx context.Context, node string) (*NodeStatus, error) {
+	sock := l.statusSocket(node)
+	c := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}
+	defer c.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/status", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("status of %s: %w", node, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, fmt.Errorf("status of %s: %w", node, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status of %s: %s: %s", node, resp.Status, body)
+	}
+	var s NodeStatus
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, fmt.Errorf("status of %s: decoding: %w", node, err)
+	}
+	return &s, nil
+}
+
+// configureRouteReflectors turns the node-to-node mesh off and makes the
+// first k nodes route reflectors: their Node resources are created with the
+// label route-reflector=true and a cluster ID before their agents start (an
+// agent keeps labels and cluster ID and fills in its addresses), and two
+// BGPPeers peer the reflectors with each other and every other node with
+// the reflectors.
+func (l *Lab) configureRouteReflectors(ctx context.Context, k int) error {
+	s, err := l.connect(ctx)
+	if err != nil {
+		return err
+	}
+	progress(l.log, "configuring route reflectors: node1-node%d, node-to-node mesh off", k)
+	off := false
+	objs := []api.Object{&api.BGPConfiguration{
+		Metadata: api.ObjectMeta{Name: api.SingletonName},
+		Spec:     api.BGPConfigurationSpec{NodeToNodeMeshEnabled: &off},
+	}}
+	st := l.State()
+	for i := 1; i <= k; i++ {
+		n := st.node(nodeName(i))
+		if n == nil {
+			return fmt.Errorf("no node %q", nodeName(i))
+		}
+		objs = append(objs, &api.Node{
+			Metadata: api.ObjectMeta{Name: n.Name, Labels: map[string]string{"route-reflector": "true"}},
+			Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{
+				IPv4Address:             n.IP.String(),
+				RouteReflectorClusterID: rrClusterID,
+			}},
+		})
+	}
+	reflectors := &api.LabelSelector{MatchLabels: map[string]string{"route-reflector": "true"}}
+	objs = append(objs,
+		&api.BGPPeer{
+			Metadata: api.ObjectMeta{Name: "rr-mesh"},
+			Spec:     api.BGPPeerSpec{NodeSelector: reflectors, PeerSelector: reflectors},
+		},
+		&api.BGPPeer{
+			Metadata: api.ObjectMeta{Name: "rr-clients"},
+			Spec: api.BGPPeerSpec{
+				NodeSelector: &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "route-reflector", Operator: api.OpDoesNotExist}}},
+				PeerSelector: reflectors,
+			},
+		})
+	for _, o := range objs {
+		if _, err := s.Apply(ctx, o); err != nil {
+			return fmt.Errorf("writing %s %s: %w", o.GetTypeMeta().Kind, o.GetMeta().Name, err)
+		}
+	}
+	return nil
+}
+
+// expectedPeers is how many BGP sessions each node should have.
+func expectedPeers(st *State) map[string]int {
+	want := map[string]int{}
+	k := st.RouteReflectors
+	for i, n := range st.Nodes {
+		switch {
+		case k == 0:
+			want[n.Name] = len(st.Nodes) - 1
+		case i < k: // a reflector peers with every other node
+			want[n.Name] = len(st.Nodes) - 1
+		default: // a client peers with the reflectors
+			want[n.Name] = k
+		}
+	}
+	return want
+}
+
+// WaitEstablished waits until every node's agent reports the expected
+// number of BGP sessions (full mesh, or reflectors and their clients), all
+// Established.
+func (l *Lab) WaitEstablished(ctx context.Context) error {
+	st := l.State()
+	want := expectedPeers(st)
+	var problem error
+	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		var errs []error
+		for _, n := range st.Nodes {
+			s, err := l.NodeStatus(ctx, n.Name)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			est := 0
+			for _, p := range s.Peers {
+				if p.State == "Established" {
+					est++
+				}
+			}
+			if est != want[n.Name] || len(s.Peers) != want[n.Name] {
+				errs = append(errs, fmt.Errorf("%s: %d of %d sessions established (%d peers)", n.Name, est, want[n.Name], len(s.Peers)))
+			}
+		}
+		problem = errors.Join(errs...)
+		return problem == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for BGP sessions: %w: %w", err, problem)
+	}
+	return nil
+}
+
+// WaitRoutes waits until every node has a BGP route (proto 81) to each
+// block the other nodes report, via that node's address.
+func (l *Lab) WaitRoutes(ctx context.Context) error {
+	st := l.State()
+	var problem error
+	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		var errs []error
+		blocks := map[string][]string{}
+		for _, n := range st.Nodes {
+			s, err := l.NodeStatus(ctx, n.Name)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			blocks[n.Name] = s.Blocks
+		}
+		for _, n := range st.Nodes {
+			out, err := run(ctx, "ip", "-n", n.NetNS, "-4", "route", "show", "proto", "81")
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			have := parseRoutes(string(out))
+			for _, o := range st.Nodes {
+				if o.Name == n.Name {
+					continue
+				}
+				for _, b := range blocks[o.Name] {
+					if !slices.Contains(have[b], o.IP.Addr().String()) {
+						errs = append(errs, fmt.Errorf("%s has no route to %s via %s (%s)", n.Name, b, o.IP.Addr(), o.Name))
+					}
+				}
+			}
+		}
+		problem = errors.Join(errs...)
+		return problem == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for routes: %w: %w", err, problem)
+	}
+	return nil
+}
+
+// parseRoutes maps each destination of `ip route` output to its gateways
+// ("via X", or "nexthop via X" lines of a multipath route).
+func parseRoutes(out string) map[string][]string {
+	routes := map[string][]string{}
+	dst := ""
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if f[0] != "nexthop" {
+			dst = f[0]
+			if _, ok := routes[dst]; !ok {
+				routes[dst] = nil
+			}
+		}
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "via" {
+				routes[dst] = append(routes[dst], f[i+1])
+			}
+		}
+	}
+	return routes
+}
+
+// removeNodeResource deletes the node's Node resource (missing is fine).
+func removeNodeResource(ctx context.Context, s *datastore.Store, node string) error {
+	err := s.Delete(ctx, api.KindNode, "", node, "")
+	if err != nil && !errors.Is(err, datastore.ErrNotFound) {
+		return fmt.Errorf("deleting Node %s: %w", node, err)
+	}
+	return nil
+}

@@ -1,0 +1,229 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// Namespace names of the lab's infrastructure.
+func (s *State) fabricNS() string { return s.Name + "-fabric" }
+func (s *State) torNS() string    { return s.Name + "-tor" }
+func (s *State) etcdNS() string   { return s.Name + "-etcd" }
+
+// newNamespace records the namespace in the state and then creates it, so
+// that a crash in between leaves nothing unrecorded.
+func (l *Lab) newNamespace(ctx context.Context, ns string) error {
+	if err := l.update(func(s *State) error { s.addNamespace(ns); return nil }); err != nil {
+		return err
+	}
+	progress(l.log, "creating namespace %s", ns)
+	if err := ip(ctx, "netns", "add", ns); err != nil {
+		return err
+	}
+	return ip(ctx, "-n", ns, "link", "set", "lo", "up")
+}
+
+// deleteNamespace deletes the namespace and then forgets it.
+func (l *Lab) deleteNamespace(ctx context.Context, ns string) error {
+	if netnsExists(ns) {
+		progress(l.log, "deleting namespace %s", ns)
+		if err := ip(ctx, "netns", "delete", ns); err != nil {
+			return err
+		}
+	}
+	return l.update(func(s *State) error { s.removeNamespace(ns); return nil })
+}
+
+// makeFabric creates the fabric (bridge br0), the ToR router and the
+// control-plane namespace.
+func (l *Lab) makeFabric(ctx context.Context) error {
+	st := l.State()
+	fab := st.fabricNS()
+	if err := l.newNamespace(ctx, fab); err != nil {
+		return err
+	}
+	if err := ip(ctx, "-n", fab, "link", "add", "br0", "type", "bridge"); err != nil {
+		return err
+	}
+	if err := ip(ctx, "-n", fab, "link", "set", "br0", "up"); err != nil {
+		return err
+	}
+	// The ToR forwards between the nodes but has no route out of the
+	// sandbox: no default route, so anything not on the fabric is
+	// unreachable.
+	tor := st.torNS()
+	if err := l.newNamespace(ctx, tor); err != nil {
+		return err
+	}
+	if err := l.attach(ctx, tor, "v-tor", netip.PrefixFrom(torAddr, fabricNet.Bits())); err != nil {
+		return err
+	}
+	if err := setSysctl(tor, "net.ipv4.ip_forward", "1"); err != nil {
+		return err
+	}
+	etcd := st.etcdNS()
+	if err := l.newNamespace(ctx, etcd); err != nil {
+		return err
+	}
+	return l.attach(ctx, etcd, "v-etcd", netip.PrefixFrom(etcdAddr, fabricNet.Bits()))
+}
+
+// attach connects namespace ns to the fabric bridge: a veth pair made inside
+// the fabric namespace, whose end fabricIf stays there on br0 and whose other
+// end moves into ns as eth0 with address addr.
+func (l *Lab) attach(ctx context.Context, ns, fabricIf string, addr netip.Prefix) error {
+	fab := l.State().fabricNS()
+	progress(l.log, "attaching %s to the fabric as %s", ns, addr)
+	steps := [][]string{
+		{"-n", fab, "link", "add", fabricIf, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"-n", fab, "link", "set", fabricIf, "master", "br0", "up"},
+		{"-n", ns, "addr", "add", addr.String(), "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"},
+	}
+	for _, s := range steps {
+		if err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// addNodeNamespace creates a node's namespace and directory: eth0 on the
+// fabric, default route via the ToR (which also covers 169.254.1.1, as
+// proxy ARP for the pods needs), forwarding on, and the CNI configuration.
+func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
+	if !nodeNameRE.MatchString(name) {
+		return fmt.Errorf("node name %q: want 1-13 characters [a-z0-9-], starting with a letter", name)
+	}
+	var node NodeState
+	err := l.update(func(s *State) error {
+		if s.node(name) != nil {
+			return fmt.Errorf("node %q exists", name)
+		}
+		used := map[netip.Addr]bool{}
+		for _, n := range s.Nodes {
+			used[n.IP.Addr()] = true
+		}
+		for h := firstNodeHost; h <= maxNodeHost; h++ {
+			if p := nodePrefix(h); !used[p.Addr()] {
+				node = NodeState{Name: name, NetNS: s.Name + "-" + name, IP: p}
+				s.Nodes = append(s.Nodes, node)
+				return nil
+			}
+		}
+		return errors.New("no free node address left on the fabric")
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(l.nodeDir(name), 0o755); err != nil {
+		return fmt.Errorf("creating node directory: %w", err)
+	}
+	if err := l.newNamespace(ctx, node.NetNS); err != nil {
+		return err
+	}
+	if err := l.attach(ctx, node.NetNS, "v-"+name, node.IP); err != nil {
+		return err
+	}
+	if err := ip(ctx, "-n", node.NetNS, "route", "add", "default", "via", torAddr.String(), "dev", "eth0"); err != nil {
+		return err
+	}
+	if err := setSysctl(node.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
+		return err
+	}
+	return l.writeConflist(name)
+}
+
+func (l *Lab) nodeDir(name string) string { return filepath.Join(l.dir, name) }
+
+// StartEtcd starts the lab's etcd in its namespace (again, after StopEtcd)
+// and waits until it answers through the unix socket.
+func (l *Lab) StartEtcd(ctx context.Context) error {
+	st := l.State()
+	if st.Etcd.alive() {
+		return errors.New("etcd is running")
+	}
+	dir := filepath.Join(l.dir, "etcd")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("creating etcd directory: %w", err)
+	}
+	argv := []string{st.LabBinary, "etcd", "--dir", filepath.Join(dir, "data"), "--client-url", EtcdClientURL, "--unix-socket", l.etcdSocket()}
+	progress(l.log, "starting etcd in %s at %s", st.etcdNS(), EtcdClientURL)
+	p, done, err := startDetached("etcd", st.etcdNS(), argv, filepath.Join(l.dir, "etcd.log"), pidFile(l.dir, "etcd"))
+	if err != nil {
+		return err
+	}
+	l.trackExit(p.PID, done)
+	if err := l.update(func(s *State) error { s.Etcd = p; return nil }); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	err = poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		select {
+		case <-done:
+			return false, fmt.Errorf("etcd exited; see %s", p.Log)
+		default:
+		}
+		s, err := l.connect(wctx)
+		if err != nil {
+			return false, nil
+		}
+		_, _, err = s.ListKV(wctx, "lab-probe/")
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for etcd: %w", err)
+	}
+	return nil
+}
+
+// StopEtcd stops the lab's etcd (SIGTERM, then SIGKILL); its data stay.
+func (l *Lab) StopEtcd(ctx context.Context) error {
+	p := l.State().Etcd
+	if p == nil {
+		return nil
+	}
+	progress(l.log, "stopping etcd (pid %d)", p.PID)
+	return p.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(p.PID))
+}
+
+func (l *Lab) trackExit(pid int, done <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.exited[pid] = done
+}
+
+func (l *Lab) exitChan(pid int) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.exited[pid]
+}
+
+// poll calls cond every interval until it reports done or an error, or ctx
+// ends; the last condition error is not kept, so cond reports fatal errors
+// only.
+func poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

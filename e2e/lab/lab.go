@@ -1,0 +1,310 @@
+// Package lab builds a Tabby cluster on one machine out of network
+// namespaces: a fabric namespace with a bridge that every other namespace
+// attaches to by a veth pair, a top-of-rack router namespace that is the
+// nodes' default gateway and routes nowhere else, a control-plane namespace
+// running an embedded etcd, one namespace per node running tabby-agent, and
+// pod namespaces wired up by the real CNI plugins invoked through libcni the
+// way a container runtime invokes them.
+//
+// Nothing is attached to the root namespace: veth ends live in the fabric
+// namespace, underlay addresses come from 198.18.0.0/24 and pod addresses
+// from 10.244.0.0/16, all inside the lab's namespaces. The lab process
+// reaches etcd through a unix socket that the etcd process forwards.
+//
+// A lab records everything it creates in <RunDir>/<Name>/state.json before
+// creating it, so Teardown removes a lab also after the process that made it
+// died. The command tabby-lab is a thin shell around this package; the
+// end-to-end tests use it directly.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// ErrNameTaken is returned by Up when a lab of that name is already up.
+var ErrNameTaken = errors.New("a lab of that name is already up")
+
+// Lab is a running lab. Its methods are safe for concurrent use.
+type Lab struct {
+	dir string
+	log io.Writer
+	// agentArgs are extra agent flags (not persisted: the CLI starts agents
+	// only in up).
+	agentArgs []string
+
+	mu    sync.Mutex
+	st    *State
+	store *datastore.Store
+	// exited holds, per pid this process started, a channel closed when
+	// that process exits.
+	exited map[int]<-chan struct{}
+}
+
+// Up creates a lab. On failure it removes whatever it had created.
+func Up(ctx context.Context, o Options) (_ *Lab, err error) {
+	o.Default()
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid lab options: %w", err)
+	}
+	if err := checkHost(); err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(o.RunDir, o.Name)
+	if _, err := os.Stat(filepath.Join(dir, stateFile)); err == nil {
+		return nil, fmt.Errorf("lab %q: %w (state in %s; run `tabby-lab down --name %s` first)", o.Name, ErrNameTaken, dir, o.Name)
+	}
+	if netnsExists(o.Name + "-fabric") {
+		return nil, fmt.Errorf("lab %q: %w (namespace %s exists)", o.Name, ErrNameTaken, o.Name+"-fabric")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating lab directory: %w", err)
+	}
+	progress(o.Log, "bringing up lab %q in %s", o.Name, dir)
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors}
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	l := &Lab{dir: dir, log: o.Log, agentArgs: o.AgentArgs, st: st, exited: map[int]<-chan struct{}{}}
+	defer func() {
+		if err != nil {
+			progress(o.Log, "up failed, removing what was made: %v", err)
+			err = errors.Join(err, l.Down())
+		}
+	}()
+
+	if err := resolveBinaries(ctx, &o, filepath.Join(dir, "bin")); err != nil {
+		return nil, err
+	}
+	if err := l.update(func(s *State) error {
+		s.BinDir, s.LabBinary = o.BinDir, o.LabBinary
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := l.makeFabric(ctx); err != nil {
+		return nil, err
+	}
+	if err := l.StartEtcd(ctx); err != nil {
+		return nil, err
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		if err := l.addNodeNamespace(ctx, nodeName(i)); err != nil {
+			return nil, err
+		}
+	}
+	if o.NoAgents {
+		progress(o.Log, "lab %q is up (no agents)", o.Name)
+		return l, nil
+	}
+	if o.RouteReflectors > 0 {
+		if err := l.configureRouteReflectors(ctx, o.RouteReflectors); err != nil {
+			return nil, err
+		}
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		if err := l.StartAgent(ctx, nodeName(i)); err != nil {
+			return nil, err
+		}
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		if err := l.waitAgentServing(ctx, nodeName(i)); err != nil {
+			return nil, err
+		}
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		for j := 1; j <= o.PodsPerNode; j++ {
+			if _, err := l.AddPod(ctx, nodeName(i), podName(i, j), PodOptions{}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	progress(o.Log, "lab %q is up", o.Name)
+	return l, nil
+}
+
+// Open returns the lab recorded in runDir/name, for commands that act on a
+// lab another process brought up.
+func Open(runDir, name string, log io.Writer) (*Lab, error) {
+	if runDir == "" {
+		runDir = DefaultRunDir
+	}
+	if name == "" {
+		name = DefaultName
+	}
+	dir := filepath.Join(runDir, name)
+	st, err := loadState(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("no lab %q is up (no state in %s)", name, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Lab{dir: dir, log: log, st: st, exited: map[int]<-chan struct{}{}}, nil
+}
+
+// Name is the lab's name, the prefix of its namespaces.
+func (l *Lab) Name() string { return l.State().Name }
+
+// Dir is the lab's directory.
+func (l *Lab) Dir() string { return l.dir }
+
+// State returns the lab's state as last written; callers must not modify it.
+func (l *Lab) State() *State {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if st, err := loadState(l.dir); err == nil {
+		l.st = st
+	}
+	return l.st
+}
+
+// update applies fn to a fresh copy of the state under the directory lock
+// and saves it.
+func (l *Lab) update(fn func(*State) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lk, err := lockDir(l.dir)
+	if err != nil {
+		return err
+	}
+	st, err := loadState(l.dir)
+	if err == nil {
+		err = fn(st)
+	}
+	if err == nil {
+		err = st.save()
+	}
+	if err == nil {
+		l.st = st
+	}
+	return errors.Join(err, lk.unlock())
+}
+
+// Down stops every process and removes every namespace and file of the lab.
+// It keeps going after errors and returns all of them.
+func (l *Lab) Down() error {
+	l.mu.Lock()
+	var errs []error
+	if l.store != nil {
+		errs = append(errs, l.store.Close())
+		l.store = nil
+	}
+	exited := l.exited
+	l.mu.Unlock()
+	errs = append(errs, teardown(context.Background(), l.dir, l.log, exited))
+	return errors.Join(errs...)
+}
+
+// Teardown removes the lab recorded in runDir/name: it kills the processes
+// the state records (only those, and only while /proc still shows what the
+// lab started), deletes the namespaces it records and removes the lab's
+// directory. It works after the lab's process died.
+func Teardown(ctx context.Context, runDir, name string, log io.Writer) error {
+	if runDir == "" {
+		runDir = DefaultRunDir
+	}
+	if name == "" {
+		name = DefaultName
+	}
+	if err := checkHost(); err != nil {
+		return err
+	}
+	dir := filepath.Join(runDir, name)
+	if _, err := os.Stat(filepath.Join(dir, stateFile)); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("no lab %q is up (no state in %s)", name, dir)
+	}
+	return teardown(ctx, dir, log, nil)
+}
+
+func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-chan struct{}) error {
+	lk, err := lockDir(dir)
+	if err != nil {
+		return err
+	}
+	st, err := loadState(dir)
+	if err != nil {
+		return errors.Join(err, lk.unlock())
+	}
+	progress(log, "tearing down lab %q", st.Name)
+	var errs []error
+	var procs []*Proc
+	for _, n := range st.Nodes {
+		if n.Agent != nil {
+			procs = append(procs, n.Agent)
+		}
+	}
+	if st.Etcd != nil {
+		procs = append(procs, st.Etcd)
+	}
+	// Agents first (a graceful exit needs nothing from etcd), then etcd.
+	for _, p := range procs {
+		if p.alive() {
+			progress(log, "stopping %s (pid %d)", p.Role, p.PID)
+		}
+		if err := p.stop(ctx, syscall.SIGTERM, 5*time.Second, exited[p.PID]); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	prefix := st.Name + "-"
+	for i := len(st.Namespaces) - 1; i >= 0; i-- {
+		ns := st.Namespaces[i]
+		if !strings.HasPrefix(ns, prefix) {
+			errs = append(errs, fmt.Errorf("state lists namespace %q without the lab's prefix %q: left alone", ns, prefix))
+			continue
+		}
+		if !netnsExists(ns) {
+			continue
+		}
+		progress(log, "deleting namespace %s", ns)
+		if err := ip(ctx, "netns", "delete", ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, lk.unlock())
+	if err := errors.Join(errs...); err != nil {
+		// Keep the state so that another down can retry.
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("removing lab directory: %w", err)
+	}
+	progress(log, "lab %q is down", st.Name)
+	return nil
+}
+
+// Store is the lab's datastore connection to its etcd (through the unix
+// socket), or nil before the lab connected (Up connects; a lab from Open
+// connects on first use).
+func (l *Lab) Store() *datastore.Store {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.store
+}
+
+// connect opens the datastore connection unless it is open.
+func (l *Lab) connect(ctx context.Context) (*datastore.Store, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.store != nil {
+		return l.store, nil
+	}
+	s, err := datastore.New(ctx, datastore.Config{Endpoints: []string{"unix://" + l.etcdSocket()}})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the lab's etcd: %w", err)
+	}
+	l.store = s
+	return s, nil
+}
+
+func (l *Lab) etcdSocket() string { return filepath.Join(l.dir, "etcd.sock") }

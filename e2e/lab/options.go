@@ -1,0 +1,122 @@
+package lab
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+)
+
+// Addresses of the lab's underlay. Everything lives in 198.18.0.0/24, inside
+// the lab's own namespaces.
+var (
+	fabricNet = netip.MustParsePrefix("198.18.0.0/24")
+	torAddr   = netip.MustParseAddr("198.18.0.1")
+	etcdAddr  = netip.MustParseAddr("198.18.0.2")
+)
+
+const (
+	// firstNodeHost is the last octet of node1's address (198.18.0.11).
+	firstNodeHost = 11
+	// maxNodeHost is the last octet of the last possible node address.
+	maxNodeHost = 254
+	// PodPool is the IPv4 pool the agents create.
+	PodPool = "10.244.0.0/16"
+	// EtcdClientURL is where etcd serves clients on the fabric.
+	EtcdClientURL = "http://198.18.0.2:2379"
+	// DefaultRunDir holds one directory per lab.
+	DefaultRunDir = "/run/tabby-lab"
+	// DefaultName is the lab's name when none is given.
+	DefaultName = "lab"
+	// agentHTTPListen is the agent's TCP status listener, on the node's own
+	// loopback.
+	agentHTTPListen = "127.0.0.1:9099"
+	// rrClusterID is the route-reflector cluster ID of the reflector nodes.
+	rrClusterID = "244.0.0.1"
+)
+
+// Options configure Up.
+type Options struct {
+	// Name prefixes every namespace of the lab ("lab" → lab-fabric,
+	// lab-node1, …); short and unique per concurrently running lab.
+	Name string
+	// Nodes is how many nodes Up creates (node1 … nodeN).
+	Nodes int
+	// RouteReflectors makes node1 … nodeK route reflectors and turns the
+	// node-to-node mesh off.
+	RouteReflectors int
+	// PodsPerNode pods are added on every node after the agents started.
+	PodsPerNode int
+	// RunDir holds the lab's directory RunDir/Name (state, logs, sockets,
+	// etcd data). Default DefaultRunDir.
+	RunDir string
+	// BinDir holds tabby-agent, tabby and tabby-lab. Default $TABBY_BIN;
+	// when that is unset too, they are built into <lab dir>/bin with `go
+	// build` (which needs the sources: the working directory must be inside
+	// the module).
+	BinDir string
+	// LabBinary is the tabby-lab executable that runs etcd and the CNI
+	// calls inside namespaces. Default BinDir/tabby-lab.
+	LabBinary string
+	// NoAgents brings up the fabric, ToR, etcd and node namespaces only.
+	NoAgents bool
+	// AgentArgs are appended to every tabby-agent command line.
+	AgentArgs []string
+	// Log receives progress lines; nil = silent.
+	Log io.Writer
+}
+
+var (
+	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9-]{0,19}$`)
+	nodeNameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,12}$`) // "v-" + name ≤ 15 chars
+	podNameRE  = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,30}$`)
+)
+
+// Default fills unset fields.
+func (o *Options) Default() {
+	if o.Name == "" {
+		o.Name = DefaultName
+	}
+	if o.RunDir == "" {
+		o.RunDir = DefaultRunDir
+	}
+}
+
+// Validate reports every problem of the options.
+func (o *Options) Validate() error {
+	var errs []error
+	if !nameRE.MatchString(o.Name) {
+		errs = append(errs, fmt.Errorf("name %q: want 1-20 characters [a-z0-9-], starting with a letter", o.Name))
+	}
+	if o.Nodes < 0 || o.Nodes > maxNodeHost-firstNodeHost+1 {
+		errs = append(errs, fmt.Errorf("nodes: %d out of range 0-%d", o.Nodes, maxNodeHost-firstNodeHost+1))
+	}
+	if o.RouteReflectors < 0 || o.RouteReflectors > o.Nodes {
+		errs = append(errs, fmt.Errorf("route reflectors: %d out of range 0-%d (the number of nodes)", o.RouteReflectors, o.Nodes))
+	}
+	if o.PodsPerNode < 0 {
+		errs = append(errs, fmt.Errorf("pods per node: %d is negative", o.PodsPerNode))
+	}
+	if o.NoAgents && o.PodsPerNode > 0 {
+		errs = append(errs, errors.New("pods need agents: pods per node must be 0 without agents"))
+	}
+	if o.RunDir != "" && !filepath.IsAbs(o.RunDir) {
+		errs = append(errs, fmt.Errorf("run dir %q must be absolute", o.RunDir))
+	}
+	return errors.Join(errs...)
+}
+
+// nodeName is the name of the i-th node (1-based).
+func nodeName(i int) string { return fmt.Sprintf("node%d", i) }
+
+// podName is the name of the j-th pod (1-based) Up adds to node i.
+func podName(i, j int) string { return fmt.Sprintf("n%dp%d", i, j) }
+
+// nodePrefix is the fabric address of the node with the given last octet.
+func nodePrefix(host int) netip.Prefix {
+	a := fabricNet.Addr().As4()
+	a[3] = byte(host)
+	return netip.PrefixFrom(netip.AddrFrom4(a), fabricNet.Bits())
+}

@@ -1,0 +1,162 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// startDetached starts argv inside the network namespace nsName, in its own
+// session (so that it outlives the lab process and does not get the
+// terminal's signals), with standard output and error appended to logPath
+// and its pid written to pidPath. done is closed when the process exits,
+// as long as this process lives.
+func startDetached(role, nsName string, argv []string, logPath, pidPath string) (p *Proc, done <-chan struct{}, err error) {
+	full := append([]string{"nsenter", "--net=" + NetNSPath(nsName), "--"}, argv...)
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting %s: %w", role, err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(full[0], full[1:]...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("starting %s: %w", role, err)
+	}
+	ch := make(chan struct{})
+	go func() {
+		_ = cmd.Wait() // reap; the exit status is in the log
+		close(ch)
+	}()
+	p = &Proc{Role: role, PID: cmd.Process.Pid, Argv: full, Log: logPath}
+	if st, err := procStartTime(p.PID); err == nil {
+		p.StartTime = st
+	}
+	if pidPath != "" {
+		if err := os.WriteFile(pidPath, []byte(strconv.Itoa(p.PID)+"\n"), 0o644); err != nil {
+			_ = cmd.Process.Kill()
+			return nil, nil, fmt.Errorf("starting %s: writing pid file: %w", role, err)
+		}
+	}
+	return p, ch, nil
+}
+
+// procStartTime returns field 22 of /proc/<pid>/stat (start time in clock
+// ticks since boot).
+func procStartTime(pid int) (uint64, error) {
+	fields, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+	}
+	// fields[0] is field 3 (state): the command, field 2, may hold spaces
+	// and is cut off by procStat.
+	return strconv.ParseUint(fields[19], 10, 64)
+}
+
+// procStat returns the fields of /proc/<pid>/stat after the command name,
+// starting with the state.
+func procStat(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	return strings.Fields(string(b[i+1:])), nil
+}
+
+// alive reports whether pid is still the process p describes: running (not
+// a zombie), started at the recorded time, with a command line that is what
+// we started (before or after nsenter exec'd the program).
+func (p *Proc) alive() bool {
+	if p == nil || p.PID <= 0 {
+		return false
+	}
+	fields, err := procStat(p.PID)
+	if err != nil || len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
+		return false
+	}
+	if p.StartTime != 0 && fields[19] != strconv.FormatUint(p.StartTime, 10) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+	if slices.Equal(args, p.Argv) {
+		return true
+	}
+	if i := slices.Index(p.Argv, "--"); i >= 0 && slices.Equal(args, p.Argv[i+1:]) {
+		return true
+	}
+	return false
+}
+
+// stop sends sig to the process if it is still ours, waits up to grace for
+// it to exit and then kills it. done may be nil (the process was started by
+// another lab process); then /proc is polled.
+func (p *Proc) stop(ctx context.Context, sig syscall.Signal, grace time.Duration, done <-chan struct{}) error {
+	if !p.alive() {
+		return nil
+	}
+	if err := syscall.Kill(p.PID, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("signalling %s (pid %d): %w", p.Role, p.PID, err)
+	}
+	if p.waitGone(ctx, grace, done) {
+		return nil
+	}
+	if p.alive() {
+		if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("killing %s (pid %d): %w", p.Role, p.PID, err)
+		}
+	}
+	if !p.waitGone(ctx, 5*time.Second, done) {
+		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.Role, p.PID)
+	}
+	return nil
+}
+
+// waitGone polls until the process has gone or timeout passed.
+func (p *Proc) waitGone(ctx context.Context, timeout time.Duration, done <-chan struct{}) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if done != nil {
+			select {
+			case <-done:
+				return true
+			default:
+			}
+		} else if !p.alive() {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
+// pidFile is where a role's pid file lives in dir.
+func pidFile(dir, role string) string { return filepath.Join(dir, role+".pid") }

@@ -1,0 +1,152 @@
+package lab
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// stateFile is the name of the lab's state file inside its directory. It is
+// rewritten (atomically) after every change, before the change is made
+// where that matters, so that Teardown can undo a lab whose process died
+// half way.
+const stateFile = "state.json"
+
+// lockFile serialises changes from several processes (tabby-lab pod add in
+// two shells, a test and the CLI).
+const lockFile = "lock"
+
+// State is what a lab records about itself in its directory.
+type State struct {
+	Name      string    `json:"name"`
+	Dir       string    `json:"dir"`
+	BinDir    string    `json:"binDir"`
+	LabBinary string    `json:"labBinary"`
+	Created   time.Time `json:"created"`
+	NoAgents  bool      `json:"noAgents,omitempty"`
+	// RouteReflectors is how many of the first nodes are route reflectors.
+	RouteReflectors int `json:"routeReflectors,omitempty"`
+	// Namespaces lists every network namespace the lab made (or was about
+	// to make), in creation order. Teardown deletes them in reverse.
+	Namespaces []string    `json:"namespaces"`
+	Etcd       *Proc       `json:"etcd,omitempty"`
+	Nodes      []NodeState `json:"nodes"`
+	Pods       []PodState  `json:"pods"`
+}
+
+// NodeState is one node of the lab.
+type NodeState struct {
+	Name  string       `json:"name"`
+	NetNS string       `json:"netns"`
+	IP    netip.Prefix `json:"ip"` // 198.18.0.x/24
+	Agent *Proc        `json:"agent,omitempty"`
+}
+
+// PodState is one pod: a network namespace wired up by the CNI plugins.
+type PodState struct {
+	Name        string            `json:"name"`
+	Namespace   string            `json:"namespace"`
+	Node        string            `json:"node"`
+	NetNS       string            `json:"netns"`
+	ContainerID string            `json:"containerID"`
+	IfName      string            `json:"ifName"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	IPs         []netip.Prefix    `json:"ips,omitempty"`
+	// Ready is false while the pod is being added (or its ADD failed half way).
+	Ready bool `json:"ready"`
+}
+
+// Proc is a background process the lab started.
+type Proc struct {
+	Role string `json:"role"`
+	PID  int    `json:"pid"`
+	// Argv is the command line as started (nsenter … prog args); after
+	// nsenter has exec'd, /proc/<pid>/cmdline shows the part after the
+	// nsenter options.
+	Argv      []string `json:"argv"`
+	StartTime uint64   `json:"startTime"` // /proc/<pid>/stat field 22, guards against pid reuse
+	Log       string   `json:"log"`
+}
+
+func (s *State) node(name string) *NodeState {
+	for i := range s.Nodes {
+		if s.Nodes[i].Name == name {
+			return &s.Nodes[i]
+		}
+	}
+	return nil
+}
+
+func (s *State) pod(name string) *PodState {
+	for i := range s.Pods {
+		if s.Pods[i].Name == name {
+			return &s.Pods[i]
+		}
+	}
+	return nil
+}
+
+func (s *State) addNamespace(ns string) {
+	if !slices.Contains(s.Namespaces, ns) {
+		s.Namespaces = append(s.Namespaces, ns)
+	}
+}
+
+func (s *State) removeNamespace(ns string) {
+	s.Namespaces = slices.DeleteFunc(s.Namespaces, func(n string) bool { return n == ns })
+}
+
+// loadState reads the state of the lab in dir.
+func loadState(dir string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(dir, stateFile))
+	if err != nil {
+		return nil, fmt.Errorf("reading lab state: %w", err)
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("decoding lab state %s: %w", filepath.Join(dir, stateFile), err)
+	}
+	return &s, nil
+}
+
+// save writes the state atomically.
+func (s *State) save() error {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding lab state: %w", err)
+	}
+	path := filepath.Join(s.Dir, stateFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing lab state: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing lab state: %w", err)
+	}
+	return nil
+}
+
+// dirLock is an exclusive flock on the lab directory's lock file.
+type dirLock struct{ f *os.File }
+
+func lockDir(dir string) (*dirLock, error) {
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("locking lab directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return nil, errors.Join(fmt.Errorf("locking lab directory: %w", err), f.Close())
+	}
+	return &dirLock{f: f}, nil
+}
+
+func (l *dirLock) unlock() error {
+	// Closing the file releases the flock.
+	return l.f.Close()
+}

@@ -1,0 +1,161 @@
+package agent
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"strings"
+)
+
+// Interface is what address autodetection knows of a host interface.
+type Interface struct {
+	Name     string
+	Up       bool
+	Loopback bool
+	Addrs    []netip.Prefix
+}
+
+// defaultSkip matches interfaces that never carry the node address: pod
+// veths, container bridges and tunnels.
+var defaultSkip = regexp.MustCompile(`^(lo|cali|tunl|vxlan|flannel|cni|docker|br-|virbr|veth|kube-ipvs|lxc|wg|nodelocaldns)`)
+
+// AutodetectMethod is a parsed --ip-autodetection-method.
+type AutodetectMethod struct {
+	Kind    string // first-found, interface, skip-interface, can-reach, cidr
+	Pattern *regexp.Regexp
+	CIDR    netip.Prefix
+	Target  netip.Addr
+}
+
+// ParseAutodetectMethod parses the Calico-style method string.
+func ParseAutodetectMethod(s string) (AutodetectMethod, error) {
+	if s == "" || s == "first-found" {
+		return AutodetectMethod{Kind: "first-found"}, nil
+	}
+	kind, val, ok := strings.Cut(s, "=")
+	if !ok || val == "" {
+		return AutodetectMethod{}, fmt.Errorf("ip autodetection method %q: want first-found, interface=RE, skip-interface=RE, can-reach=ADDR or cidr=CIDR", s)
+	}
+	m := AutodetectMethod{Kind: kind}
+	switch kind {
+	case "interface", "skip-interface":
+		re, err := regexp.Compile(val)
+		if err != nil {
+			return m, fmt.Errorf("ip autodetection method %q: %w", s, err)
+		}
+		m.Pattern = re
+	case "cidr":
+		p, err := netip.ParsePrefix(val)
+		if err != nil || !p.Addr().Is4() {
+			return m, fmt.Errorf("ip autodetection method %q: %q is not an IPv4 CIDR", s, val)
+		}
+		m.CIDR = p.Masked()
+	case "can-reach":
+		a, err := netip.ParseAddr(val)
+		if err != nil || !a.Is4() {
+			return m, fmt.Errorf("ip autodetection method %q: %q is not an IPv4 address", s, val)
+		}
+		m.Target = a
+	default:
+		return m, fmt.Errorf("ip autodetection method %q: unknown method %q", s, kind)
+	}
+	return m, nil
+}
+
+// SelectAddress picks the node address from ifaces. For can-reach, local is
+// the source address the kernel chose towards the target.
+func SelectAddress(ifaces []Interface, m AutodetectMethod, local netip.Addr) (netip.Prefix, string, error) {
+	for _, ifc := range ifaces {
+		if !ifc.Up || ifc.Loopback {
+			continue
+		}
+		switch m.Kind {
+		case "interface":
+			if !m.Pattern.MatchString(ifc.Name) {
+				continue
+			}
+		case "skip-interface":
+			if m.Pattern.MatchString(ifc.Name) || defaultSkip.MatchString(ifc.Name) {
+				continue
+			}
+		default:
+			if defaultSkip.MatchString(ifc.Name) {
+				continue
+			}
+		}
+		for _, a := range ifc.Addrs {
+			if !a.Addr().Is4() || a.Addr().IsLinkLocalUnicast() || a.Addr().IsLoopback() {
+				continue
+			}
+			switch m.Kind {
+			case "cidr":
+				if !m.CIDR.Contains(a.Addr()) {
+					continue
+				}
+			case "can-reach":
+				if a.Addr() != local {
+					continue
+				}
+			}
+			return a, ifc.Name, nil
+		}
+	}
+	return netip.Prefix{}, "", fmt.Errorf("no IPv4 address found by method %s on %d interfaces (loopback, down and cali/docker/bridge-like interfaces are skipped)", m.Kind, len(ifaces))
+}
+
+// HostInterfaces lists this network namespace's interfaces.
+func HostInterfaces() ([]Interface, error) {
+	nifs, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("listing interfaces: %w", err)
+	}
+	var out []Interface
+	for _, n := range nifs {
+		ifc := Interface{Name: n.Name, Up: n.Flags&net.FlagUp != 0, Loopback: n.Flags&net.FlagLoopback != 0}
+		addrs, err := n.Addrs()
+		if err != nil {
+			return nil, fmt.Errorf("listing addresses of %s: %w", n.Name, err)
+		}
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(ipn.IP)
+			if !ok {
+				continue
+			}
+			ones, _ := ipn.Mask.Size()
+			ifc.Addrs = append(ifc.Addrs, netip.PrefixFrom(ip.Unmap(), ones))
+		}
+		out = append(out, ifc)
+	}
+	return out, nil
+}
+
+// Autodetect finds the node's IPv4 address with the given method.
+func Autodetect(method string) (netip.Prefix, error) {
+	m, err := ParseAutodetectMethod(method)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	var local netip.Addr
+	if m.Kind == "can-reach" {
+		// A UDP "connection" sends nothing; it only asks the kernel for a route.
+		c, err := net.Dial("udp4", netip.AddrPortFrom(m.Target, 9).String())
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("finding the route to %s: %w", m.Target, err)
+		}
+		local = c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap()
+		if err := c.Close(); err != nil {
+			return netip.Prefix{}, err
+		}
+	}
+	ifaces, err := HostInterfaces()
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	p, _, err := SelectAddress(ifaces, m, local)
+	return p, err
+}

@@ -1,0 +1,375 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
+	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// gatewayAddr is the fake gateway every pod routes through; the host answers
+// ARP for it by proxy ARP on the cali interface.
+var gatewayAddr = netip.MustParseAddr("169.254.1.1")
+
+// HostMAC is the MAC of every host-side cali interface.
+const HostMAC = "ee:ee:ee:ee:ee:ee"
+
+// CNI error codes of our own (>= 100 per the spec).
+const (
+	codeIPAM      = 100
+	codeDataplane = 101
+	codeDatastore = 102
+)
+
+// cniHandler carries out CNI requests for this node. It is safe for
+// concurrent use; the cni.Server serialises requests per container.
+type cniHandler struct {
+	node  string
+	store *datastore.Store
+	ipam  *ipam.Allocator
+	wl    dataplane.Workloads
+	log   *slog.Logger
+	// changed is called after a workload was added or removed so that the
+	// routing and BGP loops run soon.
+	changed func()
+	// fault, when set, is called after each step of ADD with the step's
+	// name; a non-nil error aborts ADD there (tests inject failures).
+	fault func(step string) error
+	// observe records a finished operation (metrics).
+	observe func(op string, d time.Duration, err error)
+}
+
+func (h *cniHandler) step(name string) error {
+	if h.fault == nil {
+		return nil
+	}
+	return h.fault(name)
+}
+
+func cniErr(code uint, msg string, err error) *types.Error {
+	return &types.Error{Code: code, Msg: msg, Details: err.Error()}
+}
+
+// Add assigns an address, wires the pod and records its endpoint. On any
+// failure it undoes what it did; a repeated ADD returns the same result.
+func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args) (_ *current.Result, err error) {
+	start := time.Now()
+	defer func() { h.done("add", start, err) }()
+	if req.ContainerID == "" || req.IfName == "" {
+		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID and CNI_IFNAME are required"}
+	}
+	if req.Netns == "" {
+		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS is required for ADD"}
+	}
+	w := newWorkloadID(req, args)
+	handle := ipamHandle(conf.Name, req.ContainerID)
+	hostIf := w.hostIfName()
+	areq := ipam.AssignRequest{
+		Node:   h.node,
+		Handle: handle,
+		Attrs: ipam.Attributes{
+			Node: h.node, Namespace: w.Namespace, Pod: w.Pod, ContainerID: req.ContainerID, Time: time.Now(),
+		},
+	}
+	if len(args.IPs) > 0 {
+		areq.Addr = args.IPs[0]
+	}
+
+	var (
+		assigned  bool
+		wired     bool
+		spec      dataplane.WorkloadSpec
+		wepStored bool
+		wepName   = w.endpointName(h.node)
+	)
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Undo with a fresh deadline: the request's may be what failed.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		var rbErrs []error
+		if wepStored {
+			if derr := h.store.Delete(rctx, api.KindWorkloadEndpoint, w.Namespace, wepName, ""); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
+				rbErrs = append(rbErrs, fmt.Errorf("removing endpoint: %w", derr))
+			}
+		}
+		if wired {
+			if terr := h.wl.Teardown(rctx, spec); terr != nil {
+				rbErrs = append(rbErrs, fmt.Errorf("removing interfaces: %w", terr))
+			}
+		}
+		if assigned {
+			if rerr := h.ipam.ReleaseHandle(rctx, handle); rerr != nil {
+				rbErrs = append(rbErrs, fmt.Errorf("releasing address: %w", rerr))
+			}
+		}
+		if len(rbErrs) > 0 {
+			h.log.Error("rolling back failed ADD left state behind", "container", req.ContainerID, "err", errors.Join(rbErrs...))
+		}
+		if h.changed != nil {
+			h.changed()
+		}
+	}()
+
+	asg, err := h.ipam.Assign(ctx, areq)
+	if err != nil {
+		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
+	}
+	assigned = true
+	if err = h.step("assign"); err != nil {
+		return nil, err
+	}
+
+	spec = dataplane.WorkloadSpec{
+		NetNS:      req.Netns,
+		IfName:     req.IfName,
+		HostIfName: hostIf,
+		Addrs:      []netip.Prefix{netip.PrefixFrom(asg.Addr, 32)},
+		MTU:        conf.MTU,
+		MAC:        args.MAC,
+	}
+	wired = true // Setup undoes its own partial work; Teardown covers a complete one.
+	st, err := h.wl.Setup(ctx, spec)
+	if err != nil {
+		wired = false
+		return nil, cniErr(codeDataplane, "wiring "+req.IfName+" in "+req.Netns, err)
+	}
+	if err = h.step("dataplane"); err != nil {
+		return nil, err
+	}
+
+	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, st.ContainerMAC, args.Labels)
+	if err = h.putEndpoint(ctx, wep); err != nil {
+		return nil, cniErr(codeDatastore, "recording endpoint "+wep.Metadata.Name, err)
+	}
+	wepStored = true
+	if err = h.step("endpoint"); err != nil {
+		return nil, err
+	}
+	if h.changed != nil {
+		h.changed()
+	}
+	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed)
+	return buildResult(req, asg.Addr, hostIf, st), nil
+}
+
+// putEndpoint creates or replaces the endpoint. A stale endpoint of an
+// earlier sandbox of the same pod is replaced.
+func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint) error {
+	_, err := h.store.Apply(ctx, wep)
+	return err
+}
+
+func buildResult(req *cni.Request, addr netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
+	idx := 1
+	return &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: hostIf, Mac: HostMAC},
+			{Name: req.IfName, Mac: st.ContainerMAC, Sandbox: req.Netns},
+		},
+		IPs: []*current.IPConfig{{
+			Interface: &idx,
+			Address:   net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)},
+			Gateway:   gatewayAddr.AsSlice(),
+		}},
+		Routes: []*types.Route{{
+			Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
+			GW:  gatewayAddr.AsSlice(),
+		}},
+	}
+}
+
+// Del removes the pod's interfaces, endpoint and address. Every missing piece
+// counts as success; it works without the netns and without an endpoint.
+func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args) (err error) {
+	start := time.Now()
+	defer func() { h.done("del", start, err) }()
+	if req.ContainerID == "" {
+		return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID is required"}
+	}
+	if req.IfName == "" {
+		req.IfName = "eth0"
+	}
+	w := newWorkloadID(req, args)
+	handle := ipamHandle(conf.Name, req.ContainerID)
+	var errs []error
+
+	addrs, aerr := h.ipam.AddressesByHandle(ctx, handle)
+	if aerr != nil {
+		errs = append(errs, fmt.Errorf("looking up addresses of %s: %w", handle, aerr))
+	}
+	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName()}
+	for _, a := range addrs {
+		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, 32))
+	}
+
+	// The endpoint tells whether a newer sandbox of the same pod now owns the
+	// host interface; if so, leave the host side alone.
+	wepName := w.endpointName(h.node)
+	obj, gerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName)
+	ownsEndpoint := true
+	switch {
+	case errors.Is(gerr, datastore.ErrNotFound):
+		ownsEndpoint = false
+	case gerr != nil:
+		errs = append(errs, fmt.Errorf("reading endpoint %s/%s: %w", w.Namespace, wepName, gerr))
+		ownsEndpoint = false
+	default:
+		if wep, ok := obj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID != req.ContainerID {
+			ownsEndpoint = false
+			spec.HostIfName = ""
+			h.log.Info("DEL of an old sandbox: the pod's interface belongs to a newer one", "container", shortID(req.ContainerID), "current", shortID(wep.Spec.ContainerID))
+		}
+	}
+	// When a newer sandbox owns the host interface, the old pair is already
+	// gone: creating the new one deleted the stale link and with it its peer.
+	if spec.HostIfName != "" {
+		if terr := h.wl.Teardown(ctx, spec); terr != nil {
+			errs = append(errs, fmt.Errorf("removing interfaces: %w", terr))
+		}
+	}
+	if ownsEndpoint {
+		rv := obj.GetMeta().ResourceVersion
+		if derr := h.store.Delete(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName, rv); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("removing endpoint: %w", derr))
+		}
+	}
+	if rerr := h.ipam.ReleaseHandle(ctx, handle); rerr != nil {
+		errs = append(errs, fmt.Errorf("releasing addresses of %s: %w", handle, rerr))
+	}
+	if h.changed != nil {
+		h.changed()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cniErr(types.ErrTryAgainLater, "removing workload "+shortID(req.ContainerID), err)
+	}
+	h.log.Info("workload deleted", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod)
+	return nil
+}
+
+// Check compares the pod's interfaces, address, routes and endpoint with what
+// ADD made and reports every difference.
+func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args, prev *current.Result) (err error) {
+	start := time.Now()
+	defer func() { h.done("check", start, err) }()
+	w := newWorkloadID(req, args)
+	handle := ipamHandle(conf.Name, req.ContainerID)
+	var errs []error
+	addrs, aerr := h.ipam.AddressesByHandle(ctx, handle)
+	if aerr != nil {
+		return cniErr(codeIPAM, "reading addresses of "+handle, aerr)
+	}
+	if len(addrs) == 0 {
+		errs = append(errs, fmt.Errorf("ipam: handle %s holds no address", handle))
+	}
+	var prevAddrs []netip.Addr
+	for _, ipc := range prev.IPs {
+		if a, ok := netip.AddrFromSlice(ipc.Address.IP); ok {
+			prevAddrs = append(prevAddrs, a.Unmap())
+		}
+	}
+	slices.SortFunc(prevAddrs, netip.Addr.Compare)
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	if !slices.Equal(prevAddrs, addrs) {
+		errs = append(errs, fmt.Errorf("ipam: handle %s holds %v, the previous result says %v", handle, addrs, prevAddrs))
+	}
+	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName(), MTU: conf.MTU}
+	for _, a := range addrs {
+		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, 32))
+	}
+	if cerr := h.wl.Check(ctx, spec); cerr != nil {
+		errs = append(errs, cerr)
+	}
+	obj, gerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, w.endpointName(h.node))
+	switch {
+	case gerr != nil:
+		errs = append(errs, fmt.Errorf("endpoint %s/%s: %w", w.Namespace, w.endpointName(h.node), gerr))
+	default:
+		wep := obj.(*api.WorkloadEndpoint)
+		if wep.Spec.ContainerID != req.ContainerID {
+			errs = append(errs, fmt.Errorf("endpoint belongs to container %s", shortID(wep.Spec.ContainerID)))
+		}
+		var want []string
+		for _, a := range addrs {
+			want = append(want, netip.PrefixFrom(a, 32).String())
+		}
+		if !slices.Equal(want, wep.Spec.IPNetworks) {
+			errs = append(errs, fmt.Errorf("endpoint has ipNetworks %v, want %v", wep.Spec.IPNetworks, want))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cniErr(types.ErrInternal, "check of "+shortID(req.ContainerID)+" found differences", err)
+	}
+	return nil
+}
+
+// Status reports whether ADD can be served: the datastore must answer.
+func (h *cniHandler) Status(ctx context.Context, conf *cni.NetConf) error {
+	if _, err := h.store.GetKV(ctx, "status/nodes/"+h.node); err != nil && !errors.Is(err, datastore.ErrNotFound) {
+		return cniErr(types.ErrPluginNotAvailable, "tabby-agent cannot reach the datastore", err)
+	}
+	return nil
+}
+
+// GC removes this node's attachments of the network that the runtime no
+// longer knows.
+func (h *cniHandler) GC(ctx context.Context, conf *cni.NetConf, valid []types.GCAttachment) error {
+	keep := map[string]bool{}
+	for _, v := range valid {
+		keep[v.ContainerID+"/"+v.IfName] = true
+	}
+	objs, _, err := h.store.List(ctx, api.KindWorkloadEndpoint, "")
+	if err != nil {
+		return cniErr(codeDatastore, "listing endpoints", err)
+	}
+	var errs []error
+	for _, o := range objs {
+		wep := o.(*api.WorkloadEndpoint)
+		if wep.Spec.Node != h.node || keep[wep.Spec.ContainerID+"/"+wep.Spec.Endpoint] {
+			continue
+		}
+		if wep.Spec.IPAMHandle != "" && wep.Spec.IPAMHandle != ipamHandle(conf.Name, wep.Spec.ContainerID) {
+			continue // another network's attachment
+		}
+		spec := dataplane.WorkloadSpec{HostIfName: wep.Spec.InterfaceName}
+		if terr := h.wl.Teardown(ctx, spec); terr != nil {
+			errs = append(errs, terr)
+		}
+		if derr := h.store.Delete(ctx, api.KindWorkloadEndpoint, wep.Metadata.Namespace, wep.Metadata.Name, wep.Metadata.ResourceVersion); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
+			errs = append(errs, derr)
+		}
+		if rerr := h.ipam.ReleaseHandle(ctx, ipamHandle(conf.Name, wep.Spec.ContainerID)); rerr != nil {
+			errs = append(errs, rerr)
+		}
+		h.log.Info("gc removed attachment", "container", shortID(wep.Spec.ContainerID), "endpoint", wep.Metadata.Name)
+	}
+	if h.changed != nil {
+		h.changed()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return cniErr(types.ErrTryAgainLater, "gc", err)
+	}
+	return nil
+}
+
+func (h *cniHandler) done(op string, start time.Time, err error) {
+	if h.observe != nil {
+		h.observe(op, time.Since(start), err)
+	}
+}

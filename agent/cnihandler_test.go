@@ -1,0 +1,218 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"testing"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
+	"github.com/tabbynet/tabby/dataplane/fake"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+type handlerEnv struct {
+	h      *cniHandler
+	store  *datastore.Store
+	wl     *fake.Workloads
+	routes *fake.Routes
+}
+
+func newHandlerEnv(t *testing.T) *handlerEnv {
+	t.Helper()
+	ctx := context.Background()
+	store := storetest.New(t)
+	pool := &api.IPPool{Metadata: api.ObjectMeta{Name: "pool1"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/24", BlockSize: 28}}
+	if _, err := store.Create(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	routes := fake.NewRoutes()
+	wl := fake.NewWorkloads(routes)
+	h := &cniHandler{
+		node:  "node1",
+		store: store,
+		ipam:  ipam.New(store),
+		wl:    wl,
+		log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	return &handlerEnv{h: h, store: store, wl: wl, routes: routes}
+}
+
+func addReq(id string) (*cni.Request, *cni.NetConf, *cni.Args) {
+	req := &cni.Request{Command: "ADD", ContainerID: id, Netns: "/var/run/netns/" + id, IfName: "eth0"}
+	conf := &cni.NetConf{}
+	conf.Name = "k8s-pod-network"
+	conf.CNIVersion = "1.0.0"
+	args := &cni.Args{PodNamespace: "ns1", PodName: "pod-" + id, Labels: map[string]string{"app": "web"}}
+	return req, conf, args
+}
+
+func (e *handlerEnv) endpoints(t *testing.T) []*api.WorkloadEndpoint {
+	t.Helper()
+	objs, _, err := e.store.List(context.Background(), api.KindWorkloadEndpoint, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*api.WorkloadEndpoint
+	for _, o := range objs {
+		out = append(out, o.(*api.WorkloadEndpoint))
+	}
+	return out
+}
+
+func TestCNIAddRepeatDel(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	req, conf, args := addReq("c1")
+	res, err := e.h.Add(ctx, req, conf, args)
+	if err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if len(res.IPs) != 1 || len(res.Interfaces) != 2 {
+		t.Fatalf("result: %+v", res)
+	}
+	ip, _ := netip.AddrFromSlice(res.IPs[0].Address.IP)
+	if !netip.MustParsePrefix("10.244.0.0/24").Contains(ip.Unmap()) {
+		t.Errorf("address %v outside the pool", ip)
+	}
+	if res.Interfaces[0].Mac != HostMAC || res.Interfaces[1].Sandbox != req.Netns || *res.IPs[0].Interface != 1 {
+		t.Errorf("interfaces: %+v %+v", res.Interfaces[0], res.Interfaces[1])
+	}
+	weps := e.endpoints(t)
+	if len(weps) != 1 || weps[0].Spec.IPNetworks[0] != ip.Unmap().String()+"/32" || weps[0].Metadata.Labels["app"] != "web" {
+		t.Fatalf("endpoints: %+v", weps)
+	}
+	if weps[0].Spec.InterfaceName != newWorkloadID(req, args).hostIfName() {
+		t.Errorf("endpoint interface %q", weps[0].Spec.InterfaceName)
+	}
+
+	// A repeated ADD returns the same result and duplicates nothing.
+	res2, err := e.h.Add(ctx, req, conf, args)
+	if err != nil {
+		t.Fatalf("repeated ADD: %v", err)
+	}
+	if res2.IPs[0].Address.String() != res.IPs[0].Address.String() {
+		t.Errorf("repeated ADD gave %v, first gave %v", res2.IPs[0].Address, res.IPs[0].Address)
+	}
+	if n := len(e.endpoints(t)); n != 1 {
+		t.Errorf("%d endpoints after repeated ADD", n)
+	}
+	addrs, err := e.h.ipam.AddressesByHandle(ctx, ipamHandle(conf.Name, req.ContainerID))
+	if err != nil || len(addrs) != 1 {
+		t.Errorf("handle holds %v, %v", addrs, err)
+	}
+
+	if err := e.h.Check(ctx, req, conf, args, res); err != nil {
+		t.Errorf("CHECK after ADD: %v", err)
+	}
+
+	for i := range 2 {
+		if err := e.h.Del(ctx, req, conf, args); err != nil {
+			t.Fatalf("DEL #%d: %v", i+1, err)
+		}
+	}
+	if n := len(e.endpoints(t)); n != 0 {
+		t.Errorf("%d endpoints after DEL", n)
+	}
+	if s := e.routes.String(); s != "" {
+		t.Errorf("routes left after DEL:\n%s", s)
+	}
+	addrs, _ = e.h.ipam.AddressesByHandle(ctx, ipamHandle(conf.Name, req.ContainerID))
+	if len(addrs) != 0 {
+		t.Errorf("addresses left after DEL: %v", addrs)
+	}
+	if err := e.h.Check(ctx, req, conf, args, res); err == nil {
+		t.Error("CHECK after DEL found nothing wrong")
+	}
+}
+
+func TestCNIAddRollbackAtEveryStep(t *testing.T) {
+	ctx := context.Background()
+	for _, step := range []string{"assign", "dataplane-setup", "dataplane", "endpoint"} {
+		t.Run(step, func(t *testing.T) {
+			e := newHandlerEnv(t)
+			injected := fmt.Errorf("injected failure after %s", step)
+			if step == "dataplane-setup" {
+				e.wl.SetFail("Setup", injected)
+			} else {
+				e.h.fault = func(s string) error {
+					if s == step {
+						return injected
+					}
+					return nil
+				}
+			}
+			req, conf, args := addReq("c1")
+			if _, err := e.h.Add(ctx, req, conf, args); err == nil {
+				t.Fatal("ADD succeeded despite the injected failure")
+			}
+			if n := len(e.endpoints(t)); n != 0 {
+				t.Errorf("%d endpoints left", n)
+			}
+			if s := e.routes.String(); s != "" {
+				t.Errorf("routes left:\n%s", s)
+			}
+			addrs, err := e.h.ipam.AddressesByHandle(ctx, ipamHandle(conf.Name, req.ContainerID))
+			if err != nil || len(addrs) != 0 {
+				t.Errorf("addresses left: %v %v", addrs, err)
+			}
+			rep, err := e.h.ipam.Check(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !rep.OK() {
+				t.Errorf("ipam check after rollback: %+v", rep)
+			}
+			// The failure gone, the same ADD works.
+			e.h.fault = nil
+			e.wl.SetFail("Setup", nil)
+			if _, err := e.h.Add(ctx, req, conf, args); err != nil {
+				t.Errorf("ADD after the failure: %v", err)
+			}
+		})
+	}
+}
+
+func TestCNIDelOfOldSandboxKeepsNewOne(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	req1, conf, args := addReq("old")
+	args.PodName = "web-0"
+	if _, err := e.h.Add(ctx, req1, conf, args); err != nil {
+		t.Fatal(err)
+	}
+	req2, _, _ := addReq("new")
+	if _, err := e.h.Add(ctx, req2, conf, args); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.Del(ctx, req1, conf, args); err != nil {
+		t.Fatal(err)
+	}
+	weps := e.endpoints(t)
+	if len(weps) != 1 || weps[0].Spec.ContainerID != "new" {
+		t.Fatalf("endpoints: %+v", weps)
+	}
+	if e.routes.String() == "" {
+		t.Error("the new sandbox's host route is gone")
+	}
+	if addrs, _ := e.h.ipam.AddressesByHandle(ctx, ipamHandle(conf.Name, "old")); len(addrs) != 0 {
+		t.Errorf("old sandbox still holds %v", addrs)
+	}
+}
+
+func TestCNIDelWithoutAnything(t *testing.T) {
+	e := newHandlerEnv(t)
+	req, conf, args := addReq("never-added")
+	req.Netns = ""
+	if err := e.h.Del(context.Background(), req, conf, args); err != nil {
+		t.Fatalf("DEL of an unknown container: %v", err)
+	}
+}
+
+var _ = errors.New

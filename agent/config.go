@@ -1,0 +1,95 @@
+// Package agent wires Tabby's per-node agent: node registration, the CNI
+// server, workload wiring, the BGP speaker and the reconcile loops that keep
+// the kernel's routes equal to what the datastore and BGP say, plus health,
+// metrics and a status API.
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// Config is the agent's configuration, parsed once from flags and env.
+type Config struct {
+	NodeName         string
+	NodeIP           string // CIDR; "" = autodetect
+	AutodetectMethod string
+	Etcd             datastore.Config
+	CNISocket        string
+	StatusSocket     string
+	HTTPListen       string // "" = off
+	StateDir         string
+	GoBGPAPI         string // "" = off; loopback only
+	DefaultPoolCIDR  string // "" = do not create a pool
+	ResyncInterval   time.Duration
+	// LeaseTTL is the liveness lease of the node's status keys.
+	LeaseTTL time.Duration
+	// BGPSettleTime bounds how long stale learned routes are kept after a
+	// start before BGP has converged.
+	BGPSettleTime time.Duration
+}
+
+// Default returns the defaults of a production node.
+func Default() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:         host,
+		AutodetectMethod: "first-found",
+		Etcd:             datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}},
+		CNISocket:        "/var/run/tabby/cni.sock",
+		StatusSocket:     "/var/run/tabby/status.sock",
+		HTTPListen:       "127.0.0.1:9099",
+		StateDir:         "/var/lib/tabby",
+		ResyncInterval:   30 * time.Second,
+		LeaseTTL:         20 * time.Second,
+		BGPSettleTime:    30 * time.Second,
+	}
+}
+
+// Validate reports every problem with the configuration.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.NodeName == "" {
+		errs = append(errs, errors.New("node name: empty (set --node-name or NODENAME)"))
+	}
+	if c.NodeIP != "" {
+		if p, err := netip.ParsePrefix(c.NodeIP); err != nil || !p.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("node ip: %q is not an IPv4 CIDR like 198.18.0.11/24", c.NodeIP))
+		}
+	} else if _, err := ParseAutodetectMethod(c.AutodetectMethod); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.Etcd.Endpoints) == 0 {
+		errs = append(errs, errors.New("etcd endpoints: none (set --etcd-endpoints or TABBY_ETCD_ENDPOINTS)"))
+	}
+	if c.CNISocket == "" || !filepath.IsAbs(c.CNISocket) {
+		errs = append(errs, fmt.Errorf("cni socket: %q must be an absolute path", c.CNISocket))
+	}
+	if c.StatusSocket != "" && !filepath.IsAbs(c.StatusSocket) {
+		errs = append(errs, fmt.Errorf("status socket: %q must be an absolute path", c.StatusSocket))
+	}
+	if c.GoBGPAPI != "" {
+		ap, err := netip.ParseAddrPort(c.GoBGPAPI)
+		if err != nil || !ap.Addr().IsLoopback() {
+			errs = append(errs, fmt.Errorf("gobgp api: %q must be a loopback address:port (the API has no authentication)", c.GoBGPAPI))
+		}
+	}
+	if c.DefaultPoolCIDR != "" {
+		if p, err := netip.ParsePrefix(c.DefaultPoolCIDR); err != nil || !p.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("default ipv4 pool: %q is not an IPv4 CIDR", c.DefaultPoolCIDR))
+		}
+	}
+	if c.ResyncInterval <= 0 {
+		errs = append(errs, errors.New("resync interval: must be positive"))
+	}
+	if c.LeaseTTL < 2*time.Second {
+		errs = append(errs, errors.New("lease ttl: must be at least 2s"))
+	}
+	return errors.Join(errs...)
+}

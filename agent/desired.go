@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// desiredLocalRoutes computes this node's workload and blackhole routes
+// (protocol RouteProtoWorkload) from its endpoints and affine blocks.
+func desiredLocalRoutes(node string, weps []*api.WorkloadEndpoint, blocks []ipam.BlockInfo) []dataplane.Route {
+	var out []dataplane.Route
+	for _, b := range blocks {
+		if b.Affinity == node && b.Confirmed {
+			out = append(out, dataplane.Route{Dst: b.CIDR.Masked(), Type: dataplane.RouteBlackhole, Proto: dataplane.RouteProtoWorkload})
+		}
+	}
+	for _, w := range weps {
+		if w.Spec.Node != node || w.Spec.InterfaceName == "" {
+			continue
+		}
+		for _, n := range w.Spec.IPNetworks {
+			p, err := netip.ParsePrefix(n)
+			if err != nil || !p.Addr().Is4() {
+				continue
+			}
+			out = append(out, dataplane.Route{Dst: p.Masked(), Type: dataplane.RouteUnicast, Dev: w.Spec.InterfaceName, Proto: dataplane.RouteProtoWorkload})
+		}
+	}
+	return sortRoutes(out)
+}
+
+// desiredLearnedRoutes turns BGP's best routes into kernel routes (protocol
+// RouteProtoBGP), dropping anything that points at this node itself.
+func desiredLearnedRoutes(self netip.Addr, learned []bgp.LearnedRoute) []dataplane.Route {
+	var out []dataplane.Route
+	for _, l := range learned {
+		var gws []netip.Addr
+		for _, nh := range l.NextHops {
+			if nh.IsValid() && nh != self && !nh.IsUnspecified() {
+				gws = append(gws, nh)
+			}
+		}
+		if len(gws) == 0 || !l.Prefix.Addr().Is4() {
+			continue
+		}
+		slices.SortFunc(gws, netip.Addr.Compare)
+		gws = slices.Compact(gws)
+		out = append(out, dataplane.Route{Dst: l.Prefix.Masked(), Type: dataplane.RouteUnicast, Gateways: gws, Proto: dataplane.RouteProtoBGP})
+	}
+	return sortRoutes(out)
+}
+
+// keepStale adds the current routes that desired lacks. Before BGP has
+// converged after a start, learned routes in the kernel are kept so that a
+// restart does not cut traffic.
+func keepStale(desired, current []dataplane.Route) []dataplane.Route {
+	have := map[netip.Prefix]bool{}
+	for _, r := range desired {
+		have[r.Dst] = true
+	}
+	out := slices.Clone(desired)
+	for _, r := range current {
+		if !have[r.Dst] {
+			out = append(out, r)
+		}
+	}
+	return sortRoutes(out)
+}
+
+// bgpBlocks splits IPAM's blocks into what this node advertises: its affine
+// blocks, and the addresses it borrowed from other nodes' blocks.
+func bgpBlocks(node string, blocks []ipam.BlockInfo, borrowed []ipam.BorrowedAddr) (affine, borrowedOut []bgp.Block) {
+	for _, b := range blocks {
+		if b.Affinity == node && b.Confirmed {
+			affine = append(affine, bgp.Block{CIDR: b.CIDR.Masked(), DisableBGPExport: b.DisableBGPExport})
+		}
+	}
+	for _, a := range borrowed {
+		if a.Node == node {
+			borrowedOut = append(borrowedOut, bgp.Block{CIDR: netip.PrefixFrom(a.Addr, 32), DisableBGPExport: a.DisableBGPExport})
+		}
+	}
+	return affine, borrowedOut
+}
+
+func sortRoutes(rs []dataplane.Route) []dataplane.Route {
+	slices.SortFunc(rs, func(a, b dataplane.Route) int {
+		if c := a.Dst.Addr().Compare(b.Dst.Addr()); c != 0 {
+			return c
+		}
+		return a.Dst.Bits() - b.Dst.Bits()
+	})
+	return rs
+}

@@ -1,0 +1,80 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/tabbynet/tabby/bgp"
+)
+
+// fakeSpeaker records what the agent asks of BGP.
+type fakeSpeaker struct {
+	mu         sync.Mutex
+	cfg        bgp.Config
+	peers      []bgp.Peer
+	advertised []netip.Prefix
+	routes     chan []bgp.LearnedRoute
+	stopped    bool
+	graceful   bool
+}
+
+func newFakeSpeaker() *fakeSpeaker {
+	return &fakeSpeaker{routes: make(chan []bgp.LearnedRoute, 1)}
+}
+
+func (f *fakeSpeaker) Start(ctx context.Context, cfg bgp.Config) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cfg = cfg
+	return nil
+}
+
+func (f *fakeSpeaker) SetPeers(ctx context.Context, peers []bgp.Peer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.peers = slices.Clone(peers)
+	return nil
+}
+
+func (f *fakeSpeaker) SetAdvertised(ctx context.Context, p []netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.advertised = slices.Clone(p)
+	return nil
+}
+
+func (f *fakeSpeaker) Routes() <-chan []bgp.LearnedRoute { return f.routes }
+
+// learn replaces the learned set, dropping an unread older one.
+func (f *fakeSpeaker) learn(rs []bgp.LearnedRoute) {
+	select {
+	case <-f.routes:
+	default:
+	}
+	f.routes <- rs
+}
+
+func (f *fakeSpeaker) Peers(ctx context.Context) ([]bgp.PeerStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []bgp.PeerStatus
+	for _, p := range f.peers {
+		out = append(out, bgp.PeerStatus{Address: p.Address, Type: p.Type, State: "Established"})
+	}
+	return out, nil
+}
+
+func (f *fakeSpeaker) Stop(graceful bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped, f.graceful = true, graceful
+	return nil
+}
+
+func (f *fakeSpeaker) snapshot() ([]bgp.Peer, []netip.Prefix) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.peers), slices.Clone(f.advertised)
+}

@@ -1,0 +1,344 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// watchLoop wakes the reconcile loops on every datastore change that can
+// affect them. It carries no state: the loops re-read what they need.
+func (a *Agent) watchLoop(ctx context.Context) {
+	res := a.store.Watch(ctx, "resources/", 0)
+	ipamEv := a.store.Watch(ctx, "ipam/", 0)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-res:
+			if !ok {
+				return
+			}
+			a.kickAll()
+		case _, ok := <-ipamEv:
+			if !ok {
+				return
+			}
+			a.kickAll()
+		}
+	}
+}
+
+// loop runs pass whenever kicked and at least every resync interval,
+// retrying failed passes with backoff.
+func (a *Agent) loop(ctx context.Context, name string, kickCh chan struct{}, pass func(context.Context) error) {
+	t := time.NewTicker(a.cfg.ResyncInterval)
+	defer t.Stop()
+	failures := 0
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-kickCh:
+		case <-t.C:
+		case <-retry:
+		}
+		retry = nil
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		start := time.Now()
+		err := pass(pctx)
+		cancel()
+		a.metrics.observeReconcile(name, time.Since(start), err)
+		if err != nil && ctx.Err() == nil {
+			failures++
+			a.log.Warn("reconcile pass failed", "loop", name, "failures", failures, "err", err)
+			retry = time.After(backoff(failures))
+			continue
+		}
+		failures = 0
+	}
+}
+
+func (a *Agent) routingLoop(ctx context.Context) {
+	a.loop(ctx, "routing", a.routingKick, a.routingPass)
+}
+
+func (a *Agent) bgpLoop(ctx context.Context) {
+	a.loop(ctx, "bgp", a.bgpKick, a.bgpPass)
+}
+
+// routingPass makes the kernel's routes with our protocols equal to what
+// the datastore (local workloads, affine blocks) and BGP say.
+func (a *Agent) routingPass(ctx context.Context) error {
+	objs, _, err := a.store.List(ctx, api.KindWorkloadEndpoint, "")
+	if err != nil {
+		return fmt.Errorf("listing endpoints: %w", err)
+	}
+	weps := make([]*api.WorkloadEndpoint, 0, len(objs))
+	n := 0
+	for _, o := range objs {
+		w := o.(*api.WorkloadEndpoint)
+		if w.Spec.Node == a.cfg.NodeName {
+			weps = append(weps, w)
+			n++
+		}
+	}
+	blocks, err := a.ipam.Blocks(ctx)
+	if err != nil {
+		return fmt.Errorf("listing blocks: %w", err)
+	}
+	a.mu.Lock()
+	a.lastStoreOK = time.Now()
+	a.workloads = n
+	a.mu.Unlock()
+
+	var errs []error
+	local := desiredLocalRoutes(a.cfg.NodeName, weps, blocks)
+	if inflight := a.inflightDevs(); len(inflight) > 0 {
+		cur, lerr := a.routes.List(dataplane.RouteProtoWorkload)
+		if lerr != nil {
+			errs = append(errs, lerr)
+		}
+		for _, r := range cur {
+			if inflight[r.Dev] {
+				local = append(local, r)
+			}
+		}
+		local = dedupRoutes(sortRoutes(local))
+	}
+	if err := dataplane.SyncRoutes(a.routes, dataplane.RouteProtoWorkload, local); err != nil {
+		errs = append(errs, fmt.Errorf("workload routes: %w", err))
+	}
+
+	a.mu.Lock()
+	learned := desiredLearnedRoutes(a.nodeAddr.Addr(), a.learned)
+	converged := a.converged
+	a.mu.Unlock()
+	if !converged {
+		cur, lerr := a.routes.List(dataplane.RouteProtoBGP)
+		if lerr != nil {
+			errs = append(errs, lerr)
+		}
+		learned = keepStale(learned, cur)
+	}
+	if err := dataplane.SyncRoutes(a.routes, dataplane.RouteProtoBGP, learned); err != nil {
+		errs = append(errs, fmt.Errorf("learned routes: %w", err))
+	}
+	a.metrics.routes.WithLabelValues("workload").Set(float64(len(local)))
+	a.metrics.routes.WithLabelValues("bgp").Set(float64(len(learned)))
+	a.mu.Lock()
+	a.lastRouting = time.Now()
+	a.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+func dedupRoutes(rs []dataplane.Route) []dataplane.Route {
+	return slices.CompactFunc(rs, func(x, y dataplane.Route) bool { return x.Dst == y.Dst })
+}
+
+// bgpPass reconciles the speaker's peers and advertisements with the
+// datastore, and releases the blocks of nodes that are gone.
+func (a *Agent) bgpPass(ctx context.Context) error {
+	nodeObjs, _, err := a.store.List(ctx, api.KindNode, "")
+	if err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	peerObjs, _, err := a.store.List(ctx, api.KindBGPPeer, "")
+	if err != nil {
+		return fmt.Errorf("listing BGP peers: %w", err)
+	}
+	bc, err := a.bgpConfiguration(ctx)
+	if err != nil {
+		return err
+	}
+	blocks, err := a.ipam.Blocks(ctx)
+	if err != nil {
+		return fmt.Errorf("listing blocks: %w", err)
+	}
+	borrowed, err := a.ipam.Borrowed(ctx)
+	if err != nil {
+		return fmt.Errorf("listing borrowed addresses: %w", err)
+	}
+	nodes := make([]*api.Node, 0, len(nodeObjs))
+	names := map[string]bool{}
+	for _, o := range nodeObjs {
+		n := o.(*api.Node)
+		nodes = append(nodes, n)
+		names[n.Metadata.Name] = true
+	}
+	peers := make([]*api.BGPPeer, 0, len(peerObjs))
+	for _, o := range peerObjs {
+		peers = append(peers, o.(*api.BGPPeer))
+	}
+
+	var errs []error
+	desired := bgp.DesiredPeers(a.cfg.NodeName, nodes, bc, peers)
+	if err := a.speaker.SetPeers(ctx, desired); err != nil {
+		errs = append(errs, fmt.Errorf("setting peers: %w", err))
+	}
+	affine, borrowedBlocks := bgpBlocks(a.cfg.NodeName, blocks, borrowed)
+	adv := bgp.DesiredAdvertisements(affine, borrowedBlocks)
+	if err := a.speaker.SetAdvertised(ctx, adv); err != nil {
+		errs = append(errs, fmt.Errorf("setting advertisements: %w", err))
+	}
+	var local []netip.Prefix
+	for _, b := range affine {
+		local = append(local, b.CIDR)
+	}
+	a.mu.Lock()
+	a.desiredPeers = desired
+	a.advertised = adv
+	a.localBlocks = local
+	a.lastStoreOK = time.Now()
+	a.lastBGP = time.Now()
+	a.mu.Unlock()
+
+	if err := a.releaseGoneNodes(ctx, names, blocks); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// NodeGCGrace is how long a deleted node's addresses stay allocated after
+// its block affinities were released (its pods may still be draining).
+var NodeGCGrace = 5 * time.Minute
+
+// releaseGoneNodes releases the affinities of nodes that no longer exist and,
+// after NodeGCGrace, their addresses. Every agent may do it; IPAM's
+// compare-and-swap writes make concurrent releases safe.
+func (a *Agent) releaseGoneNodes(ctx context.Context, names map[string]bool, blocks []ipam.BlockInfo) error {
+	gone := map[string]bool{}
+	for _, b := range blocks {
+		if b.Affinity != "" && !names[b.Affinity] {
+			gone[b.Affinity] = true
+		}
+	}
+	var errs []error
+	now := time.Now()
+	for n := range gone {
+		a.mu.Lock()
+		first, seen := a.missingNodes[n]
+		if !seen {
+			a.missingNodes[n] = now
+			first = now
+		}
+		a.mu.Unlock()
+		release := now.Sub(first) >= NodeGCGrace
+		if err := a.ipam.ReleaseNode(ctx, n, release); err != nil {
+			errs = append(errs, fmt.Errorf("releasing blocks of deleted node %s: %w", n, err))
+			continue
+		}
+		a.log.Info("released blocks of deleted node", "node", n, "addresses", release)
+		if release {
+			a.mu.Lock()
+			delete(a.missingNodes, n)
+			a.mu.Unlock()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// learnedLoop takes BGP's best routes into the routing loop and decides
+// when BGP has converged after a start.
+func (a *Agent) learnedLoop(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	routes := a.speaker.Routes()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rs, ok := <-routes:
+			if !ok {
+				return
+			}
+			a.mu.Lock()
+			a.learned = rs
+			a.mu.Unlock()
+			kick(a.routingKick)
+		case <-t.C:
+			a.updatePeerStatus(ctx)
+		}
+	}
+}
+
+// convergeHold is how long every desired peer must have been Established
+// before stale learned routes from before a restart are removed.
+const convergeHold = 3 * time.Second
+
+func (a *Agent) updatePeerStatus(ctx context.Context) {
+	st, err := a.speaker.Peers(ctx)
+	if err != nil {
+		return
+	}
+	a.metrics.setPeers(st)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.peerStatus = st
+	if a.converged {
+		return
+	}
+	allUp := len(a.desiredPeers) > 0 || !a.lastBGP.IsZero()
+	est := map[netip.Addr]bool{}
+	for _, p := range st {
+		if p.State == "Established" {
+			est[p.Address] = true
+		}
+	}
+	for _, p := range a.desiredPeers {
+		if !est[p.Address] {
+			allUp = false
+		}
+	}
+	now := time.Now()
+	switch {
+	case !allUp:
+		a.allUpSince = time.Time{}
+	case a.allUpSince.IsZero():
+		a.allUpSince = now
+	}
+	if (!a.allUpSince.IsZero() && now.Sub(a.allUpSince) >= convergeHold) || now.Sub(a.started) >= a.cfg.BGPSettleTime {
+		a.converged = true
+		a.log.Info("bgp converged; stale learned routes will be removed")
+		kick(a.routingKick)
+	}
+}
+
+// statusLoop publishes this node's BGP session states to the datastore
+// under the liveness lease, so that any node can show the whole cluster.
+func (a *Agent) statusLoop(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	var last []byte
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st := a.Status()
+		b, err := marshalStatus(st)
+		if err != nil || slices.Equal(b, last) {
+			continue
+		}
+		a.mu.Lock()
+		lease := a.statusLease
+		a.mu.Unlock()
+		if _, err := a.store.PutKV(ctx, "status/bgp/"+a.cfg.NodeName, b, lease); err != nil {
+			if !errors.Is(err, context.Canceled) {
+				a.log.Debug("publishing status failed", "err", err)
+			}
+			continue
+		}
+		last = b
+	}
+}

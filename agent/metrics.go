@@ -1,0 +1,76 @@
+package agent
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tabbynet/tabby/bgp"
+)
+
+// metrics are the agent's Prometheus metrics, in a registry of its own.
+type metrics struct {
+	reg          *prometheus.Registry
+	cniOps       *prometheus.CounterVec
+	cniLatency   *prometheus.HistogramVec
+	reconcileErr *prometheus.CounterVec
+	reconcileDur *prometheus.HistogramVec
+	routes       *prometheus.GaugeVec
+	peers        *prometheus.GaugeVec
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		cniOps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_cni_operations_total", Help: "CNI operations handled, by operation and result.",
+		}, []string{"op", "result"}),
+		cniLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tabby_cni_operation_duration_seconds", Help: "Latency of CNI operations in the agent.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"op"}),
+		reconcileErr: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_reconcile_errors_total", Help: "Failed reconcile passes, by loop.",
+		}, []string{"loop"}),
+		reconcileDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tabby_reconcile_duration_seconds", Help: "Duration of reconcile passes, by loop.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"loop"}),
+		routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tabby_routes_installed", Help: "Kernel routes the agent owns, by kind (workload, bgp).",
+		}, []string{"kind"}),
+		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tabby_bgp_peers", Help: "Configured BGP peers, by session state.",
+		}, []string{"state"}),
+	}
+	m.reg.MustRegister(m.cniOps, m.cniLatency, m.reconcileErr, m.reconcileDur, m.routes, m.peers,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+func result(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "ok"
+}
+
+func (m *metrics) observeCNI(op string, d time.Duration, err error) {
+	m.cniOps.WithLabelValues(op, result(err)).Inc()
+	m.cniLatency.WithLabelValues(op).Observe(d.Seconds())
+}
+
+func (m *metrics) observeReconcile(loop string, d time.Duration, err error) {
+	m.reconcileDur.WithLabelValues(loop).Observe(d.Seconds())
+	if err != nil {
+		m.reconcileErr.WithLabelValues(loop).Inc()
+	}
+}
+
+func (m *metrics) setPeers(st []bgp.PeerStatus) {
+	m.peers.Reset()
+	for _, p := range st {
+		m.peers.WithLabelValues(p.State).Inc()
+	}
+}

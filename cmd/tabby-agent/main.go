@@ -1,0 +1,88 @@
+// Command tabby-agent is Tabby's per-node agent (run as a DaemonSet).
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tabbynet/tabby/agent"
+)
+
+func main() {
+	if err := newRootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "tabby-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func newRootCmd() *cobra.Command {
+	cfg := agent.Default()
+	cfg.NodeName = env("NODENAME", cfg.NodeName)
+	cfg.NodeIP = env("IP", "")
+	cfg.AutodetectMethod = env("IP_AUTODETECTION_METHOD", cfg.AutodetectMethod)
+	cfg.DefaultPoolCIDR = env("TABBY_IPV4POOL_CIDR", "")
+	endpoints := env("TABBY_ETCD_ENDPOINTS", strings.Join(cfg.Etcd.Endpoints, ","))
+	cfg.Etcd.CAFile = env("TABBY_ETCD_CA_FILE", "")
+	cfg.Etcd.CertFile = env("TABBY_ETCD_CERT_FILE", "")
+	cfg.Etcd.KeyFile = env("TABBY_ETCD_KEY_FILE", "")
+	logLevel := env("TABBY_LOG_LEVEL", "info")
+
+	cmd := &cobra.Command{
+		Use:           "tabby-agent",
+		Short:         "Tabby's per-node agent: pod networking, routes and BGP",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			cfg.Etcd.Endpoints = splitList(endpoints)
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return agent.Run(ctx, cfg, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this node's name (env NODENAME; default: hostname)")
+	f.StringVar(&cfg.NodeIP, "node-ip", cfg.NodeIP, "this node's IPv4 address as a CIDR (env IP; default: autodetect)")
+	f.StringVar(&cfg.AutodetectMethod, "ip-autodetection-method", cfg.AutodetectMethod, "first-found, interface=RE, skip-interface=RE, can-reach=ADDR or cidr=CIDR (env IP_AUTODETECTION_METHOD)")
+	f.StringVar(&endpoints, "etcd-endpoints", endpoints, "etcd endpoints, comma separated (env TABBY_ETCD_ENDPOINTS)")
+	f.StringVar(&cfg.Etcd.CAFile, "etcd-ca-file", cfg.Etcd.CAFile, "CA bundle for etcd TLS (env TABBY_ETCD_CA_FILE)")
+	f.StringVar(&cfg.Etcd.CertFile, "etcd-cert-file", cfg.Etcd.CertFile, "client certificate for etcd mTLS (env TABBY_ETCD_CERT_FILE)")
+	f.StringVar(&cfg.Etcd.KeyFile, "etcd-key-file", cfg.Etcd.KeyFile, "client key for etcd mTLS (env TABBY_ETCD_KEY_FILE)")
+	f.StringVar(&cfg.CNISocket, "cni-socket", cfg.CNISocket, "unix socket the CNI plugin talks to")
+	f.StringVar(&cfg.StatusSocket, "status-socket", cfg.StatusSocket, "unix socket of the status API (HTTP: /status, /healthz, /readyz, /metrics)")
+	f.StringVar(&cfg.HTTPListen, "http-listen", cfg.HTTPListen, "address of the HTTP health and metrics endpoints (\"\" = off)")
+	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for the agent's state")
+	f.StringVar(&cfg.GoBGPAPI, "gobgp-api", cfg.GoBGPAPI, "expose GoBGP's gRPC API on this loopback address:port for the gobgp CLI (\"\" = off)")
+	f.StringVar(&cfg.DefaultPoolCIDR, "default-ipv4-pool", cfg.DefaultPoolCIDR, "create this IPv4 pool when no pool exists (env TABBY_IPV4POOL_CIDR)")
+	f.DurationVar(&cfg.ResyncInterval, "resync-interval", cfg.ResyncInterval, "period of full reconcile passes")
+	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
+	return cmd
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

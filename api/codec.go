@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 
+	yaml2 "go.yaml.in/yaml/v2"
 	"sigs.k8s.io/yaml"
 )
 
@@ -48,20 +49,72 @@ func Decode(data []byte) ([]Object, error) {
 func splitDocuments(data []byte) ([][]byte, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) > 0 && (trimmed[0] == '{' || trimmed[0] == '[') {
-		return splitJSON(trimmed)
+		docs, err := splitJSON(trimmed)
+		if err == nil || len(docs) > 0 {
+			return docs, err
+		}
+		// Not even one JSON value: perhaps YAML in flow style
+		// ("{kind: IPPool, …}"). If it is not that either, report the
+		// error of the language it looks more like.
+		docs, yerr := splitYAMLDocuments(data)
+		switch {
+		case yerr == nil:
+			return docs, nil
+		case looksLikeJSON(trimmed):
+			return nil, err
+		}
+		return nil, yerr
 	}
+	return splitYAMLDocuments(data)
+}
+
+// splitYAMLDocuments converts each non-blank YAML document to JSON.
+func splitYAMLDocuments(data []byte) ([][]byte, error) {
 	var docs [][]byte
 	for _, doc := range splitYAML(data) {
 		if isBlankYAML(doc) {
 			continue
 		}
 		j, err := yaml.YAMLToJSONStrict(doc)
+		if err == nil {
+			err = checkSingleDocument(doc)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("document %d: invalid YAML: %w", len(docs)+1, err)
 		}
 		docs = append(docs, j)
 	}
 	return docs, nil
+}
+
+// looksLikeJSON reports whether data, which starts with '{' or '[',
+// continues as JSON would: with a quoted key, a closing bracket or a value.
+func looksLikeJSON(data []byte) bool {
+	rest := bytes.TrimLeft(data[1:], " \t\r\n")
+	if len(rest) == 0 {
+		return true
+	}
+	if data[0] == '[' {
+		return bytes.IndexByte([]byte("{[\"]-0123456789tfn"), rest[0]) >= 0
+	}
+	return rest[0] == '"' || rest[0] == '}'
+}
+
+// checkSingleDocument catches what yaml.YAMLToJSONStrict lets through:
+// content after the first node ("{a: 1} junk"), which it silently drops.
+func checkSingleDocument(doc []byte) error {
+	dec := yaml2.NewDecoder(bytes.NewReader(doc))
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	if err := dec.Decode(&v); !errors.Is(err, io.EOF) {
+		if err == nil {
+			err = errors.New("more than one document")
+		}
+		return fmt.Errorf("unexpected content after the document: %w", err)
+	}
+	return nil
 }
 
 func splitJSON(data []byte) ([][]byte, error) {
@@ -74,7 +127,9 @@ func splitJSON(data []byte) ([][]byte, error) {
 			return docs, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("document %d: invalid JSON: %w", len(docs)+1, err)
+			// The documents read so far tell the caller the input is
+			// JSON.
+			return docs, fmt.Errorf("document %d: invalid JSON: %w", len(docs)+1, err)
 		}
 		docs = append(docs, raw)
 	}

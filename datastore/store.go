@@ -20,6 +20,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 )
 
 // Sentinel errors; test with errors.Is.
@@ -137,6 +139,12 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		Username:             cfg.Username,
 		Password:             cfg.Password,
 		Logger:               zapLogger(cfg.Logger),
+		// gRPC's default reconnect backoff grows to two minutes; an agent
+		// should notice a restarted etcd within seconds.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           grpcbackoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+			MinConnectTimeout: cfg.DialTimeout,
+		})},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to etcd at %s: %w", endpoints, err)

@@ -1,0 +1,437 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// Attributes describe who an address is for; they are stored with the
+// allocation.
+type Attributes struct {
+	Node, Namespace, Pod, ContainerID string
+	Time                              time.Time
+}
+
+// AssignRequest asks for one address for Handle on Node.
+type AssignRequest struct {
+	Node   string
+	Handle string
+	Attrs  Attributes
+	// Pools restricts allocation to these pool names; empty = every usable
+	// pool.
+	Pools []string
+	// Addr asks for this specific address when valid.
+	Addr netip.Addr
+}
+
+// Assignment is an allocated address.
+type Assignment struct {
+	Addr  netip.Addr
+	Block netip.Prefix
+	Pool  string
+	// Borrowed: the block is not affine to the requesting node, so the
+	// address is advertised as a /32.
+	Borrowed bool
+}
+
+// Assign allocates an address for req.Handle. It is idempotent per handle:
+// when the handle already holds an address, that address is returned.
+// Order of preference: the node's affine blocks, a newly claimed block,
+// an address borrowed from another block (unless strictAffinity); else an
+// error wrapping ErrExhausted.
+func (a *Allocator) Assign(ctx context.Context, req AssignRequest) (Assignment, error) {
+	switch {
+	case req.Node == "":
+		return Assignment{}, errors.New("ipam: assign: node is required")
+	case req.Handle == "":
+		return Assignment{}, errors.New("ipam: assign: handle is required")
+	case req.Addr.IsValid() && !req.Addr.Is4():
+		return Assignment{}, fmt.Errorf("ipam: assign: %s: only IPv4 is supported", req.Addr)
+	}
+	attr := attrRecord{
+		Handle:      req.Handle,
+		Node:        req.Attrs.Node,
+		Namespace:   req.Attrs.Namespace,
+		Pod:         req.Attrs.Pod,
+		ContainerID: req.Attrs.ContainerID,
+		Time:        req.Attrs.Time,
+	}
+	if attr.Node == "" {
+		attr.Node = req.Node
+	}
+	if attr.Time.IsZero() {
+		attr.Time = a.now()
+	}
+	attr.Time = attr.Time.UTC().Truncate(time.Millisecond)
+
+	lock := a.nodeLock(req.Node)
+	lock.Lock()
+	defer lock.Unlock()
+
+	if !req.Addr.IsValid() {
+		if res, ok, err := a.assignCached(ctx, req, attr); ok {
+			return res, err
+		}
+	}
+	var res Assignment
+	err := a.retry(ctx, fmt.Sprintf("ipam: assigning address for %s on %s", req.Handle, req.Node), func() error {
+		var err error
+		res, err = a.assignOnce(ctx, req, attr)
+		return err
+	})
+	return res, err
+}
+
+// assignCached is the fast path: one transaction against the cached affine
+// blocks. ok is false when the slow path must run (no cache, no room, or
+// the cache was stale).
+func (a *Allocator) assignCached(ctx context.Context, req AssignRequest, attr attrRecord) (Assignment, bool, error) {
+	c := a.cached(req.Node)
+	if c == nil {
+		return Assignment{}, false, nil
+	}
+	usable, err := usablePools(c.pools, req.Node, c.node.labels, req.Pools)
+	if err != nil {
+		return Assignment{}, false, nil
+	}
+	for _, b := range c.blocks {
+		p, ok := poolFor(usable, b.cidr)
+		if !ok || b.free() == 0 {
+			continue
+		}
+		nb := b.clone()
+		addr, _ := nb.allocate(attr)
+		res, err := a.commit(ctx, commit{b: nb, pool: p, node: c.node, req: req, addr: addr})
+		if errors.Is(err, errRetry) {
+			return Assignment{}, false, nil
+		}
+		return res, true, err
+	}
+	return Assignment{}, false, nil
+}
+
+// assignState is what one slow-path attempt reads.
+type assignState struct {
+	handle     *handle
+	pools      []poolInfo
+	node       nodeInfo
+	cfg        *api.IPAMConfig
+	affinities []affinity
+	affine     map[netip.Prefix]*block // blocks named by the node's affinities
+}
+
+func (a *Allocator) loadAssignState(ctx context.Context, req AssignRequest) (*assignState, error) {
+	st := &assignState{affine: map[netip.Prefix]*block{}}
+	var err error
+	if st.handle, err = a.getHandle(ctx, req.Handle); err != nil {
+		return nil, err
+	}
+	if st.handle != nil && len(st.handle.Addrs) > 0 {
+		return st, nil
+	}
+	if st.pools, err = a.listPools(ctx); err != nil {
+		return nil, err
+	}
+	if st.node, err = a.getNode(ctx, req.Node); err != nil {
+		return nil, err
+	}
+	if st.cfg, err = a.getConfig(ctx); err != nil {
+		return nil, err
+	}
+	if st.affinities, err = a.listAffinities(ctx, affinityNodePrefix(req.Node)); err != nil {
+		return nil, err
+	}
+	for _, af := range st.affinities {
+		b, err := a.getBlock(ctx, af.block)
+		if errors.Is(err, datastore.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		st.affine[af.block] = b
+	}
+	return st, nil
+}
+
+// assignOnce is one attempt of the slow path; errRetry means "re-read and
+// try again".
+func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attrRecord) (Assignment, error) {
+	st, err := a.loadAssignState(ctx, req)
+	if err != nil {
+		return Assignment{}, err
+	}
+	if st.handle != nil && len(st.handle.Addrs) > 0 {
+		return a.existing(ctx, req, st.handle)
+	}
+	if req.Addr.IsValid() {
+		return a.assignSpecific(ctx, req, attr, st)
+	}
+	usable, err := usablePools(st.pools, req.Node, st.node.labels, req.Pools)
+	if err != nil {
+		return Assignment{}, err
+	}
+	if repaired, err := a.repairAffinities(ctx, req.Node, st); err != nil {
+		return Assignment{}, err
+	} else if repaired {
+		return Assignment{}, errRetry
+	}
+
+	// 1. The node's confirmed affine blocks, in CIDR order.
+	var affine []*block
+	for _, af := range st.affinities {
+		if b := st.affine[af.block]; b != nil && af.state == affinityConfirmed && b.node == req.Node {
+			affine = append(affine, b)
+		}
+	}
+	slices.SortFunc(affine, func(x, y *block) int { return comparePrefix(x.cidr, y.cidr) })
+	a.setCache(req.Node, &nodeCache{pools: st.pools, node: st.node, blocks: affine})
+	handleRev := st.handleRev()
+	for _, b := range affine {
+		p, ok := poolFor(usable, b.cidr)
+		if !ok || b.free() == 0 {
+			continue
+		}
+		nb := b.clone()
+		addr, _ := nb.allocate(attr)
+		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev})
+	}
+
+	// 2. Claim a free block. Every block is needed from here on.
+	all, _, err := a.listBlocks(ctx)
+	if err != nil {
+		return Assignment{}, err
+	}
+	mine := 0
+	for _, b := range all {
+		if b.node != req.Node {
+			continue
+		}
+		mine++
+		if !slices.ContainsFunc(st.affinities, func(af affinity) bool { return af.block == b.cidr }) {
+			// Ours by the block, but no affinity record (a lost write of an
+			// older writer): adopt it and start over.
+			if err := a.adopt(ctx, req.Node, b); err != nil {
+				return Assignment{}, err
+			}
+			return Assignment{}, errRetry
+		}
+	}
+	maxBlocks := st.cfg.Spec.MaxBlocksPerHost
+	if st.cfg.AutoAllocate() && (maxBlocks == 0 || mine < maxBlocks) {
+		taken := make(map[netip.Prefix]bool, len(all))
+		var odd []netip.Prefix
+		for _, b := range all {
+			taken[b.cidr] = true
+			if p, ok := poolFor(st.pools, b.cidr); !ok || p.blockBits != b.cidr.Bits() {
+				odd = append(odd, b.cidr)
+			}
+		}
+		for _, p := range usable {
+			cidr, ok := freeBlock(p, req.Node, taken, odd)
+			if !ok {
+				continue
+			}
+			nb := newBlock(cidr, req.Node, p.name)
+			addr, _ := nb.allocate(attr)
+			return a.commit(ctx, commit{b: nb, created: true, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev})
+		}
+	}
+
+	// 3. Borrow from any other block of a usable pool.
+	if !st.cfg.Spec.StrictAffinity {
+		var cands []*block
+		for _, b := range all {
+			if _, ok := poolFor(usable, b.cidr); ok && b.node != req.Node && b.free() > 0 {
+				cands = append(cands, b)
+			}
+		}
+		if len(cands) > 0 {
+			b := cands[int(nodeHash(req.Node)%uint64(len(cands)))]
+			p, _ := poolFor(usable, b.cidr)
+			nb := b.clone()
+			addr, _ := nb.allocate(attr)
+			return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev})
+		}
+	}
+	return Assignment{}, &ExhaustedError{Node: req.Node, Pools: poolNames(usable)}
+}
+
+// handleRev is the revision the handle record must still have: 0 (absent)
+// unless an empty record was left behind.
+func (st *assignState) handleRev() int64 {
+	if st.handle == nil {
+		return 0
+	}
+	return st.handle.rev
+}
+
+// assignSpecific allocates req.Addr.
+func (a *Allocator) assignSpecific(ctx context.Context, req AssignRequest, attr attrRecord, st *assignState) (Assignment, error) {
+	p, ok := poolFor(st.pools, netip.PrefixFrom(req.Addr, 32))
+	if !ok {
+		return Assignment{}, fmt.Errorf("ipam: address %s is not in any ip pool: %w", req.Addr, ErrNotInPool)
+	}
+	if why := unusableReason(p, st.node.labels, req.Pools); why != "" {
+		return Assignment{}, fmt.Errorf("ipam: address %s is in pool %s, which %s: %w", req.Addr, p.name, why, ErrNotInPool)
+	}
+	cidr := blockFor(req.Addr, p.blockBits)
+	b, err := a.getBlock(ctx, cidr)
+	switch {
+	case err == nil:
+		nb := b.clone()
+		if err := nb.allocateAddr(req.Addr, attr); err != nil {
+			return Assignment{}, fmt.Errorf("ipam: %w", err)
+		}
+		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev()})
+	case !errors.Is(err, datastore.ErrNotFound):
+		return Assignment{}, err
+	}
+	// The block does not exist yet: claim it for the node when allowed,
+	// else create it without affinity (the address is then borrowed).
+	owner := req.Node
+	maxBlocks := st.cfg.Spec.MaxBlocksPerHost
+	if !st.cfg.AutoAllocate() || (maxBlocks > 0 && len(st.affinities) >= maxBlocks) {
+		if st.cfg.Spec.StrictAffinity {
+			return Assignment{}, fmt.Errorf("ipam: address %s: node %s may not claim block %s (autoAllocateBlocks %v, maxBlocksPerHost %d) and strictAffinity forbids borrowing: %w",
+				req.Addr, req.Node, cidr, st.cfg.AutoAllocate(), maxBlocks, ErrExhausted)
+		}
+		owner = ""
+	}
+	nb := newBlock(cidr, owner, p.name)
+	if err := nb.allocateAddr(req.Addr, attr); err != nil {
+		return Assignment{}, fmt.Errorf("ipam: %w", err)
+	}
+	return a.commit(ctx, commit{b: nb, created: true, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev()})
+}
+
+// existing answers an Assign for a handle that already holds an address.
+func (a *Allocator) existing(ctx context.Context, req AssignRequest, h *handle) (Assignment, error) {
+	ha := h.Addrs[0]
+	if req.Addr.IsValid() {
+		i := slices.IndexFunc(h.Addrs, func(x handleAddr) bool { return x.Addr == req.Addr })
+		if i < 0 {
+			return Assignment{}, fmt.Errorf("ipam: handle %q already holds %s, not %s: %w", req.Handle, ha.Addr, req.Addr, ErrInUse)
+		}
+		ha = h.Addrs[i]
+	}
+	b, err := a.getBlock(ctx, ha.Block)
+	if err != nil {
+		return Assignment{}, fmt.Errorf("ipam: handle %q lists %s: %w", req.Handle, ha.Addr, err)
+	}
+	ord, _ := ordinal(b.cidr, ha.Addr)
+	attr, held := b.attrAt(ord)
+	if !held || attr.Handle != req.Handle {
+		return Assignment{}, fmt.Errorf("ipam: handle %q lists %s but block %s does not hold it for the handle (run ipam check)", req.Handle, ha.Addr, b.cidr)
+	}
+	return Assignment{Addr: ha.Addr, Block: b.cidr, Pool: b.pool, Borrowed: b.node != attr.Node}, nil
+}
+
+// commit describes one allocation write.
+type commit struct {
+	b         *block // the modified copy
+	created   bool   // b is new: it must not exist yet
+	pool      poolInfo
+	node      nodeInfo
+	req       AssignRequest
+	addr      netip.Addr
+	handleRev int64
+}
+
+// commit writes the block, the handle and, for a new affine block, its
+// affinity in one transaction that also requires the pool (and, when the
+// pool selects nodes, the Node) to be unchanged since they were read.
+func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
+	bkey := blockKey(c.b.cidr)
+	hkey := handleKey(c.req.Handle)
+	brev := c.b.rev
+	if c.created {
+		brev = 0
+	}
+	cmps := []datastore.Cmp{{Key: bkey, ModRevision: brev}, {Key: hkey, ModRevision: c.handleRev}, {Key: c.pool.key, ModRevision: c.pool.rev}}
+	if c.pool.pool.Spec.NodeSelector != nil {
+		cmps = append(cmps, datastore.Cmp{Key: c.node.key, ModRevision: c.node.rev})
+	}
+	h := &handle{handleRecord: handleRecord{Handle: c.req.Handle, Node: c.req.Node, Addrs: []handleAddr{{Addr: c.addr, Block: c.b.cidr}}}}
+	ops := []datastore.Op{{Key: bkey, Value: c.b.encode()}, {Key: hkey, Value: h.encode()}}
+	if c.created && c.b.node != "" {
+		akey := affinityKey(c.b.node, c.b.cidr)
+		cmps = append(cmps, datastore.Cmp{Key: akey, ModRevision: 0})
+		ops = append(ops, datastore.Op{Key: akey, Value: encodeAffinity(affinityConfirmed)})
+	}
+	rev, err := a.txn(ctx, cmps, ops)
+	if err != nil {
+		return Assignment{}, err
+	}
+	c.b.rev = rev
+	a.cacheBlock(c.req.Node, c.b.cidr, c.b, true)
+	if err := a.written("assign"); err != nil {
+		return Assignment{}, err
+	}
+	return Assignment{Addr: c.addr, Block: c.b.cidr, Pool: c.pool.name, Borrowed: c.b.node != c.req.Node}, nil
+}
+
+// repairAffinities fixes the node's affinity records against their blocks:
+// a record whose block is gone or belongs to another node is deleted, a
+// pending record whose block is ours is confirmed. It reports whether it
+// wrote anything (the caller then re-reads).
+func (a *Allocator) repairAffinities(ctx context.Context, node string, st *assignState) (bool, error) {
+	wrote := false
+	for _, af := range st.affinities {
+		b := st.affine[af.block]
+		key := affinityKey(node, af.block)
+		var cmps []datastore.Cmp
+		var op datastore.Op
+		switch {
+		case b == nil || b.node != node:
+			cmps = []datastore.Cmp{{Key: key, ModRevision: af.rev}}
+			op = datastore.Op{Key: key, Delete: true}
+			if b != nil {
+				cmps = append(cmps, datastore.Cmp{Key: blockKey(b.cidr), ModRevision: b.rev})
+			} else {
+				cmps = append(cmps, datastore.Cmp{Key: blockKey(af.block), ModRevision: 0})
+			}
+			a.log.Info("deleting stale block affinity", "node", node, "block", af.block, "state", af.state)
+		case af.state == affinityPending:
+			cmps = []datastore.Cmp{{Key: key, ModRevision: af.rev}, {Key: blockKey(b.cidr), ModRevision: b.rev}}
+			op = datastore.Op{Key: key, Value: encodeAffinity(affinityConfirmed)}
+			a.log.Info("confirming pending block affinity", "node", node, "block", af.block)
+		default:
+			continue
+		}
+		if _, err := a.txn(ctx, cmps, []datastore.Op{op}); err != nil {
+			if errors.Is(err, errRetry) {
+				return true, nil
+			}
+			return false, err
+		}
+		wrote = true
+		if err := a.written("repair"); err != nil {
+			return wrote, err
+		}
+	}
+	return wrote, nil
+}
+
+// adopt writes the missing affinity record of a block affine to node.
+func (a *Allocator) adopt(ctx context.Context, node string, b *block) error {
+	key := affinityKey(node, b.cidr)
+	a.log.Info("adopting block without affinity record", "node", node, "block", b.cidr)
+	_, err := a.txn(ctx,
+		[]datastore.Cmp{{Key: key, ModRevision: 0}, {Key: blockKey(b.cidr), ModRevision: b.rev}},
+		[]datastore.Op{{Key: key, Value: encodeAffinity(affinityConfirmed)}})
+	if err != nil {
+		if errors.Is(err, errRetry) {
+			return nil
+		}
+		return err
+	}
+	return a.written("repair")
+}

@@ -1,0 +1,82 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/datastore/storetest"
+)
+
+// BenchmarkAssign measures assigns per second with 1 and 10 nodes (each its
+// own Allocator and etcd connection, assigning concurrently), and etcd round
+// trips per assign.
+func BenchmarkAssign(b *testing.B) {
+	for _, nodes := range []int{1, 10} {
+		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
+			e := storetest.Etcd(b)
+			admin := New(storetest.Connect(b, e))
+			mustCreatePool(b, admin, "bench", "10.64.0.0/12", 26)
+			var allocs []*Allocator
+			var counters []*countingStore
+			for range nodes {
+				cs := &countingStore{Store: storetest.Connect(b, e)}
+				counters = append(counters, cs)
+				allocs = append(allocs, newAllocator(cs))
+			}
+			ctx := context.Background()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			errs := make(chan error, nodes)
+			for n := range nodes {
+				wg.Go(func() {
+					for i := n; i < b.N; i += nodes {
+						req := AssignRequest{Node: fmt.Sprintf("node-%d", n), Handle: fmt.Sprintf("h-%d", i)}
+						if _, err := allocs[n].Assign(ctx, req); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+			var trips int64
+			for _, c := range counters {
+				trips += c.n.Load()
+			}
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "assigns/s")
+			b.ReportMetric(float64(trips)/float64(b.N), "roundtrips/assign")
+		})
+	}
+}
+
+// BenchmarkAssignRelease measures a pod's full address life: assign, then
+// release by handle, on one node.
+func BenchmarkAssignRelease(b *testing.B) {
+	e := storetest.Etcd(b)
+	cs := &countingStore{Store: storetest.Connect(b, e)}
+	a := newAllocator(cs)
+	mustCreatePool(b, a, "bench", "10.64.0.0/16", 26)
+	ctx := context.Background()
+	cs.n.Store(0)
+	b.ResetTimer()
+	for i := range b.N {
+		h := fmt.Sprintf("h-%d", i)
+		if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: h}); err != nil {
+			b.Fatal(err)
+		}
+		if err := a.ReleaseHandle(ctx, h); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cs.n.Load())/float64(b.N), "roundtrips/op")
+}

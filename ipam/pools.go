@@ -1,0 +1,134 @@
+package ipam
+
+import (
+	"fmt"
+	"hash/fnv"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// poolInfo is an IPPool as IPAM sees it, with the etcd key and revision that
+// allocation transactions compare against.
+type poolInfo struct {
+	pool      *api.IPPool
+	name      string
+	prefix    netip.Prefix
+	blockBits int
+	key       string
+	rev       int64
+}
+
+// newPoolInfo checks the fields IPAM relies on.
+func newPoolInfo(p *api.IPPool, key string, rev int64) (poolInfo, error) {
+	pfx, err := p.Prefix()
+	if err != nil {
+		return poolInfo{}, fmt.Errorf("pool %s: cidr: %w", p.Metadata.Name, err)
+	}
+	bits := p.Spec.BlockSize
+	if bits == 0 {
+		bits = api.DefaultBlockSize
+	}
+	switch {
+	case !pfx.Addr().Is4():
+		return poolInfo{}, fmt.Errorf("pool %s: cidr %s: only IPv4 pools are supported", p.Metadata.Name, pfx)
+	case bits < api.MinBlockSize || bits > api.MaxBlockSize:
+		return poolInfo{}, fmt.Errorf("pool %s: blockSize %d outside %d–%d", p.Metadata.Name, bits, api.MinBlockSize, api.MaxBlockSize)
+	case bits < pfx.Bits():
+		return poolInfo{}, fmt.Errorf("pool %s: blockSize /%d is larger than the pool %s", p.Metadata.Name, bits, pfx)
+	}
+	return poolInfo{pool: p, name: p.Metadata.Name, prefix: pfx, blockBits: bits, key: key, rev: rev}, nil
+}
+
+// holds reports whether the block lies inside the pool.
+func (p poolInfo) holds(b netip.Prefix) bool {
+	return p.prefix.Bits() <= b.Bits() && p.prefix.Contains(b.Addr())
+}
+
+// poolFor returns the pool that holds the block or address prefix.
+func poolFor(pools []poolInfo, b netip.Prefix) (poolInfo, bool) {
+	for _, p := range pools {
+		if p.holds(b) {
+			return p, true
+		}
+	}
+	return poolInfo{}, false
+}
+
+// unusableReason says why a pool cannot serve the node, "" when it can.
+func unusableReason(p poolInfo, labels map[string]string, requested []string) string {
+	switch {
+	case len(requested) > 0 && !slices.Contains(requested, p.name):
+		return fmt.Sprintf("is not among the requested pools %v", requested)
+	case p.pool.Spec.Disabled:
+		return "is disabled"
+	case !p.pool.SelectsNode(labels):
+		return fmt.Sprintf("does not select the node (nodeSelector %s)", p.pool.Spec.NodeSelector)
+	}
+	return ""
+}
+
+// usablePools returns the pools the node may allocate from, sorted by name.
+// A requested pool that does not exist is an error: a typo should not
+// silently fall back to nothing.
+func usablePools(pools []poolInfo, node string, labels map[string]string, requested []string) ([]poolInfo, error) {
+	for _, name := range requested {
+		if !slices.ContainsFunc(pools, func(p poolInfo) bool { return p.name == name }) {
+			return nil, fmt.Errorf("ipam: requested pool %q does not exist", name)
+		}
+	}
+	var out []poolInfo
+	var why []string
+	for _, p := range pools {
+		if r := unusableReason(p, labels, requested); r != "" {
+			why = append(why, fmt.Sprintf("%s %s", p.name, r))
+			continue
+		}
+		out = append(out, p)
+	}
+	if len(out) == 0 {
+		if len(why) == 0 {
+			return nil, fmt.Errorf("ipam: no usable IP pool for node %s: no pools exist: %w", node, ErrNoPool)
+		}
+		return nil, fmt.Errorf("ipam: no usable IP pool for node %s: %s: %w", node, strings.Join(why, "; "), ErrNoPool)
+	}
+	slices.SortFunc(out, func(a, b poolInfo) int { return strings.Compare(a.name, b.name) })
+	return out, nil
+}
+
+func poolNames(pools []poolInfo) []string {
+	out := make([]string, len(pools))
+	for i, p := range pools {
+		out[i] = p.name
+	}
+	return out
+}
+
+// nodeHash spreads nodes over a pool's blocks so that nodes claiming at the
+// same time rarely race for the same block.
+func nodeHash(node string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(node))
+	return h.Sum64()
+}
+
+// freeBlock returns a block of pool p that no existing block overlaps,
+// scanning from a node-dependent start so that concurrent claims from
+// different nodes spread out. taken holds the existing blocks.
+func freeBlock(p poolInfo, node string, taken map[netip.Prefix]bool, odd []netip.Prefix) (netip.Prefix, bool) {
+	n := numBlocks(p.prefix, p.blockBits)
+	if n == 0 {
+		return netip.Prefix{}, false
+	}
+	start := int(nodeHash(node) % uint64(n))
+	for i := range n {
+		cand := nthBlock(p.prefix, p.blockBits, (start+i)%n)
+		if taken[cand] || slices.ContainsFunc(odd, cand.Overlaps) {
+			continue
+		}
+		return cand, true
+	}
+	return netip.Prefix{}, false
+}

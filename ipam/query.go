@@ -1,0 +1,219 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// AddressesByHandle returns the addresses the handle holds, sorted; none
+// (and no error) for an unknown handle.
+func (a *Allocator) AddressesByHandle(ctx context.Context, handleID string) ([]netip.Addr, error) {
+	h, err := a.getHandle(ctx, handleID)
+	if err != nil || h == nil {
+		return nil, err
+	}
+	out := make([]netip.Addr, 0, len(h.Addrs))
+	for _, ha := range h.Addrs {
+		out = append(out, ha.Addr)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out, nil
+}
+
+// BlockInfo is a block as BGP sees it.
+type BlockInfo struct {
+	CIDR netip.Prefix
+	Pool string
+	// Affinity is the affine node, "" for none.
+	Affinity string
+	// Confirmed: the node's affinity record exists and is confirmed.
+	Confirmed        bool
+	DisableBGPExport bool
+}
+
+// Blocks returns every block, sorted by CIDR.
+func (a *Allocator) Blocks(ctx context.Context) ([]BlockInfo, error) {
+	pools, err := a.listPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	blocks, _, err := a.listBlocks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	affs, err := a.listAffinities(ctx, affinitiesPrefix)
+	if err != nil {
+		return nil, err
+	}
+	confirmed := map[string]bool{}
+	for _, af := range affs {
+		confirmed[affinityKey(af.node, af.block)] = af.state == affinityConfirmed
+	}
+	out := make([]BlockInfo, 0, len(blocks))
+	for _, b := range blocks {
+		bi := BlockInfo{CIDR: b.cidr, Pool: b.pool, Affinity: b.node}
+		if b.node != "" {
+			bi.Confirmed = confirmed[affinityKey(b.node, b.cidr)]
+		}
+		if p, ok := poolFor(pools, b.cidr); ok {
+			bi.Pool = p.name
+			bi.DisableBGPExport = p.pool.Spec.DisableBGPExport
+		}
+		out = append(out, bi)
+	}
+	slices.SortFunc(out, func(x, y BlockInfo) int { return comparePrefix(x.CIDR, y.CIDR) })
+	return out, nil
+}
+
+// BorrowedAddr is an address allocated for a node from a block that is not
+// affine to it.
+type BorrowedAddr struct {
+	Addr netip.Addr
+	// Node is the node using the address.
+	Node  string
+	Block netip.Prefix
+	// BlockNode is the block's affine node, "" for none.
+	BlockNode        string
+	DisableBGPExport bool
+}
+
+// Borrowed returns every borrowed address, sorted by address.
+func (a *Allocator) Borrowed(ctx context.Context) ([]BorrowedAddr, error) {
+	pools, err := a.listPools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	blocks, _, err := a.listBlocks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []BorrowedAddr
+	for _, b := range blocks {
+		p, hasPool := poolFor(pools, b.cidr)
+		b.allocated(func(addr netip.Addr, attr attrRecord) {
+			if attr.Node == b.node {
+				return
+			}
+			out = append(out, BorrowedAddr{Addr: addr, Node: attr.Node, Block: b.cidr, BlockNode: b.node,
+				DisableBGPExport: hasPool && p.pool.Spec.DisableBGPExport})
+		})
+	}
+	slices.SortFunc(out, func(x, y BorrowedAddr) int { return x.Addr.Compare(y.Addr) })
+	return out, nil
+}
+
+// Check cross-checks blocks, affinities, handles and workload endpoints and
+// reports leaks, orphan handles and inconsistencies. It only reads. The
+// IPAM records are read in one consistent list; endpoints right after, so
+// that an endpoint written meanwhile is seen rather than reported missing.
+func (a *Allocator) Check(ctx context.Context) (Report, error) {
+	s, err := a.loadSnapshot(ctx, true)
+	if err != nil {
+		return Report{}, err
+	}
+	return checkSnapshot(s, a.now(), a.leakGrace), nil
+}
+
+// Usage returns per-pool and per-block address usage, pools sorted by name.
+func (a *Allocator) Usage(ctx context.Context) ([]PoolUsage, error) {
+	s, err := a.loadSnapshot(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	return usage(s), nil
+}
+
+func (a *Allocator) loadSnapshot(ctx context.Context, withEndpoints bool) (*snapshot, error) {
+	kvs, rev, err := a.store.ListKV(ctx, "ipam/")
+	if err != nil {
+		return nil, fmt.Errorf("listing ipam records: %w", err)
+	}
+	s := &snapshot{rev: rev, bad: map[string]error{}}
+	var blockKVs []datastore.KV
+	for _, kv := range kvs {
+		switch {
+		case strings.HasPrefix(kv.Key, blocksPrefix):
+			blockKVs = append(blockKVs, kv)
+		case strings.HasPrefix(kv.Key, affinitiesPrefix):
+			af, err := decodeAffinity(kv.Key, kv.Value, kv.ModRevision)
+			if err != nil {
+				s.bad[kv.Key] = err
+				continue
+			}
+			s.affinities = append(s.affinities, af)
+		case strings.HasPrefix(kv.Key, handlesPrefix):
+			h, err := decodeHandle(kv.Value, kv.ModRevision)
+			if err == nil && handleKey(h.Handle) != kv.Key {
+				err = fmt.Errorf("handle key %s holds handle %q", kv.Key, h.Handle)
+			}
+			if err != nil {
+				s.bad[kv.Key] = err
+				continue
+			}
+			s.handles = append(s.handles, h)
+		}
+	}
+	var bad map[string]error
+	s.blocks, bad = decodeBlocks(blockKVs)
+	for k, v := range bad {
+		s.bad[k] = v
+	}
+	if s.pools, err = a.listPools(ctx); err != nil {
+		return nil, err
+	}
+	if withEndpoints {
+		if s.endpoints, err = a.listEndpoints(ctx, s.bad); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (a *Allocator) listEndpoints(ctx context.Context, bad map[string]error) ([]endpointInfo, error) {
+	prefix, err := resourcePrefix(api.KindWorkloadEndpoint)
+	if err != nil {
+		return nil, err
+	}
+	kvs, _, err := a.store.ListKV(ctx, prefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing workload endpoints: %w", err)
+	}
+	var out []endpointInfo
+	for _, kv := range kvs {
+		obj, err := datastore.DecodeResource(kv)
+		if err != nil {
+			bad[kv.Key] = err
+			continue
+		}
+		we, ok := obj.(*api.WorkloadEndpoint)
+		if !ok {
+			continue
+		}
+		ep := endpointInfo{key: we.Metadata.Namespace + "/" + we.Metadata.Name, node: we.Spec.Node, handle: we.Spec.IPAMHandle}
+		var errs []error
+		for _, n := range we.Spec.IPNetworks {
+			p, err := netip.ParsePrefix(n)
+			if err != nil {
+				addr, err2 := netip.ParseAddr(n)
+				if err2 != nil {
+					errs = append(errs, fmt.Errorf("ipNetworks: %w", err))
+					continue
+				}
+				p = netip.PrefixFrom(addr, addr.BitLen())
+			}
+			ep.addrs = append(ep.addrs, p.Addr())
+		}
+		if len(errs) > 0 {
+			bad[kv.Key] = errors.Join(errs...)
+		}
+		out = append(out, ep)
+	}
+	return out, nil
+}

@@ -32,6 +32,7 @@ type Agent struct {
 	handler *cniHandler
 
 	nodeAddr netip.Prefix
+	asn      uint32
 	started  time.Time
 
 	routingKick chan struct{}
@@ -175,6 +176,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	a.asn = bcfg.ASN
 	if err := a.speaker.Start(ctx, bcfg); err != nil {
 		return fmt.Errorf("starting the BGP speaker: %w", err)
 	}

@@ -28,6 +28,7 @@ type PeerInfo struct {
 type Status struct {
 	Node       string     `json:"node"`
 	Address    string     `json:"address"`
+	ASN        uint32     `json:"asn"`
 	Ready      bool       `json:"ready"`
 	Peers      []PeerInfo `json:"peers"`
 	Blocks     []string   `json:"blocks"`
@@ -40,7 +41,7 @@ func (a *Agent) Status() Status {
 	ready, _ := a.readiness()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := Status{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), Ready: ready, Workloads: a.workloads,
+	st := Status{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), ASN: a.asn, Ready: ready, Workloads: a.workloads,
 		Peers: []PeerInfo{}, Blocks: []string{}, Advertised: []string{}}
 	types := map[string]string{}
 	for _, p := range a.desiredPeers {

@@ -2,13 +2,17 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
 	"golang.org/x/sync/errgroup"
 )
@@ -98,4 +102,129 @@ func TestConcurrentNodes(t *testing.T) {
 	if len(u) != 1 || u[0].InUse != len(kept) || u[0].Free != 1024-len(kept) {
 		t.Errorf("usage = %+v, want %d in use", u, len(kept))
 	}
+}
+
+// TestConcurrentOverlappingPools creates overlapping pools at the same time
+// from separate allocators: no two survivors may overlap, and exactly the
+// survivors' creates report success.
+func TestConcurrentOverlappingPools(t *testing.T) {
+	e := storetest.Etcd(t)
+	allocs := []*Allocator{New(storetest.Connect(t, e)), New(storetest.Connect(t, e)), New(storetest.Connect(t, e))}
+	ctx := testCtx(t)
+	for round := range 5 {
+		cidrs := []string{
+			fmt.Sprintf("10.%d.0.0/16", 100+round),
+			fmt.Sprintf("10.%d.128.0/17", 100+round),
+			fmt.Sprintf("10.%d.0.0/24", 100+round),
+		}
+		var g errgroup.Group
+		created := make([]bool, len(allocs))
+		for i, a := range allocs {
+			g.Go(func() error {
+				p := &api.IPPool{Metadata: api.ObjectMeta{Name: fmt.Sprintf("r%d-p%d", round, i)}, Spec: api.IPPoolSpec{CIDR: cidrs[i], BlockSize: 26}}
+				_, err := a.CreatePool(ctx, p)
+				if err == nil {
+					created[i] = true
+					return nil
+				}
+				if errors.Is(err, ErrPoolOverlap) {
+					return nil
+				}
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		pools, err := allocs[0].listPools(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var survivors []poolInfo
+		for _, p := range pools {
+			if strings.HasPrefix(p.name, fmt.Sprintf("r%d-", round)) {
+				survivors = append(survivors, p)
+			}
+		}
+		for i, p := range survivors {
+			for _, q := range survivors[i+1:] {
+				if p.prefix.Overlaps(q.prefix) {
+					t.Errorf("round %d: pools %s (%s) and %s (%s) both survived", round, p.name, p.prefix, q.name, q.prefix)
+				}
+			}
+		}
+		n := len(survivors)
+		nCreated := 0
+		for _, c := range created {
+			if c {
+				nCreated++
+			}
+		}
+		if n == 0 || nCreated != n {
+			t.Errorf("round %d: %d pools stored, %d creates reported success", round, n, nCreated)
+		}
+	}
+}
+
+// TestDeletePoolRacesAssigns deletes a pool while nodes keep assigning from
+// it: either the delete is refused, or the pool is gone and so is every
+// block and address in it.
+func TestDeletePoolRacesAssigns(t *testing.T) {
+	e := storetest.Etcd(t)
+	admin := New(storetest.Connect(t, e))
+	ctx := testCtx(t)
+	mustCreatePool(t, admin, "doomed", "10.244.0.0/24", 28)
+	var g errgroup.Group
+	for n := range 3 {
+		a := New(storetest.Connect(t, e))
+		g.Go(func() error {
+			for i := range 20 {
+				h := fmt.Sprintf("n%d-%d", n, i)
+				if _, err := a.Assign(ctx, AssignRequest{Node: fmt.Sprintf("n%d", n), Handle: h}); err != nil {
+					if errors.Is(err, ErrNoPool) {
+						return nil // the pool is disabled or gone
+					}
+					return err
+				}
+				if err := a.ReleaseHandle(ctx, h); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	var delErr error
+	for range 20 {
+		if delErr = admin.DeletePool(ctx, "doomed"); delErr == nil {
+			break
+		}
+		if !errors.Is(delErr, ErrInUse) {
+			t.Fatalf("DeletePool: %v", delErr)
+		}
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	obj, perr := storetest.Connect(t, e).Get(ctx, api.KindIPPool, "", "doomed")
+	switch {
+	case delErr == nil:
+		if !errors.Is(perr, datastore.ErrNotFound) {
+			t.Errorf("pool still there after a successful delete: %v", perr)
+		}
+		if got := allocated(t, admin); len(got) != 0 {
+			t.Errorf("addresses allocated in a deleted pool: %v", got)
+		}
+		if b, _ := admin.Blocks(ctx); len(b) != 0 {
+			t.Errorf("blocks left in a deleted pool: %+v", b)
+		}
+	default:
+		if perr != nil {
+			t.Fatalf("pool gone although every delete was refused: %v", perr)
+		}
+		if obj.(*api.IPPool).Spec.Disabled {
+			t.Errorf("refused deletes left the pool disabled")
+		}
+	}
+	r := mustCheckClean(t, admin)
+	t.Logf("delete: %v; check: %d blocks, %d allocated", delErr, r.Blocks, r.Allocated)
 }

@@ -138,7 +138,7 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 		if s.Node != "" && s.Node != self {
 			continue
 		}
-		if s.NodeSelector != nil && !selectorMatches(s.NodeSelector, me.labels) {
+		if s.NodeSelector != nil && !s.NodeSelector.Matches(me.labels) {
 			continue
 		}
 		apply := func(p Peer) Peer {
@@ -186,7 +186,7 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 		}
 		if s.PeerSelector != nil {
 			for _, n := range others {
-				if selectorMatches(s.PeerSelector, n.labels) {
+				if s.PeerSelector.Matches(n.labels) {
 					addExplicit(apply(nodePeer(n, n.asn, PeerNode)))
 				}
 			}

@@ -341,30 +341,3 @@ func TestDesiredAdvertisements(t *testing.T) {
 		})
 	}
 }
-
-func TestSelectorMatches(t *testing.T) {
-	labels := map[string]string{"rack": "a", "role": "rr"}
-	tests := []struct {
-		name string
-		sel  *api.LabelSelector
-		want bool
-	}{
-		{"nil matches nothing", nil, false},
-		{"empty matches all", &api.LabelSelector{}, true},
-		{"matchLabels hit", sel("rack", "a"), true},
-		{"matchLabels miss", sel("rack", "b"), false},
-		{"In", &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "rack", Operator: api.OpIn, Values: []string{"a", "b"}}}}, true},
-		{"NotIn missing key", &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "zone", Operator: api.OpNotIn, Values: []string{"x"}}}}, true},
-		{"NotIn hit", &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "rack", Operator: api.OpNotIn, Values: []string{"a"}}}}, false},
-		{"Exists", &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "role", Operator: api.OpExists}}}, true},
-		{"DoesNotExist", &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "role", Operator: api.OpDoesNotExist}}}, false},
-		{"unknown operator", &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "role", Operator: "Like"}}}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := selectorMatches(tt.sel, labels); got != tt.want {
-				t.Errorf("selectorMatches = %v, want %v", got, tt.want)
-			}
-		})
-	}
-}

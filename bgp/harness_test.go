@@ -1,0 +1,253 @@
+package bgp
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// Real GoBGP speakers in one process, each on its own loopback address
+// (127.77.<net>.<n>), all on one free port.
+
+// routeWatcher drains a speaker's Routes channel and keeps the latest set.
+type routeWatcher struct {
+	mu      sync.Mutex
+	latest  []LearnedRoute
+	changed chan struct{} // closed and replaced on every new set
+	done    chan struct{}
+}
+
+func watchRoutes(ch <-chan []LearnedRoute) *routeWatcher {
+	w := &routeWatcher{changed: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for r := range ch {
+			w.mu.Lock()
+			w.latest = r
+			close(w.changed)
+			w.changed = make(chan struct{})
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+func (w *routeWatcher) get() ([]LearnedRoute, <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.latest, w.changed
+}
+
+// waitFor blocks until cond holds for the latest route set or the deadline
+// passes; it returns the last set seen and whether cond held.
+func (w *routeWatcher) waitFor(deadline time.Time, cond func([]LearnedRoute) bool) ([]LearnedRoute, bool) {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		r, changed := w.get()
+		if cond(r) {
+			return r, true
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			r, _ = w.get()
+			return r, cond(r)
+		}
+	}
+}
+
+type testNode struct {
+	name  string
+	addr  netip.Addr
+	sp    *speaker
+	watch *routeWatcher
+}
+
+type cluster struct {
+	port  uint16
+	nodes []*testNode
+	api   []*api.Node
+}
+
+// testLogger logs to stderr when BGP_TEST_LOG is set; BGP_TEST_LOG=debug
+// includes GoBGP's debug messages.
+func testLogger(tb testing.TB) *slog.Logger {
+	switch os.Getenv("BGP_TEST_LOG") {
+	case "":
+		return nil
+	case "debug":
+		gobgpLogLevel = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", tb.Name())
+}
+
+// freePort finds a port that every address can listen on.
+func freePort(tb testing.TB, addrs []netip.Addr) uint16 {
+	tb.Helper()
+	for range 100 {
+		port := uint16(20000 + rand.IntN(40000))
+		ok := true
+		var ls []net.Listener
+		for _, a := range addrs {
+			l, err := net.Listen("tcp", netip.AddrPortFrom(a, port).String())
+			if err != nil {
+				ok = false
+				break
+			}
+			ls = append(ls, l)
+		}
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		if ok {
+			return port
+		}
+	}
+	tb.Fatal("no free port on the test loopback addresses")
+	return 0
+}
+
+// newCluster starts n speakers on 127.77.<net>.1..n. mutate may adjust each
+// node resource (labels, reflector cluster IDs) before the speakers start.
+func newCluster(tb testing.TB, net byte, n int, mutate func(i int, node *api.Node)) *cluster {
+	tb.Helper()
+	c := &cluster{}
+	var addrs []netip.Addr
+	for i := range n {
+		addrs = append(addrs, netip.AddrFrom4([4]byte{127, 77, net, byte(i + 1)}))
+	}
+	c.port = freePort(tb, addrs)
+	for i, a := range addrs {
+		name := fmt.Sprintf("node%02d", i)
+		apiNode := node(name, a.String()+"/32")
+		if mutate != nil {
+			mutate(i, apiNode)
+		}
+		c.api = append(c.api, apiNode)
+		cfg := Config{
+			RouterID: a, ASN: api.DefaultASNumber, ListenAddr: a, ListenPort: int32(c.port),
+			ClusterID: apiNode.Spec.BGP.RouteReflectorClusterID, GracefulRestart: true, RestartTime: 30 * time.Second,
+		}
+		log := testLogger(tb)
+		if log != nil {
+			log = log.With("node", a.String())
+		}
+		sp := NewSpeaker(log).(*speaker)
+		if err := sp.Start(context.Background(), cfg); err != nil {
+			tb.Fatalf("starting %s: %v", name, err)
+		}
+		tn := &testNode{name: name, addr: a, sp: sp, watch: watchRoutes(sp.Routes())}
+		tb.Cleanup(func() {
+			if err := sp.Stop(false); err != nil {
+				tb.Errorf("stopping %s: %v", name, err)
+			}
+			<-tn.watch.done
+		})
+		c.nodes = append(c.nodes, tn)
+	}
+	return c
+}
+
+// configure gives every node the peers DesiredPeers computes for it.
+func (c *cluster) configure(tb testing.TB, cfg *api.BGPConfiguration, peers []*api.BGPPeer) {
+	tb.Helper()
+	port := c.port
+	if cfg == nil {
+		cfg = &api.BGPConfiguration{}
+	}
+	cfg.Spec.ListenPort = &port
+	for _, n := range c.nodes {
+		if err := n.sp.SetPeers(context.Background(), DesiredPeers(n.name, c.api, cfg, peers)); err != nil {
+			tb.Fatalf("SetPeers on %s: %v", n.name, err)
+		}
+	}
+}
+
+// blockOf is node i's test block, 10.244.i.0/26.
+func blockOf(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(i), 0}), 26)
+}
+
+func (c *cluster) advertiseBlocks(tb testing.TB) {
+	tb.Helper()
+	for i, n := range c.nodes {
+		if err := n.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(i)}); err != nil {
+			tb.Fatalf("SetAdvertised on %s: %v", n.name, err)
+		}
+	}
+}
+
+// routesString renders a route set like `ip route` would, for messages.
+func routesString(rs []LearnedRoute) string {
+	var b strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&b, "\n  %v via %v", r.Prefix, r.NextHops)
+	}
+	if b.Len() == 0 {
+		return " (none)"
+	}
+	return b.String()
+}
+
+// hasRoute reports whether rs routes prefix via exactly hops.
+func hasRoute(rs []LearnedRoute, prefix netip.Prefix, hops ...netip.Addr) bool {
+	for _, r := range rs {
+		if r.Prefix == prefix {
+			return slices.Equal(r.NextHops, hops)
+		}
+	}
+	return false
+}
+
+func lacksRoute(rs []LearnedRoute, prefix netip.Prefix) bool {
+	return !slices.ContainsFunc(rs, func(r LearnedRoute) bool { return r.Prefix == prefix })
+}
+
+// waitEstablished waits until node n has exactly want peers, all Established.
+func waitEstablished(tb testing.TB, n *testNode, want int, deadline time.Time) []PeerStatus {
+	tb.Helper()
+	var last []PeerStatus
+	for {
+		st, err := n.sp.Peers(context.Background())
+		if err != nil {
+			tb.Fatalf("Peers on %s: %v", n.name, err)
+		}
+		last = st
+		ok := len(st) == want
+		for _, p := range st {
+			ok = ok && p.State == "Established"
+		}
+		if ok {
+			return st
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s: peers not all established by the deadline: %+v", n.name, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// peersString renders a node's peer statuses for failure messages.
+func peersString(n *testNode) string {
+	st, err := n.sp.Peers(context.Background())
+	if err != nil {
+		return " peers: " + err.Error()
+	}
+	var b strings.Builder
+	for _, p := range st {
+		fmt.Fprintf(&b, "\n  peer %v %s %s since %s info %q", p.Address, p.Type, p.State, p.Since.Format(time.StampMilli), p.Info)
+	}
+	return b.String()
+}

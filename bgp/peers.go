@@ -1,0 +1,427 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	gobgpapi "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
+)
+
+// sessionKey holds the Peer fields that need the session to be re-created
+// when they change. GoBGP's UpdatePeer would not apply a change of the
+// route-reflector flags, so we delete and re-add instead.
+type sessionKey struct {
+	asn          uint32
+	password     string
+	rrClient     bool
+	restartTime  time.Duration
+	localAddress netip.Addr
+	port         uint16
+	passive      bool
+}
+
+func (s *speaker) keyOf(p Peer) sessionKey {
+	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p)}
+}
+
+// passive reports whether we wait for p to connect instead of connecting
+// ourselves. Between two cluster nodes (mesh and reflector sessions, where
+// both sides run this code) only the side with the higher address
+// connects: GoBGP v4.8.0 can leave both sides stuck in OpenConfirm when
+// both connect at the same moment. Sessions with other routers stay active
+// on our side.
+func (s *speaker) passive(p Peer) bool {
+	switch p.Type {
+	case PeerMesh, PeerRR, PeerRRClient:
+		local := p.LocalAddress
+		if !local.IsValid() {
+			local = s.cfg.RouterID
+		}
+		return local.Less(p.Address)
+	}
+	return false
+}
+
+func seconds(d time.Duration) uint64 { return uint64((d + time.Second - 1) / time.Second) }
+
+// toAPIPeer builds GoBGP's peer configuration for p.
+func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
+	hold, keepalive := p.Hold, p.Keepalive
+	if hold <= 0 {
+		hold = DefaultHold
+	}
+	if keepalive <= 0 {
+		keepalive = min(DefaultKeepalive, hold/3)
+	}
+	restart := p.RestartTime
+	if restart <= 0 {
+		restart = s.cfg.RestartTime
+	}
+	if restart <= 0 {
+		restart = DefaultRestartTime
+	}
+	ap := &gobgpapi.Peer{
+		Conf: &gobgpapi.PeerConf{
+			NeighborAddress: p.Address.String(),
+			PeerAsn:         p.ASN,
+			AuthPassword:    p.Password,
+		},
+		Timers: &gobgpapi.Timers{Config: &gobgpapi.TimersConfig{
+			ConnectRetry:           seconds(ConnectRetry),
+			HoldTime:               seconds(hold),
+			KeepaliveInterval:      max(1, seconds(keepalive)),
+			IdleHoldTimeAfterReset: seconds(ConnectRetry),
+		}},
+		Transport: &gobgpapi.Transport{RemotePort: uint32(p.Port), PassiveMode: s.passive(p)},
+		AfiSafis: []*gobgpapi.AfiSafi{{
+			Config: &gobgpapi.AfiSafiConfig{
+				Family:  &gobgpapi.Family{Afi: gobgpapi.Family_AFI_IP, Safi: gobgpapi.Family_SAFI_UNICAST},
+				Enabled: true,
+			},
+			MpGracefulRestart: &gobgpapi.MpGracefulRestart{
+				Config: &gobgpapi.MpGracefulRestartConfig{Enabled: s.cfg.GracefulRestart},
+			},
+		}},
+	}
+	if p.LocalAddress.IsValid() {
+		ap.Transport.LocalAddress = p.LocalAddress.String()
+	}
+	if s.cfg.GracefulRestart {
+		ap.GracefulRestart = &gobgpapi.GracefulRestart{
+			Enabled:         true,
+			RestartTime:     uint32(min(seconds(restart), 4095)),
+			DeferralTime:    uint32(seconds(DeferralTime)),
+			LocalRestarting: localRestarting,
+		}
+	}
+	if p.RRClient {
+		clusterID := s.cfg.ClusterID
+		if clusterID == "" {
+			clusterID = s.cfg.RouterID.String()
+		}
+		ap.RouteReflector = &gobgpapi.RouteReflector{RouteReflectorClient: true, RouteReflectorClusterId: clusterID}
+	}
+	return ap
+}
+
+// SetPeers implements Speaker. It diffs against the peers GoBGP actually
+// has, adds before it deletes, keeps going after a failure and returns
+// every error.
+func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
+	desired := map[netip.Addr]Peer{}
+	var errs []error
+	for _, p := range peers {
+		switch {
+		case !p.Address.Is4():
+			errs = append(errs, fmt.Errorf("peer %v: not an IPv4 address", p.Address))
+		case p.ASN == 0:
+			errs = append(errs, fmt.Errorf("peer %v: ASN must not be 0", p.Address))
+		default:
+			desired[p.Address] = p
+		}
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv == nil || s.stopped {
+		return errors.New("speaker not running")
+	}
+	actual := map[netip.Addr]bool{}
+	err := s.srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+		if p.Conf == nil {
+			return
+		}
+		if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
+			actual[a] = true
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("listing BGP peers: %w", err)
+	}
+	// Peers added in the first DeferralTime after a restart announce it.
+	restarting := s.cfg.LocalRestarting && time.Since(s.startedAt) < DeferralTime
+
+	addrs := make([]netip.Addr, 0, len(desired))
+	for a := range desired {
+		addrs = append(addrs, a)
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	for _, a := range addrs {
+		p := desired[a]
+		old, known := s.peers[a]
+		switch {
+		case !actual[a]:
+			if err := s.srv.AddPeer(ctx, &gobgpapi.AddPeerRequest{Peer: s.toAPIPeer(p, restarting)}); err != nil {
+				errs = append(errs, fmt.Errorf("adding peer %v: %w", a, err))
+				delete(s.peers, a)
+				continue
+			}
+			s.since[a] = time.Now()
+		case !known || s.keyOf(old) != s.keyOf(p):
+			if err := s.recreatePeer(ctx, p); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		case old.Hold != p.Hold || old.Keepalive != p.Keepalive:
+			// Takes effect with the next session (hold time is negotiated).
+			if _, err := s.srv.UpdatePeer(ctx, &gobgpapi.UpdatePeerRequest{Peer: s.toAPIPeer(p, false)}); err != nil {
+				errs = append(errs, fmt.Errorf("updating peer %v: %w", a, err))
+				continue
+			}
+		}
+		s.peers[a] = p
+	}
+	for a := range actual {
+		if _, ok := desired[a]; ok {
+			continue
+		}
+		if err := s.srv.DeletePeer(ctx, &gobgpapi.DeletePeerRequest{Address: a.String()}); err != nil {
+			errs = append(errs, fmt.Errorf("deleting peer %v: %w", a, err))
+			continue
+		}
+		delete(s.peers, a)
+		delete(s.since, a)
+		delete(s.eor, a)
+		delete(s.info, a)
+	}
+	s.peersSet = true
+	s.markDirty()
+	return errors.Join(errs...)
+}
+
+// recreatePeer deletes and re-adds p's session. Called with s.mu held.
+func (s *speaker) recreatePeer(ctx context.Context, p Peer) error {
+	if err := s.srv.DeletePeer(ctx, &gobgpapi.DeletePeerRequest{Address: p.Address.String()}); err != nil {
+		return fmt.Errorf("re-creating peer %v: deleting: %w", p.Address, err)
+	}
+	if err := s.srv.AddPeer(ctx, &gobgpapi.AddPeerRequest{Peer: s.toAPIPeer(p, false)}); err != nil {
+		delete(s.peers, p.Address)
+		return fmt.Errorf("re-creating peer %v: adding: %w", p.Address, err)
+	}
+	s.since[p.Address] = time.Now()
+	delete(s.eor, p.Address)
+	return nil
+}
+
+// resetStuckPeers re-creates sessions that have sat in OpenSent or
+// OpenConfirm for longer than stuckTimeout. A healthy session passes these
+// states in milliseconds; GoBGP v4.8.0 can get stuck in OpenConfirm after a
+// connection collision (it arms no hold timer there on a first session).
+func (s *speaker) resetStuckPeers(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv == nil || s.stopped {
+		return
+	}
+	var stuck []netip.Addr
+	err := s.srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+		if p.Conf == nil || p.State == nil {
+			return
+		}
+		switch p.State.SessionState {
+		case gobgpapi.PeerState_SESSION_STATE_OPENSENT, gobgpapi.PeerState_SESSION_STATE_OPENCONFIRM:
+		default:
+			return
+		}
+		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
+		if err != nil {
+			return
+		}
+		if t, ok := s.since[a]; ok && time.Since(t) > stuckTimeout {
+			stuck = append(stuck, a)
+		}
+	})
+	if err != nil {
+		s.log.Warn("listing BGP peers", "err", err)
+		return
+	}
+	for _, a := range stuck {
+		p, ok := s.peers[a]
+		if !ok {
+			continue
+		}
+		s.log.Info("re-creating BGP session stuck while opening", "peer", a)
+		if err := s.recreatePeer(ctx, p); err != nil {
+			s.log.Warn("re-creating stuck BGP session", "peer", a, "err", err)
+		}
+	}
+}
+
+// SetAdvertised implements Speaker. It diffs against the locally originated
+// paths GoBGP actually holds.
+func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error {
+	desired := map[netip.Prefix]bool{}
+	var errs []error
+	for _, p := range prefixes {
+		if !p.IsValid() || !p.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("prefix %v: not an IPv4 prefix", p))
+			continue
+		}
+		desired[p.Masked()] = true
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv == nil || s.stopped {
+		return errors.New("speaker not running")
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	actual := map[netip.Prefix]bool{}
+	err := s.srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC},
+		func(_ gobgp.NLRI, paths []*apiutil.Path) {
+			for _, p := range paths {
+				if prefix, c, ok := candidateFromPath(p, s.cfg.ASN); ok && c.local {
+					actual[prefix] = true
+				}
+			}
+		})
+	if err != nil {
+		return fmt.Errorf("listing originated prefixes: %w", err)
+	}
+
+	var add, del []*apiutil.Path
+	for p := range desired {
+		if !actual[p] {
+			path, err := s.localPath(p, false)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			add = append(add, path)
+		}
+	}
+	for p := range actual {
+		if !desired[p] {
+			path, err := s.localPath(p, true)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			del = append(del, path)
+		}
+	}
+	if len(add) > 0 {
+		resps, err := s.srv.AddPath(apiutil.AddPathRequest{Paths: add})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("advertising %d prefixes: %w", len(add), err))
+		}
+		for i, r := range resps {
+			if r.Error != nil && err == nil {
+				errs = append(errs, fmt.Errorf("advertising %v: %w", add[i].Nlri, r.Error))
+			}
+		}
+	}
+	if len(del) > 0 {
+		if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: del}); err != nil {
+			errs = append(errs, fmt.Errorf("withdrawing %d prefixes: %w", len(del), err))
+		}
+	}
+	s.markDirty()
+	return errors.Join(errs...)
+}
+
+// localPath builds the path we originate for prefix: origin IGP, next hop
+// our router ID.
+func (s *speaker) localPath(prefix netip.Prefix, withdraw bool) (*apiutil.Path, error) {
+	nlri, err := gobgp.NewIPAddrPrefix(prefix)
+	if err != nil {
+		return nil, fmt.Errorf("prefix %v: %w", prefix, err)
+	}
+	nh, err := gobgp.NewPathAttributeNextHop(s.cfg.RouterID)
+	if err != nil {
+		return nil, fmt.Errorf("next hop %v: %w", s.cfg.RouterID, err)
+	}
+	return &apiutil.Path{
+		Family:     gobgp.RF_IPv4_UC,
+		Nlri:       nlri,
+		Attrs:      []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), nh},
+		Withdrawal: withdraw,
+	}, nil
+}
+
+// Peers implements Speaker.
+func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
+	s.mu.Lock()
+	srv := s.srv
+	stopped := s.stopped
+	s.mu.Unlock()
+	if srv == nil || stopped {
+		return nil, errors.New("speaker not running")
+	}
+	var out []PeerStatus
+	err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+		if p.Conf == nil {
+			return
+		}
+		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
+		if err != nil {
+			return
+		}
+		st := PeerStatus{Address: a, State: "Idle"}
+		if p.State != nil {
+			st.State = stateName(p.State.SessionState)
+		}
+		if p.Timers != nil && p.Timers.State != nil {
+			if st.State == "Established" && p.Timers.State.Uptime != nil {
+				st.Since = p.Timers.State.Uptime.AsTime()
+			} else if p.Timers.State.Downtime != nil {
+				st.Since = p.Timers.State.Downtime.AsTime()
+			}
+		}
+		out = append(out, st)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing BGP peers: %w", err)
+	}
+	s.mu.Lock()
+	for i := range out {
+		st := &out[i]
+		st.Type = s.peers[st.Address].Type
+		if t, ok := s.since[st.Address]; ok && t.After(st.Since) {
+			st.Since = t
+		}
+		st.Info = s.info[st.Address]
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })
+	return out, nil
+}
+
+func stateName(st gobgpapi.PeerState_SessionState) string {
+	switch st {
+	case gobgpapi.PeerState_SESSION_STATE_CONNECT:
+		return "Connect"
+	case gobgpapi.PeerState_SESSION_STATE_ACTIVE:
+		return "Active"
+	case gobgpapi.PeerState_SESSION_STATE_OPENSENT:
+		return "OpenSent"
+	case gobgpapi.PeerState_SESSION_STATE_OPENCONFIRM:
+		return "OpenConfirm"
+	case gobgpapi.PeerState_SESSION_STATE_ESTABLISHED:
+		return "Established"
+	default:
+		return "Idle"
+	}
+}
+
+// disconnectInfo renders a peer event's disconnect reason for PeerStatus.Info.
+func disconnectInfo(ev *apiutil.WatchEventMessage_PeerEvent) string {
+	r := ev.Peer.State.DisconnectReason
+	if r == gobgpapi.PeerState_DISCONNECT_REASON_UNSPECIFIED {
+		return ""
+	}
+	s := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(r.String(), "DISCONNECT_REASON_"), "_", " "))
+	if m := ev.Peer.State.DisconnectMessage; m != "" {
+		s += ": " + m
+	}
+	return s
+}

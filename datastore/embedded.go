@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -24,6 +25,11 @@ type EmbeddedConfig struct {
 	ClientURL string
 	// Logger receives etcd's warnings and errors; nil = silent.
 	Logger *slog.Logger
+	// CertFile and KeyFile make etcd serve clients over TLS (ClientURL
+	// "https://…"; the default URL then uses https). ClientCAFile
+	// additionally requires client certificates signed by that CA (mutual
+	// TLS). Peers always use plain http on the same host.
+	CertFile, KeyFile, ClientCAFile string
 	// UnsafeNoFsync skips fsync: much faster, loses data on a crash. For
 	// tests only.
 	UnsafeNoFsync bool
@@ -56,6 +62,17 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		e.dir, e.ownDir = d, true
 	}
+	scheme := "http"
+	if cfg.CertFile != "" || cfg.KeyFile != "" {
+		scheme = "https"
+		if cfg.CertFile == "" || cfg.KeyFile == "" {
+			e.removeDir()
+			return nil, errors.New("embedded etcd: CertFile and KeyFile must be given together")
+		}
+	} else if cfg.ClientCAFile != "" {
+		e.removeDir()
+		return nil, errors.New("embedded etcd: ClientCAFile needs CertFile and KeyFile")
+	}
 	host := "127.0.0.1"
 	if cfg.ClientURL == "" {
 		port, err := freePort(host)
@@ -63,16 +80,12 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 			e.removeDir()
 			return nil, err
 		}
-		e.clientURL = url.URL{Scheme: "http", Host: net.JoinHostPort(host, port)}
+		e.clientURL = url.URL{Scheme: scheme, Host: net.JoinHostPort(host, port)}
 	} else {
 		u, err := url.Parse(cfg.ClientURL)
-		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		if err != nil || u.Host == "" || u.Port() == "" || u.Scheme != scheme {
 			e.removeDir()
-			return nil, fmt.Errorf("invalid etcd client URL %q: want http://host:port", cfg.ClientURL)
-		}
-		if u.Scheme == "https" {
-			e.removeDir()
-			return nil, fmt.Errorf("invalid etcd client URL %q: the embedded etcd serves plain http only", cfg.ClientURL)
+			return nil, fmt.Errorf("invalid etcd client URL %q: want %s://host:port", cfg.ClientURL, scheme)
 		}
 		e.clientURL = url.URL{Scheme: u.Scheme, Host: u.Host}
 		host = u.Hostname()
@@ -118,6 +131,12 @@ func (e *Embedded) start(ctx context.Context) error {
 	c.InitialCluster = c.Name + "=" + e.peerURL.String()
 	c.InitialClusterToken = "tabby"
 	c.UnsafeNoFsync = e.cfg.UnsafeNoFsync
+	c.ClientTLSInfo = transport.TLSInfo{
+		CertFile:       e.cfg.CertFile,
+		KeyFile:        e.cfg.KeyFile,
+		TrustedCAFile:  e.cfg.ClientCAFile,
+		ClientCertAuth: e.cfg.ClientCAFile != "",
+	}
 	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapLogger(e.cfg.Logger))
 	// A single member elects itself at once; short ticks make it quick.
 	c.TickMs = 10

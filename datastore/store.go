@@ -162,6 +162,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	// may read our keys.
 	if _, err := client.Get(cctx, s.base, clientv3.WithCountOnly()); err != nil {
 		cerr := client.Close()
+		// gRPC hides why it could not connect behind the deadline; a
+		// direct dial of each endpoint tells the operator (refused, TLS).
+		if diag := probeEndpoints(cfg.Endpoints, tlsCfg); diag != "" {
+			err = fmt.Errorf("%w (%s)", err, diag)
+		}
 		return nil, errors.Join(fmt.Errorf("connecting to etcd at %s: %w", endpoints, err), cerr)
 	}
 	return s, nil

@@ -1,0 +1,273 @@
+package datastore_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// pki is a CA with a server certificate for 127.0.0.1 and a client
+// certificate, written as PEM files into a temporary directory.
+type pki struct {
+	ca, serverCert, serverKey, clientCert, clientKey string
+	otherCA                                          string // a CA that signed nothing of the above
+}
+
+func newPKI(t *testing.T) pki {
+	t.Helper()
+	dir := t.TempDir()
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	newKey := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	serial := int64(1)
+	sign := func(tmpl, parent *x509.Certificate, pub, signer any) (*x509.Certificate, []byte) {
+		serial++
+		tmpl.SerialNumber = big.NewInt(serial)
+		tmpl.NotBefore = time.Now().Add(-time.Hour)
+		tmpl.NotAfter = time.Now().Add(time.Hour)
+		if parent == nil {
+			parent = tmpl
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, signer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, der
+	}
+	keyDER := func(k *ecdsa.PrivateKey) []byte {
+		der, err := x509.MarshalPKCS8PrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return der
+	}
+	caTmpl := func(cn string) *x509.Certificate {
+		return &x509.Certificate{
+			Subject: pkix.Name{CommonName: cn}, IsCA: true, BasicConstraintsValid: true,
+			KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		}
+	}
+	var p pki
+	caKey := newKey()
+	ca, caDER := sign(caTmpl("tabby test ca"), nil, &caKey.PublicKey, caKey)
+	p.ca = write("ca.pem", "CERTIFICATE", caDER)
+	otherKey := newKey()
+	_, otherDER := sign(caTmpl("other ca"), nil, &otherKey.PublicKey, otherKey)
+	p.otherCA = write("other-ca.pem", "CERTIFICATE", otherDER)
+
+	srvKey := newKey()
+	_, srvDER := sign(&x509.Certificate{
+		Subject: pkix.Name{CommonName: "etcd"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}, ca, &srvKey.PublicKey, caKey)
+	p.serverCert = write("server.pem", "CERTIFICATE", srvDER)
+	p.serverKey = write("server-key.pem", "PRIVATE KEY", keyDER(srvKey))
+
+	cliKey := newKey()
+	_, cliDER := sign(&x509.Certificate{
+		Subject:  pkix.Name{CommonName: "tabby-agent"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca, &cliKey.PublicKey, caKey)
+	p.clientCert = write("client.pem", "CERTIFICATE", cliDER)
+	p.clientKey = write("client-key.pem", "PRIVATE KEY", keyDER(cliKey))
+	return p
+}
+
+func startEtcd(t *testing.T, cfg datastore.EmbeddedConfig) *datastore.Embedded {
+	t.Helper()
+	cfg.Dir = t.TempDir()
+	cfg.UnsafeNoFsync = true
+	e, err := datastore.StartEmbedded(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("StartEmbedded: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := e.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return e
+}
+
+// connect tries New with a short dial timeout and, on success, a round trip.
+func connect(t *testing.T, cfg datastore.Config) error {
+	t.Helper()
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 2 * time.Second
+	}
+	s, err := datastore.New(context.Background(), cfg)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	_, err = s.PutKV(context.Background(), "tls/check", []byte("ok"), 0)
+	return err
+}
+
+func TestTLS(t *testing.T) {
+	p := newPKI(t)
+	e := startEtcd(t, datastore.EmbeddedConfig{CertFile: p.serverCert, KeyFile: p.serverKey})
+	ep := e.Endpoints()
+	if !strings.HasPrefix(ep[0], "https://127.0.0.1:") {
+		t.Fatalf("endpoint %s, want https on 127.0.0.1", ep[0])
+	}
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca}); err != nil {
+		t.Errorf("TLS with the right CA: %v", err)
+	}
+	err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.otherCA})
+	t.Logf("wrong CA: %v", err)
+	if err == nil || !strings.Contains(err.Error(), ep[0]) || !strings.Contains(err.Error(), "unknown authority") {
+		t.Errorf("TLS with the wrong CA: %v, want an error naming %s and the unknown authority", err, ep[0])
+	}
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: filepath.Join(t.TempDir(), "missing.pem")}); err == nil {
+		t.Error("TLS with a missing CA file succeeded")
+	}
+}
+
+func TestMutualTLS(t *testing.T) {
+	p := newPKI(t)
+	e := startEtcd(t, datastore.EmbeddedConfig{CertFile: p.serverCert, KeyFile: p.serverKey, ClientCAFile: p.ca})
+	ep := e.Endpoints()
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca, CertFile: p.clientCert, KeyFile: p.clientKey}); err != nil {
+		t.Errorf("mTLS with a client certificate: %v", err)
+	}
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca}); err == nil {
+		t.Error("mTLS without a client certificate succeeded")
+	} else {
+		t.Logf("no client cert: %v", err)
+	}
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca, CertFile: p.clientCert}); err == nil ||
+		!strings.Contains(err.Error(), "keyFile") {
+		t.Errorf("client certificate without key: %v, want a config error", err)
+	}
+}
+
+func TestUsernamePassword(t *testing.T) {
+	e := startEtcd(t, datastore.EmbeddedConfig{})
+	ctx := context.Background()
+	admin, err := datastore.New(ctx, datastore.Config{Endpoints: e.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := admin.Client().Auth
+	steps := []func() error{
+		func() error { _, err := auth.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := auth.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := auth.AuthEnable(ctx); return err },
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("auth setup step %d: %v", i, err)
+		}
+	}
+	if err := admin.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := connect(t, datastore.Config{Endpoints: e.Endpoints(), Username: "root", Password: "rootpw"}); err != nil {
+		t.Errorf("right password: %v", err)
+	}
+	err = connect(t, datastore.Config{Endpoints: e.Endpoints(), Username: "root", Password: "wrong"})
+	if err == nil || !strings.Contains(err.Error(), "authentication failed") {
+		t.Errorf("wrong password: %v, want authentication failed", err)
+	}
+	if err := connect(t, datastore.Config{Endpoints: e.Endpoints()}); err == nil {
+		t.Error("no credentials with auth enabled succeeded")
+	}
+}
+
+func TestUnreachableEndpointIsNamed(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "http://" + l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = datastore.New(context.Background(), datastore.Config{Endpoints: []string{ep}, DialTimeout: 300 * time.Millisecond})
+	if err == nil {
+		t.Fatal("New succeeded without etcd")
+	}
+	t.Logf("unreachable: %v", err)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("New took %v with a 300ms dial timeout", took)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("error %v is not context.DeadlineExceeded", err)
+	}
+	want := "connecting to etcd at [" + ep + "]: "
+	if !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "deadline exceeded") || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("error %q, want %q followed by the deadline", err, want)
+	}
+}
+
+func TestUnreachableAfterConnectIsNamed(t *testing.T) {
+	e := startEtcd(t, datastore.EmbeddedConfig{})
+	s, err := datastore.New(context.Background(), datastore.Config{
+		Endpoints: e.Endpoints(), RequestTimeout: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := e.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// No deadline on ctx: RequestTimeout applies.
+	_, err = s.GetKV(context.Background(), "x")
+	t.Logf("etcd down: %v", err)
+	if err == nil || !strings.Contains(err.Error(), e.Endpoints()[0]) {
+		t.Errorf("GetKV with etcd down: %v, want an error naming %s", err, e.Endpoints()[0])
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	cfg := datastore.Config{
+		Endpoints: []string{"127.0.0.1:2379"}, CertFile: "c.pem", Password: "x",
+		DialTimeout: -1, Prefix: "tabby",
+	}
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted a bad config")
+	}
+	for _, want := range []string{"needs a scheme", "keyFile", "password given without username", "dialTimeout", "prefix"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error %q lacks %q", err, want)
+		}
+	}
+	var def datastore.Config
+	def.Default()
+	if def.DialTimeout != 5*time.Second || def.RequestTimeout != 5*time.Second || def.Prefix != "/tabby" {
+		t.Errorf("defaults = %+v", def)
+	}
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tabbynet/tabby/ipam"
+)
+
+func TestResources(t *testing.T) {
+	h := newHarness(t)
+	cluster, wep := "testdata/manifests/cluster.yaml", "testdata/manifests/wep.json"
+
+	h.ok("apply", "-f", cluster, "-f", wep)
+	for _, kind := range []string{"nodes", "pool", "ipamconfig", "bgpconfig", "peers", "netpol", "gnp"} {
+		h.ok("get", kind)
+	}
+	h.ok("get", "wep", "-A")
+	h.ok("get", "wep", "-n", "shop", "-o", "wide")
+	h.ok("get", "wep") // nothing in namespace default
+	h.ok("get", "nodes", "-o", "wide")
+	h.ok("get", "ippool", "default-ipv4-ippool", "-o", "yaml")
+	h.ok("get", "policy", "-n", "shop", "web-ingress", "-o", "json")
+	h.ok("get", "bgppeers", "-o", "json")
+
+	// Apply again: unchanged; then change one resource.
+	h.ok("apply", "-f", cluster)
+	changed := h.file("pool.yaml", `apiVersion: tabby.dev/v1
+kind: IPPool
+metadata: {name: default-ipv4-ippool}
+spec: {cidr: 10.244.0.0/16, natOutgoing: false}
+`)
+	h.ok("apply", "-f", changed)
+	h.ok("get", "ippools")
+
+	// Errors.
+	h.fail("get", "widgets")
+	h.fail("get", "ippool", "nope")
+	h.fail("get", "wep", "-n", "shop", "missing", "node--1-k8s-web--0-eth0")
+	h.fail("create", "-f", changed)
+	overlap := h.file("overlap.yaml", `apiVersion: tabby.dev/v1
+kind: IPPool
+metadata: {name: other}
+spec: {cidr: 10.244.128.0/17}
+`)
+	h.fail("apply", "-f", overlap)
+	resize := h.file("resize.yaml", `apiVersion: tabby.dev/v1
+kind: IPPool
+metadata: {name: default-ipv4-ippool}
+spec: {cidr: 10.245.0.0/16, blockSize: 28}
+`)
+	h.fail("apply", "-f", resize)
+	invalid := h.file("invalid.yaml", `apiVersion: tabby.dev/v1
+kind: IPPool
+metadata: {name: ok-pool}
+spec: {cidr: 10.250.0.0/16}
+---
+apiVersion: tabby.dev/v1
+kind: IPPool
+metadata: {name: Bad_Name}
+spec: {cidr: 10.251.0.0/33, blockSize: 40}
+`)
+	h.fail("apply", "-f", invalid)
+	h.fail("get", "ippool", "ok-pool") // nothing was applied
+
+	// Labels.
+	h.ok("label", "node", "node-2", "rack=r2", "zone=a")
+	h.fail("label", "node", "node-2", "rack=r3")
+	h.ok("label", "node", "node-2", "rack=r3", "--overwrite", "zone-")
+	h.ok("label", "node", "node-2", "rack=r3")
+	h.fail("label", "node", "node-2", "bad key!=x")
+	h.fail("label", "node", "node-9", "a=b")
+	h.ok("get", "nodes", "-o", "wide")
+
+	// Create from stdin and from a directory.
+	if _, err := h.run(`{"apiVersion":"tabby.dev/v1","kind":"IPPool","metadata":{"name":"extra"},"spec":{"cidr":"10.96.0.0/20","blockSize":28}}`,
+		"create", "-f", "-"); err != nil {
+		t.Errorf("create from stdin: %v", err)
+	}
+	dir := h.file("dir/a.yaml", "apiVersion: tabby.dev/v1\nkind: GlobalNetworkPolicy\nmetadata: {name: allow-dns}\nspec: {egress: [{action: Allow, protocol: UDP, destination: {ports: [53]}}]}\n")
+	h.file("dir/ignored.txt", "not a manifest")
+	h.ok("apply", "-f", dir[:len(dir)-len("/a.yaml")])
+
+	// Deleting: an IPPool with allocations is refused.
+	alloc := ipam.New(h.store)
+	as, err := alloc.Assign(context.Background(), ipam.AssignRequest{Node: "node-1", Handle: "h1", Pools: []string{"extra"}})
+	if err != nil {
+		t.Fatalf("assign: %v", err)
+	}
+	h.fail("delete", "ippool", "extra")
+	if err := alloc.ReleaseAddr(context.Background(), as.Addr); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	h.ok("delete", "pool", "extra")
+	h.fail("delete", "pool", "extra")
+	h.ok("delete", "pool", "extra", "--ignore-not-found")
+	h.ok("delete", "-f", wep)
+	h.ok("delete", "gnp", "allow-dns", "deny-db")
+	h.fail("delete", "-f", wep)
+	h.ok("get", "gnp")
+	h.golden("resources")
+}
+
+func TestValidate(t *testing.T) {
+	h := newOfflineHarness(t)
+	h.ok("validate", "-f", "testdata/manifests")
+	bad := h.file("bad.yaml", `apiVersion: tabby.dev/v1
+kind: BGPPeer
+metadata: {name: tor}
+spec:
+  peerIP: 300.1.1.1
+  asNumber: 0
+  nodeSelector:
+    matchExpressions: [{key: rack, operator: Within, values: [a]}]
+---
+apiVersion: tabby.dev/v1
+kind: NetworkPolicy
+metadata: {name: np, namespace: shop}
+spec:
+  podSelector: {}
+  ingress: [{ports: [{port: 70000}]}]
+`)
+	h.fail("validate", "-f", bad)
+	typo := h.file("typo.yaml", "apiVersion: tabby.dev/v1\nkind: IPPool\nmetadata: {name: p}\nspec: {cidr: 10.0.0.0/16, blocksize: 26}\n")
+	h.fail("validate", "-f", typo, "-f", bad)
+	h.fail("validate", "-f", h.file("empty.yaml", "# nothing\n"))
+	h.fail("validate", "-f", "testdata/no-such-file.yaml")
+	h.fail("validate")
+	h.golden("validate")
+}
+
+func TestUnreachableEtcd(t *testing.T) {
+	h := newOfflineHarness(t)
+	// Port 1 on loopback: nothing listens there.
+	h.fail("get", "pools", "--etcd-endpoints", "http://127.0.0.1:1")
+	h.env["TABBY_ETCD_ENDPOINTS"] = "http://127.0.0.1:1,unix://" + h.dir + "/etcd.sock"
+	h.fail("get", "nodes")
+	h.fail("get", "pools", "--etcd-endpoints", "ftp://127.0.0.1:1")
+	h.golden("unreachable")
+}
+
+func TestConfigSources(t *testing.T) {
+	h := newHarness(t)
+	good := h.env["TABBY_ETCD_ENDPOINTS"]
+	h.env = map[string]string{"TABBY_ETCD_ENDPOINTS": "http://127.0.0.1:1"}
+	cfg := h.file("tabbyctl.yaml", "etcd-endpoints: "+good+"\n")
+	h.fail("get", "nodes")                         // the environment names a dead endpoint
+	h.ok("get", "nodes", "--etcd-endpoints", good) // a flag beats the environment
+	delete(h.env, "TABBY_ETCD_ENDPOINTS")
+	h.ok("get", "nodes", "--config", cfg)
+	h.fail("get", "nodes", "--config", h.file("bad.yaml", "etcd-endpoints: [\n"))
+	h.ok("version")
+	h.golden("config")
+}

@@ -1,0 +1,162 @@
+package ctl
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// printContext is what the table printers need beyond the objects.
+type printContext struct {
+	// bgp is the cluster's BGPConfiguration, nil when there is none.
+	bgp *api.BGPConfiguration
+}
+
+// columnsOf returns the table header of a kind: the normal columns and the
+// extra ones of -o wide.
+func columnsOf(kind string) (header, wide []string) {
+	switch kind {
+	case api.KindNode:
+		return []string{"NAME", "ADDRESS", "ASN", "RR-CLUSTER"}, []string{"LABELS"}
+	case api.KindIPPool:
+		return []string{"NAME", "CIDR", "BLOCKSIZE", "NAT", "DISABLED"}, []string{"NODE-SELECTOR", "BGP-EXPORT"}
+	case api.KindIPAMConfig:
+		return []string{"NAME", "STRICT-AFFINITY", "AUTO-ALLOCATE", "MAX-BLOCKS-PER-HOST"}, nil
+	case api.KindBGPConfiguration:
+		return []string{"NAME", "ASN", "MESH", "LISTEN-PORT"}, []string{"KEEPALIVE", "HOLD", "MESH-RESTART-TIME"}
+	case api.KindBGPPeer:
+		return []string{"NAME", "PEERIP", "NODE", "ASN"}, []string{"KEEPALIVE", "HOLD", "PASSWORD", "SOURCE"}
+	case api.KindWorkloadEndpoint:
+		return []string{"NAMESPACE", "NAME", "NODE", "IP", "INTERFACE"}, []string{"POD", "CONTAINER", "MAC", "LABELS"}
+	case api.KindNetworkPolicy:
+		return []string{"NAMESPACE", "NAME", "POD-SELECTOR", "TYPES"}, []string{"INGRESS-RULES", "EGRESS-RULES"}
+	case api.KindGlobalNetworkPolicy:
+		return []string{"NAME", "ORDER", "SELECTOR", "TYPES"}, []string{"NAMESPACE-SELECTOR", "INGRESS-RULES", "EGRESS-RULES"}
+	}
+	return []string{"NAME"}, nil
+}
+
+// rowOf returns obj's table cells: the normal ones and the -o wide extras.
+func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
+	switch o := obj.(type) {
+	case *api.Node:
+		addr, asn := "<none>", strconv.FormatUint(uint64(o.EffectiveASN(pc.bgp)), 10)
+		if o.Spec.BGP != nil && o.Spec.BGP.IPv4Address != "" {
+			addr = o.Spec.BGP.IPv4Address
+		}
+		if o.Spec.BGP == nil || o.Spec.BGP.ASNumber == nil {
+			asn = "(" + asn + ")" // inherited, as calicoctl shows it
+		}
+		return []string{o.Metadata.Name, addr, asn, orNone(o.RouteReflectorClusterID())},
+			[]string{formatLabels(o.Metadata.Labels)}
+	case *api.IPPool:
+		return []string{o.Metadata.Name, o.Spec.CIDR, strconv.Itoa(o.Spec.BlockSize), strconv.FormatBool(o.Spec.NATOutgoing), strconv.FormatBool(o.Spec.Disabled)},
+			[]string{poolSelector(o.Spec.NodeSelector), strconv.FormatBool(!o.Spec.DisableBGPExport)}
+	case *api.IPAMConfig:
+		maxBlocks := "unlimited"
+		if o.Spec.MaxBlocksPerHost > 0 {
+			maxBlocks = strconv.Itoa(o.Spec.MaxBlocksPerHost)
+		}
+		return []string{o.Metadata.Name, strconv.FormatBool(o.Spec.StrictAffinity), strconv.FormatBool(o.AutoAllocate()), maxBlocks}, nil
+	case *api.BGPConfiguration:
+		return []string{o.Metadata.Name, strconv.FormatUint(uint64(o.EffectiveASN()), 10), strconv.FormatBool(o.MeshEnabled()), strconv.Itoa(int(o.Port()))},
+			[]string{duration(o.Spec.KeepaliveTime), duration(o.Spec.HoldTime), duration(o.Spec.NodeMeshMaxRestartTime)}
+	case *api.BGPPeer:
+		peer := o.Spec.PeerIP
+		if peer == "" {
+			peer = "selector: " + o.Spec.PeerSelector.String()
+		}
+		node := "(global)"
+		switch {
+		case o.Spec.Node != "":
+			node = o.Spec.Node
+		case o.Spec.NodeSelector != nil:
+			node = "selector: " + selector(o.Spec.NodeSelector)
+		}
+		asn := "(node's)"
+		if o.Spec.ASNumber != 0 {
+			asn = strconv.FormatUint(uint64(o.Spec.ASNumber), 10)
+		}
+		pw := "no"
+		if o.Spec.Password != "" {
+			pw = "yes"
+		}
+		return []string{o.Metadata.Name, peer, node, asn},
+			[]string{duration(o.Spec.KeepaliveTime), duration(o.Spec.HoldTime), pw, o.Spec.SourceAddress}
+	case *api.WorkloadEndpoint:
+		return []string{o.Metadata.Namespace, o.Metadata.Name, o.Spec.Node, orNone(strings.Join(o.Spec.IPNetworks, ",")), orNone(o.Spec.InterfaceName)},
+			[]string{orNone(o.Spec.Pod), orNone(shortID(o.Spec.ContainerID)), orNone(o.Spec.MAC), formatLabels(o.Metadata.Labels)}
+	case *api.NetworkPolicy:
+		in, eg := o.AppliesTo()
+		return []string{o.Metadata.Namespace, o.Metadata.Name, selector(&o.Spec.PodSelector), types(in, eg)},
+			[]string{strconv.Itoa(len(o.Spec.Ingress)), strconv.Itoa(len(o.Spec.Egress))}
+	case *api.GlobalNetworkPolicy:
+		order := "<none>"
+		if o.Spec.Order != nil {
+			order = strconv.FormatFloat(*o.Spec.Order, 'g', -1, 64)
+		}
+		in, eg := o.AppliesTo()
+		return []string{o.Metadata.Name, order, gnpSelector(o.Spec.Selector), types(in, eg)},
+			[]string{gnpSelector(o.Spec.NamespaceSelector), strconv.Itoa(len(o.Spec.Ingress)), strconv.Itoa(len(o.Spec.Egress))}
+	}
+	return []string{obj.GetMeta().Name}, nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "<none>"
+	}
+	return s
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func duration(d *api.Duration) string {
+	if d == nil {
+		return "<default>"
+	}
+	return d.Duration.String()
+}
+
+// selector renders a selector; an empty one selects everything: "all()".
+func selector(s *api.LabelSelector) string {
+	if s.IsEmpty() {
+		return "all()"
+	}
+	return s.String()
+}
+
+// poolSelector: a pool without a nodeSelector serves every node.
+func poolSelector(s *api.LabelSelector) string {
+	if s == nil {
+		return "all()"
+	}
+	return selector(s)
+}
+
+// gnpSelector: a GlobalNetworkPolicy without a selector applies to every
+// endpoint, as in Calico.
+func gnpSelector(s *api.LabelSelector) string {
+	if s == nil {
+		return "all()"
+	}
+	return selector(s)
+}
+
+func types(in, eg bool) string {
+	switch {
+	case in && eg:
+		return "Ingress,Egress"
+	case eg:
+		return "Egress"
+	case in:
+		return "Ingress"
+	}
+	return "<none>"
+}

@@ -184,13 +184,9 @@ func (e *Embedded) Stop() error {
 
 func (e *Embedded) stopLocked() {
 	if e.etcd != nil {
-		// Close waits up to the server's request timeout (over 5s) for
-		// open watch streams to end by themselves; without the server it
-		// waits 2s. Stop the server ourselves after Close.
-		srv := e.etcd.Server
-		e.etcd.Server = nil
+		// With clients still watching, Close waits about 5s (etcd's
+		// request timeout) before it cuts their streams.
 		e.etcd.Close()
-		srv.Stop()
 		e.etcd = nil
 	}
 }

@@ -21,9 +21,13 @@ type Client struct {
 	Now func() time.Time
 }
 
-// NewClient returns a Client on store with an IPAM allocator over it.
-func NewClient(store *datastore.Store) *Client {
-	return &Client{Store: store, IPAM: ipam.New(store), Now: time.Now}
+// NewClient returns a Client on store with an IPAM allocator over it; now
+// is the clock (nil = time.Now).
+func NewClient(store *datastore.Store, now func() time.Time) *Client {
+	if now == nil {
+		now = time.Now
+	}
+	return &Client{Store: store, IPAM: ipam.New(store, ipam.WithClock(now)), Now: now}
 }
 
 // Connect resolves nothing: it probes the endpoints (so that an unreachable

@@ -180,3 +180,13 @@ func (h *harness) golden(name string) {
 		h.t.Errorf("%s differs (-want +got; run with -update to accept):\n%s", path, diff)
 	}
 }
+
+// show adds a file's contents to the transcript.
+func (h *harness) show(path string) {
+	h.t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.log.WriteString("# " + path + "\n" + string(b) + "\n")
+}

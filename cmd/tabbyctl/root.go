@@ -70,8 +70,7 @@ func (a *app) connect(ctx context.Context) (*ctl.Client, error) {
 		return nil, err
 	}
 	a.store = s
-	a.client = ctl.NewClient(s)
-	a.client.Now = a.now
+	a.client = ctl.NewClient(s, a.now)
 	return a.client, nil
 }
 
@@ -107,7 +106,7 @@ with the flags' names as keys), else ` + ctl.DefaultEndpoint + `.`,
 	pf.DurationVar(&a.timeout, "timeout", ctl.DefaultTimeout, "timeout of connecting to etcd and of each request")
 
 	root.AddCommand(
-		a.getCmd(), a.applyCmd(), a.createCmd(), a.deleteCmd(), a.labelCmd(), a.validateCmd(),
+		a.getCmd(), a.applyCmd(), a.createCmd(), a.deleteCmd(), a.labelCmd(), a.validateCmd(), a.ipamCmd(),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -310,4 +310,3 @@ func countAddressed(hs []ReportOrphanHandle) int {
 	}
 	return n
 }
-

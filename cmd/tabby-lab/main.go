@@ -54,7 +54,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.name, "name", lab.DefaultName, "lab name, the prefix of its namespaces")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", lab.DefaultRunDir, "directory holding one directory per lab")
-	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), podCmd(g), demoCmd(g), etcdCmd(), cniCmd())
+	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), cniCmd())
 	return root
 }
 
@@ -207,6 +207,36 @@ func podCmd(g *globalFlags) *cobra.Command {
 	}
 	pod.AddCommand(add, del)
 	return pod
+}
+
+func nodeCmd(g *globalFlags) *cobra.Command {
+	node := &cobra.Command{Use: "node", Short: "Add or remove nodes"}
+	add := &cobra.Command{
+		Use:   "add NAME",
+		Short: "Add a node at the next free fabric address and start its agent",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			if err != nil {
+				return err
+			}
+			return l.AddNode(c.Context(), args[0])
+		},
+	}
+	rm := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Stop a node's agent, delete its Node resource, its pods and its namespace",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			if err != nil {
+				return err
+			}
+			return l.RemoveNode(c.Context(), args[0])
+		},
+	}
+	node.AddCommand(add, rm)
+	return node
 }
 
 func demoCmd(g *globalFlags) *cobra.Command {

@@ -296,6 +296,9 @@ func (l *Lab) WaitEstablished(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("%s: %d of %d sessions established (%d peers)", n.Name, est, want[n.Name], len(s.Peers)))
 			}
 		}
+		if ctx.Err() != nil {
+			return false, nil // keep the problem of the last complete round
+		}
 		problem = errors.Join(errs...)
 		return problem == nil, nil
 	})
@@ -338,6 +341,9 @@ func (l *Lab) WaitRoutes(ctx context.Context) error {
 					}
 				}
 			}
+		}
+		if ctx.Err() != nil {
+			return false, nil // keep the problem of the last complete round
 		}
 		problem = errors.Join(errs...)
 		return problem == nil, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -31,7 +32,11 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 	}
 	defer func() {
 		if keep {
-			fmt.Fprintf(w, "\nthe lab stays up; try `tabby-lab status --name %s`, `tabby-lab exec --name %s node1 -- ip route`, and `tabby-lab down --name %s`\n", l.Name(), l.Name(), l.Name())
+			flags := "--name " + l.Name()
+			if runDir := filepath.Dir(l.Dir()); runDir != DefaultRunDir {
+				flags += " --run-dir " + runDir
+			}
+			fmt.Fprintf(w, "\nthe lab stays up; try `tabby-lab %s status`, `tabby-lab %s exec node1 -- ip route` and `tabby-lab %s down`\n", flags, flags, flags)
 			return
 		}
 		err = errors.Join(err, l.Down())
@@ -101,7 +106,7 @@ func section(w io.Writer, title string) {
 func pingMatrix(ctx context.Context, l *Lab, pods []PodState, w io.Writer) int {
 	width := 6
 	for _, p := range pods {
-		width = max(width, len(p.Name)+1, len(p.IPs[0].Addr().String())+1)
+		width = max(width, len(p.Name)+2)
 	}
 	fmt.Fprintf(w, "%-*s", width+12, "from \\ to")
 	for _, p := range pods {

@@ -29,7 +29,11 @@ func (l *Lab) WriteStatus(ctx context.Context, w io.Writer) error {
 			fmt.Fprintf(w, "  status: %v\n\n", err)
 			continue
 		}
-		fmt.Fprintf(w, "  ready %v, AS %d, blocks %s, %d workloads\n", s.Ready, s.ASN, strings.Join(s.Blocks, " "), s.Workloads)
+		as := ""
+		if s.ASN != 0 {
+			as = fmt.Sprintf(", AS %d", s.ASN)
+		}
+		fmt.Fprintf(w, "  ready %v%s, blocks %s, %d workloads\n", s.Ready, as, strings.Join(s.Blocks, " "), s.Workloads)
 		WriteBGPTable(w, s)
 		fmt.Fprintln(w)
 	}

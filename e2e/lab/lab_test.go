@@ -1,0 +1,255 @@
+package lab
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		o    Options
+		want []string // substrings of the error; none = valid
+	}{
+		{"defaults", Options{Nodes: 3}, nil},
+		{"rr", Options{Nodes: 3, RouteReflectors: 3, PodsPerNode: 2}, nil},
+		{"bad name", Options{Name: "Lab_1", Nodes: 1}, []string{`name "Lab_1"`}},
+		{"long name", Options{Name: "abcdefghijklmnopqrstu"}, []string{"name"}},
+		{"too many rrs", Options{Nodes: 2, RouteReflectors: 3}, []string{"route reflectors: 3"}},
+		{"too many nodes", Options{Nodes: 245}, []string{"nodes: 245"}},
+		{"pods without agents", Options{Nodes: 1, PodsPerNode: 1, NoAgents: true}, []string{"pods need agents"}},
+		{"relative run dir", Options{Nodes: 1, RunDir: "run"}, []string{"must be absolute"}},
+		{"every problem", Options{Name: "-", Nodes: -1, PodsPerNode: -1}, []string{"name", "nodes: -1", "pods per node: -1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := tt.o
+			o.Default()
+			err := o.Validate()
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate() = nil, want errors containing %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Validate() = %q, want it to contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestNodeAddressing(t *testing.T) {
+	got := []string{nodePrefix(firstNodeHost).String(), nodePrefix(firstNodeHost + 9).String(), nodeName(4), podName(2, 3)}
+	want := []string{"198.18.0.11/24", "198.18.0.20/24", "node4", "n2p3"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("addressing (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseRoutes(t *testing.T) {
+	out := `10.244.11.64/26 via 198.18.0.12 dev eth0 proto 81
+10.244.158.128/26 proto 81
+	nexthop via 198.18.0.13 dev eth0 weight 1
+	nexthop via 198.18.0.14 dev eth0 weight 1
+10.244.197.5 via 198.18.0.13 dev eth0 proto 81
+`
+	want := map[string][]string{
+		"10.244.11.64/26":   {"198.18.0.12"},
+		"10.244.158.128/26": {"198.18.0.13", "198.18.0.14"},
+		"10.244.197.5":      {"198.18.0.13"},
+	}
+	if diff := cmp.Diff(want, parseRoutes(out)); diff != "" {
+		t.Errorf("parseRoutes (-want +got):\n%s", diff)
+	}
+}
+
+func TestExpectedPeers(t *testing.T) {
+	nodes := func(n int) []NodeState {
+		var s []NodeState
+		for i := 1; i <= n; i++ {
+			s = append(s, NodeState{Name: nodeName(i)})
+		}
+		return s
+	}
+	tests := []struct {
+		name string
+		st   State
+		want map[string]int
+	}{
+		{"mesh", State{Nodes: nodes(3)}, map[string]int{"node1": 2, "node2": 2, "node3": 2}},
+		{"one reflector", State{Nodes: nodes(3), RouteReflectors: 1}, map[string]int{"node1": 2, "node2": 1, "node3": 1}},
+		{"two reflectors", State{Nodes: nodes(4), RouteReflectors: 2}, map[string]int{"node1": 3, "node2": 3, "node3": 2, "node4": 2}},
+		{"single node", State{Nodes: nodes(1)}, map[string]int{"node1": 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, expectedPeers(&tt.st)); diff != "" {
+				t.Errorf("expectedPeers (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestInjectLabels(t *testing.T) {
+	in := []byte(`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"tabby","mtu":1500},{"type":"portmap"}]}`)
+	out, err := injectLabels(in, map[string]string{"tier": "fe", "app": "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Plugins []struct {
+			Type string `json:"type"`
+			Args struct {
+				CNI struct {
+					Labels []map[string]string `json:"labels"`
+				} `json:"cni"`
+			} `json:"args"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := []map[string]string{{"key": "app", "value": "web"}, {"key": "tier", "value": "fe"}}
+	for _, p := range got.Plugins {
+		if diff := cmp.Diff(want, p.Args.CNI.Labels); diff != "" {
+			t.Errorf("labels of %s (-want +got):\n%s", p.Type, diff)
+		}
+	}
+}
+
+func TestLabelsAndArgs(t *testing.T) {
+	ls, err := ParseLabels("app=web,tier=fe,empty=")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{"app": "web", "tier": "fe", "empty": ""}, ls); diff != "" {
+		t.Errorf("ParseLabels (-want +got):\n%s", diff)
+	}
+	if got := formatLabels(ls); got != "app=web,empty=,tier=fe" {
+		t.Errorf("formatLabels = %q", got)
+	}
+	for _, bad := range []string{"app", "=x", "a=b,,c=d"} {
+		if _, err := ParseLabels(bad); err == nil {
+			t.Errorf("ParseLabels(%q) = nil error", bad)
+		}
+	}
+	p := &PodState{Name: "web", Namespace: "shop", ContainerID: "abc"}
+	args, err := ParseCNIArgs(cniArgs(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "web"}, {"K8S_POD_INFRA_CONTAINER_ID", "abc"}}
+	if diff := cmp.Diff(want, args); diff != "" {
+		t.Errorf("CNI args (-want +got):\n%s", diff)
+	}
+}
+
+func TestResultIPs(t *testing.T) {
+	got, err := resultIPs([]byte(`{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"10.244.3.4/32","interface":0}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]netip.Prefix{netip.MustParsePrefix("10.244.3.4/32")}, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("resultIPs (-want +got):\n%s", diff)
+	}
+	if _, err := resultIPs([]byte(`{"ips":[{"address":"nonsense"}]}`)); err == nil {
+		t.Error("resultIPs accepted a bad address")
+	}
+}
+
+// TestProcAlive checks that a recorded process is recognised only while
+// it runs with the command line and start time we recorded.
+func TestProcAlive(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	st, err := procStartTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Proc{Role: "sleeper", PID: cmd.Process.Pid, Argv: []string{"nsenter", "--net=/run/netns/x", "--", "sleep", "30"}, StartTime: st}
+	if !p.alive() {
+		t.Fatal("alive() = false for the running process (command line after nsenter exec'd)")
+	}
+	for name, q := range map[string]*Proc{
+		"other command line": {PID: p.PID, Argv: []string{"nsenter", "--", "sleep", "31"}, StartTime: st},
+		"other start time":   {PID: p.PID, Argv: p.Argv, StartTime: st + 1},
+		"no pid":             {Argv: p.Argv},
+	} {
+		if q.alive() {
+			t.Errorf("%s: alive() = true", name)
+		}
+	}
+	if err := p.stop(t.Context(), syscall.SIGTERM, 5*time.Second, done); err != nil {
+		t.Fatal(err)
+	}
+	if p.alive() {
+		t.Error("alive() = true after stop")
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	st := &State{
+		Name: "lab", Dir: dir, Namespaces: []string{"lab-fabric", "lab-node1"},
+		Nodes: []NodeState{{Name: "node1", NetNS: "lab-node1", IP: nodePrefix(11), Agent: &Proc{Role: "agent node1", PID: 42, Argv: []string{"a"}}}},
+		Pods:  []PodState{{Name: "p", Node: "node1", IPs: []netip.Prefix{netip.MustParsePrefix("10.244.0.1/32")}, Ready: true}},
+	}
+	if err := st.save(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadState(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(st, got, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("state round trip (-want +got):\n%s", diff)
+	}
+	got.addNamespace("lab-node1")
+	got.addNamespace("lab-pod-p")
+	got.removeNamespace("lab-fabric")
+	if diff := cmp.Diff([]string{"lab-node1", "lab-pod-p"}, got.Namespaces); diff != "" {
+		t.Errorf("namespaces (-want +got):\n%s", diff)
+	}
+}
+
+func TestWriteBGPTable(t *testing.T) {
+	var b bytes.Buffer
+	WriteBGPTable(&b, &NodeStatus{Node: "node1", Peers: []PeerStatus{
+		{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: "2026-01-02T03:04:05Z"},
+		{Address: "198.18.0.13", Type: "rr-client", State: "Active", Info: "connect: refused"},
+	}})
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 7 {
+		t.Fatalf("table has %d lines, want 7:\n%s", len(lines), b.String())
+	}
+	for _, want := range []string{"| 198.18.0.12  | node-to-node mesh", "| up    |", "| start |", "Active connect: refused"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	width := len(lines[1])
+	for _, l := range lines[1:] {
+		if len(l) != width {
+			t.Errorf("ragged table line %q (want width %d)", l, width)
+		}
+	}
+}

@@ -27,6 +27,11 @@ var gatewayAddr = netip.MustParseAddr("169.254.1.1")
 // HostMAC is the MAC of every host-side cali interface.
 const HostMAC = "ee:ee:ee:ee:ee:ee"
 
+// storeCallTimeout bounds each datastore step of a CNI request, so that an
+// unreachable etcd fails the request well within the runtime's deadline
+// instead of at it. A healthy step takes milliseconds.
+const storeCallTimeout = 8 * time.Second
+
 // CNI error codes of our own (>= 100 per the spec).
 const (
 	codeIPAM      = 100
@@ -126,7 +131,9 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		}
 	}()
 
-	asg, err := h.ipam.Assign(ctx, areq)
+	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	asg, err := h.ipam.Assign(actx, areq)
+	cancel()
 	if err != nil {
 		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
 	}
@@ -171,6 +178,8 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 // putEndpoint creates or replaces the endpoint. A stale endpoint of an
 // earlier sandbox of the same pod is replaced.
 func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint) error {
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
 	_, err := h.store.Apply(ctx, wep)
 	return err
 }
@@ -209,6 +218,9 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	w := newWorkloadID(req, args)
 	handle := ipamHandle(conf.Name, req.ContainerID)
 	var errs []error
+	// Without a datastore DEL cannot finish; fail fast and let the runtime retry.
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
 
 	addrs, aerr := h.ipam.AddressesByHandle(ctx, handle)
 	if aerr != nil {

@@ -115,7 +115,7 @@ func (a *Agent) routingPass(ctx context.Context) error {
 		}
 		local = dedupRoutes(sortRoutes(local))
 	}
-	if err := dataplane.SyncRoutes(a.routes, dataplane.RouteProtoWorkload, local); err != nil {
+	if err := ignoreNoDevice(dataplane.SyncRoutes(a.routes, dataplane.RouteProtoWorkload, local)); err != nil {
 		errs = append(errs, fmt.Errorf("workload routes: %w", err))
 	}
 
@@ -139,6 +139,28 @@ func (a *Agent) routingPass(ctx context.Context) error {
 	a.lastRouting = time.Now()
 	a.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// ignoreNoDevice drops errors about routes whose device is gone: a workload
+// deleted while the pass ran. Its endpoint is gone too by the next pass.
+func ignoreNoDevice(err error) error {
+	if err == nil {
+		return nil
+	}
+	multi, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		if errors.Is(err, dataplane.ErrNoDevice) {
+			return nil
+		}
+		return err
+	}
+	var keep []error
+	for _, e := range multi.Unwrap() {
+		if e = ignoreNoDevice(e); e != nil {
+			keep = append(keep, e)
+		}
+	}
+	return errors.Join(keep...)
 }
 
 func dedupRoutes(rs []dataplane.Route) []dataplane.Route {

@@ -45,6 +45,10 @@ var GatewayAddr = netip.MustParseAddr("169.254.1.1")
 // delete a route whose protocol number is not one of Tabby's.
 var ErrForeignRoute = errors.New("route not owned by tabby")
 
+// ErrNoDevice is returned (wrapped) by Replace when a route's device does
+// not exist, e.g. a workload interface removed while a reconcile pass ran.
+var ErrNoDevice = errors.New("no such device")
+
 // OwnedProto reports whether proto is one of Tabby's route protocol numbers.
 func OwnedProto(proto int) bool {
 	return proto == RouteProtoWorkload || proto == RouteProtoBGP

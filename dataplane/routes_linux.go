@@ -219,6 +219,10 @@ func toNetlink(h *netlink.Handle, rt Route) (*netlink.Route, error) {
 	if rt.Dev != "" {
 		l, err := h.LinkByName(rt.Dev)
 		if err != nil {
+			var nf netlink.LinkNotFoundError
+			if errors.As(err, &nf) {
+				return nil, fmt.Errorf("looking up device %s: %w", rt.Dev, ErrNoDevice)
+			}
 			return nil, fmt.Errorf("looking up device %s: %w", rt.Dev, err)
 		}
 		nr.LinkIndex = l.Attrs().Index

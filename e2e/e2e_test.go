@@ -1,0 +1,255 @@
+// Package e2e holds Tabby's end-to-end tests: real agents, the real CNI
+// plugin and etcd in a network-namespace lab (package e2e/lab). They need
+// root and skip with a message otherwise.
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/e2e/lab"
+)
+
+const runDir = "/run/tabby-e2e"
+
+// requireRoot skips the test unless it can build a lab.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end test skipped: needs root to create network namespaces")
+	}
+	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
+		t.Skip("end-to-end test skipped: TABBY_SKIP_PRIVILEGED is set")
+	}
+	for _, bin := range []string{"ip", "nsenter", "ping"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("end-to-end test skipped: %s not installed", bin)
+		}
+	}
+}
+
+// upLab brings up a lab that is torn down when the test ends, also when it fails.
+func upLab(t *testing.T, o lab.Options) *lab.Lab {
+	t.Helper()
+	requireRoot(t)
+	o.RunDir = runDir
+	o.BinDir = os.Getenv("TABBY_BIN")
+	o.Log = testWriter{t}
+	// A lab left by an earlier crashed run of the same test goes first.
+	_ = lab.Teardown(context.Background(), runDir, o.Name, io.Discard)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l, err := lab.Up(ctx, o)
+	if err != nil {
+		_ = lab.Teardown(context.Background(), runDir, o.Name, io.Discard)
+		t.Fatalf("lab up: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			dumpLogs(t, l)
+		}
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	wctx, wcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer wcancel()
+	if err := l.WaitEstablished(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitRoutes(wctx); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func dumpLogs(t *testing.T, l *lab.Lab) {
+	for _, n := range l.State().Nodes {
+		if n.Agent == nil {
+			continue
+		}
+		b, err := os.ReadFile(n.Agent.Log)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 40 {
+			lines = lines[len(lines)-40:]
+		}
+		t.Logf("last lines of %s's agent log:\n%s", n.Name, strings.Join(lines, "\n"))
+	}
+}
+
+func podIP(t *testing.T, l *lab.Lab, name string) netip.Addr {
+	t.Helper()
+	for _, p := range l.State().Pods {
+		if p.Name == name && len(p.IPs) > 0 {
+			return p.IPs[0].Addr()
+		}
+	}
+	t.Fatalf("pod %s has no address", name)
+	return netip.Addr{}
+}
+
+// pingMatrix pings every pod from every pod and reports every failure.
+func pingMatrix(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pods := l.State().Pods
+	var failed []string
+	for _, from := range pods {
+		for _, to := range pods {
+			if from.Name == to.Name {
+				continue
+			}
+			ip := to.IPs[0].Addr()
+			// One retry: a first packet may wait for ARP.
+			if err := l.Ping(ctx, from.Name, ip); err != nil {
+				if err := l.Ping(ctx, from.Name, ip); err != nil {
+					failed = append(failed, fmt.Sprintf("%s(%s) -> %s(%s)", from.Name, from.Node, to.Name, ip))
+				}
+			}
+		}
+	}
+	if len(failed) > 0 {
+		t.Errorf("%d of %d pings failed:\n%s", len(failed), len(pods)*(len(pods)-1), strings.Join(failed, "\n"))
+	}
+}
+
+// TestHelperProcess is not a test: the end-to-end tests run the test binary
+// inside pod namespaces as a tiny TCP server or client.
+func TestHelperProcess(t *testing.T) {
+	if os.Getenv("TABBY_E2E_HELPER") != "1" {
+		t.Skip("helper process for the TCP tests, not a test")
+	}
+	args := flagArgs()
+	if err := helper(args); err != nil {
+		fmt.Fprintln(os.Stderr, "helper:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// netnsPath is the path of a lab pod's or node's network namespace.
+func netnsPath(t *testing.T, l *lab.Lab, target string) string {
+	t.Helper()
+	ns, err := l.ResolveNetNS(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(ns, "/") {
+		ns = "/run/netns/" + ns
+	}
+	return ns
+}
+
+func flagArgs() []string {
+	for i, a := range os.Args {
+		if a == "--" {
+			return os.Args[i+1:]
+		}
+	}
+	return nil
+}
+
+func helper(args []string) error {
+	if len(args) != 3 {
+		return fmt.Errorf("usage: serve|send ADDR:PORT MESSAGE, got %q", args)
+	}
+	switch args[0] {
+	case "serve":
+		ln, err := net.Listen("tcp4", args[1])
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		fmt.Println("listening") // the parent waits for this line
+		if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
+			return err
+		}
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(c, "%s heard %q from %s\n", args[2], strings.TrimSpace(line), c.RemoteAddr().(*net.TCPAddr).IP)
+		return err
+	case "send":
+		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintln(c, args[2]); err != nil {
+			return err
+		}
+		reply, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return err
+		}
+		fmt.Print(reply)
+		return nil
+	}
+	return fmt.Errorf("unknown helper command %q", args[0])
+}
+
+// tcpExchange runs a server in pod `server` and a client in pod `client` and
+// checks the server saw the client's own address (no NAT inside the cluster).
+func tcpExchange(t *testing.T, l *lab.Lab, server, client string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	sip := podIP(t, l, server)
+	cip := podIP(t, l, client)
+	ns := netnsPath(t, l, server)
+	addr := netip.AddrPortFrom(sip, 8080).String()
+	srv := exec.CommandContext(ctx, "nsenter", "--net="+ns, "--", os.Args[0], "-test.run=^TestHelperProcess$", "--", "serve", addr, server)
+	srv.Env = append(os.Environ(), "TABBY_E2E_HELPER=1")
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	srv.Stderr = &stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = srv.Wait() }()
+	rd := bufio.NewReader(out)
+	if line, err := rd.ReadString('\n'); err != nil || !strings.Contains(line, "listening") {
+		t.Fatalf("server in %s did not start: %q %v %s", server, line, err, stderr.String())
+	}
+	reply, err := l.Exec(ctx, client, "env", "TABBY_E2E_HELPER=1", os.Args[0], "-test.run=^TestHelperProcess$", "--", "send", addr, "hello from "+client)
+	if err != nil {
+		t.Fatalf("client in %s: %v: %s", client, err, reply)
+	}
+	want := fmt.Sprintf("%s heard \"hello from %s\" from %s", server, client, cip)
+	if !strings.Contains(string(reply), want) {
+		t.Errorf("TCP %s -> %s: got %q, want %q", client, server, reply, want)
+	}
+}

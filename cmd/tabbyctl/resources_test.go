@@ -134,7 +134,7 @@ func TestUnreachableEtcd(t *testing.T) {
 	// Port 1 on loopback: nothing listens there.
 	h.fail("get", "pools", "--etcd-endpoints", "http://127.0.0.1:1")
 	h.env["TABBY_ETCD_ENDPOINTS"] = "http://127.0.0.1:1,unix://" + h.dir + "/etcd.sock"
-	h.fail("get", "nodes")
+	h.fail("node", "status")
 	h.fail("get", "pools", "--etcd-endpoints", "ftp://127.0.0.1:1")
 	h.golden("unreachable")
 }

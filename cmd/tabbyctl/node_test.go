@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/ctl"
+)
+
+// publish writes a node's status the way its agent does.
+func publish(t *testing.T, h *harness, st ctl.AgentStatus) {
+	t.Helper()
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.store.PutKV(context.Background(), ctl.StatusPrefix+st.Node, b, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNodeStatus(t *testing.T) {
+	h := newHarness(t)
+	h.fail("node", "status") // nothing published yet
+	h.ok("node", "status", "--all")
+	nodes := h.file("nodes.yaml", `apiVersion: tabby.dev/v1
+kind: Node
+metadata: {name: node-1}
+spec: {bgp: {ipv4Address: 198.18.0.11/24}}
+---
+apiVersion: tabby.dev/v1
+kind: Node
+metadata: {name: node-2}
+spec: {bgp: {ipv4Address: 198.18.0.12/24}}
+---
+apiVersion: tabby.dev/v1
+kind: Node
+metadata: {name: node-3}
+spec: {bgp: {ipv4Address: 198.18.0.13/24}}
+`)
+	h.ok("apply", "-f", nodes)
+	up := fixedNow.Add(-10 * time.Minute)
+	publish(t, h, ctl.AgentStatus{
+		Node: "node-1", Address: "198.18.0.11/24", ASN: 64512, Workloads: 3,
+		Peers: []ctl.PeerStatus{
+			{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: up},
+			{Address: "198.18.0.1", Type: "global", State: "Active", Since: up.Add(time.Minute), Info: "connection refused"},
+			{Address: "198.18.0.13", Type: "mesh", State: "Connect"},
+		},
+		Blocks: []string{"10.244.0.48/28"}, Advertised: []string{"10.244.0.48/28"},
+	})
+	publish(t, h, ctl.AgentStatus{
+		Node: "node-2", Address: "198.18.0.12/24", ASN: 64512,
+		Peers: []ctl.PeerStatus{{Address: "198.18.0.11", Type: "mesh", State: "Established", Since: up}},
+	})
+	h.ok("node", "status")
+	h.ok("node", "status", "--node", "node-2")
+	h.fail("node", "status", "--node", "node-3")
+	h.fail("node", "status", "--node", "node-9")
+	h.fail("node", "status", "--node", "node-1", "--all")
+	h.ok("node", "status", "--all")
+	h.golden("nodestatus")
+}

@@ -1,0 +1,217 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// StatusPrefix is where each agent publishes its status (a JSON record
+// under a lease, so that a dead agent's status disappears).
+const StatusPrefix = "status/bgp/"
+
+// AgentStatus is the record an agent publishes at status/bgp/<node>; it
+// mirrors agent.Status, whose JSON is the contract (tabbyctl does not
+// import the agent and its dataplane).
+type AgentStatus struct {
+	Node       string       `json:"node"`
+	Address    string       `json:"address"`
+	ASN        uint32       `json:"asn"`
+	Peers      []PeerStatus `json:"peers"`
+	Blocks     []string     `json:"blocks"`
+	Advertised []string     `json:"advertised"`
+	Workloads  int          `json:"workloads"`
+}
+
+// PeerStatus is one BGP session of an agent.
+type PeerStatus struct {
+	Address string    `json:"address"`
+	Type    string    `json:"type"`
+	State   string    `json:"state"`
+	Since   time.Time `json:"since,omitzero"`
+	Info    string    `json:"info,omitempty"`
+}
+
+// StateEstablished is the BGP state of a working session.
+const StateEstablished = "Established"
+
+// NodeStatusOptions are the arguments of node status.
+type NodeStatusOptions struct {
+	// Node whose sessions to show.
+	Node string
+	// All shows every node's.
+	All bool
+}
+
+// agentStatus reads one node's published status; found is false when
+// there is none.
+func (c *Client) agentStatus(ctx context.Context, node string) (st AgentStatus, found bool, err error) {
+	kv, err := c.Store.GetKV(ctx, StatusPrefix+node)
+	if isNotFound(err) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, err
+	}
+	if err := json.Unmarshal(kv.Value, &st); err != nil {
+		return st, false, fmt.Errorf("status of node %s: %w", node, err)
+	}
+	return st, true, nil
+}
+
+// agentStatuses reads every published status, by node.
+func (c *Client) agentStatuses(ctx context.Context) (map[string]AgentStatus, error) {
+	kvs, _, err := c.Store.ListKV(ctx, StatusPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing node status: %w", err)
+	}
+	out := map[string]AgentStatus{}
+	for _, kv := range kvs {
+		var st AgentStatus
+		name := strings.TrimPrefix(kv.Key, StatusPrefix)
+		if err := json.Unmarshal(kv.Value, &st); err != nil {
+			return nil, fmt.Errorf("status of node %s: %w", name, err)
+		}
+		out[name] = st
+	}
+	return out, nil
+}
+
+// NodeStatus prints BGP sessions the way calicoctl node status does, from
+// the status the agents publish in etcd.
+func (c *Client) NodeStatus(ctx context.Context, out io.Writer, o NodeStatusOptions) error {
+	if !o.All {
+		st, found, err := c.agentStatus(ctx, o.Node)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return c.noStatus(ctx, o.Node)
+		}
+		return writeNodeStatus(out, st)
+	}
+	statuses, err := c.agentStatuses(ctx)
+	if err != nil {
+		return err
+	}
+	nodes, _, err := c.Store.List(ctx, api.KindNode, "")
+	if err != nil {
+		return fmt.Errorf("listing nodes: %w", err)
+	}
+	names := make([]string, 0, len(statuses))
+	for n := range statuses {
+		names = append(names, n)
+	}
+	for _, n := range nodes {
+		if _, ok := statuses[n.GetMeta().Name]; !ok {
+			names = append(names, n.GetMeta().Name)
+		}
+	}
+	slices.Sort(names)
+	if len(names) == 0 {
+		_, err := fmt.Fprintln(out, "No nodes and no published status.")
+		return err
+	}
+	sessions, established := 0, 0
+	for i, n := range names {
+		if i > 0 {
+			fmt.Fprintln(out)
+		}
+		st, ok := statuses[n]
+		if !ok {
+			fmt.Fprintf(out, "Node %s: no status published (is tabby-agent running there?)\n", n)
+			continue
+		}
+		if err := writeNodeStatus(out, st); err != nil {
+			return err
+		}
+		for _, p := range st.Peers {
+			sessions++
+			if p.State == StateEstablished {
+				established++
+			}
+		}
+	}
+	_, err = fmt.Fprintf(out, "\n%d of %d nodes publish status; %d of %d BGP sessions established.\n",
+		len(statuses), len(names), established, sessions)
+	return err
+}
+
+// noStatus explains why a node has no status.
+func (c *Client) noStatus(ctx context.Context, node string) error {
+	statuses, err := c.agentStatuses(ctx)
+	if err != nil {
+		return err
+	}
+	have := make([]string, 0, len(statuses))
+	for n := range statuses {
+		have = append(have, n)
+	}
+	slices.Sort(have)
+	msg := fmt.Sprintf("no BGP status published for node %q", node)
+	if _, err := c.Store.Get(ctx, api.KindNode, "", node); isNotFound(err) {
+		msg += " (and no Node resource of that name)"
+	} else {
+		msg += ": is tabby-agent running there? (an agent's status goes away with its lease)"
+	}
+	if len(have) > 0 {
+		msg += "; nodes with status: " + strings.Join(have, ", ") + " (use --node NAME or --all)"
+	}
+	return errors.New(msg)
+}
+
+// peerTypeText spells peer types the way calicoctl does.
+func peerTypeText(t string) string {
+	switch t {
+	case "mesh":
+		return "node-to-node mesh"
+	case "global":
+		return "global"
+	case "node":
+		return "node specific"
+	case "rr", "rr-client":
+		return "route reflector"
+	}
+	return orNone(t)
+}
+
+func writeNodeStatus(out io.Writer, st AgentStatus) error {
+	est := 0
+	for _, p := range st.Peers {
+		if p.State == StateEstablished {
+			est++
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Node %s (%s, AS %d): %d of %s established, %s\n", st.Node, orNone(st.Address), st.ASN,
+		est, plural(len(st.Peers), "BGP session", "BGP sessions"), plural(st.Workloads, "workload", "workloads"))
+	if len(st.Peers) == 0 {
+		b.WriteString("No BGP peers.\n")
+	} else {
+		b.WriteString("IPv4 BGP status\n")
+		peers := slices.Clone(st.Peers)
+		slices.SortFunc(peers, func(x, y PeerStatus) int { return strings.Compare(x.Address, y.Address) })
+		t := newTable("PEER ADDRESS", "PEER TYPE", "STATE", "SINCE", "INFO")
+		for _, p := range peers {
+			since := "-"
+			if !p.Since.IsZero() {
+				since = p.Since.UTC().Format(time.DateTime)
+			}
+			t.add(p.Address, peerTypeText(p.Type), p.State, since, p.Info)
+		}
+		if err := t.writeBoxed(&b); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(&b, "Affine blocks: %s\n", orNone(strings.Join(st.Blocks, ", ")))
+	fmt.Fprintf(&b, "Advertised:    %s\n", orNone(strings.Join(st.Advertised, ", ")))
+	_, err := io.WriteString(out, b.String())
+	return err
+}

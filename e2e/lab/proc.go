@@ -94,7 +94,7 @@ func (p *Proc) alive() bool {
 	if p.StartTime != 0 && fields[19] != strconv.FormatUint(p.StartTime, 10) {
 		return false
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+	b, err := readCmdline(p.PID)
 	if err != nil {
 		return false
 	}
@@ -106,6 +106,22 @@ func (p *Proc) alive() bool {
 		return true
 	}
 	return false
+}
+
+// readCmdline reads /proc/<pid>/cmdline. Right after a fork and during an
+// execve the command line is empty for a moment (exec.Cmd.Start returns
+// when the close-on-exec pipe closes, before the new program's arguments
+// are in place), so an empty one is read again for a little while.
+func readCmdline(pid int) ([]byte, error) {
+	path := fmt.Sprintf("/proc/%d/cmdline", pid)
+	for range 100 {
+		b, err := os.ReadFile(path)
+		if err != nil || len(b) > 0 {
+			return b, err
+		}
+		time.Sleep(2 * time.Millisecond) // the kernel gives us nothing to wait on
+	}
+	return nil, nil
 }
 
 // stop sends sig to the process if it is still ours, waits up to grace for

@@ -25,6 +25,8 @@ type app struct {
 	hostname func() (string, error)
 	now      func() time.Time
 	stdin    io.Reader
+	// runner runs ip and friends for explain --live.
+	runner ctl.Runner
 
 	endpoints, caFile, certFile, keyFile string
 	configFile                           string
@@ -42,6 +44,7 @@ func newApp() *app {
 		hostname: os.Hostname,
 		now:      time.Now,
 		stdin:    os.Stdin,
+		runner:   ctl.ExecRunner{},
 
 		defaultConfig: ctl.DefaultConfig,
 	}
@@ -106,7 +109,7 @@ with the flags' names as keys), else ` + ctl.DefaultEndpoint + `.`,
 	pf.DurationVar(&a.timeout, "timeout", ctl.DefaultTimeout, "timeout of connecting to etcd and of each request")
 
 	root.AddCommand(
-		a.getCmd(), a.applyCmd(), a.createCmd(), a.deleteCmd(), a.labelCmd(), a.validateCmd(), a.ipamCmd(), a.nodeCmd(),
+		a.getCmd(), a.applyCmd(), a.createCmd(), a.deleteCmd(), a.labelCmd(), a.validateCmd(), a.ipamCmd(), a.nodeCmd(), a.explainCmd(),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

@@ -1,0 +1,504 @@
+package ctl
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// Route protocols of Tabby's kernel routes (docs/contracts.md).
+const (
+	protoWorkload = 80
+	protoBGP      = 81
+)
+
+// gatewayAddr is the fake gateway every pod routes through; the host end of
+// the veth answers ARP for it by proxy ARP.
+const gatewayAddr = "169.254.1.1"
+
+// ExplainOptions are the arguments of explain pod.
+type ExplainOptions struct {
+	// Target is "NAMESPACE/NAME", "NAME" (in Namespace) or an address.
+	Target    string
+	Namespace string
+	// Live compares with the kernel of the node this runs on (or of NetNS).
+	Live  bool
+	NetNS string
+	// Node is the node Live runs on; "" = find it by its addresses.
+	Node string
+	// Runner runs ip and friends for Live.
+	Runner Runner
+}
+
+// cluster is the datastore state explain reads.
+type cluster struct {
+	nodes    map[string]*api.Node
+	names    []string // node names, sorted
+	blocks   []ipam.BlockInfo
+	pools    []ipam.PoolUsage
+	allocs   []allocation
+	statuses map[string]AgentStatus
+	gnps     []*api.GlobalNetworkPolicy
+}
+
+func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
+	cl := &cluster{nodes: map[string]*api.Node{}}
+	objs, _, err := c.Store.List(ctx, api.KindNode, "")
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	for _, o := range objs {
+		n := o.(*api.Node)
+		cl.nodes[n.Metadata.Name] = n
+		cl.names = append(cl.names, n.Metadata.Name)
+	}
+	if cl.blocks, err = c.IPAM.Blocks(ctx); err != nil {
+		return nil, err
+	}
+	if cl.pools, err = c.IPAM.Usage(ctx); err != nil {
+		return nil, err
+	}
+	if cl.allocs, err = c.allocations(ctx); err != nil {
+		return nil, err
+	}
+	if cl.statuses, err = c.agentStatuses(ctx); err != nil {
+		return nil, err
+	}
+	if objs, _, err = c.Store.List(ctx, api.KindGlobalNetworkPolicy, ""); err != nil {
+		return nil, fmt.Errorf("listing global network policies: %w", err)
+	}
+	for _, o := range objs {
+		cl.gnps = append(cl.gnps, o.(*api.GlobalNetworkPolicy))
+	}
+	return cl, nil
+}
+
+// nodeAddr is a node's BGP address, invalid when it has none.
+func (cl *cluster) nodeAddr(name string) netip.Addr {
+	if n, ok := cl.nodes[name]; ok {
+		if p, ok := n.IPv4(); ok {
+			return p.Addr()
+		}
+	}
+	return netip.Addr{}
+}
+
+// nodeByAddr names the node with a BGP address, "" when none has it.
+func (cl *cluster) nodeByAddr(a netip.Addr) string {
+	for _, name := range cl.names {
+		if cl.nodeAddr(name) == a {
+			return name
+		}
+	}
+	return ""
+}
+
+func (cl *cluster) blockOf(a netip.Addr) (ipam.BlockInfo, bool) {
+	for _, b := range cl.blocks {
+		if b.CIDR.Contains(a) {
+			return b, true
+		}
+	}
+	return ipam.BlockInfo{}, false
+}
+
+func (cl *cluster) poolOf(a netip.Addr) (ipam.PoolUsage, bool) {
+	for _, p := range cl.pools {
+		if p.Name != "" && p.CIDR.Contains(a) {
+			return p, true
+		}
+	}
+	return ipam.PoolUsage{}, false
+}
+
+// findEndpoints resolves the target to workload endpoints.
+func (c *Client) findEndpoints(ctx context.Context, o ExplainOptions) ([]*api.WorkloadEndpoint, error) {
+	if addr, err := netip.ParseAddr(o.Target); err == nil {
+		byAddr, _, err := c.endpointsByAddr(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if weps := byAddr[addr]; len(weps) > 0 {
+			return weps, nil
+		}
+		return nil, fmt.Errorf("no workload endpoint has address %s (see tabbyctl ipam show --ip %s)", addr, addr)
+	}
+	ns, name, ok := strings.Cut(o.Target, "/")
+	if !ok {
+		ns, name = o.Namespace, o.Target
+		if ns == "" {
+			ns = "default"
+		}
+	}
+	if ns == "" || name == "" {
+		return nil, fmt.Errorf("pod %q: want NAMESPACE/NAME, NAME or an IP address", o.Target)
+	}
+	objs, _, err := c.Store.List(ctx, api.KindWorkloadEndpoint, ns)
+	if err != nil {
+		return nil, fmt.Errorf("listing workload endpoints: %w", err)
+	}
+	var out []*api.WorkloadEndpoint
+	for _, obj := range objs {
+		w := obj.(*api.WorkloadEndpoint)
+		if w.Spec.Pod == name || w.Metadata.Name == name {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("pod %s/%s has no workload endpoint: it is not a Tabby pod, not set up yet, or gone", ns, name)
+	}
+	return out, nil
+}
+
+// Explain tells a pod's path from the datastore: endpoint, routes, block,
+// BGP, the routes other nodes should have and the policies that select it.
+// With Live it also compares the kernel of this node with what it should
+// have, and returns an error when they disagree.
+func (c *Client) Explain(ctx context.Context, out io.Writer, o ExplainOptions) error {
+	weps, err := c.findEndpoints(ctx, o)
+	if err != nil {
+		return err
+	}
+	cl, err := c.loadCluster(ctx)
+	if err != nil {
+		return err
+	}
+	var live *liveState
+	if o.Live {
+		if live, err = readLive(ctx, o, cl); err != nil {
+			return err
+		}
+	}
+	var b strings.Builder
+	var disagree int
+	for i, w := range weps {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		nps, _, err := c.Store.List(ctx, api.KindNetworkPolicy, w.Metadata.Namespace)
+		if err != nil {
+			return fmt.Errorf("listing network policies: %w", err)
+		}
+		e := explainEndpoint(cl, w, nps)
+		e.write(&b)
+		if live != nil {
+			disagree += live.check(ctx, &b, e)
+		}
+	}
+	if _, err := io.WriteString(out, b.String()); err != nil {
+		return err
+	}
+	if disagree > 0 {
+		return fmt.Errorf("the kernel of %s disagrees with the datastore in %s", live.node, plural(disagree, "place", "places"))
+	}
+	return nil
+}
+
+// explanation is what explain found for one endpoint.
+type explanation struct {
+	cl       *cluster
+	wep      *api.WorkloadEndpoint
+	node     string
+	nodeAddr netip.Addr
+	hostIf   string
+	addrs    []addrPath
+	policies []string
+	ingress  []string
+	egress   []string
+	notes    []string
+}
+
+// addrPath is the path of one of the endpoint's addresses.
+type addrPath struct {
+	addr      netip.Addr
+	alloc     *allocation
+	pool      *ipam.PoolUsage
+	block     *ipam.BlockInfo
+	borrowed  bool
+	advertise netip.Prefix // what carries it over BGP; invalid = nothing
+	// origin is the node that advertises it, originAddr its address.
+	origin     string
+	originAddr netip.Addr
+	exported   bool
+}
+
+func explainEndpoint(cl *cluster, w *api.WorkloadEndpoint, nps []api.Object) *explanation {
+	e := &explanation{cl: cl, wep: w, node: w.Spec.Node, nodeAddr: cl.nodeAddr(w.Spec.Node), hostIf: w.Spec.InterfaceName}
+	if _, ok := cl.nodes[e.node]; !ok {
+		e.notes = append(e.notes, fmt.Sprintf("node %s has no Node resource", e.node))
+	}
+	for _, a := range endpointAddrs(w) {
+		p := addrPath{addr: a}
+		if al, ok := findAllocation(cl.allocs, a); ok {
+			p.alloc = &al
+			if al.Handle != w.Spec.IPAMHandle && w.Spec.IPAMHandle != "" {
+				e.notes = append(e.notes, fmt.Sprintf("%s is allocated to handle %s, but the endpoint names handle %s", a, al.Handle, w.Spec.IPAMHandle))
+			}
+		} else {
+			e.notes = append(e.notes, fmt.Sprintf("%s is not allocated in IPAM: it may be handed to another pod", a))
+		}
+		if pool, ok := cl.poolOf(a); ok {
+			p.pool = &pool
+		}
+		if blk, ok := cl.blockOf(a); ok {
+			p.block = &blk
+			p.borrowed = blk.Affinity != e.node
+			p.exported = !blk.DisableBGPExport
+			if p.borrowed {
+				p.advertise = netip.PrefixFrom(a, 32)
+			} else {
+				p.advertise = blk.CIDR
+			}
+			p.origin, p.originAddr = e.node, e.nodeAddr
+		}
+		e.addrs = append(e.addrs, p)
+	}
+	e.policiesFor(cl, w, nps)
+	return e
+}
+
+// policiesFor lists the policies that select the endpoint: namespaced
+// NetworkPolicies by podSelector, GlobalNetworkPolicies (in order) by
+// selector and namespaceSelector. A GlobalNetworkPolicy without a selector
+// selects every endpoint, as in Calico.
+func (e *explanation) policiesFor(cl *cluster, w *api.WorkloadEndpoint, nps []api.Object) {
+	gnps := slices.Clone(cl.gnps)
+	slices.SortStableFunc(gnps, func(x, y *api.GlobalNetworkPolicy) int {
+		switch {
+		case x.Spec.Order == nil && y.Spec.Order == nil:
+		case x.Spec.Order == nil:
+			return 1
+		case y.Spec.Order == nil:
+			return -1
+		default:
+			if c := cmp.Compare(*x.Spec.Order, *y.Spec.Order); c != 0 {
+				return c
+			}
+		}
+		return strings.Compare(x.Metadata.Name, y.Metadata.Name)
+	})
+	for _, g := range gnps {
+		if g.Spec.Selector != nil && !g.Spec.Selector.Matches(w.Metadata.Labels) {
+			continue
+		}
+		if g.Spec.NamespaceSelector != nil && !g.Spec.NamespaceSelector.Matches(w.Spec.NamespaceLabels) {
+			continue
+		}
+		order := "no order"
+		if g.Spec.Order != nil {
+			order = "order " + strconv.FormatFloat(*g.Spec.Order, 'g', -1, 64)
+		}
+		in, eg := g.AppliesTo()
+		name := "GlobalNetworkPolicy " + g.Metadata.Name
+		e.policies = append(e.policies, fmt.Sprintf("%s (%s, selector %s): %s", name, order, gnpSelector(g.Spec.Selector), types(in, eg)))
+		e.addDirections(name, in, eg)
+	}
+	for _, o := range nps {
+		np := o.(*api.NetworkPolicy)
+		if !np.Spec.PodSelector.Matches(w.Metadata.Labels) {
+			continue
+		}
+		in, eg := np.AppliesTo()
+		name := "NetworkPolicy " + np.Metadata.Namespace + "/" + np.Metadata.Name
+		e.policies = append(e.policies, fmt.Sprintf("%s (podSelector %s): %s", name, selector(&np.Spec.PodSelector), types(in, eg)))
+		e.addDirections(name, in, eg)
+	}
+}
+
+func (e *explanation) addDirections(name string, in, eg bool) {
+	if in {
+		e.ingress = append(e.ingress, name)
+	}
+	if eg {
+		e.egress = append(e.egress, name)
+	}
+}
+
+// workloadRoute is the pod's route on its node.
+func (e *explanation) workloadRoute(a netip.Addr) string {
+	return fmt.Sprintf("%s/32 dev %s proto %d scope link", a, orNone(e.hostIf), protoWorkload)
+}
+
+// remoteRoute is the route other nodes should have for the path.
+func remoteRoute(p addrPath) string {
+	return fmt.Sprintf("%s via %s proto %d", p.advertise, p.originAddr, protoBGP)
+}
+
+func (e *explanation) write(b *strings.Builder) {
+	w := e.wep
+	line := func(k, format string, args ...any) { fmt.Fprintf(b, "  %-12s %s\n", k, fmt.Sprintf(format, args...)) }
+	fmt.Fprintf(b, "Pod %s/%s\n", w.Metadata.Namespace, orNone(w.Spec.Pod))
+	line("endpoint", "%s (labels %s)", wepName(w), formatLabels(w.Metadata.Labels))
+	line("node", "%s (%s)", e.node, addrOrNone(e.nodeAddr))
+	for _, p := range e.addrs {
+		handle := "not allocated"
+		if p.alloc != nil {
+			handle = "IPAM handle " + p.alloc.Handle
+		}
+		line("address", "%s/32 (%s)", p.addr, handle)
+	}
+	ifName := orNone(w.Spec.Endpoint)
+	line("interface", "%s in the pod, its veth peer %s on %s", ifName, orNone(e.hostIf), e.node)
+
+	fmt.Fprintf(b, "\nInside the pod\n")
+	for _, p := range e.addrs {
+		fmt.Fprintf(b, "  %s/32 on %s; routes: %s dev %s scope link, default via %s dev %s\n", p.addr, ifName, gatewayAddr, ifName, gatewayAddr, ifName)
+	}
+	fmt.Fprintf(b, "  %s answers ARP for %s on %s (proxy_arp=1, MAC ee:ee:ee:ee:ee:ee), so every packet goes to the host\n", e.node, gatewayAddr, orNone(e.hostIf))
+
+	fmt.Fprintf(b, "\nOn %s\n", e.node)
+	for _, p := range e.addrs {
+		fmt.Fprintf(b, "  %s\n", e.workloadRoute(p.addr))
+		if p.block != nil && !p.borrowed {
+			fmt.Fprintf(b, "  blackhole %s proto %d   (the node's block: unused addresses are dropped here)\n", p.block.CIDR, protoWorkload)
+		}
+	}
+
+	for _, p := range e.addrs {
+		e.writeBlock(b, p)
+	}
+	if len(e.notes) > 0 {
+		b.WriteString("\nProblems\n")
+		for _, n := range e.notes {
+			fmt.Fprintf(b, "  %s\n", n)
+		}
+	}
+	b.WriteString("\nPolicies selecting it\n")
+	if len(e.policies) == 0 {
+		b.WriteString("  none: all traffic to and from the pod is allowed\n")
+	}
+	for _, p := range e.policies {
+		fmt.Fprintf(b, "  %s\n", p)
+	}
+	if len(e.policies) > 0 {
+		fmt.Fprintf(b, "  ingress: %s\n", isolation(e.ingress, "in"))
+		fmt.Fprintf(b, "  egress:  %s\n", isolation(e.egress, "out"))
+	}
+}
+
+func isolation(names []string, dir string) string {
+	if len(names) == 0 {
+		return "not isolated: no policy selects it for this direction, everything is allowed " + dir
+	}
+	return "isolated: only traffic allowed by " + strings.Join(names, ", ") + " gets " + dir
+}
+
+func addrOrNone(a netip.Addr) string {
+	if !a.IsValid() {
+		return "no BGP address"
+	}
+	return a.String()
+}
+
+func (e *explanation) writeBlock(b *strings.Builder, p addrPath) {
+	cl := e.cl
+	b.WriteString("\nBlock\n")
+	if p.block == nil {
+		fmt.Fprintf(b, "  no IPAM block holds %s: nothing advertises it, other nodes have no route to it\n", p.addr)
+		return
+	}
+	pool := "outside every pool"
+	if p.pool != nil {
+		pool = fmt.Sprintf("in pool %s (%s)", p.pool.Name, p.pool.CIDR)
+	}
+	confirmed := ""
+	if p.block.Affinity != "" && !p.block.Confirmed {
+		confirmed = " (affinity not confirmed)"
+	}
+	fmt.Fprintf(b, "  %s %s, %s%s\n", p.block.CIDR, pool, affinityText(p.block.Affinity), confirmed)
+	if p.borrowed {
+		fmt.Fprintf(b, "  borrowed: %s uses %s from a block that is not its own and advertises %s itself;\n", e.node, p.addr, p.advertise)
+		fmt.Fprintf(b, "  %s keeps blackhole %s, but the /32 is more specific and wins everywhere\n", orNone(p.block.Affinity), p.block.CIDR)
+	} else {
+		fmt.Fprintf(b, "  not borrowed: %s advertises the whole block %s\n", e.node, p.block.CIDR)
+	}
+
+	fmt.Fprintf(b, "\nBGP (from %s's published status)\n", e.node)
+	if !p.exported {
+		fmt.Fprintf(b, "  pool %s has disableBGPExport: %s is not advertised, other nodes have no route to it\n", p.block.Pool, p.advertise)
+		return
+	}
+	st, ok := cl.statuses[e.node]
+	if !ok {
+		fmt.Fprintf(b, "  %s publishes no status: is tabby-agent running there? Nothing can be said about its sessions\n", e.node)
+	} else {
+		if slices.Contains(st.Advertised, p.advertise.String()) {
+			fmt.Fprintf(b, "  %s advertises %s\n", e.node, p.advertise)
+		} else {
+			fmt.Fprintf(b, "  %s does NOT list %s among what it advertises (%s)\n", e.node, p.advertise, orNone(strings.Join(st.Advertised, ", ")))
+			e.notes = append(e.notes, fmt.Sprintf("%s does not advertise %s", e.node, p.advertise))
+		}
+		var up, down []string
+		for _, peer := range st.Peers {
+			name := "not a cluster node"
+			if a, err := netip.ParseAddr(peer.Address); err == nil {
+				if n := cl.nodeByAddr(a); n != "" {
+					name = n
+				}
+			}
+			desc := fmt.Sprintf("%s (%s, %s)", peer.Address, name, peerTypeText(peer.Type))
+			if peer.State == StateEstablished {
+				up = append(up, desc)
+			} else {
+				down = append(down, desc+": "+peer.State)
+			}
+		}
+		if len(up) == 0 {
+			fmt.Fprintf(b, "  no established session carries it: no other node learns this route\n")
+			e.notes = append(e.notes, fmt.Sprintf("%s has no established BGP session", e.node))
+		} else {
+			fmt.Fprintf(b, "  carried by %s:\n", plural(len(up), "established session", "established sessions"))
+			for _, u := range up {
+				fmt.Fprintf(b, "    %s\n", u)
+			}
+		}
+		if len(down) > 0 {
+			b.WriteString("  not established:\n")
+			for _, d := range down {
+				fmt.Fprintf(b, "    %s\n", d)
+			}
+		}
+	}
+
+	b.WriteString("\nRoutes the other nodes should have\n")
+	others := 0
+	for _, n := range cl.names {
+		if n == e.node {
+			continue
+		}
+		others++
+		fmt.Fprintf(b, "  %-10s %s%s\n", n, remoteRoute(p), e.remoteNote(n))
+	}
+	if others == 0 {
+		b.WriteString("  none: there are no other nodes\n")
+	}
+}
+
+// remoteNote says why another node may lack the route.
+func (e *explanation) remoteNote(other string) string {
+	cl := e.cl
+	var notes []string
+	if st, ok := cl.statuses[e.node]; ok {
+		addr := cl.nodeAddr(other)
+		for _, p := range st.Peers {
+			if a, err := netip.ParseAddr(p.Address); err == nil && a == addr && p.State != StateEstablished {
+				notes = append(notes, fmt.Sprintf("its session with %s is %s", e.node, p.State))
+			}
+		}
+	}
+	if _, ok := cl.statuses[other]; !ok {
+		notes = append(notes, other+" publishes no status")
+	}
+	if len(notes) == 0 {
+		return ""
+	}
+	return "   (" + strings.Join(notes, "; ") + ")"
+}

@@ -38,8 +38,11 @@ const (
 	// End-of-RIB before advertising, and how long Routes waits for the
 	// first End-of-RIB from every peer before delivering its first set.
 	DeferralTime = 10 * time.Second
-	// routesDebounce coalesces bursts of RIB changes into one route set.
-	routesDebounce = 50 * time.Millisecond
+	// A change to the RIB is turned into a route set once no further
+	// change has come for routesQuiet (GoBGP applies one UPDATE as several
+	// events), but no later than routesMaxDelay after the first change.
+	routesQuiet    = 5 * time.Millisecond
+	routesMaxDelay = 50 * time.Millisecond
 	// routesResync recomputes the route set even without events.
 	routesResync = 10 * time.Second
 	// stuckTimeout and stuckCheck: see resetStuckPeers.
@@ -182,13 +185,14 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
+	// GoBGP sends a best-path event after every change to the global RIB
+	// (also when only a non-best path changed), after the change; its
+	// update events come before the RIB changes, so they are not watched.
 	err := srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
-		OnPathUpdate: func([]*apiutil.Path, time.Time) { s.markDirty() },
 		OnBestPath:   func([]*apiutil.Path, time.Time) { s.markDirty() },
 		OnPathEor:    s.onEOR,
 		OnPeerUpdate: s.onPeerEvent,
-	}, server.WatchUpdate(false, "", ""), server.WatchBestPath(false), server.WatchAdjInWithdraw(),
-		server.WatchEor(false), server.WatchPeer())
+	}, server.WatchBestPath(false), server.WatchEor(false), server.WatchPeer())
 	if err != nil {
 		cancel()
 		srv.Stop()
@@ -271,7 +275,7 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 }
 
 // routeLoop recomputes the learned routes whenever GoBGP reports a change
-// (debounced) and periodically, and publishes each new set.
+// (see settle) and periodically, and publishes each new set.
 func (s *speaker) routeLoop(ctx context.Context) {
 	defer close(s.done)
 	var last []LearnedRoute
@@ -290,13 +294,8 @@ func (s *speaker) routeLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-s.dirty:
-			// Let a burst of updates settle.
-			t := time.NewTimer(routesDebounce)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !s.settle(ctx) {
 				return
-			case <-t.C:
 			}
 		case <-resync.C:
 		case <-gate.C:
@@ -316,12 +315,34 @@ func (s *speaker) routeLoop(ctx context.Context) {
 			continue
 		}
 		last, published = routes, true
+		s.log.Debug("publishing learned routes", "routes", len(routes))
 		// Latest wins: replace an unread set rather than block.
 		select {
 		case <-s.routes:
 		default:
 		}
 		s.routes <- routes
+	}
+}
+
+// settle waits for a burst of RIB changes to end (see routesQuiet). It
+// returns false when ctx is done.
+func (s *speaker) settle(ctx context.Context) bool {
+	quiet := time.NewTimer(routesQuiet)
+	defer quiet.Stop()
+	limit := time.NewTimer(routesMaxDelay)
+	defer limit.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.dirty:
+			quiet.Reset(routesQuiet)
+		case <-quiet.C:
+			return true
+		case <-limit.C:
+			return true
+		}
 	}
 }
 

@@ -135,10 +135,22 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 	for _, bp := range sorted {
 		s := bp.Spec
 		global := s.Node == "" && s.NodeSelector == nil
-		if s.Node != "" && s.Node != self {
-			continue
+		// appliesTo says whether the BGPPeer's node/nodeSelector picks n.
+		appliesTo := func(name string, labels map[string]string) bool {
+			switch {
+			case s.Node != "":
+				return s.Node == name
+			case s.NodeSelector != nil:
+				return s.NodeSelector.Matches(labels)
+			}
+			return true
 		}
-		if s.NodeSelector != nil && !s.NodeSelector.Matches(me.labels) {
+		forward := appliesTo(self, me.labels)
+		// A session needs both ends configured: when the peerSelector picks
+		// self, self peers with every node the BGPPeer applies to (as
+		// Calico does for node-to-node BGPPeers).
+		reverse := s.PeerSelector != nil && s.PeerSelector.Matches(me.labels)
+		if !forward && !reverse {
 			continue
 		}
 		apply := func(p Peer) Peer {
@@ -155,6 +167,16 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 				p.LocalAddress = me.addr
 			}
 			return p
+		}
+		if reverse {
+			for _, n := range others {
+				if appliesTo(n.name, n.labels) {
+					addExplicit(apply(nodePeer(n, n.asn, PeerNode)))
+				}
+			}
+		}
+		if !forward {
+			continue
 		}
 		if s.PeerIP != "" {
 			addr, port, ok := parsePeerIP(s.PeerIP)

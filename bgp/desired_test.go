@@ -341,3 +341,27 @@ func TestDesiredAdvertisements(t *testing.T) {
 		})
 	}
 }
+
+// A single BGPPeer "clients peer with the reflectors" must configure both
+// ends: the reflectors peer back with every node the BGPPeer applies to.
+func TestDesiredPeersReverseOfPeerSelector(t *testing.T) {
+	nodes := []*api.Node{
+		node("rr1", "198.18.0.11/24", withRR("1.1.1.1"), withLabels("role", "rr")),
+		node("c1", "198.18.0.21/24"),
+		node("c2", "198.18.0.22/24"),
+	}
+	notRR := &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "role", Operator: api.OpDoesNotExist}}}
+	peers := []*api.BGPPeer{bgpPeer("clients-to-rr", api.BGPPeerSpec{NodeSelector: notRR, PeerSelector: sel("role", "rr")})}
+	got := DesiredPeers("rr1", nodes, meshOff(), peers)
+	want := []Peer{
+		{Address: a("198.18.0.21"), ASN: 64512, Type: PeerRRClient, Name: "c1", RRClient: true, LocalAddress: a("198.18.0.11")},
+		{Address: a("198.18.0.22"), ASN: 64512, Type: PeerRRClient, Name: "c2", RRClient: true, LocalAddress: a("198.18.0.11")},
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+		t.Errorf("reflector's peers (-want +got):\n%s", diff)
+	}
+	got = DesiredPeers("c1", nodes, meshOff(), peers)
+	if len(got) != 1 || got[0].Address != a("198.18.0.11") || got[0].Type != PeerRR {
+		t.Errorf("client's peers: %+v", got)
+	}
+}

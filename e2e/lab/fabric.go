@@ -18,13 +18,20 @@ func (s *State) etcdNS() string   { return s.Name + "-etcd" }
 
 // newNamespace records the namespace in the state and then creates it, so
 // that a crash in between leaves nothing unrecorded.
+// A namespace that exists already is an error and is not recorded: it is
+// not ours to delete.
 func (l *Lab) newNamespace(ctx context.Context, ns string) error {
+	if netnsExists(ns) {
+		return fmt.Errorf("namespace %s exists already (not made by this lab)", ns)
+	}
 	if err := l.update(func(s *State) error { s.addNamespace(ns); return nil }); err != nil {
 		return err
 	}
 	progress(l.log, "creating namespace %s", ns)
 	if err := ip(ctx, "netns", "add", ns); err != nil {
-		return err
+		// `ip netns add` removes what it made when it fails; a namespace
+		// there now was made by someone else in between.
+		return errors.Join(err, l.update(func(s *State) error { s.removeNamespace(ns); return nil }))
 	}
 	return ip(ctx, "-n", ns, "link", "set", "lo", "up")
 }

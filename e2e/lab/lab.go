@@ -61,20 +61,17 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 		return nil, err
 	}
 	dir := filepath.Join(o.RunDir, o.Name)
-	if _, err := os.Stat(filepath.Join(dir, stateFile)); err == nil {
-		return nil, fmt.Errorf("lab %q: %w (state in %s; run `tabby-lab down --name %s` first)", o.Name, ErrNameTaken, dir, o.Name)
-	}
 	if netnsExists(o.Name + "-fabric") {
 		return nil, fmt.Errorf("lab %q: %w (namespace %s exists)", o.Name, ErrNameTaken, o.Name+"-fabric")
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	progress(o.Log, "bringing up lab %q in %s", o.Name, dir)
 	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors}
-	if err := st.save(); err != nil {
+	if err := claim(st, o.RunDir); err != nil {
 		return nil, err
 	}
+	progress(o.Log, "bringing up lab %q in %s", o.Name, dir)
 	l := &Lab{dir: dir, log: o.Log, agentArgs: o.AgentArgs, st: st, exited: map[int]<-chan struct{}{}}
 	defer func() {
 		if err != nil {
@@ -131,6 +128,23 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 	progress(o.Log, "lab %q is up", o.Name)
 	return l, nil
+}
+
+// claim writes the first state of a new lab, under the directory lock so
+// that two Ups of the same name cannot both succeed.
+func claim(st *State, runDir string) error {
+	lk, err := lockDir(st.Dir)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(st.Dir, stateFile)); err == nil {
+		hint := "--name " + st.Name
+		if runDir != DefaultRunDir {
+			hint += " --run-dir " + runDir
+		}
+		return errors.Join(fmt.Errorf("lab %q: %w (state in %s; run `tabby-lab %s down` first)", st.Name, ErrNameTaken, st.Dir, hint), lk.unlock())
+	}
+	return errors.Join(st.save(), lk.unlock())
 }
 
 // Open returns the lab recorded in runDir/name, for commands that act on a

@@ -307,3 +307,33 @@ func TestPrivilegedTeardownWithoutDown(t *testing.T) {
 		t.Logf("closing the orphaned store: %v", err)
 	}
 }
+
+// TestPrivilegedForeignNamespace: a namespace the lab would make but that
+// exists already makes Up fail, and the clean-up after the failure leaves
+// that namespace alone.
+func TestPrivilegedForeignNamespace(t *testing.T) {
+	skipUnlessRoot(t)
+	bin := labBinary(t)
+	name, runDir := uniqueName(t), t.TempDir()
+	foreign := name + "-node1"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := ip(ctx, "netns", "add", foreign); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := ip(context.Background(), "netns", "delete", foreign); err != nil {
+			t.Errorf("removing the test's namespace: %v", err)
+		}
+	})
+	_, err := Up(ctx, Options{Name: name, Nodes: 1, RunDir: runDir, NoAgents: true, LabBinary: bin})
+	if err == nil || !strings.Contains(err.Error(), "exists already") {
+		t.Fatalf("Up = %v, want an error about %s existing", err, foreign)
+	}
+	if !netnsExists(foreign) {
+		t.Fatalf("the failed Up deleted %s, which it did not make", foreign)
+	}
+	if left := labNamespaces(t, name); len(left) != 1 {
+		t.Errorf("namespaces after the failed Up: %v, want only %s", left, foreign)
+	}
+}

@@ -87,9 +87,9 @@ func checkHost() error {
 	if os.Geteuid() != 0 {
 		errs = append(errs, errors.New("the lab needs root (network namespaces, veths, bridges): run it with sudo"))
 	}
-	for _, tool := range []string{"ip", "nsenter"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			errs = append(errs, fmt.Errorf("%s not found in PATH (install iproute2 / util-linux)", tool))
+	for _, tool := range [][2]string{{"ip", "iproute2"}, {"nsenter", "util-linux"}} {
+		if _, err := exec.LookPath(tool[0]); err != nil {
+			errs = append(errs, fmt.Errorf("%s not found in PATH (install %s)", tool[0], tool[1]))
 		}
 	}
 	return errors.Join(errs...)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -21,8 +22,11 @@ var ErrProblems = errors.New("problems found")
 // Report is the JSON form of an IPAM check, written by ipam check -o and
 // read by ipam release --from-report.
 type Report struct {
-	Revision        int64                `json:"revision"`
-	CheckedAt       time.Time            `json:"checkedAt"`
+	Revision  int64     `json:"revision"`
+	CheckedAt time.Time `json:"checkedAt"`
+	// LeakGrace is the grace the check used; release --from-report checks
+	// again with it.
+	LeakGrace       api.Duration         `json:"leakGrace"`
 	Checked         ReportCounts         `json:"checked"`
 	Leaks           []ReportLeak         `json:"leaks"`
 	OrphanHandles   []ReportOrphanHandle `json:"orphanHandles"`
@@ -67,9 +71,9 @@ type ReportInconsistent struct {
 // Problems counts what is wrong.
 func (r *Report) Problems() int { return len(r.Leaks) + len(r.OrphanHandles) + len(r.Inconsistencies) }
 
-func newReport(r ipam.Report, at time.Time) Report {
+func newReport(r ipam.Report, at time.Time, grace time.Duration) Report {
 	out := Report{
-		Revision: r.Revision, CheckedAt: at.UTC(),
+		Revision: r.Revision, CheckedAt: at.UTC(), LeakGrace: api.Duration{Duration: grace},
 		Checked:         ReportCounts{r.Blocks, r.Affinities, r.Handles, r.Endpoints, r.Allocated},
 		Leaks:           []ReportLeak{},
 		OrphanHandles:   []ReportOrphanHandle{},
@@ -102,7 +106,7 @@ func (c *Client) check(ctx context.Context, grace time.Duration) (Report, error)
 	if err != nil {
 		return Report{}, err
 	}
-	return newReport(r, c.Now()), nil
+	return newReport(r, c.Now(), grace), nil
 }
 
 // IPAMCheck cross-checks blocks, affinities, handles and workload endpoints,
@@ -187,8 +191,8 @@ type IPAMReleaseOptions struct {
 	// FromReport is a report of ipam check -o.
 	FromReport string
 	// LeakGrace is the grace of the fresh check that --from-report compares
-	// the report with.
-	LeakGrace time.Duration
+	// the report with; nil = the report's.
+	LeakGrace *time.Duration
 }
 
 // IPAMRelease frees addresses: the ones named, or the leaks of a report
@@ -251,7 +255,11 @@ func (c *Client) releaseFromReport(ctx context.Context, out io.Writer, o IPAMRel
 	if err := json.Unmarshal(data, &old); err != nil {
 		return fmt.Errorf("report %s: %w", o.FromReport, err)
 	}
-	now, err := c.check(ctx, o.LeakGrace)
+	grace := old.LeakGrace.Duration
+	if o.LeakGrace != nil {
+		grace = *o.LeakGrace
+	}
+	now, err := c.check(ctx, grace)
 	if err != nil {
 		return err
 	}
@@ -271,7 +279,7 @@ func (c *Client) releaseFromReport(ctx context.Context, out io.Writer, o IPAMRel
 		h, ok := stillLeaked[l.Address]
 		switch {
 		case !ok:
-			fmt.Fprintf(out, "skipped %s: no longer leaked\n", l.Address)
+			fmt.Fprintf(out, "skipped %s: a fresh check (leak grace %s) does not find it leaked\n", l.Address, grace)
 			continue
 		case h != l.Handle:
 			fmt.Fprintf(out, "skipped %s: now held by handle %s, not %s\n", l.Address, h, l.Handle)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/ctl"
@@ -63,6 +65,7 @@ Exits non-zero when anything is wrong. With -o, writes a JSON report that
 
 func (a *app) ipamReleaseCmd() *cobra.Command {
 	var o ctl.IPAMReleaseOptions
+	var grace time.Duration
 	cmd := &cobra.Command{
 		Use:   "release (--ip ADDR... | --from-report FILE)",
 		Short: "Release addresses",
@@ -75,12 +78,15 @@ leaked under the same handle.`,
 			if err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("leak-grace") {
+				o.LeakGrace = &grace
+			}
 			return c.IPAMRelease(cmd.Context(), cmd.OutOrStdout(), o)
 		},
 	}
 	cmd.Flags().StringSliceVar(&o.IPs, "ip", nil, "address to release; repeatable or comma separated")
 	cmd.Flags().BoolVar(&o.Force, "force", false, "release even while a workload endpoint uses the address")
 	cmd.Flags().StringVar(&o.FromReport, "from-report", "", "release the leaks of this ipam check report")
-	cmd.Flags().DurationVar(&o.LeakGrace, "leak-grace", ipam.DefaultLeakGrace, "grace of the fresh check --from-report compares with")
+	cmd.Flags().DurationVar(&grace, "leak-grace", 0, "grace of the fresh check --from-report compares with (default: the report's)")
 	return cmd
 }

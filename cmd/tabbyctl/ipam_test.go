@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha1"
 	"fmt"
@@ -38,8 +39,9 @@ spec: {bgp: {ipv4Address: 198.18.0.12/24}}
 type pod struct {
 	node, ns, name string
 	labels         map[string]string
-	addr           string // "" = any address
-	leaked         bool   // no workload endpoint
+	addr           string        // "" = any address
+	leaked         bool          // no workload endpoint
+	age            time.Duration // of the allocation; 0 = an hour
 }
 
 // addPods assigns addresses (dated an hour before fixedNow, so that they
@@ -48,9 +50,10 @@ type pod struct {
 func addPods(t *testing.T, h *harness, pods []pod) map[string]netip.Addr {
 	t.Helper()
 	ctx := context.Background()
-	alloc := ipam.New(h.store, ipam.WithClock(func() time.Time { return fixedNow.Add(-time.Hour) }))
 	out := map[string]netip.Addr{}
 	for _, p := range pods {
+		age := cmp.Or(p.age, time.Hour)
+		alloc := ipam.New(h.store, ipam.WithClock(func() time.Time { return fixedNow.Add(-age) }))
 		sum := sha1.Sum([]byte(p.ns + "." + p.name))
 		cid := fmt.Sprintf("%x", sum[:8])
 		handle := "tabby." + cid
@@ -132,5 +135,14 @@ func TestIPAM(t *testing.T) {
 	h.ok("ipam", "release", "--ip", addrs["api-0"].String()+",10.244.0.250")
 	h.ok("ipam", "release", "--ip", addrs["db-0"].String(), "--force")
 	h.fail("ipam", "check") // db-0's endpoint now uses an unallocated address
+
+	// A young leak: only a check with a short grace finds it, and releasing
+	// from that report checks again with the report's grace.
+	young := addPods(t, h, []pod{{node: "node-2", ns: "default", name: "young-0", leaked: true, age: 10 * time.Second}})
+	report2 := h.dir + "/young.json"
+	h.fail("ipam", "check", "--leak-grace", "5s", "-o", report2)
+	h.ok("ipam", "release", "--from-report", report2, "--leak-grace", "1m")
+	h.ok("ipam", "release", "--from-report", report2)
+	h.ok("ipam", "show", "--ip", young["young-0"].String())
 	h.golden("ipam")
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/tabbynet/tabby/ipam"
@@ -151,4 +152,16 @@ func TestConfigSources(t *testing.T) {
 	h.fail("get", "nodes", "--config", h.file("bad.yaml", "etcd-endpoints: [\n"))
 	h.ok("version")
 	h.golden("config")
+}
+
+func TestCompletion(t *testing.T) {
+	h := newOfflineHarness(t)
+	out := h.ok("completion", "bash")
+	if !strings.Contains(out, "__start_tabbyctl") {
+		t.Errorf("completion bash does not define __start_tabbyctl:\n%.300s", out)
+	}
+	out = h.ok("__complete", "get", "ip")
+	if !strings.HasPrefix(out, "ippools\n") {
+		t.Errorf("completing kinds: got %q, want ippools first", out)
+	}
 }

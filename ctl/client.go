@@ -30,9 +30,9 @@ func NewClient(store *datastore.Store, now func() time.Time) *Client {
 	return &Client{Store: store, IPAM: ipam.New(store, ipam.WithClock(now)), Now: now}
 }
 
-// Connect resolves nothing: it probes the endpoints (so that an unreachable
-// etcd is reported at once, naming each endpoint and the cause) and then
-// connects.
+// Connect probes the endpoints, so that an unreachable etcd is reported at
+// once with each endpoint and the cause rather than after the dial timeout,
+// and then connects.
 func Connect(ctx context.Context, cfg datastore.Config) (*datastore.Store, error) {
 	if err := Probe(cfg.Endpoints, probeDialTimeout); err != nil {
 		return nil, err

@@ -30,6 +30,8 @@ type Agent struct {
 	speaker bgp.Speaker
 	metrics *metrics
 	handler *cniHandler
+	// cniFault is Deps.CNIFault.
+	cniFault func(step string) error
 
 	nodeAddr netip.Prefix
 	asn      uint32
@@ -62,6 +64,9 @@ type Deps struct {
 	Workloads dataplane.Workloads
 	Routes    dataplane.Routes
 	Speaker   bgp.Speaker
+	// CNIFault, for tests, is called after each step of CNI ADD; an error
+	// fails ADD there.
+	CNIFault func(step string) error
 }
 
 // Run starts a production agent and blocks until ctx is done.
@@ -92,6 +97,7 @@ func New(cfg Config, log *slog.Logger, d Deps) *Agent {
 		wl:           d.Workloads,
 		routes:       d.Routes,
 		speaker:      d.Speaker,
+		cniFault:     d.CNIFault,
 		metrics:      newMetrics(),
 		routingKick:  make(chan struct{}, 1),
 		bgpKick:      make(chan struct{}, 1),
@@ -190,6 +196,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		log:     a.log.With("component", "cni"),
 		changed: a.kickAll,
 		observe: a.metrics.observeCNI,
+		fault:   a.cniFault,
 	}
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 

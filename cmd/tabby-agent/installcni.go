@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tabbynet/tabby/agent/installcni"
+)
+
+// newInstallCNICmd is `tabby-agent install-cni`, the DaemonSet's init
+// container: it installs the tabby shim and the network configuration list
+// on the node (or removes them with --uninstall) and exits.
+func newInstallCNICmd() *cobra.Command {
+	cfg := installcni.Default()
+	cfg.Template = env("CNI_NETWORK_CONFIG", "")
+	cfg.ConflistName = env("CNI_CONF_NAME", cfg.ConflistName)
+	mtuEnv := env("CNI_MTU", strconv.Itoa(cfg.MTU))
+	mtu, mtuErr := strconv.Atoi(mtuEnv)
+	if mtuErr == nil {
+		cfg.MTU = mtu
+	}
+	var uninstall bool
+	logLevel := env("TABBY_LOG_LEVEL", "info")
+
+	cmd := &cobra.Command{
+		Use:   "install-cni",
+		Short: "Install the tabby CNI plugin and network configuration on this node (Kubernetes init container)",
+		Long: "install-cni copies the tabby binary into the host's CNI bin directory, copies chained\n" +
+			"plugins (portmap) the host lacks, and writes the network configuration list rendered from\n" +
+			"the template (env CNI_NETWORK_CONFIG; placeholders " + installcni.PlaceholderMTU + " and " + installcni.PlaceholderAgentSocket + ").\n" +
+			"Files are replaced atomically and only when they differ. With --uninstall it removes the\n" +
+			"tabby binary and the configuration list.",
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var lvl slog.Level
+			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level: %w", err)
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			if mtuErr != nil && !cmd.Flags().Changed("mtu") {
+				return fmt.Errorf("env CNI_MTU: %q is not a number", mtuEnv)
+			}
+			if uninstall {
+				rep, err := installcni.Uninstall(cfg)
+				logReport(log, rep)
+				return err
+			}
+			if cfg.SourceBinary == "" {
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("finding the tabby binary (set --source-binary): %w", err)
+				}
+				cfg.SourceBinary = filepath.Join(filepath.Dir(exe), installcni.PluginName)
+			}
+			rep, err := installcni.Install(cfg)
+			logReport(log, rep)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.BinDir, "cni-bin-dir", cfg.BinDir, "the host's CNI plugin directory, as mounted")
+	f.StringVar(&cfg.ConfDir, "cni-conf-dir", cfg.ConfDir, "the host's CNI configuration directory, as mounted")
+	f.StringVar(&cfg.ConflistName, "conflist-name", cfg.ConflistName, "file name of the configuration list (env CNI_CONF_NAME)")
+	f.IntVar(&cfg.MTU, "mtu", cfg.MTU, "MTU of pod interfaces (env CNI_MTU)")
+	f.StringVar(&cfg.AgentSocket, "agent-socket", cfg.AgentSocket, "the agent's CNI socket as the host sees it")
+	f.StringVar(&cfg.SourceBinary, "source-binary", "", "the tabby binary to install (default: tabby next to this executable)")
+	f.StringVar(&cfg.PluginsDir, "plugins-dir", cfg.PluginsDir, "chained plugins to copy when the host lacks them (\"\" = none)")
+	f.StringVar(&cfg.Template, "cni-network-config", cfg.Template, "configuration list template (env CNI_NETWORK_CONFIG; default: tabby then portmap)")
+	f.BoolVar(&uninstall, "uninstall", false, "remove the tabby binary and the configuration list instead")
+	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
+	return cmd
+}
+
+func logReport(log *slog.Logger, rep *installcni.Report) {
+	if rep == nil {
+		return
+	}
+	for _, p := range rep.Written {
+		log.Info("installed", "path", p)
+	}
+	for _, p := range rep.Unchanged {
+		log.Info("unchanged", "path", p)
+	}
+	for _, p := range rep.Removed {
+		log.Info("removed", "path", p)
+	}
+	for _, p := range rep.Shadowed {
+		log.Warn("configuration sorts before ours: the runtime uses it instead of tabby until it is removed", "path", p)
+	}
+}

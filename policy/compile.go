@@ -1,0 +1,370 @@
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// dispatchFanout is the number of local endpoints above which the dispatch
+// chains split into one sub-chain per character after the interface prefix,
+// so that a packet meets about n/16 interface matches instead of n.
+const dispatchFanout = 32
+
+// compiler holds one compilation's state.
+type compiler struct {
+	in       Input
+	eps      []*endpoint // every endpoint, by name
+	local    []*endpoint // this node's, by interface
+	gnps     []*api.GlobalNetworkPolicy
+	nps      []*api.NetworkPolicy
+	sets     map[string]*IPSet
+	chains   map[string]Chain // policy chains emitted so far, by name
+	warnings []string
+}
+
+// Compile computes the node's packet-filter state from the cluster state.
+// It is pure and deterministic: the same input gives the same ruleset.
+// Inputs it cannot use are skipped and named in Ruleset.Warnings.
+func Compile(in Input) *Ruleset {
+	c := &compiler{in: in, sets: map[string]*IPSet{}, chains: map[string]Chain{}}
+	c.parseEndpoints()
+	c.orderPolicies()
+
+	var chains []Chain
+	var fromDispatch, toDispatch []dispatchEntry
+	for _, ep := range c.local {
+		fw, extra := c.fromWorkloadChain(ep)
+		tw := c.toWorkloadChain(ep)
+		chains = append(chains, fw, tw)
+		chains = append(chains, extra...)
+		fromDispatch = append(fromDispatch, dispatchEntry{ep.iface, fw.Name})
+		toDispatch = append(toDispatch, dispatchEntry{ep.iface, tw.Name})
+	}
+	chains = append(chains, dispatchChains(ChainFromWL, "-i", fromDispatch)...)
+	chains = append(chains, dispatchChains(ChainToWL, "-o", toDispatch)...)
+	chains = append(chains, forwardChain())
+	chains = append(chains, c.natChain())
+	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
+		chains = append(chains, c.chains[name])
+	}
+	slices.SortFunc(chains, func(a, b Chain) int {
+		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Name, b.Name))
+	})
+	return &Ruleset{
+		Chains: chains,
+		Jumps: []Jump{
+			{Table: TableFilter, From: "FORWARD", To: ChainForward},
+			{Table: TableNAT, From: "POSTROUTING", To: ChainPostrouting},
+		},
+		Sets:     c.sortedSets(),
+		Warnings: c.warnings,
+	}
+}
+
+func (c *compiler) warnf(format string, args ...any) {
+	c.warnings = append(c.warnings, fmt.Sprintf(format, args...))
+}
+
+func (c *compiler) parseEndpoints() {
+	for _, w := range c.in.Endpoints {
+		if w == nil {
+			continue
+		}
+		ns := w.Metadata.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		ep := &endpoint{
+			wep:       w,
+			name:      ns + "/" + w.Metadata.Name,
+			namespace: ns,
+			labels:    w.Metadata.Labels,
+			nsLabels:  namespaceLabels(ns, w.Spec.NamespaceLabels),
+			iface:     w.Spec.InterfaceName,
+			local:     w.Spec.Node == c.in.Node,
+		}
+		for _, n := range w.Spec.IPNetworks {
+			p, err := netip.ParsePrefix(n)
+			if err != nil {
+				a, aerr := netip.ParseAddr(n)
+				if aerr != nil {
+					c.warnf("endpoint %s: address %q: %v", ep.name, n, err)
+					continue
+				}
+				p = netip.PrefixFrom(a, a.BitLen())
+			}
+			if !p.Addr().Is4() {
+				c.warnf("endpoint %s: address %q is not IPv4", ep.name, n)
+				continue
+			}
+			ep.addrs = append(ep.addrs, p.Addr())
+		}
+		slices.SortFunc(ep.addrs, netip.Addr.Compare)
+		ep.addrs = slices.Compact(ep.addrs)
+		c.eps = append(c.eps, ep)
+		if !ep.local {
+			continue
+		}
+		switch {
+		case !strings.HasPrefix(ep.iface, WorkloadIfacePrefix) || len(ep.iface) <= len(WorkloadIfacePrefix):
+			c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name, ep.iface, WorkloadIfacePrefix)
+		case len(ep.iface) > 15:
+			c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name, ep.iface)
+		default:
+			c.local = append(c.local, ep)
+		}
+	}
+	slices.SortFunc(c.eps, func(a, b *endpoint) int { return cmp.Compare(a.name, b.name) })
+	slices.SortFunc(c.local, func(a, b *endpoint) int { return cmp.Compare(a.iface, b.iface) })
+	// Two endpoints claiming one interface: keep the first by name, so that
+	// each interface has one chain.
+	c.local = slices.CompactFunc(c.local, func(a, b *endpoint) bool {
+		if a.iface == b.iface {
+			c.warnf("endpoints %s and %s share interface %s: %s not policed", a.name, b.name, a.iface, b.name)
+			return true
+		}
+		return false
+	})
+}
+
+// namespaceLabels are an endpoint's namespace labels plus the name label
+// Kubernetes puts on every namespace.
+func namespaceLabels(ns string, labels map[string]string) map[string]string {
+	out := make(map[string]string, len(labels)+1)
+	maps.Copy(out, labels)
+	out[NamespaceNameLabel] = ns
+	return out
+}
+
+// orderPolicies sorts global policies by order (none last), then name, and
+// namespaced ones by namespace and name.
+func (c *compiler) orderPolicies() {
+	for _, g := range c.in.GlobalPolicies {
+		if g != nil {
+			c.gnps = append(c.gnps, g)
+		}
+	}
+	slices.SortStableFunc(c.gnps, func(x, y *api.GlobalNetworkPolicy) int {
+		switch {
+		case x.Spec.Order == nil && y.Spec.Order != nil:
+			return 1
+		case x.Spec.Order != nil && y.Spec.Order == nil:
+			return -1
+		case x.Spec.Order != nil && y.Spec.Order != nil:
+			if r := cmp.Compare(*x.Spec.Order, *y.Spec.Order); r != 0 {
+				return r
+			}
+		}
+		return cmp.Compare(x.Metadata.Name, y.Metadata.Name)
+	})
+	for _, p := range c.in.NetworkPolicies {
+		if p != nil {
+			c.nps = append(c.nps, p)
+		}
+	}
+	slices.SortStableFunc(c.nps, func(x, y *api.NetworkPolicy) int {
+		return cmp.Or(cmp.Compare(npNamespace(x), npNamespace(y)), cmp.Compare(x.Metadata.Name, y.Metadata.Name))
+	})
+}
+
+func npNamespace(p *api.NetworkPolicy) string {
+	if p.Metadata.Namespace == "" {
+		return "default"
+	}
+	return p.Metadata.Namespace
+}
+
+// direction is ingress (to the workload) or egress (from it).
+type direction int
+
+const (
+	ingress direction = iota
+	egress
+)
+
+// policiesFor returns the chains of the policies that select ep in dir, in
+// evaluation order: global policies by order, then namespaced ones. It
+// emits each chain the first time it is needed.
+func (c *compiler) policiesFor(ep *endpoint, dir direction) []string {
+	var out []string
+	for _, g := range c.gnps {
+		in, eg := g.AppliesTo()
+		if (dir == ingress && !in) || (dir == egress && !eg) {
+			continue
+		}
+		if g.Spec.Selector != nil && !g.Spec.Selector.Matches(ep.labels) {
+			continue
+		}
+		if g.Spec.NamespaceSelector != nil && !g.Spec.NamespaceSelector.Matches(ep.nsLabels) {
+			continue
+		}
+		out = append(out, c.globalPolicyChain(g, dir))
+	}
+	for _, p := range c.nps {
+		if npNamespace(p) != ep.namespace {
+			continue
+		}
+		in, eg := p.AppliesTo()
+		if (dir == ingress && !in) || (dir == egress && !eg) {
+			continue
+		}
+		if !p.Spec.PodSelector.Matches(ep.labels) {
+			continue
+		}
+		out = append(out, c.networkPolicyChain(p, dir))
+	}
+	return out
+}
+
+// policyChainName names a policy's chain for a direction: "tabby-pi-" or
+// "tabby-po-" and 16 characters of a hash of the policy's identity.
+func policyChainName(identity string, dir direction) string {
+	d := "pi"
+	if dir == egress {
+		d = "po"
+	}
+	return Prefix + d + "-" + shortHash(identity, 16)
+}
+
+// Arguments shared by many rules.
+var (
+	ruleEstablished = Rule{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"}
+	ruleClearMark   = Rule{"-j", "MARK", "--set-xmark", fmt.Sprintf("0x0/%#x", MarkAccept)}
+	ruleReturnIfOK  = Rule{"-m", "mark", "--mark", fmt.Sprintf("%#x/%#x", MarkAccept, MarkAccept), "-j", "RETURN"}
+	actionAllow     = []string{"-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", MarkAccept, MarkAccept)}
+	ruleDrop        = Rule{"-j", "DROP"}
+)
+
+// fromWorkloadChain is the egress chain of a local endpoint: anti-spoofing
+// first (also when no policy selects it), then conntrack, then policy. It
+// returns extra chains it needs (the anti-spoofing chain of an endpoint
+// with several addresses).
+func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
+	ch := Chain{Table: TableFilter, Name: Prefix + "fw-" + ep.iface}
+	var extra []Chain
+	switch len(ep.addrs) {
+	case 0:
+		ch.Rules = append(ch.Rules, ruleDrop)
+		return ch, nil
+	case 1:
+		ch.Rules = append(ch.Rules, Rule{"!", "-s", netip.PrefixFrom(ep.addrs[0], 32).String(), "-j", "DROP"})
+	default:
+		sp := Chain{Table: TableFilter, Name: Prefix + "sp-" + ep.iface}
+		for _, a := range ep.addrs {
+			sp.Rules = append(sp.Rules, Rule{"-s", netip.PrefixFrom(a, 32).String(), "-j", "RETURN"})
+		}
+		sp.Rules = append(sp.Rules, ruleDrop)
+		extra = append(extra, sp)
+		ch.Rules = append(ch.Rules, Rule{"-j", sp.Name})
+	}
+	ch.Rules = append(ch.Rules, ruleEstablished)
+	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, egress))...)
+	return ch, extra
+}
+
+// toWorkloadChain is the ingress chain of a local endpoint.
+func (c *compiler) toWorkloadChain(ep *endpoint) Chain {
+	ch := Chain{Table: TableFilter, Name: Prefix + "tw-" + ep.iface}
+	ch.Rules = append(ch.Rules, ruleEstablished)
+	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, ingress))...)
+	return ch
+}
+
+// policyRules evaluates the policy chains in order: the first to set the
+// accept mark ends evaluation with RETURN (allowed); a selected endpoint
+// that nothing allowed is dropped. Without policies the chain falls through
+// (default allow).
+func policyRules(chains []string) []Rule {
+	if len(chains) == 0 {
+		return nil
+	}
+	rules := []Rule{ruleClearMark}
+	for _, name := range chains {
+		rules = append(rules, Rule{"-j", name}, ruleReturnIfOK)
+	}
+	return append(rules, ruleDrop)
+}
+
+type dispatchEntry struct {
+	iface string
+	chain string
+}
+
+// dispatchChains builds the chain that sends a packet to its endpoint's
+// chain by interface (flag "-i" or "-o"), dropping packets of workload
+// interfaces without an endpoint. With many endpoints it fans out by the
+// first character after the interface prefix.
+func dispatchChains(name, flag string, entries []dispatchEntry) []Chain {
+	leaf := func(chain string, es []dispatchEntry) Chain {
+		ch := Chain{Table: TableFilter, Name: chain}
+		for _, e := range es {
+			ch.Rules = append(ch.Rules, Rule{flag, e.iface, "-g", e.chain})
+		}
+		ch.Rules = append(ch.Rules, ruleDrop)
+		return ch
+	}
+	if len(entries) <= dispatchFanout {
+		return []Chain{leaf(name, entries)}
+	}
+	groups := map[byte][]dispatchEntry{}
+	for _, e := range entries {
+		k := e.iface[len(WorkloadIfacePrefix)]
+		groups[k] = append(groups[k], e)
+	}
+	top := Chain{Table: TableFilter, Name: name}
+	out := []Chain{}
+	for _, k := range slices.Sorted(maps.Keys(groups)) {
+		sub := fmt.Sprintf("%s-%c", name, k)
+		top.Rules = append(top.Rules, Rule{flag, WorkloadIfacePrefix + string(k) + "+", "-g", sub})
+		out = append(out, leaf(sub, groups[k]))
+	}
+	top.Rules = append(top.Rules, ruleDrop)
+	return append(out, top)
+}
+
+// forwardChain sends workload traffic through both dispatches and accepts
+// what they let through. The from-workload chains return rather than
+// accept, so that traffic between two local workloads meets the
+// destination's ingress policy too.
+func forwardChain() Chain {
+	wl := WorkloadIfacePrefix + "+"
+	return Chain{Table: TableFilter, Name: ChainForward, Rules: []Rule{
+		{"-i", wl, "-j", ChainFromWL},
+		{"-o", wl, "-j", ChainToWL},
+		{"-i", wl, "-j", "ACCEPT"},
+		{"-o", wl, "-j", "ACCEPT"},
+	}}
+}
+
+// natChain masquerades traffic from natOutgoing pools to destinations
+// outside every pool, and fills the two pool sets.
+func (c *compiler) natChain() Chain {
+	var all, masq []string
+	for _, p := range c.in.Pools {
+		if p == nil {
+			continue
+		}
+		pr, err := p.Prefix()
+		if err != nil || !pr.Addr().Is4() {
+			c.warnf("pool %s: cidr %q is not an IPv4 CIDR", p.Metadata.Name, p.Spec.CIDR)
+			continue
+		}
+		for _, n := range netsExcept([]netip.Prefix{pr}, nil) {
+			all = append(all, n.String())
+			if p.Spec.NATOutgoing {
+				masq = append(masq, n.String())
+			}
+		}
+	}
+	c.addSet(SetAllPools, SetTypeNet, all)
+	c.addSet(SetMasqPools, SetTypeNet, masq)
+	return Chain{Table: TableNAT, Name: ChainPostrouting, Rules: []Rule{
+		{"-m", "set", "--match-set", SetMasqPools, "src", "-m", "set", "!", "--match-set", SetAllPools, "dst", "-j", "MASQUERADE"},
+	}}
+}

@@ -1,0 +1,227 @@
+// Package policy compiles network policy into packet-filter state, as data.
+//
+// Compile is a pure function: from the cluster's WorkloadEndpoints,
+// NetworkPolicies (Kubernetes networking.k8s.io/v1 semantics),
+// GlobalNetworkPolicies (ordered, Allow/Deny, evaluated first) and IPPools it
+// computes the iptables chains, the jumps from the kernel's base chains and
+// the ipsets one node needs. Nothing here touches the kernel: the agent
+// hands the result to package dataplane, which diffs it against the kernel
+// and applies the difference atomically.
+//
+// Layout (see docs/policy.md):
+//
+//	filter FORWARD -> tabby-FORWARD
+//	  -i cali+ -> tabby-from-wl (dispatch by -i) -> tabby-fw-<if>  egress of the workload
+//	  -o cali+ -> tabby-to-wl   (dispatch by -o) -> tabby-tw-<if>  ingress of the workload
+//	  -i cali+ / -o cali+ -> ACCEPT (both directions passed)
+//	tabby-fw-<if>: anti-spoofing, conntrack, then the egress policies
+//	tabby-tw-<if>: conntrack, then the ingress policies
+//	tabby-pi-<hash> / tabby-po-<hash>: one chain per policy and direction
+//	nat POSTROUTING -> tabby-POSTROUTING: natOutgoing masquerade
+//
+// A policy chain signals "allowed" with MarkAccept and returns; a
+// GlobalNetworkPolicy Deny rule drops at once. The endpoint chain returns
+// as soon as the mark is set, and drops at its end when any policy of that
+// direction selected the endpoint (isolation); with no such policy the
+// endpoint chain just returns (default allow).
+//
+// Every name Compile emits starts with Prefix, and only those are ever
+// changed or removed by the dataplane.
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// Names and marks of the compiled layout.
+const (
+	// Prefix starts every chain and ipset name Tabby owns.
+	Prefix = "tabby-"
+	// WorkloadIfacePrefix starts every host-side workload interface name.
+	WorkloadIfacePrefix = "cali"
+
+	ChainForward     = "tabby-FORWARD"
+	ChainFromWL      = "tabby-from-wl"
+	ChainToWL        = "tabby-to-wl"
+	ChainPostrouting = "tabby-POSTROUTING"
+
+	// SetAllPools holds the CIDR of every IPPool; SetMasqPools those of the
+	// pools with natOutgoing.
+	SetAllPools  = "tabby-all-pools"
+	SetMasqPools = "tabby-masq-pools"
+
+	// MarkAccept is the packet-mark bit a policy chain sets when one of its
+	// rules allows the packet. It stays clear of kube-proxy's 0x4000 and
+	// 0x8000.
+	MarkAccept = 0x10000
+
+	// MaxChainName is the longest iptables chain name (the kernel's limit
+	// is 29 bytes with the terminating NUL).
+	MaxChainName = 28
+	// MaxSetName is the longest ipset name (31 bytes plus NUL).
+	MaxSetName = 31
+)
+
+// Tables Compile emits chains into.
+const (
+	TableFilter = "filter"
+	TableNAT    = "nat"
+)
+
+// Set types. Members are written in ipset's own syntax, canonically:
+// hash:net "10.244.1.5/32"; hash:ip,port "10.244.1.5,tcp:8080".
+const (
+	SetTypeNet    = "hash:net"
+	SetTypeIPPort = "hash:ip,port"
+)
+
+// Input is the cluster state Compile works from.
+type Input struct {
+	// Node is the node being compiled for: endpoints with spec.node equal
+	// to it get chains; every endpoint feeds the selector sets.
+	Node string
+	// Endpoints are every WorkloadEndpoint of the cluster.
+	Endpoints []*api.WorkloadEndpoint
+	// NetworkPolicies are every namespaced NetworkPolicy.
+	NetworkPolicies []*api.NetworkPolicy
+	// GlobalPolicies are every GlobalNetworkPolicy.
+	GlobalPolicies []*api.GlobalNetworkPolicy
+	// Pools are every IPPool.
+	Pools []*api.IPPool
+}
+
+// Rule is one iptables rule: the arguments that follow "-A <chain>".
+type Rule []string
+
+// String renders the rule as iptables-save would, quoting arguments with
+// spaces.
+func (r Rule) String() string {
+	parts := make([]string, len(r))
+	for i, a := range r {
+		if a == "" || strings.ContainsAny(a, " \t\"'") {
+			a = fmt.Sprintf("%q", a)
+		}
+		parts[i] = a
+	}
+	return strings.Join(parts, " ")
+}
+
+// Chain is one of Tabby's chains with its rules in order.
+type Chain struct {
+	Table string
+	Name  string
+	Rules []Rule
+}
+
+// Jump is a rule in a kernel base chain (From, such as FORWARD) that jumps
+// to one of Tabby's chains (To). It is inserted once, at the top.
+type Jump struct {
+	Table string
+	From  string
+	To    string
+}
+
+// IPSet is one of Tabby's ipsets with its members, sorted and unique.
+type IPSet struct {
+	Name    string
+	Type    string
+	Members []string
+}
+
+// Ruleset is the complete packet-filter state of one node.
+type Ruleset struct {
+	// Chains sorted by table and name.
+	Chains []Chain
+	// Jumps in a fixed order.
+	Jumps []Jump
+	// Sets sorted by name.
+	Sets []IPSet
+	// Warnings name inputs that were skipped (an unparsable address, an
+	// interface without the workload prefix); they never stop compilation.
+	Warnings []string
+}
+
+// Chain returns the named chain of the table, if the ruleset has it.
+func (r *Ruleset) Chain(table, name string) (Chain, bool) {
+	i := slices.IndexFunc(r.Chains, func(c Chain) bool { return c.Table == table && c.Name == name })
+	if i < 0 {
+		return Chain{}, false
+	}
+	return r.Chains[i], true
+}
+
+// Set returns the named set, if the ruleset has it.
+func (r *Ruleset) Set(name string) (IPSet, bool) {
+	i := slices.IndexFunc(r.Sets, func(s IPSet) bool { return s.Name == name })
+	if i < 0 {
+		return IPSet{}, false
+	}
+	return r.Sets[i], true
+}
+
+// Lines renders the ruleset as text for tests and debugging: per table an
+// iptables-save-like section, then "create"/"add" lines as ipset save
+// prints them.
+func (r *Ruleset) Lines() []string {
+	var out []string
+	for _, table := range []string{TableFilter, TableNAT} {
+		out = append(out, "*"+table)
+		for _, j := range r.Jumps {
+			if j.Table == table {
+				out = append(out, fmt.Sprintf("-I %s -j %s", j.From, j.To))
+			}
+		}
+		for _, c := range r.Chains {
+			if c.Table == table {
+				out = append(out, ":"+c.Name)
+			}
+		}
+		for _, c := range r.Chains {
+			if c.Table != table {
+				continue
+			}
+			for _, rule := range c.Rules {
+				out = append(out, "-A "+c.Name+" "+rule.String())
+			}
+		}
+	}
+	for _, s := range r.Sets {
+		out = append(out, "create "+s.Name+" "+s.Type)
+		for _, m := range s.Members {
+			out = append(out, "add "+s.Name+" "+m)
+		}
+	}
+	return out
+}
+
+// RulesPerEndpoint counts the rules in the chains that exist because of
+// local endpoints (their dispatch entries, anti-spoofing and endpoint
+// chains), divided by the number of local endpoints; 0 without any.
+func (r *Ruleset) RulesPerEndpoint() float64 {
+	n, rules := 0, 0
+	for _, c := range r.Chains {
+		switch {
+		case strings.HasPrefix(c.Name, "tabby-tw-"):
+			n++
+			rules += len(c.Rules)
+		case strings.HasPrefix(c.Name, "tabby-fw-"), strings.HasPrefix(c.Name, "tabby-sp-"):
+			rules += len(c.Rules)
+		case strings.HasPrefix(c.Name, ChainFromWL), strings.HasPrefix(c.Name, ChainToWL):
+			for _, rule := range c.Rules {
+				if slices.Contains(rule, "-g") && slices.ContainsFunc(rule, func(a string) bool {
+					return strings.HasPrefix(a, "tabby-tw-") || strings.HasPrefix(a, "tabby-fw-")
+				}) {
+					rules++
+				}
+			}
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return float64(rules) / float64(n)
+}

@@ -1,0 +1,227 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// maxMultiport is how many ports one multiport match takes (a range counts
+// twice).
+const maxMultiport = 15
+
+// peerMatch is one alternative source (ingress) or destination (egress) of
+// a NetworkPolicy rule.
+type peerMatch struct {
+	args []string
+	// sel is the endpoints the peer picks; nil for "any address" and for
+	// ipBlocks, which match addresses rather than endpoints.
+	sel *selection
+}
+
+// portMatch is one alternative port of a rule.
+type portMatch struct {
+	proto string // lowercase; "" = any protocol
+	args  []string
+	named string // a named port, resolved by the caller per endpoint
+}
+
+// networkPolicyChain emits (once) and names the chain of a namespaced
+// policy for one direction. Every rule that matches sets the accept mark:
+// Kubernetes policies only allow, and a packet passes if any rule of any
+// selecting policy allows it.
+func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) string {
+	ns := npNamespace(p)
+	id := "np/" + ns + "/" + p.Metadata.Name
+	name := policyChainName(id, dir)
+	if _, ok := c.chains[name]; ok {
+		return name
+	}
+	ch := Chain{Table: TableFilter, Name: name}
+	// The policy's own endpoints: the destination of ingress traffic, whose
+	// named ports ingress rules resolve.
+	self := selection{namespace: ns, pods: &p.Spec.PodSelector}
+	type npRule struct {
+		peers []api.NetworkPolicyPeer
+		ports []api.NetworkPolicyPort
+	}
+	var rules []npRule
+	if dir == ingress {
+		for _, r := range p.Spec.Ingress {
+			rules = append(rules, npRule{r.From, r.Ports})
+		}
+	} else {
+		for _, r := range p.Spec.Egress {
+			rules = append(rules, npRule{r.To, r.Ports})
+		}
+	}
+	for i, r := range rules {
+		peers := c.npPeers(id, ns, r.peers, dir)
+		ports := c.npPorts(id, i, r.ports)
+		for _, peer := range peers {
+			for _, port := range ports {
+				args := append([]string{}, peer.args...)
+				args = append(args, port.args...)
+				if port.named != "" {
+					// The destination's port: the policy's own endpoints
+					// for ingress, the peer's for egress (any endpoint when
+					// the peer is an address block or anything).
+					target := self
+					if dir == egress {
+						target = selection{}
+						if peer.sel != nil {
+							target = *peer.sel
+						}
+					}
+					set := c.namedPortSet(target, port.proto, port.named)
+					args = append(args, "-m", "set", "--match-set", set, "dst,dst")
+				}
+				ch.Rules = append(ch.Rules, append(Rule(args), actionAllow...))
+			}
+		}
+		if len(peers) > 0 && len(ports) > 0 {
+			ch.Rules = append(ch.Rules, ruleReturnIfOK)
+		}
+	}
+	c.chains[name] = ch
+	return name
+}
+
+// npPeers turns a rule's from/to list into matches; an empty list matches
+// any address.
+func (c *compiler) npPeers(id, ns string, peers []api.NetworkPolicyPeer, dir direction) []peerMatch {
+	if len(peers) == 0 {
+		return []peerMatch{{}}
+	}
+	flag := "src"
+	if dir == egress {
+		flag = "dst"
+	}
+	var out []peerMatch
+	for _, p := range peers {
+		switch {
+		case p.IPBlock != nil:
+			cidr, err := netip.ParsePrefix(p.IPBlock.CIDR)
+			if err != nil || !cidr.Addr().Is4() {
+				c.warnf("%s: ipBlock cidr %q is not an IPv4 CIDR: peer skipped", id, p.IPBlock.CIDR)
+				continue
+			}
+			var except []netip.Prefix
+			for _, e := range p.IPBlock.Except {
+				ep, err := netip.ParsePrefix(e)
+				if err != nil || !ep.Addr().Is4() {
+					c.warnf("%s: ipBlock except %q is not an IPv4 CIDR: ignored", id, e)
+					continue
+				}
+				except = append(except, ep)
+			}
+			set := c.netSet([]netip.Prefix{cidr}, except)
+			out = append(out, peerMatch{args: []string{"-m", "set", "--match-set", set, flag}})
+		case p.PodSelector != nil || p.NamespaceSelector != nil:
+			// podSelector alone: pods of the policy's namespace.
+			// namespaceSelector (alone or with podSelector): pods in the
+			// namespaces it picks, of any namespace.
+			sel := selection{pods: p.PodSelector, namespaces: p.NamespaceSelector}
+			if p.NamespaceSelector == nil {
+				sel.namespace = ns
+			}
+			set := c.selectorSet(sel)
+			out = append(out, peerMatch{args: []string{"-m", "set", "--match-set", set, flag}, sel: &sel})
+		default:
+			c.warnf("%s: a peer without podSelector, namespaceSelector or ipBlock: skipped", id)
+		}
+	}
+	return out
+}
+
+// npPorts turns a rule's ports into matches; an empty list matches every
+// port of every protocol. Numeric ports and endPort ranges of a protocol
+// share multiport matches; each named port is a match of its own.
+func (c *compiler) npPorts(id string, rule int, ports []api.NetworkPolicyPort) []portMatch {
+	if len(ports) == 0 {
+		return []portMatch{{}}
+	}
+	var specs []portSpec
+	var out []portMatch
+	for _, p := range ports {
+		proto := api.ProtocolTCP
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		proto = strings.ToLower(proto)
+		switch {
+		case p.Port == nil:
+			out = append(out, portMatch{proto: proto, args: []string{"-p", proto}})
+		case p.Port.IsString:
+			out = append(out, portMatch{proto: proto, args: []string{"-p", proto}, named: p.Port.StrVal})
+		default:
+			lo, hi := int(p.Port.IntVal), int(p.Port.IntVal)
+			if p.EndPort != nil {
+				hi = int(*p.EndPort)
+			}
+			if lo < 1 || lo > 65535 || hi < lo || hi > 65535 {
+				c.warnf("%s: rule %d: port %d-%d out of range: skipped", id, rule, lo, hi)
+				continue
+			}
+			specs = append(specs, portSpec{proto, lo, hi})
+		}
+	}
+	return append(multiportMatches(specs, "--dport", "--dports"), out...)
+}
+
+type portSpec struct {
+	proto  string
+	lo, hi int
+}
+
+// multiportMatches groups numeric ports by protocol, in order of first
+// appearance, into matches of at most maxMultiport ports each.
+func multiportMatches(specs []portSpec, single, multi string) []portMatch {
+	var order []string
+	byProto := map[string][]portSpec{}
+	for _, s := range specs {
+		if _, ok := byProto[s.proto]; !ok {
+			order = append(order, s.proto)
+		}
+		byProto[s.proto] = append(byProto[s.proto], s)
+	}
+	var out []portMatch
+	for _, proto := range order {
+		ss := byProto[proto]
+		if len(ss) == 1 {
+			out = append(out, portMatch{proto: proto, args: []string{"-p", proto, "-m", proto, single, ss[0].text()}})
+			continue
+		}
+		var chunk []string
+		used := 0
+		flush := func() {
+			if len(chunk) > 0 {
+				out = append(out, portMatch{proto: proto, args: []string{"-p", proto, "-m", "multiport", multi, strings.Join(chunk, ",")}})
+			}
+			chunk, used = nil, 0
+		}
+		for _, s := range ss {
+			w := 1
+			if s.hi != s.lo {
+				w = 2
+			}
+			if used+w > maxMultiport {
+				flush()
+			}
+			chunk = append(chunk, s.text())
+			used += w
+		}
+		flush()
+	}
+	return out
+}
+
+func (s portSpec) text() string {
+	if s.lo == s.hi {
+		return strconv.Itoa(s.lo)
+	}
+	return fmt.Sprintf("%d:%d", s.lo, s.hi)
+}

@@ -1,0 +1,238 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// NamespaceNameLabel is the label every Kubernetes namespace carries with
+// its own name; namespaceSelectors may use it although endpoints do not
+// list it in spec.namespaceLabels.
+const NamespaceNameLabel = "kubernetes.io/metadata.name"
+
+// endpoint is a WorkloadEndpoint with its parsed fields.
+type endpoint struct {
+	wep       *api.WorkloadEndpoint
+	name      string // namespace/name, for messages and ordering
+	namespace string
+	labels    map[string]string
+	nsLabels  map[string]string
+	addrs     []netip.Addr
+	iface     string
+	local     bool
+}
+
+// selection picks endpoints: those in namespace (any when ""), whose
+// namespace's labels match namespaces (any when nil) and whose labels match
+// pods (any when nil).
+type selection struct {
+	namespace  string
+	pods       *api.LabelSelector
+	namespaces *api.LabelSelector
+}
+
+func (s selection) matches(ep *endpoint) bool {
+	if s.namespace != "" && ep.namespace != s.namespace {
+		return false
+	}
+	if s.namespaces != nil && !s.namespaces.Matches(ep.nsLabels) {
+		return false
+	}
+	if s.pods != nil && !s.pods.Matches(ep.labels) {
+		return false
+	}
+	return true
+}
+
+// key identifies the selection; equal keys select the same endpoints.
+func (s selection) key() string {
+	sel := func(l *api.LabelSelector) string {
+		if l == nil {
+			return "*"
+		}
+		return "{" + l.String() + "}"
+	}
+	return fmt.Sprintf("ns=%s pods=%s namespaces=%s", s.namespace, sel(s.pods), sel(s.namespaces))
+}
+
+// shortHash is n characters of a lowercase base32 SHA-256 of s.
+func shortHash(s string, n int) string {
+	sum := sha256.Sum256([]byte(s))
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:]))[:n]
+}
+
+// setName names a set of the given kind ('s' selector, 'n' nets, 'p' named
+// port) by a hash of its identity: "tabby-s-" and 20 characters.
+func setName(kind byte, identity string) string {
+	return Prefix + string(kind) + "-" + shortHash(identity, 20)
+}
+
+// selectorSet returns the name of the hash:net set holding the addresses
+// of the endpoints sel picks, creating it on first use.
+func (c *compiler) selectorSet(sel selection) string {
+	name := setName('s', sel.key())
+	if _, ok := c.sets[name]; ok {
+		return name
+	}
+	var members []string
+	for _, ep := range c.eps {
+		if sel.matches(ep) {
+			for _, a := range ep.addrs {
+				members = append(members, netip.PrefixFrom(a, 32).String())
+			}
+		}
+	}
+	c.addSet(name, SetTypeNet, members)
+	return name
+}
+
+// netSet returns the name of the hash:net set holding nets minus except.
+func (c *compiler) netSet(nets, except []netip.Prefix) string {
+	var id []string
+	for _, n := range nets {
+		id = append(id, n.String())
+	}
+	id = append(id, "except")
+	for _, n := range except {
+		id = append(id, n.String())
+	}
+	name := setName('n', strings.Join(id, " "))
+	if _, ok := c.sets[name]; ok {
+		return name
+	}
+	var members []string
+	for _, n := range netsExcept(nets, except) {
+		members = append(members, n.String())
+	}
+	c.addSet(name, SetTypeNet, members)
+	return name
+}
+
+// namedPortSet returns the name of the hash:ip,port set holding
+// "address,proto:port" of every endpoint sel picks that names a port name
+// for proto.
+func (c *compiler) namedPortSet(sel selection, proto, port string) string {
+	proto = strings.ToLower(proto)
+	name := setName('p', sel.key()+" port="+proto+"/"+port)
+	if _, ok := c.sets[name]; ok {
+		return name
+	}
+	var members []string
+	for _, ep := range c.eps {
+		if !sel.matches(ep) {
+			continue
+		}
+		for _, p := range ep.wep.Spec.Ports {
+			pp := p.Protocol
+			if pp == "" {
+				pp = api.ProtocolTCP
+			}
+			if p.Name != port || strings.ToLower(pp) != proto || p.Port == 0 {
+				continue
+			}
+			for _, a := range ep.addrs {
+				members = append(members, fmt.Sprintf("%s,%s:%d", a, proto, p.Port))
+			}
+		}
+	}
+	c.addSet(name, SetTypeIPPort, members)
+	return name
+}
+
+func (c *compiler) addSet(name, typ string, members []string) {
+	slices.Sort(members)
+	members = slices.Compact(members)
+	if members == nil {
+		members = []string{}
+	}
+	c.sets[name] = &IPSet{Name: name, Type: typ, Members: members}
+}
+
+func (c *compiler) sortedSets() []IPSet {
+	out := make([]IPSet, 0, len(c.sets))
+	for _, k := range slices.Sorted(maps.Keys(c.sets)) {
+		out = append(out, *c.sets[k])
+	}
+	return out
+}
+
+// netsExcept returns the prefixes covering nets but none of except, with
+// no overlaps, sorted. ipset's hash:net cannot hold /0, so a /0 is split
+// into its two halves.
+func netsExcept(nets, except []netip.Prefix) []netip.Prefix {
+	var cur []netip.Prefix
+	for _, n := range nets {
+		n = n.Masked()
+		if n.Bits() == 0 {
+			lo := netip.PrefixFrom(n.Addr(), 1)
+			cur = append(cur, lo, sibling(lo))
+			continue
+		}
+		cur = append(cur, n)
+	}
+	for _, e := range except {
+		e = e.Masked()
+		var next []netip.Prefix
+		for _, p := range cur {
+			switch {
+			case contains(e, p):
+				// removed entirely
+			case contains(p, e):
+				next = append(next, subtract(p, e)...)
+			default:
+				next = append(next, p)
+			}
+		}
+		cur = next
+	}
+	slices.SortFunc(cur, comparePrefix)
+	// Drop prefixes covered by an earlier (shorter or equal) one.
+	var out []netip.Prefix
+	for _, p := range cur {
+		if len(out) > 0 && contains(out[len(out)-1], p) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// contains reports whether a covers all of b.
+func contains(a, b netip.Prefix) bool {
+	return a.Bits() <= b.Bits() && a.Contains(b.Addr())
+}
+
+// subtract returns p without e, where p strictly contains e: the sibling of
+// each of e's ancestors below p.
+func subtract(p, e netip.Prefix) []netip.Prefix {
+	if p == e {
+		return nil
+	}
+	var out []netip.Prefix
+	for b := p.Bits() + 1; b <= e.Bits(); b++ {
+		out = append(out, sibling(netip.PrefixFrom(e.Addr(), b).Masked()))
+	}
+	return out
+}
+
+// sibling returns the other half of p's parent.
+func sibling(p netip.Prefix) netip.Prefix {
+	a := p.Addr().As4()
+	bit := p.Bits() - 1
+	a[bit/8] ^= 0x80 >> (bit % 8)
+	return netip.PrefixFrom(netip.AddrFrom4(a), p.Bits())
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}

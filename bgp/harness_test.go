@@ -24,7 +24,8 @@ import (
 type routeWatcher struct {
 	mu      sync.Mutex
 	latest  []LearnedRoute
-	changed chan struct{} // closed and replaced on every new set
+	history [][]LearnedRoute // every set received, oldest first
+	changed chan struct{}    // closed and replaced on every new set
 	done    chan struct{}
 }
 
@@ -35,12 +36,26 @@ func watchRoutes(ch <-chan []LearnedRoute) *routeWatcher {
 		for r := range ch {
 			w.mu.Lock()
 			w.latest = r
+			w.history = append(w.history, r)
 			close(w.changed)
 			w.changed = make(chan struct{})
 			w.mu.Unlock()
 		}
 	}()
 	return w
+}
+
+// since returns the sets received after the first n.
+func (w *routeWatcher) since(n int) [][]LearnedRoute {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.history[min(n, len(w.history)):])
+}
+
+func (w *routeWatcher) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.history)
 }
 
 func (w *routeWatcher) get() ([]LearnedRoute, <-chan struct{}) {
@@ -140,24 +155,30 @@ func newCluster(tb testing.TB, net byte, n int, mutate func(i int, node *api.Nod
 			RouterID: a, ASN: api.DefaultASNumber, ListenAddr: a, ListenPort: int32(c.port),
 			ClusterID: apiNode.Spec.BGP.RouteReflectorClusterID, GracefulRestart: true, RestartTime: 30 * time.Second,
 		}
-		log := testLogger(tb)
-		if log != nil {
-			log = log.With("node", a.String())
-		}
-		sp := NewSpeaker(log).(*speaker)
-		if err := sp.Start(context.Background(), cfg); err != nil {
-			tb.Fatalf("starting %s: %v", name, err)
-		}
-		tn := &testNode{name: name, addr: a, sp: sp, watch: watchRoutes(sp.Routes())}
-		tb.Cleanup(func() {
-			if err := sp.Stop(false); err != nil {
-				tb.Errorf("stopping %s: %v", name, err)
-			}
-			<-tn.watch.done
-		})
-		c.nodes = append(c.nodes, tn)
+		c.nodes = append(c.nodes, startNode(tb, name, cfg))
 	}
 	return c
+}
+
+// startNode starts a speaker and stops it when the test ends.
+func startNode(tb testing.TB, name string, cfg Config) *testNode {
+	tb.Helper()
+	log := testLogger(tb)
+	if log != nil {
+		log = log.With("node", cfg.RouterID.String())
+	}
+	sp := NewSpeaker(log).(*speaker)
+	if err := sp.Start(context.Background(), cfg); err != nil {
+		tb.Fatalf("starting %s: %v", name, err)
+	}
+	tn := &testNode{name: name, addr: cfg.RouterID, sp: sp, watch: watchRoutes(sp.Routes())}
+	tb.Cleanup(func() {
+		if err := sp.Stop(false); err != nil {
+			tb.Errorf("stopping %s: %v", name, err)
+		}
+		<-tn.watch.done
+	})
+	return tn
 }
 
 // configure gives every node the peers DesiredPeers computes for it.

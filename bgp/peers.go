@@ -51,6 +51,12 @@ func (s *speaker) passive(p Peer) bool {
 
 func seconds(d time.Duration) uint64 { return uint64((d + time.Second - 1) / time.Second) }
 
+func (s *speaker) routerID() netip.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.RouterID
+}
+
 // toAPIPeer builds GoBGP's peer configuration for p.
 func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 	hold, keepalive := p.Hold, p.Keepalive
@@ -123,6 +129,8 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 			errs = append(errs, fmt.Errorf("peer %v: not an IPv4 address", p.Address))
 		case p.ASN == 0:
 			errs = append(errs, fmt.Errorf("peer %v: ASN must not be 0", p.Address))
+		case p.Address == s.routerID():
+			errs = append(errs, fmt.Errorf("peer %v: that is our own router ID", p.Address))
 		default:
 			desired[p.Address] = p
 		}

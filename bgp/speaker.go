@@ -284,9 +284,9 @@ func (s *speaker) routeLoop(ctx context.Context) {
 	defer resync.Stop()
 	stuck := time.NewTicker(stuckCheck)
 	defer stuck.Stop()
-	// The first set waits for every peer's End-of-RIB (or DeferralTime),
-	// so that a restarting agent does not flush kernel routes that peers
-	// are about to send again.
+	// After a restart (LocalRestarting) the first set waits for every
+	// peer's End-of-RIB (or DeferralTime), so that the agent does not
+	// flush kernel routes that peers are about to send again.
 	gate := time.NewTimer(DeferralTime)
 	defer gate.Stop()
 	for {
@@ -349,7 +349,7 @@ func (s *speaker) settle(ctx context.Context) bool {
 func (s *speaker) initialSyncDone() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.cfg.GracefulRestart || time.Since(s.startedAt) >= DeferralTime {
+	if !s.cfg.LocalRestarting || time.Since(s.startedAt) >= DeferralTime {
 		return true
 	}
 	if !s.peersSet {

@@ -253,14 +253,101 @@ func TestSpeakerConfigErrors(t *testing.T) {
 	if err := sp.Start(context.Background(), good); err == nil {
 		t.Error("second Start succeeded")
 	}
-	err := sp.SetPeers(context.Background(), []Peer{{Address: netip.MustParseAddr("127.77.9.2")}})
-	if err == nil {
-		t.Error("SetPeers accepted a peer without ASN")
+	for _, p := range []Peer{
+		{Address: netip.MustParseAddr("127.77.9.2")},
+		{Address: good.RouterID, ASN: 64512},
+		{Address: netip.MustParseAddr("::1"), ASN: 64512},
+	} {
+		if err := sp.SetPeers(context.Background(), []Peer{p}); err == nil {
+			t.Errorf("SetPeers accepted %+v", p)
+		}
+	}
+	if err := sp.SetAdvertised(context.Background(), []netip.Prefix{netip.MustParsePrefix("fd00::/64")}); err == nil {
+		t.Error("SetAdvertised accepted an IPv6 prefix")
+	}
+	if st, err := sp.Peers(context.Background()); err != nil || len(st) != 0 {
+		t.Errorf("Peers after rejected SetPeers = %+v, %v; want none", st, err)
 	}
 	if err := sp.Stop(true); err != nil {
 		t.Errorf("Stop: %v", err)
 	}
 	if _, ok := <-sp.Routes(); ok {
 		t.Error("Routes channel open after Stop")
+	}
+}
+
+// waitSessionDown waits until n's only peer is no longer Established.
+func waitSessionDown(t *testing.T, n *testNode, deadline time.Time) {
+	t.Helper()
+	for {
+		st, err := n.sp.Peers(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st) == 1 && st[0].State != "Established" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: session still up: %+v", n.name, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestGracefulRestart: a speaker stops gracefully and comes back with
+// LocalRestarting; its peer routes its block throughout. Stopped for good,
+// the block goes once the announced restart time has passed.
+func TestGracefulRestart(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, 9, 2, nil)
+	c.configure(t, nil, nil)
+	c.advertiseBlocks(t)
+	n0, n1 := c.nodes[0], c.nodes[1]
+	deadline := time.Now().Add(convergeTimeout)
+	if got, ok := n1.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return hasRoute(rs, blockOf(0), n0.addr) }); !ok {
+		t.Fatalf("block not learned:%s", routesString(got))
+	}
+	mark := n1.watch.count()
+	if err := n0.sp.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	waitSessionDown(t, n1, deadline)
+
+	cfg := n0.sp.cfg
+	cfg.LocalRestarting = true
+	cfg.RestartTime = 3 * time.Second
+	again := startNode(t, n0.name+"-again", cfg)
+	cfg0 := &api.BGPConfiguration{}
+	cfg0.Spec.ListenPort = &c.port
+	if err := again.sp.SetPeers(context.Background(), DesiredPeers(n0.name, c.api, cfg0, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(0)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := again.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return hasRoute(rs, blockOf(1), n1.addr) }); !ok {
+		t.Fatalf("restarted speaker routes:%s%s", routesString(got), peersString(again))
+	}
+	waitEstablished(t, n1, 1, deadline)
+	for _, rs := range n1.watch.since(mark) {
+		if !hasRoute(rs, blockOf(0), n0.addr) {
+			t.Errorf("during the restart the peer published a set without the block:%s", routesString(rs))
+		}
+	}
+
+	// Gone for good: the stale route lasts the announced restart time.
+	if err := again.sp.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	waitSessionDown(t, n1, time.Now().Add(convergeTimeout))
+	down := time.Now()
+	if rs, err := n1.sp.learnedRoutes(); err != nil || !hasRoute(rs, blockOf(0), n0.addr) {
+		t.Fatalf("route dropped at once after a graceful stop (err %v):%s", err, routesString(rs))
+	}
+	if got, ok := n1.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool { return lacksRoute(rs, blockOf(0)) }); !ok {
+		t.Fatalf("stale route kept past the restart time:%s", routesString(got))
+	}
+	if held := time.Since(down); held < 2*time.Second {
+		t.Errorf("stale route held only %v, want about the 3 s restart time", held)
 	}
 }

@@ -113,8 +113,10 @@ type Speaker interface {
 	SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error
 	// Routes delivers, after each change, the full current set of best
 	// routes learned from peers. Only the latest set matters: a slow
-	// reader misses intermediate sets, never the last one. The channel
-	// is closed by Stop.
+	// reader misses intermediate sets, never the last one. With
+	// Config.LocalRestarting the first set waits until every peer has
+	// sent End-of-RIB (at most DeferralTime). The channel is closed by
+	// Stop.
 	Routes() <-chan []LearnedRoute
 	// Peers reports the state of every configured peer, sorted by address.
 	Peers(ctx context.Context) ([]PeerStatus, error)

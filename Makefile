@@ -11,7 +11,7 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 # Every tier. Privileged and end-to-end tests run when root and skip (saying so) otherwise.
 test: build

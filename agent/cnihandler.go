@@ -131,6 +131,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		}
 	}()
 
+	t0 := time.Now()
 	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	asg, err := h.ipam.Assign(actx, areq)
 	cancel()
@@ -150,6 +151,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		MTU:        conf.MTU,
 		MAC:        args.MAC,
 	}
+	t1 := time.Now()
 	wired = true // Setup undoes its own partial work; Teardown covers a complete one.
 	st, err := h.wl.Setup(ctx, spec)
 	if err != nil {
@@ -160,6 +162,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		return nil, err
 	}
 
+	t2 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, st.ContainerMAC, args.Labels)
 	if err = h.putEndpoint(ctx, wep); err != nil {
 		return nil, cniErr(codeDatastore, "recording endpoint "+wep.Metadata.Name, err)
@@ -171,7 +174,8 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if h.changed != nil {
 		h.changed()
 	}
-	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed)
+	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed,
+		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", t2.Sub(t1).Round(time.Microsecond), "endpoint", time.Since(t2).Round(time.Microsecond))
 	return buildResult(req, asg.Addr, hostIf, st), nil
 }
 

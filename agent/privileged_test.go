@@ -91,7 +91,7 @@ func buildPlugin(t testing.TB) string {
 	return dir
 }
 
-func newNodeEnv(t *testing.T) *nodeEnv {
+func newNodeEnv(t testing.TB) *nodeEnv {
 	t.Helper()
 	requireRoot(t)
 	e := &nodeEnv{}
@@ -131,7 +131,7 @@ func newNodeEnv(t *testing.T) *nodeEnv {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e.agent = New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), Deps{
+	e.agent = New(cfg, testLogger(), Deps{
 		Workloads: wl, Routes: routes, Speaker: newFakeSpeaker(),
 		CNIFault: func(step string) error {
 			e.faultMu.Lock()
@@ -178,9 +178,13 @@ func (e *nodeEnv) setFault(f func(string) error) {
 // installed (it only touches the pod's namespace) and speaks ver (Debian's
 // plugins stop at CNI 1.0.0).
 func (e *nodeEnv) conflist(t testing.TB, ver string) *libcni.NetworkConfigList {
+	return e.conflistChain(t, ver, true)
+}
+
+func (e *nodeEnv) conflistChain(t testing.TB, ver string, chain bool) *libcni.NetworkConfigList {
 	t.Helper()
 	plugins := []map[string]any{{"type": "tabby", "agent_socket": e.sock, "mtu": 1500, "timeout_seconds": 20}}
-	if _, err := os.Stat("/usr/lib/cni/tuning"); err == nil && ver != "1.1.0" {
+	if _, err := os.Stat("/usr/lib/cni/tuning"); err == nil && ver != "1.1.0" && chain {
 		plugins = append(plugins, map[string]any{"type": "tuning", "sysctl": map[string]string{"net.ipv4.conf.eth0.accept_local": "1"}})
 	}
 	b, err := json.Marshal(map[string]any{"cniVersion": ver, "name": "k8s-pod-network", "plugins": plugins})
@@ -412,4 +416,12 @@ func TestPrivilegedConcurrentAdds(t *testing.T) {
 	if c := e.caliLinks(t); c != 0 {
 		t.Errorf("%d cali links left after DEL", c)
 	}
+}
+
+// testLogger discards logs unless TABBY_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("TABBY_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }

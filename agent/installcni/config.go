@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/pflag"
+
 	"github.com/tabbynet/tabby/cni"
 )
 
@@ -130,4 +132,18 @@ func (c *Config) template() string {
 		return DefaultTemplate
 	}
 	return c.Template
+}
+
+// AddFlags registers the flags of `tabby-agent install-cni` that set c,
+// with c's current values as defaults. SourceBinary's default is left to
+// the command (the tabby next to its executable).
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.BinDir, "cni-bin-dir", c.BinDir, "the host's CNI plugin directory, as mounted")
+	fs.StringVar(&c.ConfDir, "cni-conf-dir", c.ConfDir, "the host's CNI configuration directory, as mounted")
+	fs.StringVar(&c.ConflistName, "conflist-name", c.ConflistName, "file name of the configuration list (env CNI_CONF_NAME)")
+	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod interfaces (env CNI_MTU)")
+	fs.StringVar(&c.AgentSocket, "agent-socket", c.AgentSocket, "the agent's CNI socket as the host sees it")
+	fs.StringVar(&c.SourceBinary, "source-binary", c.SourceBinary, "the tabby binary to install (default: tabby next to this executable)")
+	fs.StringVar(&c.PluginsDir, "plugins-dir", c.PluginsDir, "chained plugins to copy when the host lacks them (\"\" = none)")
+	fs.StringVar(&c.Template, "cni-network-config", c.Template, "configuration list template (env CNI_NETWORK_CONFIG; default: tabby then portmap)")
 }

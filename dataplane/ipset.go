@@ -1,0 +1,117 @@
+package dataplane
+
+import (
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Options of every set Tabby creates: IPv4, room for a large cluster.
+const ipsetCreateOptions = "family inet hashsize 1024 maxelem 1048576"
+
+// kernelSet is one set as `ipset save` prints it.
+type kernelSet struct {
+	typ     string
+	members map[string]bool
+}
+
+// parseIPSetSave reads `ipset save` output, keeping only Tabby's sets, with
+// members normalised (see normMember).
+func parseIPSetSave(out string) (map[string]*kernelSet, error) {
+	sets := map[string]*kernelSet{}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || !strings.HasPrefix(f[1], FirewallPrefix) {
+			continue
+		}
+		switch f[0] {
+		case "create":
+			sets[f[1]] = &kernelSet{typ: f[2], members: map[string]bool{}}
+		case "add":
+			s := sets[f[1]]
+			if s == nil {
+				return nil, fmt.Errorf("ipset save: member of %s before its create line", f[1])
+			}
+			s.members[normMember(s.typ, f[2])] = true
+		}
+	}
+	return sets, nil
+}
+
+// normMember writes a member the way this package compares them: hash:net
+// members as masked prefixes ("10.1.1.1" → "10.1.1.1/32"), everything else
+// lowercased.
+func normMember(typ, m string) string {
+	if typ == "hash:net" {
+		if p, err := netip.ParsePrefix(m); err == nil {
+			return p.Masked().String()
+		}
+		if a, err := netip.ParseAddr(m); err == nil {
+			return netip.PrefixFrom(a, a.BitLen()).String()
+		}
+	}
+	return strings.ToLower(m)
+}
+
+// setPlan is what the sets need: a script for `ipset -exist restore` run
+// before the iptables changes (creations, additions, then removals of
+// members) and the stale sets to destroy after them.
+type setPlan struct {
+	script  string
+	destroy []string
+	stats   ApplyStats
+}
+
+// planSets diffs the desired sets against the kernel's. A set whose type
+// differs is destroyed and created again (names encode their type, so this
+// only happens to sets left by something else).
+func planSets(desired []IPSet, actual map[string]*kernelSet) setPlan {
+	var b strings.Builder
+	var p setPlan
+	want := map[string]bool{}
+	var dels []string
+	for _, s := range desired {
+		want[s.Name] = true
+		members := map[string]bool{}
+		for _, m := range s.Members {
+			members[normMember(s.Type, m)] = true
+		}
+		cur := actual[s.Name]
+		if cur != nil && cur.typ != s.Type {
+			fmt.Fprintf(&b, "destroy %s\n", s.Name)
+			cur = nil
+		}
+		if cur == nil {
+			fmt.Fprintf(&b, "create %s %s %s\n", s.Name, s.Type, ipsetCreateOptions)
+			p.stats.SetsCreated++
+			cur = &kernelSet{typ: s.Type, members: map[string]bool{}}
+		}
+		for _, m := range slices.Sorted(maps.Keys(members)) {
+			if !cur.members[m] {
+				fmt.Fprintf(&b, "add %s %s\n", s.Name, m)
+				p.stats.MembersAdded++
+			}
+		}
+		for _, m := range slices.Sorted(maps.Keys(cur.members)) {
+			if !members[m] {
+				dels = append(dels, fmt.Sprintf("del %s %s\n", s.Name, m))
+				p.stats.MembersRemoved++
+			}
+		}
+	}
+	// Additions before removals: a member moving between sets is never
+	// missing from both.
+	for _, d := range dels {
+		b.WriteString(d)
+	}
+	p.script = b.String()
+	for name := range actual {
+		if !want[name] {
+			p.destroy = append(p.destroy, name)
+		}
+	}
+	slices.Sort(p.destroy)
+	return p
+}

@@ -1,0 +1,363 @@
+package dataplane
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// FirewallPrefix starts the name of every iptables chain and ipset Tabby
+// owns. A Firewall never changes or removes anything without it, except
+// the jump rules to its own chains in the kernel's base chains.
+const FirewallPrefix = "tabby-"
+
+// Chain is one Tabby chain with its rules in order. Each rule is the
+// arguments that follow "-A <Name>".
+type Chain struct {
+	Table string // "filter", "nat", …
+	Name  string // starts with FirewallPrefix
+	Rules [][]string
+}
+
+// Jump is a rule at the top of a base chain (From, e.g. FORWARD) that jumps
+// to a Tabby chain (To).
+type Jump struct {
+	Table string
+	From  string
+	To    string
+}
+
+// IPSet is one Tabby ipset. Members are in ipset's syntax:
+// "10.244.0.0/16" (a bare address counts as /32) for hash:net,
+// "10.244.1.5,tcp:8080" for hash:ip,port.
+type IPSet struct {
+	Name    string
+	Type    string
+	Members []string
+}
+
+// FirewallState is everything Tabby wants in the node's packet filter.
+type FirewallState struct {
+	Chains []Chain
+	Jumps  []Jump
+	Sets   []IPSet
+}
+
+// ApplyStats counts what one Apply changed.
+type ApplyStats struct {
+	ChainsWritten  int // created or rewritten
+	RulesWritten   int // rules in the chains written
+	ChainsDeleted  int
+	JumpsInserted  int
+	JumpsDeleted   int
+	SetsCreated    int
+	SetsDeleted    int
+	MembersAdded   int
+	MembersRemoved int
+}
+
+// Changed reports whether Apply changed anything.
+func (s ApplyStats) Changed() bool { return s != ApplyStats{} }
+
+// Firewall programs Tabby's iptables chains and ipsets. Implementations are
+// safe for concurrent use; calls are serialised.
+type Firewall interface {
+	// Apply makes the kernel's Tabby chains, jumps and sets equal to
+	// desired: it creates and fills sets first, rewrites each table's
+	// changed chains in one atomic restore (deleting Tabby chains that are
+	// not desired), inserts missing jumps and finally destroys Tabby sets
+	// no longer desired. Unchanged chains and sets are not touched, so a
+	// repeated Apply of the same state changes nothing. It keeps going
+	// after a failure and returns every error joined.
+	Apply(ctx context.Context, desired FirewallState) (ApplyStats, error)
+	// Remove deletes every Tabby jump, chain and set; missing ones are
+	// success.
+	Remove(ctx context.Context) error
+}
+
+// ValidateFirewallState reports every name that Tabby does not own and so
+// must not program.
+func ValidateFirewallState(s FirewallState) error {
+	var bad []string
+	seen := map[string]bool{}
+	for _, c := range s.Chains {
+		if !strings.HasPrefix(c.Name, FirewallPrefix) || len(c.Name) > 28 {
+			bad = append(bad, fmt.Sprintf("chain %q: not a tabby chain name (prefix %q, at most 28 characters)", c.Name, FirewallPrefix))
+		}
+		if k := c.Table + "/" + c.Name; seen[k] {
+			bad = append(bad, fmt.Sprintf("chain %s listed twice", k))
+		}
+		seen[c.Table+"/"+c.Name] = true
+	}
+	for _, j := range s.Jumps {
+		if !strings.HasPrefix(j.To, FirewallPrefix) || strings.HasPrefix(j.From, FirewallPrefix) {
+			bad = append(bad, fmt.Sprintf("jump %s -> %s: must go from a base chain to a tabby chain", j.From, j.To))
+		}
+	}
+	for _, set := range s.Sets {
+		if !strings.HasPrefix(set.Name, FirewallPrefix) || len(set.Name) > 31 {
+			bad = append(bad, fmt.Sprintf("set %q: not a tabby set name", set.Name))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("invalid firewall state: %s", strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// ruleHashes returns each rule's identity: a hash over the chain name, the
+// previous rule's hash and the rule, so that equal hash lists mean equal
+// chains.
+func ruleHashes(c Chain) []string {
+	out := make([]string, len(c.Rules))
+	prev := ""
+	for i, r := range c.Rules {
+		h := sha256.New()
+		fmt.Fprintf(h, "%s\x00%s\x00%s", c.Name, prev, strings.Join(r, "\x00"))
+		prev = base64.RawURLEncoding.EncodeToString(h.Sum(nil))[:16]
+		out[i] = prev
+	}
+	return out
+}
+
+// hashComment marks a rule with its identity.
+func hashComment(h string) []string { return []string{"-m", "comment", "--comment", "tabby:" + h} }
+
+var hashRE = regexp.MustCompile(`--comment "?tabby:([A-Za-z0-9_-]{16})"?`)
+
+// tableState is what iptables-save says about one table.
+type tableState struct {
+	// chains maps each chain to the hashes of its rules ("" for a rule
+	// without one).
+	chains map[string][]string
+	// rules maps each chain to its rules' arguments.
+	rules map[string][][]string
+	// builtin holds the kernel's base chains (those with a policy).
+	builtin map[string]bool
+}
+
+// parseSave reads one table of iptables-save output.
+func parseSave(out string) (tableState, error) {
+	ts := tableState{chains: map[string][]string{}, rules: map[string][][]string{}, builtin: map[string]bool{}}
+	for _, line := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(line, ":"):
+			name, rest, _ := strings.Cut(line[1:], " ")
+			if _, ok := ts.chains[name]; !ok {
+				ts.chains[name] = []string{}
+			}
+			if policy, _, _ := strings.Cut(rest, " "); policy != "-" && policy != "" {
+				ts.builtin[name] = true
+			}
+		case strings.HasPrefix(line, "-A "):
+			args, err := splitArgs(line[3:])
+			if err != nil {
+				return tableState{}, fmt.Errorf("parsing %q: %w", line, err)
+			}
+			if len(args) == 0 {
+				continue
+			}
+			chain := args[0]
+			h := ""
+			if m := hashRE.FindStringSubmatch(line); m != nil {
+				h = m[1]
+			}
+			ts.chains[chain] = append(ts.chains[chain], h)
+			ts.rules[chain] = append(ts.rules[chain], args[1:])
+		}
+	}
+	return ts, nil
+}
+
+// splitArgs splits a rule line into arguments, honouring double quotes and
+// backslash escapes inside them, as iptables-save writes them.
+func splitArgs(s string) ([]string, error) {
+	var out []string
+	var cur strings.Builder
+	inQuote, have := false, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case inQuote && c == '\\' && i+1 < len(s):
+			i++
+			cur.WriteByte(s[i])
+		case c == '"':
+			inQuote = !inQuote
+			have = true
+		case !inQuote && (c == ' ' || c == '\t'):
+			if have {
+				out = append(out, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteByte(c)
+			have = true
+		}
+	}
+	if inQuote {
+		return nil, fmt.Errorf("unterminated quote")
+	}
+	if have {
+		out = append(out, cur.String())
+	}
+	return out, nil
+}
+
+// quoteArg quotes an argument for iptables-restore when it needs it.
+func quoteArg(a string) string {
+	if a != "" && !strings.ContainsAny(a, " \t\"'\\") {
+		return a
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(a) + `"`
+}
+
+// tablePlan is what one table needs.
+type tablePlan struct {
+	table  string
+	write  []Chain  // chains to create or rewrite
+	delete []string // tabby chains to remove
+	// staleJumps are rules in base (built-in) chains that jump to tabby
+	// chains and are not desired; they go before the restore, which may delete their
+	// targets.
+	staleJumps []baseRule
+	// missingJumps are desired jumps absent from the kernel; extraJumps
+	// desired jumps present more than once (one copy each to delete).
+	missingJumps []Jump
+	extraJumps   []baseRule
+}
+
+// baseRule is a rule in a base chain.
+type baseRule struct {
+	chain string
+	args  []string
+}
+
+// planTable diffs the desired chains and jumps of one table against the
+// kernel's.
+func planTable(table string, desired []Chain, jumps []Jump, ts tableState) tablePlan {
+	p := tablePlan{table: table}
+	want := map[string]bool{}
+	for _, c := range desired {
+		want[c.Name] = true
+		if !slices.Equal(ts.chains[c.Name], ruleHashes(c)) || !hasChain(ts, c.Name) {
+			p.write = append(p.write, c)
+		}
+	}
+	for name := range ts.chains {
+		if strings.HasPrefix(name, FirewallPrefix) && !want[name] {
+			p.delete = append(p.delete, name)
+		}
+	}
+	slices.Sort(p.delete)
+	type jumpKey struct{ from, to string }
+	wantJump := map[jumpKey]bool{}
+	for _, j := range jumps {
+		wantJump[jumpKey{j.From, j.To}] = true
+	}
+	found := map[jumpKey]int{}
+	for chain, rules := range ts.rules {
+		// Jumps live in base chains only; a user chain of someone else
+		// that references a Tabby chain is not ours to change.
+		if !ts.builtin[chain] {
+			continue
+		}
+		for _, args := range rules {
+			to := jumpTarget(args)
+			if !strings.HasPrefix(to, FirewallPrefix) {
+				continue
+			}
+			k := jumpKey{chain, to}
+			if !wantJump[k] {
+				p.staleJumps = append(p.staleJumps, baseRule{chain, args})
+				continue
+			}
+			if found[k]++; found[k] > 1 {
+				p.extraJumps = append(p.extraJumps, baseRule{chain, args})
+			}
+		}
+	}
+	slices.SortFunc(p.staleJumps, func(a, b baseRule) int { return strings.Compare(a.chain, b.chain) })
+	for _, j := range jumps {
+		if found[jumpKey{j.From, j.To}] == 0 {
+			p.missingJumps = append(p.missingJumps, j)
+		}
+	}
+	return p
+}
+
+func hasChain(ts tableState, name string) bool {
+	_, ok := ts.chains[name]
+	return ok
+}
+
+// jumpTarget returns the -j or -g target of a rule.
+func jumpTarget(args []string) string {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-j" || args[i] == "-g" {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// restoreInput renders the plan's chain changes for iptables-restore
+// --noflush: declaring a chain flushes it, so every written or deleted
+// chain is declared first, then the written ones are filled, then the
+// deleted ones removed, all in one transaction. withDeletes false leaves
+// the deletions out.
+func (p tablePlan) restoreInput(withDeletes bool) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%s\n", p.table)
+	for _, c := range p.write {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", c.Name)
+	}
+	if withDeletes {
+		for _, name := range p.delete {
+			fmt.Fprintf(&b, ":%s - [0:0]\n", name)
+		}
+	}
+	for _, c := range p.write {
+		for i, h := range ruleHashes(c) {
+			b.WriteString("-A ")
+			b.WriteString(c.Name)
+			for _, a := range append(hashComment(h), c.Rules[i]...) {
+				b.WriteByte(' ')
+				b.WriteString(quoteArg(a))
+			}
+			b.WriteByte('\n')
+		}
+	}
+	if withDeletes {
+		for _, name := range p.delete {
+			fmt.Fprintf(&b, "-X %s\n", name)
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// empty reports whether the plan changes no chain.
+func (p tablePlan) emptyRestore() bool { return len(p.write) == 0 && len(p.delete) == 0 }
+
+// tablesOf lists the tables a state touches plus those always inspected
+// for stale Tabby chains, sorted.
+func tablesOf(s FirewallState) []string {
+	set := map[string]bool{"filter": true, "nat": true}
+	for _, c := range s.Chains {
+		set[c.Table] = true
+	}
+	for _, j := range s.Jumps {
+		set[j.Table] = true
+	}
+	out := make([]string, 0, len(set))
+	for t := range set {
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return out
+}

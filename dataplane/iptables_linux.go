@@ -1,0 +1,358 @@
+package dataplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/coreos/go-iptables/iptables"
+)
+
+// Backends of iptables.
+const (
+	BackendAuto   = "auto"
+	BackendLegacy = "legacy"
+	BackendNFT    = "nft"
+)
+
+// FirewallConfig configures NewFirewall.
+type FirewallConfig struct {
+	// NetNS is the path of the network namespace to program; "" is the
+	// calling process's.
+	NetNS string
+	// Backend is BackendLegacy, BackendNFT or BackendAuto (""): what the
+	// `iptables` command uses, unless only the other backend holds rules in
+	// the namespace (then Tabby's rules go beside those, e.g. kube-proxy's).
+	Backend string
+	// LockWait bounds the wait for the xtables lock that legacy iptables
+	// shares between all its users on the machine. Default 10s.
+	LockWait time.Duration
+}
+
+// LinuxFirewall implements Firewall with iptables-save/iptables-restore and
+// ipset save/restore for atomic batches, and go-iptables for single rules
+// in base chains. It is safe for concurrent use.
+type LinuxFirewall struct {
+	mu      sync.Mutex
+	netns   string
+	backend string
+	ipt     *iptables.IPTables
+	save    string
+	restore string
+	wait    int // seconds
+}
+
+var _ Firewall = (*LinuxFirewall)(nil)
+
+// NewFirewall detects the iptables backend and returns a Firewall acting in
+// the configured namespace.
+func NewFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
+	f := &LinuxFirewall{netns: cfg.NetNS, wait: 10}
+	if cfg.LockWait > 0 {
+		f.wait = max(1, int(cfg.LockWait/time.Second))
+	}
+	backend := cfg.Backend
+	switch backend {
+	case "", BackendAuto:
+		b, err := f.detectBackend()
+		if err != nil {
+			return nil, err
+		}
+		backend = b
+	case BackendLegacy, BackendNFT:
+	default:
+		return nil, fmt.Errorf("iptables backend %q: want auto, legacy or nft", cfg.Backend)
+	}
+	ipt, save, restore, err := backendBinaries(backend)
+	if err != nil {
+		return nil, err
+	}
+	f.backend, f.save, f.restore = backend, save, restore
+	f.ipt, err = iptables.New(iptables.Path(ipt), iptables.Timeout(f.wait))
+	if err != nil {
+		return nil, fmt.Errorf("iptables (%s): %w", ipt, err)
+	}
+	if _, err := exec.LookPath("ipset"); err != nil {
+		return nil, fmt.Errorf("ipset: %w", err)
+	}
+	return f, nil
+}
+
+// Backend returns the iptables backend in use: "legacy" or "nft".
+func (f *LinuxFirewall) Backend() string { return f.backend }
+
+// backendBinaries finds iptables, iptables-save and iptables-restore of a
+// backend: the -legacy/-nft variants, or the plain names when they are that
+// backend.
+func backendBinaries(backend string) (ipt, save, restore string, err error) {
+	names := func(suffix string) [3]string {
+		return [3]string{"iptables" + suffix, "iptables" + suffix + "-save", "iptables" + suffix + "-restore"}
+	}
+	for _, cand := range [][3]string{names("-" + backend), names("")} {
+		paths := [3]string{}
+		ok := true
+		for i, n := range cand {
+			p, lerr := exec.LookPath(n)
+			if lerr != nil {
+				ok = false
+				break
+			}
+			paths[i] = p
+		}
+		if !ok {
+			continue
+		}
+		if cand[0] == "iptables" {
+			if m, merr := iptablesMode(paths[0]); merr != nil || m != backend {
+				continue
+			}
+		}
+		return paths[0], paths[1], paths[2], nil
+	}
+	return "", "", "", fmt.Errorf("no iptables commands for the %s backend found", backend)
+}
+
+// iptablesMode runs `<path> --version` and returns "nft" or "legacy".
+func iptablesMode(path string) (string, error) {
+	out, err := exec.Command(path, "--version").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w: %s", path, err, bytes.TrimSpace(out))
+	}
+	if strings.Contains(string(out), "nf_tables") {
+		return BackendNFT, nil
+	}
+	return BackendLegacy, nil
+}
+
+// detectBackend is the mode of `iptables`, unless that backend holds no
+// rules in the namespace and the other does.
+func (f *LinuxFirewall) detectBackend() (string, error) {
+	path, err := exec.LookPath("iptables")
+	if err != nil {
+		return "", fmt.Errorf("iptables: %w", err)
+	}
+	mode, err := iptablesMode(path)
+	if err != nil {
+		return "", err
+	}
+	other := BackendLegacy
+	if mode == BackendLegacy {
+		other = BackendNFT
+	}
+	count := func(backend string) int {
+		_, save, _, err := backendBinaries(backend)
+		if err != nil {
+			return 0
+		}
+		out, err := f.exec(context.Background(), nil, save)
+		if err != nil {
+			return 0
+		}
+		return strings.Count(string(out), "\n-A ")
+	}
+	if count(mode) == 0 && count(other) > 0 {
+		return other, nil
+	}
+	return mode, nil
+}
+
+// inNetNS runs fn in the firewall's namespace; commands it starts inherit it.
+func (f *LinuxFirewall) inNetNS(fn func() error) error {
+	if f.netns == "" {
+		return fn()
+	}
+	return ns.WithNetNSPath(f.netns, func(ns.NetNS) error { return fn() })
+}
+
+// exec runs a command in the namespace with stdin and returns its stdout.
+func (f *LinuxFirewall) exec(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	var out []byte
+	err := f.inNetNS(func() error {
+		cmd := exec.CommandContext(ctx, name, args...)
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin)
+		}
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+		}
+		out = stdout.Bytes()
+		return nil
+	})
+	return out, err
+}
+
+// Apply implements Firewall.
+func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (ApplyStats, error) {
+	if err := ValidateFirewallState(desired); err != nil {
+		return ApplyStats{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var stats ApplyStats
+	var errs []error
+
+	// 1. Sets first: new rules may reference them.
+	sp, err := f.planSets(ctx, desired.Sets)
+	if err != nil {
+		return stats, err
+	}
+	if sp.script != "" {
+		if _, err := f.exec(ctx, []byte(sp.script), "ipset", "-exist", "restore"); err != nil {
+			errs = append(errs, fmt.Errorf("updating ipsets: %w", err))
+		} else {
+			stats.SetsCreated += sp.stats.SetsCreated
+			stats.MembersAdded += sp.stats.MembersAdded
+			stats.MembersRemoved += sp.stats.MembersRemoved
+		}
+	}
+
+	// 2. Each table in one transaction.
+	for _, table := range tablesOf(desired) {
+		st, err := f.applyTable(ctx, table, desired)
+		addStats(&stats, st)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("table %s: %w", table, err))
+		}
+	}
+
+	// 3. Sets no rule of ours references any more.
+	for _, name := range sp.destroy {
+		if _, err := f.exec(ctx, nil, "ipset", "destroy", name); err != nil {
+			errs = append(errs, fmt.Errorf("destroying stale ipset: %w", err))
+			continue
+		}
+		stats.SetsDeleted++
+	}
+	return stats, errors.Join(errs...)
+}
+
+func addStats(dst *ApplyStats, s ApplyStats) {
+	dst.ChainsWritten += s.ChainsWritten
+	dst.RulesWritten += s.RulesWritten
+	dst.ChainsDeleted += s.ChainsDeleted
+	dst.JumpsInserted += s.JumpsInserted
+	dst.JumpsDeleted += s.JumpsDeleted
+	dst.SetsCreated += s.SetsCreated
+	dst.SetsDeleted += s.SetsDeleted
+	dst.MembersAdded += s.MembersAdded
+	dst.MembersRemoved += s.MembersRemoved
+}
+
+func (f *LinuxFirewall) planSets(ctx context.Context, desired []IPSet) (setPlan, error) {
+	out, err := f.exec(ctx, nil, "ipset", "save")
+	if err != nil {
+		return setPlan{}, fmt.Errorf("reading ipsets: %w", err)
+	}
+	actual, err := parseIPSetSave(string(out))
+	if err != nil {
+		return setPlan{}, err
+	}
+	return planSets(desired, actual), nil
+}
+
+// applyTable reconciles one table: stale jumps out, changed chains
+// rewritten and stale chains deleted in one restore, missing jumps in.
+func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired FirewallState) (ApplyStats, error) {
+	var stats ApplyStats
+	var chains []Chain
+	for _, c := range desired.Chains {
+		if c.Table == table {
+			chains = append(chains, c)
+		}
+	}
+	var jumps []Jump
+	for _, j := range desired.Jumps {
+		if j.Table == table {
+			jumps = append(jumps, j)
+		}
+	}
+	out, err := f.exec(ctx, nil, f.save, "-t", table)
+	if err != nil {
+		return stats, fmt.Errorf("reading rules: %w", err)
+	}
+	ts, err := parseSave(string(out))
+	if err != nil {
+		return stats, err
+	}
+	plan := planTable(table, chains, jumps, ts)
+	var errs []error
+	for _, r := range append(plan.staleJumps, plan.extraJumps...) {
+		err := f.inNetNS(func() error { return f.ipt.Delete(table, r.chain, r.args...) })
+		if err != nil && !isNotExist(err) {
+			errs = append(errs, fmt.Errorf("deleting jump %s -> %s: %w", r.chain, jumpTarget(r.args), err))
+			continue
+		}
+		stats.JumpsDeleted++
+	}
+	if !plan.emptyRestore() {
+		_, err := f.exec(ctx, []byte(plan.restoreInput(true)), f.restore, "--noflush", "-w", strconv.Itoa(f.wait))
+		if err != nil && len(plan.delete) > 0 {
+			// Something outside Tabby may still reference a stale chain;
+			// program the desired chains without deleting and report it.
+			errs = append(errs, fmt.Errorf("restore with deletions of %v: %w", plan.delete, err))
+			plan.delete = nil
+			if plan.emptyRestore() {
+				err = nil
+			} else {
+				_, err = f.exec(ctx, []byte(plan.restoreInput(false)), f.restore, "--noflush", "-w", strconv.Itoa(f.wait))
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			stats.ChainsWritten += len(plan.write)
+			for _, c := range plan.write {
+				stats.RulesWritten += len(c.Rules)
+			}
+			stats.ChainsDeleted += len(plan.delete)
+		}
+	}
+	for _, j := range plan.missingJumps {
+		err := f.inNetNS(func() error {
+			ok, err := f.ipt.Exists(j.Table, j.From, "-j", j.To)
+			if err != nil || ok {
+				return err
+			}
+			return f.ipt.Insert(j.Table, j.From, 1, "-j", j.To)
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("inserting jump %s -> %s: %w", j.From, j.To, err))
+			continue
+		}
+		stats.JumpsInserted++
+	}
+	return stats, errors.Join(errs...)
+}
+
+func isNotExist(err error) bool {
+	var e *iptables.Error
+	return errors.As(err, &e) && e.IsNotExist()
+}
+
+// Remove implements Firewall: everything Tabby owns goes, jumps first.
+func (f *LinuxFirewall) Remove(ctx context.Context) error {
+	_, err := f.Apply(ctx, FirewallState{})
+	return err
+}
+
+// Save returns iptables-save output of a table in the firewall's namespace,
+// for diagnostics and tests.
+func (f *LinuxFirewall) Save(ctx context.Context, table string) (string, error) {
+	out, err := f.exec(ctx, nil, f.save, "-t", table)
+	return string(out), err
+}
+
+// SaveSets returns `ipset save` output in the firewall's namespace.
+func (f *LinuxFirewall) SaveSets(ctx context.Context) (string, error) {
+	out, err := f.exec(ctx, nil, "ipset", "save")
+	return string(out), err
+}

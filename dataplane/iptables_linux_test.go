@@ -1,0 +1,206 @@
+package dataplane_test
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/dataplane"
+)
+
+// backends lists the iptables backends installed here.
+func backends(t *testing.T) []string {
+	var out []string
+	for _, b := range []string{dataplane.BackendLegacy, dataplane.BackendNFT} {
+		if _, err := exec.LookPath("iptables-" + b + "-restore"); err == nil {
+			out = append(out, b)
+		}
+	}
+	if len(out) == 0 {
+		t.Skip("privileged test skipped: neither iptables-legacy-restore nor iptables-nft-restore installed")
+	}
+	if _, err := exec.LookPath("ipset"); err != nil {
+		t.Skip("privileged test skipped: ipset not installed")
+	}
+	return out
+}
+
+// inNS runs a command inside the namespace (nsenter: no /sys remount).
+func inNS(t *testing.T, ns testNetNS, argv ...string) string {
+	t.Helper()
+	return run(t, "nsenter", append([]string{"--net=" + ns.Path, "--"}, argv...)...)
+}
+
+func testState(member string, extraRule bool) dataplane.FirewallState {
+	fw := dataplane.Chain{Table: "filter", Name: "tabby-fw-calia", Rules: [][]string{
+		{"!", "-s", "10.244.1.1/32", "-j", "DROP"},
+		{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
+		{"-m", "set", "--match-set", "tabby-s-peers", "dst", "-p", "tcp", "-m", "multiport", "--dports", "80,8000:8100", "-j", "MARK", "--set-xmark", "0x10000/0x10000"},
+		{"-m", "set", "--match-set", "tabby-p-named", "dst,dst", "-j", "RETURN"},
+	}}
+	if extraRule {
+		fw.Rules = append(fw.Rules, []string{"-j", "DROP"})
+	}
+	return dataplane.FirewallState{
+		Chains: []dataplane.Chain{
+			{Table: "filter", Name: "tabby-FORWARD", Rules: [][]string{{"-i", "cali+", "-j", "tabby-from-wl"}, {"-i", "cali+", "-j", "ACCEPT"}}},
+			{Table: "filter", Name: "tabby-from-wl", Rules: [][]string{{"-i", "calia", "-g", "tabby-fw-calia"}, {"-j", "DROP"}}},
+			fw,
+			{Table: "nat", Name: "tabby-POSTROUTING", Rules: [][]string{
+				{"-m", "set", "--match-set", "tabby-masq-pools", "src", "-m", "set", "!", "--match-set", "tabby-all-pools", "dst", "-j", "MASQUERADE"},
+			}},
+		},
+		Jumps: []dataplane.Jump{
+			{Table: "filter", From: "FORWARD", To: "tabby-FORWARD"},
+			{Table: "nat", From: "POSTROUTING", To: "tabby-POSTROUTING"},
+		},
+		Sets: []dataplane.IPSet{
+			{Name: "tabby-all-pools", Type: "hash:net", Members: []string{"10.244.0.0/16"}},
+			{Name: "tabby-masq-pools", Type: "hash:net", Members: []string{"10.244.0.0/16"}},
+			{Name: "tabby-s-peers", Type: "hash:net", Members: []string{member, "10.244.2.0/24"}},
+			{Name: "tabby-p-named", Type: "hash:ip,port", Members: []string{"10.244.2.1,tcp:8080"}},
+		},
+	}
+}
+
+func TestPrivilegedFirewall(t *testing.T) {
+	skipUnlessPrivileged(t)
+	for _, backend := range backends(t) {
+		t.Run(backend, func(t *testing.T) { testFirewall(t, backend) })
+	}
+}
+
+func testFirewall(t *testing.T, backend string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ns := newNetNS(t, "fw")
+	ipt := "iptables-" + backend
+	// Someone else's chain, jump and set, which must survive everything.
+	inNS(t, ns, ipt, "-w", "-N", "KUBE-FOO")
+	inNS(t, ns, ipt, "-w", "-A", "KUBE-FOO", "-j", "ACCEPT")
+	inNS(t, ns, ipt, "-w", "-A", "FORWARD", "-j", "KUBE-FOO")
+	inNS(t, ns, "ipset", "create", "kube-x", "hash:ip")
+
+	f, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Backend() != backend {
+		t.Fatalf("backend %s, want %s", f.Backend(), backend)
+	}
+	st, err := f.Apply(ctx, testState("10.244.1.7/32", false))
+	if err != nil {
+		t.Fatalf("first apply: %v", err)
+	}
+	want := dataplane.ApplyStats{ChainsWritten: 4, RulesWritten: 9, JumpsInserted: 2, SetsCreated: 4, MembersAdded: 5}
+	if st != want {
+		t.Errorf("first apply stats %+v, want %+v", st, want)
+	}
+	filter := inNS(t, ns, ipt+"-save", "-t", "filter")
+	for _, want := range []string{
+		"-A FORWARD -j tabby-FORWARD\n-A FORWARD -j KUBE-FOO", // ours on top
+		"--dports 80,8000:8100",
+		"-A tabby-fw-calia ! -s 10.244.1.1/32",
+	} {
+		if !strings.Contains(filter, want) {
+			t.Errorf("filter table lacks %q:\n%s", want, filter)
+		}
+	}
+	if nat := inNS(t, ns, ipt+"-save", "-t", "nat"); !strings.Contains(nat, "-A POSTROUTING -j tabby-POSTROUTING") || !strings.Contains(nat, "MASQUERADE") {
+		t.Errorf("nat table:\n%s", nat)
+	}
+	if sets := inNS(t, ns, "ipset", "list", "tabby-s-peers"); !strings.Contains(sets, "10.244.1.7") {
+		t.Errorf("set:\n%s", sets)
+	}
+
+	// The same state again changes nothing.
+	if st, err := f.Apply(ctx, testState("10.244.1.7/32", false)); err != nil || st.Changed() {
+		t.Errorf("repeated apply: %+v, %v", st, err)
+	}
+
+	// One chain and one member change: only they are written.
+	st, err = f.Apply(ctx, testState("10.244.1.8/32", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = dataplane.ApplyStats{ChainsWritten: 1, RulesWritten: 5, MembersAdded: 1, MembersRemoved: 1}
+	if st != want {
+		t.Errorf("changed apply stats %+v, want %+v", st, want)
+	}
+
+	// A rule slipped into our chain by hand is noticed and rewritten away.
+	inNS(t, ns, ipt, "-w", "-I", "tabby-from-wl", "1", "-j", "ACCEPT")
+	if st, err := f.Apply(ctx, testState("10.244.1.8/32", true)); err != nil || st.ChainsWritten != 1 {
+		t.Errorf("apply after tampering: %+v, %v", st, err)
+	}
+
+	// A restarted agent with a smaller state removes stale chains and sets,
+	// including a stale jump, and a duplicate jump.
+	inNS(t, ns, ipt, "-w", "-A", "FORWARD", "-j", "tabby-FORWARD")
+	f2, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small := testState("10.244.1.8/32", true)
+	small.Chains = small.Chains[:2] // tabby-FORWARD, tabby-from-wl …
+	small.Chains[1].Rules = [][]string{{"-j", "DROP"}}
+	small.Chains = append(small.Chains, testState("", false).Chains[3]) // … and the nat chain
+	small.Sets = small.Sets[:2]
+	st, err = f2.Apply(ctx, small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = dataplane.ApplyStats{ChainsWritten: 1, RulesWritten: 1, ChainsDeleted: 1, JumpsDeleted: 1, SetsDeleted: 2}
+	if st != want {
+		t.Errorf("shrinking apply stats %+v, want %+v", st, want)
+	}
+	if out := inNS(t, ns, "ipset", "list", "-n"); strings.Contains(out, "tabby-s-peers") || !strings.Contains(out, "kube-x") {
+		t.Errorf("sets after shrinking:\n%s", out)
+	}
+
+	// A foreign chain referencing a stale tabby chain: the desired chains
+	// are still programmed, and the failed deletion is reported.
+	grow := testState("10.244.1.8/32", true)
+	if _, err := f2.Apply(ctx, grow); err != nil {
+		t.Fatal(err)
+	}
+	inNS(t, ns, ipt, "-w", "-A", "KUBE-FOO", "-j", "tabby-fw-calia")
+	grow.Chains[1].Rules = [][]string{{"-j", "DROP"}}
+	grow.Chains = append(grow.Chains[:2], grow.Chains[3])
+	st, err = f2.Apply(ctx, grow)
+	if err == nil || !strings.Contains(err.Error(), "tabby-fw-calia") {
+		t.Errorf("apply with a referenced stale chain: err = %v", err)
+	}
+	if st.ChainsWritten != 1 {
+		t.Errorf("desired chain not written beside the failed deletion: %+v", st)
+	}
+	inNS(t, ns, ipt, "-w", "-D", "KUBE-FOO", "-j", "tabby-fw-calia")
+
+	// Remove leaves nothing of ours and everything of others.
+	if err := f2.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"filter", "nat"} {
+		out := inNS(t, ns, ipt+"-save", "-t", table)
+		if strings.Contains(out, "tabby") {
+			t.Errorf("%s table after Remove:\n%s", table, out)
+		}
+		if table == "filter" && (!strings.Contains(out, "-A FORWARD -j KUBE-FOO") || !strings.Contains(out, "-A KUBE-FOO -j ACCEPT")) {
+			t.Errorf("foreign rules lost:\n%s", out)
+		}
+	}
+	if out := inNS(t, ns, "ipset", "list", "-n"); strings.Contains(out, "tabby") || !strings.Contains(out, "kube-x") {
+		t.Errorf("sets after Remove:\n%s", out)
+	}
+	if err := f2.Remove(ctx); err != nil {
+		t.Errorf("second Remove: %v", err)
+	}
+}
+
+func TestFirewallBadBackend(t *testing.T) {
+	if _, err := dataplane.NewFirewall(dataplane.FirewallConfig{Backend: "ebtables"}); err == nil {
+		t.Error("unknown backend accepted")
+	}
+}

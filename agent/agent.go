@@ -30,6 +30,9 @@ type Agent struct {
 	speaker bgp.Speaker
 	metrics *metrics
 	handler *cniHandler
+	// firewall is Deps.Firewall; policy runs it (nil without a firewall).
+	firewall dataplane.Firewall
+	policy   *policyController
 	// cniFault is Deps.CNIFault.
 	cniFault func(step string) error
 
@@ -64,6 +67,8 @@ type Deps struct {
 	Workloads dataplane.Workloads
 	Routes    dataplane.Routes
 	Speaker   bgp.Speaker
+	// Firewall enforces policy; nil leaves the node's packet filter alone.
+	Firewall dataplane.Firewall
 	// CNIFault, for tests, is called after each step of CNI ADD; an error
 	// fails ADD there.
 	CNIFault func(step string) error
@@ -85,7 +90,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: bgp.NewSpeaker(log.With("component", "bgp"))})
+	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{})
+	if err != nil {
+		return fmt.Errorf("setting up iptables: %w", err)
+	}
+	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: bgp.NewSpeaker(log.With("component", "bgp")), Firewall: fw})
 	return a.Run(ctx)
 }
 
@@ -98,6 +107,7 @@ func New(cfg Config, log *slog.Logger, d Deps) *Agent {
 		routes:       d.Routes,
 		speaker:      d.Speaker,
 		cniFault:     d.CNIFault,
+		firewall:     d.Firewall,
 		metrics:      newMetrics(),
 		routingKick:  make(chan struct{}, 1),
 		bgpKick:      make(chan struct{}, 1),
@@ -188,6 +198,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	}
 	a.log.Info("agent started", "node", a.cfg.NodeName, "address", a.nodeAddr, "asn", bcfg.ASN, "restarting", restarting)
 
+	a.startPolicy()
 	a.handler = &cniHandler{
 		node:    a.cfg.NodeName,
 		store:   a.store,
@@ -197,6 +208,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		changed: a.kickAll,
 		observe: a.metrics.observeCNI,
 		fault:   a.cniFault,
+	}
+	if a.policy != nil {
+		a.handler.policySync = a.policySync
 	}
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 
@@ -213,6 +227,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	g.Go(func() error { a.learnedLoop(gctx); return nil })
 	g.Go(func() error { a.leaseLoop(gctx, lease); return nil })
 	g.Go(func() error { a.statusLoop(gctx); return nil })
+	g.Go(func() error { a.policyLoop(gctx); return nil })
 	a.kickAll()
 	err = g.Wait()
 	if serr := a.speaker.Stop(true); serr != nil {

@@ -55,6 +55,9 @@ type cniHandler struct {
 	fault func(step string) error
 	// observe records a finished operation (metrics).
 	observe func(op string, d time.Duration, err error)
+	// policySync, when set, programs the firewall for the stored endpoint
+	// before ADD returns, so that a pod never runs without its policy.
+	policySync func(ctx context.Context, wep *api.WorkloadEndpoint) error
 }
 
 func (h *cniHandler) step(name string) error {
@@ -170,6 +173,11 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	wepStored = true
 	if err = h.step("endpoint"); err != nil {
 		return nil, err
+	}
+	if h.policySync != nil {
+		if err = h.policySync(ctx, wep); err != nil {
+			return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, err)
+		}
 	}
 	if h.changed != nil {
 		h.changed()

@@ -1,0 +1,222 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/dataplane/fake"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/storetest"
+)
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func testWEP(node, ns, pod, iface, ip string, labels map[string]string) *api.WorkloadEndpoint {
+	w := &api.WorkloadEndpoint{
+		Metadata: api.ObjectMeta{Name: node + "-k8s-" + pod + "-eth0", Namespace: ns, Labels: labels},
+		Spec: api.WorkloadEndpointSpec{Node: node, Orchestrator: "k8s", Pod: pod, ContainerID: "c-" + pod,
+			Endpoint: "eth0", InterfaceName: iface, IPNetworks: []string{ip + "/32"}},
+	}
+	w.SetDefaults()
+	return w
+}
+
+func mustCreate(t *testing.T, s *datastore.Store, obj api.Object) {
+	t.Helper()
+	if _, err := s.Create(context.Background(), obj); err != nil {
+		t.Fatalf("creating %T: %v", obj, err)
+	}
+}
+
+func TestPolicyPass(t *testing.T) {
+	ctx := context.Background()
+	store := storetest.New(t)
+	mustCreate(t, store, &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16", NATOutgoing: true}})
+	mustCreate(t, store, testWEP("node1", "prod", "web", "cali0000000001", "10.244.1.1", map[string]string{"app": "web"}))
+	mustCreate(t, store, testWEP("node2", "prod", "client", "cali0000000002", "10.244.2.1", map[string]string{"app": "client"}))
+	mustCreate(t, store, &api.NetworkPolicy{Metadata: api.ObjectMeta{Namespace: "prod", Name: "web"}, Spec: api.NetworkPolicySpec{
+		PodSelector: api.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+		Ingress:     []api.NetworkPolicyIngressRule{{From: []api.NetworkPolicyPeer{{PodSelector: &api.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}}}},
+	}})
+	fw := &fake.Firewall{}
+	p := newPolicyController("node1", store, fw, quietLog())
+	if err := p.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tw, ok := fw.Rules("filter", "tabby-tw-cali0000000001")
+	if !ok || !slices.ContainsFunc(tw, func(r string) bool { return strings.Contains(r, "-j tabby-pi-") }) || !strings.HasSuffix(tw[len(tw)-1], "-j DROP") {
+		t.Errorf("ingress chain of the local pod:\n%s", strings.Join(tw, "\n"))
+	}
+	if _, ok := fw.Rules("filter", "tabby-tw-cali0000000002"); ok {
+		t.Error("chain for the other node's pod")
+	}
+	if m, _ := fw.Set(policySetHolding(t, fw, "10.244.2.1/32")); len(m) != 1 {
+		t.Errorf("peer set members %v", m)
+	}
+	if m, ok := fw.Set("tabby-masq-pools"); !ok || !slices.Equal(m, []string{"10.244.0.0/16"}) {
+		t.Errorf("masquerade pools %v", m)
+	}
+	// Nothing changed: the next pass applies the same state, which the
+	// fake counts as no change.
+	if err := p.sync(ctx); err != nil || p.last.Changed() {
+		t.Errorf("second pass: %v, changed %+v", err, p.last)
+	}
+}
+
+// policySetHolding returns the name of the selector set holding member.
+func policySetHolding(t *testing.T, fw *fake.Firewall, member string) string {
+	t.Helper()
+	for _, l := range fw.Lines() {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "add" && f[2] == member && strings.HasPrefix(f[1], "tabby-s-") {
+			return f[1]
+		}
+	}
+	t.Fatalf("no selector set holds %s:\n%s", member, strings.Join(fw.Lines(), "\n"))
+	return ""
+}
+
+// gatedFirewall blocks the first Apply until the gate opens.
+type gatedFirewall struct {
+	*fake.Firewall
+	once    sync.Once
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gatedFirewall) Apply(ctx context.Context, s dataplane.FirewallState) (dataplane.ApplyStats, error) {
+	g.once.Do(func() { close(g.entered); <-g.gate })
+	return g.Firewall.Apply(ctx, s)
+}
+
+func TestPolicySyncCoalesces(t *testing.T) {
+	store := storetest.New(t)
+	fw := &gatedFirewall{Firewall: &fake.Firewall{}, entered: make(chan struct{}), gate: make(chan struct{})}
+	p := newPolicyController("node1", store, fw, quietLog())
+	ctx := context.Background()
+	errc := make(chan error, 11)
+	go func() { errc <- p.sync(ctx) }()
+	<-fw.entered // the first pass is running
+	for range 10 {
+		go func() { errc <- p.sync(ctx) }()
+	}
+	// Let the ten queue up behind the running pass, then release it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p.requested.Lock()
+		n := p.reqGen
+		p.requested.Unlock()
+		if n == 11 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d syncs asked", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(fw.gate)
+	for range 11 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := fw.Applies(); got != 2 {
+		t.Errorf("%d applies for 11 syncs, want 2 (the running pass and one for all that waited)", got)
+	}
+}
+
+func TestCNIAddProgramsPolicy(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	fw := &fake.Firewall{}
+	a := &Agent{cfg: Config{NodeName: "node1"}, log: quietLog(), store: e.store, firewall: fw}
+	a.startPolicy()
+	e.h.policySync = a.policySync
+
+	req, conf, args := addReq("c1")
+	if _, err := e.h.Add(ctx, req, conf, args); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	iface := e.endpoints(t)[0].Spec.InterfaceName
+	if _, ok := fw.Rules("filter", "tabby-fw-"+iface); !ok {
+		t.Errorf("no egress chain for %s after ADD:\n%s", iface, strings.Join(fw.Lines(), "\n"))
+	}
+
+	// Policy that cannot be programmed fails ADD, which rolls back.
+	fw.SetFail("Apply", fake.ErrInjected)
+	req2, conf2, args2 := addReq("c2")
+	if _, err := e.h.Add(ctx, req2, conf2, args2); err == nil || !strings.Contains(err.Error(), "policy") {
+		t.Fatalf("ADD with a failing firewall: %v", err)
+	}
+	if n := len(e.endpoints(t)); n != 1 {
+		t.Errorf("%d endpoints after the failed ADD, want 1", n)
+	}
+}
+
+func TestPolicyLoopFollowsDatastore(t *testing.T) {
+	store := storetest.New(t)
+	fw := &fake.Firewall{}
+	a := &Agent{cfg: Config{NodeName: "node1", ResyncInterval: time.Hour}, log: quietLog(), store: store, firewall: fw, metrics: newMetrics()}
+	a.startPolicy()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.policyLoop(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; firewall:\n%s", what, strings.Join(fw.Lines(), "\n"))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("the first pass", func() bool { _, ok := fw.Rules("filter", "tabby-FORWARD"); return ok })
+	mustCreate(t, store, testWEP("node1", "default", "a", "cali00000000aa", "10.244.0.5", nil))
+	waitFor("the new endpoint's chain", func() bool { _, ok := fw.Rules("filter", "tabby-tw-cali00000000aa"); return ok })
+	mustCreate(t, store, &api.NetworkPolicy{Metadata: api.ObjectMeta{Namespace: "default", Name: "deny"},
+		Spec: api.NetworkPolicySpec{PolicyTypes: []api.PolicyType{api.PolicyTypeIngress}}})
+	waitFor("default deny", func() bool {
+		r, _ := fw.Rules("filter", "tabby-tw-cali00000000aa")
+		return len(r) > 0 && strings.HasSuffix(r[len(r)-1], "-j DROP")
+	})
+	if err := store.Delete(context.Background(), api.KindWorkloadEndpoint, "default", "node1-k8s-a-eth0", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the endpoint's chains to go", func() bool { _, ok := fw.Rules("filter", "tabby-tw-cali00000000aa"); return !ok })
+}
+
+func TestOnlyStaleCleanup(t *testing.T) {
+	stale := func(s string) error {
+		return fmt.Errorf("%w: %s: %w", dataplane.ErrStaleCleanup, s, errors.New("busy"))
+	}
+	other := errors.New("restore failed")
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{other, false},
+		{stale("set"), true},
+		{errors.Join(stale("a"), stale("b")), true},
+		{fmt.Errorf("applying: %w", errors.Join(stale("a"), fmt.Errorf("table nat: %w", stale("b")))), true},
+		{fmt.Errorf("applying: %w", errors.Join(stale("a"), other)), false},
+		{fmt.Errorf("table filter: %w", errors.Join(other)), false},
+	}
+	for i, tt := range tests {
+		if got := onlyStaleCleanup(tt.err); got != tt.want {
+			t.Errorf("%d: onlyStaleCleanup(%v) = %v, want %v", i, tt.err, got, tt.want)
+		}
+	}
+}

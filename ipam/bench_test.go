@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
 )
 
@@ -79,4 +80,43 @@ func BenchmarkAssignRelease(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(cs.n.Load())/float64(b.N), "roundtrips/op")
+}
+
+// BenchmarkEtcdTxnReference is the same-run reference for BenchmarkAssign:
+// one compare-and-swap transaction on a fresh key, the floor of any
+// allocation that must write etcd once. Compare assigns/s with txns/s.
+func BenchmarkEtcdTxnReference(b *testing.B) {
+	for _, writers := range []int{1, 10} {
+		b.Run(fmt.Sprintf("writers=%d", writers), func(b *testing.B) {
+			e := storetest.Etcd(b)
+			stores := make([]*datastore.Store, writers)
+			for i := range stores {
+				stores[i] = storetest.Connect(b, e)
+			}
+			ctx := context.Background()
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			errs := make(chan error, writers)
+			for n := range writers {
+				wg.Go(func() {
+					for i := n; i < b.N; i += writers {
+						key := fmt.Sprintf("bench/%d", i)
+						if _, err := stores[n].Txn(ctx, []datastore.Cmp{{Key: key}}, []datastore.Op{{Key: key, Value: []byte("x")}}); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "txns/s")
+		})
+	}
 }

@@ -65,14 +65,7 @@ func newInstallCNICmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&cfg.BinDir, "cni-bin-dir", cfg.BinDir, "the host's CNI plugin directory, as mounted")
-	f.StringVar(&cfg.ConfDir, "cni-conf-dir", cfg.ConfDir, "the host's CNI configuration directory, as mounted")
-	f.StringVar(&cfg.ConflistName, "conflist-name", cfg.ConflistName, "file name of the configuration list (env CNI_CONF_NAME)")
-	f.IntVar(&cfg.MTU, "mtu", cfg.MTU, "MTU of pod interfaces (env CNI_MTU)")
-	f.StringVar(&cfg.AgentSocket, "agent-socket", cfg.AgentSocket, "the agent's CNI socket as the host sees it")
-	f.StringVar(&cfg.SourceBinary, "source-binary", "", "the tabby binary to install (default: tabby next to this executable)")
-	f.StringVar(&cfg.PluginsDir, "plugins-dir", cfg.PluginsDir, "chained plugins to copy when the host lacks them (\"\" = none)")
-	f.StringVar(&cfg.Template, "cni-network-config", cfg.Template, "configuration list template (env CNI_NETWORK_CONFIG; default: tabby then portmap)")
+	cfg.AddFlags(f)
 	f.BoolVar(&uninstall, "uninstall", false, "remove the tabby binary and the configuration list instead")
 	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
 	return cmd

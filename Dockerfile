@@ -1,0 +1,40 @@
+# Tabby's node image: tabby-agent (the DaemonSet), tabby (the CNI shim that
+# install-cni copies to the host), tabbyctl, and portmap for hostPort.
+#
+#   docker build -t tabby:dev .
+#
+# Stage 1 builds static binaries; stage 2 is a slim Debian with the tools
+# the agent execs (iptables, ipset) and the ones an operator wants in
+# `kubectl exec` (ip, conntrack).
+
+FROM golang:1.26 AS build
+WORKDIR /src
+# Static binaries: the shim runs on the host, whatever its libc, and the
+# runtime image needs no Go runtime libraries.
+ENV CGO_ENABLED=0
+# Dependencies first, so that a source change does not download them again.
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN go build -trimpath -ldflags "-s -w" -o /out/tabby-agent ./cmd/tabby-agent && \
+    go build -trimpath -ldflags "-s -w" -o /out/tabby ./cmd/tabby && \
+    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/tabbyctl ./cmd/tabbyctl
+# portmap, chained after tabby in the network configuration, from the same
+# containernetworking/plugins release that go.mod names. install-cni copies
+# it to a node only when the node lacks one.
+ARG CNI_PLUGINS_VERSION=v1.10.0
+RUN GOBIN=/out/cni-plugins go install -trimpath -ldflags "-s -w" \
+    github.com/containernetworking/plugins/plugins/meta/portmap@${CNI_PLUGINS_VERSION}
+
+FROM debian:bookworm-slim
+# iptables and ipset: policy and NAT (the agent execs them); iproute2 and
+# conntrack: for debugging from inside the pod.
+RUN apt-get update && \
+    apt-get install -y --no-install-recommends iptables ipset iproute2 conntrack ca-certificates && \
+    rm -rf /var/lib/apt/lists/*
+# tabby sits next to tabby-agent: install-cni's default --source-binary.
+COPY --from=build /out/tabby-agent /out/tabby /out/tabbyctl /usr/local/bin/
+# install-cni's default --plugins-dir.
+COPY --from=build /out/cni-plugins/portmap /opt/tabby/cni-plugins/portmap
+CMD ["tabby-agent"]

@@ -1,0 +1,599 @@
+package manifests
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"net/url"
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/tabbynet/tabby/agent"
+	"github.com/tabbynet/tabby/agent/installcni"
+	"github.com/tabbynet/tabby/cni"
+)
+
+const (
+	namespace = "tabby-system"
+	dsName    = "tabby-node"
+	saName    = "tabby-node"
+	cmName    = "tabby-config"
+	secName   = "tabby-etcd-secrets"
+)
+
+func daemonSet(t *testing.T) (*objects, *appsv1.DaemonSet, *corev1.PodSpec) {
+	t.Helper()
+	o := loadManifests(t)
+	ds := find[*appsv1.DaemonSet](t, o, dsName)
+	return o, ds, &ds.Spec.Template.Spec
+}
+
+func container(t *testing.T, cs []corev1.Container, name string) *corev1.Container {
+	t.Helper()
+	for i := range cs {
+		if cs[i].Name == name {
+			return &cs[i]
+		}
+	}
+	t.Fatalf("no container %q", name)
+	return nil
+}
+
+func TestDaemonSetNodeAgentInvariants(t *testing.T) {
+	o, ds, pod := daemonSet(t)
+	if ds.Namespace != namespace {
+		t.Errorf("namespace %q, want %q", ds.Namespace, namespace)
+	}
+	if !pod.HostNetwork {
+		t.Error("hostNetwork is off: the agent must run in the node's network namespace")
+	}
+	if pod.HostPID {
+		// The agent reaches pod namespaces through /var/run/netns.
+		t.Error("hostPID is on, but the agent does not need the host's PID namespace")
+	}
+	if pod.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName %q, want system-node-critical", pod.PriorityClassName)
+	}
+	if !slices.ContainsFunc(pod.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == "" && tol.Effect == "" && tol.TolerationSeconds == nil
+	}) {
+		t.Errorf("tolerations %+v do not tolerate every taint (want {operator: Exists})", pod.Tolerations)
+	}
+	if pod.NodeSelector["kubernetes.io/os"] != "linux" {
+		t.Errorf("nodeSelector %v, want kubernetes.io/os: linux", pod.NodeSelector)
+	}
+
+	us := ds.Spec.UpdateStrategy
+	if us.Type != appsv1.RollingUpdateDaemonSetStrategyType || us.RollingUpdate == nil ||
+		us.RollingUpdate.MaxUnavailable == nil || *us.RollingUpdate.MaxUnavailable != intstr.FromInt32(1) {
+		t.Errorf("updateStrategy %+v, want RollingUpdate with maxUnavailable 1", us)
+	}
+	if ds.Spec.Selector == nil {
+		t.Fatal("no selector")
+	}
+	for k, v := range ds.Spec.Selector.MatchLabels {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("selector %s=%s does not match the template's labels %v", k, v, ds.Spec.Template.Labels)
+		}
+	}
+
+	if pod.ServiceAccountName != saName {
+		t.Errorf("serviceAccountName %q, want %q", pod.ServiceAccountName, saName)
+	}
+	sa := find[*corev1.ServiceAccount](t, o, saName)
+	if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken ||
+		pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("the API token is mounted, but the agent never calls the Kubernetes API")
+	}
+
+	main := container(t, pod.Containers, "tabby-node")
+	if len(pod.Containers) != 1 {
+		t.Errorf("%d containers, want 1", len(pod.Containers))
+	}
+	if sc := main.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Error("the agent container is not privileged")
+	}
+	if r := main.Resources.Requests; r.Cpu().IsZero() || r.Memory().IsZero() {
+		t.Errorf("resource requests %v: want cpu and memory", r)
+	}
+	if l := main.Resources.Limits; l.Cpu() != nil && !l.Cpu().IsZero() {
+		t.Errorf("cpu limit %v would throttle the node's router", l.Cpu())
+	}
+	init := container(t, pod.InitContainers, "install-cni")
+	if init.Image != main.Image || init.Image == "" {
+		t.Errorf("images %q (install-cni) and %q (agent): want one image carrying both binaries", init.Image, main.Image)
+	}
+	if env := envOf(t, main, "NODENAME"); env.ValueFrom == nil || env.ValueFrom.FieldRef == nil || env.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("NODENAME = %+v, want the downward API's spec.nodeName", env)
+	}
+}
+
+func envOf(t *testing.T, c *corev1.Container, name string) corev1.EnvVar {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e
+		}
+	}
+	t.Fatalf("container %s has no env %s", c.Name, name)
+	return corev1.EnvVar{}
+}
+
+// flagValue returns the value of --name=value or --name value in args.
+func flagValue(args []string, name string) (string, bool) {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+		if a == "--"+name && i+1 < len(args) {
+			return args[i+1], true
+		}
+	}
+	return "", false
+}
+
+// contractFlags are the agent's flags as docs/contracts.md documents them.
+func contractFlags(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../docs/contracts.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(b), "## tabby-agent command line")
+	if !ok {
+		t.Fatal(`docs/contracts.md has no "tabby-agent command line" section`)
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	var out []string
+	for _, m := range regexp.MustCompile(`--[a-z0-9-]+`).FindAllString(sec, -1) {
+		out = append(out, strings.TrimPrefix(m, "--"))
+	}
+	return out
+}
+
+// TestDaemonSetAgentCommandLine: the agent's flags exist, and the probes
+// reach its health endpoints where --http-listen puts them.
+func TestDaemonSetAgentCommandLine(t *testing.T) {
+	_, _, pod := daemonSet(t)
+	main := container(t, pod.Containers, "tabby-node")
+	if len(main.Command) == 0 || main.Command[0] != "tabby-agent" {
+		t.Fatalf("command %v, want tabby-agent", main.Command)
+	}
+	argv := append(main.Command[1:len(main.Command):len(main.Command)], main.Args...)
+	known := contractFlags(t)
+	for _, a := range argv {
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if strings.HasPrefix(a, "--") && !slices.Contains(known, name) {
+			t.Errorf("agent flag %s is not in docs/contracts.md (known: %v)", a, known)
+		}
+	}
+
+	listen, ok := flagValue(argv, "http-listen")
+	if !ok {
+		listen = agent.Default().HTTPListen
+	}
+	ap, err := netip.ParseAddrPort(listen)
+	if err != nil {
+		t.Fatalf("--http-listen %q: %v", listen, err)
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+		path  string
+	}{
+		{"liveness", main.LivenessProbe, "/healthz"},
+		{"readiness", main.ReadinessProbe, "/readyz"},
+	} {
+		if p.probe == nil || p.probe.HTTPGet == nil {
+			t.Errorf("%s probe: want an httpGet probe", p.name)
+			continue
+		}
+		g := p.probe.HTTPGet
+		if g.Path != p.path {
+			t.Errorf("%s probe path %q, want %q", p.name, g.Path, p.path)
+		}
+		if g.Port != intstr.FromInt32(int32(ap.Port())) {
+			t.Errorf("%s probe port %v, want %d from --http-listen", p.name, g.Port.String(), ap.Port())
+		}
+		// With hostNetwork the kubelet probes the node's address unless
+		// told otherwise; an agent on loopback must be probed there.
+		if ap.Addr().IsLoopback() && g.Host != ap.Addr().String() {
+			t.Errorf("%s probe host %q, but the agent listens on %s only", p.name, g.Host, ap.Addr())
+		}
+		if g.Scheme != "" && g.Scheme != corev1.URISchemeHTTP {
+			t.Errorf("%s probe scheme %s, want HTTP", p.name, g.Scheme)
+		}
+		if p.probe.TimeoutSeconds < 1 || p.probe.PeriodSeconds < 1 {
+			t.Errorf("%s probe timing %+v", p.name, p.probe)
+		}
+	}
+	if lp := main.LivenessProbe; lp != nil && int(lp.PeriodSeconds)*int(max(lp.FailureThreshold, 3)) < 30 {
+		t.Errorf("liveness probe kills the agent after %ds of failures: too eager for a node's router", lp.PeriodSeconds*max(lp.FailureThreshold, 3))
+	}
+}
+
+type mount struct {
+	Container, MountPath, HostPath string
+	Type                           corev1.HostPathType
+	ReadOnly                       bool
+	Propagation                    corev1.MountPropagationMode
+}
+
+func hostMounts(t *testing.T, pod *corev1.PodSpec) []mount {
+	t.Helper()
+	vols := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		if _, dup := vols[v.Name]; dup {
+			t.Errorf("volume %s twice", v.Name)
+		}
+		vols[v.Name] = v
+	}
+	var out []mount
+	for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+		for _, vm := range c.VolumeMounts {
+			v, ok := vols[vm.Name]
+			if !ok {
+				t.Errorf("container %s mounts unknown volume %s", c.Name, vm.Name)
+				continue
+			}
+			if v.HostPath == nil {
+				continue
+			}
+			m := mount{Container: c.Name, MountPath: vm.MountPath, HostPath: v.HostPath.Path, ReadOnly: vm.ReadOnly}
+			if v.HostPath.Type != nil {
+				m.Type = *v.HostPath.Type
+			}
+			if vm.MountPropagation != nil {
+				m.Propagation = *vm.MountPropagation
+			}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func TestDaemonSetMounts(t *testing.T) {
+	_, _, pod := daemonSet(t)
+	want := []mount{
+		{"install-cni", "/host/opt/cni/bin", "/opt/cni/bin", corev1.HostPathDirectoryOrCreate, false, ""},
+		{"install-cni", "/host/etc/cni/net.d", "/etc/cni/net.d", corev1.HostPathDirectoryOrCreate, false, ""},
+		{"tabby-node", "/var/run/tabby", "/var/run/tabby", corev1.HostPathDirectoryOrCreate, false, ""},
+		{"tabby-node", "/var/lib/tabby", "/var/lib/tabby", corev1.HostPathDirectoryOrCreate, false, ""},
+		{"tabby-node", "/run/xtables.lock", "/run/xtables.lock", corev1.HostPathFileOrCreate, false, ""},
+		{"tabby-node", "/lib/modules", "/lib/modules", corev1.HostPathDirectory, true, ""},
+		// Pod namespaces are mounted there after the agent started.
+		{"tabby-node", "/var/run/netns", "/var/run/netns", corev1.HostPathDirectoryOrCreate, false, corev1.MountPropagationHostToContainer},
+	}
+	if diff := cmp.Diff(want, hostMounts(t, pod)); diff != "" {
+		t.Errorf("host mounts (-want +got):\n%s", diff)
+	}
+}
+
+// TestDaemonSetPathsAgree: what install-cni writes, what the agent listens
+// on and what the host sees are the same paths.
+func TestDaemonSetPathsAgree(t *testing.T) {
+	o, _, pod := daemonSet(t)
+	main := container(t, pod.Containers, "tabby-node")
+	init := container(t, pod.InitContainers, "install-cni")
+	mounts := hostMounts(t, pod)
+	// hostPathOf maps a path inside container c to the host's path.
+	hostPathOf := func(c, p string) (string, bool) {
+		for _, m := range mounts {
+			if m.Container != c {
+				continue
+			}
+			if rel, ok := strings.CutPrefix(p, m.MountPath); ok && (rel == "" || rel[0] == '/') {
+				return path.Join(m.HostPath, rel), true
+			}
+		}
+		return "", false
+	}
+
+	mainArgv := append(main.Command[1:len(main.Command):len(main.Command)], main.Args...)
+	def := agent.Default()
+	get := func(name, fallback string) string {
+		if v, ok := flagValue(mainArgv, name); ok {
+			return v
+		}
+		return fallback
+	}
+	cniSock, stateDir, statusSock := get("cni-socket", def.CNISocket), get("state-dir", def.StateDir), get("status-socket", def.StatusSocket)
+
+	cfg := installConfig(t, o, init)
+	// The shim runs on the host and dials agent_socket there.
+	if h, ok := hostPathOf("tabby-node", path.Dir(cniSock)); !ok || path.Join(h, path.Base(cniSock)) != cfg.AgentSocket {
+		t.Errorf("the agent's CNI socket %s is at %q on the host, but the conflist names %s", cniSock, h, cfg.AgentSocket)
+	}
+	if cfg.AgentSocket != cni.DefaultAgentSocket {
+		t.Errorf("agent socket %s differs from the shim's default %s", cfg.AgentSocket, cni.DefaultAgentSocket)
+	}
+	if _, ok := hostPathOf("tabby-node", statusSock); !ok {
+		t.Errorf("status socket %s is not on a host mount (tabbyctl on the node cannot reach it)", statusSock)
+	}
+	if _, ok := hostPathOf("tabby-node", stateDir); !ok {
+		t.Errorf("state dir %s is not on a host mount: state would not survive a container restart", stateDir)
+	}
+	for dir, host := range map[string]string{cfg.BinDir: "/opt/cni/bin", cfg.ConfDir: "/etc/cni/net.d"} {
+		if h, ok := hostPathOf("install-cni", dir); !ok || h != host {
+			t.Errorf("install-cni writes to %s, which is %q on the host, want %s", dir, h, host)
+		}
+	}
+}
+
+// installConfig is the install-cni configuration of the init container:
+// its arguments parsed by the real flag set, its env from the ConfigMap.
+func installConfig(t *testing.T, o *objects, init *corev1.Container) installcni.Config {
+	t.Helper()
+	argv := slices.Concat(init.Command, init.Args)
+	if len(argv) < 2 || argv[0] != "tabby-agent" || argv[1] != "install-cni" {
+		t.Fatalf("install-cni container runs %v, want tabby-agent install-cni", argv)
+	}
+	cfg := installcni.Default()
+	fs := pflag.NewFlagSet("install-cni", pflag.ContinueOnError)
+	cfg.AddFlags(fs)
+	if err := fs.Parse(argv[2:]); err != nil {
+		t.Fatalf("install-cni arguments %v: %v", argv[2:], err)
+	}
+	if fs.NArg() > 0 {
+		t.Errorf("install-cni takes no arguments, got %v", fs.Args())
+	}
+	cm := find[*corev1.ConfigMap](t, o, cmName)
+	cfg.Template = configMapEnv(t, cm, init, "CNI_NETWORK_CONFIG")
+	mtu, err := strconv.Atoi(configMapEnv(t, cm, init, "CNI_MTU"))
+	if err != nil {
+		t.Fatalf("CNI_MTU: %v", err)
+	}
+	cfg.MTU = mtu
+	cfg.SourceBinary = "/usr/local/bin/tabby"
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("install-cni configuration: %v", err)
+	}
+	return cfg
+}
+
+// configMapEnv is the value of env name of container c, which must come
+// from a key of cm.
+func configMapEnv(t *testing.T, cm *corev1.ConfigMap, c *corev1.Container, name string) string {
+	t.Helper()
+	e := envOf(t, c, name)
+	if e.ValueFrom == nil || e.ValueFrom.ConfigMapKeyRef == nil || e.ValueFrom.ConfigMapKeyRef.Name != cm.Name {
+		t.Fatalf("%s: env %s does not come from ConfigMap %s", c.Name, name, cm.Name)
+	}
+	v, ok := cm.Data[e.ValueFrom.ConfigMapKeyRef.Key]
+	if !ok {
+		t.Fatalf("%s: env %s names key %q, which ConfigMap %s lacks", c.Name, name, e.ValueFrom.ConfigMapKeyRef.Key, cm.Name)
+	}
+	return v
+}
+
+// TestDaemonSetEnvReferences: every ConfigMap key and Secret the pod refers
+// to exists, so that no container is stuck in CreateContainerConfigError.
+func TestDaemonSetEnvReferences(t *testing.T) {
+	o, _, pod := daemonSet(t)
+	cm := find[*corev1.ConfigMap](t, o, cmName)
+	for _, c := range slices.Concat(pod.InitContainers, pod.Containers) {
+		for _, e := range c.Env {
+			if e.ValueFrom == nil || e.ValueFrom.ConfigMapKeyRef == nil {
+				continue
+			}
+			ref := e.ValueFrom.ConfigMapKeyRef
+			if ref.Name != cmName {
+				t.Errorf("%s: env %s refers to ConfigMap %s", c.Name, e.Name, ref.Name)
+			} else if _, ok := cm.Data[ref.Key]; !ok {
+				t.Errorf("%s: env %s refers to missing key %s", c.Name, e.Name, ref.Key)
+			}
+		}
+	}
+	sec := find[*corev1.Secret](t, o, secName)
+	for _, v := range pod.Volumes {
+		if v.Secret != nil && v.Secret.SecretName != sec.Name {
+			t.Errorf("volume %s refers to Secret %s", v.Name, v.Secret.SecretName)
+		}
+	}
+}
+
+// TestConfigMap checks each value of tabby-config the way its consumer
+// will parse it.
+func TestConfigMap(t *testing.T) {
+	o, _, pod := daemonSet(t)
+	cm := find[*corev1.ConfigMap](t, o, cmName)
+	main := container(t, pod.Containers, "tabby-node")
+
+	// The CNI template renders into a conflist a runtime loads, Tabby first,
+	// portmap chained with the portMappings capability.
+	cfg := installConfig(t, o, container(t, pod.InitContainers, "install-cni"))
+	b, cl, err := installcni.Render(cfg.Template, cfg.MTU, cfg.AgentSocket)
+	if err != nil {
+		t.Fatalf("cni_network_config: %v", err)
+	}
+	if diff := cmp.Diff([]string{"tabby", "portmap"}, cl.PluginTypes); diff != "" {
+		t.Errorf("plugin chain (-want +got):\n%s", diff)
+	}
+	if cl.Name != "k8s-pod-network" || cl.CNIVersion != "1.0.0" {
+		t.Errorf("name %q, cniVersion %q", cl.Name, cl.CNIVersion)
+	}
+	var raw struct {
+		Plugins []struct {
+			Capabilities map[string]bool `json:"capabilities"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if !raw.Plugins[1].Capabilities["portMappings"] {
+		t.Errorf("portmap lacks the portMappings capability: hostPort would be ignored")
+	}
+	if cl.Tabby.MTU != cfg.MTU || cfg.MTU != 1500 {
+		t.Errorf("MTU %d in the conflist, %d configured; want 1500 (no encapsulation)", cl.Tabby.MTU, cfg.MTU)
+	}
+
+	pool, err := netip.ParsePrefix(configMapEnv(t, cm, main, "TABBY_IPV4POOL_CIDR"))
+	if err != nil || !pool.Addr().Is4() || pool != pool.Masked() || pool.Bits() > 24 {
+		t.Errorf("ipv4_pool_cidr %v (err %v): want a masked IPv4 prefix with room for many blocks", pool, err)
+	}
+
+	if _, err := agent.ParseAutodetectMethod(configMapEnv(t, cm, main, "IP_AUTODETECTION_METHOD")); err != nil {
+		t.Error(err)
+	}
+
+	// The endpoints are a placeholder the operator replaces (README);
+	// with it replaced they are etcd client URLs.
+	eps := strings.NewReplacer("<ETCD_IP>", "198.18.0.1", "<ETCD_PORT>", "2379").
+		Replace(configMapEnv(t, cm, main, "TABBY_ETCD_ENDPOINTS"))
+	for _, ep := range strings.Split(eps, ",") {
+		u, err := url.Parse(strings.TrimSpace(ep))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Port() == "" || u.Path != "" {
+			t.Errorf("etcd endpoint %q is not an http(s)://host:port URL (err %v)", ep, err)
+		}
+	}
+}
+
+// TestEtcdTLSWiring: the TLS file settings are empty (plain HTTP) or name
+// a key of the Secret at its mount path, readable only by root.
+func TestEtcdTLSWiring(t *testing.T) {
+	o, _, pod := daemonSet(t)
+	cm := find[*corev1.ConfigMap](t, o, cmName)
+	sec := find[*corev1.Secret](t, o, secName)
+	main := container(t, pod.Containers, "tabby-node")
+	var secretMount string
+	for _, v := range pod.Volumes {
+		if v.Secret == nil {
+			continue
+		}
+		if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o077 != 0 {
+			t.Errorf("secret volume %s is readable by group or others", v.Name)
+		}
+		for _, vm := range main.VolumeMounts {
+			if vm.Name == v.Name {
+				secretMount = vm.MountPath
+				if !vm.ReadOnly {
+					t.Errorf("secret mount %s is writable", vm.MountPath)
+				}
+			}
+		}
+	}
+	if secretMount == "" {
+		t.Fatal("the agent does not mount the etcd secret")
+	}
+	wantKeys := []string{"etcd-ca", "etcd-cert", "etcd-key"}
+	var keys []string
+	for k := range sec.Data {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	if diff := cmp.Diff(wantKeys, keys); diff != "" {
+		t.Errorf("secret keys (-want +got):\n%s", diff)
+	}
+	for _, env := range []string{"TABBY_ETCD_CA_FILE", "TABBY_ETCD_CERT_FILE", "TABBY_ETCD_KEY_FILE"} {
+		p := configMapEnv(t, cm, main, env)
+		if p == "" {
+			continue
+		}
+		if !slices.Contains(keys, strings.TrimPrefix(p, secretMount+"/")) {
+			t.Errorf("%s = %q is not a key of the secret mounted at %s", env, p, secretMount)
+		}
+	}
+}
+
+// TestRBACIsMinimal: the agent talks to etcd, not to the API server, so
+// tabby-node is granted nothing; any rule the manifests ever carry must be
+// read-only and name no wildcard.
+func TestRBACIsMinimal(t *testing.T) {
+	if problems := rbacProblems(loadManifests(t)); len(problems) > 0 {
+		t.Errorf("RBAC:\n%s", strings.Join(problems, "\n"))
+	}
+}
+
+// TestRBACCheckCatchesExcess feeds the check what it must refuse.
+func TestRBACCheckCatchesExcess(t *testing.T) {
+	const stream = `
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tabby-node}
+rules:
+  - {apiGroups: [""], resources: [nodes], verbs: [get, patch]}
+  - {apiGroups: ["*"], resources: [pods], verbs: [list]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tabby-node}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tabby-node}
+subjects: [{kind: ServiceAccount, name: tabby-node, namespace: tabby-system}]
+`
+	objs, err := decodeStrict([]byte(stream))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rbacProblems(&objects{all: objs})
+	want := []string{`grants "patch"`, "wildcard", "tabby-node is granted ClusterRole/tabby-node"}
+	if len(got) != len(want) {
+		t.Fatalf("problems %q, want %d", got, len(want))
+	}
+	for i := range want {
+		if !strings.Contains(got[i], want[i]) {
+			t.Errorf("problem %d = %q, want one containing %q", i, got[i], want[i])
+		}
+	}
+}
+
+func rbacProblems(o *objects) []string {
+	var problems []string
+	roles := map[string][]rbacv1.PolicyRule{}
+	for _, r := range all[*rbacv1.ClusterRole](o) {
+		roles["ClusterRole/"+r.Name] = r.Rules
+	}
+	for _, r := range all[*rbacv1.Role](o) {
+		roles["Role/"+r.Namespace+"/"+r.Name] = r.Rules
+	}
+	readOnly := []string{"get", "list", "watch"}
+	for _, name := range slices.Sorted(maps.Keys(roles)) {
+		for _, r := range roles[name] {
+			for _, v := range r.Verbs {
+				if !slices.Contains(readOnly, v) {
+					problems = append(problems, fmt.Sprintf("%s: rule %v grants %q", name, r, v))
+				}
+			}
+			for _, field := range [][]string{r.Verbs, r.Resources, r.APIGroups, r.NonResourceURLs} {
+				if slices.Contains(field, "*") {
+					problems = append(problems, fmt.Sprintf("%s: rule %v has a wildcard", name, r))
+				}
+			}
+		}
+	}
+	// What the bindings grant the agent's account.
+	var granted []string
+	bind := func(ns string, ref rbacv1.RoleRef, subjects []rbacv1.Subject) {
+		key := ref.Kind + "/" + ref.Name
+		if ref.Kind == "Role" {
+			key = "Role/" + ns + "/" + ref.Name
+		}
+		for _, s := range subjects {
+			if s.Kind == rbacv1.ServiceAccountKind && s.Name == saName && s.Namespace == namespace {
+				granted = append(granted, key)
+			}
+		}
+	}
+	for _, b := range all[*rbacv1.ClusterRoleBinding](o) {
+		bind("", b.RoleRef, b.Subjects)
+	}
+	for _, b := range all[*rbacv1.RoleBinding](o) {
+		bind(b.Namespace, b.RoleRef, b.Subjects)
+	}
+	for _, g := range granted {
+		problems = append(problems, fmt.Sprintf("tabby-node is granted %s %v; the agent uses no Kubernetes API (add a rule only with the code that needs it)", g, roles[g]))
+	}
+	return problems
+}

@@ -1,0 +1,290 @@
+package manifests
+
+import (
+	"bufio"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tabbynet/tabby/agent/installcni"
+)
+
+// No container engine runs here, so the image is not built; these tests
+// check what can go wrong in a Dockerfile without one: stages, sources,
+// versions and where the binaries land.
+
+type instruction struct {
+	Cmd  string // upper case: FROM, RUN, COPY…
+	Args string
+}
+
+type stage struct {
+	Base, Name string
+	Ins        []instruction
+}
+
+// parseDockerfile splits a Dockerfile into stages of instructions, joining
+// continuation lines and dropping comments.
+func parseDockerfile(t *testing.T, name string) []stage {
+	t.Helper()
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var stages []stage
+	var cur strings.Builder
+	flush := func() {
+		line := strings.TrimSpace(cur.String())
+		cur.Reset()
+		if line == "" {
+			return
+		}
+		cmd, args, _ := strings.Cut(line, " ")
+		in := instruction{strings.ToUpper(cmd), strings.TrimSpace(args)}
+		if in.Cmd == "FROM" {
+			base, name, _ := strings.Cut(in.Args, " AS ")
+			stages = append(stages, stage{Base: strings.TrimSpace(base), Name: strings.TrimSpace(name)})
+			return
+		}
+		if len(stages) == 0 {
+			t.Fatalf("%s: %s before the first FROM", name, in.Cmd)
+		}
+		s := &stages[len(stages)-1]
+		s.Ins = append(s.Ins, in)
+	}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		if l, ok := strings.CutSuffix(strings.TrimRight(line, " \t"), `\`); ok {
+			cur.WriteString(l + " ")
+			continue
+		}
+		cur.WriteString(line)
+		flush()
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	flush()
+	return stages
+}
+
+func (s stage) all(cmd string) []string {
+	var out []string
+	for _, in := range s.Ins {
+		if in.Cmd == cmd {
+			out = append(out, in.Args)
+		}
+	}
+	return out
+}
+
+// goModVersion returns the go directive or the required version of mod.
+func goModVersion(t *testing.T, mod string) string {
+	t.Helper()
+	b, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(mod) + `\s+(\S+)`)
+	if mod == "go" {
+		re = regexp.MustCompile(`(?m)^go\s+(\S+)`)
+	}
+	m := re.FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("go.mod names no %s", mod)
+	}
+	return string(m[1])
+}
+
+func TestDockerfile(t *testing.T) {
+	stages := parseDockerfile(t, "../Dockerfile")
+	if len(stages) != 2 {
+		t.Fatalf("%d stages, want a builder and a runtime", len(stages))
+	}
+	build, run := stages[0], stages[1]
+
+	// The builder's Go is the one go.mod asks for.
+	goVer := goModVersion(t, "go")
+	parts := strings.SplitN(goVer, ".", 3)
+	if want := "golang:" + parts[0] + "." + parts[1]; build.Base != want && !strings.HasPrefix(build.Base, want+"-") && !strings.HasPrefix(build.Base, want+".") {
+		t.Errorf("builder image %s, want %s (go.mod: go %s)", build.Base, want, goVer)
+	}
+	if build.Name == "" {
+		t.Error("the builder stage has no name for COPY --from")
+	}
+	if !slices.Contains(build.all("ENV"), "CGO_ENABLED=0") {
+		t.Error("the builder does not set CGO_ENABLED=0: the shim, copied to the host, must be static")
+	}
+	if run.Base != "debian:bookworm-slim" {
+		t.Errorf("runtime image %s, want debian:bookworm-slim", run.Base)
+	}
+
+	// go build -o /out/X ./cmd/Y: every command exists in the repository.
+	built := map[string]bool{}
+	args := map[string]string{}
+	for _, a := range build.all("ARG") {
+		k, v, _ := strings.Cut(a, "=")
+		args[k] = v
+	}
+	buildRe := regexp.MustCompile(`go build [^&;]*?-o (\S+) (\./cmd/[a-z-]+)`)
+	for _, r := range build.all("RUN") {
+		for _, m := range buildRe.FindAllStringSubmatch(r, -1) {
+			out, pkg := m[1], m[2]
+			if _, err := os.Stat(filepath.Join("..", pkg, "main.go")); err != nil {
+				t.Errorf("go build %s: %v", pkg, err)
+			}
+			if path.Base(out) != path.Base(pkg) {
+				t.Errorf("go build %s writes %s: the binary should keep its name", pkg, out)
+			}
+			built[out] = true
+		}
+		// portmap from the CNI plugins release go.mod pins.
+		if strings.Contains(r, "plugins/meta/portmap@") {
+			gobin := regexp.MustCompile(`GOBIN=(\S+)`).FindStringSubmatch(r)
+			if gobin == nil {
+				t.Errorf("portmap install without GOBIN: %s", r)
+				continue
+			}
+			built[path.Join(gobin[1], "portmap")] = true
+			want := goModVersion(t, "github.com/containernetworking/plugins")
+			if !strings.Contains(r, "@${CNI_PLUGINS_VERSION}") || args["CNI_PLUGINS_VERSION"] != want {
+				t.Errorf("portmap version %q, want go.mod's %s", args["CNI_PLUGINS_VERSION"], want)
+			}
+		}
+	}
+
+	// COPY --from=build SRC... DST: what lands where in the image.
+	image := map[string]string{} // base name -> path in the image
+	for _, c := range run.all("COPY") {
+		from, rest, ok := strings.Cut(c, " ")
+		if !ok || !strings.HasPrefix(from, "--from=") {
+			t.Errorf("runtime stage copies from the build context: COPY %s", c)
+			continue
+		}
+		if strings.TrimPrefix(from, "--from=") != build.Name {
+			t.Errorf("COPY %s: not from the builder %q", c, build.Name)
+		}
+		f := strings.Fields(rest)
+		srcs, dst := f[:len(f)-1], f[len(f)-1]
+		for _, s := range srcs {
+			if !built[s] {
+				t.Errorf("COPY %s: the builder makes no %s (it makes %v)", c, s, built)
+			}
+			p := dst
+			if strings.HasSuffix(dst, "/") {
+				p = path.Join(dst, path.Base(s))
+			}
+			image[path.Base(s)] = p
+		}
+	}
+	want := map[string]string{
+		"tabby-agent": "/usr/local/bin/tabby-agent",
+		"tabby":       "/usr/local/bin/tabby",
+		"tabbyctl":    "/usr/local/bin/tabbyctl",
+		"portmap":     path.Join(installcni.Default().PluginsDir, "portmap"),
+	}
+	if diff := cmp.Diff(want, image); diff != "" {
+		t.Errorf("files in the image (-want +got):\n%s", diff)
+	}
+	// install-cni's default --source-binary is the tabby next to it.
+	if path.Dir(image["tabby"]) != path.Dir(image["tabby-agent"]) {
+		t.Error("tabby is not next to tabby-agent")
+	}
+
+	// The tools the agent execs.
+	var apt string
+	for _, r := range run.all("RUN") {
+		if strings.Contains(r, "apt-get install") {
+			apt = r
+		}
+	}
+	for _, pkg := range []string{"iptables", "ipset", "iproute2", "conntrack"} {
+		if !slices.Contains(strings.Fields(apt), pkg) {
+			t.Errorf("the runtime image does not install %s", pkg)
+		}
+	}
+	if !strings.Contains(apt, "rm -rf /var/lib/apt/lists") {
+		t.Error("the apt lists stay in the image")
+	}
+}
+
+// dockerignored reports whether a context path matches .dockerignore
+// patterns (the forms the file uses: plain paths from the root and **/).
+func dockerignored(patterns []string, p string) bool {
+	for _, pat := range patterns {
+		pat = strings.TrimPrefix(pat, "/")
+		candidates := []string{p}
+		if rest, ok := strings.CutPrefix(pat, "**/"); ok {
+			pat = rest
+			candidates = nil
+			parts := strings.Split(p, "/")
+			for i := range parts {
+				candidates = append(candidates, strings.Join(parts[i:], "/"))
+			}
+		}
+		for _, c := range candidates {
+			// A pattern matching a directory excludes what is below it.
+			for d := c; d != "." && d != "/"; d = path.Dir(d) {
+				if ok, _ := path.Match(pat, d); ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func TestDockerignore(t *testing.T) {
+	b, err := os.ReadFile("../.dockerignore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for _, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		if strings.HasPrefix(l, "!") {
+			t.Fatalf("exception %q: dockerignored does not model exceptions", l)
+		}
+		patterns = append(patterns, l)
+	}
+	for p, want := range map[string]bool{
+		".git/config": true, "bin/tabby": true, "tabby-agent": true, "agent/agent.test": true,
+		"go.mod": false, "go.sum": false, "cmd/tabby/main.go": false, "cmd/tabby-agent/main.go": false,
+		"cmd/tabbyctl/main.go": false, "agent/installcni/install.go": false, "cni/testdata/x": false,
+	} {
+		if got := dockerignored(patterns, p); got != want {
+			t.Errorf("%s ignored = %v, want %v", p, got, want)
+		}
+	}
+	// Every Go source the build needs is in the context.
+	err = filepath.WalkDir("..", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel("..", p)
+		if d.IsDir() && (rel == ".git" || rel == "bin") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && (strings.HasSuffix(rel, ".go") || rel == "go.mod" || rel == "go.sum") && dockerignored(patterns, filepath.ToSlash(rel)) {
+			t.Errorf("%s is excluded from the build context", rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -14,6 +15,11 @@ import (
 // owns. A Firewall never changes or removes anything without it, except
 // the jump rules to its own chains in the kernel's base chains.
 const FirewallPrefix = "tabby-"
+
+// ErrStaleCleanup wraps the errors of removing stale Tabby state (a chain
+// something else still references, a set still in use). The desired state
+// is in place despite them; callers may treat them as warnings.
+var ErrStaleCleanup = errors.New("removing stale firewall state")
 
 // Chain is one Tabby chain with its rules in order. Each rule is the
 // arguments that follow "-A <Name>".

@@ -227,7 +227,7 @@ func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (Apply
 	// 3. Sets no rule of ours references any more.
 	for _, name := range sp.destroy {
 		if _, err := f.exec(ctx, nil, "ipset", "destroy", name); err != nil {
-			errs = append(errs, fmt.Errorf("destroying stale ipset: %w", err))
+			errs = append(errs, fmt.Errorf("%w: destroying ipset: %w", ErrStaleCleanup, err))
 			continue
 		}
 		stats.SetsDeleted++
@@ -288,7 +288,7 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired Fi
 	for _, r := range append(plan.staleJumps, plan.extraJumps...) {
 		err := f.inNetNS(func() error { return f.ipt.Delete(table, r.chain, r.args...) })
 		if err != nil && !isNotExist(err) {
-			errs = append(errs, fmt.Errorf("deleting jump %s -> %s: %w", r.chain, jumpTarget(r.args), err))
+			errs = append(errs, fmt.Errorf("%w: deleting jump %s -> %s: %w", ErrStaleCleanup, r.chain, jumpTarget(r.args), err))
 			continue
 		}
 		stats.JumpsDeleted++
@@ -298,7 +298,7 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired Fi
 		if err != nil && len(plan.delete) > 0 {
 			// Something outside Tabby may still reference a stale chain;
 			// program the desired chains without deleting and report it.
-			errs = append(errs, fmt.Errorf("restore with deletions of %v: %w", plan.delete, err))
+			errs = append(errs, fmt.Errorf("%w: restore with deletions of %v: %w", ErrStaleCleanup, plan.delete, err))
 			plan.delete = nil
 			if plan.emptyRestore() {
 				err = nil

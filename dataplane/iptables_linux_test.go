@@ -2,6 +2,7 @@ package dataplane_test
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"strings"
 	"testing"
@@ -170,7 +171,7 @@ func testFirewall(t *testing.T, backend string) {
 	grow.Chains[1].Rules = [][]string{{"-j", "DROP"}}
 	grow.Chains = append(grow.Chains[:2], grow.Chains[3])
 	st, err = f2.Apply(ctx, grow)
-	if err == nil || !strings.Contains(err.Error(), "tabby-fw-calia") {
+	if err == nil || !strings.Contains(err.Error(), "tabby-fw-calia") || !errors.Is(err, dataplane.ErrStaleCleanup) {
 		t.Errorf("apply with a referenced stale chain: err = %v", err)
 	}
 	if st.ChainsWritten != 1 {

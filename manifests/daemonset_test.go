@@ -112,9 +112,9 @@ func TestDaemonSetNodeAgentInvariants(t *testing.T) {
 	if l := main.Resources.Limits; l.Cpu() != nil && !l.Cpu().IsZero() {
 		t.Errorf("cpu limit %v would throttle the node's router", l.Cpu())
 	}
-	init := container(t, pod.InitContainers, "install-cni")
-	if init.Image != main.Image || init.Image == "" {
-		t.Errorf("images %q (install-cni) and %q (agent): want one image carrying both binaries", init.Image, main.Image)
+	ic := container(t, pod.InitContainers, "install-cni")
+	if ic.Image != main.Image || ic.Image == "" {
+		t.Errorf("images %q (install-cni) and %q (agent): want one image carrying both binaries", ic.Image, main.Image)
 	}
 	if env := envOf(t, main, "NODENAME"); env.ValueFrom == nil || env.ValueFrom.FieldRef == nil || env.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("NODENAME = %+v, want the downward API's spec.nodeName", env)
@@ -172,7 +172,7 @@ func TestDaemonSetAgentCommandLine(t *testing.T) {
 	if len(main.Command) == 0 || main.Command[0] != "tabby-agent" {
 		t.Fatalf("command %v, want tabby-agent", main.Command)
 	}
-	argv := append(main.Command[1:len(main.Command):len(main.Command)], main.Args...)
+	argv := slices.Concat(main.Command[1:], main.Args)
 	known := contractFlags(t)
 	for _, a := range argv {
 		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
@@ -287,7 +287,7 @@ func TestDaemonSetMounts(t *testing.T) {
 func TestDaemonSetPathsAgree(t *testing.T) {
 	o, _, pod := daemonSet(t)
 	main := container(t, pod.Containers, "tabby-node")
-	init := container(t, pod.InitContainers, "install-cni")
+	ic := container(t, pod.InitContainers, "install-cni")
 	mounts := hostMounts(t, pod)
 	// hostPathOf maps a path inside container c to the host's path.
 	hostPathOf := func(c, p string) (string, bool) {
@@ -302,7 +302,7 @@ func TestDaemonSetPathsAgree(t *testing.T) {
 		return "", false
 	}
 
-	mainArgv := append(main.Command[1:len(main.Command):len(main.Command)], main.Args...)
+	mainArgv := slices.Concat(main.Command[1:], main.Args)
 	def := agent.Default()
 	get := func(name, fallback string) string {
 		if v, ok := flagValue(mainArgv, name); ok {
@@ -312,7 +312,7 @@ func TestDaemonSetPathsAgree(t *testing.T) {
 	}
 	cniSock, stateDir, statusSock := get("cni-socket", def.CNISocket), get("state-dir", def.StateDir), get("status-socket", def.StatusSocket)
 
-	cfg := installConfig(t, o, init)
+	cfg := installConfig(t, o, ic)
 	// The shim runs on the host and dials agent_socket there.
 	if h, ok := hostPathOf("tabby-node", path.Dir(cniSock)); !ok || path.Join(h, path.Base(cniSock)) != cfg.AgentSocket {
 		t.Errorf("the agent's CNI socket %s is at %q on the host, but the conflist names %s", cniSock, h, cfg.AgentSocket)
@@ -335,9 +335,9 @@ func TestDaemonSetPathsAgree(t *testing.T) {
 
 // installConfig is the install-cni configuration of the init container:
 // its arguments parsed by the real flag set, its env from the ConfigMap.
-func installConfig(t *testing.T, o *objects, init *corev1.Container) installcni.Config {
+func installConfig(t *testing.T, o *objects, ic *corev1.Container) installcni.Config {
 	t.Helper()
-	argv := slices.Concat(init.Command, init.Args)
+	argv := slices.Concat(ic.Command, ic.Args)
 	if len(argv) < 2 || argv[0] != "tabby-agent" || argv[1] != "install-cni" {
 		t.Fatalf("install-cni container runs %v, want tabby-agent install-cni", argv)
 	}
@@ -351,8 +351,8 @@ func installConfig(t *testing.T, o *objects, init *corev1.Container) installcni.
 		t.Errorf("install-cni takes no arguments, got %v", fs.Args())
 	}
 	cm := find[*corev1.ConfigMap](t, o, cmName)
-	cfg.Template = configMapEnv(t, cm, init, "CNI_NETWORK_CONFIG")
-	mtu, err := strconv.Atoi(configMapEnv(t, cm, init, "CNI_MTU"))
+	cfg.Template = configMapEnv(t, cm, ic, "CNI_NETWORK_CONFIG")
+	mtu, err := strconv.Atoi(configMapEnv(t, cm, ic, "CNI_MTU"))
 	if err != nil {
 		t.Fatalf("CNI_MTU: %v", err)
 	}

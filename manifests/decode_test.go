@@ -196,9 +196,39 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		t.Errorf("objects:\n got %v\nwant %v", got, want)
 	}
 
+	// Names the API server would refuse, beyond what decoding sees.
+	uninstall, err := os.ReadFile("tabby-uninstall.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	more, err := decodeStrict(uninstall)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ds := range all[*appsv1.DaemonSet](&objects{all: append(o.all, more...)}) {
+		pod := ds.Spec.Template.Spec
+		var names []string
+		for _, c := range append(pod.InitContainers, pod.Containers...) {
+			names = append(names, c.Name)
+			for _, e := range c.Env {
+				if errs := validation.IsEnvVarName(e.Name); len(errs) > 0 {
+					t.Errorf("%s: env %q: %s", ds.Name, e.Name, strings.Join(errs, "; "))
+				}
+			}
+		}
+		for _, v := range pod.Volumes {
+			names = append(names, v.Name)
+		}
+		for _, n := range names {
+			if errs := validation.IsDNS1123Label(n); len(errs) > 0 {
+				t.Errorf("%s: container or volume %q: %s", ds.Name, n, strings.Join(errs, "; "))
+			}
+		}
+	}
+
 	// Every YAML file is accounted for by some test.
 	known := map[string]bool{"tabby-etcd.yaml": true, "tabby-uninstall.yaml": true, filepath.Join("route-reflectors", "bgp.yaml"): true}
-	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -146,31 +147,47 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		return nil, err
 	}
 
+	mac := args.MAC
+	if mac == "" {
+		mac = containerMAC(req.ContainerID, req.IfName)
+	}
 	spec = dataplane.WorkloadSpec{
 		NetNS:      req.Netns,
 		IfName:     req.IfName,
 		HostIfName: hostIf,
 		Addrs:      []netip.Prefix{netip.PrefixFrom(asg.Addr, 32)},
 		MTU:        conf.MTU,
-		MAC:        args.MAC,
+		MAC:        mac,
 	}
+	// The endpoint record and the interfaces need only the address, so they
+	// are made concurrently: ADD costs the longer of the two, not the sum.
 	t1 := time.Now()
+	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, mac, args.Labels)
+	var (
+		wepErr  error
+		wepDone = make(chan struct{})
+		wepTook time.Duration
+	)
+	go func() {
+		defer close(wepDone)
+		wepErr = h.putEndpoint(ctx, wep)
+		wepTook = time.Since(t1)
+	}()
 	wired = true // Setup undoes its own partial work; Teardown covers a complete one.
-	st, err := h.wl.Setup(ctx, spec)
-	if err != nil {
+	st, setupErr := h.wl.Setup(ctx, spec)
+	setupTook := time.Since(t1)
+	<-wepDone
+	wepStored = wepErr == nil
+	if setupErr != nil {
 		wired = false
-		return nil, cniErr(codeDataplane, "wiring "+req.IfName+" in "+req.Netns, err)
+		return nil, cniErr(codeDataplane, "wiring "+req.IfName+" in "+req.Netns, setupErr)
 	}
 	if err = h.step("dataplane"); err != nil {
 		return nil, err
 	}
-
-	t2 := time.Now()
-	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, st.ContainerMAC, args.Labels)
-	if err = h.putEndpoint(ctx, wep); err != nil {
-		return nil, cniErr(codeDatastore, "recording endpoint "+wep.Metadata.Name, err)
+	if wepErr != nil {
+		return nil, cniErr(codeDatastore, "recording endpoint "+wep.Metadata.Name, wepErr)
 	}
-	wepStored = true
 	if err = h.step("endpoint"); err != nil {
 		return nil, err
 	}
@@ -183,8 +200,16 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		h.changed()
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed,
-		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", t2.Sub(t1).Round(time.Microsecond), "endpoint", time.Since(t2).Round(time.Microsecond))
+		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", wepTook.Round(time.Microsecond))
 	return buildResult(req, asg.Addr, hostIf, st), nil
+}
+
+// containerMAC derives a stable, locally administered unicast MAC for a
+// container interface, so that a repeated ADD asks for the same one.
+func containerMAC(containerID, ifName string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	sum[0] = sum[0]&0xfe | 0x02
+	return net.HardwareAddr(sum[:6]).String()
 }
 
 // putEndpoint creates or replaces the endpoint. A stale endpoint of an
@@ -234,17 +259,12 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
 
-	addrs, aerr := h.ipam.AddressesByHandle(ctx, handle)
-	if aerr != nil {
-		errs = append(errs, fmt.Errorf("looking up addresses of %s: %w", handle, aerr))
-	}
+	// Deleting the host link takes the pod's side and its routes with it.
 	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName()}
-	for _, a := range addrs {
-		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, 32))
-	}
 
 	// The endpoint tells whether a newer sandbox of the same pod now owns the
-	// host interface; if so, leave the host side alone.
+	// host interface; if so, leave the host side alone. Without an answer
+	// it is not safe to touch the host side: fail and let the runtime retry.
 	wepName := w.endpointName(h.node)
 	obj, gerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName)
 	ownsEndpoint := true
@@ -252,8 +272,8 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	case errors.Is(gerr, datastore.ErrNotFound):
 		ownsEndpoint = false
 	case gerr != nil:
-		errs = append(errs, fmt.Errorf("reading endpoint %s/%s: %w", w.Namespace, wepName, gerr))
-		ownsEndpoint = false
+		return cniErr(types.ErrTryAgainLater, "removing workload "+shortID(req.ContainerID),
+			fmt.Errorf("reading endpoint %s/%s: %w", w.Namespace, wepName, gerr))
 	default:
 		if wep, ok := obj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID != req.ContainerID {
 			ownsEndpoint = false
@@ -261,13 +281,18 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 			h.log.Info("DEL of an old sandbox: the pod's interface belongs to a newer one", "container", shortID(req.ContainerID), "current", shortID(wep.Spec.ContainerID))
 		}
 	}
-	// When a newer sandbox owns the host interface, the old pair is already
-	// gone: creating the new one deleted the stale link and with it its peer.
-	if spec.HostIfName != "" {
-		if terr := h.wl.Teardown(ctx, spec); terr != nil {
-			errs = append(errs, fmt.Errorf("removing interfaces: %w", terr))
+	// The kernel work and the datastore work are independent: do them
+	// concurrently. When a newer sandbox owns the host interface, the old
+	// pair is already gone: creating the new one deleted the stale link and
+	// with it its peer.
+	var teardownErr error
+	tdDone := make(chan struct{})
+	go func() {
+		defer close(tdDone)
+		if spec.HostIfName != "" {
+			teardownErr = h.wl.Teardown(ctx, spec)
 		}
-	}
+	}()
 	if ownsEndpoint {
 		rv := obj.GetMeta().ResourceVersion
 		if derr := h.store.Delete(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName, rv); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
@@ -276,6 +301,10 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	if rerr := h.ipam.ReleaseHandle(ctx, handle); rerr != nil {
 		errs = append(errs, fmt.Errorf("releasing addresses of %s: %w", handle, rerr))
+	}
+	<-tdDone
+	if teardownErr != nil {
+		errs = append(errs, fmt.Errorf("removing interfaces: %w", teardownErr))
 	}
 	if h.changed != nil {
 		h.changed()

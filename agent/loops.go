@@ -37,6 +37,10 @@ func (a *Agent) watchLoop(ctx context.Context) {
 	}
 }
 
+// coalesceWindow is how long a loop waits after being woken before its
+// pass, so that related changes are handled together.
+const coalesceWindow = 20 * time.Millisecond
+
 // loop runs pass whenever kicked and at least every resync interval,
 // retrying failed passes with backoff.
 func (a *Agent) loop(ctx context.Context, name string, kickCh chan struct{}, pass func(context.Context) error) {
@@ -49,6 +53,17 @@ func (a *Agent) loop(ctx context.Context, name string, kickCh chan struct{}, pas
 		case <-ctx.Done():
 			return
 		case <-kickCh:
+			// A burst of changes (a pod's endpoint, address and block
+			// writes) becomes one pass.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(coalesceWindow):
+			}
+			select {
+			case <-kickCh:
+			default:
+			}
 		case <-t.C:
 		case <-retry:
 		}

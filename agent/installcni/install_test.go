@@ -365,6 +365,9 @@ func TestInstallFailedWriteLeavesNothing(t *testing.T) {
 		t.Fatalf("err = %v, want one naming the shim's path", err)
 	}
 	assertNoTemp(t, r)
+	if b, err := os.ReadFile(filepath.Join(r.cfg.BinDir, "portmap")); err != nil || string(b) != "#!portmap from the image\n" {
+		t.Errorf("portmap not installed despite the shim's failure: %q, %v", b, err)
+	}
 	// The configuration must not be written while the shim is missing.
 	if _, err := os.Stat(filepath.Join(r.cfg.ConfDir, r.cfg.ConflistName)); !os.IsNotExist(err) {
 		t.Errorf("conflist written although the shim could not be installed (stat err %v)", err)

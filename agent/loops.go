@@ -253,33 +253,47 @@ var NodeGCGrace = 5 * time.Minute
 // after NodeGCGrace, their addresses. Every agent may do it; IPAM's
 // compare-and-swap writes make concurrent releases safe.
 func (a *Agent) releaseGoneNodes(ctx context.Context, names map[string]bool, blocks []ipam.BlockInfo) error {
-	gone := map[string]bool{}
-	for _, b := range blocks {
-		if b.Affinity != "" && !names[b.Affinity] {
-			gone[b.Affinity] = true
-		}
-	}
-	var errs []error
 	now := time.Now()
-	for n := range gone {
+	var errs []error
+	// Affinities go at once: the node will not use its blocks again.
+	for _, b := range blocks {
+		if b.Affinity == "" || names[b.Affinity] {
+			continue
+		}
+		n := b.Affinity
 		a.mu.Lock()
-		first, seen := a.missingNodes[n]
-		if !seen {
+		if _, seen := a.missingNodes[n]; !seen {
 			a.missingNodes[n] = now
-			first = now
 		}
 		a.mu.Unlock()
-		release := now.Sub(first) >= NodeGCGrace
-		if err := a.ipam.ReleaseNode(ctx, n, release); err != nil {
+		if err := a.ipam.ReleaseNode(ctx, n, false); err != nil {
 			errs = append(errs, fmt.Errorf("releasing blocks of deleted node %s: %w", n, err))
 			continue
 		}
-		a.log.Info("released blocks of deleted node", "node", n, "addresses", release)
-		if release {
-			a.mu.Lock()
-			delete(a.missingNodes, n)
-			a.mu.Unlock()
+		a.log.Info("released block affinities of deleted node", "node", n)
+	}
+	// Addresses go after the grace period, counted from when the node was
+	// first seen gone (its pods may still be draining).
+	a.mu.Lock()
+	var due []string
+	for n, first := range a.missingNodes {
+		switch {
+		case names[n]:
+			delete(a.missingNodes, n) // it came back
+		case now.Sub(first) >= NodeGCGrace:
+			due = append(due, n)
 		}
+	}
+	a.mu.Unlock()
+	for _, n := range due {
+		if err := a.ipam.ReleaseNode(ctx, n, true); err != nil {
+			errs = append(errs, fmt.Errorf("releasing addresses of deleted node %s: %w", n, err))
+			continue
+		}
+		a.log.Info("released addresses of deleted node", "node", n)
+		a.mu.Lock()
+		delete(a.missingNodes, n)
+		a.mu.Unlock()
 	}
 	return errors.Join(errs...)
 }

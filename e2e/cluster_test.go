@@ -24,6 +24,7 @@ func TestMeshCluster(t *testing.T) {
 	l := upLab(t, lab.Options{Name: "e2em", Nodes: 3, PodsPerNode: 2})
 
 	t.Run("PingMatrix", func(t *testing.T) { pingMatrix(t, l) })
+	t.Run("HealthAndMetrics", func(t *testing.T) { testHealthAndMetrics(t, l) })
 	t.Run("TCPBothWays", func(t *testing.T) {
 		tcpExchange(t, l, "n1p1", "n3p2") // cross node
 		tcpExchange(t, l, "n3p2", "n1p1") // and back

@@ -146,6 +146,20 @@ type tableState struct {
 	builtin map[string]bool
 }
 
+// forgetRule removes the first rule of r.chain with r's arguments.
+func (ts tableState) forgetRule(r baseRule) {
+	rules := ts.rules[r.chain]
+	for i, args := range rules {
+		if slices.Equal(args, r.args) {
+			ts.rules[r.chain] = slices.Delete(rules, i, i+1)
+			if h := ts.chains[r.chain]; i < len(h) {
+				ts.chains[r.chain] = slices.Delete(h, i, i+1)
+			}
+			return
+		}
+	}
+}
+
 // parseSave reads one table of iptables-save output.
 func parseSave(out string) (tableState, error) {
 	ts := tableState{chains: map[string][]string{}, rules: map[string][][]string{}, builtin: map[string]bool{}}

@@ -34,7 +34,17 @@ type FirewallConfig struct {
 	// LockWait bounds the wait for the xtables lock that legacy iptables
 	// shares between all its users on the machine. Default 10s.
 	LockWait time.Duration
+	// Resync is how long Apply trusts its record of what it wrote instead
+	// of reading the kernel again (iptables-save of thousands of rules
+	// takes hundreds of milliseconds). The kernel is always read on the
+	// first Apply and after any failure. Default DefaultFirewallResync; a
+	// negative value reads the kernel on every Apply.
+	Resync time.Duration
 }
+
+// DefaultFirewallResync is FirewallConfig.Resync's default: changes made
+// behind Tabby's back (a flushed chain) are repaired within it.
+const DefaultFirewallResync = 30 * time.Second
 
 // LinuxFirewall implements Firewall with iptables-save/iptables-restore and
 // ipset save/restore for atomic batches, and go-iptables for single rules
@@ -47,6 +57,19 @@ type LinuxFirewall struct {
 	save    string
 	restore string
 	wait    int // seconds
+	resync  time.Duration
+
+	// What the kernel held when last read, updated with what Apply wrote
+	// since; guarded by mu.
+	tables map[string]*cachedTable
+	sets   map[string]*kernelSet
+	setsAt time.Time
+	reads  int
+}
+
+type cachedTable struct {
+	ts     tableState
+	readAt time.Time
 }
 
 var _ Firewall = (*LinuxFirewall)(nil)
@@ -54,7 +77,10 @@ var _ Firewall = (*LinuxFirewall)(nil)
 // NewFirewall detects the iptables backend and returns a Firewall acting in
 // the configured namespace.
 func NewFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
-	f := &LinuxFirewall{netns: cfg.NetNS, wait: 10}
+	f := &LinuxFirewall{netns: cfg.NetNS, wait: 10, resync: cfg.Resync, tables: map[string]*cachedTable{}}
+	if f.resync == 0 {
+		f.resync = DefaultFirewallResync
+	}
 	if cfg.LockWait > 0 {
 		f.wait = max(1, int(cfg.LockWait/time.Second))
 	}
@@ -208,7 +234,15 @@ func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (Apply
 	if sp.script != "" {
 		if _, err := f.exec(ctx, []byte(sp.script), "ipset", "-exist", "restore"); err != nil {
 			errs = append(errs, fmt.Errorf("updating ipsets: %w", err))
+			f.sets = nil
 		} else {
+			for _, s := range desired.Sets {
+				ks := &kernelSet{typ: s.Type, members: make(map[string]bool, len(s.Members))}
+				for _, m := range s.Members {
+					ks.members[normMember(s.Type, m)] = true
+				}
+				f.sets[s.Name] = ks
+			}
 			stats.SetsCreated += sp.stats.SetsCreated
 			stats.MembersAdded += sp.stats.MembersAdded
 			stats.MembersRemoved += sp.stats.MembersRemoved
@@ -228,7 +262,11 @@ func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (Apply
 	for _, name := range sp.destroy {
 		if _, err := f.exec(ctx, nil, "ipset", "destroy", name); err != nil {
 			errs = append(errs, fmt.Errorf("%w: destroying ipset: %w", ErrStaleCleanup, err))
+			f.sets = nil
 			continue
+		}
+		if f.sets != nil {
+			delete(f.sets, name)
 		}
 		stats.SetsDeleted++
 	}
@@ -248,15 +286,50 @@ func addStats(dst *ApplyStats, s ApplyStats) {
 }
 
 func (f *LinuxFirewall) planSets(ctx context.Context, desired []IPSet) (setPlan, error) {
-	out, err := f.exec(ctx, nil, "ipset", "save")
-	if err != nil {
-		return setPlan{}, fmt.Errorf("reading ipsets: %w", err)
+	if f.sets == nil || f.stale(f.setsAt) {
+		out, err := f.exec(ctx, nil, "ipset", "save")
+		if err != nil {
+			return setPlan{}, fmt.Errorf("reading ipsets: %w", err)
+		}
+		actual, err := parseIPSetSave(string(out))
+		if err != nil {
+			return setPlan{}, err
+		}
+		f.sets, f.setsAt = actual, time.Now()
+		f.reads++
 	}
-	actual, err := parseIPSetSave(string(out))
-	if err != nil {
-		return setPlan{}, err
+	return planSets(desired, f.sets), nil
+}
+
+// stale reports whether a record read at t must be read again.
+func (f *LinuxFirewall) stale(t time.Time) bool {
+	return f.resync < 0 || time.Since(t) >= f.resync
+}
+
+// readTable returns the table's state: the record, or the kernel's when
+// the record is missing or too old.
+func (f *LinuxFirewall) readTable(ctx context.Context, table string) (tableState, error) {
+	if c := f.tables[table]; c != nil && !f.stale(c.readAt) {
+		return c.ts, nil
 	}
-	return planSets(desired, actual), nil
+	out, err := f.exec(ctx, nil, f.save, "-t", table)
+	if err != nil {
+		return tableState{}, fmt.Errorf("reading rules: %w", err)
+	}
+	ts, err := parseSave(string(out))
+	if err != nil {
+		return tableState{}, err
+	}
+	f.tables[table] = &cachedTable{ts: ts, readAt: time.Now()}
+	f.reads++
+	return ts, nil
+}
+
+// Reads returns how often Apply has read the kernel's tables and sets.
+func (f *LinuxFirewall) Reads() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads
 }
 
 // applyTable reconciles one table: stale jumps out, changed chains
@@ -275,22 +348,28 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired Fi
 			jumps = append(jumps, j)
 		}
 	}
-	out, err := f.exec(ctx, nil, f.save, "-t", table)
-	if err != nil {
-		return stats, fmt.Errorf("reading rules: %w", err)
-	}
-	ts, err := parseSave(string(out))
+	ts, err := f.readTable(ctx, table)
 	if err != nil {
 		return stats, err
 	}
 	plan := planTable(table, chains, jumps, ts)
+	// The record is updated with every change below and dropped after any
+	// failure, so that the next Apply reads the kernel again.
+	keep := true
+	defer func() {
+		if !keep {
+			delete(f.tables, table)
+		}
+	}()
 	var errs []error
 	for _, r := range append(plan.staleJumps, plan.extraJumps...) {
 		err := f.inNetNS(func() error { return f.ipt.Delete(table, r.chain, r.args...) })
 		if err != nil && !isNotExist(err) {
 			errs = append(errs, fmt.Errorf("%w: deleting jump %s -> %s: %w", ErrStaleCleanup, r.chain, jumpTarget(r.args), err))
+			keep = false
 			continue
 		}
+		ts.forgetRule(r)
 		stats.JumpsDeleted++
 	}
 	if !plan.emptyRestore() {
@@ -299,6 +378,7 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired Fi
 			// Something outside Tabby may still reference a stale chain;
 			// program the desired chains without deleting and report it.
 			errs = append(errs, fmt.Errorf("%w: restore with deletions of %v: %w", ErrStaleCleanup, plan.delete, err))
+			keep = false
 			plan.delete = nil
 			if plan.emptyRestore() {
 				err = nil
@@ -308,7 +388,16 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired Fi
 		}
 		if err != nil {
 			errs = append(errs, err)
+			keep = false
 		} else {
+			for _, c := range plan.write {
+				ts.chains[c.Name] = ruleHashes(c)
+				ts.rules[c.Name] = c.Rules
+			}
+			for _, name := range plan.delete {
+				delete(ts.chains, name)
+				delete(ts.rules, name)
+			}
 			stats.ChainsWritten += len(plan.write)
 			for _, c := range plan.write {
 				stats.RulesWritten += len(c.Rules)
@@ -326,8 +415,12 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired Fi
 		})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("inserting jump %s -> %s: %w", j.From, j.To, err))
+			keep = false
 			continue
 		}
+		ts.rules[j.From] = append([][]string{{"-j", j.To}}, ts.rules[j.From]...)
+		ts.chains[j.From] = append([]string{""}, ts.chains[j.From]...)
+		ts.builtin[j.From] = true
 		stats.JumpsInserted++
 	}
 	return stats, errors.Join(errs...)

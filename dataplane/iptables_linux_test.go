@@ -84,7 +84,8 @@ func testFirewall(t *testing.T, backend string) {
 	inNS(t, ns, ipt, "-w", "-A", "FORWARD", "-j", "KUBE-FOO")
 	inNS(t, ns, "ipset", "create", "kube-x", "hash:ip")
 
-	f, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
+	// Resync -1: read the kernel on every Apply, so that tampering shows.
+	f, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func testFirewall(t *testing.T, backend string) {
 	// A restarted agent with a smaller state removes stale chains and sets,
 	// including a stale jump, and a duplicate jump.
 	inNS(t, ns, ipt, "-w", "-A", "FORWARD", "-j", "tabby-FORWARD")
-	f2, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
+	f2, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,6 +198,33 @@ func testFirewall(t *testing.T, backend string) {
 	}
 	if err := f2.Remove(ctx); err != nil {
 		t.Errorf("second Remove: %v", err)
+	}
+
+	// With the default resync, Apply trusts its record between reads: the
+	// kernel (two tables and the sets) is read once, and the record stays
+	// right across changes.
+	f3, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, member := range []string{"10.244.1.7/32", "10.244.1.8/32", "10.244.1.8/32"} {
+		st, err := f3.Apply(ctx, testState(member, i > 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 && st.Changed() {
+			t.Errorf("cached apply of an unchanged state: %+v", st)
+		}
+	}
+	if f3.Reads() != 3 {
+		t.Errorf("%d kernel reads, want 3", f3.Reads())
+	}
+	// The record matches the kernel: a reading firewall sees nothing to do.
+	if st, err := f.Apply(ctx, testState("10.244.1.8/32", true)); err != nil || st.Changed() {
+		t.Errorf("kernel differs from the cached firewall's record: %+v, %v", st, err)
+	}
+	if err := f.Remove(ctx); err != nil {
+		t.Error(err)
 	}
 }
 

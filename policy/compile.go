@@ -188,11 +188,10 @@ const (
 	egress
 )
 
-// policiesFor returns the chains of the policies that select ep in dir, in
-// evaluation order: global policies by order, then namespaced ones. It
-// emits each chain the first time it is needed.
-func (c *compiler) policiesFor(ep *endpoint, dir direction) []string {
-	var out []string
+// policiesFor returns the chains of the global and of the namespaced
+// policies that select ep in dir, each in evaluation order. It emits each
+// chain the first time it is needed.
+func (c *compiler) policiesFor(ep *endpoint, dir direction) (global, namespaced []string) {
 	for _, g := range c.gnps {
 		in, eg := g.AppliesTo()
 		if (dir == ingress && !in) || (dir == egress && !eg) {
@@ -204,7 +203,7 @@ func (c *compiler) policiesFor(ep *endpoint, dir direction) []string {
 		if g.Spec.NamespaceSelector != nil && !g.Spec.NamespaceSelector.Matches(ep.nsLabels) {
 			continue
 		}
-		out = append(out, c.globalPolicyChain(g, dir))
+		global = append(global, c.globalPolicyChain(g, dir))
 	}
 	for _, p := range c.nps {
 		if npNamespace(p) != ep.namespace {
@@ -217,9 +216,9 @@ func (c *compiler) policiesFor(ep *endpoint, dir direction) []string {
 		if !p.Spec.PodSelector.Matches(ep.labels) {
 			continue
 		}
-		out = append(out, c.networkPolicyChain(p, dir))
+		namespaced = append(namespaced, c.networkPolicyChain(p, dir))
 	}
-	return out
+	return global, namespaced
 }
 
 // policyChainName names a policy's chain for a direction: "tabby-pi-" or
@@ -276,17 +275,24 @@ func (c *compiler) toWorkloadChain(ep *endpoint) Chain {
 	return ch
 }
 
-// policyRules evaluates the policy chains in order: the first to set the
-// accept mark ends evaluation with RETURN (allowed); a selected endpoint
-// that nothing allowed is dropped. Without policies the chain falls through
-// (default allow).
-func policyRules(chains []string) []Rule {
-	if len(chains) == 0 {
+// policyRules evaluates the policy chains: global ones in order, the first
+// to set the accept mark ending evaluation with RETURN (allowed); then the
+// namespaced ones, which only ever allow, so that one check after all of
+// them suffices. A selected endpoint that nothing allowed is dropped.
+// Without policies the chain falls through (default allow).
+func policyRules(global, namespaced []string) []Rule {
+	if len(global)+len(namespaced) == 0 {
 		return nil
 	}
 	rules := []Rule{ruleClearMark}
-	for _, name := range chains {
+	for _, name := range global {
 		rules = append(rules, Rule{"-j", name}, ruleReturnIfOK)
+	}
+	for _, name := range namespaced {
+		rules = append(rules, Rule{"-j", name})
+	}
+	if len(namespaced) > 0 {
+		rules = append(rules, ruleReturnIfOK)
 	}
 	return append(rules, ruleDrop)
 }

@@ -1,0 +1,64 @@
+package policy
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// benchInput is a node with local of n endpoints in 10 namespaces and 20
+// apps, under 100 NetworkPolicies (an app's ingress from another app on a
+// port; every third also by namespace; every tenth a named port) and one
+// GlobalNetworkPolicy. The remaining endpoints live on other nodes.
+func benchInput(n, local int) Input {
+	in := Input{Node: "n1", Pools: []*api.IPPool{{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16", NATOutgoing: true}}}}
+	for i := range n {
+		node := "n1"
+		if i >= local {
+			node = "n2"
+		}
+		in.Endpoints = append(in.Endpoints, &api.WorkloadEndpoint{
+			Metadata: api.ObjectMeta{Name: fmt.Sprintf("w%d", i), Namespace: fmt.Sprintf("ns%d", i%10), Labels: map[string]string{"app": fmt.Sprintf("app%d", i%20)}},
+			Spec: api.WorkloadEndpointSpec{Node: node, InterfaceName: fmt.Sprintf("cali%011x", i*2654435761%(1<<40)),
+				IPNetworks: []string{fmt.Sprintf("10.244.%d.%d/32", i/250, i%250+1)},
+				Ports:      []api.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}}},
+		})
+	}
+	for i := range 100 {
+		peer := api.NetworkPolicyPeer{PodSelector: sel("app", fmt.Sprintf("app%d", (i+1)%20))}
+		if i%3 == 0 {
+			peer.NamespaceSelector = sel(NamespaceNameLabel, fmt.Sprintf("ns%d", (i+1)%10))
+		}
+		port := api.FromInt(int32(8000 + i))
+		if i%10 == 9 {
+			port = api.FromString("http")
+		}
+		in.NetworkPolicies = append(in.NetworkPolicies, ingressFrom(fmt.Sprintf("ns%d", i%10), fmt.Sprintf("p%d", i),
+			sel("app", fmt.Sprintf("app%d", i%20)), []api.NetworkPolicyPeer{peer}, api.NetworkPolicyPort{Protocol: ptr("TCP"), Port: &port}))
+	}
+	in.GlobalPolicies = []*api.GlobalNetworkPolicy{gnp("deny-legacy", 10, api.GlobalNetworkPolicySpec{
+		Ingress: []api.Rule{{Action: api.ActionDeny, Source: api.EntityRule{Nets: []string{"192.0.2.0/24"}}}},
+	})}
+	return in
+}
+
+// BenchmarkCompile compiles 1,000 endpoints and 100 policies, with all
+// endpoints on the node and with 100 of them.
+func BenchmarkCompile(b *testing.B) {
+	for _, local := range []int{1000, 100} {
+		b.Run(fmt.Sprintf("local=%d", local), func(b *testing.B) {
+			in := benchInput(1000, local)
+			var rs *Ruleset
+			for b.Loop() {
+				rs = Compile(in)
+			}
+			rules := 0
+			for _, c := range rs.Chains {
+				rules += len(c.Rules)
+			}
+			b.ReportMetric(float64(rules), "rules")
+			b.ReportMetric(rs.RulesPerEndpoint(), "rules/endpoint")
+		})
+	}
+}

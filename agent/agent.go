@@ -200,14 +200,15 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 
 	a.startPolicy()
 	a.handler = &cniHandler{
-		node:    a.cfg.NodeName,
-		store:   a.store,
-		ipam:    a.ipam,
-		wl:      &trackedWorkloads{Workloads: a.wl, a: a},
-		log:     a.log.With("component", "cni"),
-		changed: a.kickAll,
-		observe: a.metrics.observeCNI,
-		fault:   a.cniFault,
+		node:          a.cfg.NodeName,
+		store:         a.store,
+		ipam:          a.ipam,
+		wl:            &trackedWorkloads{Workloads: a.wl, a: a},
+		log:           a.log.With("component", "cni"),
+		changed:       a.kickAll,
+		observe:       a.metrics.observeCNI,
+		observeAssign: a.metrics.observeAssign,
+		fault:         a.cniFault,
 	}
 	if a.policy != nil {
 		a.handler.policySync = a.policySync

@@ -56,6 +56,8 @@ type cniHandler struct {
 	fault func(step string) error
 	// observe records a finished operation (metrics).
 	observe func(op string, d time.Duration, err error)
+	// observeAssign records an IPAM assignment (metrics).
+	observeAssign func(borrowed bool, err error)
 	// policySync, when set, programs the firewall for the stored endpoint
 	// before ADD returns, so that a pod never runs without its policy.
 	policySync func(ctx context.Context, wep *api.WorkloadEndpoint) error
@@ -139,6 +141,9 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	asg, err := h.ipam.Assign(actx, areq)
 	cancel()
+	if h.observeAssign != nil {
+		h.observeAssign(asg.Borrowed, err)
+	}
 	if err != nil {
 		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
 	}

@@ -18,6 +18,7 @@ type metrics struct {
 	reconcileDur *prometheus.HistogramVec
 	routes       *prometheus.GaugeVec
 	peers        *prometheus.GaugeVec
+	ipamAssigns  *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -43,8 +44,11 @@ func newMetrics() *metrics {
 		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tabby_bgp_peers", Help: "Configured BGP peers, by session state.",
 		}, []string{"state"}),
+		ipamAssigns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tabby_ipam_assigns_total", Help: "IPAM address assignments for CNI ADD, by result (ok, borrowed, error).",
+		}, []string{"result"}),
 	}
-	m.reg.MustRegister(m.cniOps, m.cniLatency, m.reconcileErr, m.reconcileDur, m.routes, m.peers,
+	m.reg.MustRegister(m.ipamAssigns, m.cniOps, m.cniLatency, m.reconcileErr, m.reconcileDur, m.routes, m.peers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -59,6 +63,17 @@ func result(err error) string {
 func (m *metrics) observeCNI(op string, d time.Duration, err error) {
 	m.cniOps.WithLabelValues(op, result(err)).Inc()
 	m.cniLatency.WithLabelValues(op).Observe(d.Seconds())
+}
+
+func (m *metrics) observeAssign(borrowed bool, err error) {
+	switch {
+	case err != nil:
+		m.ipamAssigns.WithLabelValues("error").Inc()
+	case borrowed:
+		m.ipamAssigns.WithLabelValues("borrowed").Inc()
+	default:
+		m.ipamAssigns.WithLabelValues("ok").Inc()
+	}
 }
 
 func (m *metrics) observeReconcile(loop string, d time.Duration, err error) {

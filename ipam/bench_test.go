@@ -29,27 +29,11 @@ func BenchmarkAssign(b *testing.B) {
 			}
 			ctx := context.Background()
 			b.ResetTimer()
-			start := time.Now()
-			var wg sync.WaitGroup
-			errs := make(chan error, nodes)
-			for n := range nodes {
-				wg.Go(func() {
-					for i := n; i < b.N; i += nodes {
-						req := AssignRequest{Node: fmt.Sprintf("node-%d", n), Handle: fmt.Sprintf("h-%d", i)}
-						if _, err := allocs[n].Assign(ctx, req); err != nil {
-							errs <- err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			close(errs)
-			for err := range errs {
-				b.Fatal(err)
-			}
+			elapsed := spread(b, nodes, func(n, i int) error {
+				req := AssignRequest{Node: fmt.Sprintf("node-%d", n), Handle: fmt.Sprintf("h-%d", i)}
+				_, err := allocs[n].Assign(ctx, req)
+				return err
+			})
 			var trips int64
 			for _, c := range counters {
 				trips += c.n.Load()
@@ -95,28 +79,38 @@ func BenchmarkEtcdTxnReference(b *testing.B) {
 			}
 			ctx := context.Background()
 			b.ResetTimer()
-			start := time.Now()
-			var wg sync.WaitGroup
-			errs := make(chan error, writers)
-			for n := range writers {
-				wg.Go(func() {
-					for i := n; i < b.N; i += writers {
-						key := fmt.Sprintf("bench/%d", i)
-						if _, err := stores[n].Txn(ctx, []datastore.Cmp{{Key: key}}, []datastore.Op{{Key: key, Value: []byte("x")}}); err != nil {
-							errs <- err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
-			close(errs)
-			for err := range errs {
-				b.Fatal(err)
-			}
+			elapsed := spread(b, writers, func(n, i int) error {
+				key := fmt.Sprintf("bench/%d", i)
+				_, err := stores[n].Txn(ctx, []datastore.Cmp{{Key: key}}, []datastore.Op{{Key: key, Value: []byte("x")}})
+				return err
+			})
 			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "txns/s")
 		})
 	}
+}
+
+// spread runs op for i in [0, b.N), split over workers goroutines (worker n
+// takes i ≡ n mod workers), stops the timer and returns the elapsed time.
+func spread(b *testing.B, workers int, op func(worker, i int) error) time.Duration {
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for n := range workers {
+		wg.Go(func() {
+			for i := n; i < b.N; i += workers {
+				if err := op(n, i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return elapsed
 }

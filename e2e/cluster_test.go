@@ -34,6 +34,7 @@ func TestMeshCluster(t *testing.T) {
 	t.Run("EtcdOutage", func(t *testing.T) { testEtcdOutage(t, l) })
 	t.Run("NodeJoinLeave", func(t *testing.T) { testNodeJoinLeave(t, l) })
 	t.Run("Churn", func(t *testing.T) { testChurn(t, l) })
+	t.Run("Tabbyctl", func(t *testing.T) { testTabbyctl(t, l) })
 }
 
 var pingStats = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)

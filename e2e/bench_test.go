@@ -1,0 +1,384 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// BenchmarkPrivilegedBlockPropagation measures how long a block claimed by
+// node1 takes to reach the kernel of every other node as a BGP route (proto
+// 81, via node1), in a lab of 5 and of 20 nodes without pods.
+//
+// Each iteration claims one fresh /26 of the default pool for node1: an
+// IPAM assignment of a specific address in an unclaimed block writes the
+// block, its confirmed affinity and the handle in one etcd transaction,
+// the last call of Assign. The clock starts when Assign returns (the write
+// is acknowledged); `ip -ts monitor route`, running in every node's
+// namespace since before the claim, timestamps the kernel's route
+// notifications. Reported per sub-benchmark:
+//
+//	p50-ms, p90-ms, max-ms   until the last other node has the route
+//	first-p50-ms             until the first other node has it
+//	local-p50-ms             until node1 has its own blackhole route for the
+//	                         block (proto 80): the local reconcile, which
+//	                         shares the watch and coalescing window
+//	x-local                  p50 / local-p50
+//	assign-p50-ms            the Assign call itself (reads + transaction)
+//
+// The labs are heavy (20 agents in a full mesh) and each iteration waits for
+// the previous one to settle, so run it with few iterations:
+//
+//	TABBY_BIN=$PWD/bin go test -run '^$' -bench BlockPropagation -benchtime 10x ./e2e/
+func BenchmarkPrivilegedBlockPropagation(b *testing.B) {
+	benchRequireRoot(b)
+	next := 0 // block counter across sub-benchmarks and their runs
+	for _, n := range []int{5, 20} {
+		var bl *benchLab
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			// The benchmark function runs more than once (b.N=1 first):
+			// the lab comes up on the first run only.
+			if bl == nil {
+				bl = upBenchLab(b, fmt.Sprintf("e2ebench%d", n), n)
+			}
+			runPropagation(b, bl, &next)
+		})
+		if bl != nil {
+			if err := bl.down(); err != nil {
+				b.Errorf("lab down: %v", err)
+			}
+		}
+	}
+}
+
+// propagationBase is where the benchmark's blocks start: the upper half of
+// the lab's pod pool, far from the blocks nodes claim for pods.
+var propagationBase = netip.MustParseAddr("10.244.128.0")
+
+func runPropagation(b *testing.B, bl *benchLab, next *int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	alloc := ipam.New(bl.l.Store())
+	var all, first, local, assign []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		*next++
+		base := propagationBase.As4()
+		off := *next * 64 // one /26 per iteration
+		base[2] += byte(off / 256)
+		base[3] = byte(off % 256)
+		block := netip.PrefixFrom(netip.AddrFrom4(base), 26)
+		addr := block.Addr().Next()
+
+		start := time.Now()
+		a, err := alloc.Assign(ctx, ipam.AssignRequest{
+			Node: "node1", Handle: fmt.Sprintf("bench-propagation-%d", *next), Addr: addr,
+			Attrs: ipam.Attributes{Node: "node1"},
+		})
+		written := time.Now()
+		if err != nil {
+			b.Fatalf("claiming %s for node1: %v", block, err)
+		}
+		if a.Block != block || a.Borrowed {
+			b.Fatalf("assignment %+v: want a new affine block %s", a, block)
+		}
+		res, err := bl.mon.wait(ctx, block, 30*time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		assign = append(assign, written.Sub(start))
+		all = append(all, res.last.Sub(written))
+		first = append(first, res.first.Sub(written))
+		local = append(local, res.local.Sub(written))
+	}
+	b.StopTimer()
+	p50, p50Local := quantile(all, 0.5), quantile(local, 0.5)
+	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(quantile(all, 0.9)), "p90-ms")
+	b.ReportMetric(ms(slices.Max(all)), "max-ms")
+	b.ReportMetric(ms(quantile(first, 0.5)), "first-p50-ms")
+	b.ReportMetric(ms(p50Local), "local-p50-ms")
+	if p50Local > 0 {
+		b.ReportMetric(float64(p50)/float64(p50Local), "x-local")
+	}
+	b.ReportMetric(ms(quantile(assign, 0.5)), "assign-p50-ms")
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// quantile returns the q-quantile (nearest rank) of ds.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// benchRequireRoot skips a benchmark unless it can build a lab.
+func benchRequireRoot(b *testing.B) {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Skip("benchmark skipped: needs root to create network namespaces")
+	}
+	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
+		b.Skip("benchmark skipped: TABBY_SKIP_PRIVILEGED is set")
+	}
+	for _, bin := range []string{"ip", "nsenter"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			b.Skipf("benchmark skipped: %s not installed", bin)
+		}
+	}
+}
+
+// benchLab is a lab with a route monitor in every node.
+type benchLab struct {
+	l    *lab.Lab
+	mon  *routeMonitor
+	once sync.Once
+	err  error
+}
+
+// upBenchLab brings up a lab of n nodes without pods, waits for the full
+// mesh, and starts the route monitors. The caller takes it down with down;
+// a benchmark that fails half way takes it down itself.
+func upBenchLab(b *testing.B, name string, n int) (bl *benchLab) {
+	b.Helper()
+	_ = lab.Teardown(context.Background(), runDir, name, io.Discard)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	l, err := lab.Up(ctx, lab.Options{Name: name, Nodes: n, RunDir: runDir, BinDir: os.Getenv("TABBY_BIN")})
+	if err != nil {
+		_ = lab.Teardown(context.Background(), runDir, name, io.Discard)
+		b.Fatalf("lab up: %v", err)
+	}
+	bl = &benchLab{l: l}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = bl.down()
+		}
+	}()
+	if err := l.WaitEstablished(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("lab %s: %d nodes up and meshed in %s", name, n, time.Since(start).Round(time.Second))
+	bl.mon, err = startRouteMonitor(ctx, l)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ok = true
+	return bl
+}
+
+// down stops the monitors and removes the lab (once).
+func (bl *benchLab) down() error {
+	bl.once.Do(func() {
+		if bl.mon != nil {
+			bl.mon.stop()
+		}
+		bl.err = bl.l.Down()
+	})
+	return bl.err
+}
+
+// routeMonitor runs `ip -ts monitor route` in every node's namespace and
+// keeps, per node and destination, the kernel's time of the first route
+// that matters: on node1 its blackhole (proto 80), elsewhere a route via
+// node1 (proto 81).
+type routeMonitor struct {
+	origin     string // node1
+	originAddr string // node1's address
+	nodes      []string
+	cmds       []*exec.Cmd
+	wg         sync.WaitGroup
+
+	mu      sync.Mutex
+	seen    map[string]map[netip.Prefix]time.Time // node → destination → time
+	changed chan struct{}                         // closed and replaced on every record
+}
+
+func startRouteMonitor(ctx context.Context, l *lab.Lab) (_ *routeMonitor, err error) {
+	st := l.State()
+	m := &routeMonitor{origin: st.Nodes[0].Name, originAddr: st.Nodes[0].IP.Addr().String(),
+		seen: map[string]map[netip.Prefix]time.Time{}, changed: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			m.stop()
+		}
+	}()
+	for _, n := range st.Nodes {
+		m.nodes = append(m.nodes, n.Name)
+		m.seen[n.Name] = map[netip.Prefix]time.Time{}
+		cmd := exec.Command("ip", "-n", n.NetNS, "-ts", "monitor", "route")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("starting ip monitor in %s: %w", n.NetNS, err)
+		}
+		m.cmds = append(m.cmds, cmd)
+		m.wg.Add(1)
+		go m.read(n.Name, out)
+	}
+	// A probe route in every node shows that each monitor listens before
+	// the first claim. Protocol 200 is not the agent's: it leaves it alone.
+	probe := netip.MustParsePrefix("10.244.127.255/32")
+	for _, n := range st.Nodes {
+		if _, err := l.Exec(ctx, n.Name, "ip", "route", "replace", "blackhole", probe.String(), "proto", "200"); err != nil {
+			return nil, err
+		}
+	}
+	_, err = m.waitFor(ctx, 10*time.Second, func() (bool, string) {
+		var missing []string
+		for _, n := range m.nodes {
+			if _, ok := m.seen[n][probe]; !ok {
+				missing = append(missing, n)
+			}
+		}
+		return len(missing) == 0, "monitors without the probe route: " + strings.Join(missing, " ")
+	})
+	for _, n := range st.Nodes {
+		if _, derr := l.Exec(ctx, n.Name, "ip", "route", "del", "blackhole", probe.String(), "proto", "200"); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// read parses one node's monitor output: "[2026-12-02T16:48:42.848028]
+// <route>"; a /32 shows without its length, deletions start "Deleted".
+func (m *routeMonitor) read(node string, r io.Reader) {
+	defer m.wg.Done()
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		end := strings.IndexByte(line, ']')
+		if !strings.HasPrefix(line, "[") || end < 0 {
+			continue
+		}
+		ts, err := time.ParseInLocation("2006-01-02T15:04:05.999999", line[1:end], time.Local)
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(line[end+1:])
+		if len(f) < 2 || f[0] == "Deleted" {
+			continue
+		}
+		var dst string
+		switch {
+		case f[0] == "blackhole": // node1's own block, and the probe
+			dst = f[1]
+		case hasPair(f, "via", m.originAddr) && hasPair(f, "proto", "81"):
+			dst = f[0]
+		default:
+			continue
+		}
+		if !strings.Contains(dst, "/") {
+			dst += "/32"
+		}
+		p, err := netip.ParsePrefix(dst)
+		if err != nil {
+			continue
+		}
+		m.mu.Lock()
+		if _, ok := m.seen[node][p]; !ok {
+			m.seen[node][p] = ts
+			close(m.changed)
+			m.changed = make(chan struct{})
+		}
+		m.mu.Unlock()
+	}
+}
+
+func hasPair(f []string, k, v string) bool {
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == k && f[i+1] == v {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor calls cond under the lock after every record until it holds.
+func (m *routeMonitor) waitFor(ctx context.Context, timeout time.Duration, cond func() (bool, string)) (string, error) {
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		m.mu.Lock()
+		ok, why := cond()
+		changed := m.changed
+		m.mu.Unlock()
+		if ok {
+			return why, nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return "", fmt.Errorf("after %s: %s", timeout, why)
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+}
+
+type propagation struct{ local, first, last time.Time }
+
+// wait returns when node1 has the block's blackhole and every other node a
+// route to it via node1.
+func (m *routeMonitor) wait(ctx context.Context, block netip.Prefix, timeout time.Duration) (propagation, error) {
+	var res propagation
+	_, err := m.waitFor(ctx, timeout, func() (bool, string) {
+		res = propagation{}
+		var missing []string
+		for _, n := range m.nodes {
+			t, ok := m.seen[n][block]
+			switch {
+			case !ok:
+				missing = append(missing, n)
+			case n == m.origin:
+				res.local = t
+			default:
+				if res.first.IsZero() || t.Before(res.first) {
+					res.first = t
+				}
+				if t.After(res.last) {
+					res.last = t
+				}
+			}
+		}
+		return len(missing) == 0, fmt.Sprintf("%s not yet on %s", block, strings.Join(missing, " "))
+	})
+	return res, err
+}
+
+// stop kills the monitors this benchmark started and waits for them.
+func (m *routeMonitor) stop() {
+	for _, c := range m.cmds {
+		_ = c.Process.Kill()
+	}
+	for _, c := range m.cmds {
+		_ = c.Wait()
+	}
+	m.wg.Wait()
+}

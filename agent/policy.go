@@ -59,7 +59,10 @@ func (a *Agent) policyLoop(ctx context.Context) {
 		return
 	}
 	p := a.policy
-	go p.watch(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); p.watch(ctx) }()
+	defer wg.Wait() // the watch ends with ctx
 	kick(p.kick)
 	a.loop(ctx, "policy", p.kick, func(ctx context.Context) error {
 		err := p.sync(ctx)

@@ -205,6 +205,7 @@ func TestPolicy(t *testing.T) {
 		}
 	}
 	t.Logf("%d truth-table cases", total)
+	t.Run("NewPodReadyAtOnce", func(t *testing.T) { testNewPodReady(ctx, t, l, ips) })
 	t.Run("AntiSpoofing", func(t *testing.T) { testSpoofing(ctx, t, l, ips, servers["aweb"]) })
 	t.Run("NATOutgoing", func(t *testing.T) { testNATOutgoing(ctx, t, l, ips) })
 }
@@ -435,6 +436,36 @@ func kernelPolicy(ctx context.Context, t *testing.T, l *lab.Lab, node string) (m
 		}
 	}
 	return got, nil
+}
+
+// testNewPodReady adds a pod and at once, without waiting for anything,
+// sends one UDP datagram from it: CNI ADD returns only after the pod's
+// chains are in place (until then a workload interface without chains
+// drops everything). The policy loop, woken by the endpoint's write, is
+// usually as quick as the probe, so this is a check that a new pod works
+// at once under policy; agent.TestCNIAddProgramsPolicy is the one that
+// fails without the ADD hook.
+func testNewPodReady(ctx context.Context, t *testing.T, l *lab.Lab, ips map[string]netip.Addr) {
+	setPolicies(ctx, t, l, []api.Object{netpol("alpha", "deny-egress", api.NetworkPolicySpec{
+		PodSelector: *labels("app", "fresh"),
+		Egress:      []api.NetworkPolicyEgressRule{{Ports: []api.NetworkPolicyPort{{Protocol: strp("UDP"), Port: &api.IntOrString{IntVal: 53}}}}},
+		PolicyTypes: []api.PolicyType{api.PolicyTypeEgress}})})
+	waitPolicyConverged(ctx, t, l)
+	pod, err := l.AddPod(ctx, "node1", "fresh", lab.PodOptions{Namespace: "alpha", Labels: map[string]string{"app": "fresh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.DelPod(context.Background(), "fresh") })
+	if r := probeFrom(ctx, t, l, "fresh", "udp", netip.AddrPortFrom(ips["bweb"], 53)); !r.allowed {
+		t.Errorf("first datagram of a new pod: %+v, want an answer", r)
+	} else if r.answer != "bweb "+pod.IPs[0].Addr().String() {
+		t.Errorf("answer %q", r.answer)
+	}
+	// Its egress policy is in place as well.
+	if r := probeFrom(ctx, t, l, "fresh", "tcp", netip.AddrPortFrom(ips["bweb"], 80)); r.allowed || r.err != nil {
+		t.Errorf("TCP from the new pod under an egress policy allowing only UDP 53: %+v", r)
+	}
+	setPolicies(ctx, t, l, nil)
 }
 
 // testSpoofing sends UDP from acli with source addresses that are not its

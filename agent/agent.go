@@ -27,7 +27,11 @@ type Agent struct {
 	ipam    *ipam.Allocator
 	wl      dataplane.Workloads
 	routes  dataplane.Routes
-	speaker bgp.Speaker
+	// speaker is replaced when the node's BGP identity changes; read it
+	// with currentSpeaker.
+	speaker    bgp.Speaker
+	speakerCfg bgp.Config
+	newSpeaker func() bgp.Speaker
 	metrics *metrics
 	handler *cniHandler
 	// firewall is Deps.Firewall; policy runs it (nil without a firewall).
@@ -69,6 +73,10 @@ type Deps struct {
 	Speaker   bgp.Speaker
 	// Firewall enforces policy; nil leaves the node's packet filter alone.
 	Firewall dataplane.Firewall
+	// NewSpeaker makes a fresh speaker when this node's BGP identity (AS
+	// number, route-reflector cluster ID) changes at run time; nil means
+	// such a change needs an agent restart.
+	NewSpeaker func() bgp.Speaker
 	// CNIFault, for tests, is called after each step of CNI ADD; an error
 	// fails ADD there.
 	CNIFault func(step string) error
@@ -94,7 +102,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("setting up iptables: %w", err)
 	}
-	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: bgp.NewSpeaker(log.With("component", "bgp")), Firewall: fw})
+	newSpeaker := func() bgp.Speaker { return bgp.NewSpeaker(log.With("component", "bgp")) }
+	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw})
 	return a.Run(ctx)
 }
 
@@ -106,6 +115,7 @@ func New(cfg Config, log *slog.Logger, d Deps) *Agent {
 		wl:           d.Workloads,
 		routes:       d.Routes,
 		speaker:      d.Speaker,
+		newSpeaker:   d.NewSpeaker,
 		cniFault:     d.CNIFault,
 		firewall:     d.Firewall,
 		metrics:      newMetrics(),
@@ -193,6 +203,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return err
 	}
 	a.asn = bcfg.ASN
+	a.speakerCfg = bcfg
 	if err := a.speaker.Start(ctx, bcfg); err != nil {
 		return fmt.Errorf("starting the BGP speaker: %w", err)
 	}
@@ -231,7 +242,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	g.Go(func() error { a.policyLoop(gctx); return nil })
 	a.kickAll()
 	err = g.Wait()
-	if serr := a.speaker.Stop(true); serr != nil {
+	if serr := a.currentSpeaker().Stop(true); serr != nil {
 		err = errors.Join(err, fmt.Errorf("stopping the BGP speaker: %w", serr))
 	}
 	if errors.Is(err, context.Canceled) {

@@ -218,13 +218,17 @@ func (a *Agent) bgpPass(ctx context.Context) error {
 	}
 
 	var errs []error
+	if err := a.ensureSpeakerIdentity(ctx, nodes, bc); err != nil {
+		errs = append(errs, err)
+	}
+	sp := a.currentSpeaker()
 	desired := bgp.DesiredPeers(a.cfg.NodeName, nodes, bc, peers)
-	if err := a.speaker.SetPeers(ctx, desired); err != nil {
+	if err := sp.SetPeers(ctx, desired); err != nil {
 		errs = append(errs, fmt.Errorf("setting peers: %w", err))
 	}
 	affine, borrowedBlocks := bgpBlocks(a.cfg.NodeName, blocks, borrowed)
 	adv := bgp.DesiredAdvertisements(affine, borrowedBlocks)
-	if err := a.speaker.SetAdvertised(ctx, adv); err != nil {
+	if err := sp.SetAdvertised(ctx, adv); err != nil {
 		errs = append(errs, fmt.Errorf("setting advertisements: %w", err))
 	}
 	var local []netip.Prefix
@@ -303,14 +307,21 @@ func (a *Agent) releaseGoneNodes(ctx context.Context, names map[string]bool, blo
 func (a *Agent) learnedLoop(ctx context.Context) {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-	routes := a.speaker.Routes()
+	sp := a.currentSpeaker()
+	routes := sp.Routes()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case rs, ok := <-routes:
 			if !ok {
-				return
+				// Stop closes the channel: follow a replacement speaker.
+				next := a.currentSpeaker()
+				if next == sp {
+					return
+				}
+				sp, routes = next, next.Routes()
+				continue
 			}
 			a.mu.Lock()
 			a.learned = rs
@@ -327,7 +338,7 @@ func (a *Agent) learnedLoop(ctx context.Context) {
 const convergeHold = 3 * time.Second
 
 func (a *Agent) updatePeerStatus(ctx context.Context) {
-	st, err := a.speaker.Peers(ctx)
+	st, err := a.currentSpeaker().Peers(ctx)
 	if err != nil {
 		return
 	}
@@ -392,4 +403,64 @@ func (a *Agent) statusLoop(ctx context.Context) {
 		}
 		last = b
 	}
+}
+
+func (a *Agent) currentSpeaker() bgp.Speaker {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.speaker
+}
+
+// ensureSpeakerIdentity restarts the speaker when this node's AS number or
+// route-reflector cluster ID changed since it started (an operator made the
+// node a reflector, say). The old speaker stops gracefully, so peers keep
+// its routes until the new one has re-sent them.
+func (a *Agent) ensureSpeakerIdentity(ctx context.Context, nodes []*api.Node, bc *api.BGPConfiguration) error {
+	var self *api.Node
+	for _, n := range nodes {
+		if n.Metadata.Name == a.cfg.NodeName {
+			self = n
+		}
+	}
+	if self == nil {
+		return nil
+	}
+	asn := bc.EffectiveASN()
+	clusterID := ""
+	if self.Spec.BGP != nil {
+		if self.Spec.BGP.ASNumber != nil {
+			asn = *self.Spec.BGP.ASNumber
+		}
+		clusterID = self.Spec.BGP.RouteReflectorClusterID
+	}
+	a.mu.Lock()
+	cfg := a.speakerCfg
+	a.mu.Unlock()
+	if cfg.ASN == asn && cfg.ClusterID == clusterID {
+		return nil
+	}
+	if a.newSpeaker == nil {
+		return fmt.Errorf("bgp identity changed (AS %d → %d, cluster ID %q → %q): restart the agent to apply it", cfg.ASN, asn, cfg.ClusterID, clusterID)
+	}
+	cfg.ASN, cfg.ClusterID = asn, clusterID
+	cfg.LocalRestarting = true
+	// The new speaker needs the old one's listening port: stop the old one
+	// first (gracefully), after publishing the new one so that the
+	// learned-routes loop follows it.
+	next := a.newSpeaker()
+	a.mu.Lock()
+	old := a.speaker
+	a.speaker = next
+	a.mu.Unlock()
+	if err := old.Stop(true); err != nil {
+		a.log.Warn("stopping the previous BGP speaker", "err", err)
+	}
+	if err := next.Start(ctx, cfg); err != nil {
+		return fmt.Errorf("restarting the BGP speaker with AS %d, cluster ID %q: %w", asn, clusterID, err)
+	}
+	a.mu.Lock()
+	a.speakerCfg, a.asn = cfg, asn
+	a.mu.Unlock()
+	a.log.Info("bgp identity changed, speaker restarted", "asn", asn, "clusterID", clusterID)
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
 )
@@ -35,6 +36,7 @@ func TestMeshCluster(t *testing.T) {
 	t.Run("NodeJoinLeave", func(t *testing.T) { testNodeJoinLeave(t, l) })
 	t.Run("Churn", func(t *testing.T) { testChurn(t, l) })
 	t.Run("Tabbyctl", func(t *testing.T) { testTabbyctl(t, l) })
+	t.Run("IdentityChange", func(t *testing.T) { testIdentityChange(t, l) })
 }
 
 var pingStats = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`)
@@ -335,6 +337,51 @@ func TestRouteReflectors(t *testing.T) {
 		if len(peers) != 2 {
 			t.Errorf("client %s has sessions %v, want one to each reflector", n.Name, peers)
 		}
+	}
+	pingMatrix(t, l)
+}
+
+// testIdentityChange makes node1 a route reflector while it runs: its
+// agent restarts its speaker with the new identity and the cluster keeps
+// working.
+func testIdentityChange(t *testing.T, l *lab.Lab) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s := l.Store()
+	obj, err := s.Get(ctx, api.KindNode, "", "node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := obj.(*api.Node)
+	n.Spec.BGP.RouteReflectorClusterID = "244.0.0.9"
+	changed := time.Now()
+	if _, err := s.Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	// node1 restarts its speaker with the new identity: node2 sees the
+	// session come back up after the change.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := l.NodeStatus(ctx, "node2")
+		if err == nil {
+			for _, p := range st.Peers {
+				since, perr := time.Parse(time.RFC3339Nano, p.Since)
+				if p.Address == "198.18.0.11" && p.State == "Established" && perr == nil && since.After(changed) {
+					goto established
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node2's session with node1 was not re-established after the identity change: %+v %v", st, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+established:
+	if err := l.WaitEstablished(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitRoutes(ctx); err != nil {
+		t.Fatal(err)
 	}
 	pingMatrix(t, l)
 }

@@ -21,19 +21,19 @@ import (
 
 // Agent is one node's tabby-agent. Build it with New and run it with Run.
 type Agent struct {
-	cfg     Config
-	log     *slog.Logger
-	store   *datastore.Store
-	ipam    *ipam.Allocator
-	wl      dataplane.Workloads
-	routes  dataplane.Routes
+	cfg    Config
+	log    *slog.Logger
+	store  *datastore.Store
+	ipam   *ipam.Allocator
+	wl     dataplane.Workloads
+	routes dataplane.Routes
 	// speaker is replaced when the node's BGP identity changes; read it
 	// with currentSpeaker.
 	speaker    bgp.Speaker
 	speakerCfg bgp.Config
 	newSpeaker func() bgp.Speaker
-	metrics *metrics
-	handler *cniHandler
+	metrics    *metrics
+	handler    *cniHandler
 	// firewall is Deps.Firewall; policy runs it (nil without a firewall).
 	firewall dataplane.Firewall
 	policy   *policyController

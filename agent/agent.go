@@ -47,22 +47,24 @@ type Agent struct {
 	routingKick chan struct{}
 	bgpKick     chan struct{}
 
-	mu           sync.Mutex
-	learned      []bgp.LearnedRoute
-	converged    bool
-	allUpSince   time.Time
-	desiredPeers []bgp.Peer
-	advertised   []netip.Prefix
-	localBlocks  []netip.Prefix
-	workloads    int
-	lastRouting  time.Time
-	lastBGP      time.Time
-	lastStoreOK  time.Time
-	cniListening bool
-	missingNodes map[string]time.Time
-	inflight     map[string]time.Time // host interfaces being wired by ADD, and since when
-	statusLease  datastore.LeaseID
-	peerStatus   []bgp.PeerStatus
+	// learnedSyncMu serialises syncs of the BGP routes in the kernel.
+	learnedSyncMu sync.Mutex
+	mu            sync.Mutex
+	learned       []bgp.LearnedRoute
+	converged     bool
+	allUpSince    time.Time
+	desiredPeers  []bgp.Peer
+	advertised    []netip.Prefix
+	localBlocks   []netip.Prefix
+	workloads     int
+	lastRouting   time.Time
+	lastBGP       time.Time
+	lastStoreOK   time.Time
+	cniListening  bool
+	missingNodes  map[string]time.Time
+	inflight      map[string]time.Time // host interfaces being wired by ADD, and since when
+	statusLease   datastore.LeaseID
+	peerStatus    []bgp.PeerStatus
 }
 
 // Deps are the kernel and BGP implementations the agent drives; tests pass

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -20,21 +22,50 @@ func (a *Agent) watchLoop(ctx context.Context) {
 	res := a.store.Watch(ctx, "resources/", 0)
 	ipamEv := a.store.Watch(ctx, "ipam/", 0)
 	for {
+		var ev datastore.Event
+		var ok bool
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-res:
-			if !ok {
-				return
-			}
-			a.kickAll()
-		case _, ok := <-ipamEv:
-			if !ok {
-				return
-			}
-			a.kickAll()
+		case ev, ok = <-res:
+		case ev, ok = <-ipamEv:
+		}
+		if !ok {
+			return
+		}
+		routing, bgpLoop := a.affects(ev)
+		if routing {
+			kick(a.routingKick)
+		}
+		if bgpLoop {
+			kick(a.bgpKick)
 		}
 	}
+}
+
+// affects says which loops a datastore change can concern, so that the
+// churn of other nodes' pods does not wake every agent's loops.
+func (a *Agent) affects(ev datastore.Event) (routing, bgpLoop bool) {
+	if ev.Type == datastore.EventResync {
+		return true, true
+	}
+	key := ev.KV.Key
+	switch {
+	case strings.HasPrefix(key, "ipam/handles/"):
+		return false, false // handles never change routes
+	case strings.HasPrefix(key, "ipam/affinities/"):
+		mine := strings.HasPrefix(key, "ipam/affinities/"+a.cfg.NodeName+"/")
+		return mine, mine
+	case strings.HasPrefix(key, "ipam/"):
+		return true, true // a block: ours, or one we borrow from
+	}
+	if kind, _, name, ok := datastore.ParseResourceKey(key); ok && kind == api.KindWorkloadEndpoint {
+		// Endpoint names start with their node's name (endpointName);
+		// only this node's endpoints have routes here. The periodic
+		// resync covers anything this misjudges.
+		return strings.HasPrefix(name, strings.ToLower(a.cfg.NodeName)+"-"), false
+	}
+	return true, true
 }
 
 // coalesceWindow is how long a loop waits after being woken before its
@@ -134,22 +165,12 @@ func (a *Agent) routingPass(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("workload routes: %w", err))
 	}
 
-	a.mu.Lock()
-	learned := desiredLearnedRoutes(a.nodeAddr.Addr(), a.learned)
-	converged := a.converged
-	a.mu.Unlock()
-	if !converged {
-		cur, lerr := a.routes.List(dataplane.RouteProtoBGP)
-		if lerr != nil {
-			errs = append(errs, lerr)
-		}
-		learned = keepStale(learned, cur)
-	}
-	if err := dataplane.SyncRoutes(a.routes, dataplane.RouteProtoBGP, learned); err != nil {
-		errs = append(errs, fmt.Errorf("learned routes: %w", err))
+	nLearned, err := a.syncLearned()
+	if err != nil {
+		errs = append(errs, err)
 	}
 	a.metrics.routes.WithLabelValues("workload").Set(float64(len(local)))
-	a.metrics.routes.WithLabelValues("bgp").Set(float64(len(learned)))
+	a.metrics.routes.WithLabelValues("bgp").Set(float64(nLearned))
 	a.mu.Lock()
 	a.lastRouting = time.Now()
 	a.mu.Unlock()
@@ -176,6 +197,30 @@ func ignoreNoDevice(err error) error {
 		}
 	}
 	return errors.Join(keep...)
+}
+
+// syncLearned makes the kernel's BGP routes (protocol RouteProtoBGP) equal
+// to the speaker's latest best routes. It reads only memory and the kernel,
+// so a new route set lands at once, without a datastore round trip.
+func (a *Agent) syncLearned() (int, error) {
+	a.learnedSyncMu.Lock()
+	defer a.learnedSyncMu.Unlock()
+	a.mu.Lock()
+	learned := desiredLearnedRoutes(a.nodeAddr.Addr(), a.learned)
+	converged := a.converged
+	a.mu.Unlock()
+	var errs []error
+	if !converged {
+		cur, err := a.routes.List(dataplane.RouteProtoBGP)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		learned = keepStale(learned, cur)
+	}
+	if err := dataplane.SyncRoutes(a.routes, dataplane.RouteProtoBGP, learned); err != nil {
+		errs = append(errs, fmt.Errorf("learned routes: %w", err))
+	}
+	return len(learned), errors.Join(errs...)
 }
 
 func dedupRoutes(rs []dataplane.Route) []dataplane.Route {
@@ -326,7 +371,10 @@ func (a *Agent) learnedLoop(ctx context.Context) {
 			a.mu.Lock()
 			a.learned = rs
 			a.mu.Unlock()
-			kick(a.routingKick)
+			if _, err := a.syncLearned(); err != nil {
+				a.log.Warn("installing learned routes failed; the routing loop retries", "err", err)
+				kick(a.routingKick)
+			}
 		case <-t.C:
 			a.updatePeerStatus(ctx)
 		}

@@ -22,10 +22,12 @@ import (
 // ping matrix and TCP, agent restarts, an etcd outage, a node joining and
 // leaving, and pod churn.
 func TestMeshCluster(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "e2em", Nodes: 3, PodsPerNode: 2})
+	// A short resync so that the kernel reconcile test does not wait 30 s.
+	l := upLab(t, lab.Options{Name: "e2em", Nodes: 3, PodsPerNode: 2, AgentArgs: []string{"--resync-interval", "3s"}})
 
 	t.Run("PingMatrix", func(t *testing.T) { pingMatrix(t, l) })
 	t.Run("HealthAndMetrics", func(t *testing.T) { testHealthAndMetrics(t, l) })
+	t.Run("KernelReconcile", func(t *testing.T) { testKernelReconcile(t, l) })
 	t.Run("TCPBothWays", func(t *testing.T) {
 		tcpExchange(t, l, "n1p1", "n3p2") // cross node
 		tcpExchange(t, l, "n3p2", "n1p1") // and back
@@ -384,4 +386,52 @@ established:
 		t.Fatal(err)
 	}
 	pingMatrix(t, l)
+}
+
+// testKernelReconcile: the agents diff against the kernel: a learned route
+// deleted by hand comes back, a stale one with our protocol goes, and a
+// route without our protocol number is never touched.
+func testKernelReconcile(t *testing.T, l *lab.Lab) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	routes := func() string {
+		out, err := l.Exec(ctx, "node2", "ip", "-4", "route", "show")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	}
+	var node1Block string
+	st, err := l.NodeStatus(ctx, "node1")
+	if err != nil || len(st.Blocks) == 0 {
+		t.Fatalf("node1 status: %+v %v", st, err)
+	}
+	node1Block = st.Blocks[0]
+	mustExec := func(argv ...string) {
+		t.Helper()
+		if out, err := l.Exec(ctx, "node2", argv...); err != nil {
+			t.Fatalf("%v: %v: %s", argv, err, out)
+		}
+	}
+	mustExec("ip", "route", "del", node1Block, "proto", "81")
+	mustExec("ip", "route", "add", "10.244.250.0/24", "via", "198.18.0.13", "proto", "81")
+	mustExec("ip", "route", "add", "10.99.0.0/24", "via", "198.18.0.1", "proto", "static")
+	defer func() { _, _ = l.Exec(context.Background(), "node2", "ip", "route", "del", "10.99.0.0/24") }()
+
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		r := routes()
+		restored := strings.Contains(r, node1Block+" via 198.18.0.11")
+		staleGone := !strings.Contains(r, "10.244.250.0/24")
+		if restored && staleGone {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 45 s: deleted route restored %v, stale route removed %v:\n%s", restored, staleGone, r)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if r := routes(); !regexp.MustCompile(`(?m)^10\.99\.0\.0/24 via 198\.18\.0\.1 .*proto static`).MatchString(r) {
+		t.Errorf("the foreign route was touched:\n%s", r)
+	}
 }

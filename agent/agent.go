@@ -143,6 +143,9 @@ func (a *Agent) kickAll() {
 
 // connect opens the datastore, retrying until it answers or ctx ends.
 func (a *Agent) connect(ctx context.Context) error {
+	if a.cfg.Etcd.Logger == nil {
+		a.cfg.Etcd.Logger = a.log.With("component", "datastore")
+	}
 	for attempt := 0; ; attempt++ {
 		s, err := datastore.New(ctx, a.cfg.Etcd)
 		if err == nil {

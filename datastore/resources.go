@@ -204,7 +204,8 @@ func (s *Store) Get(ctx context.Context, kind, namespace, name string) (api.Obje
 }
 
 // List returns the resources of kind, in namespace ("" = all), sorted by
-// namespace and name, and the store revision of the list.
+// namespace and name, and the store revision of the list. Records that do
+// not decode are skipped (and logged to Config.Logger), never fatal.
 func (s *Store) List(ctx context.Context, kind, namespace string) ([]api.Object, int64, error) {
 	_, prefix, err := listPrefix(kind, namespace)
 	if err != nil {
@@ -218,7 +219,11 @@ func (s *Store) List(ctx context.Context, kind, namespace string) ([]api.Object,
 	for _, kv := range kvs {
 		obj, err := DecodeResource(kv)
 		if err != nil {
-			return nil, 0, err
+			// One corrupt record (written around Tabby, say with etcdctl)
+			// must not blind every reader to all the others: skip it and
+			// say so. Get of that key still returns the error.
+			s.log.Warn("skipping a resource that does not decode", "key", kv.Key, "err", err)
+			continue
 		}
 		out = append(out, obj)
 	}

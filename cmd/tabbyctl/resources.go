@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"io"
 
 	"github.com/spf13/cobra"
 
@@ -49,37 +51,26 @@ func (a *app) manifests(cmd *cobra.Command, files []string, ns string) (ctl.Mani
 }
 
 func (a *app) applyCmd() *cobra.Command {
-	var files []string
-	var ns string
-	cmd := &cobra.Command{
-		Use:   "apply -f FILE|DIR|-",
-		Short: "Create or update resources from YAML or JSON",
-		Long: `Create or update every resource in the files (multi-document YAML, JSON, or
+	return a.manifestCmd("apply -f FILE|DIR|-", "Create or update resources from YAML or JSON",
+		`Create or update every resource in the files (multi-document YAML, JSON, or
 kind: List). Everything is validated first; if anything is invalid nothing changes.
 IPPools are created through IPAM, which refuses a pool that overlaps another.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := a.manifests(cmd, files, ns)
-			if err != nil {
-				return err
-			}
-			c, err := a.connect(cmd.Context())
-			if err != nil {
-				return err
-			}
-			return c.Apply(cmd.Context(), cmd.OutOrStdout(), o)
-		},
-	}
-	manifestFlags(cmd, &files, &ns)
-	return cmd
+		(*ctl.Client).Apply)
 }
 
 func (a *app) createCmd() *cobra.Command {
+	return a.manifestCmd("create -f FILE|DIR|-", "Create resources from YAML or JSON; existing ones are errors", "",
+		(*ctl.Client).Create)
+}
+
+// manifestCmd is a command that reads resources from -f and hands them to run.
+func (a *app) manifestCmd(use, short, long string, run func(*ctl.Client, context.Context, io.Writer, ctl.ManifestOptions) error) *cobra.Command {
 	var files []string
 	var ns string
 	cmd := &cobra.Command{
-		Use:   "create -f FILE|DIR|-",
-		Short: "Create resources from YAML or JSON; existing ones are errors",
+		Use:   use,
+		Short: short,
+		Long:  long,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := a.manifests(cmd, files, ns)
@@ -90,7 +81,7 @@ func (a *app) createCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return c.Create(cmd.Context(), cmd.OutOrStdout(), o)
+			return run(c, cmd.Context(), cmd.OutOrStdout(), o)
 		},
 	}
 	manifestFlags(cmd, &files, &ns)

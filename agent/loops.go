@@ -161,7 +161,7 @@ func (a *Agent) routingPass(ctx context.Context) error {
 		}
 		local = dedupRoutes(sortRoutes(local))
 	}
-	if err := ignoreNoDevice(dataplane.SyncRoutes(a.routes, dataplane.RouteProtoWorkload, local)); err != nil {
+	if err := ignoreNoDevice(dataplane.SyncRoutes(keepInflight{a.routes, a}, dataplane.RouteProtoWorkload, local)); err != nil {
 		errs = append(errs, fmt.Errorf("workload routes: %w", err))
 	}
 
@@ -175,6 +175,22 @@ func (a *Agent) routingPass(ctx context.Context) error {
 	a.lastRouting = time.Now()
 	a.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// keepInflight refuses to delete a route through an interface that ADD is
+// wiring. It asks at delete time: ADD can add its route after the pass read
+// the endpoints and the in-flight set, but before the sync listed the
+// kernel's routes.
+type keepInflight struct {
+	dataplane.Routes
+	a *Agent
+}
+
+func (k keepInflight) Delete(r dataplane.Route) error {
+	if r.Dev != "" && k.a.inflightDevs()[r.Dev] {
+		return nil
+	}
+	return k.Routes.Delete(r)
 }
 
 // ignoreNoDevice drops errors about routes whose device is gone: a workload

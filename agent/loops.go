@@ -445,6 +445,7 @@ func (a *Agent) statusLoop(ctx context.Context) {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
 	var last []byte
+	var lastLease datastore.LeaseID
 	for {
 		select {
 		case <-ctx.Done():
@@ -453,19 +454,20 @@ func (a *Agent) statusLoop(ctx context.Context) {
 		}
 		st := a.Status()
 		b, err := marshalStatus(st)
-		if err != nil || slices.Equal(b, last) {
-			continue
-		}
 		a.mu.Lock()
 		lease := a.statusLease
 		a.mu.Unlock()
+		// A new lease means the old one expired and took the record with it.
+		if err != nil || (slices.Equal(b, last) && lease == lastLease) {
+			continue
+		}
 		if _, err := a.store.PutKV(ctx, "status/bgp/"+a.cfg.NodeName, b, lease); err != nil {
 			if !errors.Is(err, context.Canceled) {
 				a.log.Debug("publishing status failed", "err", err)
 			}
 			continue
 		}
-		last = b
+		last, lastLease = b, lease
 	}
 }
 

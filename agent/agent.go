@@ -51,6 +51,7 @@ type Agent struct {
 	learnedSyncMu sync.Mutex
 	mu            sync.Mutex
 	learned       []bgp.LearnedRoute
+	learnedAny    bool // a speaker has delivered a route set
 	converged     bool
 	allUpSince    time.Time
 	desiredPeers  []bgp.Peer

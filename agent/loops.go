@@ -385,7 +385,7 @@ func (a *Agent) learnedLoop(ctx context.Context) {
 				continue
 			}
 			a.mu.Lock()
-			a.learned = rs
+			a.learned, a.learnedAny = rs, true
 			a.mu.Unlock()
 			if _, err := a.syncLearned(); err != nil {
 				a.log.Warn("installing learned routes failed; the routing loop retries", "err", err)
@@ -432,7 +432,9 @@ func (a *Agent) updatePeerStatus(ctx context.Context) {
 	case a.allUpSince.IsZero():
 		a.allUpSince = now
 	}
-	if (!a.allUpSince.IsZero() && now.Sub(a.allUpSince) >= convergeHold) || now.Sub(a.started) >= a.cfg.BGPSettleTime {
+	// Until the speaker's first route set (which after a restart waits for
+	// the peers' End-of-RIB) the learned set is empty, not complete.
+	if (a.learnedAny && !a.allUpSince.IsZero() && now.Sub(a.allUpSince) >= convergeHold) || now.Sub(a.started) >= a.cfg.BGPSettleTime {
 		a.converged = true
 		a.log.Info("bgp converged; stale learned routes will be removed")
 		kick(a.routingKick)

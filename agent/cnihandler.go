@@ -164,8 +164,9 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		MTU:        conf.MTU,
 		MAC:        mac,
 	}
-	// The endpoint record and the interfaces need only the address, so they
-	// are made concurrently: ADD costs the longer of the two, not the sum.
+	// The endpoint record (then its policy) and the interfaces need only the
+	// address, so they are made concurrently: ADD costs the longer of the
+	// two, not the sum.
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, mac, args.Labels)
 	var (
@@ -173,10 +174,16 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		wepDone = make(chan struct{})
 		wepTook time.Duration
 	)
+	var polErr error
 	go func() {
 		defer close(wepDone)
 		wepErr = h.putEndpoint(ctx, wep)
 		wepTook = time.Since(t1)
+		// Policy rules match the host interface by name, so they can be
+		// programmed while the interface is still being made.
+		if wepErr == nil && h.policySync != nil {
+			polErr = h.policySync(ctx, wep)
+		}
 	}()
 	wired = true // Setup undoes its own partial work; Teardown covers a complete one.
 	st, setupErr := h.wl.Setup(ctx, spec)
@@ -196,10 +203,8 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if err = h.step("endpoint"); err != nil {
 		return nil, err
 	}
-	if h.policySync != nil {
-		if err = h.policySync(ctx, wep); err != nil {
-			return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, err)
-		}
+	if polErr != nil {
+		return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, polErr)
 	}
 	if h.changed != nil {
 		h.changed()

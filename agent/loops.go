@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -320,9 +321,33 @@ var NodeGCGrace = 5 * time.Minute
 func (a *Agent) releaseGoneNodes(ctx context.Context, names map[string]bool, blocks []ipam.BlockInfo) error {
 	now := time.Now()
 	var errs []error
+	// List skips a record that does not decode: ask for each node missing
+	// from it whether its key is really gone. known is false when the
+	// datastore did not say.
+	type verdict struct{ gone, known bool }
+	checked := map[string]verdict{}
+	isGone := func(n string) verdict {
+		if v, ok := checked[n]; ok {
+			return v
+		}
+		v := verdict{known: true}
+		key, err := datastore.ResourceKey(api.KindNode, "", n)
+		if err == nil {
+			_, err = a.store.GetKV(ctx, key)
+		}
+		switch {
+		case errors.Is(err, datastore.ErrNotFound):
+			v.gone = true
+		case err != nil:
+			v.known = false
+			errs = append(errs, fmt.Errorf("checking that node %s is gone: %w", n, err))
+		}
+		checked[n] = v
+		return v
+	}
 	// Affinities go at once: the node will not use its blocks again.
 	for _, b := range blocks {
-		if b.Affinity == "" || names[b.Affinity] {
+		if b.Affinity == "" || names[b.Affinity] || !isGone(b.Affinity).gone {
 			continue
 		}
 		n := b.Affinity
@@ -340,16 +365,24 @@ func (a *Agent) releaseGoneNodes(ctx context.Context, names map[string]bool, blo
 	// Addresses go after the grace period, counted from when the node was
 	// first seen gone (its pods may still be draining).
 	a.mu.Lock()
+	missing := maps.Clone(a.missingNodes)
+	a.mu.Unlock()
 	var due []string
-	for n, first := range a.missingNodes {
+	for n, first := range missing {
+		v := verdict{gone: false, known: true}
+		if !names[n] {
+			v = isGone(n)
+		}
 		switch {
-		case names[n]:
-			delete(a.missingNodes, n) // it came back
+		case !v.known:
+		case !v.gone:
+			a.mu.Lock()
+			delete(a.missingNodes, n) // it came back, or never went
+			a.mu.Unlock()
 		case now.Sub(first) >= NodeGCGrace:
 			due = append(due, n)
 		}
 	}
-	a.mu.Unlock()
 	for _, n := range due {
 		if err := a.ipam.ReleaseNode(ctx, n, true); err != nil {
 			errs = append(errs, fmt.Errorf("releasing addresses of deleted node %s: %w", n, err))

@@ -1,5 +1,5 @@
 # Tabby — see README.md. `make demo` and `make test` are the two entry points.
-GO      ?= go
+GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 BIN     := $(CURDIR)/bin
 PKGS    := ./...
 CMDS    := tabby-agent tabby tabbyctl tabby-lab

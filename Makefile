@@ -1,6 +1,8 @@
 # Tabby — see README.md. `make demo` and `make test` are the two entry points.
 GO      ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
 BIN     := $(CURDIR)/bin
+# Tests build binaries with `go` too: make sure they find the same one.
+export PATH := $(dir $(GO)):$(PATH)
 PKGS    := ./...
 CMDS    := tabby-agent tabby tabbyctl tabby-lab
 TESTFLAGS ?= -count=1 -timeout 20m -p 2

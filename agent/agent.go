@@ -226,6 +226,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		observe:       a.metrics.observeCNI,
 		observeAssign: a.metrics.observeAssign,
 		fault:         a.cniFault,
+		inflight:      a.inflightDevs,
 	}
 	if a.policy != nil {
 		a.handler.policySync = a.policySync

@@ -56,6 +56,10 @@ type cniHandler struct {
 	fault func(step string) error
 	// observe records a finished operation (metrics).
 	observe func(op string, d time.Duration, err error)
+	// wlocks serialises requests of one workload across its sandboxes.
+	wlocks workloadLocks
+	// inflight, when set, names the host interfaces ADD is wiring right now.
+	inflight func() map[string]bool
 	// observeAssign records an IPAM assignment (metrics).
 	observeAssign func(borrowed bool, err error)
 	// policySync, when set, programs the firewall for the stored endpoint
@@ -88,6 +92,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	w := newWorkloadID(req, args)
 	handle := ipamHandle(conf.Name, req.ContainerID)
 	hostIf := w.hostIfName()
+	defer h.wlocks.lock(hostIf)()
 	areq := ipam.AssignRequest{
 		Node:   h.node,
 		Handle: handle,
@@ -104,6 +109,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		wired     bool
 		spec      dataplane.WorkloadSpec
 		wepStored bool
+		wepTried  bool
 		wepName   = w.endpointName(h.node)
 	)
 	defer func() {
@@ -114,8 +120,15 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		var rbErrs []error
-		if wepStored {
+		switch {
+		case wepStored:
 			if derr := h.store.Delete(rctx, api.KindWorkloadEndpoint, w.Namespace, wepName, ""); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
+				rbErrs = append(rbErrs, fmt.Errorf("removing endpoint: %w", derr))
+			}
+		case wepTried:
+			// The write failed, but etcd may have committed it (a timeout):
+			// remove the endpoint if it names this container.
+			if derr := h.deleteEndpointOf(rctx, w.Namespace, wepName, req.ContainerID); derr != nil {
 				rbErrs = append(rbErrs, fmt.Errorf("removing endpoint: %w", derr))
 			}
 		}
@@ -189,7 +202,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	st, setupErr := h.wl.Setup(ctx, spec)
 	setupTook := time.Since(t1)
 	<-wepDone
-	wepStored = wepErr == nil
+	wepStored, wepTried = wepErr == nil, true
 	if setupErr != nil {
 		wired = false
 		return nil, cniErr(codeDataplane, "wiring "+req.IfName+" in "+req.Netns, setupErr)
@@ -212,6 +225,26 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed,
 		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", wepTook.Round(time.Microsecond))
 	return buildResult(req, asg.Addr, hostIf, st), nil
+}
+
+// deleteEndpointOf deletes the endpoint if it exists and belongs to
+// containerID (compare-and-swap on the revision read).
+func (h *cniHandler) deleteEndpointOf(ctx context.Context, ns, name, containerID string) error {
+	obj, err := h.store.Get(ctx, api.KindWorkloadEndpoint, ns, name)
+	if errors.Is(err, datastore.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if wep, ok := obj.(*api.WorkloadEndpoint); !ok || wep.Spec.ContainerID != containerID {
+		return nil
+	}
+	err = h.store.Delete(ctx, api.KindWorkloadEndpoint, ns, name, obj.GetMeta().ResourceVersion)
+	if errors.Is(err, datastore.ErrNotFound) {
+		return nil
+	}
+	return err
 }
 
 // containerMAC derives a stable, locally administered unicast MAC for a
@@ -271,6 +304,7 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 
 	// Deleting the host link takes the pod's side and its routes with it.
 	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName()}
+	defer h.wlocks.lock(spec.HostIfName)()
 
 	// The endpoint tells whether a newer sandbox of the same pod now owns the
 	// host interface; if so, leave the host side alone. Without an answer
@@ -393,6 +427,10 @@ func (h *cniHandler) Status(ctx context.Context, conf *cni.NetConf) error {
 // GC removes this node's attachments of the network that the runtime no
 // longer knows.
 func (h *cniHandler) GC(ctx context.Context, conf *cni.NetConf, valid []types.GCAttachment) error {
+	inflight := map[string]bool{}
+	if h.inflight != nil {
+		inflight = h.inflight()
+	}
 	keep := map[string]bool{}
 	for _, v := range valid {
 		keep[v.ContainerID+"/"+v.IfName] = true
@@ -406,6 +444,9 @@ func (h *cniHandler) GC(ctx context.Context, conf *cni.NetConf, valid []types.GC
 		wep := o.(*api.WorkloadEndpoint)
 		if wep.Spec.Node != h.node || keep[wep.Spec.ContainerID+"/"+wep.Spec.Endpoint] {
 			continue
+		}
+		if inflight[wep.Spec.InterfaceName] {
+			continue // being added right now; the runtime's list may lag
 		}
 		if wep.Spec.IPAMHandle != "" && wep.Spec.IPAMHandle != ipamHandle(conf.Name, wep.Spec.ContainerID) {
 			continue // another network's attachment

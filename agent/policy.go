@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -119,7 +120,10 @@ func (p *policyController) sync(ctx context.Context) error {
 
 	p.passMu.Lock()
 	defer p.passMu.Unlock()
-	if p.doneGen >= mine {
+	// A pass that already covered this request answers it, unless it failed
+	// only because its own caller's context ended: then run one for this
+	// caller.
+	if p.doneGen >= mine && !(isContextErr(p.lastErr) && ctx.Err() == nil) {
 		return p.lastErr
 	}
 	p.requested.Lock()
@@ -230,4 +234,8 @@ func onlyStaleCleanup(err error) bool {
 		return onlyStaleCleanup(e.Unwrap())
 	}
 	return err == dataplane.ErrStaleCleanup
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -41,7 +41,6 @@ type Agent struct {
 	cniFault func(step string) error
 
 	nodeAddr netip.Prefix
-	asn      uint32
 	started  time.Time
 
 	routingKick chan struct{}
@@ -208,7 +207,6 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	a.asn = bcfg.ASN
 	a.speakerCfg = bcfg
 	if err := a.speaker.Start(ctx, bcfg); err != nil {
 		return fmt.Errorf("starting the BGP speaker: %w", err)

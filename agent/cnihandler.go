@@ -21,13 +21,6 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// gatewayAddr is the fake gateway every pod routes through; the host answers
-// ARP for it by proxy ARP on the cali interface.
-var gatewayAddr = netip.MustParseAddr("169.254.1.1")
-
-// HostMAC is the MAC of every host-side cali interface.
-const HostMAC = "ee:ee:ee:ee:ee:ee"
-
 // storeCallTimeout bounds each datastore step of a CNI request, so that an
 // unreachable etcd fails the request well within the runtime's deadline
 // instead of at it. A healthy step takes milliseconds.
@@ -57,7 +50,7 @@ type cniHandler struct {
 	// observe records a finished operation (metrics).
 	observe func(op string, d time.Duration, err error)
 	// wlocks serialises requests of one workload across its sandboxes.
-	wlocks workloadLocks
+	wlocks cni.KeyedLocks
 	// inflight, when set, names the host interfaces ADD is wiring right now.
 	inflight func() map[string]bool
 	// observeAssign records an IPAM assignment (metrics).
@@ -92,7 +85,11 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	w := newWorkloadID(req, args)
 	handle := ipamHandle(conf.Name, req.ContainerID)
 	hostIf := w.hostIfName()
-	defer h.wlocks.lock(hostIf)()
+	unlock, err := h.wlocks.Lock(ctx, hostIf)
+	if err != nil {
+		return nil, cniErr(types.ErrTryAgainLater, "waiting for another request of the same pod", err)
+	}
+	defer unlock()
 	areq := ipam.AssignRequest{
 		Node:   h.node,
 		Handle: handle,
@@ -269,17 +266,17 @@ func buildResult(req *cni.Request, addr netip.Addr, hostIf string, st dataplane.
 	return &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
-			{Name: hostIf, Mac: HostMAC},
+			{Name: hostIf, Mac: dataplane.HostMAC},
 			{Name: req.IfName, Mac: st.ContainerMAC, Sandbox: req.Netns},
 		},
 		IPs: []*current.IPConfig{{
 			Interface: &idx,
 			Address:   net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)},
-			Gateway:   gatewayAddr.AsSlice(),
+			Gateway:   dataplane.GatewayAddr.AsSlice(),
 		}},
 		Routes: []*types.Route{{
 			Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
-			GW:  gatewayAddr.AsSlice(),
+			GW:  dataplane.GatewayAddr.AsSlice(),
 		}},
 	}
 }
@@ -304,7 +301,11 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 
 	// Deleting the host link takes the pod's side and its routes with it.
 	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName()}
-	defer h.wlocks.lock(spec.HostIfName)()
+	unlock, err := h.wlocks.Lock(ctx, spec.HostIfName)
+	if err != nil {
+		return cniErr(types.ErrTryAgainLater, "waiting for another request of the same pod", err)
+	}
+	defer unlock()
 
 	// The endpoint tells whether a newer sandbox of the same pod now owns the
 	// host interface; if so, leave the host side alone. Without an answer

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
+	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
@@ -81,7 +82,7 @@ func TestCNIAddRepeatDel(t *testing.T) {
 	if !netip.MustParsePrefix("10.244.0.0/24").Contains(ip.Unmap()) {
 		t.Errorf("address %v outside the pool", ip)
 	}
-	if res.Interfaces[0].Mac != HostMAC || res.Interfaces[1].Sandbox != req.Netns || *res.IPs[0].Interface != 1 {
+	if res.Interfaces[0].Mac != dataplane.HostMAC || res.Interfaces[1].Sandbox != req.Netns || *res.IPs[0].Interface != 1 {
 		t.Errorf("interfaces: %+v %+v", res.Interfaces[0], res.Interfaces[1])
 	}
 	weps := e.endpoints(t)

@@ -48,26 +48,7 @@ func desiredLearnedRoutes(self netip.Addr, learned []bgp.LearnedRoute) []datapla
 		if len(gws) == 0 || !l.Prefix.Addr().Is4() {
 			continue
 		}
-		slices.SortFunc(gws, netip.Addr.Compare)
-		gws = slices.Compact(gws)
-		out = append(out, dataplane.Route{Dst: l.Prefix.Masked(), Type: dataplane.RouteUnicast, Gateways: gws, Proto: dataplane.RouteProtoBGP})
-	}
-	return sortRoutes(out)
-}
-
-// keepStale adds the current routes that desired lacks. Before BGP has
-// converged after a start, learned routes in the kernel are kept so that a
-// restart does not cut traffic.
-func keepStale(desired, current []dataplane.Route) []dataplane.Route {
-	have := map[netip.Prefix]bool{}
-	for _, r := range desired {
-		have[r.Dst] = true
-	}
-	out := slices.Clone(desired)
-	for _, r := range current {
-		if !have[r.Dst] {
-			out = append(out, r)
-		}
+		out = append(out, dataplane.Route{Dst: l.Prefix, Type: dataplane.RouteUnicast, Gateways: gws, Proto: dataplane.RouteProtoBGP}.Normalized())
 	}
 	return sortRoutes(out)
 }
@@ -89,11 +70,6 @@ func bgpBlocks(node string, blocks []ipam.BlockInfo, borrowed []ipam.BorrowedAdd
 }
 
 func sortRoutes(rs []dataplane.Route) []dataplane.Route {
-	slices.SortFunc(rs, func(a, b dataplane.Route) int {
-		if c := a.Dst.Addr().Compare(b.Dst.Addr()); c != 0 {
-			return c
-		}
-		return a.Dst.Bits() - b.Dst.Bits()
-	})
+	slices.SortFunc(rs, dataplane.CompareRoutes)
 	return rs
 }

@@ -150,19 +150,10 @@ func (a *Agent) routingPass(ctx context.Context) error {
 
 	var errs []error
 	local := desiredLocalRoutes(a.cfg.NodeName, weps, blocks)
-	if inflight := a.inflightDevs(); len(inflight) > 0 {
-		cur, lerr := a.routes.List(dataplane.RouteProtoWorkload)
-		if lerr != nil {
-			errs = append(errs, lerr)
-		}
-		for _, r := range cur {
-			if inflight[r.Dev] {
-				local = append(local, r)
-			}
-		}
-		local = dedupRoutes(sortRoutes(local))
-	}
-	if err := ignoreNoDevice(dataplane.SyncRoutes(keepInflight{a.routes, a}, dataplane.RouteProtoWorkload, local)); err != nil {
+	// ADD can add its route after this pass read the endpoints: keep the
+	// routes of interfaces being wired, asking at delete time.
+	inflight := keepRoutes{a.routes, func(r dataplane.Route) bool { return r.Dev != "" && a.inflightDevs()[r.Dev] }}
+	if err := ignoreNoDevice(dataplane.SyncRoutes(inflight, dataplane.RouteProtoWorkload, local)); err != nil {
 		errs = append(errs, fmt.Errorf("workload routes: %w", err))
 	}
 
@@ -178,17 +169,15 @@ func (a *Agent) routingPass(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// keepInflight refuses to delete a route through an interface that ADD is
-// wiring. It asks at delete time: ADD can add its route after the pass read
-// the endpoints and the in-flight set, but before the sync listed the
-// kernel's routes.
-type keepInflight struct {
+// keepRoutes is a Routes that does not delete the routes keep picks; the
+// sync still adds and replaces everything it wants.
+type keepRoutes struct {
 	dataplane.Routes
-	a *Agent
+	keep func(dataplane.Route) bool
 }
 
-func (k keepInflight) Delete(r dataplane.Route) error {
-	if r.Dev != "" && k.a.inflightDevs()[r.Dev] {
+func (k keepRoutes) Delete(r dataplane.Route) error {
+	if k.keep(r) {
 		return nil
 	}
 	return k.Routes.Delete(r)
@@ -226,22 +215,16 @@ func (a *Agent) syncLearned() (int, error) {
 	learned := desiredLearnedRoutes(a.nodeAddr.Addr(), a.learned)
 	converged := a.converged
 	a.mu.Unlock()
-	var errs []error
+	var r dataplane.Routes = a.routes
 	if !converged {
-		cur, err := a.routes.List(dataplane.RouteProtoBGP)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		learned = keepStale(learned, cur)
+		// Until BGP has converged after a start, learned routes already in
+		// the kernel stay, so that a restart does not cut traffic.
+		r = keepRoutes{a.routes, func(dataplane.Route) bool { return true }}
 	}
-	if err := dataplane.SyncRoutes(a.routes, dataplane.RouteProtoBGP, learned); err != nil {
-		errs = append(errs, fmt.Errorf("learned routes: %w", err))
+	if err := dataplane.SyncRoutes(r, dataplane.RouteProtoBGP, learned); err != nil {
+		return len(learned), fmt.Errorf("learned routes: %w", err)
 	}
-	return len(learned), errors.Join(errs...)
-}
-
-func dedupRoutes(rs []dataplane.Route) []dataplane.Route {
-	return slices.CompactFunc(rs, func(x, y dataplane.Route) bool { return x.Dst == y.Dst })
+	return len(learned), nil
 }
 
 // bgpPass reconciles the speaker's peers and advertisements with the
@@ -560,7 +543,7 @@ func (a *Agent) ensureSpeakerIdentity(ctx context.Context, nodes []*api.Node, bc
 		return fmt.Errorf("restarting the BGP speaker with AS %d, cluster ID %q: %w", asn, clusterID, err)
 	}
 	a.mu.Lock()
-	a.speakerCfg, a.asn = cfg, asn
+	a.speakerCfg = cfg
 	a.mu.Unlock()
 	a.log.Info("bgp identity changed, speaker restarted", "asn", asn, "clusterID", clusterID)
 	return nil

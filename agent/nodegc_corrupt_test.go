@@ -6,23 +6,14 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/datastore/storetest"
-	"github.com/tabbynet/tabby/ipam"
 )
 
 // A Node record that does not decode is skipped by List, but the node is
 // not gone: its blocks and addresses must stay.
 func TestReleaseGoneNodesKeepsUndecodableNode(t *testing.T) {
 	ctx := context.Background()
-	store := storetest.New(t)
-	if _, err := store.Create(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/24", BlockSize: 28}}); err != nil {
-		t.Fatal(err)
-	}
-	a := New(Default(), testLogger(), Deps{})
-	a.store, a.ipam = store, ipam.New(store)
-	if _, err := a.ipam.Assign(ctx, ipam.AssignRequest{Node: "odd", Handle: "h1"}); err != nil {
-		t.Fatal(err)
-	}
+	a := newGCAgent(t, "odd")
+	store := a.store
 	key, err := datastore.ResourceKey(api.KindNode, "", "odd")
 	if err != nil {
 		t.Fatal(err)

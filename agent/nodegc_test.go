@@ -10,7 +10,10 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-func TestReleaseGoneNodes(t *testing.T) {
+// newGCAgent is an agent on a real etcd with a pool and one address
+// (handle h1) assigned to node.
+func newGCAgent(t *testing.T, node string) *Agent {
+	t.Helper()
 	ctx := context.Background()
 	store := storetest.New(t)
 	if _, err := store.Create(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/24", BlockSize: 28}}); err != nil {
@@ -18,9 +21,15 @@ func TestReleaseGoneNodes(t *testing.T) {
 	}
 	a := New(Default(), testLogger(), Deps{})
 	a.store, a.ipam = store, ipam.New(store)
-	if _, err := a.ipam.Assign(ctx, ipam.AssignRequest{Node: "gone", Handle: "h1"}); err != nil {
+	if _, err := a.ipam.Assign(ctx, ipam.AssignRequest{Node: node, Handle: "h1"}); err != nil {
 		t.Fatal(err)
 	}
+	return a
+}
+
+func TestReleaseGoneNodes(t *testing.T) {
+	ctx := context.Background()
+	a := newGCAgent(t, "gone")
 	live := map[string]bool{"node1": true}
 	pass := func() {
 		t.Helper()

@@ -41,7 +41,7 @@ func (a *Agent) Status() Status {
 	ready, _ := a.readiness()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := Status{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), ASN: a.asn, Ready: ready, Workloads: a.workloads,
+	st := Status{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), ASN: a.speakerCfg.ASN, Ready: ready, Workloads: a.workloads,
 		Peers: []PeerInfo{}, Blocks: []string{}, Advertised: []string{}}
 	types := map[string]string{}
 	for _, p := range a.desiredPeers {

@@ -5,9 +5,11 @@ import (
 	"sync"
 )
 
-// keyedLocks is a set of mutexes, one per key, that exist only while someone
-// holds or waits for them. Waiting honours a context. Safe for concurrent use.
-type keyedLocks struct {
+// KeyedLocks is a set of mutexes, one per key, that exist only while someone
+// holds or waits for them. Waiting honours a context. Safe for concurrent use;
+// the zero value is ready. The server serialises per container with it, the
+// agent per workload.
+type KeyedLocks struct {
 	mu    sync.Mutex
 	locks map[string]*keyedLock
 }
@@ -17,9 +19,9 @@ type keyedLock struct {
 	refs int           // holders plus waiters
 }
 
-// lock takes the lock of key and returns the function that releases it, or
+// Lock takes the lock of key and returns the function that releases it, or
 // ctx's error if ctx ends first.
-func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
+func (k *KeyedLocks) Lock(ctx context.Context, key string) (func(), error) {
 	k.mu.Lock()
 	if k.locks == nil {
 		k.locks = map[string]*keyedLock{}
@@ -44,7 +46,7 @@ func (k *keyedLocks) lock(ctx context.Context, key string) (func(), error) {
 	}
 }
 
-func (k *keyedLocks) release(key string, l *keyedLock) {
+func (k *KeyedLocks) release(key string, l *keyedLock) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	l.refs--
@@ -54,7 +56,7 @@ func (k *keyedLocks) release(key string, l *keyedLock) {
 }
 
 // waiters is how many callers hold or wait for key's lock (for tests).
-func (k *keyedLocks) waiters(key string) int {
+func (k *KeyedLocks) waiters(key string) int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if l := k.locks[key]; l != nil {

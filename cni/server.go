@@ -42,7 +42,7 @@ type Server struct {
 	log      *slog.Logger
 	observer Observer
 
-	locks   keyedLocks
+	locks   KeyedLocks
 	ready   chan struct{}
 	started sync.Once
 }
@@ -214,7 +214,7 @@ func (s *Server) serve(ctx context.Context, req *Request) (resp Response) {
 		return Response{Error: toCNIError(s.handler.GC(ctx, conf, conf.ValidAttachments))}
 	}
 
-	unlock, err := s.locks.lock(ctx, req.ContainerID)
+	unlock, err := s.locks.Lock(ctx, req.ContainerID)
 	if err != nil {
 		return Response{Error: types.NewError(types.ErrTryAgainLater,
 			fmt.Sprintf("timed out waiting for another operation on container %s", req.ContainerID), err.Error())}

@@ -253,14 +253,14 @@ func TestServerParallelAcrossContainers(t *testing.T) {
 }
 
 func TestKeyedLocksHonourContext(t *testing.T) {
-	var k keyedLocks
-	unlock, err := k.lock(context.Background(), "c1")
+	var k KeyedLocks
+	unlock, err := k.Lock(context.Background(), "c1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := k.lock(ctx, "c1"); !errors.Is(err, context.Canceled) {
+	if _, err := k.Lock(ctx, "c1"); !errors.Is(err, context.Canceled) {
 		t.Errorf("lock with a cancelled context: %v", err)
 	}
 	if n := k.waiters("c1"); n != 1 {
@@ -270,4 +270,38 @@ func TestKeyedLocksHonourContext(t *testing.T) {
 	if n := len(k.locks); n != 0 {
 		t.Errorf("%d locks left in the map", n)
 	}
+}
+
+func TestKeyedLocksSerialisePerKey(t *testing.T) {
+	var k KeyedLocks
+	ctx := context.Background()
+	unlock, err := k.Lock(ctx, "cali1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 2)
+	go func() {
+		u, _ := k.Lock(ctx, "cali1")
+		got <- "same"
+		u()
+	}()
+	go func() {
+		u, _ := k.Lock(ctx, "cali2")
+		got <- "other"
+		u()
+	}()
+	if first := <-got; first != "other" {
+		t.Fatalf("%s key ran while cali1 was held", first)
+	}
+	waitFor(t, "the second holder of cali1 to wait", func() bool { return k.waiters("cali1") == 2 })
+	select {
+	case s := <-got:
+		t.Fatalf("%s key ran while cali1 was held", s)
+	default:
+	}
+	unlock()
+	if s := <-got; s != "same" {
+		t.Fatalf("got %s", s)
+	}
+	waitFor(t, "every lock entry to go", func() bool { return k.waiters("cali1") == 0 && k.waiters("cali2") == 0 })
 }

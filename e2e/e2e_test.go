@@ -4,11 +4,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -140,20 +138,6 @@ func pingMatrix(t *testing.T, l *lab.Lab) {
 	}
 }
 
-// TestHelperProcess is not a test: the end-to-end tests run the test binary
-// inside pod namespaces as a tiny TCP server or client.
-func TestHelperProcess(t *testing.T) {
-	if os.Getenv("TABBY_E2E_HELPER") != "1" {
-		t.Skip("helper process for the TCP tests, not a test")
-	}
-	args := flagArgs()
-	if err := helper(args); err != nil {
-		fmt.Fprintln(os.Stderr, "helper:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
-
 // netnsPath is the path of a lab pod's or node's network namespace.
 func netnsPath(t *testing.T, l *lab.Lab, target string) string {
 	t.Helper()
@@ -176,86 +160,20 @@ func flagArgs() []string {
 	return nil
 }
 
-func helper(args []string) error {
-	if len(args) != 3 {
-		return fmt.Errorf("usage: serve|send ADDR:PORT MESSAGE, got %q", args)
-	}
-	switch args[0] {
-	case "serve":
-		ln, err := net.Listen("tcp4", args[1])
-		if err != nil {
-			return err
-		}
-		defer ln.Close()
-		fmt.Println("listening") // the parent waits for this line
-		if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
-			return err
-		}
-		c, err := ln.Accept()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		line, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(c, "%s heard %q from %s\n", args[2], strings.TrimSpace(line), c.RemoteAddr().(*net.TCPAddr).IP)
-		return err
-	case "send":
-		c, err := net.DialTimeout("tcp4", args[1], 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		if err := c.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintln(c, args[2]); err != nil {
-			return err
-		}
-		reply, err := bufio.NewReader(c).ReadString('\n')
-		if err != nil {
-			return err
-		}
-		fmt.Print(reply)
-		return nil
-	}
-	return fmt.Errorf("unknown helper command %q", args[0])
-}
-
-// tcpExchange runs a server in pod `server` and a client in pod `client` and
-// checks the server saw the client's own address (no NAT inside the cluster).
+// tcpExchange runs a server in pod `server` and connects to it from pod
+// `client` (both the policy helper process) and checks the server saw the
+// client's own address (no NAT inside the cluster).
 func tcpExchange(t *testing.T, l *lab.Lab, server, client string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	sip := podIP(t, l, server)
-	cip := podIP(t, l, client)
-	ns := netnsPath(t, l, server)
-	addr := netip.AddrPortFrom(sip, 8080).String()
-	srv := exec.CommandContext(ctx, "nsenter", "--net="+ns, "--", os.Args[0], "-test.run=^TestHelperProcess$", "--", "serve", addr, server)
-	srv.Env = append(os.Environ(), "TABBY_E2E_HELPER=1")
-	out, err := srv.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	addr := netip.AddrPortFrom(podIP(t, l, server), 8080)
+	startPolicyServer(t, l, server, server, []int{int(addr.Port())}, nil)
+	r := probeFrom(ctx, t, l, client, "tcp", addr)
+	if r.err != nil || !r.allowed {
+		t.Fatalf("TCP %s -> %s: no answer (%v)", client, server, r.err)
 	}
-	var stderr strings.Builder
-	srv.Stderr = &stderr
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = srv.Wait() }()
-	rd := bufio.NewReader(out)
-	if line, err := rd.ReadString('\n'); err != nil || !strings.Contains(line, "listening") {
-		t.Fatalf("server in %s did not start: %q %v %s", server, line, err, stderr.String())
-	}
-	reply, err := l.Exec(ctx, client, "env", "TABBY_E2E_HELPER=1", os.Args[0], "-test.run=^TestHelperProcess$", "--", "send", addr, "hello from "+client)
-	if err != nil {
-		t.Fatalf("client in %s: %v: %s", client, err, reply)
-	}
-	want := fmt.Sprintf("%s heard \"hello from %s\" from %s", server, client, cip)
-	if !strings.Contains(string(reply), want) {
-		t.Errorf("TCP %s -> %s: got %q, want %q", client, server, reply, want)
+	if want := fmt.Sprintf("%s %s", server, podIP(t, l, client)); r.answer != want {
+		t.Errorf("TCP %s -> %s: got %q, want %q", client, server, r.answer, want)
 	}
 }

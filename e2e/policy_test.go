@@ -483,7 +483,7 @@ func testSpoofing(ctx context.Context, t *testing.T, l *lab.Lab, ips map[string]
 	}
 	dst := netip.AddrPortFrom(ips["aweb"], 53).String()
 	send := func(src netip.Addr, msg string) {
-		out, err := l.Exec(ctx, "acli", "env", policyHelperEnv+"=1", osArgs0(), "-test.run=^TestPolicyHelperProcess$", "--", "udpfrom", src.String(), dst, msg)
+		out, err := l.Exec(ctx, "acli", "env", policyHelperEnv+"=1", os.Args[0], "-test.run=^TestPolicyHelperProcess$", "--", "udpfrom", src.String(), dst, msg)
 		if err != nil {
 			t.Fatalf("sending from %s: %v: %s", src, err, out)
 		}
@@ -593,5 +593,3 @@ func setNATOutgoing(ctx context.Context, t *testing.T, l *lab.Lab, name string, 
 		t.Fatal(err)
 	}
 }
-
-func osArgs0() string { return os.Args[0] }

@@ -76,6 +76,9 @@ func TestDesiredPeers(t *testing.T) {
 		bgpPeer("to-rr", api.BGPPeerSpec{NodeSelector: &api.LabelSelector{}, PeerSelector: sel("role", "rr")}),
 		bgpPeer("rr-to-all", api.BGPPeerSpec{NodeSelector: sel("role", "rr"), PeerSelector: &api.LabelSelector{}}),
 	}
+	oneRR := []*api.Node{rrCluster[0], rrCluster[2], rrCluster[3]} // rr1, c1, c2
+	notRR := &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "role", Operator: api.OpDoesNotExist}}}
+	clientsToRR := []*api.BGPPeer{bgpPeer("clients-to-rr", api.BGPPeerSpec{NodeSelector: notRR, PeerSelector: sel("role", "rr")})}
 	tests := []struct {
 		name  string
 		self  string
@@ -239,6 +242,30 @@ func TestDesiredPeers(t *testing.T) {
 			},
 		},
 		{
+			// A single BGPPeer "clients peer with the reflectors" must
+			// configure both ends: the reflectors peer back with every
+			// node the BGPPeer applies to.
+			name:  "reflector peers back with the nodes of a clients-to-rr BGPPeer",
+			self:  "rr1",
+			nodes: oneRR,
+			cfg:   meshOff(),
+			peers: clientsToRR,
+			want: []Peer{
+				{Address: a("198.18.0.21"), ASN: 64512, Type: PeerRRClient, Name: "c1", RRClient: true, LocalAddress: a("198.18.0.11")},
+				{Address: a("198.18.0.22"), ASN: 64512, Type: PeerRRClient, Name: "c2", RRClient: true, LocalAddress: a("198.18.0.11")},
+			},
+		},
+		{
+			name:  "client of a clients-to-rr BGPPeer peers with the reflector",
+			self:  "c1",
+			nodes: oneRR,
+			cfg:   meshOff(),
+			peers: clientsToRR,
+			want: []Peer{
+				{Address: a("198.18.0.11"), ASN: 64512, Type: PeerRR, Name: "rr1", LocalAddress: a("198.18.0.21")},
+			},
+		},
+		{
 			name:  "self unknown",
 			self:  "ghost",
 			nodes: threeNodes,
@@ -259,7 +286,7 @@ func TestDesiredPeers(t *testing.T) {
 	}
 }
 
-// TestDesiredPeersRRClusterConverges checks the whole cluster of reflector
+// TestDesiredPeersSymmetric checks the whole cluster of reflector
 // sessions for symmetry: every session one side wants, the other side wants
 // too, with the reflector flag on the reflector side only.
 func TestDesiredPeersSymmetric(t *testing.T) {
@@ -339,29 +366,5 @@ func TestDesiredAdvertisements(t *testing.T) {
 				t.Errorf("DesiredAdvertisements mismatch (-want +got):\n%s", diff)
 			}
 		})
-	}
-}
-
-// A single BGPPeer "clients peer with the reflectors" must configure both
-// ends: the reflectors peer back with every node the BGPPeer applies to.
-func TestDesiredPeersReverseOfPeerSelector(t *testing.T) {
-	nodes := []*api.Node{
-		node("rr1", "198.18.0.11/24", withRR("1.1.1.1"), withLabels("role", "rr")),
-		node("c1", "198.18.0.21/24"),
-		node("c2", "198.18.0.22/24"),
-	}
-	notRR := &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "role", Operator: api.OpDoesNotExist}}}
-	peers := []*api.BGPPeer{bgpPeer("clients-to-rr", api.BGPPeerSpec{NodeSelector: notRR, PeerSelector: sel("role", "rr")})}
-	got := DesiredPeers("rr1", nodes, meshOff(), peers)
-	want := []Peer{
-		{Address: a("198.18.0.21"), ASN: 64512, Type: PeerRRClient, Name: "c1", RRClient: true, LocalAddress: a("198.18.0.11")},
-		{Address: a("198.18.0.22"), ASN: 64512, Type: PeerRRClient, Name: "c2", RRClient: true, LocalAddress: a("198.18.0.11")},
-	}
-	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
-		t.Errorf("reflector's peers (-want +got):\n%s", diff)
-	}
-	got = DesiredPeers("c1", nodes, meshOff(), peers)
-	if len(got) != 1 || got[0].Address != a("198.18.0.11") || got[0].Type != PeerRR {
-		t.Errorf("client's peers: %+v", got)
 	}
 }

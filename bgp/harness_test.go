@@ -210,6 +210,28 @@ func (c *cluster) advertiseBlocks(tb testing.TB) {
 	}
 }
 
+// waitAllBlocks waits until every node routes every other node's block via
+// its owner, and nothing else; it fails the test at the deadline.
+func (c *cluster) waitAllBlocks(tb testing.TB, deadline time.Time) {
+	tb.Helper()
+	for i, n := range c.nodes {
+		got, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+			if len(rs) != len(c.nodes)-1 {
+				return false
+			}
+			for j, o := range c.nodes {
+				if j != i && !hasRoute(rs, blockOf(j), o.addr) {
+					return false
+				}
+			}
+			return true
+		})
+		if !ok {
+			tb.Fatalf("%s did not learn the other %d blocks; has:%s%s", n.name, len(c.nodes)-1, routesString(got), peersString(n))
+		}
+	}
+}
+
 // routesString renders a route set like `ip route` would, for messages.
 func routesString(rs []LearnedRoute) string {
 	var b strings.Builder

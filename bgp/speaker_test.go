@@ -20,22 +20,7 @@ func TestMeshOfFive(t *testing.T) {
 	c.advertiseBlocks(t)
 
 	deadline := time.Now().Add(convergeTimeout)
-	for i, n := range c.nodes {
-		got, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
-			if len(rs) != len(c.nodes)-1 {
-				return false
-			}
-			for j, o := range c.nodes {
-				if j != i && !hasRoute(rs, blockOf(j), o.addr) {
-					return false
-				}
-			}
-			return true
-		})
-		if !ok {
-			t.Fatalf("%s did not learn the other four blocks; has:%s%s", n.name, routesString(got), peersString(n))
-		}
-	}
+	c.waitAllBlocks(t, deadline)
 
 	st := waitEstablished(t, c.nodes[2], 4, deadline)
 	for _, p := range st {
@@ -76,22 +61,7 @@ func TestRouteReflectors(t *testing.T) {
 	c.advertiseBlocks(t)
 
 	deadline := time.Now().Add(convergeTimeout)
-	for i, n := range c.nodes {
-		got, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
-			if len(rs) != len(c.nodes)-1 {
-				return false
-			}
-			for j, o := range c.nodes {
-				if j != i && !hasRoute(rs, blockOf(j), o.addr) {
-					return false
-				}
-			}
-			return true
-		})
-		if !ok {
-			t.Fatalf("%s did not learn all seven other blocks; has:%s%s", n.name, routesString(got), peersString(n))
-		}
-	}
+	c.waitAllBlocks(t, deadline)
 	for _, n := range c.nodes[2:] {
 		st, err := n.sp.Peers(context.Background())
 		if err != nil {

@@ -168,6 +168,15 @@ func testEtcdOutage(t *testing.T, l *lab.Lab) {
 	if err := l.DelPod(ctx, "n1back"); err != nil {
 		t.Error(err)
 	}
+	// When the DEL after the failed ADD failed too, the lab kept n1down's
+	// record (no address) for a DEL that can now succeed.
+	for _, p := range l.State().Pods {
+		if p.Name == "n1down" {
+			if err := l.DelPod(ctx, p.Name); err != nil {
+				t.Errorf("DEL of the pod whose ADD failed during the outage: %v", err)
+			}
+		}
+	}
 }
 
 func testNodeJoinLeave(t *testing.T, l *lab.Lab) {

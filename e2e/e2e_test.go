@@ -111,7 +111,7 @@ func pingMatrix(t *testing.T, l *lab.Lab) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	// Pods whose ADD failed (the etcd-outage test makes one) have no address.
+	// A pod whose ADD failed, and the DEL after it, has no address.
 	var pods []lab.Pod
 	for _, p := range l.State().Pods {
 		if len(p.IPs) > 0 {

@@ -211,7 +211,7 @@ func TestStateRoundTrip(t *testing.T) {
 	st := &State{
 		Name: "lab", Dir: dir, Namespaces: []string{"lab-fabric", "lab-node1"},
 		Nodes: []NodeState{{Name: "node1", NetNS: "lab-node1", IP: nodePrefix(11), Agent: &Proc{Role: "agent node1", PID: 42, Argv: []string{"a"}}}},
-		Pods:  []PodState{{Name: "p", Node: "node1", IPs: []netip.Prefix{netip.MustParsePrefix("10.244.0.1/32")}, Ready: true}},
+		Pods:  []PodState{{Name: "p", Node: "node1", IPs: []netip.Prefix{netip.MustParsePrefix("10.244.0.1/32")}}},
 	}
 	if err := st.save(); err != nil {
 		t.Fatal(err)

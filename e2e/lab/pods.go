@@ -82,7 +82,7 @@ func (l *Lab) AddPod(ctx context.Context, node, name string, o PodOptions) (_ *P
 	if len(ips) == 0 {
 		return nil, fmt.Errorf("CNI ADD for %s returned no address: %s", name, out)
 	}
-	pod.IPs, pod.Ready = ips, true
+	pod.IPs = ips
 	err = l.update(func(s *State) error {
 		p := s.pod(name)
 		if p == nil {

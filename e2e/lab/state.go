@@ -57,9 +57,9 @@ type PodState struct {
 	ContainerID string            `json:"containerID"`
 	IfName      string            `json:"ifName"`
 	Labels      map[string]string `json:"labels,omitempty"`
-	IPs         []netip.Prefix    `json:"ips,omitempty"`
-	// Ready is false while the pod is being added (or its ADD failed half way).
-	Ready bool `json:"ready"`
+	// IPs is empty while the pod is being added, and stays empty when its
+	// ADD failed and so did the DEL after it (DelPod can be retried).
+	IPs []netip.Prefix `json:"ips,omitempty"`
 }
 
 // Proc is a background process the lab started.

@@ -48,8 +48,8 @@ func (l *Lab) WriteStatus(ctx context.Context, w io.Writer) error {
 			ips[i] = a.String()
 		}
 		ipText := strings.Join(ips, ",")
-		if !p.Ready {
-			ipText = "(adding)"
+		if len(ips) == 0 {
+			ipText = "(none: adding, or ADD failed)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Namespace, p.Node, ipText, p.NetNS)
 	}

@@ -62,6 +62,9 @@ type setPlan struct {
 	script  string
 	destroy []string
 	stats   ApplyStats
+	// want is every desired set with its members normalised: the record
+	// of the kernel's sets once the script has run.
+	want map[string]*kernelSet
 }
 
 // planSets diffs the desired sets against the kernel's. A set whose type
@@ -69,15 +72,14 @@ type setPlan struct {
 // only happens to sets left by something else).
 func planSets(desired []IPSet, actual map[string]*kernelSet) setPlan {
 	var b strings.Builder
-	var p setPlan
-	want := map[string]bool{}
+	p := setPlan{want: make(map[string]*kernelSet, len(desired))}
 	var dels []string
 	for _, s := range desired {
-		want[s.Name] = true
-		members := map[string]bool{}
+		members := make(map[string]bool, len(s.Members))
 		for _, m := range s.Members {
 			members[normMember(s.Type, m)] = true
 		}
+		p.want[s.Name] = &kernelSet{typ: s.Type, members: members}
 		cur := actual[s.Name]
 		if cur != nil && cur.typ != s.Type {
 			fmt.Fprintf(&b, "destroy %s\n", s.Name)
@@ -108,7 +110,7 @@ func planSets(desired []IPSet, actual map[string]*kernelSet) setPlan {
 	}
 	p.script = b.String()
 	for name := range actual {
-		if !want[name] {
+		if p.want[name] == nil {
 			p.destroy = append(p.destroy, name)
 		}
 	}

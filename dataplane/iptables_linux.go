@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -236,13 +237,7 @@ func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (Apply
 			errs = append(errs, fmt.Errorf("updating ipsets: %w", err))
 			f.sets = nil
 		} else {
-			for _, s := range desired.Sets {
-				ks := &kernelSet{typ: s.Type, members: make(map[string]bool, len(s.Members))}
-				for _, m := range s.Members {
-					ks.members[normMember(s.Type, m)] = true
-				}
-				f.sets[s.Name] = ks
-			}
+			maps.Copy(f.sets, sp.want)
 			stats.SetsCreated += sp.stats.SetsCreated
 			stats.MembersAdded += sp.stats.MembersAdded
 			stats.MembersRemoved += sp.stats.MembersRemoved

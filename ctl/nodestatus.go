@@ -95,7 +95,7 @@ func (c *Client) NodeStatus(ctx context.Context, out io.Writer, o NodeStatusOpti
 		if !found {
 			return c.noStatus(ctx, o.Node)
 		}
-		return writeNodeStatus(out, st)
+		return WriteNodeStatus(out, st)
 	}
 	statuses, err := c.agentStatuses(ctx)
 	if err != nil {
@@ -129,7 +129,7 @@ func (c *Client) NodeStatus(ctx context.Context, out io.Writer, o NodeStatusOpti
 			fmt.Fprintf(out, "Node %s: no status published (is tabby-agent running there?)\n", n)
 			continue
 		}
-		if err := writeNodeStatus(out, st); err != nil {
+		if err := WriteNodeStatus(out, st); err != nil {
 			return err
 		}
 		for _, p := range st.Peers {
@@ -182,7 +182,9 @@ func peerTypeText(t string) string {
 	return orNone(t)
 }
 
-func writeNodeStatus(out io.Writer, st AgentStatus) error {
+// WriteNodeStatus prints one agent's status: its BGP sessions in a box the
+// way calicoctl node status does, its affine blocks and advertisements.
+func WriteNodeStatus(out io.Writer, st AgentStatus) error {
 	est := 0
 	for _, p := range st.Peers {
 		if p.State == StateEstablished {

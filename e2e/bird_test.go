@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/ctl"
 	"github.com/tabbynet/tabby/e2e/lab"
 )
 
@@ -210,7 +211,7 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				i := slices.IndexFunc(s.Peers, func(p lab.PeerStatus) bool { return p.Address == torAddr })
+				i := slices.IndexFunc(s.Peers, func(p ctl.PeerStatus) bool { return p.Address == torAddr })
 				switch {
 				case i < 0:
 					errs = append(errs, fmt.Errorf("%s has no session to %s: %+v", n.Name, torAddr, s.Peers))

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/ctl"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -146,24 +147,11 @@ func (l *Lab) waitAgentServing(ctx context.Context, node string) error {
 	return nil
 }
 
-// NodeStatus is what an agent reports on GET /status.
+// NodeStatus is what an agent reports on GET /status: the record it also
+// publishes to etcd for tabbyctl, and whether it is ready.
 type NodeStatus struct {
-	Node      string       `json:"node"`
-	Address   string       `json:"address"`
-	ASN       uint32       `json:"asn"`
-	Ready     bool         `json:"ready"`
-	Peers     []PeerStatus `json:"peers"`
-	Blocks    []string     `json:"blocks"`
-	Workloads int          `json:"workloads"`
-}
-
-// PeerStatus is one BGP session of a node.
-type PeerStatus struct {
-	Address string `json:"address"`
-	Type    string `json:"type"`
-	State   string `json:"state"`
-	Since   string `json:"since"`
-	Info    string `json:"info"`
+	ctl.AgentStatus
+	Ready bool `json:"ready"`
 }
 
 // NodeStatus asks the node's agent for its status over the status socket

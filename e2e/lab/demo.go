@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/tabbynet/tabby/ctl"
 )
 
 // Demo brings up a lab (3 nodes × 2 pods unless o says otherwise), waits
@@ -60,7 +62,9 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 		if err != nil {
 			return err
 		}
-		WriteBGPTable(w, s)
+		if err := ctl.WriteNodeStatus(w, s.AgentStatus); err != nil {
+			return err
+		}
 		fmt.Fprintln(w)
 	}
 

@@ -1,7 +1,6 @@
 package lab
 
 import (
-	"bytes"
 	"encoding/json"
 	"net/netip"
 	"os/exec"
@@ -228,28 +227,5 @@ func TestStateRoundTrip(t *testing.T) {
 	got.removeNamespace("lab-fabric")
 	if diff := cmp.Diff([]string{"lab-node1", "lab-pod-p"}, got.Namespaces); diff != "" {
 		t.Errorf("namespaces (-want +got):\n%s", diff)
-	}
-}
-
-func TestWriteBGPTable(t *testing.T) {
-	var b bytes.Buffer
-	WriteBGPTable(&b, &NodeStatus{Node: "node1", Peers: []PeerStatus{
-		{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: "2026-01-02T03:04:05Z"},
-		{Address: "198.18.0.13", Type: "rr-client", State: "Active", Info: "connect: refused"},
-	}})
-	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 7 {
-		t.Fatalf("table has %d lines, want 7:\n%s", len(lines), b.String())
-	}
-	for _, want := range []string{"| 198.18.0.12  | node-to-node mesh", "| up    |", "| start |", "Active connect: refused"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, b.String())
-		}
-	}
-	width := len(lines[1])
-	for _, l := range lines[1:] {
-		if len(l) != width {
-			t.Errorf("ragged table line %q (want width %d)", l, width)
-		}
 	}
 }

@@ -6,7 +6,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
+
+	"github.com/tabbynet/tabby/ctl"
 )
 
 // WriteStatus prints the lab's nodes with their agents' BGP sessions and
@@ -29,12 +30,10 @@ func (l *Lab) WriteStatus(ctx context.Context, w io.Writer) error {
 			fmt.Fprintf(w, "  status: %v\n\n", err)
 			continue
 		}
-		as := ""
-		if s.ASN != 0 {
-			as = fmt.Sprintf(", AS %d", s.ASN)
+		fmt.Fprintf(w, "  ready %v\n", s.Ready)
+		if err := ctl.WriteNodeStatus(w, s.AgentStatus); err != nil {
+			return err
 		}
-		fmt.Fprintf(w, "  ready %v%s, blocks %s, %d workloads\n", s.Ready, as, strings.Join(s.Blocks, " "), s.Workloads)
-		WriteBGPTable(w, s)
 		fmt.Fprintln(w)
 	}
 	if len(st.Pods) == 0 {
@@ -65,69 +64,4 @@ func procState(p *Proc) string {
 	default:
 		return fmt.Sprintf("not running (was pid %d)", p.PID)
 	}
-}
-
-// WriteBGPTable prints a node's BGP sessions like `calicoctl node status`.
-func WriteBGPTable(w io.Writer, s *NodeStatus) {
-	header := []string{"PEER ADDRESS", "PEER TYPE", "STATE", "SINCE", "INFO"}
-	rows := [][]string{}
-	for _, p := range s.Peers {
-		state := "up"
-		if p.State != "Established" {
-			state = "start"
-		}
-		info := p.State
-		if p.Info != "" {
-			info += " " + p.Info
-		}
-		rows = append(rows, []string{p.Address, peerTypeText(p.Type), state, sinceText(p.Since), info})
-	}
-	widths := make([]int, len(header))
-	for _, r := range append([][]string{header}, rows...) {
-		for i, c := range r {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
-	sep := "+"
-	for _, wd := range widths {
-		sep += strings.Repeat("-", wd+2) + "+"
-	}
-	line := func(r []string) {
-		var b strings.Builder
-		b.WriteString("|")
-		for i, c := range r {
-			fmt.Fprintf(&b, " %-*s |", widths[i], c)
-		}
-		fmt.Fprintln(w, b.String())
-	}
-	fmt.Fprintf(w, "IPv4 BGP status of %s\n", s.Node)
-	fmt.Fprintln(w, sep)
-	line(header)
-	fmt.Fprintln(w, sep)
-	for _, r := range rows {
-		line(r)
-	}
-	fmt.Fprintln(w, sep)
-}
-
-func peerTypeText(t string) string {
-	switch t {
-	case "mesh":
-		return "node-to-node mesh"
-	case "global":
-		return "global"
-	case "node":
-		return "node specific"
-	case "rr-client", "rr":
-		return "node specific (" + t + ")"
-	}
-	return t
-}
-
-func sinceText(s string) string {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return s
-	}
-	return t.Local().Format("15:04:05")
 }

@@ -44,7 +44,7 @@ type cluster struct {
 	names    []string // node names, sorted
 	blocks   []ipam.BlockInfo
 	pools    []ipam.PoolUsage
-	allocs   []allocation
+	allocs   []ipam.Allocation
 	statuses map[string]AgentStatus
 	gnps     []*api.GlobalNetworkPolicy
 }
@@ -66,7 +66,7 @@ func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
 	if cl.pools, err = c.IPAM.Usage(ctx); err != nil {
 		return nil, err
 	}
-	if cl.allocs, err = c.allocations(ctx); err != nil {
+	if cl.allocs, err = c.IPAM.Allocations(ctx); err != nil {
 		return nil, err
 	}
 	if cl.statuses, err = c.agentStatuses(ctx); err != nil {
@@ -219,7 +219,7 @@ type explanation struct {
 // addrPath is the path of one of the endpoint's addresses.
 type addrPath struct {
 	addr      netip.Addr
-	alloc     *allocation
+	alloc     *ipam.Allocation
 	pool      *ipam.PoolUsage
 	block     *ipam.BlockInfo
 	borrowed  bool

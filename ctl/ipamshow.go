@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -80,10 +81,11 @@ func percent(n, total int) string {
 }
 
 func (c *Client) showBorrowed(ctx context.Context, out io.Writer) error {
-	borrowed, err := c.IPAM.Borrowed(ctx)
+	all, err := c.IPAM.Allocations(ctx)
 	if err != nil {
 		return err
 	}
+	borrowed := slices.DeleteFunc(all, func(a ipam.Allocation) bool { return !a.IsBorrowed() })
 	if _, err := fmt.Fprintln(out, "\nBorrowed addresses (used by a node other than the block's):"); err != nil {
 		return err
 	}
@@ -91,17 +93,9 @@ func (c *Client) showBorrowed(ctx context.Context, out io.Writer) error {
 		_, err := fmt.Fprintln(out, "none")
 		return err
 	}
-	all, err := c.allocations(ctx)
-	if err != nil {
-		return err
-	}
 	t := newTable("IP", "BORROWING NODE", "BLOCK", "BLOCK OWNER", "WORKLOAD", "HANDLE")
 	for _, b := range borrowed {
-		pod, handle := "", ""
-		if a, ok := findAllocation(all, b.Addr); ok {
-			pod, handle = a.pod(), a.Handle
-		}
-		t.add(b.Addr.String(), b.Node, b.Block.String(), orNone(b.BlockNode), orNone(pod), orNone(handle))
+		t.add(b.Addr.String(), b.Node, b.Block.String(), orNone(b.BlockNode), orNone(podOf(b)), orNone(b.Handle))
 	}
 	return t.writeBoxed(out)
 }
@@ -111,7 +105,7 @@ type ipOwner struct {
 	addr      netip.Addr
 	pool      *ipam.PoolUsage
 	block     *ipam.BlockUsage
-	alloc     *allocation
+	alloc     *ipam.Allocation
 	endpoints []*api.WorkloadEndpoint
 }
 
@@ -132,11 +126,11 @@ func (c *Client) lookupIP(ctx context.Context, addr netip.Addr) (ipOwner, error)
 			}
 		}
 	}
-	all, err := c.allocations(ctx)
+	a, ok, err := c.IPAM.Lookup(ctx, addr)
 	if err != nil {
 		return o, err
 	}
-	if a, ok := findAllocation(all, addr); ok {
+	if ok {
 		o.alloc = &a
 	}
 	byAddr, _, err := c.endpointsByAddr(ctx)
@@ -172,13 +166,13 @@ func (c *Client) showIP(ctx context.Context, out io.Writer, addr netip.Addr) err
 	if a := o.alloc; a != nil {
 		line("handle", "%s", a.Handle)
 		line("node", "%s", orNone(a.Node))
-		if a.Borrowed() {
+		if a.IsBorrowed() {
 			line("borrowed", "yes: %s uses it from a block affine to %s", a.Node, orNone(a.BlockNode))
 		} else {
 			line("borrowed", "no")
 		}
 		if a.Pod != "" {
-			line("pod", "%s", a.pod())
+			line("pod", "%s", podOf(*a))
 		}
 		if a.ContainerID != "" {
 			line("container", "%s", a.ContainerID)

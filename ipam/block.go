@@ -258,6 +258,18 @@ func (b *block) allocated(fn func(addr netip.Addr, attr attrRecord)) {
 	}
 }
 
+// allocation describes addr, allocated to attr in this block.
+func (b *block) allocation(addr netip.Addr, attr attrRecord) Allocation {
+	return Allocation{Addr: addr, Block: b.cidr, BlockNode: b.node, Handle: attr.Handle, Node: attr.Node,
+		Namespace: attr.Namespace, Pod: attr.Pod, ContainerID: attr.ContainerID, Time: attr.Time}
+}
+
+// appendAllocations appends the block's allocations in ordinal order.
+func (b *block) appendAllocations(out []Allocation) []Allocation {
+	b.allocated(func(addr netip.Addr, attr attrRecord) { out = append(out, b.allocation(addr, attr)) })
+	return out
+}
+
 // addrsOf returns the addresses the handle holds in this block.
 func (b *block) addrsOf(handle string) []netip.Addr {
 	var out []netip.Addr

@@ -64,6 +64,9 @@ func TestOrdinalMath(t *testing.T) {
 			}
 		}
 	}
+	if got := addrAt(netip.MustParsePrefix("10.244.255.240/28"), 15); got != netip.MustParseAddr("10.244.255.255") {
+		t.Errorf("addrAt across octets = %s", got)
+	}
 	pool := netip.MustParsePrefix("10.244.0.0/16")
 	if n := numBlocks(pool, 26); n != 1024 {
 		t.Errorf("numBlocks(/16, 26) = %d", n)

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
@@ -40,11 +41,7 @@ type BlockInfo struct {
 
 // Blocks returns every block, sorted by CIDR.
 func (a *Allocator) Blocks(ctx context.Context) ([]BlockInfo, error) {
-	pools, err := a.listPools(ctx)
-	if err != nil {
-		return nil, err
-	}
-	blocks, _, err := a.listBlocks(ctx)
+	pools, blocks, err := a.poolsAndBlocks(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +83,7 @@ type BorrowedAddr struct {
 
 // Borrowed returns every borrowed address, sorted by address.
 func (a *Allocator) Borrowed(ctx context.Context) ([]BorrowedAddr, error) {
-	pools, err := a.listPools(ctx)
-	if err != nil {
-		return nil, err
-	}
-	blocks, _, err := a.listBlocks(ctx)
+	pools, blocks, err := a.poolsAndBlocks(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +100,74 @@ func (a *Allocator) Borrowed(ctx context.Context) ([]BorrowedAddr, error) {
 	}
 	slices.SortFunc(out, func(x, y BorrowedAddr) int { return x.Addr.Compare(y.Addr) })
 	return out, nil
+}
+
+// poolsAndBlocks reads the pools and the blocks that decode.
+func (a *Allocator) poolsAndBlocks(ctx context.Context) ([]poolInfo, []*block, error) {
+	pools, err := a.listPools(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	blocks, _, err := a.listBlocks(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pools, blocks, nil
+}
+
+// Allocation is one allocated address and what its block records about it.
+type Allocation struct {
+	Addr  netip.Addr
+	Block netip.Prefix
+	// BlockNode is the block's affine node, "" for none.
+	BlockNode string
+	Handle    string
+	// Node is the node using the address.
+	Node        string
+	Namespace   string
+	Pod         string
+	ContainerID string
+	// Time is when the address was allocated.
+	Time time.Time
+}
+
+// IsBorrowed reports an address used by a node other than its block's.
+func (al Allocation) IsBorrowed() bool { return al.Node != al.BlockNode }
+
+// Allocations returns every allocated address, sorted by address. Blocks
+// that do not decode are skipped: Check reports them.
+func (a *Allocator) Allocations(ctx context.Context) ([]Allocation, error) {
+	blocks, _, err := a.listBlocks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Allocation
+	for _, b := range blocks {
+		out = b.appendAllocations(out)
+	}
+	slices.SortFunc(out, func(x, y Allocation) int { return x.Addr.Compare(y.Addr) })
+	return out, nil
+}
+
+// Lookup returns the allocation of addr; false when no block holds it
+// allocated.
+func (a *Allocator) Lookup(ctx context.Context, addr netip.Addr) (Allocation, bool, error) {
+	blocks, _, err := a.listBlocks(ctx)
+	if err != nil {
+		return Allocation{}, false, err
+	}
+	for _, b := range blocks {
+		ord, ok := ordinal(b.cidr, addr)
+		if !ok {
+			continue
+		}
+		attr, held := b.attrAt(ord)
+		if !held {
+			return Allocation{}, false, nil
+		}
+		return b.allocation(addr, attr), true, nil
+	}
+	return Allocation{}, false, nil
 }
 
 // Check cross-checks blocks, affinities, handles and workload endpoints and

@@ -2,14 +2,10 @@ package e2e
 
 import (
 	"context"
-	"io"
-	"net"
 	"net/http"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/tabbynet/tabby/e2e/lab"
 )
@@ -17,23 +13,11 @@ import (
 // agentGet fetches path from a node's agent over its status socket.
 func agentGet(t *testing.T, l *lab.Lab, node, path string) (int, string) {
 	t.Helper()
-	sock := filepath.Join(l.Dir(), node, "status.sock")
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		},
-	}}
-	resp, err := c.Get("http://agent" + path)
-	if err != nil {
-		t.Fatalf("GET %s on %s: %v", path, node, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	code, body, err := l.AgentGet(context.Background(), node, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resp.StatusCode, string(b)
+	return code, string(body)
 }
 
 var addCount = regexp.MustCompile(`(?m)^tabby_cni_operation_duration_seconds_count\{op="add"\} (\d+)$`)

@@ -154,9 +154,9 @@ type NodeStatus struct {
 	Ready bool `json:"ready"`
 }
 
-// NodeStatus asks the node's agent for its status over the status socket
-// (HTTP on a unix socket).
-func (l *Lab) NodeStatus(ctx context.Context, node string) (*NodeStatus, error) {
+// AgentGet fetches path from the node's agent over its status socket
+// (HTTP on a unix socket) and returns the HTTP status and the body.
+func (l *Lab) AgentGet(ctx context.Context, node, path string) (int, []byte, error) {
 	sock := l.statusSocket(node)
 	c := &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -167,21 +167,30 @@ func (l *Lab) NodeStatus(ctx context.Context, node string) (*NodeStatus, error) 
 	defer c.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("status of %s: %w", node, err)
+		return 0, nil, fmt.Errorf("GET %s on %s: %w", path, node, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return nil, fmt.Errorf("status of %s: %w", node, err)
+		return 0, nil, fmt.Errorf("GET %s on %s: %w", path, node, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("status of %s: %s: %s", node, resp.Status, body)
+	return resp.StatusCode, body, nil
+}
+
+// NodeStatus asks the node's agent for its status (GET /status).
+func (l *Lab) NodeStatus(ctx context.Context, node string) (*NodeStatus, error) {
+	code, body, err := l.AgentGet(ctx, node, "/status")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("status of %s: %s: %s", node, http.StatusText(code), body)
 	}
 	var s NodeStatus
 	if err := json.Unmarshal(body, &s); err != nil {

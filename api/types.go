@@ -1,6 +1,10 @@
 package api
 
-import "net/netip"
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+)
 
 // LabelSelector is the Kubernetes label selector form. A nil *LabelSelector
 // means "not specified"; an empty one selects everything.
@@ -320,6 +324,24 @@ func (n *Node) IPv4() (netip.Prefix, bool) {
 		return netip.Prefix{}, false
 	}
 	return p, true
+}
+
+// Addrs returns the endpoint's addresses: each spec.ipNetworks entry is a
+// CIDR or, from a lenient writer, a bare address. Entries that parse as
+// neither are left out and reported, joined, in the error.
+func (w *WorkloadEndpoint) Addrs() ([]netip.Addr, error) {
+	var out []netip.Addr
+	var errs []error
+	for i, n := range w.Spec.IPNetworks {
+		if p, err := netip.ParsePrefix(n); err == nil {
+			out = append(out, p.Addr())
+		} else if a, err2 := netip.ParseAddr(n); err2 == nil {
+			out = append(out, a)
+		} else {
+			errs = append(errs, fmt.Errorf("spec.ipNetworks[%d]: %w", i, err))
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // Prefix returns the pool's CIDR, masked.

@@ -122,7 +122,7 @@ func (cl *cluster) poolOf(a netip.Addr) (ipam.PoolUsage, bool) {
 // findEndpoints resolves the target to workload endpoints.
 func (c *Client) findEndpoints(ctx context.Context, o ExplainOptions) ([]*api.WorkloadEndpoint, error) {
 	if addr, err := netip.ParseAddr(o.Target); err == nil {
-		byAddr, _, err := c.endpointsByAddr(ctx)
+		byAddr, err := c.endpointsByAddr(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -235,7 +235,8 @@ func explainEndpoint(cl *cluster, w *api.WorkloadEndpoint, nps []api.Object) *ex
 	if _, ok := cl.nodes[e.node]; !ok {
 		e.notes = append(e.notes, fmt.Sprintf("node %s has no Node resource", e.node))
 	}
-	for _, a := range endpointAddrs(w) {
+	addrs, _ := w.Addrs() // entries that do not parse: ipam check reports them
+	for _, a := range addrs {
 		p := addrPath{addr: a}
 		if al, ok := findAllocation(cl.allocs, a); ok {
 			p.alloc = &al

@@ -133,7 +133,7 @@ func (c *Client) lookupIP(ctx context.Context, addr netip.Addr) (ipOwner, error)
 	if ok {
 		o.alloc = &a
 	}
-	byAddr, _, err := c.endpointsByAddr(ctx)
+	byAddr, err := c.endpointsByAddr(ctx)
 	if err != nil {
 		return o, err
 	}

@@ -29,35 +29,20 @@ func findAllocation(all []ipam.Allocation, addr netip.Addr) (ipam.Allocation, bo
 }
 
 // endpointsByAddr lists every workload endpoint and indexes them by address.
-func (c *Client) endpointsByAddr(ctx context.Context) (map[netip.Addr][]*api.WorkloadEndpoint, []*api.WorkloadEndpoint, error) {
+func (c *Client) endpointsByAddr(ctx context.Context) (map[netip.Addr][]*api.WorkloadEndpoint, error) {
 	objs, _, err := c.Store.List(ctx, api.KindWorkloadEndpoint, "")
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing workload endpoints: %w", err)
+		return nil, fmt.Errorf("listing workload endpoints: %w", err)
 	}
 	byAddr := map[netip.Addr][]*api.WorkloadEndpoint{}
-	var all []*api.WorkloadEndpoint
 	for _, o := range objs {
 		w := o.(*api.WorkloadEndpoint)
-		all = append(all, w)
-		for _, a := range endpointAddrs(w) {
+		addrs, _ := w.Addrs() // entries that do not parse: ipam check reports them
+		for _, a := range addrs {
 			byAddr[a] = append(byAddr[a], w)
 		}
 	}
-	return byAddr, all, nil
-}
-
-// endpointAddrs returns the endpoint's addresses; entries that do not parse
-// are skipped.
-func endpointAddrs(w *api.WorkloadEndpoint) []netip.Addr {
-	var out []netip.Addr
-	for _, n := range w.Spec.IPNetworks {
-		if p, err := netip.ParsePrefix(n); err == nil {
-			out = append(out, p.Addr())
-		} else if a, err := netip.ParseAddr(n); err == nil {
-			out = append(out, a)
-		}
-	}
-	return out
+	return byAddr, nil
 }
 
 func wepName(w *api.WorkloadEndpoint) string { return w.Metadata.Namespace + "/" + w.Metadata.Name }

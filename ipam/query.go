@@ -2,7 +2,6 @@ package ipam
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -258,21 +257,8 @@ func (a *Allocator) listEndpoints(ctx context.Context, bad map[string]error) ([]
 			continue
 		}
 		ep := endpointInfo{key: we.Metadata.Namespace + "/" + we.Metadata.Name, node: we.Spec.Node, handle: we.Spec.IPAMHandle}
-		var errs []error
-		for _, n := range we.Spec.IPNetworks {
-			p, err := netip.ParsePrefix(n)
-			if err != nil {
-				addr, err2 := netip.ParseAddr(n)
-				if err2 != nil {
-					errs = append(errs, fmt.Errorf("ipNetworks: %w", err))
-					continue
-				}
-				p = netip.PrefixFrom(addr, addr.BitLen())
-			}
-			ep.addrs = append(ep.addrs, p.Addr())
-		}
-		if len(errs) > 0 {
-			bad[kv.Key] = errors.Join(errs...)
+		if ep.addrs, err = we.Addrs(); err != nil {
+			bad[kv.Key] = err
 		}
 		out = append(out, ep)
 	}

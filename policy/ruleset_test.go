@@ -3,11 +3,9 @@ package policy
 import (
 	"fmt"
 	"slices"
-	"strings"
 )
 
-// Test helpers over a compiled Ruleset: lookups, a text rendering and the
-// per-endpoint rule count the benchmark reports.
+// Test helpers over a compiled Ruleset: lookups and a text rendering.
 
 // Chain returns the named chain of the table, if the ruleset has it.
 func (r *Ruleset) Chain(table, name string) (Chain, bool) {
@@ -60,32 +58,4 @@ func (r *Ruleset) Lines() []string {
 		}
 	}
 	return out
-}
-
-// RulesPerEndpoint counts the rules in the chains that exist because of
-// local endpoints (their dispatch entries, anti-spoofing and endpoint
-// chains), divided by the number of local endpoints; 0 without any.
-func (r *Ruleset) RulesPerEndpoint() float64 {
-	n, rules := 0, 0
-	for _, c := range r.Chains {
-		switch {
-		case strings.HasPrefix(c.Name, "tabby-tw-"):
-			n++
-			rules += len(c.Rules)
-		case strings.HasPrefix(c.Name, "tabby-fw-"), strings.HasPrefix(c.Name, "tabby-sp-"):
-			rules += len(c.Rules)
-		case strings.HasPrefix(c.Name, ChainFromWL), strings.HasPrefix(c.Name, ChainToWL):
-			for _, rule := range c.Rules {
-				if slices.Contains(rule, "-g") && slices.ContainsFunc(rule, func(a string) bool {
-					return strings.HasPrefix(a, "tabby-tw-") || strings.HasPrefix(a, "tabby-fw-")
-				}) {
-					rules++
-				}
-			}
-		}
-	}
-	if n == 0 {
-		return 0
-	}
-	return float64(rules) / float64(n)
 }

@@ -14,17 +14,26 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// tabbyctl runs the built tabbyctl against the lab's etcd.
+// tabbyctl runs tabbyctl against the lab's etcd: the one in $TABBY_BIN, or
+// else one built for the lab (the lab builds only what it runs itself).
 func tabbyctl(t *testing.T, l *lab.Lab, args ...string) (string, error) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	bin := filepath.Join(os.Getenv("TABBY_BIN"), "tabbyctl")
 	if os.Getenv("TABBY_BIN") == "" {
 		bin = filepath.Join(l.Dir(), "bin", "tabbyctl")
+		if _, err := os.Stat(bin); err != nil {
+			out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/tabbynet/tabby/cmd/tabbyctl").CombinedOutput()
+			if err != nil {
+				t.Fatalf("building tabbyctl: %v\n%s", err, out)
+			}
+		}
 	}
 	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("tabbyctl binary not found at %s (set TABBY_BIN)", bin)
+		t.Fatalf("tabbyctl binary: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	argv := append([]string{"--etcd-endpoints", "unix://" + filepath.Join(l.Dir(), "etcd.sock")}, args...)
 	out, err := exec.CommandContext(ctx, bin, argv...).CombinedOutput()

@@ -149,24 +149,21 @@ func (a *Allocator) Allocations(ctx context.Context) ([]Allocation, error) {
 }
 
 // Lookup returns the allocation of addr; false when no block holds it
-// allocated.
+// allocated (an IPv6 address never is).
 func (a *Allocator) Lookup(ctx context.Context, addr netip.Addr) (Allocation, bool, error) {
-	blocks, _, err := a.listBlocks(ctx)
-	if err != nil {
+	if !addr.Is4() {
+		return Allocation{}, false, nil
+	}
+	b, err := a.findBlock(ctx, addr)
+	if err != nil || b == nil {
 		return Allocation{}, false, err
 	}
-	for _, b := range blocks {
-		ord, ok := ordinal(b.cidr, addr)
-		if !ok {
-			continue
-		}
-		attr, held := b.attrAt(ord)
-		if !held {
-			return Allocation{}, false, nil
-		}
-		return b.allocation(addr, attr), true, nil
+	ord, _ := ordinal(b.cidr, addr)
+	attr, held := b.attrAt(ord)
+	if !held {
+		return Allocation{}, false, nil
 	}
-	return Allocation{}, false, nil
+	return b.allocation(addr, attr), true, nil
 }
 
 // Check cross-checks blocks, affinities, handles and workload endpoints and

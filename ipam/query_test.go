@@ -71,7 +71,7 @@ func TestAllocationsAndLookup(t *testing.T) {
 	if err := a.ReleaseAddr(ctx, own.Addr); err != nil {
 		t.Fatal(err)
 	}
-	for _, addr := range []netip.Addr{own.Addr, netip.MustParseAddr("10.244.9.9")} {
+	for _, addr := range []netip.Addr{own.Addr, netip.MustParseAddr("10.244.9.9"), netip.MustParseAddr("fd00::1")} {
 		if got, ok, err := a.Lookup(ctx, addr); err != nil || ok {
 			t.Errorf("Lookup(%s) = %+v, %v, %v; want not allocated", addr, got, ok, err)
 		}

@@ -285,13 +285,6 @@ func DesiredAdvertisements(affine []Block, borrowed []Block) []netip.Prefix {
 			out = append(out, b.CIDR.Masked())
 		}
 	}
-	slices.SortFunc(out, comparePrefix)
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return slices.Compact(out)
-}
-
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Bits(), b.Bits())
 }

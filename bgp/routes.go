@@ -62,7 +62,7 @@ func selectRoutes(rib map[netip.Prefix][]candidate, self []netip.Addr) []Learned
 		slices.SortFunc(hops, netip.Addr.Compare)
 		out = append(out, LearnedRoute{Prefix: prefix, NextHops: hops})
 	}
-	slices.SortFunc(out, func(a, b LearnedRoute) int { return comparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(out, func(a, b LearnedRoute) int { return a.Prefix.Compare(b.Prefix) })
 	return out
 }
 

@@ -192,7 +192,7 @@ func netsExcept(nets, except []netip.Prefix) []netip.Prefix {
 		}
 		cur = next
 	}
-	slices.SortFunc(cur, comparePrefix)
+	slices.SortFunc(cur, netip.Prefix.Compare)
 	// Drop prefixes covered by an earlier (shorter or equal) one.
 	var out []netip.Prefix
 	for _, p := range cur {
@@ -228,11 +228,4 @@ func sibling(p netip.Prefix) netip.Prefix {
 	bit := p.Bits() - 1
 	a[bit/8] ^= 0x80 >> (bit % 8)
 	return netip.PrefixFrom(netip.AddrFrom4(a), p.Bits())
-}
-
-func comparePrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }

@@ -238,6 +238,11 @@ func (s *Store) Create(ctx context.Context, obj api.Object) (api.Object, error) 
 	if err != nil {
 		return nil, err
 	}
+	return s.create(ctx, c, key)
+}
+
+// create stores c, already prepared, at key.
+func (s *Store) create(ctx context.Context, c api.Object, key string) (api.Object, error) {
 	m := c.GetMeta()
 	uid, err := newUID()
 	if err != nil {
@@ -284,39 +289,41 @@ func (s *Store) Update(ctx context.Context, obj api.Object) (api.Object, error) 
 	if cur.ModRevision != rev {
 		return nil, resourceErr(kind, m.Namespace, m.Name, ErrConflict)
 	}
-	_, _, err = s.write(ctx, c, key, cur)
-	return c, err
+	if err := s.write(ctx, c, key, cur); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // write stores c over cur with compare-and-swap, keeping cur's uid and
-// creationTimestamp, and sets c's resourceVersion. unchanged reports that the
-// stored object already equalled c, and nothing was written.
-func (s *Store) write(ctx context.Context, c api.Object, key string, cur KV) (rev int64, unchanged bool, err error) {
+// creationTimestamp, and sets c's resourceVersion. When the stored object
+// already equals c, nothing is written.
+func (s *Store) write(ctx context.Context, c api.Object, key string, cur KV) error {
 	m := c.GetMeta()
 	kind := c.GetTypeMeta().Kind
 	stored, err := DecodeResource(cur)
 	if err != nil {
-		return 0, false, err
+		return err
 	}
 	m.UID = stored.GetMeta().UID
 	m.CreationTimestamp = stored.GetMeta().CreationTimestamp
 	data, err := encodeResource(c)
 	if err != nil {
-		return 0, false, fmt.Errorf("encoding %s: %w", key, err)
+		return fmt.Errorf("encoding %s: %w", key, err)
 	}
 	if old, err := encodeResource(stored); err == nil && bytes.Equal(old, data) {
 		m.ResourceVersion = strconv.FormatInt(cur.ModRevision, 10)
-		return cur.ModRevision, true, nil
+		return nil
 	}
-	rev, err = s.UpdateKV(ctx, key, data, cur.ModRevision)
+	rev, err := s.UpdateKV(ctx, key, data, cur.ModRevision)
 	if err != nil {
 		if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
-			return 0, false, resourceErr(kind, m.Namespace, m.Name, err)
+			return resourceErr(kind, m.Namespace, m.Name, err)
 		}
-		return 0, false, err
+		return err
 	}
 	m.ResourceVersion = strconv.FormatInt(rev, 10)
-	return rev, false, nil
+	return nil
 }
 
 // Apply creates the resource or replaces whatever is stored (its
@@ -334,7 +341,7 @@ func (s *Store) Apply(ctx context.Context, obj api.Object) (api.Object, error) {
 		cur, err := s.GetKV(ctx, key)
 		switch {
 		case errors.Is(err, ErrNotFound):
-			created, err := s.Create(ctx, c)
+			created, err := s.create(ctx, c, key)
 			if errors.Is(err, ErrExists) {
 				lastErr = err
 				continue
@@ -343,7 +350,7 @@ func (s *Store) Apply(ctx context.Context, obj api.Object) (api.Object, error) {
 		case err != nil:
 			return nil, err
 		}
-		if _, _, err := s.write(ctx, c, key, cur); err != nil {
+		if err := s.write(ctx, c, key, cur); err != nil {
 			if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
 				lastErr = err
 				continue

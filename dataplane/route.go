@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -155,10 +154,7 @@ func (r Route) String() string {
 
 // CompareRoutes orders routes by destination, then by their text.
 func CompareRoutes(a, b Route) int {
-	if c := a.Dst.Addr().Compare(b.Dst.Addr()); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.Dst.Bits(), b.Dst.Bits()); c != 0 {
+	if c := a.Dst.Compare(b.Dst); c != 0 {
 		return c
 	}
 	return strings.Compare(a.String(), b.String())

@@ -15,12 +15,7 @@ func cloneSpec(s dataplane.WorkloadSpec) dataplane.WorkloadSpec {
 
 func sortedPrefixes(ps []netip.Prefix) []netip.Prefix {
 	out := slices.Clone(ps)
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
+	slices.SortFunc(out, netip.Prefix.Compare)
 	return out
 }
 

@@ -179,7 +179,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			err = cerr
 		}
 	}()
-	a.ipam = ipam.New(a.store)
+	a.ipam = ipam.New(a.store, ipam.WithLogger(a.log.With("component", "ipam")))
 
 	addr, err := a.nodeAddress()
 	if err != nil {
@@ -293,17 +293,7 @@ func (a *Agent) speakerConfig(ctx context.Context, node *api.Node, restarting bo
 	if err != nil {
 		return bgp.Config{}, err
 	}
-	asn := api.DefaultASNumber
-	if bc.Spec.ASNumber != nil {
-		asn = *bc.Spec.ASNumber
-	}
-	clusterID := ""
-	if node.Spec.BGP != nil {
-		if node.Spec.BGP.ASNumber != nil {
-			asn = *node.Spec.BGP.ASNumber
-		}
-		clusterID = node.Spec.BGP.RouteReflectorClusterID
-	}
+	asn, clusterID := node.EffectiveASN(bc), node.RouteReflectorClusterID()
 	port := int32(api.DefaultListenPort)
 	if bc.Spec.ListenPort != nil {
 		port = int32(*bc.Spec.ListenPort)
@@ -314,6 +304,7 @@ func (a *Agent) speakerConfig(ctx context.Context, node *api.Node, restarting bo
 	}
 	return bgp.Config{
 		RouterID:        a.nodeAddr.Addr(),
+		Subnet:          a.nodeAddr.Masked(),
 		ASN:             asn,
 		ListenAddr:      a.nodeAddr.Addr(),
 		ListenPort:      port,

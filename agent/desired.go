@@ -23,12 +23,11 @@ func desiredLocalRoutes(node string, weps []*api.WorkloadEndpoint, blocks []ipam
 		if w.Spec.Node != node || w.Spec.InterfaceName == "" {
 			continue
 		}
-		for _, n := range w.Spec.IPNetworks {
-			p, err := netip.ParsePrefix(n)
-			if err != nil || !p.Addr().Is4() {
-				continue
+		addrs, _ := w.Addrs() // entries that do not parse are skipped
+		for _, a := range addrs {
+			if a.Is4() {
+				out = append(out, dataplane.Route{Dst: netip.PrefixFrom(a, 32), Type: dataplane.RouteUnicast, Dev: w.Spec.InterfaceName, Proto: dataplane.RouteProtoWorkload})
 			}
-			out = append(out, dataplane.Route{Dst: p.Masked(), Type: dataplane.RouteUnicast, Dev: w.Spec.InterfaceName, Proto: dataplane.RouteProtoWorkload})
 		}
 	}
 	return sortRoutes(out)

@@ -509,14 +509,7 @@ func (a *Agent) ensureSpeakerIdentity(ctx context.Context, nodes []*api.Node, bc
 	if self == nil {
 		return nil
 	}
-	asn := bc.EffectiveASN()
-	clusterID := ""
-	if self.Spec.BGP != nil {
-		if self.Spec.BGP.ASNumber != nil {
-			asn = *self.Spec.BGP.ASNumber
-		}
-		clusterID = self.Spec.BGP.RouteReflectorClusterID
-	}
+	asn, clusterID := self.EffectiveASN(bc), self.RouteReflectorClusterID()
 	a.mu.Lock()
 	cfg := a.speakerCfg
 	a.mu.Unlock()

@@ -3,7 +3,6 @@ package bgp
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
@@ -24,56 +23,6 @@ const (
 	sharedSubnetSet  = "tabby-shared-subnet"
 	thirdPartyPolicy = "tabby-third-party-next-hop"
 )
-
-// sharedSubnet is the subnet of addr among the interface prefixes ifs: the
-// prefix of the interface address equal to addr, else the longest prefix
-// that contains addr (127.0.0.1/8 holds all of 127/8), else false.
-func sharedSubnet(addr netip.Addr, ifs []netip.Prefix) (netip.Prefix, bool) {
-	var best netip.Prefix
-	for _, p := range ifs {
-		if !p.Addr().Is4() || !p.Contains(addr) {
-			continue
-		}
-		if p.Addr() == addr {
-			return p.Masked(), true
-		}
-		if !best.IsValid() || p.Bits() > best.Bits() {
-			best = p
-		}
-	}
-	if !best.IsValid() {
-		return netip.Prefix{}, false
-	}
-	return best.Masked(), true
-}
-
-// interfacePrefixes lists the addresses of this network namespace's
-// interfaces with their prefix lengths.
-func interfacePrefixes() ([]netip.Prefix, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("listing interface addresses: %w", err)
-	}
-	var out []netip.Prefix
-	for _, a := range addrs {
-		n, ok := a.(*net.IPNet)
-		if !ok {
-			continue
-		}
-		ip, ok := netip.AddrFromSlice(n.IP)
-		if !ok {
-			continue
-		}
-		ones, size := n.Mask.Size()
-		if ip.Is4In6() && size == 128 {
-			ones -= 96
-		}
-		if p := netip.PrefixFrom(ip.Unmap(), ones); p.IsValid() {
-			out = append(out, p)
-		}
-	}
-	return out, nil
-}
 
 // thirdPartyNextHopPolicy builds the global export policy: a route sent to a
 // peer inside subnet whose original next hop is inside subnet keeps that
@@ -108,34 +57,29 @@ func thirdPartyNextHopPolicy(subnet netip.Prefix) (*gobgpapi.DefinedSet, *gobgpa
 	return set, pol
 }
 
-// installThirdPartyNextHop looks up the subnet of the router ID on this
-// network namespace's interfaces and, when there is one, installs the
-// export policy on srv. It returns the subnet (invalid when none was found:
-// then every eBGP peer gets next-hop-self, GoBGP's default).
-func installThirdPartyNextHop(ctx context.Context, srv *server.BgpServer, routerID netip.Addr) (netip.Prefix, error) {
-	ifs, err := interfacePrefixes()
-	if err != nil {
-		return netip.Prefix{}, err
+// installThirdPartyNextHop installs the export policy on srv for subnet,
+// the node's own subnet (Config.Subnet). Without one, every eBGP peer gets
+// next-hop-self, GoBGP's default.
+func installThirdPartyNextHop(ctx context.Context, srv *server.BgpServer, subnet netip.Prefix) error {
+	if !subnet.IsValid() {
+		return nil
 	}
-	subnet, ok := sharedSubnet(routerID, ifs)
-	if !ok {
-		return netip.Prefix{}, nil
-	}
+	subnet = subnet.Masked()
 	set, pol := thirdPartyNextHopPolicy(subnet)
 	if err := srv.AddDefinedSet(ctx, &gobgpapi.AddDefinedSetRequest{DefinedSet: set}); err != nil {
-		return netip.Prefix{}, fmt.Errorf("adding neighbor set %s: %w", subnet, err)
+		return fmt.Errorf("adding neighbor set %s: %w", subnet, err)
 	}
 	if err := srv.AddPolicy(ctx, &gobgpapi.AddPolicyRequest{Policy: pol}); err != nil {
-		return netip.Prefix{}, fmt.Errorf("adding next-hop policy: %w", err)
+		return fmt.Errorf("adding next-hop policy: %w", err)
 	}
-	err = srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: &gobgpapi.PolicyAssignment{
+	err := srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: &gobgpapi.PolicyAssignment{
 		Name:          "global",
 		Direction:     gobgpapi.PolicyDirection_POLICY_DIRECTION_EXPORT,
 		Policies:      []*gobgpapi.Policy{{Name: thirdPartyPolicy}},
 		DefaultAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT,
 	}})
 	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("assigning next-hop policy: %w", err)
+		return fmt.Errorf("assigning next-hop policy: %w", err)
 	}
-	return subnet, nil
+	return nil
 }

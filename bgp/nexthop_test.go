@@ -17,27 +17,6 @@ import (
 	"github.com/tabbynet/tabby/api"
 )
 
-func TestSharedSubnet(t *testing.T) {
-	p := netip.MustParsePrefix
-	ifs := []netip.Prefix{p("127.0.0.1/8"), p("198.18.0.11/24"), p("10.0.0.5/32"), p("10.0.0.0/8"), p("fd00::1/64")}
-	for _, tc := range []struct {
-		addr   string
-		want   netip.Prefix
-		wantOK bool
-	}{
-		{"198.18.0.11", p("198.18.0.0/24"), true},
-		{"127.77.11.1", p("127.0.0.0/8"), true}, // inside lo's 127/8
-		{"10.0.0.5", p("10.0.0.5/32"), true},    // the exact address wins over a wider prefix
-		{"10.1.2.3", p("10.0.0.0/8"), true},
-		{"198.51.100.1", netip.Prefix{}, false},
-	} {
-		got, ok := sharedSubnet(netip.MustParseAddr(tc.addr), ifs)
-		if ok != tc.wantOK || got != tc.want {
-			t.Errorf("sharedSubnet(%s) = %v, %v; want %v, %v", tc.addr, got, ok, tc.want, tc.wantOK)
-		}
-	}
-}
-
 // TestThirdPartyNextHop: two nodes (iBGP mesh) both peer with an eBGP
 // router on their subnet. The router hears each node's block from both
 // nodes, and every path keeps the owning node as next hop: a node passing
@@ -54,7 +33,8 @@ func TestThirdPartyNextHop(t *testing.T) {
 	for i, a := range addrs[:2] {
 		name := fmt.Sprintf("node%02d", i)
 		apiNodes = append(apiNodes, node(name, a.String()+"/32"))
-		nodes = append(nodes, startNode(t, name, Config{RouterID: a, ASN: api.DefaultASNumber, ListenAddr: a, ListenPort: int32(port), GracefulRestart: true}))
+		nodes = append(nodes, startNode(t, name, Config{RouterID: a, ASN: api.DefaultASNumber, ListenAddr: a, ListenPort: int32(port), GracefulRestart: true,
+			Subnet: netip.MustParsePrefix("127.77.11.0/24")}))
 	}
 	tor := startNode(t, "tor", Config{RouterID: addrs[2], ASN: torASN, ListenAddr: addrs[2], ListenPort: int32(port), GracefulRestart: true})
 

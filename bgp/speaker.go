@@ -183,18 +183,16 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 		srv.Stop()
 		return fmt.Errorf("starting BGP: %w", err)
 	}
-	subnet, err := installThirdPartyNextHop(ctx, srv, cfg.RouterID)
-	if err != nil {
+	if err := installThirdPartyNextHop(ctx, srv, cfg.Subnet); err != nil {
 		srv.Stop()
 		return fmt.Errorf("configuring third-party next hops: %w", err)
 	}
-	s.log.Debug("eBGP peers on the shared subnet get third-party next hops", "subnet", subnet)
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	// GoBGP sends a best-path event after every change to the global RIB
 	// (also when only a non-best path changed), after the change; its
 	// update events come before the RIB changes, so they are not watched.
-	err = srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
+	err := srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
 		OnBestPath:   func([]*apiutil.Path, time.Time) { s.markDirty() },
 		OnPathEor:    s.onEOR,
 		OnPeerUpdate: s.onPeerEvent,

@@ -57,6 +57,11 @@ type Peer struct {
 type Config struct {
 	RouterID netip.Addr
 	ASN      uint32
+	// Subnet is the node's own subnet (the router ID's interface prefix).
+	// A route sent to an eBGP peer inside it keeps its original next hop
+	// when that lies inside it too (RFC 4271 third-party next hop), as
+	// BIRD does; zero means next-hop-self for every eBGP peer.
+	Subnet netip.Prefix
 	// ListenAddr is the address BGP listens on; zero means all IPv4
 	// addresses (0.0.0.0).
 	ListenAddr netip.Addr

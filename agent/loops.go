@@ -242,13 +242,9 @@ func (a *Agent) bgpPass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	blocks, err := a.ipam.Blocks(ctx)
+	blocks, borrowed, err := a.ipam.BGPState(ctx)
 	if err != nil {
 		return fmt.Errorf("listing blocks: %w", err)
-	}
-	borrowed, err := a.ipam.Borrowed(ctx)
-	if err != nil {
-		return fmt.Errorf("listing borrowed addresses: %w", err)
 	}
 	nodes := make([]*api.Node, 0, len(nodeObjs))
 	names := map[string]bool{}

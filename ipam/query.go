@@ -44,6 +44,24 @@ func (a *Allocator) Blocks(ctx context.Context) ([]BlockInfo, error) {
 	if err != nil {
 		return nil, err
 	}
+	return a.blockInfos(ctx, pools, blocks)
+}
+
+// BGPState returns what Blocks and Borrowed return, from one read of the
+// pools and blocks: what a node's BGP pass needs.
+func (a *Allocator) BGPState(ctx context.Context) ([]BlockInfo, []BorrowedAddr, error) {
+	pools, blocks, err := a.poolsAndBlocks(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	infos, err := a.blockInfos(ctx, pools, blocks)
+	if err != nil {
+		return nil, nil, err
+	}
+	return infos, borrowedAddrs(pools, blocks), nil
+}
+
+func (a *Allocator) blockInfos(ctx context.Context, pools []poolInfo, blocks []*block) ([]BlockInfo, error) {
 	affs, err := a.listAffinities(ctx, affinitiesPrefix)
 	if err != nil {
 		return nil, err
@@ -86,6 +104,10 @@ func (a *Allocator) Borrowed(ctx context.Context) ([]BorrowedAddr, error) {
 	if err != nil {
 		return nil, err
 	}
+	return borrowedAddrs(pools, blocks), nil
+}
+
+func borrowedAddrs(pools []poolInfo, blocks []*block) []BorrowedAddr {
 	var out []BorrowedAddr
 	for _, b := range blocks {
 		p, hasPool := poolFor(pools, b.cidr)
@@ -98,7 +120,7 @@ func (a *Allocator) Borrowed(ctx context.Context) ([]BorrowedAddr, error) {
 		})
 	}
 	slices.SortFunc(out, func(x, y BorrowedAddr) int { return x.Addr.Compare(y.Addr) })
-	return out, nil
+	return out
 }
 
 // poolsAndBlocks reads the pools and the blocks that decode.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 )
 
 func TestAllocationsAndLookup(t *testing.T) {
@@ -75,5 +76,40 @@ func TestAllocationsAndLookup(t *testing.T) {
 		if got, ok, err := a.Lookup(ctx, addr); err != nil || ok {
 			t.Errorf("Lookup(%s) = %+v, %v, %v; want not allocated", addr, got, ok, err)
 		}
+	}
+}
+
+// BGPState is Blocks and Borrowed from one read.
+func TestBGPStateMatchesBlocksAndBorrowed(t *testing.T) {
+	a, _ := newTestAllocator(t)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "tiny", "10.244.7.0/30", 30)
+	if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1"}); err != nil {
+		t.Fatal(err)
+	}
+	asg, err := a.Assign(ctx, AssignRequest{Node: "n2", Handle: "h2"})
+	if err != nil || !asg.Borrowed {
+		t.Fatalf("want a borrowed address for n2: %+v %v", asg, err)
+	}
+	blocks, borrowed, err := a.BGPState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantBlocks, err := a.Blocks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantBorrowed, err := a.Borrowed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(wantBlocks, blocks, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+		t.Errorf("blocks (-Blocks +BGPState):\n%s", diff)
+	}
+	if diff := cmp.Diff(wantBorrowed, borrowed, cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); diff != "" {
+		t.Errorf("borrowed (-Borrowed +BGPState):\n%s", diff)
+	}
+	if len(borrowed) != 1 || borrowed[0].Node != "n2" {
+		t.Errorf("borrowed %+v, want n2's address", borrowed)
 	}
 }

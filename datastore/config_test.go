@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/embedded"
 )
 
 // pki is a CA with a server certificate for 127.0.0.1 and a client
@@ -102,11 +103,11 @@ func newPKI(t *testing.T) pki {
 	return p
 }
 
-func startEtcd(t *testing.T, cfg datastore.EmbeddedConfig) *datastore.Embedded {
+func startEtcd(t *testing.T, cfg embedded.Config) *embedded.Etcd {
 	t.Helper()
 	cfg.Dir = t.TempDir()
 	cfg.UnsafeNoFsync = true
-	e, err := datastore.StartEmbedded(context.Background(), cfg)
+	e, err := embedded.Start(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("StartEmbedded: %v", err)
 	}
@@ -135,7 +136,7 @@ func connect(t *testing.T, cfg datastore.Config) error {
 
 func TestTLS(t *testing.T) {
 	p := newPKI(t)
-	e := startEtcd(t, datastore.EmbeddedConfig{CertFile: p.serverCert, KeyFile: p.serverKey})
+	e := startEtcd(t, embedded.Config{CertFile: p.serverCert, KeyFile: p.serverKey})
 	ep := e.Endpoints()
 	if !strings.HasPrefix(ep[0], "https://127.0.0.1:") {
 		t.Fatalf("endpoint %s, want https on 127.0.0.1", ep[0])
@@ -155,7 +156,7 @@ func TestTLS(t *testing.T) {
 
 func TestMutualTLS(t *testing.T) {
 	p := newPKI(t)
-	e := startEtcd(t, datastore.EmbeddedConfig{CertFile: p.serverCert, KeyFile: p.serverKey, ClientCAFile: p.ca})
+	e := startEtcd(t, embedded.Config{CertFile: p.serverCert, KeyFile: p.serverKey, ClientCAFile: p.ca})
 	ep := e.Endpoints()
 	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca, CertFile: p.clientCert, KeyFile: p.clientKey}); err != nil {
 		t.Errorf("mTLS with a client certificate: %v", err)
@@ -172,7 +173,7 @@ func TestMutualTLS(t *testing.T) {
 }
 
 func TestUsernamePassword(t *testing.T) {
-	e := startEtcd(t, datastore.EmbeddedConfig{})
+	e := startEtcd(t, embedded.Config{})
 	ctx := context.Background()
 	admin, err := datastore.New(ctx, datastore.Config{Endpoints: e.Endpoints()})
 	if err != nil {
@@ -232,7 +233,7 @@ func TestUnreachableEndpointIsNamed(t *testing.T) {
 }
 
 func TestUnreachableAfterConnectIsNamed(t *testing.T) {
-	e := startEtcd(t, datastore.EmbeddedConfig{})
+	e := startEtcd(t, embedded.Config{})
 	s, err := datastore.New(context.Background(), datastore.Config{
 		Endpoints: e.Endpoints(), RequestTimeout: 300 * time.Millisecond,
 	})

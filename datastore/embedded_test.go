@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/embedded"
 )
 
 func TestEmbeddedGivenClientURL(t *testing.T) {
@@ -21,7 +22,7 @@ func TestEmbeddedGivenClientURL(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	e := startEtcd(t, datastore.EmbeddedConfig{ClientURL: url})
+	e := startEtcd(t, embedded.Config{ClientURL: url})
 	if got := e.Endpoints(); len(got) != 1 || got[0] != url {
 		t.Fatalf("Endpoints() = %v, want [%s]", got, url)
 	}
@@ -31,7 +32,7 @@ func TestEmbeddedGivenClientURL(t *testing.T) {
 }
 
 func TestEmbeddedBadConfig(t *testing.T) {
-	for _, cfg := range []datastore.EmbeddedConfig{
+	for _, cfg := range []embedded.Config{
 		{ClientURL: "127.0.0.1:2379"},
 		{ClientURL: "http://127.0.0.1"},
 		{ClientURL: "https://127.0.0.1:2379"}, // https without certificates
@@ -39,7 +40,7 @@ func TestEmbeddedBadConfig(t *testing.T) {
 		{ClientCAFile: "ca.pem"},
 	} {
 		cfg.Dir = t.TempDir()
-		e, err := datastore.StartEmbedded(context.Background(), cfg)
+		e, err := embedded.Start(context.Background(), cfg)
 		if err == nil {
 			e.Stop()
 			t.Errorf("StartEmbedded(%+v) succeeded", cfg)
@@ -48,7 +49,7 @@ func TestEmbeddedBadConfig(t *testing.T) {
 }
 
 func TestEmbeddedOwnDirRemovedByStop(t *testing.T) {
-	e, err := datastore.StartEmbedded(context.Background(), datastore.EmbeddedConfig{UnsafeNoFsync: true})
+	e, err := embedded.Start(context.Background(), embedded.Config{UnsafeNoFsync: true})
 	if err != nil {
 		t.Fatal(err)
 	}

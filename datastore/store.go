@@ -22,6 +22,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	grpcbackoff "google.golang.org/grpc/backoff"
+
+	"github.com/tabbynet/tabby/internal/zapslog"
 )
 
 // Sentinel errors; test with errors.Is.
@@ -138,7 +140,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		TLS:                  tlsCfg,
 		Username:             cfg.Username,
 		Password:             cfg.Password,
-		Logger:               zapLogger(cfg.Logger),
+		Logger:               zapslog.New(cfg.Logger),
 		// gRPC's default reconnect backoff grows to two minutes; an agent
 		// should notice a restarted etcd within seconds.
 		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/embedded"
 	"github.com/tabbynet/tabby/datastore/storetest"
 )
 
@@ -28,7 +29,7 @@ var fixedNow = time.Date(2025, 3, 14, 15, 9, 26, 0, time.UTC)
 type harness struct {
 	t     *testing.T
 	store *datastore.Store
-	etcd  *datastore.Embedded
+	etcd  *embedded.Etcd
 	dir   string
 	env   map[string]string
 	host  string

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/embedded"
 )
 
 // startTimeout bounds starting etcd and connecting to it.
@@ -16,11 +17,11 @@ const startTimeout = 30 * time.Second
 
 // Etcd starts an embedded etcd for the test and stops it at cleanup. Its data
 // directory is in t.TempDir(), so Stop followed by Restart keeps the data.
-func Etcd(t testing.TB) *datastore.Embedded {
+func Etcd(t testing.TB) *embedded.Etcd {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	e, err := datastore.StartEmbedded(ctx, datastore.EmbeddedConfig{
+	e, err := embedded.Start(ctx, embedded.Config{
 		Dir:           t.TempDir(),
 		UnsafeNoFsync: true,
 	})
@@ -37,7 +38,7 @@ func Etcd(t testing.TB) *datastore.Embedded {
 
 // Connect returns a new Store on e, closed at cleanup. mutate, if given,
 // adjusts the config (for example the prefix) before connecting.
-func Connect(t testing.TB, e *datastore.Embedded, mutate ...func(*datastore.Config)) *datastore.Store {
+func Connect(t testing.TB, e *embedded.Etcd, mutate ...func(*datastore.Config)) *datastore.Store {
 	t.Helper()
 	cfg := datastore.Config{Endpoints: e.Endpoints()}
 	for _, m := range mutate {
@@ -66,7 +67,7 @@ func New(t testing.TB) *datastore.Store {
 
 // NewWithEtcd returns a Store connected to a fresh embedded etcd, and the
 // etcd, so that the test can Stop and Restart it.
-func NewWithEtcd(t testing.TB) (*datastore.Store, *datastore.Embedded) {
+func NewWithEtcd(t testing.TB) (*datastore.Store, *embedded.Etcd) {
 	t.Helper()
 	e := Etcd(t)
 	return Connect(t, e), e

@@ -11,7 +11,7 @@ import (
 	"os"
 	"sync"
 
-	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/embedded"
 )
 
 // EtcdOptions configure RunEtcd, the body of `tabby-lab etcd`.
@@ -35,7 +35,7 @@ func RunEtcd(ctx context.Context, o EtcdOptions) error {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return fmt.Errorf("creating etcd directory: %w", err)
 	}
-	e, err := datastore.StartEmbedded(ctx, datastore.EmbeddedConfig{Dir: o.Dir, ClientURL: o.ClientURL, Logger: o.Logger})
+	e, err := embedded.Start(ctx, embedded.Config{Dir: o.Dir, ClientURL: o.ClientURL, Logger: o.Logger})
 	if err != nil {
 		return err
 	}

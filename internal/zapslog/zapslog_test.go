@@ -1,4 +1,4 @@
-package datastore
+package zapslog
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 func TestZapLoggerForwardsWarnings(t *testing.T) {
 	var buf bytes.Buffer
-	lg := zapLogger(slog.New(slog.NewTextHandler(&buf, nil))).Named("etcd").With(zap.String("member", "m1"))
+	lg := New(slog.New(slog.NewTextHandler(&buf, nil))).Named("etcd").With(zap.String("member", "m1"))
 	lg.Info("chatty")
 	lg.Warn("slow disk", zap.Int("ms", 120))
 	lg.Error("broken", zap.Error(errTest))
@@ -24,7 +24,7 @@ func TestZapLoggerForwardsWarnings(t *testing.T) {
 	if strings.Contains(out, "chatty") {
 		t.Errorf("info message forwarded:\n%s", out)
 	}
-	zapLogger(nil).Error("dropped") // must not panic
+	New(nil).Error("dropped") // must not panic
 }
 
 type testError string

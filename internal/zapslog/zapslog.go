@@ -1,4 +1,5 @@
-package datastore
+// Package zapslog adapts etcd's zap logging to log/slog.
+package zapslog
 
 import (
 	"context"
@@ -8,10 +9,10 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// zapLogger returns a zap logger for the etcd server or client: a no-op
+// New returns a zap logger for the etcd server or client: a no-op
 // when log is nil, otherwise one that forwards warnings and errors to log
 // (etcd is chatty at info level).
-func zapLogger(log *slog.Logger) *zap.Logger {
+func New(log *slog.Logger) *zap.Logger {
 	if log == nil {
 		return zap.NewNop()
 	}

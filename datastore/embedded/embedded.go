@@ -1,4 +1,7 @@
-package datastore
+// Package embedded runs an in-process single-member etcd for tests and the
+// lab. It is the only Tabby package that links the etcd server; tabby-agent
+// and tabbyctl never import it.
+package embedded
 
 import (
 	"context"
@@ -13,10 +16,12 @@ import (
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/tabbynet/tabby/internal/zapslog"
 )
 
-// EmbeddedConfig configures an in-process single-member etcd.
-type EmbeddedConfig struct {
+// Config configures an in-process single-member etcd.
+type Config struct {
 	// Dir holds etcd's data. "" = a new temporary directory, removed by Stop.
 	Dir string
 	// ClientURL is the URL clients connect to, for example
@@ -35,11 +40,11 @@ type EmbeddedConfig struct {
 	UnsafeNoFsync bool
 }
 
-// Embedded is a running (or stopped) embedded etcd. Its methods are safe for
+// Etcd is a running (or stopped) embedded etcd. Its methods are safe for
 // concurrent use.
-type Embedded struct {
+type Etcd struct {
 	mu        sync.Mutex
-	cfg       EmbeddedConfig
+	cfg       Config
 	dir       string
 	ownDir    bool
 	clientURL url.URL
@@ -47,14 +52,14 @@ type Embedded struct {
 	etcd      *embed.Etcd
 }
 
-// embeddedStartTimeout bounds how long StartEmbedded and Restart wait for
+// startTimeout bounds how long Start and Restart wait for
 // etcd to become ready when ctx has no deadline.
-const embeddedStartTimeout = 30 * time.Second
+const startTimeout = 30 * time.Second
 
-// StartEmbedded starts a single-member etcd and waits until it serves
+// Start starts a single-member etcd and waits until it serves
 // clients. Stop it with Stop.
-func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
-	e := &Embedded{cfg: cfg, dir: cfg.Dir}
+func Start(ctx context.Context, cfg Config) (*Etcd, error) {
+	e := &Etcd{cfg: cfg, dir: cfg.Dir}
 	if e.dir == "" {
 		d, err := os.MkdirTemp("", "tabby-etcd-")
 		if err != nil {
@@ -120,7 +125,7 @@ func freePort(host string) (string, error) {
 	return port, nil
 }
 
-func (e *Embedded) start(ctx context.Context) error {
+func (e *Etcd) start(ctx context.Context) error {
 	c := embed.NewConfig()
 	c.Name = "tabby"
 	c.Dir = e.dir
@@ -137,14 +142,14 @@ func (e *Embedded) start(ctx context.Context) error {
 		TrustedCAFile:  e.cfg.ClientCAFile,
 		ClientCertAuth: e.cfg.ClientCAFile != "",
 	}
-	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapLogger(e.cfg.Logger))
+	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(e.cfg.Logger))
 	// A single member elects itself at once; short ticks make it quick.
 	c.TickMs = 10
 	c.ElectionMs = 100
 
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, embeddedStartTimeout)
+		ctx, cancel = context.WithTimeout(ctx, startTimeout)
 		defer cancel()
 	}
 	etcd, err := embed.StartEtcd(c)
@@ -165,24 +170,24 @@ func (e *Embedded) start(ctx context.Context) error {
 }
 
 // Endpoints returns the client URLs, for Config.Endpoints.
-func (e *Embedded) Endpoints() []string {
+func (e *Etcd) Endpoints() []string {
 	return []string{e.clientURL.String()}
 }
 
 // Dir returns the data directory.
-func (e *Embedded) Dir() string { return e.dir }
+func (e *Etcd) Dir() string { return e.dir }
 
-// Stop shuts etcd down. If StartEmbedded created the data directory (Dir
+// Stop shuts etcd down. If Start created the data directory (Dir
 // was ""), Stop removes it and Restart is no longer possible; a given Dir is
 // kept, so Restart can bring the same data back. Stop is idempotent.
-func (e *Embedded) Stop() error {
+func (e *Etcd) Stop() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.stopLocked()
 	return e.removeDir()
 }
 
-func (e *Embedded) stopLocked() {
+func (e *Etcd) stopLocked() {
 	if e.etcd != nil {
 		// With clients still watching, Close waits about 5s (etcd's
 		// request timeout) before it cuts their streams.
@@ -193,7 +198,7 @@ func (e *Embedded) stopLocked() {
 
 // Restart starts a stopped etcd again on the same data directory and ports.
 // Restarting a running etcd is an error.
-func (e *Embedded) Restart(ctx context.Context) error {
+func (e *Etcd) Restart(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.etcd != nil {
@@ -205,7 +210,7 @@ func (e *Embedded) Restart(ctx context.Context) error {
 	return e.start(ctx)
 }
 
-func (e *Embedded) removeDir() error {
+func (e *Etcd) removeDir() error {
 	if !e.ownDir || e.dir == "" {
 		return nil
 	}

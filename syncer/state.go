@@ -1,0 +1,219 @@
+package syncer
+
+import (
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// item is one decoded key of the view.
+type item struct {
+	kind string
+	val  any
+	rev  int64
+}
+
+// state holds the decoded keys and the indexes over them. The Syncer's
+// mutex guards it.
+type state struct {
+	items map[string]item
+	// bad holds keys whose record does not decode: they are absent from
+	// the view, but their key exists (node GC must not take a node whose
+	// record is merely unreadable for a deleted one).
+	bad map[string]error
+
+	byKind       map[string]map[string]api.Object              // api kind → key → object
+	epByNode     map[string]map[string]*api.WorkloadEndpoint   // node → key → endpoint
+	blocks       map[netip.Prefix]ipam.BlockSummary            // by CIDR
+	blocksByNode map[string]map[netip.Prefix]ipam.BlockSummary // affine node → CIDR → block
+	borrowedBy   map[string]map[netip.Addr]ipam.BorrowedAddr   // using node → address
+	affinities   map[string]map[netip.Prefix]ipam.Affinity     // node → block → claim
+}
+
+func newState() *state {
+	return &state{
+		items:        map[string]item{},
+		bad:          map[string]error{},
+		byKind:       map[string]map[string]api.Object{},
+		epByNode:     map[string]map[string]*api.WorkloadEndpoint{},
+		blocks:       map[netip.Prefix]ipam.BlockSummary{},
+		blocksByNode: map[string]map[netip.Prefix]ipam.BlockSummary{},
+		borrowedBy:   map[string]map[netip.Addr]ipam.BorrowedAddr{},
+		affinities:   map[string]map[netip.Prefix]ipam.Affinity{},
+	}
+}
+
+func (st *state) keys() []string { return slices.Collect(maps.Keys(st.items)) }
+
+// decode turns a stored record into the view's value for it.
+func decode(kv datastore.KV) (kind string, val any, err error) {
+	switch {
+	case strings.HasPrefix(kv.Key, ipam.BlocksPrefix):
+		b, err := ipam.DecodeBlockSummary(kv.Key, kv.Value)
+		return KindBlock, b, err
+	case strings.HasPrefix(kv.Key, ipam.AffinitiesPrefix):
+		a, err := ipam.DecodeAffinity(kv.Key, kv.Value)
+		return KindAffinity, a, err
+	}
+	obj, err := datastore.DecodeResource(kv)
+	if err != nil {
+		return "", nil, err
+	}
+	return obj.GetTypeMeta().Kind, obj, nil
+}
+
+// unchanged says whether a new value of a key says nothing new.
+func unchanged(old item, kind string, val any, rev int64) bool {
+	if old.kind != kind {
+		return false
+	}
+	switch o := old.val.(type) {
+	case ipam.BlockSummary:
+		return o.Equal(val.(ipam.BlockSummary))
+	case ipam.Affinity:
+		return o == val.(ipam.Affinity)
+	}
+	return old.rev == rev // an api object: etcd writes only changes
+}
+
+// put stores a key's new record and returns the update, if any.
+func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
+	kind, val, err := decode(kv)
+	if err != nil {
+		if _, seen := st.bad[kv.Key]; !seen {
+			log.Warn("skipping a record that does not decode", "key", kv.Key, "err", err)
+		}
+		st.bad[kv.Key] = err
+		// What was there is no longer what is stored.
+		return st.del(kv.Key, kv.ModRevision)
+	}
+	delete(st.bad, kv.Key)
+	old, had := st.items[kv.Key]
+	if had && unchanged(old, kind, val, kv.ModRevision) {
+		st.items[kv.Key] = item{kind: kind, val: val, rev: kv.ModRevision}
+		return Update{}, false
+	}
+	if had {
+		st.unindex(kv.Key, old)
+	}
+	it := item{kind: kind, val: val, rev: kv.ModRevision}
+	st.items[kv.Key] = it
+	st.index(kv.Key, it)
+	u := Update{Kind: kind, Key: kv.Key, New: val, Revision: kv.ModRevision}
+	if had {
+		u.Old = old.val
+	}
+	return u, true
+}
+
+// del removes a key and returns the update, if it was in the view.
+func (st *state) del(key string, rev int64) (Update, bool) {
+	old, had := st.items[key]
+	if !had {
+		return Update{}, false
+	}
+	st.unindex(key, old)
+	delete(st.items, key)
+	return Update{Kind: old.kind, Key: key, Old: old.val, Revision: rev}, true
+}
+
+func addTo[K comparable, V any](m map[string]map[K]V, outer string, k K, v V) {
+	inner := m[outer]
+	if inner == nil {
+		inner = map[K]V{}
+		m[outer] = inner
+	}
+	inner[k] = v
+}
+
+func removeFrom[K comparable, V any](m map[string]map[K]V, outer string, k K) {
+	if inner := m[outer]; inner != nil {
+		delete(inner, k)
+		if len(inner) == 0 {
+			delete(m, outer)
+		}
+	}
+}
+
+func (st *state) index(key string, it item) {
+	switch v := it.val.(type) {
+	case ipam.BlockSummary:
+		st.blocks[v.CIDR] = v
+		if v.Affinity != "" {
+			addTo(st.blocksByNode, v.Affinity, v.CIDR, v)
+		}
+		for _, b := range v.Borrowed {
+			addTo(st.borrowedBy, b.Node, b.Addr, b)
+		}
+	case ipam.Affinity:
+		addTo(st.affinities, v.Node, v.Block, v)
+	case api.Object:
+		addTo(st.byKind, it.kind, key, v)
+		if w, ok := v.(*api.WorkloadEndpoint); ok {
+			addTo(st.epByNode, w.Spec.Node, key, w)
+		}
+	}
+}
+
+func (st *state) unindex(key string, it item) {
+	switch v := it.val.(type) {
+	case ipam.BlockSummary:
+		delete(st.blocks, v.CIDR)
+		if v.Affinity != "" {
+			removeFrom(st.blocksByNode, v.Affinity, v.CIDR)
+		}
+		for _, b := range v.Borrowed {
+			if cur, ok := st.borrowedBy[b.Node][b.Addr]; ok && cur.Block == v.CIDR {
+				removeFrom(st.borrowedBy, b.Node, b.Addr)
+			}
+		}
+	case ipam.Affinity:
+		removeFrom(st.affinities, v.Node, v.Block)
+	case api.Object:
+		removeFrom(st.byKind, it.kind, key)
+		if w, ok := v.(*api.WorkloadEndpoint); ok {
+			removeFrom(st.epByNode, w.Spec.Node, key)
+		}
+	}
+}
+
+// objects returns the objects of one kind, ordered by key.
+func objects[T api.Object](st *state, kind string) []T {
+	objs := sortedValues(st.byKind[kind])
+	out := make([]T, 0, len(objs))
+	for _, o := range objs {
+		if t, ok := o.(T); ok {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// poolOf returns the pool holding a block.
+func (st *state) poolOf(cidr netip.Prefix) (*api.IPPool, bool) {
+	for _, o := range st.byKind[api.KindIPPool] {
+		p := o.(*api.IPPool)
+		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil && pc.Masked().Overlaps(cidr) && pc.Bits() <= cidr.Bits() {
+			return p, true
+		}
+	}
+	return nil, false
+}
+
+func (st *state) blockInfo(b ipam.BlockSummary) ipam.BlockInfo {
+	bi := ipam.BlockInfo{CIDR: b.CIDR, Pool: b.Pool, Affinity: b.Affinity}
+	if b.Affinity != "" {
+		bi.Confirmed = st.affinities[b.Affinity][b.CIDR].Confirmed
+	}
+	if p, ok := st.poolOf(b.CIDR); ok {
+		bi.Pool = p.Metadata.Name
+		bi.DisableBGPExport = p.Spec.DisableBGPExport
+	}
+	return bi
+}

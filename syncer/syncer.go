@@ -1,0 +1,312 @@
+// Package syncer is the agent's view of the cluster. One etcd watch, started
+// from one revision with an initial list and re-listed after compaction or
+// an etcd restart, feeds typed in-memory indexes: nodes, pools, BGP
+// configuration and peers, workload endpoints (also by node), policies, IPAM
+// blocks (by affine node, with the addresses other nodes borrowed) and
+// affinities. Nothing that reads the view touches etcd.
+//
+// Consumers subscribe with a filter and are woken only by the updates that
+// pass it, each update carrying the old and new value of one key. A pod
+// added on another node therefore costs a consumer nothing unless it asked
+// for other nodes' endpoints; a pod added in its own node's block does not
+// even produce a block update (see ipam.BlockSummary).
+//
+// Values handed out are shared with the view: treat them as read-only.
+// A Syncer is safe for concurrent use.
+package syncer
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// Kinds of update besides the api kinds (api.KindNode, …).
+const (
+	// KindBlock updates carry ipam.BlockSummary values.
+	KindBlock = "Block"
+	// KindAffinity updates carry ipam.Affinity values.
+	KindAffinity = "Affinity"
+)
+
+// Update is one key's change. Old is nil for a creation, New nil for a
+// deletion; both are set for a modification. An update whose value did
+// not change in a way the view represents is never sent.
+type Update struct {
+	Kind     string
+	Key      string
+	Old, New any
+	Revision int64
+}
+
+// Source is where the view's events come from: datastore.Store.Watch.
+type Source interface {
+	Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event
+}
+
+// Syncer holds the view. Build it with New, start it with Run.
+type Syncer struct {
+	src Source
+	log *slog.Logger
+
+	mu     sync.RWMutex
+	st     *state
+	rev    int64
+	synced bool
+	// waiters are woken whenever rev moves or the view syncs.
+	waiters chan struct{}
+	subs    []*Subscription
+	stats   Stats
+}
+
+// Stats counts what the view has processed, for metrics and tests.
+type Stats struct {
+	Events  int64 // watch events (a resync counts once)
+	Resyncs int64
+	Updates int64 // updates that changed the view
+	Ignored int64 // events of keys outside the view, or without change
+}
+
+// New returns a view fed from src; log may be nil.
+func New(src Source, log *slog.Logger) *Syncer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Syncer{src: src, log: log, st: newState(), waiters: make(chan struct{})}
+}
+
+// Run watches the whole Tabby prefix until ctx ends. The first event is a
+// full list; after it the view reports Synced.
+func (s *Syncer) Run(ctx context.Context) error {
+	for ev := range s.src.Watch(ctx, "", 0) {
+		s.apply(ev)
+	}
+	return ctx.Err()
+}
+
+// relevant says whether a key is part of the view. Handles and status
+// records are not: they change with every pod and every agent.
+func relevant(key string) bool {
+	return strings.HasPrefix(key, datastore.ResourcesPrefix) ||
+		strings.HasPrefix(key, ipam.BlocksPrefix) ||
+		strings.HasPrefix(key, ipam.AffinitiesPrefix)
+}
+
+// apply folds one watch event into the view and wakes the subscribers
+// whose filter takes any of the resulting updates.
+func (s *Syncer) apply(ev datastore.Event) {
+	var ups []Update
+	s.mu.Lock()
+	wasSynced := s.synced
+	s.stats.Events++
+	switch ev.Type {
+	case datastore.EventResync:
+		s.stats.Resyncs++
+		seen := map[string]bool{}
+		for _, kv := range ev.Snapshot {
+			if !relevant(kv.Key) {
+				continue
+			}
+			seen[kv.Key] = true
+			if u, ok := s.st.put(kv, s.log); ok {
+				ups = append(ups, u)
+			}
+		}
+		for _, key := range s.st.keys() {
+			if !seen[key] {
+				if u, ok := s.st.del(key, ev.Revision); ok {
+					ups = append(ups, u)
+				}
+			}
+		}
+		s.synced = true
+	case datastore.EventPut:
+		if relevant(ev.KV.Key) {
+			if u, ok := s.st.put(ev.KV, s.log); ok {
+				ups = append(ups, u)
+			}
+		}
+	case datastore.EventDelete:
+		if relevant(ev.KV.Key) {
+			if u, ok := s.st.del(ev.KV.Key, ev.Revision); ok {
+				ups = append(ups, u)
+			}
+		}
+	}
+	if len(ups) == 0 {
+		s.stats.Ignored++
+	}
+	s.stats.Updates += int64(len(ups))
+	if ev.Revision > s.rev {
+		s.rev = ev.Revision
+	}
+	close(s.waiters)
+	s.waiters = make(chan struct{})
+	subs := s.subs
+	s.mu.Unlock()
+	for _, sub := range subs {
+		sub.offer(ups)
+		if !wasSynced && ev.Type == datastore.EventResync {
+			sub.wake() // the first complete view, even an empty one
+		}
+	}
+}
+
+// Synced reports whether the initial list has been applied.
+func (s *Syncer) Synced() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.synced
+}
+
+// Revision returns the etcd revision the view has reached.
+func (s *Syncer) Revision() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.rev
+}
+
+// Stats returns the counters.
+func (s *Syncer) Stats() Stats {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.stats
+}
+
+// WaitRevision blocks until the view is synced and has reached rev (a
+// write's revision: the view then holds that write), or ctx ends.
+func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
+	for {
+		s.mu.RLock()
+		done, ch := s.synced && s.rev >= rev, s.waiters
+		s.mu.RUnlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// WaitSynced blocks until the initial list has been applied or ctx ends.
+func (s *Syncer) WaitSynced(ctx context.Context) error { return s.WaitRevision(ctx, 0) }
+
+// Subscribe registers a consumer. filter sees every update (it must be
+// fast and must not call the Syncer); nil takes all. The subscription is
+// kicked once when the view first syncs, so a consumer's first pass sees
+// a complete view.
+func (s *Syncer) Subscribe(name string, filter func(Update) bool) *Subscription {
+	sub := &Subscription{name: name, filter: filter, kick: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.subs = append(s.subs, sub)
+	synced := s.synced
+	s.mu.Unlock()
+	if synced {
+		sub.wake()
+	}
+	return sub
+}
+
+// maxPending bounds the updates a subscription keeps between two Takes;
+// beyond it the consumer is told to treat everything as changed.
+const maxPending = 4096
+
+// Subscription is one consumer's interest in the view.
+type Subscription struct {
+	name   string
+	filter func(Update) bool
+	kick   chan struct{}
+
+	mu       sync.Mutex
+	pending  []Update
+	overflow bool
+	matched  int64
+}
+
+// C is signalled (never blocking, coalescing) when updates for this
+// consumer arrived.
+func (sub *Subscription) C() <-chan struct{} { return sub.kick }
+
+// Take returns the updates since the last Take. all is true when more
+// arrived than were kept (or after a resync of the whole view): the
+// consumer should recompute everything, which a level-based consumer does
+// anyway.
+func (sub *Subscription) Take() (ups []Update, all bool) {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	ups, all = sub.pending, sub.overflow
+	sub.pending, sub.overflow = nil, false
+	return ups, all
+}
+
+// Matched returns how many updates passed the filter so far.
+func (sub *Subscription) Matched() int64 {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return sub.matched
+}
+
+func (sub *Subscription) wake() {
+	select {
+	case sub.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (sub *Subscription) offer(ups []Update) {
+	n := 0
+	sub.mu.Lock()
+	for _, u := range ups {
+		if sub.filter != nil && !sub.filter(u) {
+			continue
+		}
+		n++
+		if len(sub.pending) < maxPending {
+			sub.pending = append(sub.pending, u)
+		} else {
+			sub.overflow = true
+		}
+	}
+	sub.matched += int64(n)
+	sub.mu.Unlock()
+	if n > 0 {
+		sub.wake()
+	}
+}
+
+// sortedValues returns a map's values ordered by key.
+func sortedValues[V any](m map[string]V) []V {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]V, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, m[k])
+	}
+	return out
+}
+
+// sortedPrefixValues returns a map's values ordered by prefix.
+func sortedPrefixValues[V any](m map[netip.Prefix]V) []V {
+	keys := make([]netip.Prefix, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, netip.Prefix.Compare)
+	out := make([]V, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, m[k])
+	}
+	return out
+}

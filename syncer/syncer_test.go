@@ -1,0 +1,266 @@
+package syncer_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/syncer"
+)
+
+func start(t *testing.T, src syncer.Source) *syncer.Syncer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s := syncer.New(src, nil)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := s.WaitSynced(wctx); err != nil {
+		t.Fatalf("view never synced: %v", err)
+	}
+	return s
+}
+
+func mustCreate(t *testing.T, st *datastore.Store, obj api.Object) int64 {
+	t.Helper()
+	out, err := st.Create(context.Background(), obj)
+	if err != nil {
+		t.Fatalf("creating %s %s: %v", obj.GetTypeMeta().Kind, obj.GetMeta().Name, err)
+	}
+	return rev(t, out)
+}
+
+func rev(t *testing.T, obj api.Object) int64 {
+	t.Helper()
+	var r int64
+	for _, c := range obj.GetMeta().ResourceVersion {
+		r = r*10 + int64(c-'0')
+	}
+	return r
+}
+
+func wep(node, name, addr string) *api.WorkloadEndpoint {
+	return &api.WorkloadEndpoint{
+		Metadata: api.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: api.WorkloadEndpointSpec{Node: node, Orchestrator: "cni", Pod: name, ContainerID: name, Endpoint: "eth0",
+			InterfaceName: "cali" + name, IPNetworks: []string{addr + "/32"}},
+	}
+}
+
+// nodeFilter takes what a node's route owner needs: its endpoints and the
+// blocks and claims affine to it.
+func nodeFilter(node string) func(syncer.Update) bool {
+	return func(u syncer.Update) bool {
+		for _, v := range []any{u.Old, u.New} {
+			switch x := v.(type) {
+			case *api.WorkloadEndpoint:
+				if x.Spec.Node == node {
+					return true
+				}
+			case ipam.BlockSummary:
+				if x.Affinity == node {
+					return true
+				}
+			case ipam.Affinity:
+				if x.Node == node {
+					return true
+				}
+			}
+		}
+		return false
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestViewFollowsEtcd(t *testing.T) {
+	st := storetest.New(t)
+	ctx := context.Background()
+	mustCreate(t, st, &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/30", BlockSize: 30}})
+	for _, n := range []string{"a", "b"} {
+		mustCreate(t, st, &api.Node{Metadata: api.ObjectMeta{Name: n}, Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: "198.18.0.1/24"}}})
+	}
+	v := start(t, st)
+	subA := v.Subscribe("a", nodeFilter("a"))
+	subB := v.Subscribe("b", nodeFilter("b"))
+	<-subA.C() // the first sync kicks every subscriber
+	<-subB.C()
+	if got := len(v.Nodes()); got != 2 {
+		t.Fatalf("Nodes() has %d nodes, want 2", got)
+	}
+
+	al := ipam.New(st)
+	asg, err := al.Assign(ctx, ipam.AssignRequest{Node: "a", Handle: "h1", Attrs: ipam.Attributes{Node: "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a's block in the view", func() bool { bs := v.BlocksOf("a"); return len(bs) == 1 && bs[0].Confirmed })
+	want := []ipam.BlockInfo{{CIDR: netip.MustParsePrefix("10.244.0.0/30"), Pool: "p", Affinity: "a", Confirmed: true}}
+	if diff := cmp.Diff(want, v.BlocksOf("a"), cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+		t.Errorf("BlocksOf(a) (-want +got):\n%s", diff)
+	}
+	ups, _ := subA.Take()
+	if len(ups) == 0 {
+		t.Error("a's subscription saw no update for its new block")
+	}
+
+	// A second address in a's own block changes nothing the view shows:
+	// no update for anyone.
+	before := v.Stats().Updates
+	r := v.Revision()
+	if _, err := al.Assign(ctx, ipam.AssignRequest{Node: "a", Handle: "h2", Attrs: ipam.Attributes{Node: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the second assign's revision", func() bool { return v.Revision() > r })
+	if got := v.Stats().Updates; got != before {
+		t.Errorf("an allocation in the node's own block made %d updates, want 0", got-before)
+	}
+
+	// b borrows from a's block: one block update, which b's owner takes.
+	if _, err := al.Assign(ctx, ipam.AssignRequest{Node: "b", Handle: "h3", Attrs: ipam.Attributes{Node: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "b's borrowed address", func() bool { return len(v.BorrowedBy("b")) == 1 })
+	if got := v.BorrowedBy("b")[0]; got.BlockNode != "a" || !got.Block.Contains(got.Addr) {
+		t.Errorf("BorrowedBy(b) = %+v", got)
+	}
+
+	// Endpoints: by node, and a's subscription does not see b's.
+	subA.Take()
+	r1 := mustCreate(t, st, wep("a", "pa", asg.Addr.String()))
+	mustCreate(t, st, wep("b", "pb", "10.244.0.2"))
+	r2 := v.Revision()
+	if err := v.WaitRevision(ctx, r1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "both endpoints", func() bool { return len(v.Endpoints()) == 2 })
+	if got := v.EndpointsOn("a"); len(got) != 1 || got[0].Metadata.Name != "pa" {
+		t.Errorf("EndpointsOn(a) = %v", got)
+	}
+	_ = r2
+	ups, _ = subA.Take()
+	for _, u := range ups {
+		if w, ok := u.New.(*api.WorkloadEndpoint); ok && w.Spec.Node != "a" {
+			t.Errorf("a's subscription got b's endpoint %s", w.Metadata.Name)
+		}
+	}
+	if len(ups) != 1 {
+		t.Errorf("a's subscription got %d updates for its endpoint, want 1", len(ups))
+	}
+
+	// A deleted node is gone from the view; its record no longer exists.
+	if err := st.Delete(ctx, api.KindNode, "", "b", ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "node b's deletion", func() bool { _, ok := v.Node("b"); return !ok })
+	if v.NodeRecordExists("b") || !v.NodeRecordExists("a") {
+		t.Errorf("NodeRecordExists: b %v (want false), a %v (want true)", v.NodeRecordExists("b"), v.NodeRecordExists("a"))
+	}
+	if diff := cmp.Diff([]string{"a"}, v.AffineNodes()); diff != "" {
+		t.Errorf("AffineNodes (-want +got):\n%s", diff)
+	}
+}
+
+// fakeSource replays scripted events.
+type fakeSource chan datastore.Event
+
+func (f fakeSource) Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event {
+	out := make(chan datastore.Event)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case ev := <-f:
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+func kv(t *testing.T, obj api.Object, rev int64) datastore.KV {
+	t.Helper()
+	key, err := datastore.ResourceKey(obj.GetTypeMeta().Kind, obj.GetMeta().Namespace, obj.GetMeta().Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return datastore.KV{Key: key, Value: b, ModRevision: rev}
+}
+
+// TestResyncReportsDifferences: a re-list after compaction replaces the
+// view and reports exactly what differs from what it held.
+func TestResyncReportsDifferences(t *testing.T) {
+	src := make(fakeSource)
+	node := func(n string) *api.Node {
+		o := &api.Node{Metadata: api.ObjectMeta{Name: n}}
+		o.SetDefaults()
+		return o
+	}
+	go func() {
+		src <- datastore.Event{Type: datastore.EventResync, Revision: 10, Snapshot: []datastore.KV{
+			kv(t, node("x"), 3), kv(t, node("y"), 4), kv(t, node("keep"), 5),
+			{Key: "ipam/handles/h", Value: []byte("{}"), ModRevision: 6}, // not part of the view
+		}}
+	}()
+	v := start(t, src)
+	sub := v.Subscribe("all", nil)
+	<-sub.C()
+	sub.Take()
+	src <- datastore.Event{Type: datastore.EventResync, Revision: 20, Snapshot: []datastore.KV{
+		kv(t, node("y"), 15), kv(t, node("keep"), 5), kv(t, node("z"), 16),
+		{Key: "resources/nodes/broken", Value: []byte("{"), ModRevision: 17},
+	}}
+	waitFor(t, "the second resync", func() bool { return v.Revision() == 20 })
+	ups, _ := sub.Take()
+	got := map[string]string{}
+	for _, u := range ups {
+		switch {
+		case u.Old == nil:
+			got[u.Key] = "create"
+		case u.New == nil:
+			got[u.Key] = "delete"
+		default:
+			got[u.Key] = "modify"
+		}
+	}
+	want := map[string]string{"resources/nodes/x": "delete", "resources/nodes/y": "modify", "resources/nodes/z": "create"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("updates of the resync (-want +got):\n%s", diff)
+	}
+	if !v.NodeRecordExists("broken") {
+		t.Error("a node whose record does not decode must still count as existing")
+	}
+	if _, ok := v.Node("broken"); ok {
+		t.Error("a record that does not decode is in the view")
+	}
+}

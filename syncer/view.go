@@ -1,0 +1,176 @@
+package syncer
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// Typed reads of the view. Each takes the read lock once; slices are new,
+// the objects in them are shared and must not be modified.
+
+// Nodes returns every decodable Node, by name.
+func (s *Syncer) Nodes() []*api.Node {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.Node](s.st, api.KindNode)
+}
+
+// Node returns one Node.
+func (s *Syncer) Node(name string) (*api.Node, bool) {
+	key, err := datastore.ResourceKey(api.KindNode, "", name)
+	if err != nil {
+		return nil, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n, ok := s.st.byKind[api.KindNode][key].(*api.Node)
+	return n, ok
+}
+
+// NodeRecordExists reports whether a Node's key exists, even if its record
+// does not decode.
+func (s *Syncer) NodeRecordExists(name string) bool {
+	key, err := datastore.ResourceKey(api.KindNode, "", name)
+	if err != nil {
+		return false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.st.items[key]
+	_, bad := s.st.bad[key]
+	return ok || bad
+}
+
+// Pools returns every IPPool, by name.
+func (s *Syncer) Pools() []*api.IPPool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.IPPool](s.st, api.KindIPPool)
+}
+
+// BGPConfiguration returns the cluster's BGP configuration with defaults
+// applied (the defaults alone when none is stored). The result is a copy.
+func (s *Syncer) BGPConfiguration() *api.BGPConfiguration {
+	s.mu.RLock()
+	cfgs := objects[*api.BGPConfiguration](s.st, api.KindBGPConfiguration)
+	s.mu.RUnlock()
+	bc := &api.BGPConfiguration{Metadata: api.ObjectMeta{Name: api.SingletonName}}
+	for _, c := range cfgs {
+		if c.Metadata.Name == api.SingletonName {
+			cp := *c // SetDefaults sets top-level spec fields only
+			bc = &cp
+		}
+	}
+	bc.SetDefaults()
+	return bc
+}
+
+// BGPPeers returns every BGPPeer, by name.
+func (s *Syncer) BGPPeers() []*api.BGPPeer {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.BGPPeer](s.st, api.KindBGPPeer)
+}
+
+// Endpoints returns every WorkloadEndpoint of the cluster, by key.
+func (s *Syncer) Endpoints() []*api.WorkloadEndpoint {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.WorkloadEndpoint](s.st, api.KindWorkloadEndpoint)
+}
+
+// EndpointsOn returns the WorkloadEndpoints of one node, by key.
+func (s *Syncer) EndpointsOn(node string) []*api.WorkloadEndpoint {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return sortedValues(s.st.epByNode[node])
+}
+
+// NetworkPolicies returns every NetworkPolicy, by key.
+func (s *Syncer) NetworkPolicies() []*api.NetworkPolicy {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.NetworkPolicy](s.st, api.KindNetworkPolicy)
+}
+
+// GlobalNetworkPolicies returns every GlobalNetworkPolicy, by name.
+func (s *Syncer) GlobalNetworkPolicies() []*api.GlobalNetworkPolicy {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.GlobalNetworkPolicy](s.st, api.KindGlobalNetworkPolicy)
+}
+
+// Blocks returns every block as BGP and routing see it, by CIDR.
+func (s *Syncer) Blocks() []ipam.BlockInfo {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]ipam.BlockInfo, 0, len(s.st.blocks))
+	for _, b := range sortedPrefixValues(s.st.blocks) {
+		out = append(out, s.st.blockInfo(b))
+	}
+	return out
+}
+
+// BlocksOf returns the blocks affine to node, by CIDR.
+func (s *Syncer) BlocksOf(node string) []ipam.BlockInfo {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	bs := sortedPrefixValues(s.st.blocksByNode[node])
+	out := make([]ipam.BlockInfo, 0, len(bs))
+	for _, b := range bs {
+		out = append(out, s.st.blockInfo(b))
+	}
+	return out
+}
+
+// BorrowedBy returns the addresses node uses from blocks not affine to it,
+// by address, with their pool's DisableBGPExport.
+func (s *Syncer) BorrowedBy(node string) []ipam.BorrowedAddr {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]ipam.BorrowedAddr, 0, len(s.st.borrowedBy[node]))
+	for _, b := range s.st.borrowedBy[node] {
+		if p, ok := s.st.poolOf(b.Block); ok {
+			b.DisableBGPExport = p.Spec.DisableBGPExport
+		}
+		out = append(out, b)
+	}
+	slices.SortFunc(out, func(x, y ipam.BorrowedAddr) int { return x.Addr.Compare(y.Addr) })
+	return out
+}
+
+// AffineNodes returns the names of the nodes that hold blocks or block
+// claims, sorted: the candidates of node garbage collection.
+func (s *Syncer) AffineNodes() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	set := map[string]bool{}
+	for n := range s.st.blocksByNode {
+		set[n] = true
+	}
+	for n := range s.st.affinities {
+		set[n] = true
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// BlockOf returns the block holding addr, if the view has one.
+func (s *Syncer) BlockOf(addr netip.Addr) (ipam.BlockInfo, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for cidr, b := range s.st.blocks {
+		if cidr.Contains(addr) {
+			return s.st.blockInfo(b), true
+		}
+	}
+	return ipam.BlockInfo{}, false
+}

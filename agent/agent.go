@@ -6,65 +6,43 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 // Agent is one node's tabby-agent. Build it with New and run it with Run.
+// It is wiring: each part of the node's state has one owner with its own
+// lock and goroutine (routes, BGP, policy, node GC, status), all fed by the
+// cluster view.
 type Agent struct {
-	cfg    Config
-	log    *slog.Logger
-	store  *datastore.Store
-	ipam   *ipam.Allocator
-	wl     dataplane.Workloads
-	routes dataplane.Routes
-	// speaker is replaced when the node's BGP identity changes; read it
-	// with currentSpeaker.
-	speaker    bgp.Speaker
-	speakerCfg bgp.Config
-	newSpeaker func() bgp.Speaker
-	metrics    *metrics
-	handler    *cniHandler
-	// firewall is Deps.Firewall; policy runs it (nil without a firewall).
-	firewall dataplane.Firewall
-	policy   *policyController
-	// cniFault is Deps.CNIFault.
-	cniFault func(step string) error
+	cfg     Config
+	log     *slog.Logger
+	deps    Deps
+	metrics *metrics
 
+	// Set up by Run before any goroutine starts; read-only afterwards.
+	store    *datastore.Store
+	ipam     *ipam.Allocator
+	view     *syncer.Syncer
+	routes   *routeOwner
+	bgp      *bgpOwner
+	policy   *policyOwner // nil without a firewall
+	gc       *nodeGC
+	handler  *cniHandler
 	nodeAddr netip.Prefix
 	started  time.Time
+	lease    *leaseHolder
 
-	routingKick chan struct{}
-	bgpKick     chan struct{}
-
-	// learnedSyncMu serialises syncs of the BGP routes in the kernel.
-	learnedSyncMu sync.Mutex
-	mu            sync.Mutex
-	learned       []bgp.LearnedRoute
-	learnedAny    bool // a speaker has delivered a route set
-	converged     bool
-	allUpSince    time.Time
-	desiredPeers  []bgp.Peer
-	advertised    []netip.Prefix
-	localBlocks   []netip.Prefix
-	workloads     int
-	lastRouting   time.Time
-	lastBGP       time.Time
-	lastStoreOK   time.Time
-	cniListening  bool
-	missingNodes  map[string]time.Time
-	inflight      map[string]time.Time // host interfaces being wired by ADD, and since when
-	statusLease   datastore.LeaseID
-	peerStatus    []bgp.PeerStatus
+	cniListening atomic.Bool
 }
 
 // Deps are the kernel and BGP implementations the agent drives; tests pass
@@ -111,34 +89,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // New builds an agent over the given dependencies.
 func New(cfg Config, log *slog.Logger, d Deps) *Agent {
-	a := &Agent{
-		cfg:          cfg,
-		log:          log,
-		wl:           d.Workloads,
-		routes:       d.Routes,
-		speaker:      d.Speaker,
-		newSpeaker:   d.NewSpeaker,
-		cniFault:     d.CNIFault,
-		firewall:     d.Firewall,
-		metrics:      newMetrics(),
-		routingKick:  make(chan struct{}, 1),
-		bgpKick:      make(chan struct{}, 1),
-		missingNodes: map[string]time.Time{},
-		inflight:     map[string]time.Time{},
-	}
-	return a
-}
-
-func kick(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
-}
-
-func (a *Agent) kickAll() {
-	kick(a.routingKick)
-	kick(a.bgpKick)
+	return &Agent{cfg: cfg, log: log, deps: d, metrics: newMetrics()}
 }
 
 // connect opens the datastore, retrying until it answers or ctx ends.
@@ -161,14 +112,10 @@ func (a *Agent) connect(ctx context.Context) error {
 	}
 }
 
-func backoff(attempt int) time.Duration {
-	d := 250 * time.Millisecond << min(attempt, 4)
-	return min(d, 3*time.Second)
-}
-
-// Run registers the node and runs every loop until ctx is done. On return
-// the BGP speaker has stopped gracefully: peers keep this node's routes for
-// the restart time.
+// Run registers the node, builds the cluster view and runs every owner
+// until ctx is done. On return the BGP speaker has stopped gracefully
+// (peers keep this node's routes for the restart time) and the node's
+// liveness and status records are gone.
 func (a *Agent) Run(ctx context.Context) (err error) {
 	a.started = time.Now()
 	if err := a.connect(ctx); err != nil {
@@ -193,61 +140,73 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.ensureDefaultPool(ctx); err != nil {
 		return err
 	}
-	lease, err := a.store.GrantLease(ctx, a.cfg.LeaseTTL)
-	if err != nil {
-		return fmt.Errorf("granting the node's liveness lease: %w", err)
-	}
-	if err := a.publishLiveness(ctx, lease); err != nil {
+	a.lease = &leaseHolder{store: a.store, ttl: a.cfg.LeaseTTL, log: a.log, publish: a.publishLiveness}
+	if err := a.lease.grant(ctx); err != nil {
 		return err
 	}
-	a.statusLease = lease
+	defer a.lease.revoke()
+
+	// The view: everything below reads the cluster from it.
+	a.view = syncer.New(a.store, a.log.With("component", "view"))
+	vctx, stopView := context.WithCancel(ctx)
+	viewDone := make(chan struct{})
+	go func() { defer close(viewDone); _ = a.view.Run(vctx) }()
+	defer func() { stopView(); <-viewDone }()
+	if err := a.view.WaitSynced(ctx); err != nil {
+		return fmt.Errorf("listing the cluster: %w", err)
+	}
 
 	restarting := a.ownRoutesPresent()
-	bcfg, err := a.speakerConfig(ctx, node, restarting)
-	if err != nil {
-		return err
-	}
-	a.speakerCfg = bcfg
-	if err := a.speaker.Start(ctx, bcfg); err != nil {
+	bcfg := speakerConfig(node, a.nodeAddr, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
+	a.routes = newRouteOwner(a.cfg.NodeName, a.view, a.deps.Routes, a.log.With("component", "routes"))
+	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.deps.Routes, a.deps.Speaker, a.deps.NewSpeaker,
+		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
+	if err := a.bgp.start(ctx, bcfg); err != nil {
 		return fmt.Errorf("starting the BGP speaker: %w", err)
 	}
 	a.log.Info("agent started", "node", a.cfg.NodeName, "address", a.nodeAddr, "asn", bcfg.ASN, "restarting", restarting)
-
-	a.startPolicy()
+	a.gc = newNodeGC(a.view, a.store, a.ipam, a.log.With("component", "nodegc"))
+	if a.deps.Firewall != nil {
+		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
+	} else {
+		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
+	}
 	a.handler = &cniHandler{
 		node:          a.cfg.NodeName,
 		store:         a.store,
 		ipam:          a.ipam,
-		wl:            &trackedWorkloads{Workloads: a.wl, a: a},
+		wl:            a.deps.Workloads,
+		view:          a.view,
+		routes:        a.routes,
 		log:           a.log.With("component", "cni"),
-		changed:       a.kickAll,
 		observe:       a.metrics.observeCNI,
 		observeAssign: a.metrics.observeAssign,
-		fault:         a.cniFault,
-		inflight:      a.inflightDevs,
+		fault:         a.deps.CNIFault,
 	}
 	if a.policy != nil {
-		a.handler.policySync = a.policySync
+		a.handler.policySync = a.policy.syncFor
 	}
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 
+	every := a.cfg.ResyncInterval
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		a.setCNIListening(true)
-		defer a.setCNIListening(false)
+		a.cniListening.Store(true)
+		defer a.cniListening.Store(false)
 		return srv.Run(gctx)
 	})
 	g.Go(func() error { return a.serveStatus(gctx) })
-	g.Go(func() error { a.watchLoop(gctx); return nil })
-	g.Go(func() error { a.routingLoop(gctx); return nil })
-	g.Go(func() error { a.bgpLoop(gctx); return nil })
-	g.Go(func() error { a.learnedLoop(gctx); return nil })
-	g.Go(func() error { a.leaseLoop(gctx, lease); return nil })
+	g.Go(func() error { a.routes.loop(every, a.metrics).run(gctx); return nil })
+	g.Go(func() error { a.bgp.loop(every).run(gctx); return nil })
+	g.Go(func() error { a.bgp.learnedLoop(gctx); return nil })
+	g.Go(func() error { a.gc.loop(every, a.metrics).run(gctx); return nil })
+	g.Go(func() error { a.lease.keep(gctx); return nil })
 	g.Go(func() error { a.statusLoop(gctx); return nil })
-	g.Go(func() error { a.policyLoop(gctx); return nil })
-	a.kickAll()
+	if a.policy != nil {
+		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
+	}
 	err = g.Wait()
-	if serr := a.currentSpeaker().Stop(true); serr != nil {
+	if serr := a.bgp.stop(); serr != nil {
 		err = errors.Join(err, fmt.Errorf("stopping the BGP speaker: %w", serr))
 	}
 	if errors.Is(err, context.Canceled) {
@@ -276,7 +235,7 @@ func (a *Agent) nodeAddress() (netip.Prefix, error) {
 // ownRoutesPresent tells a restart from a first start: our blackhole routes
 // survive in the kernel when only the agent went away.
 func (a *Agent) ownRoutesPresent() bool {
-	rs, err := a.routes.List(dataplane.RouteProtoWorkload)
+	rs, err := a.deps.Routes.List(dataplane.RouteProtoWorkload)
 	if err != nil {
 		return false
 	}
@@ -286,87 +245,4 @@ func (a *Agent) ownRoutesPresent() bool {
 		}
 	}
 	return false
-}
-
-func (a *Agent) speakerConfig(ctx context.Context, node *api.Node, restarting bool) (bgp.Config, error) {
-	bc, err := a.bgpConfiguration(ctx)
-	if err != nil {
-		return bgp.Config{}, err
-	}
-	asn, clusterID := node.EffectiveASN(bc), node.RouteReflectorClusterID()
-	port := int32(api.DefaultListenPort)
-	if bc.Spec.ListenPort != nil {
-		port = int32(*bc.Spec.ListenPort)
-	}
-	restart := 120 * time.Second
-	if bc.Spec.NodeMeshMaxRestartTime != nil {
-		restart = bc.Spec.NodeMeshMaxRestartTime.Duration
-	}
-	return bgp.Config{
-		RouterID:        a.nodeAddr.Addr(),
-		Subnet:          a.nodeAddr.Masked(),
-		ASN:             asn,
-		ListenAddr:      a.nodeAddr.Addr(),
-		ListenPort:      port,
-		ClusterID:       clusterID,
-		GracefulRestart: true,
-		RestartTime:     restart,
-		LocalRestarting: restarting,
-		APIListen:       a.cfg.GoBGPAPI,
-	}, nil
-}
-
-func (a *Agent) bgpConfiguration(ctx context.Context) (*api.BGPConfiguration, error) {
-	obj, err := a.store.Get(ctx, api.KindBGPConfiguration, "", api.SingletonName)
-	if errors.Is(err, datastore.ErrNotFound) {
-		bc := &api.BGPConfiguration{Metadata: api.ObjectMeta{Name: api.SingletonName}}
-		bc.SetDefaults()
-		return bc, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading BGPConfiguration: %w", err)
-	}
-	bc := obj.(*api.BGPConfiguration)
-	bc.SetDefaults()
-	return bc, nil
-}
-
-func (a *Agent) setCNIListening(v bool) {
-	a.mu.Lock()
-	a.cniListening = v
-	a.mu.Unlock()
-}
-
-// trackedWorkloads marks host interfaces as being wired while ADD runs, so
-// that a concurrent routing pass keeps their routes although their endpoint
-// is not stored yet.
-type trackedWorkloads struct {
-	dataplane.Workloads
-	a *Agent
-}
-
-func (t *trackedWorkloads) Setup(ctx context.Context, s dataplane.WorkloadSpec) (dataplane.WorkloadStatus, error) {
-	t.a.mu.Lock()
-	t.a.inflight[s.HostIfName] = time.Now()
-	t.a.mu.Unlock()
-	return t.Workloads.Setup(ctx, s)
-}
-
-// inflightWindow is how long a freshly wired interface's routes are kept
-// without an endpoint; ADD stores the endpoint well within it.
-const inflightWindow = 30 * time.Second
-
-// inflightDevs returns the host interfaces wired within inflightWindow.
-func (a *Agent) inflightDevs() map[string]bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := map[string]bool{}
-	for dev, at := range a.inflight {
-		if time.Since(at) > inflightWindow {
-			delete(a.inflight, dev)
-			continue
-		}
-		out[dev] = true
-	}
-	return out
 }

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -19,6 +21,7 @@ import (
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 // storeCallTimeout bounds each datastore step of a CNI request, so that an
@@ -40,10 +43,11 @@ type cniHandler struct {
 	store *datastore.Store
 	ipam  *ipam.Allocator
 	wl    dataplane.Workloads
-	log   *slog.Logger
-	// changed is called after a workload was added or removed so that the
-	// routing and BGP loops run soon.
-	changed func()
+	// view answers GC's question which endpoints this node has.
+	view *syncer.Syncer
+	// routes installs a new pod's routes (the one writer of them).
+	routes *routeOwner
+	log    *slog.Logger
 	// fault, when set, is called after each step of ADD with the step's
 	// name; a non-nil error aborts ADD there (tests inject failures).
 	fault func(step string) error
@@ -51,13 +55,15 @@ type cniHandler struct {
 	observe func(op string, d time.Duration, err error)
 	// wlocks serialises requests of one workload across its sandboxes.
 	wlocks cni.KeyedLocks
-	// inflight, when set, names the host interfaces ADD is wiring right now.
-	inflight func() map[string]bool
 	// observeAssign records an IPAM assignment (metrics).
 	observeAssign func(borrowed bool, err error)
-	// policySync, when set, programs the firewall for the stored endpoint
-	// before ADD returns, so that a pod never runs without its policy.
-	policySync func(ctx context.Context, wep *api.WorkloadEndpoint) error
+	// policySync, when set, programs the firewall for the endpoint stored
+	// at the given revision before ADD returns, so that a pod never runs
+	// without its policy.
+	policySync func(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error
+
+	addingMu sync.Mutex
+	adding   map[string]bool // host interfaces ADD is working on
 }
 
 func (h *cniHandler) step(name string) error {
@@ -71,8 +77,10 @@ func cniErr(code uint, msg string, err error) *types.Error {
 	return &types.Error{Code: code, Msg: msg, Details: err.Error()}
 }
 
-// Add assigns an address, wires the pod and records its endpoint. On any
-// failure it undoes what it did; a repeated ADD returns the same result.
+// Add assigns an address, wires the pod, installs its routes, records its
+// endpoint and programs its policy. Each step that changed something
+// pushes its inverse on one undo stack, run in reverse if a later step
+// fails; a repeated ADD returns the same result.
 func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args) (_ *current.Result, err error) {
 	start := time.Now()
 	defer func() { h.done("add", start, err) }()
@@ -90,6 +98,24 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		return nil, cniErr(types.ErrTryAgainLater, "waiting for another request of the same pod", err)
 	}
 	defer unlock()
+	h.setAdding(hostIf, true)
+	defer h.setAdding(hostIf, false)
+
+	var undo undoStack
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Undo with a fresh deadline: the request's may be what failed.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if uerr := undo.run(rctx); uerr != nil {
+			h.log.Error("rolling back failed ADD left state behind", "container", req.ContainerID, "err", uerr)
+		}
+	}()
+
+	// 1. An address.
+	t0 := time.Now()
 	areq := ipam.AssignRequest{
 		Node:   h.node,
 		Handle: handle,
@@ -100,54 +126,6 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if len(args.IPs) > 0 {
 		areq.Addr = args.IPs[0]
 	}
-
-	var (
-		assigned  bool
-		wired     bool
-		spec      dataplane.WorkloadSpec
-		wepStored bool
-		wepTried  bool
-		wepName   = w.endpointName(h.node)
-	)
-	defer func() {
-		if err == nil {
-			return
-		}
-		// Undo with a fresh deadline: the request's may be what failed.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		var rbErrs []error
-		switch {
-		case wepStored:
-			if derr := h.store.Delete(rctx, api.KindWorkloadEndpoint, w.Namespace, wepName, ""); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
-				rbErrs = append(rbErrs, fmt.Errorf("removing endpoint: %w", derr))
-			}
-		case wepTried:
-			// The write failed, but etcd may have committed it (a timeout):
-			// remove the endpoint if it names this container.
-			if derr := h.deleteEndpointOf(rctx, w.Namespace, wepName, req.ContainerID); derr != nil {
-				rbErrs = append(rbErrs, fmt.Errorf("removing endpoint: %w", derr))
-			}
-		}
-		if wired {
-			if terr := h.wl.Teardown(rctx, spec); terr != nil {
-				rbErrs = append(rbErrs, fmt.Errorf("removing interfaces: %w", terr))
-			}
-		}
-		if assigned {
-			if rerr := h.ipam.ReleaseHandle(rctx, handle); rerr != nil {
-				rbErrs = append(rbErrs, fmt.Errorf("releasing address: %w", rerr))
-			}
-		}
-		if len(rbErrs) > 0 {
-			h.log.Error("rolling back failed ADD left state behind", "container", req.ContainerID, "err", errors.Join(rbErrs...))
-		}
-		if h.changed != nil {
-			h.changed()
-		}
-	}()
-
-	t0 := time.Now()
 	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	asg, err := h.ipam.Assign(actx, areq)
 	cancel()
@@ -157,71 +135,140 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if err != nil {
 		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
 	}
-	assigned = true
+	undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
 	if err = h.step("assign"); err != nil {
 		return nil, err
 	}
 
+	// 2. The endpoint record (then its policy) and the interfaces (then
+	// their routes) need only the address, so they are made concurrently:
+	// ADD costs the longer of the two, not the sum. Policy rules match the
+	// host interface by name, so they can be programmed while the
+	// interface is still being made.
 	mac := args.MAC
 	if mac == "" {
 		mac = containerMAC(req.ContainerID, req.IfName)
 	}
-	spec = dataplane.WorkloadSpec{
-		NetNS:      req.Netns,
-		IfName:     req.IfName,
-		HostIfName: hostIf,
-		Addrs:      []netip.Prefix{netip.PrefixFrom(asg.Addr, 32)},
-		MTU:        conf.MTU,
-		MAC:        mac,
+	spec := dataplane.WorkloadSpec{
+		NetNS:          req.Netns,
+		IfName:         req.IfName,
+		HostIfName:     hostIf,
+		Addrs:          []netip.Prefix{netip.PrefixFrom(asg.Addr, 32)},
+		MTU:            conf.MTU,
+		MAC:            mac,
+		SkipHostRoutes: true,
 	}
-	// The endpoint record (then its policy) and the interfaces need only the
-	// address, so they are made concurrently: ADD costs the longer of the
-	// two, not the sum.
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, mac, args.Labels)
-	var (
-		wepErr  error
-		wepDone = make(chan struct{})
-		wepTook time.Duration
-	)
-	var polErr error
+	type epResult struct {
+		stored bool
+		err    error
+		polErr error
+		took   time.Duration
+	}
+	epc := make(chan epResult, 1)
 	go func() {
-		defer close(wepDone)
-		wepErr = h.putEndpoint(ctx, wep)
-		wepTook = time.Since(t1)
-		// Policy rules match the host interface by name, so they can be
-		// programmed while the interface is still being made.
-		if wepErr == nil && h.policySync != nil {
-			polErr = h.policySync(ctx, wep)
+		var r epResult
+		var rev int64
+		rev, r.err = h.putEndpoint(ctx, wep)
+		r.stored, r.took = r.err == nil, time.Since(t1)
+		if r.err == nil && h.policySync != nil {
+			pctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+			r.polErr = h.policySync(pctx, wep, rev)
+			cancel()
 		}
+		epc <- r
 	}()
-	wired = true // Setup undoes its own partial work; Teardown covers a complete one.
 	st, setupErr := h.wl.Setup(ctx, spec)
+	var routeErr error
+	if setupErr == nil {
+		undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
+		routeErr = h.routes.Wire(hostIf, dataplane.HostRoutes(spec))
+		undo.push("withdrawing routes", func(context.Context) error { h.routes.Unwire(hostIf); return nil })
+	}
 	setupTook := time.Since(t1)
-	<-wepDone
-	wepStored, wepTried = wepErr == nil, true
-	if setupErr != nil {
-		wired = false
+	ep := <-epc
+	if ep.stored {
+		undo.push("removing endpoint", func(ctx context.Context) error {
+			return ignoreNotFound(h.store.Delete(ctx, api.KindWorkloadEndpoint, w.Namespace, wep.Metadata.Name, ""))
+		})
+	} else {
+		// The write failed, but etcd may have committed it (a timeout):
+		// remove the endpoint if it names this container.
+		undo.push("removing endpoint", func(ctx context.Context) error {
+			return h.deleteEndpointOf(ctx, w.Namespace, wep.Metadata.Name, req.ContainerID)
+		})
+	}
+	switch {
+	case setupErr != nil:
 		return nil, cniErr(codeDataplane, "wiring "+req.IfName+" in "+req.Netns, setupErr)
+	case routeErr != nil:
+		return nil, cniErr(codeDataplane, "routing to "+hostIf, routeErr)
 	}
 	if err = h.step("dataplane"); err != nil {
 		return nil, err
 	}
-	if wepErr != nil {
-		return nil, cniErr(codeDatastore, "recording endpoint "+wep.Metadata.Name, wepErr)
+	if ep.err != nil {
+		return nil, cniErr(codeDatastore, "recording endpoint "+wep.Metadata.Name, ep.err)
 	}
 	if err = h.step("endpoint"); err != nil {
 		return nil, err
 	}
-	if polErr != nil {
-		return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, polErr)
-	}
-	if h.changed != nil {
-		h.changed()
+	if ep.polErr != nil {
+		return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, ep.polErr)
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed,
-		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", wepTook.Round(time.Microsecond))
+		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))
 	return buildResult(req, asg.Addr, hostIf, st), nil
+}
+
+// undoStack holds the inverse of each step a request completed.
+type undoStack []undoStep
+
+type undoStep struct {
+	what string
+	do   func(context.Context) error
+}
+
+func (u *undoStack) push(what string, do func(context.Context) error) {
+	*u = append(*u, undoStep{what, do})
+}
+
+// run undoes every step, last first, and keeps going after a failure.
+func (u undoStack) run(ctx context.Context) error {
+	var errs []error
+	for i := len(u) - 1; i >= 0; i-- {
+		if err := u[i].do(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", u[i].what, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func ignoreNotFound(err error) error {
+	if errors.Is(err, datastore.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+func (h *cniHandler) setAdding(hostIf string, on bool) {
+	h.addingMu.Lock()
+	defer h.addingMu.Unlock()
+	if h.adding == nil {
+		h.adding = map[string]bool{}
+	}
+	if on {
+		h.adding[hostIf] = true
+	} else {
+		delete(h.adding, hostIf)
+	}
+}
+
+func (h *cniHandler) isAdding(hostIf string) bool {
+	h.addingMu.Lock()
+	defer h.addingMu.Unlock()
+	return h.adding[hostIf]
 }
 
 // deleteEndpointOf deletes the endpoint if it exists and belongs to
@@ -252,13 +299,17 @@ func containerMAC(containerID, ifName string) string {
 	return net.HardwareAddr(sum[:6]).String()
 }
 
-// putEndpoint creates or replaces the endpoint. A stale endpoint of an
-// earlier sandbox of the same pod is replaced.
-func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint) error {
+// putEndpoint creates or replaces the endpoint and returns the revision
+// that holds it. A stale endpoint of an earlier sandbox of the same pod is
+// replaced.
+func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	_, err := h.store.Apply(ctx, wep)
-	return err
+	obj, err := h.store.Apply(ctx, wep)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(obj.GetMeta().ResourceVersion, 10, 64)
 }
 
 func buildResult(req *cni.Request, addr netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
@@ -300,7 +351,7 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	defer cancel()
 
 	// Deleting the host link takes the pod's side and its routes with it.
-	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName()}
+	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName(), SkipHostRoutes: true}
 	unlock, err := h.wlocks.Lock(ctx, spec.HostIfName)
 	if err != nil {
 		return cniErr(types.ErrTryAgainLater, "waiting for another request of the same pod", err)
@@ -335,7 +386,10 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	go func() {
 		defer close(tdDone)
 		if spec.HostIfName != "" {
+			// The link takes its routes with it; the route owner drops any
+			// it still holds for an ADD that did not finish.
 			teardownErr = h.wl.Teardown(ctx, spec)
+			h.routes.Unwire(spec.HostIfName)
 		}
 	}()
 	if ownsEndpoint {
@@ -350,9 +404,6 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	<-tdDone
 	if teardownErr != nil {
 		errs = append(errs, fmt.Errorf("removing interfaces: %w", teardownErr))
-	}
-	if h.changed != nil {
-		h.changed()
 	}
 	if err := errors.Join(errs...); err != nil {
 		return cniErr(types.ErrTryAgainLater, "removing workload "+shortID(req.ContainerID), err)
@@ -428,31 +479,22 @@ func (h *cniHandler) Status(ctx context.Context, conf *cni.NetConf) error {
 // GC removes this node's attachments of the network that the runtime no
 // longer knows.
 func (h *cniHandler) GC(ctx context.Context, conf *cni.NetConf, valid []types.GCAttachment) error {
-	inflight := map[string]bool{}
-	if h.inflight != nil {
-		inflight = h.inflight()
-	}
 	keep := map[string]bool{}
 	for _, v := range valid {
 		keep[v.ContainerID+"/"+v.IfName] = true
 	}
-	objs, _, err := h.store.List(ctx, api.KindWorkloadEndpoint, "")
-	if err != nil {
-		return cniErr(codeDatastore, "listing endpoints", err)
-	}
 	var errs []error
-	for _, o := range objs {
-		wep := o.(*api.WorkloadEndpoint)
-		if wep.Spec.Node != h.node || keep[wep.Spec.ContainerID+"/"+wep.Spec.Endpoint] {
+	for _, wep := range h.view.EndpointsOn(h.node) {
+		if keep[wep.Spec.ContainerID+"/"+wep.Spec.Endpoint] {
 			continue
 		}
-		if inflight[wep.Spec.InterfaceName] {
+		if h.isAdding(wep.Spec.InterfaceName) {
 			continue // being added right now; the runtime's list may lag
 		}
 		if wep.Spec.IPAMHandle != "" && wep.Spec.IPAMHandle != ipamHandle(conf.Name, wep.Spec.ContainerID) {
 			continue // another network's attachment
 		}
-		spec := dataplane.WorkloadSpec{HostIfName: wep.Spec.InterfaceName}
+		spec := dataplane.WorkloadSpec{HostIfName: wep.Spec.InterfaceName, SkipHostRoutes: true}
 		if terr := h.wl.Teardown(ctx, spec); terr != nil {
 			errs = append(errs, terr)
 		}
@@ -463,9 +505,6 @@ func (h *cniHandler) GC(ctx context.Context, conf *cni.NetConf, valid []types.GC
 			errs = append(errs, rerr)
 		}
 		h.log.Info("gc removed attachment", "container", shortID(wep.Spec.ContainerID), "endpoint", wep.Metadata.Name)
-	}
-	if h.changed != nil {
-		h.changed()
 	}
 	if err := errors.Join(errs...); err != nil {
 		return cniErr(types.ErrTryAgainLater, "gc", err)

@@ -16,11 +16,13 @@ import (
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 type handlerEnv struct {
 	h      *cniHandler
 	store  *datastore.Store
+	view   *syncer.Syncer
 	wl     *fake.Workloads
 	routes *fake.Routes
 }
@@ -35,14 +37,17 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 	}
 	routes := fake.NewRoutes()
 	wl := fake.NewWorkloads(routes)
+	v := startView(t, store)
 	h := &cniHandler{
-		node:  "node1",
-		store: store,
-		ipam:  ipam.New(store),
-		wl:    wl,
-		log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		node:   "node1",
+		store:  store,
+		ipam:   ipam.New(store),
+		wl:     wl,
+		view:   v,
+		routes: newRouteOwner("node1", v, routes, testLogger()),
+		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
-	return &handlerEnv{h: h, store: store, wl: wl, routes: routes}
+	return &handlerEnv{h: h, store: store, view: v, wl: wl, routes: routes}
 }
 
 func addReq(id string) (*cni.Request, *cni.NetConf, *cni.Args) {

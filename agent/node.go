@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -19,7 +21,7 @@ const DefaultPoolName = "default-ipv4-ippool"
 // cluster ID).
 func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 	for attempt := 0; attempt < 20; attempt++ {
-		obj, err := a.store.Get(ctx, api.KindNode, "", a.cfg.NodeName)
+		n, err := datastore.GetAs[*api.Node](ctx, a.store, api.KindNode, "", a.cfg.NodeName)
 		switch {
 		case errors.Is(err, datastore.ErrNotFound):
 			n := &api.Node{
@@ -29,18 +31,17 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 				},
 				Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: a.nodeAddr.String()}},
 			}
-			created, cerr := a.store.Create(ctx, n)
+			created, cerr := datastore.CreateAs(ctx, a.store, n)
 			if errors.Is(cerr, datastore.ErrExists) {
 				continue
 			}
 			if cerr != nil {
 				return nil, fmt.Errorf("registering node %s: %w", a.cfg.NodeName, cerr)
 			}
-			return created.(*api.Node), nil
+			return created, nil
 		case err != nil:
 			return nil, fmt.Errorf("reading node %s: %w", a.cfg.NodeName, err)
 		}
-		n := obj.(*api.Node)
 		if n.Spec.BGP != nil && n.Spec.BGP.IPv4Address == a.nodeAddr.String() {
 			return n, nil
 		}
@@ -48,14 +49,14 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 			n.Spec.BGP = &api.NodeBGPSpec{}
 		}
 		n.Spec.BGP.IPv4Address = a.nodeAddr.String()
-		updated, uerr := a.store.Update(ctx, n)
+		updated, uerr := datastore.UpdateAs(ctx, a.store, n)
 		if errors.Is(uerr, datastore.ErrConflict) {
 			continue
 		}
 		if uerr != nil {
 			return nil, fmt.Errorf("updating node %s: %w", a.cfg.NodeName, uerr)
 		}
-		return updated.(*api.Node), nil
+		return updated, nil
 	}
 	return nil, fmt.Errorf("registering node %s: too many concurrent updates", a.cfg.NodeName)
 }
@@ -96,39 +97,74 @@ func (a *Agent) publishLiveness(ctx context.Context, lease datastore.LeaseID) er
 	if err != nil {
 		return err
 	}
-	if _, err := a.store.PutKV(ctx, "status/nodes/"+a.cfg.NodeName, b, lease); err != nil {
+	if _, err := a.store.PutKV(ctx, datastore.NodeLivenessKey(a.cfg.NodeName), b, lease); err != nil {
 		return fmt.Errorf("publishing node liveness: %w", err)
 	}
 	return nil
 }
 
-// leaseLoop keeps the liveness lease alive and re-grants it (re-publishing
-// the keys under it) whenever it is lost, e.g. after an etcd outage.
-func (a *Agent) leaseLoop(ctx context.Context, lease datastore.LeaseID) {
+// leaseHolder keeps the node's liveness lease, under which its liveness
+// and status records live, so that they disappear with a dead agent.
+type leaseHolder struct {
+	store   *datastore.Store
+	ttl     time.Duration
+	log     *slog.Logger
+	publish func(context.Context, datastore.LeaseID) error
+
+	mu sync.Mutex
+	id datastore.LeaseID
+}
+
+// grant takes a new lease and publishes the liveness record under it.
+func (l *leaseHolder) grant(ctx context.Context) error {
+	id, err := l.store.GrantLease(ctx, l.ttl)
+	if err != nil {
+		return fmt.Errorf("granting the node's liveness lease: %w", err)
+	}
+	if err := l.publish(ctx, id); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.id = id
+	l.mu.Unlock()
+	return nil
+}
+
+// current returns the lease in force; it changes when one was lost.
+func (l *leaseHolder) current() datastore.LeaseID {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.id
+}
+
+// keep keeps the lease alive and re-grants it (re-publishing the liveness
+// record) whenever it is lost, e.g. after an etcd outage.
+func (l *leaseHolder) keep(ctx context.Context) {
 	for {
-		err := a.store.KeepAlive(ctx, lease)
+		err := l.store.KeepAlive(ctx, l.current())
 		if ctx.Err() != nil {
 			return
 		}
-		a.log.Warn("node liveness lease lost, renewing", "err", err)
+		l.log.Warn("node liveness lease lost, renewing", "err", err)
 		for attempt := 0; ; attempt++ {
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(backoff(attempt)):
 			}
-			l, gerr := a.store.GrantLease(ctx, a.cfg.LeaseTTL)
-			if gerr != nil {
-				continue
+			if l.grant(ctx) == nil {
+				break
 			}
-			if perr := a.publishLiveness(ctx, l); perr != nil {
-				continue
-			}
-			lease = l
-			a.mu.Lock()
-			a.statusLease = l
-			a.mu.Unlock()
-			break
 		}
+	}
+}
+
+// revoke ends the lease, deleting the node's liveness and status records:
+// a node stopped on purpose leaves at once instead of after the TTL.
+func (l *leaseHolder) revoke() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := l.store.RevokeLease(ctx, l.current()); err != nil {
+		l.log.Warn("revoking the node's liveness lease; its records expire with it", "err", err)
 	}
 }

@@ -2,90 +2,180 @@ package agent
 
 import (
 	"context"
+	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// newGCAgent is an agent on a real etcd with a pool and one address
-// (handle h1) assigned to node.
-func newGCAgent(t *testing.T, node string) *Agent {
+// gcEnv is node GC over a real etcd with a pool, two nodes (node1 and
+// gone) and one address (handle h1) of gone.
+type gcEnv struct {
+	store *datastore.Store
+	ipam  *ipam.Allocator
+	gc    *nodeGC
+}
+
+func newGCEnv(t *testing.T) *gcEnv {
 	t.Helper()
 	ctx := context.Background()
 	store := storetest.New(t)
 	if _, err := store.Create(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/24", BlockSize: 28}}); err != nil {
 		t.Fatal(err)
 	}
-	a := New(Default(), testLogger(), Deps{})
-	a.store, a.ipam = store, ipam.New(store)
-	if _, err := a.ipam.Assign(ctx, ipam.AssignRequest{Node: node, Handle: "h1"}); err != nil {
+	for _, n := range []string{"node1", "gone"} {
+		if _, err := store.Create(ctx, &api.Node{Metadata: api.ObjectMeta{Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	al := ipam.New(store)
+	if _, err := al.Assign(ctx, ipam.AssignRequest{Node: "gone", Handle: "h1"}); err != nil {
 		t.Fatal(err)
 	}
-	return a
+	v := startView(t, store)
+	return &gcEnv{store: store, ipam: al, gc: newNodeGC(v, store, al, testLogger())}
 }
 
-func TestReleaseGoneNodes(t *testing.T) {
-	ctx := context.Background()
-	a := newGCAgent(t, "gone")
-	live := map[string]bool{"node1": true}
-	pass := func() {
-		t.Helper()
-		blocks, err := a.ipam.Blocks(ctx)
-		if err != nil {
+// passWhen runs GC passes until cond holds (the view follows etcd a few
+// milliseconds behind) or fails after a deadline.
+func (e *gcEnv) passUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if err := e.gc.pass(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if err := a.releaseGoneNodes(ctx, live, blocks); err != nil {
-			t.Fatal(err)
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *gcEnv) affine(t *testing.T, node string) int {
+	t.Helper()
+	blocks, err := e.ipam.Blocks(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, b := range blocks {
+		if b.Affinity == node {
+			n++
 		}
 	}
+	return n
+}
+
+func (e *gcEnv) held(t *testing.T) int {
+	t.Helper()
+	addrs, err := e.ipam.AddressesByHandle(context.Background(), "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(addrs)
+}
+
+func TestNodeGCReleasesGoneNodes(t *testing.T) {
+	ctx := context.Background()
+	e := newGCEnv(t)
 	old := NodeGCGrace
 	t.Cleanup(func() { NodeGCGrace = old })
 
-	pass()
-	blocks, _ := a.ipam.Blocks(ctx)
-	for _, b := range blocks {
-		if b.Affinity == "gone" {
-			t.Errorf("block %s still affine to the deleted node", b.CIDR)
+	if err := e.gc.pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e.affine(t, "gone") == 0 || e.held(t) != 1 {
+		t.Fatal("a live node's blocks or addresses were released")
+	}
+	if err := e.store.Delete(ctx, api.KindNode, "", "gone", ""); err != nil {
+		t.Fatal(err)
+	}
+	e.passUntil(t, "the deleted node's claims to go", func() bool { return e.affine(t, "gone") == 0 })
+	if e.held(t) != 1 {
+		t.Error("addresses released before the grace period")
+	}
+	NodeGCGrace = 0
+	e.passUntil(t, "the deleted node's addresses to go", func() bool { return e.held(t) == 0 })
+}
+
+// A Node record that does not decode is not a deleted node: its blocks
+// and addresses stay.
+func TestNodeGCKeepsUndecodableNode(t *testing.T) {
+	ctx := context.Background()
+	e := newGCEnv(t)
+	key, err := datastore.ResourceKey(api.KindNode, "", "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := e.store.PutKV(ctx, key, []byte(`{"metadata":{"name":"gone"},"spec":{"bgp":{"asNumber":"not a number"}}}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.gc.view.WaitRevision(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	old := NodeGCGrace
+	NodeGCGrace = 0
+	t.Cleanup(func() { NodeGCGrace = old })
+	for range 2 { // claims on the first pass, addresses on a later one
+		if err := e.gc.pass(ctx); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if addrs, _ := a.ipam.AddressesByHandle(ctx, "h1"); len(addrs) != 1 {
-		t.Errorf("addresses released before the grace period: %v", addrs)
+	if e.affine(t, "gone") == 0 {
+		t.Error("the blocks of a node whose record does not decode lost their affinity")
 	}
-
-	NodeGCGrace = 0
-	pass()
-	if addrs, _ := a.ipam.AddressesByHandle(ctx, "h1"); len(addrs) != 0 {
-		t.Errorf("addresses of the deleted node still allocated after the grace period: %v", addrs)
+	if e.held(t) != 1 {
+		t.Error("the addresses of a node whose record does not decode were released")
 	}
 }
 
 func TestSpeakerRestartsWhenIdentityChanges(t *testing.T) {
 	ctx := context.Background()
 	store := storetest.New(t)
+	node := &api.Node{Metadata: api.ObjectMeta{Name: "node1"}, Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: "198.18.0.11/24"}}}
+	if _, err := store.Create(ctx, node); err != nil {
+		t.Fatal(err)
+	}
+	v := startView(t, store)
 	var made []*fakeSpeaker
 	first := newFakeSpeaker()
-	a := New(Default(), testLogger(), Deps{Speaker: first, NewSpeaker: func() bgp.Speaker {
+	b := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), v, nil, first, func() bgp.Speaker {
 		s := newFakeSpeaker()
 		made = append(made, s)
 		return s
-	}})
-	a.store, a.ipam = store, ipam.New(store)
-	a.speakerCfg = bgp.Config{ASN: 64512}
-	bc := &api.BGPConfiguration{}
-	bc.SetDefaults()
-	node := &api.Node{Metadata: api.ObjectMeta{Name: a.cfg.NodeName}, Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: "198.18.0.11/24"}}}
+	}, time.Minute, newMetrics(), testLogger())
+	b.speakerCfg = bgp.Config{ASN: 64512}
+	bc := v.BGPConfiguration()
 
-	if err := a.ensureSpeakerIdentity(ctx, []*api.Node{node}, bc); err != nil || len(made) != 0 {
+	if err := b.ensureSpeakerIdentity(ctx, bc); err != nil || len(made) != 0 {
 		t.Fatalf("unchanged identity: err %v, %d new speakers", err, len(made))
 	}
-	node.Spec.BGP.RouteReflectorClusterID = "244.0.0.1"
-	if err := a.ensureSpeakerIdentity(ctx, []*api.Node{node}, bc); err != nil {
+	cur, err := datastore.GetAs[*api.Node](ctx, store, api.KindNode, "", "node1")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(made) != 1 || a.currentSpeaker() != made[0] {
+	cur.Spec.BGP.RouteReflectorClusterID = "244.0.0.1"
+	upd, err := store.Update(ctx, cur)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WaitRevision(ctx, mustRev(t, upd)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ensureSpeakerIdentity(ctx, bc); err != nil {
+		t.Fatal(err)
+	}
+	if len(made) != 1 || b.current() != made[0] {
 		t.Fatalf("speaker not replaced: %d made", len(made))
 	}
 	if !first.stopped || !first.graceful {

@@ -5,27 +5,30 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
-	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/policy"
+	"github.com/tabbynet/tabby/syncer"
 )
 
-// policyController keeps the node's firewall equal to the policy compiled
-// from the datastore. Passes are serialised and coalesced: a caller that
-// needs its change in place (CNI ADD) waits for a pass that started after
-// it asked, and concurrent callers share one pass.
-type policyController struct {
-	node  string
-	store *datastore.Store
-	fw    dataplane.Firewall
-	log   *slog.Logger
-	kick  chan struct{}
+// policyOwner keeps the node's firewall equal to the policy compiled from
+// the view. Passes are serialised and coalesced: a caller that needs its
+// change in place (CNI ADD) waits for a pass that started after it asked,
+// and concurrent callers share one pass. A pass whose compiled state equals
+// the last one applied leaves the kernel alone, except the periodic pass,
+// which repairs drift.
+type policyOwner struct {
+	node string
+	view *syncer.Syncer
+	fw   dataplane.Firewall
+	log  *slog.Logger
+	sub  *syncer.Subscription
+	kick chan struct{}
 
 	requested sync.Mutex // guards reqGen
 	reqGen    uint64
@@ -36,54 +39,49 @@ type policyController struct {
 	warned  []string
 	last    dataplane.ApplyStats
 	lastAt  time.Time
+	applied *dataplane.FirewallState // what the last successful Apply programmed
+	okOnce  bool
+	passes  int
 }
 
-func newPolicyController(node string, store *datastore.Store, fw dataplane.Firewall, log *slog.Logger) *policyController {
-	return &policyController{node: node, store: store, fw: fw, log: log, kick: make(chan struct{}, 1)}
-}
-
-// startPolicy creates the agent's policy controller; without a firewall
-// (tests that run the agent in their own process's namespace) policy is
-// not enforced.
-func (a *Agent) startPolicy() {
-	if a.firewall == nil {
-		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
-		return
-	}
-	a.policy = newPolicyController(a.cfg.NodeName, a.store, a.firewall, a.log.With("component", "policy"))
-}
-
-// policyLoop runs policy passes on datastore changes and every resync
-// interval until ctx ends.
-func (a *Agent) policyLoop(ctx context.Context) {
-	if a.policy == nil {
-		return
-	}
-	p := a.policy
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); p.watch(ctx) }()
-	defer wg.Wait() // the watch ends with ctx
-	kick(p.kick)
-	a.loop(ctx, "policy", p.kick, func(ctx context.Context) error {
-		err := p.sync(ctx)
-		if onlyStaleCleanup(err) {
-			// The desired state is in place; what could not be removed is
-			// tried again on the next pass.
-			p.log.Warn("stale firewall state not removed", "err", err)
-			return nil
+func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
+	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1)}
+	p.sub = view.Subscribe("policy", func(u syncer.Update) bool {
+		switch u.Kind {
+		case api.KindWorkloadEndpoint, api.KindNetworkPolicy, api.KindGlobalNetworkPolicy, api.KindIPPool:
+			return true
 		}
-		return err
+		return false
 	})
+	return p
 }
 
-// policySync is the CNI handler's hook: it returns once a pass that saw the
-// stored endpoint has programmed the firewall.
-func (a *Agent) policySync(ctx context.Context, wep *api.WorkloadEndpoint) error {
-	if a.policy == nil {
-		return nil
+// loop runs passes on view changes and, applying in full, every resync
+// interval.
+func (p *policyOwner) loop(every time.Duration, m *metrics) loop {
+	pass := func(force bool) func(context.Context) error {
+		return func(ctx context.Context) error {
+			err := p.sync(ctx, force)
+			if onlyStaleCleanup(err) {
+				// The desired state is in place; what could not be removed
+				// is tried again on the next pass.
+				p.log.Warn("stale firewall state not removed", "err", err)
+				return nil
+			}
+			return err
+		}
 	}
-	err := a.policy.sync(ctx)
+	return loop{name: "policy", every: every, wake: [2]<-chan struct{}{p.sub.C(), p.kick}, observe: m.observeReconcile, log: p.log,
+		pass: pass(false), full: pass(true)}
+}
+
+// syncFor is the CNI handler's hook: it returns once a pass that saw the
+// endpoint stored at revision rev has programmed the firewall.
+func (p *policyOwner) syncFor(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error {
+	if err := p.view.WaitRevision(ctx, rev); err != nil {
+		return fmt.Errorf("waiting for endpoint %s/%s in the cluster view: %w", wep.Metadata.Namespace, wep.Metadata.Name, err)
+	}
+	err := p.sync(ctx, false)
 	if onlyStaleCleanup(err) {
 		return nil
 	}
@@ -93,26 +91,9 @@ func (a *Agent) policySync(ctx context.Context, wep *api.WorkloadEndpoint) error
 	return nil
 }
 
-// policyKinds are the resources whose changes can change the firewall.
-var policyKinds = []string{
-	"resources/workloadendpoints/",
-	"resources/networkpolicies/",
-	"resources/globalnetworkpolicies/",
-	"resources/ippools/",
-}
-
-// watch kicks the loop on every change of a policy input.
-func (p *policyController) watch(ctx context.Context) {
-	for ev := range p.store.Watch(ctx, "resources/", 0) {
-		if ev.Type == datastore.EventResync || slices.ContainsFunc(policyKinds, func(k string) bool { return strings.HasPrefix(ev.KV.Key, k) }) {
-			kick(p.kick)
-		}
-	}
-}
-
 // sync runs a pass unless one that started after this call finished in the
 // meantime, and returns that pass's error.
-func (p *policyController) sync(ctx context.Context) error {
+func (p *policyOwner) sync(ctx context.Context, force bool) error {
 	p.requested.Lock()
 	p.reqGen++
 	mine := p.reqGen
@@ -123,74 +104,59 @@ func (p *policyController) sync(ctx context.Context) error {
 	// A pass that already covered this request answers it, unless it failed
 	// only because its own caller's context ended: then run one for this
 	// caller.
-	if p.doneGen >= mine && !(isContextErr(p.lastErr) && ctx.Err() == nil) {
+	if !force && p.doneGen >= mine && !(isContextErr(p.lastErr) && ctx.Err() == nil) {
 		return p.lastErr
 	}
 	p.requested.Lock()
 	gen := p.reqGen
 	p.requested.Unlock()
-	err := p.pass(ctx)
+	err := p.pass(ctx, force)
 	p.doneGen, p.lastErr = gen, err
 	return err
 }
 
-// pass compiles the datastore's policy inputs and applies the result.
-// Callers hold passMu.
-func (p *policyController) pass(ctx context.Context) error {
+// pass compiles the view's policy inputs and applies the result. Callers
+// hold passMu.
+func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	start := time.Now()
-	in, err := p.input(ctx)
-	if err != nil {
-		return err
-	}
-	rs := policy.Compile(in)
+	p.passes++
+	rs := policy.Compile(policy.Input{
+		Node:            p.node,
+		Endpoints:       p.view.Endpoints(),
+		NetworkPolicies: p.view.NetworkPolicies(),
+		GlobalPolicies:  p.view.GlobalNetworkPolicies(),
+		Pools:           p.view.Pools(),
+	})
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {
 			p.log.Warn("policy input skipped", "reason", w)
 		}
 		p.warned = rs.Warnings
 	}
-	st, err := p.fw.Apply(ctx, firewallState(rs))
+	state := firewallState(rs)
+	if !force && p.applied != nil && reflect.DeepEqual(*p.applied, state) {
+		return nil // another node's pod, say, that no rule here selects
+	}
+	st, err := p.fw.Apply(ctx, state)
 	p.last, p.lastAt = st, time.Now()
 	if st.Changed() {
 		p.log.Debug("firewall updated", "took", time.Since(start), "chains_written", st.ChainsWritten,
 			"rules_written", st.RulesWritten, "chains_deleted", st.ChainsDeleted, "sets_created", st.SetsCreated,
 			"members_added", st.MembersAdded, "members_removed", st.MembersRemoved, "jumps_inserted", st.JumpsInserted)
 	}
-	if err != nil {
+	if err != nil && !onlyStaleCleanup(err) {
+		p.applied = nil
 		return fmt.Errorf("applying firewall state: %w", err)
 	}
-	return nil
+	p.applied, p.okOnce = &state, true
+	return err
 }
 
-// input lists the policy inputs from the datastore.
-func (p *policyController) input(ctx context.Context) (policy.Input, error) {
-	in := policy.Input{Node: p.node}
-	objs, _, err := p.store.List(ctx, api.KindWorkloadEndpoint, "")
-	if err != nil {
-		return in, fmt.Errorf("listing endpoints: %w", err)
-	}
-	for _, o := range objs {
-		in.Endpoints = append(in.Endpoints, o.(*api.WorkloadEndpoint))
-	}
-	if objs, _, err = p.store.List(ctx, api.KindNetworkPolicy, ""); err != nil {
-		return in, fmt.Errorf("listing network policies: %w", err)
-	}
-	for _, o := range objs {
-		in.NetworkPolicies = append(in.NetworkPolicies, o.(*api.NetworkPolicy))
-	}
-	if objs, _, err = p.store.List(ctx, api.KindGlobalNetworkPolicy, ""); err != nil {
-		return in, fmt.Errorf("listing global network policies: %w", err)
-	}
-	for _, o := range objs {
-		in.GlobalPolicies = append(in.GlobalPolicies, o.(*api.GlobalNetworkPolicy))
-	}
-	if objs, _, err = p.store.List(ctx, api.KindIPPool, ""); err != nil {
-		return in, fmt.Errorf("listing pools: %w", err)
-	}
-	for _, o := range objs {
-		in.Pools = append(in.Pools, o.(*api.IPPool))
-	}
-	return in, nil
+// programmed reports whether a pass has succeeded.
+func (p *policyOwner) programmed() bool {
+	p.passMu.Lock()
+	defer p.passMu.Unlock()
+	return p.okOnce
 }
 
 // firewallState converts the compiler's ruleset into the dataplane's terms.

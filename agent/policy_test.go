@@ -49,8 +49,8 @@ func TestPolicyPass(t *testing.T) {
 		Ingress:     []api.NetworkPolicyIngressRule{{From: []api.NetworkPolicyPeer{{PodSelector: &api.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}}}},
 	}})
 	fw := &fake.Firewall{}
-	p := newPolicyController("node1", store, fw, quietLog())
-	if err := p.sync(ctx); err != nil {
+	p := newPolicyOwner("node1", startView(t, store), fw, quietLog())
+	if err := p.sync(ctx, false); err != nil {
 		t.Fatal(err)
 	}
 	tw, ok := fw.Rules("filter", "tabby-tw-cali0000000001")
@@ -66,10 +66,14 @@ func TestPolicyPass(t *testing.T) {
 	if m, ok := fw.Set("tabby-masq-pools"); !ok || !slices.Equal(m, []string{"10.244.0.0/16"}) {
 		t.Errorf("masquerade pools %v", m)
 	}
-	// Nothing changed: the next pass applies the same state, which the
-	// fake counts as no change.
-	if err := p.sync(ctx); err != nil || p.last.Changed() {
-		t.Errorf("second pass: %v, changed %+v", err, p.last)
+	// Nothing changed: the next pass leaves the kernel alone, and the
+	// periodic (forced) one applies the same state, which the fake counts
+	// as no change.
+	if err := p.sync(ctx, false); err != nil || fw.Applies() != 1 {
+		t.Errorf("second pass: %v, %d applies, want 1", err, fw.Applies())
+	}
+	if err := p.sync(ctx, true); err != nil || p.last.Changed() {
+		t.Errorf("forced pass: %v, changed %+v", err, p.last)
 	}
 }
 
@@ -101,13 +105,13 @@ func (g *gatedFirewall) Apply(ctx context.Context, s dataplane.FirewallState) (d
 func TestPolicySyncCoalesces(t *testing.T) {
 	store := storetest.New(t)
 	fw := &gatedFirewall{Firewall: &fake.Firewall{}, entered: make(chan struct{}), gate: make(chan struct{})}
-	p := newPolicyController("node1", store, fw, quietLog())
+	p := newPolicyOwner("node1", startView(t, store), fw, quietLog())
 	ctx := context.Background()
 	errc := make(chan error, 11)
-	go func() { errc <- p.sync(ctx) }()
+	go func() { errc <- p.sync(ctx, false) }()
 	<-fw.entered // the first pass is running
 	for range 10 {
-		go func() { errc <- p.sync(ctx) }()
+		go func() { errc <- p.sync(ctx, false) }()
 	}
 	// Let the ten queue up behind the running pass, then release it.
 	deadline := time.Now().Add(5 * time.Second)
@@ -129,8 +133,11 @@ func TestPolicySyncCoalesces(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := fw.Applies(); got != 2 {
-		t.Errorf("%d applies for 11 syncs, want 2 (the running pass and one for all that waited)", got)
+	p.passMu.Lock()
+	passes := p.passes
+	p.passMu.Unlock()
+	if passes != 2 {
+		t.Errorf("%d passes for 11 syncs, want 2 (the running pass and one for all that waited)", passes)
 	}
 }
 
@@ -138,9 +145,7 @@ func TestCNIAddProgramsPolicy(t *testing.T) {
 	ctx := context.Background()
 	e := newHandlerEnv(t)
 	fw := &fake.Firewall{}
-	a := &Agent{cfg: Config{NodeName: "node1"}, log: quietLog(), store: e.store, firewall: fw}
-	a.startPolicy()
-	e.h.policySync = a.policySync
+	e.h.policySync = newPolicyOwner("node1", e.view, fw, quietLog()).syncFor
 
 	req, conf, args := addReq("c1")
 	if _, err := e.h.Add(ctx, req, conf, args); err != nil {
@@ -165,11 +170,10 @@ func TestCNIAddProgramsPolicy(t *testing.T) {
 func TestPolicyLoopFollowsDatastore(t *testing.T) {
 	store := storetest.New(t)
 	fw := &fake.Firewall{}
-	a := &Agent{cfg: Config{NodeName: "node1", ResyncInterval: time.Hour}, log: quietLog(), store: store, firewall: fw, metrics: newMetrics()}
-	a.startPolicy()
+	p := newPolicyOwner("node1", startView(t, store), fw, quietLog())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { a.policyLoop(ctx); close(done) }()
+	go func() { p.loop(time.Hour, newMetrics()).run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 
 	waitFor := func(what string, cond func() bool) {

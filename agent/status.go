@@ -9,9 +9,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tabbynet/tabby/datastore"
 )
 
 // PeerInfo is one BGP session in the status API.
@@ -39,25 +42,33 @@ type Status struct {
 // Status reports the agent's current state.
 func (a *Agent) Status() Status {
 	ready, _ := a.readiness()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	st := Status{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), ASN: a.speakerCfg.ASN, Ready: ready, Workloads: a.workloads,
+	st := Status{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), Ready: ready,
 		Peers: []PeerInfo{}, Blocks: []string{}, Advertised: []string{}}
+	if a.view != nil {
+		st.Workloads = len(a.view.EndpointsOn(a.cfg.NodeName))
+	}
+	if a.bgp == nil {
+		return st
+	}
+	b := a.bgp
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st.ASN = b.speakerCfg.ASN
 	types := map[string]string{}
-	for _, p := range a.desiredPeers {
+	for _, p := range b.desiredPeers {
 		types[p.Address.String()] = string(p.Type)
 	}
-	for _, p := range a.peerStatus {
+	for _, p := range b.peerStatus {
 		t := string(p.Type)
 		if t == "" {
 			t = types[p.Address.String()]
 		}
 		st.Peers = append(st.Peers, PeerInfo{Address: p.Address.String(), Type: t, State: p.State, Since: p.Since, Info: p.Info})
 	}
-	for _, b := range a.localBlocks {
-		st.Blocks = append(st.Blocks, b.String())
+	for _, p := range b.localBlocks {
+		st.Blocks = append(st.Blocks, p.String())
 	}
-	for _, p := range a.advertised {
+	for _, p := range b.advertised {
 		st.Advertised = append(st.Advertised, p.String())
 	}
 	return st
@@ -68,44 +79,82 @@ func marshalStatus(st Status) ([]byte, error) {
 	return json.Marshal(st)
 }
 
-// liveness: every loop has run recently.
+// statusLoop publishes this node's status to the datastore under the
+// liveness lease, so that any node can show the whole cluster, and keeps
+// the workload route gauge.
+func (a *Agent) statusLoop(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	var last []byte
+	var lastLease datastore.LeaseID
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, _, _ := a.routes.stats()
+		a.metrics.routes.WithLabelValues("workload").Set(float64(n))
+		b, err := marshalStatus(a.Status())
+		lease := a.lease.current()
+		// A new lease means the old one expired and took the record with it.
+		if err != nil || (slices.Equal(b, last) && lease == lastLease) {
+			continue
+		}
+		if _, err := a.store.PutKV(ctx, datastore.NodeStatusKey(a.cfg.NodeName), b, lease); err != nil {
+			if !errors.Is(err, context.Canceled) {
+				a.log.Debug("publishing status failed", "err", err)
+			}
+			continue
+		}
+		last, lastLease = b, lease
+	}
+}
+
+// liveness: every owner's loop has run recently (each runs at least once
+// per resync interval).
 func (a *Agent) liveness() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	limit := 3*a.cfg.ResyncInterval + 30*time.Second
-	if time.Since(a.started) < limit {
+	if time.Since(a.started) < limit || a.routes == nil || a.bgp == nil {
 		return nil
 	}
-	if time.Since(a.lastRouting) > limit {
-		return fmt.Errorf("routing loop has not completed a pass for %s", time.Since(a.lastRouting).Round(time.Second))
+	if _, last, _ := a.routes.stats(); time.Since(last) > limit {
+		return fmt.Errorf("routing loop has not completed a pass for %s", time.Since(last).Round(time.Second))
 	}
-	if time.Since(a.lastBGP) > limit {
-		return fmt.Errorf("bgp loop has not completed a pass for %s", time.Since(a.lastBGP).Round(time.Second))
+	a.bgp.mu.Lock()
+	last := a.bgp.lastPass
+	a.bgp.mu.Unlock()
+	if time.Since(last) > limit {
+		return fmt.Errorf("bgp loop has not completed a pass for %s", time.Since(last).Round(time.Second))
 	}
 	return nil
 }
 
-// readiness: datastore reachable recently, CNI server listening, every
-// desired BGP session established.
+// readiness: this node can network its pods. The cluster view is synced,
+// the CNI server listens, the routes (and policy, when enforced) have been
+// programmed, and BGP is established with at least one cluster peer when
+// any is configured. One peer down does not make the node unready, so that
+// a rolling update of the agents never turns every other node unready;
+// per-peer state is in the status and the metrics.
 func (a *Agent) readiness() (bool, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	var errs []error
-	if !a.cniListening {
+	if !a.cniListening.Load() {
 		errs = append(errs, errors.New("cni server not listening"))
 	}
-	if time.Since(a.lastStoreOK) > 2*a.cfg.ResyncInterval+10*time.Second {
-		errs = append(errs, errors.New("datastore not reached recently"))
+	if a.view == nil || !a.view.Synced() {
+		errs = append(errs, errors.New("cluster view not synced with the datastore"))
 	}
-	est := map[string]bool{}
-	for _, p := range a.peerStatus {
-		if p.State == "Established" {
-			est[p.Address.String()] = true
-		}
+	if a.routes == nil {
+		errs = append(errs, errors.New("routes not programmed yet"))
+	} else if _, _, ok := a.routes.stats(); !ok {
+		errs = append(errs, errors.New("routes not programmed yet"))
 	}
-	for _, p := range a.desiredPeers {
-		if !est[p.Address.String()] {
-			errs = append(errs, fmt.Errorf("bgp session to %s not established", p.Address))
+	if a.policy != nil && !a.policy.programmed() {
+		errs = append(errs, errors.New("policy not programmed yet"))
+	}
+	if a.bgp != nil {
+		if err := a.bgp.ready(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	err := errors.Join(errs...)

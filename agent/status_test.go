@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
 )
@@ -19,18 +20,20 @@ func TestStatusRepublishedUnderNewLease(t *testing.T) {
 	store := storetest.New(t)
 	cfg := Default()
 	cfg.NodeName = "node1"
-	a := New(cfg, testLogger(), Deps{})
+	a := New(cfg, testLogger(), Deps{Routes: fake.NewRoutes()})
 	a.store = store
-	lease, err := store.GrantLease(ctx, 10*time.Second)
-	if err != nil {
+	a.view = startView(t, store)
+	a.routes = newRouteOwner("node1", a.view, a.deps.Routes, testLogger())
+	a.lease = &leaseHolder{store: store, ttl: 10 * time.Second, log: testLogger(), publish: func(context.Context, datastore.LeaseID) error { return nil }}
+	if err := a.lease.grant(ctx); err != nil {
 		t.Fatal(err)
 	}
-	a.statusLease = lease
+	lease := a.lease.current()
 	done := make(chan struct{})
 	go func() { defer close(done); a.statusLoop(ctx) }()
 	defer func() { cancel(); <-done }()
 
-	key := "status/bgp/node1"
+	key := datastore.NodeStatusKey("node1")
 	waitKV := func(what string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -50,12 +53,14 @@ func TestStatusRepublishedUnderNewLease(t *testing.T) {
 	if err := store.RevokeLease(ctx, lease); err != nil { // as if it had expired
 		t.Fatal(err)
 	}
-	l2, err := store.GrantLease(ctx, 10*time.Second)
-	if err != nil {
+	if err := a.lease.grant(ctx); err != nil {
 		t.Fatal(err)
 	}
-	a.mu.Lock()
-	a.statusLease = l2
-	a.mu.Unlock()
 	waitKV("after the lease was re-granted")
+
+	// Revoking the lease (what a stopping agent does) deletes the record.
+	a.lease.revoke()
+	if _, err := store.GetKV(ctx, key); !errors.Is(err, datastore.ErrNotFound) {
+		t.Errorf("status record after the lease was revoked: %v", err)
+	}
 }

@@ -105,21 +105,18 @@ func (c *Client) NodeStatus(ctx context.Context, out io.Writer, o NodeStatusOpti
 	if err != nil {
 		return fmt.Errorf("listing nodes: %w", err)
 	}
-	names := make([]string, 0, len(statuses))
-	for n := range statuses {
-		names = append(names, n)
-	}
+	// The Node records say which nodes exist: a status record outliving
+	// its node (its lease not yet expired) is not listed.
+	names := make([]string, 0, len(nodes))
 	for _, n := range nodes {
-		if _, ok := statuses[n.GetMeta().Name]; !ok {
-			names = append(names, n.GetMeta().Name)
-		}
+		names = append(names, n.GetMeta().Name)
 	}
 	slices.Sort(names)
 	if len(names) == 0 {
 		_, err := fmt.Fprintln(out, "No nodes and no published status.")
 		return err
 	}
-	sessions, established := 0, 0
+	sessions, established, publishing := 0, 0, 0
 	for i, n := range names {
 		if i > 0 {
 			fmt.Fprintln(out)
@@ -129,6 +126,7 @@ func (c *Client) NodeStatus(ctx context.Context, out io.Writer, o NodeStatusOpti
 			fmt.Fprintf(out, "Node %s: no status published (is tabby-agent running there?)\n", n)
 			continue
 		}
+		publishing++
 		if err := WriteNodeStatus(out, st); err != nil {
 			return err
 		}
@@ -140,7 +138,7 @@ func (c *Client) NodeStatus(ctx context.Context, out io.Writer, o NodeStatusOpti
 		}
 	}
 	_, err = fmt.Fprintf(out, "\n%d of %d nodes publish status; %d of %d BGP sessions established.\n",
-		len(statuses), len(names), established, sessions)
+		publishing, len(names), established, sessions)
 	return err
 }
 

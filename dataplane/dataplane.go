@@ -62,6 +62,12 @@ type WorkloadSpec struct {
 	Addrs      []netip.Prefix // /32s
 	MTU        int            // 0 = 1500
 	MAC        string         // container side MAC, "" = random
+	// SkipHostRoutes leaves the node's routes to the workload to the
+	// caller: the agent's route owner, the one writer of protocol
+	// RouteProtoWorkload routes, installs HostRoutes(spec) itself. Setup
+	// then adds none and Teardown deletes none (the kernel drops routes
+	// through a link with the link).
+	SkipHostRoutes bool
 }
 
 // WorkloadStatus reports what Setup created.

@@ -213,7 +213,12 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 	}{
 		{"configuring host interface", func() error { return c.ensureHostLink(host) }},
 		{"configuring container interface", func() error { return c.ensureContainerLink(cont) }},
-		{"adding host routes", func() error { return c.ensureHostRoutes(existed, &undo) }},
+	}
+	if !spec.SkipHostRoutes {
+		steps = append(steps, struct {
+			what string
+			do   func() error
+		}{"adding host routes", func() error { return c.ensureHostRoutes(existed, &undo) }})
 	}
 	for _, st := range steps {
 		if err := ctx.Err(); err != nil {
@@ -246,6 +251,8 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 	if host != nil {
 		// Stale: left by an earlier sandbox, its peer elsewhere. Deleting
 		// one end of a veth deletes both, and the routes through it.
+	}
+	if host != nil {
 		if err := c.node.LinkDel(host); err != nil && !isNotFound(err) {
 			return nil, nil, false, fmt.Errorf("deleting stale %s: %w", spec.HostIfName, err)
 		}
@@ -424,12 +431,14 @@ func (w *NetlinkWorkloads) Teardown(ctx context.Context, spec WorkloadSpec) erro
 	if err != nil {
 		errs = append(errs, fmt.Errorf("looking up %s: %w", spec.HostIfName, err))
 	}
-	if host != nil {
+	if host != nil && !spec.SkipHostRoutes {
 		for _, rt := range HostRoutes(spec) {
 			if err := deleteRoute(c.node, rt); err != nil {
 				errs = append(errs, err)
 			}
 		}
+	}
+	if host != nil {
 		if err := c.node.LinkDel(host); err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("deleting %s: %w", spec.HostIfName, err))
 		}

@@ -97,7 +97,7 @@ func (w *Workloads) Setup(ctx context.Context, spec dataplane.WorkloadSpec) (_ d
 			w.removeLocked(spec.HostIfName)
 		}
 	}()
-	if w.routes != nil {
+	if w.routes != nil && !spec.SkipHostRoutes {
 		for _, rt := range dataplane.HostRoutes(spec) {
 			if err := w.routes.Replace(rt); err != nil {
 				return dataplane.WorkloadStatus{}, fmt.Errorf("adding host route %v: %w", rt, err)

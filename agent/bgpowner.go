@@ -1,0 +1,346 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/syncer"
+)
+
+// convergeHold is how long every desired peer must have been Established
+// before stale learned routes from before a restart are removed.
+const convergeHold = 3 * time.Second
+
+// bgpOwner owns the BGP side of the node: the speaker (restarted when the
+// node's BGP identity changes), its peers and advertisements computed from
+// the view, and the kernel's learned routes (protocol RouteProtoBGP, of
+// which it is the one writer), fed straight from the speaker.
+type bgpOwner struct {
+	node       string
+	nodeAddr   netip.Prefix
+	view       *syncer.Syncer
+	kernel     dataplane.Routes
+	log        *slog.Logger
+	metrics    *metrics
+	newSpeaker func() bgp.Speaker
+	started    time.Time
+	settle     time.Duration
+	sub        *syncer.Subscription
+	kick       chan struct{}
+
+	// learnedMu serialises syncs of the learned routes in the kernel.
+	learnedMu sync.Mutex
+
+	mu           sync.Mutex
+	speaker      bgp.Speaker
+	speakerCfg   bgp.Config
+	desiredPeers []bgp.Peer
+	advertised   []netip.Prefix
+	localBlocks  []netip.Prefix
+	lastPass     time.Time
+	learned      []bgp.LearnedRoute
+	learnedAny   bool // a speaker has delivered a route set
+	converged    bool
+	allUpSince   time.Time
+	peerStatus   []bgp.PeerStatus
+}
+
+func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel dataplane.Routes, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
+	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, kernel: kernel, speaker: sp, newSpeaker: newSpeaker,
+		settle: settle, metrics: m, log: log, started: time.Now(), kick: make(chan struct{}, 1)}
+	b.sub = view.Subscribe("bgp", b.affects)
+	return b
+}
+
+// affects takes what peers and advertisements depend on: nodes, BGP
+// configuration and peers, pools (DisableBGPExport), this node's blocks and
+// claims, and blocks that lend this node addresses.
+func (b *bgpOwner) affects(u syncer.Update) bool {
+	switch u.Kind {
+	case api.KindNode, api.KindBGPConfiguration, api.KindBGPPeer, api.KindIPPool:
+		return true
+	}
+	for _, v := range []any{u.Old, u.New} {
+		switch x := v.(type) {
+		case ipam.BlockSummary:
+			if x.Affinity == b.node || slices.ContainsFunc(x.Borrowed, func(a ipam.BorrowedAddr) bool { return a.Node == b.node }) {
+				return true
+			}
+		case ipam.Affinity:
+			if x.Node == b.node {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (b *bgpOwner) loop(every time.Duration) loop {
+	return loop{name: "bgp", every: every, wake: [2]<-chan struct{}{b.sub.C(), b.kick}, pass: b.pass, observe: b.metrics.observeReconcile, log: b.log}
+}
+
+// speakerConfig is the speaker's configuration for this node under bc.
+func speakerConfig(node *api.Node, nodeAddr netip.Prefix, bc *api.BGPConfiguration, restarting bool, apiListen string) bgp.Config {
+	asn, clusterID := node.EffectiveASN(bc), node.RouteReflectorClusterID()
+	port := int32(api.DefaultListenPort)
+	if bc.Spec.ListenPort != nil {
+		port = int32(*bc.Spec.ListenPort)
+	}
+	restart := 120 * time.Second
+	if bc.Spec.NodeMeshMaxRestartTime != nil {
+		restart = bc.Spec.NodeMeshMaxRestartTime.Duration
+	}
+	return bgp.Config{
+		RouterID:        nodeAddr.Addr(),
+		Subnet:          nodeAddr.Masked(),
+		ASN:             asn,
+		ListenAddr:      nodeAddr.Addr(),
+		ListenPort:      port,
+		ClusterID:       clusterID,
+		GracefulRestart: true,
+		RestartTime:     restart,
+		LocalRestarting: restarting,
+		APIListen:       apiListen,
+	}
+}
+
+// start starts the first speaker.
+func (b *bgpOwner) start(ctx context.Context, cfg bgp.Config) error {
+	b.mu.Lock()
+	sp := b.speaker
+	b.speakerCfg = cfg
+	b.mu.Unlock()
+	return sp.Start(ctx, cfg)
+}
+
+// stop stops the current speaker gracefully: peers keep this node's routes
+// for the restart time.
+func (b *bgpOwner) stop() error { return b.current().Stop(true) }
+
+func (b *bgpOwner) current() bgp.Speaker {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.speaker
+}
+
+// pass reconciles the speaker's peers and advertisements with the view.
+func (b *bgpOwner) pass(ctx context.Context) error {
+	nodes := b.view.Nodes()
+	bc := b.view.BGPConfiguration()
+	var errs []error
+	if err := b.ensureSpeakerIdentity(ctx, bc); err != nil {
+		errs = append(errs, err)
+	}
+	sp := b.current()
+	desired := bgp.DesiredPeers(b.node, nodes, bc, b.view.BGPPeers())
+	if err := sp.SetPeers(ctx, desired); err != nil {
+		errs = append(errs, fmt.Errorf("setting peers: %w", err))
+	}
+	affine, borrowed := bgpBlocks(b.node, b.view.BlocksOf(b.node), b.view.BorrowedBy(b.node))
+	adv := bgp.DesiredAdvertisements(affine, borrowed)
+	if err := sp.SetAdvertised(ctx, adv); err != nil {
+		errs = append(errs, fmt.Errorf("setting advertisements: %w", err))
+	}
+	local := make([]netip.Prefix, 0, len(affine))
+	for _, blk := range affine {
+		local = append(local, blk.CIDR)
+	}
+	b.mu.Lock()
+	b.desiredPeers, b.advertised, b.localBlocks, b.lastPass = desired, adv, local, time.Now()
+	b.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// ensureSpeakerIdentity restarts the speaker when this node's AS number or
+// route-reflector cluster ID changed since it started (an operator made the
+// node a reflector, say). The old speaker stops gracefully, so peers keep
+// its routes until the new one has re-sent them.
+func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfiguration) error {
+	self, ok := b.view.Node(b.node)
+	if !ok {
+		return nil
+	}
+	asn, clusterID := self.EffectiveASN(bc), self.RouteReflectorClusterID()
+	b.mu.Lock()
+	cfg := b.speakerCfg
+	b.mu.Unlock()
+	if cfg.ASN == asn && cfg.ClusterID == clusterID {
+		return nil
+	}
+	if b.newSpeaker == nil {
+		return fmt.Errorf("bgp identity changed (AS %d → %d, cluster ID %q → %q): restart the agent to apply it", cfg.ASN, asn, cfg.ClusterID, clusterID)
+	}
+	cfg.ASN, cfg.ClusterID = asn, clusterID
+	cfg.LocalRestarting = true
+	// The new speaker needs the old one's listening port: stop the old one
+	// first (gracefully), after publishing the new one so that the
+	// learned-routes loop follows it.
+	next := b.newSpeaker()
+	b.mu.Lock()
+	old := b.speaker
+	b.speaker = next
+	b.mu.Unlock()
+	if err := old.Stop(true); err != nil {
+		b.log.Warn("stopping the previous BGP speaker", "err", err)
+	}
+	if err := next.Start(ctx, cfg); err != nil {
+		return fmt.Errorf("restarting the BGP speaker with AS %d, cluster ID %q: %w", asn, clusterID, err)
+	}
+	b.mu.Lock()
+	b.speakerCfg = cfg
+	b.mu.Unlock()
+	b.log.Info("bgp identity changed, speaker restarted", "asn", asn, "clusterID", clusterID)
+	return nil
+}
+
+// syncLearned makes the kernel's BGP routes equal to the speaker's latest
+// best routes. It reads only memory and the kernel, so a new route set
+// lands at once.
+func (b *bgpOwner) syncLearned() (int, error) {
+	b.learnedMu.Lock()
+	defer b.learnedMu.Unlock()
+	b.mu.Lock()
+	learned := desiredLearnedRoutes(b.nodeAddr.Addr(), b.learned)
+	converged := b.converged
+	b.mu.Unlock()
+	var r dataplane.Routes = b.kernel
+	if !converged {
+		// Until BGP has converged after a start, learned routes already in
+		// the kernel stay, so that a restart does not cut traffic.
+		r = keepRoutes{b.kernel}
+	}
+	if err := dataplane.SyncRoutes(r, dataplane.RouteProtoBGP, learned); err != nil {
+		return len(learned), fmt.Errorf("learned routes: %w", err)
+	}
+	b.metrics.routes.WithLabelValues("bgp").Set(float64(len(learned)))
+	return len(learned), nil
+}
+
+// keepRoutes is a Routes that deletes nothing; a sync through it still adds
+// and replaces everything it wants.
+type keepRoutes struct{ dataplane.Routes }
+
+func (keepRoutes) Delete(dataplane.Route) error { return nil }
+
+// learnedLoop installs BGP's best routes as the speaker delivers them,
+// retries a failed install every second, and decides when BGP has
+// converged after a start.
+func (b *bgpOwner) learnedLoop(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	sp := b.current()
+	routes := sp.Routes()
+	dirty := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case rs, ok := <-routes:
+			if !ok {
+				// Stop closes the channel: follow a replacement speaker.
+				next := b.current()
+				if next == sp {
+					return
+				}
+				sp, routes = next, next.Routes()
+				continue
+			}
+			b.mu.Lock()
+			b.learned, b.learnedAny = rs, true
+			b.mu.Unlock()
+			dirty = true
+		case <-t.C:
+			if b.updatePeerStatus(ctx) {
+				dirty = true // converged: stale routes can go now
+			}
+			if !dirty {
+				continue
+			}
+		}
+		if _, err := b.syncLearned(); err != nil {
+			b.log.Warn("installing learned routes failed; retrying", "err", err)
+			continue
+		}
+		dirty = false
+	}
+}
+
+// updatePeerStatus polls the speaker's sessions; it returns true when BGP
+// has just converged.
+func (b *bgpOwner) updatePeerStatus(ctx context.Context) bool {
+	st, err := b.current().Peers(ctx)
+	if err != nil {
+		return false
+	}
+	b.metrics.setPeers(st)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.peerStatus = st
+	if b.converged {
+		return false
+	}
+	allUp := len(b.desiredPeers) > 0 || !b.lastPass.IsZero()
+	est := map[netip.Addr]bool{}
+	for _, p := range st {
+		if p.State == "Established" {
+			est[p.Address] = true
+		}
+	}
+	for _, p := range b.desiredPeers {
+		if !est[p.Address] {
+			allUp = false
+		}
+	}
+	now := time.Now()
+	switch {
+	case !allUp:
+		b.allUpSince = time.Time{}
+	case b.allUpSince.IsZero():
+		b.allUpSince = now
+	}
+	// Until the speaker's first route set (which after a restart waits for
+	// the peers' End-of-RIB) the learned set is empty, not complete.
+	if (b.learnedAny && !b.allUpSince.IsZero() && now.Sub(b.allUpSince) >= convergeHold) || now.Sub(b.started) >= b.settle {
+		b.converged = true
+		b.log.Info("bgp converged; stale learned routes will be removed")
+		return true
+	}
+	return false
+}
+
+// ready reports an error when cluster peers are configured and none is
+// Established.
+func (b *bgpOwner) ready() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	est := map[netip.Addr]bool{}
+	for _, p := range b.peerStatus {
+		if p.State == "Established" {
+			est[p.Address] = true
+		}
+	}
+	cluster := 0
+	for _, p := range b.desiredPeers {
+		if p.Type != bgp.PeerMesh && p.Type != bgp.PeerRR && p.Type != bgp.PeerRRClient {
+			continue // a router outside the cluster
+		}
+		cluster++
+		if est[p.Address] {
+			return nil
+		}
+	}
+	if cluster == 0 {
+		return nil
+	}
+	return fmt.Errorf("no BGP session to any of %d cluster peers is established", cluster)
+}

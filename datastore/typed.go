@@ -1,0 +1,96 @@
+package datastore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// Typed forms of the resource calls, for callers that know the Go type of
+// the kind they ask for: GetAs[*api.Node](ctx, s, api.KindNode, "", name).
+// A stored object of another type than T is an error, not a panic.
+
+func as[T api.Object](obj api.Object) (T, error) {
+	t, ok := obj.(T)
+	if !ok {
+		var zero T
+		return zero, fmt.Errorf("stored %s %s is a %T, not a %T", obj.GetTypeMeta().Kind, obj.GetMeta().Name, obj, zero)
+	}
+	return t, nil
+}
+
+// GetAs is Get returning T.
+func GetAs[T api.Object](ctx context.Context, s *Store, kind, namespace, name string) (T, error) {
+	obj, err := s.Get(ctx, kind, namespace, name)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return as[T](obj)
+}
+
+// ListAs is List returning []T.
+func ListAs[T api.Object](ctx context.Context, s *Store, kind, namespace string) ([]T, int64, error) {
+	objs, rev, err := s.List(ctx, kind, namespace)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]T, 0, len(objs))
+	for _, o := range objs {
+		t, err := as[T](o)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, t)
+	}
+	return out, rev, nil
+}
+
+// CreateAs is Create returning T.
+func CreateAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
+	out, err := s.Create(ctx, obj)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return as[T](out)
+}
+
+// UpdateAs is Update returning T.
+func UpdateAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
+	out, err := s.Update(ctx, obj)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return as[T](out)
+}
+
+// ApplyAs is Apply returning T.
+func ApplyAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
+	out, err := s.Apply(ctx, obj)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return as[T](out)
+}
+
+// Status records, published by each agent under its liveness lease.
+const (
+	// StatusPrefix holds every status record.
+	StatusPrefix = "status/"
+	// NodeStatusPrefix holds each agent's status (BGP sessions, blocks):
+	// status/bgp/<node>.
+	NodeStatusPrefix = "status/bgp/"
+	// NodeLivenessPrefix holds each agent's liveness record:
+	// status/nodes/<node>.
+	NodeLivenessPrefix = "status/nodes/"
+)
+
+// NodeStatusKey is where node publishes its status.
+func NodeStatusKey(node string) string { return NodeStatusPrefix + node }
+
+// NodeLivenessKey is where node publishes its liveness.
+func NodeLivenessKey(node string) string { return NodeLivenessPrefix + node }

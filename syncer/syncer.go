@@ -125,7 +125,6 @@ func (s *Syncer) apply(ev datastore.Event) {
 				}
 			}
 		}
-		s.synced = true
 	case datastore.EventPut:
 		if relevant(ev.KV.Key) {
 			if u, ok := s.st.put(ev.KV, s.log); ok {
@@ -143,11 +142,6 @@ func (s *Syncer) apply(ev datastore.Event) {
 		s.stats.Ignored++
 	}
 	s.stats.Updates += int64(len(ups))
-	if ev.Revision > s.rev {
-		s.rev = ev.Revision
-	}
-	close(s.waiters)
-	s.waiters = make(chan struct{})
 	subs := s.subs
 	s.mu.Unlock()
 	for _, sub := range subs {
@@ -156,6 +150,18 @@ func (s *Syncer) apply(ev datastore.Event) {
 			sub.wake() // the first complete view, even an empty one
 		}
 	}
+	// The revision moves only after every subscriber was offered the
+	// updates: whoever waited for it finds them queued.
+	s.mu.Lock()
+	if ev.Type == datastore.EventResync {
+		s.synced = true
+	}
+	if ev.Revision > s.rev {
+		s.rev = ev.Revision
+	}
+	close(s.waiters)
+	s.waiters = make(chan struct{})
+	s.mu.Unlock()
 }
 
 // Synced reports whether the initial list has been applied.

@@ -41,6 +41,8 @@ type Agent struct {
 	nodeAddr netip.Prefix
 	started  time.Time
 	lease    *leaseHolder
+	// wired is closed when every field above is set (tests wait for it).
+	wired chan struct{}
 
 	cniListening atomic.Bool
 }
@@ -89,7 +91,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // New builds an agent over the given dependencies.
 func New(cfg Config, log *slog.Logger, d Deps) *Agent {
-	return &Agent{cfg: cfg, log: log, deps: d, metrics: newMetrics()}
+	return &Agent{cfg: cfg, log: log, deps: d, metrics: newMetrics(), wired: make(chan struct{})}
 }
 
 // connect opens the datastore, retrying until it answers or ctx ends.
@@ -155,6 +157,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.view.WaitSynced(ctx); err != nil {
 		return fmt.Errorf("listing the cluster: %w", err)
 	}
+	a.metrics.watchStore(a.store, a.view)
 
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
@@ -187,6 +190,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.handler.policySync = a.policy.syncFor
 	}
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
+	close(a.wired)
 
 	every := a.cfg.ResyncInterval
 	g, gctx := errgroup.WithContext(ctx)

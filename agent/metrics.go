@@ -7,6 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 // metrics are the agent's Prometheus metrics, in a registry of its own.
@@ -88,4 +90,34 @@ func (m *metrics) setPeers(st []bgp.PeerStatus) {
 	for _, p := range st {
 		m.peers.WithLabelValues(p.State).Inc()
 	}
+}
+
+// watchStore exports the datastore's request counts and the cluster
+// view's counters; called once the store and the view exist.
+func (m *metrics) watchStore(s *datastore.Store, v *syncer.Syncer) {
+	for _, op := range []struct {
+		name string
+		get  func(datastore.Requests) int64
+	}{
+		{"get", func(r datastore.Requests) int64 { return r.Get }},
+		{"list", func(r datastore.Requests) int64 { return r.List }},
+		{"txn", func(r datastore.Requests) int64 { return r.Txn }},
+		{"put", func(r datastore.Requests) int64 { return r.Put }},
+	} {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tabby_datastore_requests_total", Help: "Requests sent to etcd, by operation (get, list: reads; txn, put: writes).",
+			ConstLabels: prometheus.Labels{"op": op.name},
+		}, func() float64 { return float64(op.get(s.Requests())) }))
+	}
+	m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tabby_view_events_total", Help: "Datastore watch events the cluster view processed.",
+		}, func() float64 { return float64(v.Stats().Events) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tabby_view_updates_total", Help: "Changes of the cluster view (events that changed nothing it holds are not counted).",
+		}, func() float64 { return float64(v.Stats().Updates) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tabby_view_revision", Help: "The etcd revision the cluster view has reached.",
+		}, func() float64 { return float64(v.Revision()) }),
+	)
 }

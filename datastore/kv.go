@@ -49,6 +49,7 @@ func (s *Store) toKV(kv *mvccpb.KeyValue) KV {
 func (s *Store) GetKV(ctx context.Context, key string) (KV, error) {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
+	s.count.get.Add(1)
 	resp, err := s.client.Get(ctx, s.abs(key))
 	if err != nil {
 		return KV{}, s.etcdErr(fmt.Sprintf("getting %s", key), err)
@@ -81,6 +82,7 @@ func (s *Store) ListKV(ctx context.Context, prefix string) ([]KV, int64, error) 
 		if rev != 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
+		s.count.list.Add(1)
 		resp, err := s.client.Get(ctx, start, opts...)
 		if err != nil {
 			return nil, 0, s.etcdErr(fmt.Sprintf("listing %s", prefix), err)
@@ -104,6 +106,7 @@ func (s *Store) CreateKV(ctx context.Context, key string, val []byte, lease Leas
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	k := s.abs(key)
+	s.count.txn.Add(1)
 	resp, err := s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k), "=", 0)).
 		Then(clientv3.OpPut(k, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
@@ -127,6 +130,7 @@ func (s *Store) UpdateKV(ctx context.Context, key string, val []byte, modRev int
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	k := s.abs(key)
+	s.count.txn.Add(1)
 	resp, err := s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
 		Then(clientv3.OpPut(k, string(val), clientv3.WithIgnoreLease())).
@@ -155,6 +159,7 @@ func (s *Store) casFailure(key string, resp *clientv3.TxnResponse) error {
 func (s *Store) PutKV(ctx context.Context, key string, val []byte, lease LeaseID) (int64, error) {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
+	s.count.put.Add(1)
 	resp, err := s.client.Put(ctx, s.abs(key), string(val), clientv3.WithLease(clientv3.LeaseID(lease)))
 	if err != nil {
 		return 0, s.etcdErr(fmt.Sprintf("putting %s", key), err)
@@ -170,6 +175,7 @@ func (s *Store) DeleteKV(ctx context.Context, key string, modRev int64) error {
 	defer cancel()
 	k := s.abs(key)
 	if modRev == 0 {
+		s.count.txn.Add(1)
 		resp, err := s.client.Delete(ctx, k)
 		if err != nil {
 			return s.etcdErr(fmt.Sprintf("deleting %s", key), err)
@@ -179,6 +185,7 @@ func (s *Store) DeleteKV(ctx context.Context, key string, modRev int64) error {
 		}
 		return nil
 	}
+	s.count.txn.Add(1)
 	resp, err := s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
 		Then(clientv3.OpDelete(k)).
@@ -210,6 +217,7 @@ func (s *Store) Txn(ctx context.Context, cmps []Cmp, ops []Op) (int64, error) {
 		}
 		writes = append(writes, clientv3.OpPut(s.abs(o.Key), string(o.Value), clientv3.WithLease(clientv3.LeaseID(o.Lease))))
 	}
+	s.count.txn.Add(1)
 	resp, err := s.client.Txn(ctx).If(conds...).Then(writes...).Commit()
 	if err != nil {
 		return 0, s.etcdErr(fmt.Sprintf("transaction on %d keys", len(cmps)+len(ops)), err)

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -114,6 +115,23 @@ type Store struct {
 	base      string // Prefix + "/"
 	endpoints string // for error messages: "[http://a http://b]"
 	log       *slog.Logger
+	count     counters
+}
+
+type counters struct{ get, list, txn, put atomic.Int64 }
+
+// Requests counts the requests a Store sent to etcd, by kind: reads (Get of
+// one key, List of a prefix — one per page) and writes (transactions,
+// including every compare-and-swap and delete, and plain puts). Watches and
+// lease keep-alives are not counted.
+type Requests struct {
+	Get, List, Txn, Put int64
+}
+
+// Requests returns the counts since the Store was made; safe for
+// concurrent use.
+func (s *Store) Requests() Requests {
+	return Requests{Get: s.count.get.Load(), List: s.count.list.Load(), Txn: s.count.txn.Load(), Put: s.count.put.Load()}
 }
 
 // New connects to etcd and checks within DialTimeout that it answers; the

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
-	"github.com/tabbynet/tabby/dataplane/fake"
 )
 
 // startFakeAgent runs a whole agent on fake kernel and BGP, against etcd at

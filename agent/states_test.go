@@ -268,7 +268,7 @@ func replay(t *testing.T, seed uint64, steps int) {
 			n := pick(nodes[:2])
 			addr := fmt.Sprintf("10.244.0.%d", i+4*rng.IntN(3)) // IPAM never gives two endpoints one address
 			return c.putObj(&api.WorkloadEndpoint{Metadata: api.ObjectMeta{Namespace: "default", Name: w}, Spec: api.WorkloadEndpointSpec{
-				Node: n, Orchestrator: "cni", Pod: w, ContainerID: w, Endpoint: "eth0", InterfaceName: "cali" + w, IPNetworks: []string{addr + "/32"}}}),
+					Node: n, Orchestrator: "cni", Pod: w, ContainerID: w, Endpoint: "eth0", InterfaceName: "cali" + w, IPNetworks: []string{addr + "/32"}}}),
 				fmt.Sprintf("put endpoint %s on %s at %s", w, n, addr), true
 		case 7: // an endpoint goes
 			w := fmt.Sprintf("w%d", rng.IntN(4))

@@ -58,23 +58,7 @@ func scaleInput(n int) policy.Input {
 	return in
 }
 
-func toFirewallState(rs *policy.Ruleset) dataplane.FirewallState {
-	var st dataplane.FirewallState
-	for _, c := range rs.Chains {
-		dc := dataplane.Chain{Table: c.Table, Name: c.Name}
-		for _, r := range c.Rules {
-			dc.Rules = append(dc.Rules, r)
-		}
-		st.Chains = append(st.Chains, dc)
-	}
-	for _, j := range rs.Jumps {
-		st.Jumps = append(st.Jumps, dataplane.Jump{Table: j.Table, From: j.From, To: j.To})
-	}
-	for _, s := range rs.Sets {
-		st.Sets = append(st.Sets, dataplane.IPSet{Name: s.Name, Type: s.Type, Members: s.Members})
-	}
-	return st
-}
+func toFirewallState(rs *policy.Ruleset) dataplane.FirewallState { return *rs }
 
 func totalRules(rs *policy.Ruleset) int {
 	n := 0

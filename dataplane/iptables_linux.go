@@ -14,6 +14,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/tabbynet/tabby/policy"
 )
 
 // Backends of iptables.
@@ -218,10 +220,11 @@ func (f *LinuxFirewall) exec(ctx context.Context, stdin []byte, name string, arg
 }
 
 // Apply implements Firewall.
-func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (ApplyStats, error) {
-	if err := ValidateFirewallState(desired); err != nil {
+func (f *LinuxFirewall) Apply(ctx context.Context, state FirewallState) (ApplyStats, error) {
+	if err := ValidateFirewallState(state); err != nil {
 		return ApplyStats{}, err
 	}
+	desired := RenderIPTables(state)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var stats ApplyStats
@@ -266,18 +269,6 @@ func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (Apply
 		stats.SetsDeleted++
 	}
 	return stats, errors.Join(errs...)
-}
-
-func addStats(dst *ApplyStats, s ApplyStats) {
-	dst.ChainsWritten += s.ChainsWritten
-	dst.RulesWritten += s.RulesWritten
-	dst.ChainsDeleted += s.ChainsDeleted
-	dst.JumpsInserted += s.JumpsInserted
-	dst.JumpsDeleted += s.JumpsDeleted
-	dst.SetsCreated += s.SetsCreated
-	dst.SetsDeleted += s.SetsDeleted
-	dst.MembersAdded += s.MembersAdded
-	dst.MembersRemoved += s.MembersRemoved
 }
 
 func (f *LinuxFirewall) planSets(ctx context.Context, desired []IPSet) (setPlan, error) {
@@ -329,15 +320,15 @@ func (f *LinuxFirewall) Reads() int {
 
 // applyTable reconciles one table: stale jumps out, changed chains
 // rewritten and stale chains deleted in one restore, missing jumps in.
-func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired FirewallState) (ApplyStats, error) {
+func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired IPTablesState) (ApplyStats, error) {
 	var stats ApplyStats
-	var chains []Chain
+	var chains []IPTChain
 	for _, c := range desired.Chains {
 		if c.Table == table {
 			chains = append(chains, c)
 		}
 	}
-	var jumps []Jump
+	var jumps []policy.Jump
 	for _, j := range desired.Jumps {
 		if j.Table == table {
 			jumps = append(jumps, j)

@@ -363,7 +363,7 @@ func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
 			want[c.Table+" "+c.Name] = len(c.Rules)
 		}
 		for _, s := range rs.Sets {
-			for _, m := range s.Members {
+			for _, m := range s.Members() {
 				want["set "+s.Name+" "+m] = 1
 			}
 			want["set "+s.Name] = 0

@@ -15,6 +15,12 @@ import (
 // NFTTable, which is Tabby's entirely.
 const FirewallPrefix = policy.Prefix
 
+// Firewall backends.
+const (
+	FirewallNFTables = "nftables"
+	FirewallIPTables = "iptables"
+)
+
 // ErrStaleCleanup wraps the errors of removing stale Tabby state (a chain
 // something else still references, a set still in use). The desired state
 // is in place despite them; callers may treat them as warnings.

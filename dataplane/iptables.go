@@ -159,7 +159,7 @@ func quoteArg(a string) string {
 type tablePlan struct {
 	table  string
 	write  []IPTChain // chains to create or rewrite
-	delete []string // tabby chains to remove
+	delete []string   // tabby chains to remove
 	// staleJumps are rules in base (built-in) chains that jump to tabby
 	// chains and are not desired; they go before the restore, which may delete their
 	// targets.

@@ -25,12 +25,16 @@ const (
 	BackendNFT    = "nft"
 )
 
-// FirewallConfig configures NewFirewall.
+// FirewallConfig configures NewFirewall and NewIPTablesFirewall.
 type FirewallConfig struct {
 	// NetNS is the path of the network namespace to program; "" is the
 	// calling process's.
 	NetNS string
-	// Backend is BackendLegacy, BackendNFT or BackendAuto (""): what the
+	// Firewall chooses the backend of NewFirewall: FirewallNFTables,
+	// FirewallIPTables or FirewallAuto ("", nftables where the kernel
+	// has it).
+	Firewall string
+	// Backend is the iptables mode: BackendLegacy, BackendNFT or BackendAuto (""): what the
 	// `iptables` command uses, unless only the other backend holds rules in
 	// the namespace (then Tabby's rules go beside those, e.g. kube-proxy's).
 	Backend string
@@ -77,9 +81,9 @@ type cachedTable struct {
 
 var _ Firewall = (*LinuxFirewall)(nil)
 
-// NewFirewall detects the iptables backend and returns a Firewall acting in
-// the configured namespace.
-func NewFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
+// NewIPTablesFirewall detects the iptables mode and returns an iptables
+// Firewall acting in the configured namespace.
+func NewIPTablesFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
 	f := &LinuxFirewall{netns: cfg.NetNS, wait: 10, resync: cfg.Resync, tables: map[string]*cachedTable{}}
 	if f.resync == 0 {
 		f.resync = DefaultFirewallResync

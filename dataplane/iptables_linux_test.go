@@ -54,7 +54,7 @@ func testFirewall(t *testing.T, backend string) {
 	inNS(t, ns, "ipset", "create", "kube-x", "hash:ip")
 
 	// Resync -1: read the kernel on every Apply, so that tampering shows.
-	f, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
+	f, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func testFirewall(t *testing.T, backend string) {
 	// A restarted agent with a smaller state removes stale chains and sets,
 	// including a stale jump, and a duplicate jump.
 	inNS(t, ns, ipt, "-w", "-A", "FORWARD", "-j", "tabby-FORWARD")
-	f2, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
+	f2, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func testFirewall(t *testing.T, backend string) {
 	// With the default resync, Apply trusts its record between reads: the
 	// kernel (two tables and the sets) is read once, and the record stays
 	// right across changes.
-	f3, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
+	f3, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func testFirewall(t *testing.T, backend string) {
 }
 
 func TestFirewallBadBackend(t *testing.T) {
-	if _, err := dataplane.NewFirewall(dataplane.FirewallConfig{Backend: "ebtables"}); err == nil {
+	if _, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{Backend: "ebtables"}); err == nil {
 		t.Error("unknown backend accepted")
 	}
 }

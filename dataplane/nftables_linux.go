@@ -86,6 +86,7 @@ func NewNFTFirewall(cfg NFTConfig) (*NFTFirewall, error) {
 	if fd != 0 {
 		opts = append(opts, nftables.WithNetNSFd(fd))
 	}
+	opts = append(opts, nftables.WithSockOptions(bigBuffers))
 	conn, err := nftables.New(append(opts, nftables.AsLasting())...)
 	if err != nil {
 		return nil, fmt.Errorf("nftables netlink: %w", err)
@@ -101,6 +102,34 @@ func NewNFTFirewall(cfg NFTConfig) (*NFTFirewall, error) {
 		return nil, fmt.Errorf("nftables not available: %w", err)
 	}
 	return f, nil
+}
+
+// nftMaxBatchRules is how many rules one batch writes at most.
+const nftMaxBatchRules = 4000
+
+// nftSocketBuffer bounds one batch (and its acknowledgements): the first
+// Apply on a node with a thousand endpoints sends tens of thousands of
+// messages in one transaction, far beyond the default socket buffers.
+const nftSocketBuffer = 64 << 20
+
+// bigBuffers raises the socket's buffers past the sysctl limits (the
+// agent runs as root), falling back to the plain options.
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		for _, o := range [][2]int{{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], nftSocketBuffer); e != nil {
+				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], nftSocketBuffer); e != nil {
+					serr = e
+				}
+			}
+		}
+	})
+	return errors.Join(err, serr)
 }
 
 // Close releases the netlink connections.
@@ -397,9 +426,11 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 			for _, k := range slices.Sorted(maps.Keys(want.elems)) {
 				els = append(els, want.elems[k].els...)
 			}
-			if err := c.AddSet(setObj(name, want.kind), els); err != nil {
+			so := setObj(name, want.kind)
+			if err := c.AddSet(so, nil); err != nil {
 				errs = append(errs, fmt.Errorf("set %s: %w", name, err))
 			}
+			errs = append(errs, f.elements(so, els, false)...)
 			st.SetsCreated++
 			st.MembersAdded += len(want.elems)
 			continue
@@ -421,22 +452,20 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 		c.AddChain(nc)
 	}
 	for _, name := range slices.Sorted(maps.Keys(sets)) {
-		want := sets[name]
-		if want.kind != nftSetVmap {
-			continue
-		}
-		cur := actual.sets[name]
-		if cur == nil {
+		if sets[name].kind == nftSetVmap && actual.sets[name] == nil {
 			if err := c.AddSet(setObj(name, nftSetVmap), nil); err != nil {
 				errs = append(errs, fmt.Errorf("map %s: %w", name, err))
 			}
 			st.SetsCreated++
-			cur = &nftSetState{kind: nftSetVmap}
 		}
-		errs = append(errs, f.changeMembers(name, want, cur, &st)...)
 	}
-
-	// 3. Rewrite the chains whose rules differ.
+	// 3. Rewrite the chains whose rules differ. A batch beyond
+	// nftMaxBatchRules rules (the first Apply on a large node) is split
+	// between chains: the kernel refuses very large transactions. Chains
+	// are complete in every part, and the dispatch maps only point to new
+	// chains in the last part.
+	flushes := 0
+	pending := 0
 	for _, ch := range chains {
 		if old, ok := actual.chains[ch.name]; ok && slices.Equal(old, ch.hashes) {
 			continue
@@ -453,6 +482,25 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 		if ch.base != nil {
 			st.JumpsInserted += len(ch.hashes)
 		}
+		if pending += len(ch.hashes); pending >= nftMaxBatchRules && len(errs) == 0 {
+			if err := c.Flush(); err != nil {
+				return ApplyStats{}, fmt.Errorf("nftables batch: %w", err)
+			}
+			flushes++
+			pending = 0
+		}
+	}
+	// Map elements, now that every chain they name is filled.
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
+		want := sets[name]
+		if want.kind != nftSetVmap {
+			continue
+		}
+		cur := actual.sets[name]
+		if cur == nil {
+			cur = &nftSetState{kind: nftSetVmap}
+		}
+		errs = append(errs, f.changeMembers(name, want, cur, &st)...)
 	}
 
 	// 4. Stale state: flush stale chains (dropping their references), then
@@ -487,6 +535,9 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 		_ = c.Flush()
 		return ApplyStats{}, errors.Join(errs...)
 	}
+	if !st.Changed() && actual.exists && flushes == 0 {
+		return st, nil // nothing queued, nothing committed: the record stands
+	}
 	if err := c.Flush(); err != nil {
 		return ApplyStats{}, fmt.Errorf("nftables batch: %w", err)
 	}
@@ -497,7 +548,7 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 		rec.chains[ch.name] = ch.hashes
 	}
 	g, err := f.gen.id()
-	if err != nil || f.rec == nil || g != f.recGen+1 {
+	if err != nil || f.rec == nil || g != f.recGen+1+uint32(flushes) {
 		f.rec = nil // read again next time
 	} else {
 		f.rec, f.recGen = rec, g
@@ -532,16 +583,30 @@ func (f *NFTFirewall) changeMembers(name string, want, cur *nftSetState, st *App
 			st.MembersAdded++
 		}
 	}
+	return append(f.elements(s, del, true), f.elements(s, add, false)...)
+}
+
+// nftElemsPerMessage bounds the elements of one message: the element list
+// is one netlink attribute, whose length field has 16 bits.
+const nftElemsPerMessage = 256
+
+// elements queues element additions (or deletions) in messages small
+// enough for one attribute; a range's start and end stay together.
+func (f *NFTFirewall) elements(s *nftables.Set, els []nftables.SetElement, del bool) []error {
 	var errs []error
-	if len(del) > 0 {
-		if err := f.conn.SetDeleteElements(s, del); err != nil {
-			errs = append(errs, fmt.Errorf("set %s: %w", name, err))
+	for len(els) > 0 {
+		n := min(len(els), nftElemsPerMessage)
+		if n < len(els) && els[n].IntervalEnd {
+			n++
 		}
-	}
-	if len(add) > 0 {
-		if err := f.conn.SetAddElements(s, add); err != nil {
-			errs = append(errs, fmt.Errorf("set %s: %w", name, err))
+		op := f.conn.SetAddElements
+		if del {
+			op = f.conn.SetDeleteElements
 		}
+		if err := op(s, els[:n]); err != nil {
+			errs = append(errs, fmt.Errorf("set %s: %w", s.Name, err))
+		}
+		els = els[n:]
 	}
 	return errs
 }
@@ -606,4 +671,73 @@ func removeNFTTable(c *nftables.Conn) error {
 		return fmt.Errorf("deleting table %s: %w", NFTTable, err)
 	}
 	return nil
+}
+
+// Diff reads the kernel's table and lists how it differs from desired (an
+// empty list: Apply would change nothing). It changes nothing; tests and
+// diagnostics use it.
+func (f *NFTFirewall) Diff(ctx context.Context, desired FirewallState) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	chains, sets, err := desiredNFT(desired)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	actual, err := f.read()
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	want := map[string]bool{}
+	for _, c := range chains {
+		want[c.name] = true
+		if got, ok := actual.chains[c.name]; !ok {
+			out = append(out, "chain "+c.name+": missing")
+		} else if !slices.Equal(got, c.hashes) {
+			out = append(out, fmt.Sprintf("chain %s: %d rules differ from the %d wanted", c.name, len(got), len(c.hashes)))
+		}
+	}
+	for name := range actual.chains {
+		if !want[name] {
+			out = append(out, "chain "+name+": not wanted")
+		}
+	}
+	for name, s := range sets {
+		cur := actual.sets[name]
+		if cur == nil {
+			out = append(out, "set "+name+": missing")
+			continue
+		}
+		for k, m := range s.elems {
+			if c, ok := cur.elems[k]; !ok || c.chain != m.chain {
+				out = append(out, fmt.Sprintf("set %s: member %q missing", name, k))
+			}
+		}
+		for k := range cur.elems {
+			if _, ok := s.elems[k]; !ok {
+				out = append(out, fmt.Sprintf("set %s: member %q not wanted", name, k))
+			}
+		}
+	}
+	for name := range actual.sets {
+		if sets[name] == nil {
+			out = append(out, "set "+name+": not wanted")
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// HasTable reports whether the namespace holds Tabby's nftables table.
+func (f *NFTFirewall) HasTable() (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tables, err := f.conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, fmt.Errorf("listing tables: %w", err)
+	}
+	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == NFTTable }), nil
 }

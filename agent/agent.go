@@ -80,9 +80,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{})
+	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{Firewall: cfg.FirewallBackend})
 	if err != nil {
-		return fmt.Errorf("setting up iptables: %w", err)
+		return fmt.Errorf("setting up the firewall: %w", err)
 	}
 	newSpeaker := func() bgp.Speaker { return bgp.NewSpeaker(log.With("component", "bgp")) }
 	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw})

@@ -33,6 +33,10 @@ type Config struct {
 	// BGPSettleTime bounds how long stale learned routes are kept after a
 	// start before BGP has converged.
 	BGPSettleTime time.Duration
+	// FirewallBackend is "auto" (nftables where the kernel has it, else
+	// iptables), "nftables" or "iptables"; the other backend's Tabby rules
+	// are removed at start.
+	FirewallBackend string
 }
 
 // Default returns the defaults of a production node.
@@ -49,6 +53,7 @@ func Default() Config {
 		ResyncInterval:   30 * time.Second,
 		LeaseTTL:         20 * time.Second,
 		BGPSettleTime:    30 * time.Second,
+		FirewallBackend:  "auto",
 	}
 }
 
@@ -64,6 +69,11 @@ func (c *Config) Validate() error {
 		}
 	} else if _, err := ParseAutodetectMethod(c.AutodetectMethod); err != nil {
 		errs = append(errs, err)
+	}
+	switch c.FirewallBackend {
+	case "", "auto", "nftables", "iptables":
+	default:
+		errs = append(errs, fmt.Errorf("firewall backend: %q is not auto, nftables or iptables", c.FirewallBackend))
 	}
 	if len(c.Etcd.Endpoints) == 0 {
 		errs = append(errs, errors.New("etcd endpoints: none (set --etcd-endpoints or TABBY_ETCD_ENDPOINTS)"))

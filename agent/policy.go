@@ -159,24 +159,9 @@ func (p *policyOwner) programmed() bool {
 	return p.okOnce
 }
 
-// firewallState converts the compiler's ruleset into the dataplane's terms.
-func firewallState(rs *policy.Ruleset) dataplane.FirewallState {
-	var st dataplane.FirewallState
-	for _, c := range rs.Chains {
-		dc := dataplane.Chain{Table: c.Table, Name: c.Name, Rules: make([][]string, len(c.Rules))}
-		for i, r := range c.Rules {
-			dc.Rules[i] = r
-		}
-		st.Chains = append(st.Chains, dc)
-	}
-	for _, j := range rs.Jumps {
-		st.Jumps = append(st.Jumps, dataplane.Jump{Table: j.Table, From: j.From, To: j.To})
-	}
-	for _, s := range rs.Sets {
-		st.Sets = append(st.Sets, dataplane.IPSet{Name: s.Name, Type: s.Type, Members: s.Members})
-	}
-	return st
-}
+// firewallState is the ruleset as the dataplane takes it: the firewall
+// backends consume the compiler's neutral model directly.
+func firewallState(rs *policy.Ruleset) dataplane.FirewallState { return *rs }
 
 // onlyStaleCleanup reports whether err is non-nil and made only of
 // dataplane.ErrStaleCleanup errors. The dataplane wraps each such error as

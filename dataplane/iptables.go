@@ -1,124 +1,43 @@
 package dataplane
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/tabbynet/tabby/policy"
 )
 
-// FirewallPrefix starts the name of every iptables chain and ipset Tabby
-// owns. A Firewall never changes or removes anything without it, except
-// the jump rules to its own chains in the kernel's base chains.
-const FirewallPrefix = "tabby-"
-
-// ErrStaleCleanup wraps the errors of removing stale Tabby state (a chain
-// something else still references, a set still in use). The desired state
-// is in place despite them; callers may treat them as warnings.
-var ErrStaleCleanup = errors.New("removing stale firewall state")
-
-// Chain is one Tabby chain with its rules in order. Each rule is the
+// IPTChain is one Tabby chain rendered for iptables: each rule is the
 // arguments that follow "-A <Name>".
-type Chain struct {
+type IPTChain struct {
 	Table string // "filter", "nat", …
 	Name  string // starts with FirewallPrefix
 	Rules [][]string
 }
 
-// Jump is a rule at the top of a base chain (From, e.g. FORWARD) that jumps
-// to a Tabby chain (To).
-type Jump struct {
-	Table string
-	From  string
-	To    string
-}
-
 // IPSet is one Tabby ipset. Members are in ipset's syntax:
-// "10.244.0.0/16" (a bare address counts as /32) for hash:net,
-// "10.244.1.5,tcp:8080" for hash:ip,port.
+// "10.244.0.0/16" for hash:net, "10.244.1.5,tcp:8080" for hash:ip,port.
 type IPSet struct {
 	Name    string
 	Type    string
 	Members []string
 }
 
-// FirewallState is everything Tabby wants in the node's packet filter.
-type FirewallState struct {
-	Chains []Chain
-	Jumps  []Jump
+// IPTablesState is a FirewallState rendered for iptables and ipset.
+type IPTablesState struct {
+	Chains []IPTChain
+	Jumps  []policy.Jump
 	Sets   []IPSet
-}
-
-// ApplyStats counts what one Apply changed.
-type ApplyStats struct {
-	ChainsWritten  int // created or rewritten
-	RulesWritten   int // rules in the chains written
-	ChainsDeleted  int
-	JumpsInserted  int
-	JumpsDeleted   int
-	SetsCreated    int
-	SetsDeleted    int
-	MembersAdded   int
-	MembersRemoved int
-}
-
-// Changed reports whether Apply changed anything.
-func (s ApplyStats) Changed() bool { return s != ApplyStats{} }
-
-// Firewall programs Tabby's iptables chains and ipsets. Implementations are
-// safe for concurrent use; calls are serialised.
-type Firewall interface {
-	// Apply makes the kernel's Tabby chains, jumps and sets equal to
-	// desired: it creates and fills sets first, rewrites each table's
-	// changed chains in one atomic restore (deleting Tabby chains that are
-	// not desired), inserts missing jumps and finally destroys Tabby sets
-	// no longer desired. Unchanged chains and sets are not touched, so a
-	// repeated Apply of the same state changes nothing. It keeps going
-	// after a failure and returns every error joined.
-	Apply(ctx context.Context, desired FirewallState) (ApplyStats, error)
-	// Remove deletes every Tabby jump, chain and set; missing ones are
-	// success.
-	Remove(ctx context.Context) error
-}
-
-// ValidateFirewallState reports every name that Tabby does not own and so
-// must not program.
-func ValidateFirewallState(s FirewallState) error {
-	var bad []string
-	seen := map[string]bool{}
-	for _, c := range s.Chains {
-		if !strings.HasPrefix(c.Name, FirewallPrefix) || len(c.Name) > 28 {
-			bad = append(bad, fmt.Sprintf("chain %q: not a tabby chain name (prefix %q, at most 28 characters)", c.Name, FirewallPrefix))
-		}
-		if k := c.Table + "/" + c.Name; seen[k] {
-			bad = append(bad, fmt.Sprintf("chain %s listed twice", k))
-		}
-		seen[c.Table+"/"+c.Name] = true
-	}
-	for _, j := range s.Jumps {
-		if !strings.HasPrefix(j.To, FirewallPrefix) || strings.HasPrefix(j.From, FirewallPrefix) {
-			bad = append(bad, fmt.Sprintf("jump %s -> %s: must go from a base chain to a tabby chain", j.From, j.To))
-		}
-	}
-	for _, set := range s.Sets {
-		if !strings.HasPrefix(set.Name, FirewallPrefix) || len(set.Name) > 31 {
-			bad = append(bad, fmt.Sprintf("set %q: not a tabby set name", set.Name))
-		}
-	}
-	if len(bad) > 0 {
-		return fmt.Errorf("invalid firewall state: %s", strings.Join(bad, "; "))
-	}
-	return nil
 }
 
 // ruleHashes returns each rule's identity: a hash over the chain name, the
 // previous rule's hash and the rule, so that equal hash lists mean equal
 // chains.
-func ruleHashes(c Chain) []string {
+func ruleHashes(c IPTChain) []string {
 	out := make([]string, len(c.Rules))
 	prev := ""
 	for i, r := range c.Rules {
@@ -239,15 +158,15 @@ func quoteArg(a string) string {
 // tablePlan is what one table needs.
 type tablePlan struct {
 	table  string
-	write  []Chain  // chains to create or rewrite
-	delete []string // tabby chains to remove
+	write  []IPTChain // chains to create or rewrite
+	delete []string   // tabby chains to remove
 	// staleJumps are rules in base (built-in) chains that jump to tabby
 	// chains and are not desired; they go before the restore, which may delete their
 	// targets.
 	staleJumps []baseRule
 	// missingJumps are desired jumps absent from the kernel; extraJumps
 	// desired jumps present more than once (one copy each to delete).
-	missingJumps []Jump
+	missingJumps []policy.Jump
 	extraJumps   []baseRule
 }
 
@@ -259,7 +178,7 @@ type baseRule struct {
 
 // planTable diffs the desired chains and jumps of one table against the
 // kernel's.
-func planTable(table string, desired []Chain, jumps []Jump, ts tableState) tablePlan {
+func planTable(table string, desired []IPTChain, jumps []policy.Jump, ts tableState) tablePlan {
 	p := tablePlan{table: table}
 	want := map[string]bool{}
 	for _, c := range desired {
@@ -366,7 +285,7 @@ func (p tablePlan) emptyRestore() bool { return len(p.write) == 0 && len(p.delet
 
 // tablesOf lists the tables a state touches plus those always inspected
 // for stale Tabby chains, sorted.
-func tablesOf(s FirewallState) []string {
+func tablesOf(s IPTablesState) []string {
 	set := map[string]bool{"filter": true, "nat": true}
 	for _, c := range s.Chains {
 		set[c.Table] = true

@@ -14,6 +14,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/coreos/go-iptables/iptables"
+
+	"github.com/tabbynet/tabby/policy"
 )
 
 // Backends of iptables.
@@ -23,12 +25,16 @@ const (
 	BackendNFT    = "nft"
 )
 
-// FirewallConfig configures NewFirewall.
+// FirewallConfig configures NewFirewall and NewIPTablesFirewall.
 type FirewallConfig struct {
 	// NetNS is the path of the network namespace to program; "" is the
 	// calling process's.
 	NetNS string
-	// Backend is BackendLegacy, BackendNFT or BackendAuto (""): what the
+	// Firewall chooses the backend of NewFirewall: FirewallNFTables,
+	// FirewallIPTables or FirewallAuto ("", nftables where the kernel
+	// has it).
+	Firewall string
+	// Backend is the iptables mode: BackendLegacy, BackendNFT or BackendAuto (""): what the
 	// `iptables` command uses, unless only the other backend holds rules in
 	// the namespace (then Tabby's rules go beside those, e.g. kube-proxy's).
 	Backend string
@@ -75,9 +81,9 @@ type cachedTable struct {
 
 var _ Firewall = (*LinuxFirewall)(nil)
 
-// NewFirewall detects the iptables backend and returns a Firewall acting in
-// the configured namespace.
-func NewFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
+// NewIPTablesFirewall detects the iptables mode and returns an iptables
+// Firewall acting in the configured namespace.
+func NewIPTablesFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
 	f := &LinuxFirewall{netns: cfg.NetNS, wait: 10, resync: cfg.Resync, tables: map[string]*cachedTable{}}
 	if f.resync == 0 {
 		f.resync = DefaultFirewallResync
@@ -218,10 +224,11 @@ func (f *LinuxFirewall) exec(ctx context.Context, stdin []byte, name string, arg
 }
 
 // Apply implements Firewall.
-func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (ApplyStats, error) {
-	if err := ValidateFirewallState(desired); err != nil {
+func (f *LinuxFirewall) Apply(ctx context.Context, state FirewallState) (ApplyStats, error) {
+	if err := ValidateFirewallState(state); err != nil {
 		return ApplyStats{}, err
 	}
+	desired := RenderIPTables(state)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var stats ApplyStats
@@ -266,18 +273,6 @@ func (f *LinuxFirewall) Apply(ctx context.Context, desired FirewallState) (Apply
 		stats.SetsDeleted++
 	}
 	return stats, errors.Join(errs...)
-}
-
-func addStats(dst *ApplyStats, s ApplyStats) {
-	dst.ChainsWritten += s.ChainsWritten
-	dst.RulesWritten += s.RulesWritten
-	dst.ChainsDeleted += s.ChainsDeleted
-	dst.JumpsInserted += s.JumpsInserted
-	dst.JumpsDeleted += s.JumpsDeleted
-	dst.SetsCreated += s.SetsCreated
-	dst.SetsDeleted += s.SetsDeleted
-	dst.MembersAdded += s.MembersAdded
-	dst.MembersRemoved += s.MembersRemoved
 }
 
 func (f *LinuxFirewall) planSets(ctx context.Context, desired []IPSet) (setPlan, error) {
@@ -329,15 +324,15 @@ func (f *LinuxFirewall) Reads() int {
 
 // applyTable reconciles one table: stale jumps out, changed chains
 // rewritten and stale chains deleted in one restore, missing jumps in.
-func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired FirewallState) (ApplyStats, error) {
+func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired IPTablesState) (ApplyStats, error) {
 	var stats ApplyStats
-	var chains []Chain
+	var chains []IPTChain
 	for _, c := range desired.Chains {
 		if c.Table == table {
 			chains = append(chains, c)
 		}
 	}
-	var jumps []Jump
+	var jumps []policy.Jump
 	for _, j := range desired.Jumps {
 		if j.Table == table {
 			jumps = append(jumps, j)

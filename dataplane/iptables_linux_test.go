@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/policy"
 )
 
 // backends lists the iptables backends installed here.
@@ -34,38 +35,6 @@ func inNS(t *testing.T, ns testNetNS, argv ...string) string {
 	return run(t, "nsenter", append([]string{"--net=" + ns.Path, "--"}, argv...)...)
 }
 
-func testState(member string, extraRule bool) dataplane.FirewallState {
-	fw := dataplane.Chain{Table: "filter", Name: "tabby-fw-calia", Rules: [][]string{
-		{"!", "-s", "10.244.1.1/32", "-j", "DROP"},
-		{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"},
-		{"-m", "set", "--match-set", "tabby-s-peers", "dst", "-p", "tcp", "-m", "multiport", "--dports", "80,8000:8100", "-j", "MARK", "--set-xmark", "0x10000/0x10000"},
-		{"-m", "set", "--match-set", "tabby-p-named", "dst,dst", "-j", "RETURN"},
-	}}
-	if extraRule {
-		fw.Rules = append(fw.Rules, []string{"-j", "DROP"})
-	}
-	return dataplane.FirewallState{
-		Chains: []dataplane.Chain{
-			{Table: "filter", Name: "tabby-FORWARD", Rules: [][]string{{"-i", "cali+", "-j", "tabby-from-wl"}, {"-i", "cali+", "-j", "ACCEPT"}}},
-			{Table: "filter", Name: "tabby-from-wl", Rules: [][]string{{"-i", "calia", "-g", "tabby-fw-calia"}, {"-j", "DROP"}}},
-			fw,
-			{Table: "nat", Name: "tabby-POSTROUTING", Rules: [][]string{
-				{"-m", "set", "--match-set", "tabby-masq-pools", "src", "-m", "set", "!", "--match-set", "tabby-all-pools", "dst", "-j", "MASQUERADE"},
-			}},
-		},
-		Jumps: []dataplane.Jump{
-			{Table: "filter", From: "FORWARD", To: "tabby-FORWARD"},
-			{Table: "nat", From: "POSTROUTING", To: "tabby-POSTROUTING"},
-		},
-		Sets: []dataplane.IPSet{
-			{Name: "tabby-all-pools", Type: "hash:net", Members: []string{"10.244.0.0/16"}},
-			{Name: "tabby-masq-pools", Type: "hash:net", Members: []string{"10.244.0.0/16"}},
-			{Name: "tabby-s-peers", Type: "hash:net", Members: []string{member, "10.244.2.0/24"}},
-			{Name: "tabby-p-named", Type: "hash:ip,port", Members: []string{"10.244.2.1,tcp:8080"}},
-		},
-	}
-}
-
 func TestPrivilegedFirewall(t *testing.T) {
 	skipUnlessPrivileged(t)
 	for _, backend := range backends(t) {
@@ -85,7 +54,7 @@ func testFirewall(t *testing.T, backend string) {
 	inNS(t, ns, "ipset", "create", "kube-x", "hash:ip")
 
 	// Resync -1: read the kernel on every Apply, so that tampering shows.
-	f, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
+	f, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,13 +110,13 @@ func testFirewall(t *testing.T, backend string) {
 	// A restarted agent with a smaller state removes stale chains and sets,
 	// including a stale jump, and a duplicate jump.
 	inNS(t, ns, ipt, "-w", "-A", "FORWARD", "-j", "tabby-FORWARD")
-	f2, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
+	f2, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend, Resync: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	small := testState("10.244.1.8/32", true)
 	small.Chains = small.Chains[:2] // tabby-FORWARD, tabby-from-wl …
-	small.Chains[1].Rules = [][]string{{"-j", "DROP"}}
+	small.Chains[1].Dispatch = &policy.Dispatch{}
 	small.Chains = append(small.Chains, testState("", false).Chains[3]) // … and the nat chain
 	small.Sets = small.Sets[:2]
 	st, err = f2.Apply(ctx, small)
@@ -169,7 +138,7 @@ func testFirewall(t *testing.T, backend string) {
 		t.Fatal(err)
 	}
 	inNS(t, ns, ipt, "-w", "-A", "KUBE-FOO", "-j", "tabby-fw-calia")
-	grow.Chains[1].Rules = [][]string{{"-j", "DROP"}}
+	grow.Chains[1].Dispatch = &policy.Dispatch{}
 	grow.Chains = append(grow.Chains[:2], grow.Chains[3])
 	st, err = f2.Apply(ctx, grow)
 	if err == nil || !strings.Contains(err.Error(), "tabby-fw-calia") || !errors.Is(err, dataplane.ErrStaleCleanup) {
@@ -203,7 +172,7 @@ func testFirewall(t *testing.T, backend string) {
 	// With the default resync, Apply trusts its record between reads: the
 	// kernel (two tables and the sets) is read once, and the record stays
 	// right across changes.
-	f3, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
+	f3, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +198,7 @@ func testFirewall(t *testing.T, backend string) {
 }
 
 func TestFirewallBadBackend(t *testing.T) {
-	if _, err := dataplane.NewFirewall(dataplane.FirewallConfig{Backend: "ebtables"}); err == nil {
+	if _, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{Backend: "ebtables"}); err == nil {
 		t.Error("unknown backend accepted")
 	}
 }

@@ -170,9 +170,19 @@ func policySteps(ips map[string]netip.Addr) []policyStep {
 
 // TestPolicy brings up a 3-node lab with pods in three namespaces and
 // checks a truth table of real TCP and UDP connections under a series of
-// policy sets, then anti-spoofing and natOutgoing.
+// policy sets, then anti-spoofing and natOutgoing, once per firewall
+// backend.
 func TestPolicy(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "e2epol", Nodes: 3})
+	for _, b := range []struct{ backend, lab string }{
+		{dataplane.FirewallNFTables, "e2epol"},
+		{dataplane.FirewallIPTables, "e2epoi"},
+	} {
+		t.Run(b.backend, func(t *testing.T) { testPolicy(t, b.backend, b.lab) })
+	}
+}
+
+func testPolicy(t *testing.T, backend, name string) {
+	l := upLab(t, lab.Options{Name: name, Nodes: 3, AgentArgs: []string{"--firewall-backend", backend}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ips := map[string]netip.Addr{}
@@ -191,6 +201,12 @@ func TestPolicy(t *testing.T) {
 	}
 	t.Cleanup(func() { deleteAllPolicies(t, l) })
 	nameAWebPort(ctx, t, l)
+	waitPolicyConverged(ctx, t, l)
+	for _, n := range l.State().Nodes {
+		if got, err := nftTableIn(t, l, n.Name); err != nil || got != (backend == dataplane.FirewallNFTables) {
+			t.Fatalf("node %s: nftables table present = %v (%v) with backend %s", n.Name, got, err, backend)
+		}
+	}
 
 	total := 0
 	for _, step := range policySteps(ips) {
@@ -358,15 +374,28 @@ func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
 	for _, n := range l.State().Nodes {
 		in.Node = n.Name
 		rs := policy.Compile(in)
+		ipt := dataplane.RenderIPTables(*rs)
 		want := map[string]int{}
-		for _, c := range rs.Chains {
+		for _, c := range ipt.Chains {
 			want[c.Table+" "+c.Name] = len(c.Rules)
 		}
-		for _, s := range rs.Sets {
+		for _, s := range ipt.Sets {
 			for _, m := range s.Members {
 				want["set "+s.Name+" "+m] = 1
 			}
 			want["set "+s.Name] = 0
+		}
+		nft, err := nftTableIn(t, l, n.Name)
+		if err != nil {
+			return "", err
+		}
+		if nft {
+			d, err := nftDiff(ctx, t, l, n.Name, rs)
+			if err != nil {
+				return "", err
+			}
+			diffs = append(diffs, d...)
+			continue
 		}
 		got, err := kernelPolicy(ctx, t, l, n.Name)
 		if err != nil {
@@ -393,9 +422,35 @@ func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
 	return "\n" + strings.Join(diffs, "\n"), nil
 }
 
-// kernelPolicy reads a node's Tabby chains (rule counts) and set members.
+// nftTableIn reports whether a node's namespace holds Tabby's nftables
+// table (the agent removes the other backend's state when it starts).
+func nftTableIn(t *testing.T, l *lab.Lab, node string) (bool, error) {
+	fw, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: netnsPath(t, l, node)})
+	if err != nil {
+		return false, nil // no nf_tables here
+	}
+	defer fw.Close()
+	return fw.HasTable()
+}
+
+// nftDiff lists how a node's nftables table differs from the ruleset.
+func nftDiff(ctx context.Context, t *testing.T, l *lab.Lab, node string, rs *policy.Ruleset) ([]string, error) {
+	fw, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: netnsPath(t, l, node)})
+	if err != nil {
+		return nil, err
+	}
+	defer fw.Close()
+	d, err := fw.Diff(ctx, *rs)
+	for i := range d {
+		d[i] = node + ": " + d[i]
+	}
+	return d, err
+}
+
+// kernelPolicy reads a node's Tabby iptables chains (rule counts) and set
+// members, as the iptables backend renders them.
 func kernelPolicy(ctx context.Context, t *testing.T, l *lab.Lab, node string) (map[string]int, error) {
-	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: netnsPath(t, l, node)})
+	fw, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: netnsPath(t, l, node)})
 	if err != nil {
 		return nil, err
 	}

@@ -11,11 +11,6 @@ import (
 	"github.com/tabbynet/tabby/api"
 )
 
-// dispatchFanout is the number of local endpoints above which the dispatch
-// chains split into one sub-chain per character after the interface prefix,
-// so that a packet meets about n/16 interface matches instead of n.
-const dispatchFanout = 32
-
 // compiler holds one compilation's state.
 type compiler struct {
 	in       Input
@@ -23,7 +18,7 @@ type compiler struct {
 	local    []*endpoint // this node's, by interface
 	gnps     []*api.GlobalNetworkPolicy
 	nps      []*api.NetworkPolicy
-	sets     map[string]*IPSet
+	sets     map[string]*Set
 	chains   map[string]Chain // policy chains emitted so far, by name
 	warnings []string
 }
@@ -32,22 +27,23 @@ type compiler struct {
 // It is pure and deterministic: the same input gives the same ruleset.
 // Inputs it cannot use are skipped and named in Ruleset.Warnings.
 func Compile(in Input) *Ruleset {
-	c := &compiler{in: in, sets: map[string]*IPSet{}, chains: map[string]Chain{}}
+	c := &compiler{in: in, sets: map[string]*Set{}, chains: map[string]Chain{}}
 	c.parseEndpoints()
 	c.orderPolicies()
 
 	var chains []Chain
-	var fromDispatch, toDispatch []dispatchEntry
+	var fromDispatch, toDispatch []DispatchTarget
 	for _, ep := range c.local {
 		fw, extra := c.fromWorkloadChain(ep)
 		tw := c.toWorkloadChain(ep)
 		chains = append(chains, fw, tw)
 		chains = append(chains, extra...)
-		fromDispatch = append(fromDispatch, dispatchEntry{ep.iface, fw.Name})
-		toDispatch = append(toDispatch, dispatchEntry{ep.iface, tw.Name})
+		fromDispatch = append(fromDispatch, DispatchTarget{ep.iface, fw.Name})
+		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
 	}
-	chains = append(chains, dispatchChains(ChainFromWL, "-i", fromDispatch)...)
-	chains = append(chains, dispatchChains(ChainToWL, "-o", toDispatch)...)
+	chains = append(chains,
+		Chain{Table: TableFilter, Name: ChainFromWL, Dispatch: &Dispatch{Targets: fromDispatch}},
+		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
 	chains = append(chains, forwardChain())
 	chains = append(chains, c.natChain())
 	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
@@ -231,14 +227,17 @@ func policyChainName(identity string, dir direction) string {
 	return Prefix + d + "-" + shortHash(identity, 16)
 }
 
-// Arguments shared by many rules.
+// Rules and verdicts shared by many chains.
 var (
-	ruleEstablished = Rule{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"}
-	ruleClearMark   = Rule{"-j", "MARK", "--set-xmark", fmt.Sprintf("0x0/%#x", MarkAccept)}
-	ruleReturnIfOK  = Rule{"-m", "mark", "--mark", fmt.Sprintf("%#x/%#x", MarkAccept, MarkAccept), "-j", "RETURN"}
-	actionAllow     = []string{"-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", MarkAccept, MarkAccept)}
-	ruleDrop        = Rule{"-j", "DROP"}
+	ruleEstablished = Rule{Match: []Match{{Kind: MatchEstablished}}, Verdict: Verdict{Kind: VerdictAccept}}
+	ruleClearMark   = Rule{Verdict: Verdict{Kind: VerdictSetMark, Mark: 0, Mask: MarkAccept}}
+	ruleReturnIfOK  = Rule{Match: []Match{{Kind: MatchMark, Mark: MarkAccept, Mask: MarkAccept}}, Verdict: Verdict{Kind: VerdictReturn}}
+	actionAllow     = Verdict{Kind: VerdictSetMark, Mark: MarkAccept, Mask: MarkAccept}
+	actionDrop      = Verdict{Kind: VerdictDrop}
+	ruleDrop        = Rule{Verdict: actionDrop}
 )
+
+func jumpTo(chain string) Rule { return Rule{Verdict: Verdict{Kind: VerdictJump, Chain: chain}} }
 
 // fromWorkloadChain is the egress chain of a local endpoint: anti-spoofing
 // first (also when no policy selects it), then conntrack, then policy. It
@@ -252,15 +251,15 @@ func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
 		ch.Rules = append(ch.Rules, ruleDrop)
 		return ch, nil
 	case 1:
-		ch.Rules = append(ch.Rules, Rule{"!", "-s", netip.PrefixFrom(ep.addrs[0], 32).String(), "-j", "DROP"})
+		ch.Rules = append(ch.Rules, Rule{Match: []Match{{Kind: MatchSrcNet, Net: netip.PrefixFrom(ep.addrs[0], 32), Negate: true}}, Verdict: actionDrop})
 	default:
 		sp := Chain{Table: TableFilter, Name: Prefix + "sp-" + ep.iface}
 		for _, a := range ep.addrs {
-			sp.Rules = append(sp.Rules, Rule{"-s", netip.PrefixFrom(a, 32).String(), "-j", "RETURN"})
+			sp.Rules = append(sp.Rules, Rule{Match: []Match{{Kind: MatchSrcNet, Net: netip.PrefixFrom(a, 32)}}, Verdict: Verdict{Kind: VerdictReturn}})
 		}
 		sp.Rules = append(sp.Rules, ruleDrop)
 		extra = append(extra, sp)
-		ch.Rules = append(ch.Rules, Rule{"-j", sp.Name})
+		ch.Rules = append(ch.Rules, jumpTo(sp.Name))
 	}
 	ch.Rules = append(ch.Rules, ruleEstablished)
 	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, egress))...)
@@ -286,52 +285,15 @@ func policyRules(global, namespaced []string) []Rule {
 	}
 	rules := []Rule{ruleClearMark}
 	for _, name := range global {
-		rules = append(rules, Rule{"-j", name}, ruleReturnIfOK)
+		rules = append(rules, jumpTo(name), ruleReturnIfOK)
 	}
 	for _, name := range namespaced {
-		rules = append(rules, Rule{"-j", name})
+		rules = append(rules, jumpTo(name))
 	}
 	if len(namespaced) > 0 {
 		rules = append(rules, ruleReturnIfOK)
 	}
 	return append(rules, ruleDrop)
-}
-
-type dispatchEntry struct {
-	iface string
-	chain string
-}
-
-// dispatchChains builds the chain that sends a packet to its endpoint's
-// chain by interface (flag "-i" or "-o"), dropping packets of workload
-// interfaces without an endpoint. With many endpoints it fans out by the
-// first character after the interface prefix.
-func dispatchChains(name, flag string, entries []dispatchEntry) []Chain {
-	leaf := func(chain string, es []dispatchEntry) Chain {
-		ch := Chain{Table: TableFilter, Name: chain}
-		for _, e := range es {
-			ch.Rules = append(ch.Rules, Rule{flag, e.iface, "-g", e.chain})
-		}
-		ch.Rules = append(ch.Rules, ruleDrop)
-		return ch
-	}
-	if len(entries) <= dispatchFanout {
-		return []Chain{leaf(name, entries)}
-	}
-	groups := map[byte][]dispatchEntry{}
-	for _, e := range entries {
-		k := e.iface[len(WorkloadIfacePrefix)]
-		groups[k] = append(groups[k], e)
-	}
-	top := Chain{Table: TableFilter, Name: name}
-	out := []Chain{}
-	for _, k := range slices.Sorted(maps.Keys(groups)) {
-		sub := fmt.Sprintf("%s-%c", name, k)
-		top.Rules = append(top.Rules, Rule{flag, WorkloadIfacePrefix + string(k) + "+", "-g", sub})
-		out = append(out, leaf(sub, groups[k]))
-	}
-	top.Rules = append(top.Rules, ruleDrop)
-	return append(out, top)
 }
 
 // forwardChain sends workload traffic through both dispatches and accepts
@@ -340,18 +302,19 @@ func dispatchChains(name, flag string, entries []dispatchEntry) []Chain {
 // destination's ingress policy too.
 func forwardChain() Chain {
 	wl := WorkloadIfacePrefix + "+"
+	accept := Verdict{Kind: VerdictAccept}
 	return Chain{Table: TableFilter, Name: ChainForward, Rules: []Rule{
-		{"-i", wl, "-j", ChainFromWL},
-		{"-o", wl, "-j", ChainToWL},
-		{"-i", wl, "-j", "ACCEPT"},
-		{"-o", wl, "-j", "ACCEPT"},
+		{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}},
+		{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainToWL}},
+		{Match: []Match{inIface(wl)}, Verdict: accept},
+		{Match: []Match{outIface(wl)}, Verdict: accept},
 	}}
 }
 
 // natChain masquerades traffic from natOutgoing pools to destinations
 // outside every pool, and fills the two pool sets.
 func (c *compiler) natChain() Chain {
-	var all, masq []string
+	var all, masq []netip.Prefix
 	for _, p := range c.in.Pools {
 		if p == nil {
 			continue
@@ -362,15 +325,16 @@ func (c *compiler) natChain() Chain {
 			continue
 		}
 		for _, n := range netsExcept([]netip.Prefix{pr}, nil) {
-			all = append(all, n.String())
+			all = append(all, n)
 			if p.Spec.NATOutgoing {
-				masq = append(masq, n.String())
+				masq = append(masq, n)
 			}
 		}
 	}
-	c.addSet(SetAllPools, SetTypeNet, all)
-	c.addSet(SetMasqPools, SetTypeNet, masq)
-	return Chain{Table: TableNAT, Name: ChainPostrouting, Rules: []Rule{
-		{"-m", "set", "--match-set", SetMasqPools, "src", "-m", "set", "!", "--match-set", SetAllPools, "dst", "-j", "MASQUERADE"},
-	}}
+	c.addNetSet(SetAllPools, all)
+	c.addNetSet(SetMasqPools, masq)
+	return Chain{Table: TableNAT, Name: ChainPostrouting, Rules: []Rule{{
+		Match:   []Match{setMatch(SetMasqPools, false, false), setMatch(SetAllPools, true, true)},
+		Verdict: Verdict{Kind: VerdictMasquerade},
+	}}}
 }

@@ -460,36 +460,36 @@ func TestLayout(t *testing.T) {
 	pi := policyChainName("np/prod/web", ingress)
 	clients := setName('s', selection{namespace: "prod", pods: sel("app", "client")}.key())
 	want := []string{
-		"*filter",
-		"-I FORWARD -j tabby-FORWARD",
-		":tabby-FORWARD", ":tabby-from-wl", ":tabby-fw-calia", ":" + pi, ":tabby-to-wl", ":tabby-tw-calia",
-		"-A tabby-FORWARD -i cali+ -j tabby-from-wl",
-		"-A tabby-FORWARD -o cali+ -j tabby-to-wl",
-		"-A tabby-FORWARD -i cali+ -j ACCEPT",
-		"-A tabby-FORWARD -o cali+ -j ACCEPT",
-		"-A tabby-from-wl -i calia -g tabby-fw-calia",
-		"-A tabby-from-wl -j DROP",
-		"-A tabby-fw-calia ! -s 10.244.1.1/32 -j DROP",
-		"-A tabby-fw-calia -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-		"-A " + pi + " -m set --match-set " + clients + " src -p tcp -m multiport --dports 80,443 -j MARK --set-xmark 0x10000/0x10000",
-		"-A " + pi + " -m mark --mark 0x10000/0x10000 -j RETURN",
-		"-A tabby-to-wl -o calia -g tabby-tw-calia",
-		"-A tabby-to-wl -j DROP",
-		"-A tabby-tw-calia -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
-		"-A tabby-tw-calia -j MARK --set-xmark 0x0/0x10000",
-		"-A tabby-tw-calia -j " + pi,
-		"-A tabby-tw-calia -m mark --mark 0x10000/0x10000 -j RETURN",
-		"-A tabby-tw-calia -j DROP",
-		"*nat",
-		"-I POSTROUTING -j tabby-POSTROUTING",
-		":tabby-POSTROUTING",
-		"-A tabby-POSTROUTING -m set --match-set tabby-masq-pools src -m set ! --match-set tabby-all-pools dst -j MASQUERADE",
-		"create tabby-all-pools hash:net",
-		"add tabby-all-pools 10.244.0.0/16",
-		"create tabby-masq-pools hash:net",
-		"add tabby-masq-pools 10.244.0.0/16",
-		"create " + clients + " hash:net",
-		"add " + clients + " 10.244.2.1/32",
+		"table filter",
+		"hook FORWARD jump tabby-FORWARD",
+		"chain tabby-FORWARD",
+		`  iifname "cali*" jump tabby-from-wl`,
+		`  oifname "cali*" jump tabby-to-wl`,
+		`  iifname "cali*" accept`,
+		`  oifname "cali*" accept`,
+		"chain tabby-from-wl",
+		`  iifname vmap { "calia" : goto tabby-fw-calia } else drop`,
+		"chain tabby-fw-calia",
+		"  saddr != 10.244.1.1/32 drop",
+		"  ct state established,related accept",
+		"chain " + pi,
+		"  saddr @" + clients + " l4proto tcp dport { 80, 443 } mark set mark & 0xfffeffff | 0x10000",
+		"  mark & 0x10000 == 0x10000 return",
+		"chain tabby-to-wl",
+		`  oifname vmap { "calia" : goto tabby-tw-calia } else drop`,
+		"chain tabby-tw-calia",
+		"  ct state established,related accept",
+		"  mark set mark & 0xfffeffff | 0x0",
+		"  jump " + pi,
+		"  mark & 0x10000 == 0x10000 return",
+		"  drop",
+		"table nat",
+		"hook POSTROUTING jump tabby-POSTROUTING",
+		"chain tabby-POSTROUTING",
+		"  saddr @tabby-masq-pools daddr != @tabby-all-pools masquerade",
+		"set tabby-all-pools net { 10.244.0.0/16 }",
+		"set tabby-masq-pools net { 10.244.0.0/16 }",
+		"set " + clients + " net { 10.244.2.1/32 }",
 	}
 	if diff := cmp.Diff(want, rs.Lines()); diff != "" {
 		t.Errorf("ruleset (-want +got):\n%s", diff)
@@ -509,11 +509,11 @@ func TestNATSets(t *testing.T) {
 	rs := Compile(in)
 	all, _ := rs.Set(SetAllPools)
 	masq, _ := rs.Set(SetMasqPools)
-	if diff := cmp.Diff([]string{"10.244.0.0/16", "10.250.0.0/24", "10.251.0.0/24"}, all.Members); diff != "" {
+	if diff := cmp.Diff([]string{"10.244.0.0/16", "10.250.0.0/24", "10.251.0.0/24"}, all.Members()); diff != "" {
 		t.Errorf("all pools (-want +got):\n%s", diff)
 	}
 	// A disabled pool hands out no new addresses, but its pods still need NAT.
-	if diff := cmp.Diff([]string{"10.244.0.0/16", "10.251.0.0/24"}, masq.Members); diff != "" {
+	if diff := cmp.Diff([]string{"10.244.0.0/16", "10.251.0.0/24"}, masq.Members()); diff != "" {
 		t.Errorf("masquerade pools (-want +got):\n%s", diff)
 	}
 	if len(rs.Warnings) != 1 || !strings.Contains(rs.Warnings[0], "bad") {
@@ -626,8 +626,8 @@ func TestDispatchFanout(t *testing.T) {
 	in.NetworkPolicies = []*api.NetworkPolicy{denyAllIngress("default")}
 	rs := Compile(in)
 	top, _ := rs.Chain(TableFilter, ChainToWL)
-	if len(top.Rules) > 17 {
-		t.Errorf("top dispatch has %d rules, want at most 16 fan-out rules and a drop", len(top.Rules))
+	if top.Dispatch == nil || len(top.Dispatch.Targets) != 100 {
+		t.Errorf("to-workload dispatch %+v, want 100 targets", top.Dispatch)
 	}
 	for i, iface := range ifaces {
 		src := netip.MustParseAddr(fmt.Sprintf("10.244.%d.%d", i/200, i%200+1))

@@ -24,12 +24,12 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 	}
 	ch := Chain{Table: TableFilter, Name: name}
 	for i, r := range rules {
-		var action []string
+		var action Verdict
 		switch r.Action {
 		case api.ActionAllow:
 			action = actionAllow
 		case api.ActionDeny:
-			action = ruleDrop
+			action = actionDrop
 		default:
 			c.warnf("%s: rule %d: action %q is not Allow or Deny: skipped", id, i, r.Action)
 			continue
@@ -42,25 +42,25 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 			c.warnf("%s: rule %d: ports without a protocol: skipped", id, i)
 			continue
 		}
-		var base []string
+		var base []Match
 		if proto != "" {
-			base = []string{"-p", proto}
+			base = []Match{protoMatch(proto)}
 		}
-		src, srcOK := c.entityMatch(id, i, r.Source, "src")
-		dst, dstOK := c.entityMatch(id, i, r.Destination, "dst")
+		src, srcOK := c.entityMatch(id, i, r.Source, false)
+		dst, dstOK := c.entityMatch(id, i, r.Destination, true)
 		if !srcOK || !dstOK {
 			continue
 		}
 		base = append(base, src...)
 		base = append(base, dst...)
-		srcPorts := c.entityPorts(r.Source, proto, "src")
-		dstPorts := c.entityPorts(r.Destination, proto, "dst")
+		srcPorts := c.entityPorts(r.Source, proto, false)
+		dstPorts := c.entityPorts(r.Destination, proto, true)
 		for _, sp := range srcPorts {
 			for _, dp := range dstPorts {
-				args := append([]string{}, base...)
-				args = append(args, sp...)
-				args = append(args, dp...)
-				ch.Rules = append(ch.Rules, append(Rule(args), action...))
+				m := append([]Match{}, base...)
+				m = append(m, sp...)
+				m = append(m, dp...)
+				ch.Rules = append(ch.Rules, Rule{Match: m, Verdict: action})
 			}
 		}
 		if r.Action == api.ActionAllow {
@@ -72,26 +72,26 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 }
 
 // entityMatch matches the endpoints (selector, namespaceSelector) and
-// addresses (nets, notNets) of a rule's source or destination; flag is
-// "src" or "dst". ok is false when the entity cannot be compiled.
-func (c *compiler) entityMatch(id string, rule int, e api.EntityRule, flag string) ([]string, bool) {
-	var args []string
+// addresses (nets, notNets) of a rule's source or (dst) destination. ok is
+// false when the entity cannot be compiled.
+func (c *compiler) entityMatch(id string, rule int, e api.EntityRule, dst bool) ([]Match, bool) {
+	var args []Match
 	if sel, ok := entitySelection(e); ok {
-		args = append(args, "-m", "set", "--match-set", c.selectorSet(sel), flag)
+		args = append(args, setMatch(c.selectorSet(sel), dst, false))
 	}
 	nets, ok := c.parseNets(id, rule, e.Nets)
 	if !ok {
 		return nil, false
 	}
 	if len(nets) > 0 {
-		args = append(args, "-m", "set", "--match-set", c.netSet(nets, nil), flag)
+		args = append(args, setMatch(c.netSet(nets, nil), dst, false))
 	}
 	notNets, ok := c.parseNets(id, rule, e.NotNets)
 	if !ok {
 		return nil, false
 	}
 	if len(notNets) > 0 {
-		args = append(args, "-m", "set", "!", "--match-set", c.netSet(notNets, nil), flag)
+		args = append(args, setMatch(c.netSet(notNets, nil), dst, true))
 	}
 	return args, true
 }
@@ -122,16 +122,12 @@ func (c *compiler) parseNets(id string, rule int, nets []string) ([]netip.Prefix
 // entityPorts returns the port alternatives of an entity: numbers and
 // "lo:hi" ranges in multiport matches, named ports through the named-port
 // set of the entity's endpoints. No ports: one empty alternative.
-func (c *compiler) entityPorts(e api.EntityRule, proto, flag string) [][]string {
+func (c *compiler) entityPorts(e api.EntityRule, proto string, dst bool) [][]Match {
 	if len(e.Ports) == 0 {
-		return [][]string{nil}
-	}
-	single, multi := "--sport", "--sports"
-	if flag == "dst" {
-		single, multi = "--dport", "--dports"
+		return [][]Match{nil}
 	}
 	var specs []portSpec
-	var out [][]string
+	var out [][]Match
 	for _, p := range e.Ports {
 		if !p.IsString {
 			specs = append(specs, portSpec{proto, int(p.IntVal), int(p.IntVal)})
@@ -143,12 +139,12 @@ func (c *compiler) entityPorts(e api.EntityRule, proto, flag string) [][]string 
 		}
 		sel, _ := entitySelection(e)
 		set := c.namedPortSet(sel, proto, p.StrVal)
-		out = append(out, []string{"-m", "set", "--match-set", set, flag + "," + flag})
+		out = append(out, []Match{addrPortSetMatch(set, dst)})
 	}
-	var res [][]string
-	for _, m := range multiportMatches(specs, single, multi) {
+	var res [][]Match
+	for _, m := range multiportMatches(specs, dst) {
 		// The protocol is already matched by the rule.
-		res = append(res, m.args[2:])
+		res = append(res, m.match[1:])
 	}
 	return append(res, out...)
 }

@@ -3,8 +3,9 @@
 // Compile is a pure function: from the cluster's WorkloadEndpoints,
 // NetworkPolicies (Kubernetes networking.k8s.io/v1 semantics),
 // GlobalNetworkPolicies (ordered, Allow/Deny, evaluated first) and IPPools it
-// computes the iptables chains, the jumps from the kernel's base chains and
-// the ipsets one node needs. Nothing here touches the kernel: the agent
+// computes the chains, the hooks into the kernel's packet path and the
+// named sets one node needs, in a backend-neutral model (model.go) that
+// package dataplane renders for nftables or iptables. Nothing here touches the kernel: the agent
 // hands the result to package dataplane, which diffs it against the kernel
 // and applies the difference atomically.
 //
@@ -30,8 +31,6 @@
 package policy
 
 import (
-	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
@@ -72,13 +71,6 @@ const (
 	TableNAT    = "nat"
 )
 
-// Set types. Members are written in ipset's own syntax, canonically:
-// hash:net "10.244.1.5/32"; hash:ip,port "10.244.1.5,tcp:8080".
-const (
-	SetTypeNet    = "hash:net"
-	SetTypeIPPort = "hash:ip,port"
-)
-
 // Input is the cluster state Compile works from.
 type Input struct {
 	// Node is the node being compiled for: endpoints with spec.node equal
@@ -94,44 +86,6 @@ type Input struct {
 	Pools []*api.IPPool
 }
 
-// Rule is one iptables rule: the arguments that follow "-A <chain>".
-type Rule []string
-
-// String renders the rule as iptables-save would, quoting arguments with
-// spaces.
-func (r Rule) String() string {
-	parts := make([]string, len(r))
-	for i, a := range r {
-		if a == "" || strings.ContainsAny(a, " \t\"'") {
-			a = fmt.Sprintf("%q", a)
-		}
-		parts[i] = a
-	}
-	return strings.Join(parts, " ")
-}
-
-// Chain is one of Tabby's chains with its rules in order.
-type Chain struct {
-	Table string
-	Name  string
-	Rules []Rule
-}
-
-// Jump is a rule in a kernel base chain (From, such as FORWARD) that jumps
-// to one of Tabby's chains (To). It is inserted once, at the top.
-type Jump struct {
-	Table string
-	From  string
-	To    string
-}
-
-// IPSet is one of Tabby's ipsets with its members, sorted and unique.
-type IPSet struct {
-	Name    string
-	Type    string
-	Members []string
-}
-
 // Ruleset is the complete packet-filter state of one node.
 type Ruleset struct {
 	// Chains sorted by table and name.
@@ -139,15 +93,16 @@ type Ruleset struct {
 	// Jumps in a fixed order.
 	Jumps []Jump
 	// Sets sorted by name.
-	Sets []IPSet
+	Sets []Set
 	// Warnings name inputs that were skipped (an unparsable address, an
 	// interface without the workload prefix); they never stop compilation.
 	Warnings []string
 }
 
-// RulesPerEndpoint counts the rules in the chains that exist because of
-// local endpoints (their dispatch entries, anti-spoofing and endpoint
-// chains), divided by the number of local endpoints; 0 without any.
+// RulesPerEndpoint counts the rules a packet of a local endpoint may meet
+// because of the endpoint (its dispatch entries, anti-spoofing and
+// endpoint chains), divided by the number of local endpoints; 0 without
+// any.
 func (r *Ruleset) RulesPerEndpoint() float64 {
 	n, rules := 0, 0
 	for _, c := range r.Chains {
@@ -157,14 +112,8 @@ func (r *Ruleset) RulesPerEndpoint() float64 {
 			rules += len(c.Rules)
 		case strings.HasPrefix(c.Name, "tabby-fw-"), strings.HasPrefix(c.Name, "tabby-sp-"):
 			rules += len(c.Rules)
-		case strings.HasPrefix(c.Name, ChainFromWL), strings.HasPrefix(c.Name, ChainToWL):
-			for _, rule := range c.Rules {
-				if slices.Contains(rule, "-g") && slices.ContainsFunc(rule, func(a string) bool {
-					return strings.HasPrefix(a, "tabby-tw-") || strings.HasPrefix(a, "tabby-fw-")
-				}) {
-					rules++
-				}
-			}
+		case c.Dispatch != nil:
+			rules += len(c.Dispatch.Targets)
 		}
 	}
 	if n == 0 {

@@ -1,22 +1,16 @@
 package policy
 
 import (
-	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
 )
 
-// maxMultiport is how many ports one multiport match takes (a range counts
-// twice).
-const maxMultiport = 15
-
 // peerMatch is one alternative source (ingress) or destination (egress) of
 // a NetworkPolicy rule.
 type peerMatch struct {
-	args []string
+	match []Match
 	// sel is the endpoints the peer picks; nil for "any address" and for
 	// ipBlocks, which match addresses rather than endpoints.
 	sel *selection
@@ -25,7 +19,7 @@ type peerMatch struct {
 // portMatch is one alternative port of a rule.
 type portMatch struct {
 	proto string // lowercase; "" = any protocol
-	args  []string
+	match []Match
 	named string // a named port, resolved by the caller per endpoint
 }
 
@@ -63,8 +57,8 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 		ports := c.npPorts(id, i, r.ports)
 		for _, peer := range peers {
 			for _, port := range ports {
-				args := append([]string{}, peer.args...)
-				args = append(args, port.args...)
+				m := append([]Match{}, peer.match...)
+				m = append(m, port.match...)
 				if port.named != "" {
 					// The destination's port: the policy's own endpoints
 					// for ingress, the peer's for egress (any endpoint when
@@ -77,9 +71,9 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 						}
 					}
 					set := c.namedPortSet(target, port.proto, port.named)
-					args = append(args, "-m", "set", "--match-set", set, "dst,dst")
+					m = append(m, addrPortSetMatch(set, true))
 				}
-				ch.Rules = append(ch.Rules, append(Rule(args), actionAllow...))
+				ch.Rules = append(ch.Rules, Rule{Match: m, Verdict: actionAllow})
 			}
 		}
 		if len(peers) > 0 && len(ports) > 0 {
@@ -96,10 +90,7 @@ func (c *compiler) npPeers(id, ns string, peers []api.NetworkPolicyPeer, dir dir
 	if len(peers) == 0 {
 		return []peerMatch{{}}
 	}
-	flag := "src"
-	if dir == egress {
-		flag = "dst"
-	}
+	dst := dir == egress
 	var out []peerMatch
 	for _, p := range peers {
 		switch {
@@ -119,7 +110,7 @@ func (c *compiler) npPeers(id, ns string, peers []api.NetworkPolicyPeer, dir dir
 				except = append(except, ep)
 			}
 			set := c.netSet([]netip.Prefix{cidr}, except)
-			out = append(out, peerMatch{args: []string{"-m", "set", "--match-set", set, flag}})
+			out = append(out, peerMatch{match: []Match{setMatch(set, dst, false)}})
 		case p.PodSelector != nil || p.NamespaceSelector != nil:
 			// podSelector alone: pods of the policy's namespace.
 			// namespaceSelector (alone or with podSelector): pods in the
@@ -129,7 +120,7 @@ func (c *compiler) npPeers(id, ns string, peers []api.NetworkPolicyPeer, dir dir
 				sel.namespace = ns
 			}
 			set := c.selectorSet(sel)
-			out = append(out, peerMatch{args: []string{"-m", "set", "--match-set", set, flag}, sel: &sel})
+			out = append(out, peerMatch{match: []Match{setMatch(set, dst, false)}, sel: &sel})
 		default:
 			c.warnf("%s: a peer without podSelector, namespaceSelector or ipBlock: skipped", id)
 		}
@@ -154,9 +145,9 @@ func (c *compiler) npPorts(id string, rule int, ports []api.NetworkPolicyPort) [
 		proto = strings.ToLower(proto)
 		switch {
 		case p.Port == nil:
-			out = append(out, portMatch{proto: proto, args: []string{"-p", proto}})
+			out = append(out, portMatch{proto: proto, match: []Match{protoMatch(proto)}})
 		case p.Port.IsString:
-			out = append(out, portMatch{proto: proto, args: []string{"-p", proto}, named: p.Port.StrVal})
+			out = append(out, portMatch{proto: proto, match: []Match{protoMatch(proto)}, named: p.Port.StrVal})
 		default:
 			lo, hi := int(p.Port.IntVal), int(p.Port.IntVal)
 			if p.EndPort != nil {
@@ -169,7 +160,7 @@ func (c *compiler) npPorts(id string, rule int, ports []api.NetworkPolicyPort) [
 			specs = append(specs, portSpec{proto, lo, hi})
 		}
 	}
-	return append(multiportMatches(specs, "--dport", "--dports"), out...)
+	return append(multiportMatches(specs, true), out...)
 }
 
 type portSpec struct {
@@ -178,8 +169,13 @@ type portSpec struct {
 }
 
 // multiportMatches groups numeric ports by protocol, in order of first
-// appearance, into matches of at most maxMultiport ports each.
-func multiportMatches(specs []portSpec, single, multi string) []portMatch {
+// appearance, into matches of at most MaxPortsPerMatch ports each, each
+// after a match of its protocol.
+func multiportMatches(specs []portSpec, dst bool) []portMatch {
+	kind := MatchSrcPorts
+	if dst {
+		kind = MatchDstPorts
+	}
 	var order []string
 	byProto := map[string][]portSpec{}
 	for _, s := range specs {
@@ -190,38 +186,26 @@ func multiportMatches(specs []portSpec, single, multi string) []portMatch {
 	}
 	var out []portMatch
 	for _, proto := range order {
-		ss := byProto[proto]
-		if len(ss) == 1 {
-			out = append(out, portMatch{proto: proto, args: []string{"-p", proto, "-m", proto, single, ss[0].text()}})
-			continue
-		}
-		var chunk []string
+		var chunk []PortRange
 		used := 0
 		flush := func() {
 			if len(chunk) > 0 {
-				out = append(out, portMatch{proto: proto, args: []string{"-p", proto, "-m", "multiport", multi, strings.Join(chunk, ",")}})
+				out = append(out, portMatch{proto: proto, match: []Match{protoMatch(proto), {Kind: kind, Ports: chunk}}})
 			}
 			chunk, used = nil, 0
 		}
-		for _, s := range ss {
+		for _, s := range byProto[proto] {
 			w := 1
 			if s.hi != s.lo {
 				w = 2
 			}
-			if used+w > maxMultiport {
+			if used+w > MaxPortsPerMatch {
 				flush()
 			}
-			chunk = append(chunk, s.text())
+			chunk = append(chunk, PortRange{uint16(s.lo), uint16(s.hi)})
 			used += w
 		}
 		flush()
 	}
 	return out
-}
-
-func (s portSpec) text() string {
-	if s.lo == s.hi {
-		return strconv.Itoa(s.lo)
-	}
-	return fmt.Sprintf("%d:%d", s.lo, s.hi)
 }

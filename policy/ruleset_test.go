@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Test helpers over a compiled Ruleset: lookups and a text rendering.
@@ -17,45 +18,49 @@ func (r *Ruleset) Chain(table, name string) (Chain, bool) {
 }
 
 // Set returns the named set, if the ruleset has it.
-func (r *Ruleset) Set(name string) (IPSet, bool) {
-	i := slices.IndexFunc(r.Sets, func(s IPSet) bool { return s.Name == name })
+func (r *Ruleset) Set(name string) (Set, bool) {
+	i := slices.IndexFunc(r.Sets, func(s Set) bool { return s.Name == name })
 	if i < 0 {
-		return IPSet{}, false
+		return Set{}, false
 	}
 	return r.Sets[i], true
 }
 
-// Lines renders the ruleset as text for tests and debugging: per table an
-// iptables-save-like section, then "create"/"add" lines as ipset save
-// prints them.
+// Lines renders the ruleset as text for tests and debugging, in the
+// model's nft-like notation: per table the hooks and chains, then the
+// sets.
 func (r *Ruleset) Lines() []string {
 	var out []string
 	for _, table := range []string{TableFilter, TableNAT} {
-		out = append(out, "*"+table)
+		out = append(out, "table "+table)
 		for _, j := range r.Jumps {
 			if j.Table == table {
-				out = append(out, fmt.Sprintf("-I %s -j %s", j.From, j.To))
-			}
-		}
-		for _, c := range r.Chains {
-			if c.Table == table {
-				out = append(out, ":"+c.Name)
+				out = append(out, fmt.Sprintf("hook %s jump %s", j.From, j.To))
 			}
 		}
 		for _, c := range r.Chains {
 			if c.Table != table {
 				continue
 			}
+			out = append(out, "chain "+c.Name)
+			if d := c.Dispatch; d != nil {
+				key := "iifname"
+				if d.Out {
+					key = "oifname"
+				}
+				var els []string
+				for _, t := range d.Targets {
+					els = append(els, fmt.Sprintf("%q : goto %s", t.Iface, t.Chain))
+				}
+				out = append(out, "  "+key+" vmap { "+strings.Join(els, ", ")+" } else drop")
+			}
 			for _, rule := range c.Rules {
-				out = append(out, "-A "+c.Name+" "+rule.String())
+				out = append(out, "  "+rule.String())
 			}
 		}
 	}
 	for _, s := range r.Sets {
-		out = append(out, "create "+s.Name+" "+s.Type)
-		for _, m := range s.Members {
-			out = append(out, "add "+s.Name+" "+m)
-		}
+		out = append(out, "set "+s.Name+" "+string(s.Type)+" { "+strings.Join(s.Members(), ", ")+" }")
 	}
 	return out
 }

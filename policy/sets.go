@@ -74,26 +74,26 @@ func setName(kind byte, identity string) string {
 	return Prefix + string(kind) + "-" + shortHash(identity, 20)
 }
 
-// selectorSet returns the name of the hash:net set holding the addresses
+// selectorSet returns the name of the SetTypeNet set holding the addresses
 // of the endpoints sel picks, creating it on first use.
 func (c *compiler) selectorSet(sel selection) string {
 	name := setName('s', sel.key())
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
-	var members []string
+	var members []netip.Prefix
 	for _, ep := range c.eps {
 		if sel.matches(ep) {
 			for _, a := range ep.addrs {
-				members = append(members, netip.PrefixFrom(a, 32).String())
+				members = append(members, netip.PrefixFrom(a, 32))
 			}
 		}
 	}
-	c.addSet(name, SetTypeNet, members)
+	c.addNetSet(name, members)
 	return name
 }
 
-// netSet returns the name of the hash:net set holding nets minus except.
+// netSet returns the name of the SetTypeNet set holding nets minus except.
 func (c *compiler) netSet(nets, except []netip.Prefix) string {
 	var id []string
 	for _, n := range nets {
@@ -107,16 +107,12 @@ func (c *compiler) netSet(nets, except []netip.Prefix) string {
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
-	var members []string
-	for _, n := range netsExcept(nets, except) {
-		members = append(members, n.String())
-	}
-	c.addSet(name, SetTypeNet, members)
+	c.addNetSet(name, netsExcept(nets, except))
 	return name
 }
 
-// namedPortSet returns the name of the hash:ip,port set holding
-// "address,proto:port" of every endpoint sel picks that names a port name
+// namedPortSet returns the name of the SetTypeAddrPort set holding
+// address, protocol and port of every endpoint sel picks that names a port name
 // for proto.
 func (c *compiler) namedPortSet(sel selection, proto, port string) string {
 	proto = strings.ToLower(proto)
@@ -124,7 +120,7 @@ func (c *compiler) namedPortSet(sel selection, proto, port string) string {
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
-	var members []string
+	var members []AddrPort
 	for _, ep := range c.eps {
 		if !sel.matches(ep) {
 			continue
@@ -138,25 +134,23 @@ func (c *compiler) namedPortSet(sel selection, proto, port string) string {
 				continue
 			}
 			for _, a := range ep.addrs {
-				members = append(members, fmt.Sprintf("%s,%s:%d", a, proto, p.Port))
+				members = append(members, AddrPort{Addr: a, Proto: proto, Port: uint16(p.Port)})
 			}
 		}
 	}
-	c.addSet(name, SetTypeIPPort, members)
+	slices.SortFunc(members, AddrPort.Compare)
+	c.sets[name] = &Set{Name: name, Type: SetTypeAddrPort, AddrPorts: slices.Compact(members)}
 	return name
 }
 
-func (c *compiler) addSet(name, typ string, members []string) {
-	slices.Sort(members)
-	members = slices.Compact(members)
-	if members == nil {
-		members = []string{}
-	}
-	c.sets[name] = &IPSet{Name: name, Type: typ, Members: members}
+// addNetSet records a SetTypeNet set; members are made canonical (masked,
+// sorted, covered ones dropped).
+func (c *compiler) addNetSet(name string, members []netip.Prefix) {
+	c.sets[name] = &Set{Name: name, Type: SetTypeNet, Nets: netsExcept(members, nil)}
 }
 
-func (c *compiler) sortedSets() []IPSet {
-	out := make([]IPSet, 0, len(c.sets))
+func (c *compiler) sortedSets() []Set {
+	out := make([]Set, 0, len(c.sets))
 	for _, k := range slices.Sorted(maps.Keys(c.sets)) {
 		out = append(out, *c.sets[k])
 	}

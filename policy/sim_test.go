@@ -1,19 +1,17 @@
 package policy
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 )
 
 // This file interprets a compiled Ruleset the way the kernel would walk
-// it, for the subset of iptables the compiler emits, so that tests can ask
-// "does this packet pass?" instead of comparing rule text. Any argument it
+// it, over the backend-neutral model, so that tests can ask "does this
+// packet pass?" instead of comparing rule text. A match or verdict kind it
 // does not know fails the test, so the interpreter cannot silently ignore
-// a match.
+// one.
 
 // packet is one packet crossing a node's FORWARD hook.
 type packet struct {
@@ -72,120 +70,107 @@ func (s *sim) run(chain string, pkt packet) (verdict, bool) {
 	if !ok {
 		s.t.Fatalf("jump to missing chain %s", chain)
 	}
+	if d := ch.Dispatch; d != nil {
+		if len(ch.Rules) > 0 {
+			s.t.Fatalf("dispatch chain %s has rules", chain)
+		}
+		iface := pkt.in
+		if d.Out {
+			iface = pkt.out
+		}
+		i := slices.IndexFunc(d.Targets, func(t DispatchTarget) bool { return t.Iface == iface })
+		if i < 0 {
+			return vDrop, true
+		}
+		return s.run(d.Targets[i].Chain, pkt) // goto: a return ends this chain too
+	}
 	for _, r := range ch.Rules {
-		match, target, targs, gotoChain := s.eval(r, pkt)
-		if !match {
+		if !s.matches(r, pkt) {
 			continue
 		}
-		switch target {
-		case "":
-		case "ACCEPT":
+		v := r.Verdict
+		switch v.Kind {
+		case VerdictAccept:
 			return vAccept, true
-		case "DROP":
+		case VerdictDrop:
 			return vDrop, true
-		case "RETURN":
+		case VerdictReturn:
 			return 0, false
-		case "MARK":
-			if len(targs) != 2 || targs[0] != "--set-xmark" {
-				s.t.Fatalf("MARK %v", targs)
+		case VerdictSetMark:
+			s.mark = s.mark&^v.Mask | v.Mark
+		case VerdictJump, VerdictGoto:
+			if res, done := s.run(v.Chain, pkt); done {
+				return res, true
 			}
-			v, m := parseMark(s.t, targs[1])
-			s.mark = s.mark&^m ^ v
-		default:
-			if !strings.HasPrefix(target, Prefix) {
-				s.t.Fatalf("unknown target %s", target)
-			}
-			if v, done := s.run(target, pkt); done {
-				return v, true
-			}
-			if gotoChain {
+			if v.Kind == VerdictGoto {
 				return 0, false
 			}
+		default:
+			s.t.Fatalf("chain %s: verdict %v in the filter path", chain, v)
 		}
 	}
 	return 0, false
 }
 
-func parseMark(t testing.TB, s string) (v, m uint32) {
-	a, b, ok := strings.Cut(s, "/")
-	if !ok {
-		t.Fatalf("mark %q", s)
-	}
-	x, err1 := strconv.ParseUint(a, 0, 32)
-	y, err2 := strconv.ParseUint(b, 0, 32)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("mark %q", s)
-	}
-	return uint32(x), uint32(y)
-}
-
-// eval matches one rule; it returns the target and its arguments.
-func (s *sim) eval(r Rule, pkt packet) (match bool, target string, targs []string, gotoChain bool) {
-	t := s.t
-	match = true
-	neg := false
-	check := func(ok bool) {
-		if neg {
+// matches evaluates every term of a rule.
+func (s *sim) matches(r Rule, pkt packet) bool {
+	for _, m := range r.Match {
+		ok := s.term(r, m, pkt)
+		if m.Negate {
+			switch m.Kind {
+			case MatchSrcNet, MatchSrcSet, MatchDstSet:
+			default:
+				s.t.Fatalf("rule %v: negated %v", r, m)
+			}
 			ok = !ok
 		}
-		neg = false
 		if !ok {
-			match = false
+			return false
 		}
 	}
-	for i := 0; i < len(r); i++ {
-		arg := r[i]
-		next := func() string {
-			i++
-			if i >= len(r) {
-				t.Fatalf("rule %v: %s needs a value", r, arg)
-			}
-			return r[i]
+	return true
+}
+
+func (s *sim) term(r Rule, m Match, pkt packet) bool {
+	switch m.Kind {
+	case MatchInIface:
+		return ifaceMatch(m.Iface, pkt.in)
+	case MatchOutIface:
+		return ifaceMatch(m.Iface, pkt.out)
+	case MatchSrcNet:
+		return m.Net.Contains(pkt.src)
+	case MatchProto:
+		return m.Proto == pkt.proto
+	case MatchSrcPorts, MatchDstPorts:
+		if !slices.ContainsFunc(r.Match, func(x Match) bool { return x.Kind == MatchProto }) {
+			s.t.Fatalf("rule %v: ports without a protocol", r)
 		}
-		switch arg {
-		case "!":
-			neg = true
-		case "-i":
-			check(ifaceMatch(next(), pkt.in))
-		case "-o":
-			check(ifaceMatch(next(), pkt.out))
-		case "-s":
-			check(netip.MustParsePrefix(next()).Contains(pkt.src))
-		case "-d":
-			check(netip.MustParsePrefix(next()).Contains(pkt.dst))
-		case "-p":
-			check(next() == pkt.proto)
-		case "-m":
-			switch m := next(); m {
-			case "conntrack", "set", "mark", "multiport", "tcp", "udp", "sctp":
-			default:
-				t.Fatalf("rule %v: unknown match module %s", r, m)
-			}
-		case "--ctstate":
-			check(next() == "RELATED,ESTABLISHED" && pkt.established)
-		case "--match-set":
-			name := next()
-			check(s.setMatch(name, next(), pkt))
-		case "--dport":
-			check(portIn(t, next(), pkt.dport))
-		case "--sport":
-			check(portIn(t, next(), pkt.sport))
-		case "--dports":
-			check(portIn(t, next(), pkt.dport))
-		case "--sports":
-			check(portIn(t, next(), pkt.sport))
-		case "--mark":
-			v, m := parseMark(t, next())
-			check(s.mark&m == v)
-		case "-j", "-g":
-			target = next()
-			targs = r[i+1:]
-			return match, target, targs, arg == "-g"
-		default:
-			t.Fatalf("rule %v: unknown argument %s", r, arg)
+		port := pkt.sport
+		if m.Kind == MatchDstPorts {
+			port = pkt.dport
 		}
+		return slices.ContainsFunc(m.Ports, func(p PortRange) bool { return p.Contains(uint16(port)) })
+	case MatchSrcSet, MatchDstSet:
+		set := s.set(m.Set, SetTypeNet)
+		a := pkt.src
+		if m.Kind == MatchDstSet {
+			a = pkt.dst
+		}
+		return slices.ContainsFunc(set.Nets, func(p netip.Prefix) bool { return p.Contains(a) })
+	case MatchSrcAddrPortSet, MatchDstAddrPortSet:
+		set := s.set(m.Set, SetTypeAddrPort)
+		k := AddrPort{Addr: pkt.src, Proto: pkt.proto, Port: uint16(pkt.sport)}
+		if m.Kind == MatchDstAddrPortSet {
+			k = AddrPort{Addr: pkt.dst, Proto: pkt.proto, Port: uint16(pkt.dport)}
+		}
+		return slices.Contains(set.AddrPorts, k)
+	case MatchEstablished:
+		return pkt.established
+	case MatchMark:
+		return s.mark&m.Mask == m.Mark
 	}
-	return match, "", nil, false
+	s.t.Fatalf("rule %v: unknown match kind %d", r, m.Kind)
+	return false
 }
 
 func ifaceMatch(pattern, iface string) bool {
@@ -195,53 +180,13 @@ func ifaceMatch(pattern, iface string) bool {
 	return pattern == iface
 }
 
-// portIn matches "80", "80:90" and comma lists of those.
-func portIn(t testing.TB, spec string, port int) bool {
-	for _, part := range strings.Split(spec, ",") {
-		lo, hi, ok := strings.Cut(part, ":")
-		if !ok {
-			hi = lo
-		}
-		l, err1 := strconv.Atoi(lo)
-		h, err2 := strconv.Atoi(hi)
-		if err1 != nil || err2 != nil {
-			t.Fatalf("port spec %q", spec)
-		}
-		if port >= l && port <= h {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *sim) setMatch(name, flags string, pkt packet) bool {
+func (s *sim) set(name string, typ SetType) Set {
 	set, ok := s.rs.Set(name)
 	if !ok {
 		s.t.Fatalf("rule references missing set %s", name)
 	}
-	addr := func(f string) netip.Addr {
-		if f == "src" {
-			return pkt.src
-		}
-		return pkt.dst
+	if set.Type != typ {
+		s.t.Fatalf("set %s of type %s matched as %s", name, set.Type, typ)
 	}
-	port := func(f string) int {
-		if f == "src" {
-			return pkt.sport
-		}
-		return pkt.dport
-	}
-	switch set.Type {
-	case SetTypeNet:
-		a := addr(flags)
-		return slices.ContainsFunc(set.Members, func(m string) bool { return netip.MustParsePrefix(m).Contains(a) })
-	case SetTypeIPPort:
-		f := strings.Split(flags, ",")
-		if len(f) != 2 {
-			s.t.Fatalf("hash:ip,port set %s matched with %q", name, flags)
-		}
-		return slices.Contains(set.Members, fmt.Sprintf("%s,%s:%d", addr(f[0]), pkt.proto, port(f[1])))
-	}
-	s.t.Fatalf("set %s has unknown type %s", name, set.Type)
-	return false
+	return set
 }

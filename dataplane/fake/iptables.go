@@ -9,18 +9,21 @@ import (
 	"sync"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/policy"
 )
 
 // Firewall is an in-memory dataplane.Firewall. It keeps Tabby's chains,
-// jumps and sets as the kernel would after each Apply, counts what each
-// Apply changed the way the Linux implementation does (a chain counts as
-// written only when its rules differ), and prints its state as
-// iptables-save/ipset-save-like lines. The zero value is empty and ready.
+// jumps and sets as the iptables backend would program them after each
+// Apply (the state goes through dataplane.RenderIPTables, so members are
+// normalised as the kernel's), counts what each Apply changed the way that
+// backend does (a chain counts as written only when its rules differ), and
+// prints its state as iptables-save/ipset-save-like lines. The zero value
+// is empty and ready.
 type Firewall struct {
 	mu sync.Mutex
 	failer
 	chains  map[string][][]string // "table/name"
-	jumps   map[dataplane.Jump]bool
+	jumps   map[policy.Jump]bool
 	sets    map[string]dataplane.IPSet
 	applies int
 }
@@ -35,10 +38,11 @@ func (f *Firewall) SetFail(op string, err error) {
 }
 
 // Apply implements dataplane.Firewall.
-func (f *Firewall) Apply(ctx context.Context, desired dataplane.FirewallState) (dataplane.ApplyStats, error) {
-	if err := dataplane.ValidateFirewallState(desired); err != nil {
+func (f *Firewall) Apply(ctx context.Context, state dataplane.FirewallState) (dataplane.ApplyStats, error) {
+	if err := dataplane.ValidateFirewallState(state); err != nil {
 		return dataplane.ApplyStats{}, err
 	}
+	desired := dataplane.RenderIPTables(state)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail("Apply", ""); err != nil {
@@ -68,7 +72,7 @@ func (f *Firewall) Apply(ctx context.Context, desired dataplane.FirewallState) (
 	for k, rules := range want {
 		f.chains[k] = cloneRules(rules)
 	}
-	jumps := map[dataplane.Jump]bool{}
+	jumps := map[policy.Jump]bool{}
 	for _, j := range desired.Jumps {
 		jumps[j] = true
 		if !f.jumps[j] {

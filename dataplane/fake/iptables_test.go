@@ -3,21 +3,23 @@ package fake_test
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/dataplane/fake"
+	"github.com/tabbynet/tabby/policy"
 )
 
 func TestFirewall(t *testing.T) {
 	ctx := context.Background()
 	state := func(member string) dataplane.FirewallState {
 		return dataplane.FirewallState{
-			Chains: []dataplane.Chain{{Table: "filter", Name: "tabby-FORWARD", Rules: [][]string{{"-j", "ACCEPT"}}}},
-			Jumps:  []dataplane.Jump{{Table: "filter", From: "FORWARD", To: "tabby-FORWARD"}},
-			Sets:   []dataplane.IPSet{{Name: "tabby-s", Type: "hash:net", Members: []string{member}}},
+			Chains: []policy.Chain{{Table: "filter", Name: "tabby-FORWARD", Rules: []policy.Rule{{Verdict: policy.Verdict{Kind: policy.VerdictAccept}}}}},
+			Jumps:  []policy.Jump{{Table: "filter", From: "FORWARD", To: "tabby-FORWARD"}},
+			Sets:   []policy.Set{{Name: "tabby-s", Type: policy.SetTypeNet, Nets: []netip.Prefix{netip.MustParsePrefix(member)}}},
 		}
 	}
 	var f fake.Firewall
@@ -43,11 +45,11 @@ func TestFirewall(t *testing.T) {
 	if diff := cmp.Diff(wantLines, f.Lines()); diff != "" {
 		t.Errorf("lines (-want +got):\n%s", diff)
 	}
-	if _, err := f.Apply(ctx, dataplane.FirewallState{Chains: []dataplane.Chain{{Table: "filter", Name: "KUBE-X"}}}); err == nil {
+	if _, err := f.Apply(ctx, dataplane.FirewallState{Chains: []policy.Chain{{Table: "filter", Name: "KUBE-X"}}}); err == nil {
 		t.Error("foreign chain name accepted")
 	}
 	f.SetFail("Apply", fake.ErrInjected)
-	if _, err := f.Apply(ctx, state("x")); !errors.Is(err, fake.ErrInjected) {
+	if _, err := f.Apply(ctx, state("10.0.0.3/32")); !errors.Is(err, fake.ErrInjected) {
 		t.Errorf("injected failure: %v", err)
 	}
 	f.SetFail("Apply", nil)

@@ -1,0 +1,743 @@
+package dataplane
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/tabbynet/tabby/policy"
+)
+
+// NFTFirewall implements Firewall with nftables over netlink (no process is
+// started): one inet table, NFTTable, that Tabby owns entirely, with
+//
+//   - a base chain per hook ("forward", filter; "postrouting", nat) holding
+//     the jumps to Tabby's chains;
+//   - a regular chain per neutral chain, each rule commented with a hash of
+//     its position and content ("tabby:<hash>");
+//   - a verdict map per dispatch chain (interface → goto endpoint chain);
+//   - interval sets of IPv4 addresses and concatenated address . protocol
+//     . port sets.
+//
+// Apply diffs desired against the table as read back over netlink and
+// programs the difference in one batch (one transaction, atomic): only
+// chains whose hash list differs are flushed and refilled, sets and maps
+// change element by element, so a pod's ADD writes its own chains and a few
+// elements. Between full reads it trusts its record of the table as long as
+// the kernel's ruleset generation is the one its last batch left (any
+// change by anyone bumps it), and at least every Resync.
+type NFTFirewall struct {
+	mu     sync.Mutex
+	conn   *nftables.Conn
+	gen    *nlGen
+	table  *nftables.Table
+	resync time.Duration
+
+	rec    *nftState // the table as last read and written; nil = read it
+	recGen uint32
+	readAt time.Time
+	reads  int
+}
+
+var _ Firewall = (*NFTFirewall)(nil)
+
+// NFTConfig configures NewNFTFirewall.
+type NFTConfig struct {
+	// NetNS is the path of the network namespace to program; "" is the
+	// calling process's.
+	NetNS string
+	// Resync bounds how long Apply trusts its record of the table while
+	// the ruleset generation is unchanged; the kernel is always read on
+	// the first Apply, after a failure and when the generation moved.
+	// Default DefaultFirewallResync; negative reads on every Apply.
+	Resync time.Duration
+}
+
+// NewNFTFirewall opens netlink connections in the namespace and checks that
+// the kernel has nf_tables. Close releases them.
+func NewNFTFirewall(cfg NFTConfig) (*NFTFirewall, error) {
+	f := &NFTFirewall{resync: cfg.Resync, table: &nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet}}
+	if f.resync == 0 {
+		f.resync = DefaultFirewallResync
+	}
+	fd := 0
+	if cfg.NetNS != "" {
+		h, err := netns.GetFromPath(cfg.NetNS)
+		if err != nil {
+			return nil, fmt.Errorf("opening netns %s: %w", cfg.NetNS, err)
+		}
+		defer h.Close()
+		fd = int(h)
+	}
+	var opts []nftables.ConnOption
+	if fd != 0 {
+		opts = append(opts, nftables.WithNetNSFd(fd))
+	}
+	opts = append(opts, nftables.WithSockOptions(bigBuffers))
+	conn, err := nftables.New(append(opts, nftables.AsLasting())...)
+	if err != nil {
+		return nil, fmt.Errorf("nftables netlink: %w", err)
+	}
+	gen, err := dialGen(fd)
+	if err != nil {
+		_ = conn.CloseLasting()
+		return nil, err
+	}
+	f.conn, f.gen = conn, gen
+	if _, err := f.gen.id(); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("nftables not available: %w", err)
+	}
+	return f, nil
+}
+
+// nftMaxBatchRules is how many rules one batch writes at most.
+const nftMaxBatchRules = 4000
+
+// nftSocketBuffer bounds one batch (and its acknowledgements): the first
+// Apply on a node with a thousand endpoints sends tens of thousands of
+// messages in one transaction, far beyond the default socket buffers.
+const nftSocketBuffer = 64 << 20
+
+// bigBuffers raises the socket's buffers past the sysctl limits (the
+// agent runs as root), falling back to the plain options.
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		for _, o := range [][2]int{{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}, {unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}} {
+			if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], nftSocketBuffer); e != nil {
+				if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], nftSocketBuffer); e != nil {
+					serr = e
+				}
+			}
+		}
+	})
+	return errors.Join(err, serr)
+}
+
+// Close releases the netlink connections.
+func (f *NFTFirewall) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return errors.Join(f.conn.CloseLasting(), f.gen.close())
+}
+
+// Backend returns "nftables".
+func (f *NFTFirewall) Backend() string { return FirewallNFTables }
+
+// Reads returns how often Apply has read the table from the kernel.
+func (f *NFTFirewall) Reads() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads
+}
+
+// nftState is the table's content as the diff sees it.
+type nftState struct {
+	exists bool
+	// chains maps every chain to its rules' hashes ("" for a rule without
+	// one); base chains included.
+	chains map[string][]string
+	sets   map[string]*nftSetState
+}
+
+type nftSetState struct {
+	kind nftSetKind
+	// elems maps a member's key to its kernel elements (a range's start
+	// and end) and, in a verdict map, its target chain.
+	elems map[string]nftMember
+}
+
+type nftMember struct {
+	els   []nftables.SetElement
+	chain string // verdict maps: goto target
+}
+
+// nftWantChain is one desired chain.
+type nftWantChain struct {
+	name   string
+	base   *nftBase
+	src    policy.Chain  // regular chains
+	jumps  []policy.Jump // base chains
+	texts  []string
+	hashes []string
+}
+
+// desiredNFT computes the desired chains and sets.
+func desiredNFT(s FirewallState) ([]nftWantChain, map[string]*nftSetState, error) {
+	var chains []nftWantChain
+	sets := map[string]*nftSetState{}
+	var errs []error
+	byBase := map[string][]policy.Jump{}
+	for _, j := range s.Jumps {
+		if _, ok := nftBases[j.From]; !ok {
+			errs = append(errs, fmt.Errorf("jump from %s: no such hook in the nftables backend", j.From))
+			continue
+		}
+		byBase[j.From] = append(byBase[j.From], j)
+	}
+	for _, from := range slices.Sorted(maps.Keys(byBase)) {
+		b := nftBases[from]
+		c := nftWantChain{name: b.name, base: &b, jumps: byBase[from]}
+		for _, j := range c.jumps {
+			c.texts = append(c.texts, "jump "+j.To)
+		}
+		c.hashes = nftRuleHashes(c.name, c.texts)
+		chains = append(chains, c)
+	}
+	for _, pc := range s.Chains {
+		c := nftWantChain{name: pc.Name, src: pc}
+		if pc.Dispatch != nil {
+			c.texts = nftDispatchTexts(pc)
+			m := &nftSetState{kind: nftSetVmap, elems: map[string]nftMember{}}
+			for _, t := range pc.Dispatch.Targets {
+				m.elems[t.Iface] = nftMember{chain: t.Chain, els: []nftables.SetElement{{Key: ifnameKey(t.Iface),
+					VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t.Chain}}}}
+			}
+			sets[nftMapName(pc.Name)] = m
+		} else {
+			for _, r := range pc.Rules {
+				c.texts = append(c.texts, r.String())
+			}
+		}
+		c.hashes = nftRuleHashes(c.name, c.texts)
+		chains = append(chains, c)
+	}
+	for _, ps := range s.Sets {
+		st := &nftSetState{elems: map[string]nftMember{}}
+		switch ps.Type {
+		case policy.SetTypeNet:
+			st.kind = nftSetNet
+			for _, p := range ps.Nets {
+				if !p.Addr().Is4() {
+					errs = append(errs, fmt.Errorf("set %s: %s: only IPv4 is supported", ps.Name, p))
+					continue
+				}
+				r := prefixRange(p)
+				st.elems[r.key()] = nftMember{els: r.elements()}
+			}
+		case policy.SetTypeAddrPort:
+			st.kind = nftSetAddrPort
+			for _, a := range ps.AddrPorts {
+				k, err := addrPortKey(a)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("set %s: %w", ps.Name, err))
+					continue
+				}
+				st.elems[string(k)] = nftMember{els: []nftables.SetElement{{Key: k}}}
+			}
+		default:
+			errs = append(errs, fmt.Errorf("set %s: unknown type %q", ps.Name, ps.Type))
+			continue
+		}
+		sets[ps.Name] = st
+	}
+	return chains, sets, errors.Join(errs...)
+}
+
+// read returns the table as the kernel holds it.
+func (f *NFTFirewall) read() (*nftState, error) {
+	st := &nftState{chains: map[string][]string{}, sets: map[string]*nftSetState{}}
+	tables, err := f.conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("listing tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == NFTTable }) {
+		return st, nil
+	}
+	st.exists = true
+	chains, err := f.conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("listing chains: %w", err)
+	}
+	for _, c := range chains {
+		if c.Table.Name != NFTTable {
+			continue
+		}
+		rules, err := f.conn.GetRules(f.table, c)
+		if err != nil {
+			return nil, fmt.Errorf("listing rules of %s: %w", c.Name, err)
+		}
+		hashes := make([]string, 0, len(rules))
+		for _, r := range rules {
+			h, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+			hashes = append(hashes, strings.TrimPrefix(h, "tabby:"))
+		}
+		st.chains[c.Name] = hashes
+	}
+	sets, err := f.conn.GetSets(f.table)
+	if err != nil {
+		return nil, fmt.Errorf("listing sets: %w", err)
+	}
+	for _, s := range sets {
+		if s.Anonymous || strings.HasPrefix(s.Name, "__") {
+			continue
+		}
+		els, err := f.conn.GetSetElements(s)
+		if err != nil {
+			return nil, fmt.Errorf("listing elements of %s: %w", s.Name, err)
+		}
+		ks := &nftSetState{kind: kindOf(s), elems: map[string]nftMember{}}
+		switch ks.kind {
+		case nftSetNet:
+			for _, r := range rangesOf(els) {
+				ks.elems[r.key()] = nftMember{els: r.elements()}
+			}
+		case nftSetVmap:
+			for _, e := range els {
+				name := strings.TrimRight(string(e.Key), "\x00")
+				ks.elems[name] = nftMember{chain: verdictChain(e.Val), els: []nftables.SetElement{{Key: e.Key}}}
+			}
+		default:
+			for _, e := range els {
+				ks.elems[string(e.Key)] = nftMember{els: []nftables.SetElement{{Key: e.Key}}}
+			}
+		}
+		st.sets[s.Name] = ks
+	}
+	f.reads++
+	return st, nil
+}
+
+// verdictChain decodes the chain of a goto or jump verdict as the kernel
+// dumps a verdict map's data.
+func verdictChain(b []byte) string {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return ""
+	}
+	ad.ByteOrder = binary.BigEndian
+	chain := ""
+	for ad.Next() {
+		if ad.Type() == unix.NFTA_VERDICT_CHAIN {
+			chain = strings.TrimRight(ad.String(), "\x00")
+		}
+	}
+	return chain
+}
+
+// Apply implements Firewall.
+func (f *NFTFirewall) Apply(ctx context.Context, state FirewallState) (ApplyStats, error) {
+	if err := ValidateFirewallState(state); err != nil {
+		return ApplyStats{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return ApplyStats{}, err
+	}
+	chains, sets, err := desiredNFT(state)
+	if err != nil {
+		return ApplyStats{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	actual, err := f.actual()
+	if err != nil {
+		return ApplyStats{}, err
+	}
+	stats, err := f.program(actual, chains, sets)
+	if err != nil {
+		f.rec = nil
+		return ApplyStats{}, err
+	}
+	return stats, nil
+}
+
+// actual returns the record when it can be trusted, else the kernel's
+// table.
+func (f *NFTFirewall) actual() (*nftState, error) {
+	if f.rec != nil && f.resync >= 0 && time.Since(f.readAt) < f.resync {
+		if g, err := f.gen.id(); err == nil && g == f.recGen {
+			return f.rec, nil
+		}
+	}
+	g, err := f.gen.id()
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.read()
+	if err != nil {
+		return nil, err
+	}
+	// A change between reading the generation and the table makes the
+	// generation stale, so the next Apply reads again.
+	f.rec, f.recGen, f.readAt = st, g, time.Now()
+	return st, nil
+}
+
+// program sends one batch that turns actual into desired, and updates the
+// record.
+func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[string]*nftSetState) (ApplyStats, error) {
+	var st ApplyStats
+	c, t := f.conn, f.table
+	// Render the rules to be written once before queuing anything, so
+	// that an unrenderable rule fails the Apply with nothing sent.
+	for _, ch := range chains {
+		if old, ok := actual.chains[ch.name]; (ok && slices.Equal(old, ch.hashes)) || ch.base != nil || ch.src.Dispatch != nil {
+			continue
+		}
+		for _, r := range ch.src.Rules {
+			if _, _, err := nftRuleExprs(t, r); err != nil {
+				return st, fmt.Errorf("chain %s: rule %s: %w", ch.name, r, err)
+			}
+		}
+	}
+	if !actual.exists {
+		c.AddTable(t)
+	}
+	wantChain := map[string]bool{}
+	for _, ch := range chains {
+		wantChain[ch.name] = true
+	}
+	setObj := func(name string, kind nftSetKind) *nftables.Set { return nftSetTemplate(t, name, kind) }
+	var errs []error
+
+	// 1. Sets (not maps, whose elements name chains): create or change
+	// members. Within the one transaction order does not open a window, and
+	// removals first keep interval sets free of overlaps.
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
+		want := sets[name]
+		if want.kind == nftSetVmap {
+			continue
+		}
+		cur := actual.sets[name]
+		if cur != nil && cur.kind != want.kind {
+			errs = append(errs, fmt.Errorf("set %s has another type in the kernel; remove the table (tabby-agent cleanup) to recreate it", name))
+			continue
+		}
+		if cur == nil {
+			var els []nftables.SetElement
+			for _, k := range slices.Sorted(maps.Keys(want.elems)) {
+				els = append(els, want.elems[k].els...)
+			}
+			so := setObj(name, want.kind)
+			if err := c.AddSet(so, nil); err != nil {
+				errs = append(errs, fmt.Errorf("set %s: %w", name, err))
+			}
+			errs = append(errs, f.elements(so, els, false)...)
+			st.SetsCreated++
+			st.MembersAdded += len(want.elems)
+			continue
+		}
+		errs = append(errs, f.changeMembers(name, want, cur, &st)...)
+	}
+
+	// 2. Chains: create the missing ones (so that jumps and map elements
+	// find them), then create the verdict maps and change their elements.
+	for _, ch := range chains {
+		if _, ok := actual.chains[ch.name]; ok {
+			continue
+		}
+		nc := &nftables.Chain{Name: ch.name, Table: t}
+		if ch.base != nil {
+			accept := nftables.ChainPolicyAccept
+			nc.Type, nc.Hooknum, nc.Priority, nc.Policy = ch.base.typ, ch.base.hook, ch.base.priority, &accept
+		}
+		c.AddChain(nc)
+	}
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
+		if sets[name].kind == nftSetVmap && actual.sets[name] == nil {
+			if err := c.AddSet(setObj(name, nftSetVmap), nil); err != nil {
+				errs = append(errs, fmt.Errorf("map %s: %w", name, err))
+			}
+			st.SetsCreated++
+		}
+	}
+	// 3. Rewrite the chains whose rules differ. A batch beyond
+	// nftMaxBatchRules rules (the first Apply on a large node) is split
+	// between chains: the kernel refuses very large transactions. Chains
+	// are complete in every part, and the dispatch maps only point to new
+	// chains in the last part.
+	flushes := 0
+	pending := 0
+	for _, ch := range chains {
+		if old, ok := actual.chains[ch.name]; ok && slices.Equal(old, ch.hashes) {
+			continue
+		}
+		nc := &nftables.Chain{Name: ch.name, Table: t}
+		if _, ok := actual.chains[ch.name]; ok {
+			c.FlushChain(nc)
+		}
+		if err := f.addRules(nc, ch); err != nil {
+			errs = append(errs, fmt.Errorf("chain %s: %w", ch.name, err))
+		}
+		st.ChainsWritten++
+		st.RulesWritten += len(ch.hashes)
+		if ch.base != nil {
+			st.JumpsInserted += len(ch.hashes)
+		}
+		if pending += len(ch.hashes); pending >= nftMaxBatchRules && len(errs) == 0 {
+			if err := c.Flush(); err != nil {
+				return ApplyStats{}, fmt.Errorf("nftables batch: %w", err)
+			}
+			flushes++
+			pending = 0
+		}
+	}
+	// Map elements, now that every chain they name is filled.
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
+		want := sets[name]
+		if want.kind != nftSetVmap {
+			continue
+		}
+		cur := actual.sets[name]
+		if cur == nil {
+			cur = &nftSetState{kind: nftSetVmap}
+		}
+		errs = append(errs, f.changeMembers(name, want, cur, &st)...)
+	}
+
+	// 4. Stale state: flush stale chains (dropping their references), then
+	// delete stale maps and sets, then the chains.
+	var stale []string
+	for name := range actual.chains {
+		if !wantChain[name] {
+			stale = append(stale, name)
+		}
+	}
+	slices.Sort(stale)
+	for _, name := range stale {
+		c.FlushChain(&nftables.Chain{Name: name, Table: t})
+	}
+	for _, name := range slices.Sorted(maps.Keys(actual.sets)) {
+		if sets[name] == nil {
+			c.DelSet(&nftables.Set{Table: t, Name: name})
+			st.SetsDeleted++
+		}
+	}
+	for _, name := range stale {
+		c.DelChain(&nftables.Chain{Name: name, Table: t})
+		if _, isBase := baseNames()[name]; isBase {
+			st.JumpsDeleted += len(actual.chains[name])
+		} else {
+			st.ChainsDeleted++
+		}
+	}
+	if len(errs) > 0 {
+		// Rules were checked before anything was queued, so these are
+		// encoding errors, which make Flush drop the queue unsent.
+		_ = c.Flush()
+		return ApplyStats{}, errors.Join(errs...)
+	}
+	if !st.Changed() && actual.exists && flushes == 0 {
+		return st, nil // nothing queued, nothing committed: the record stands
+	}
+	if err := c.Flush(); err != nil {
+		return ApplyStats{}, fmt.Errorf("nftables batch: %w", err)
+	}
+	// The record is now the desired state, at the generation this batch
+	// made, provided nobody committed in between.
+	rec := &nftState{exists: true, chains: map[string][]string{}, sets: sets}
+	for _, ch := range chains {
+		rec.chains[ch.name] = ch.hashes
+	}
+	g, err := f.gen.id()
+	if err != nil || f.rec == nil || g != f.recGen+1+uint32(flushes) {
+		f.rec = nil // read again next time
+	} else {
+		f.rec, f.recGen = rec, g
+	}
+	return st, nil
+}
+
+func baseNames() map[string]bool {
+	out := map[string]bool{}
+	for _, b := range nftBases {
+		out[b.name] = true
+	}
+	return out
+}
+
+// changeMembers queues the element changes of one set or map.
+func (f *NFTFirewall) changeMembers(name string, want, cur *nftSetState, st *ApplyStats) []error {
+	s := nftSetTemplate(f.table, name, want.kind)
+	var del, add []nftables.SetElement
+	for _, k := range slices.Sorted(maps.Keys(cur.elems)) {
+		w, ok := want.elems[k]
+		if !ok || w.chain != cur.elems[k].chain {
+			del = append(del, cur.elems[k].els...)
+			if !ok {
+				st.MembersRemoved++
+			}
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(want.elems)) {
+		if old, ok := cur.elems[k]; !ok || old.chain != want.elems[k].chain {
+			add = append(add, want.elems[k].els...)
+			st.MembersAdded++
+		}
+	}
+	return append(f.elements(s, del, true), f.elements(s, add, false)...)
+}
+
+// nftElemsPerMessage bounds the elements of one message: the element list
+// is one netlink attribute, whose length field has 16 bits.
+const nftElemsPerMessage = 256
+
+// elements queues element additions (or deletions) in messages small
+// enough for one attribute; a range's start and end stay together.
+func (f *NFTFirewall) elements(s *nftables.Set, els []nftables.SetElement, del bool) []error {
+	var errs []error
+	for len(els) > 0 {
+		n := min(len(els), nftElemsPerMessage)
+		if n < len(els) && els[n].IntervalEnd {
+			n++
+		}
+		op := f.conn.SetAddElements
+		if del {
+			op = f.conn.SetDeleteElements
+		}
+		if err := op(s, els[:n]); err != nil {
+			errs = append(errs, fmt.Errorf("set %s: %w", s.Name, err))
+		}
+		els = els[n:]
+	}
+	return errs
+}
+
+// addRules queues a chain's rules, each with its hash comment.
+func (f *NFTFirewall) addRules(nc *nftables.Chain, ch nftWantChain) error {
+	var exprs [][]expr.Any
+	switch {
+	case ch.base != nil:
+		for _, j := range ch.jumps {
+			exprs = append(exprs, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: j.To}})
+		}
+	case ch.src.Dispatch != nil:
+		exprs = nftDispatchExprs(ch.src)
+	default:
+		for _, r := range ch.src.Rules {
+			ex, anon, err := nftRuleExprs(f.table, r)
+			if err != nil {
+				return err
+			}
+			// Anonymous sets go into the batch first; the rule's lookups
+			// (in order) refer to them by the ID AddSet assigned.
+			i := 0
+			for _, e := range ex {
+				if l, ok := e.(*expr.Lookup); ok && l.SetName == "" {
+					a := anon[i]
+					i++
+					if err := f.conn.AddSet(a.set, a.elems); err != nil {
+						return err
+					}
+					l.SetName, l.SetID = a.set.Name, a.set.ID
+				}
+			}
+			exprs = append(exprs, ex)
+		}
+	}
+	for i, ex := range exprs {
+		f.conn.AddRule(&nftables.Rule{Table: f.table, Chain: nc, Exprs: ex,
+			UserData: userdata.AppendString(nil, userdata.TypeComment, "tabby:"+ch.hashes[i])})
+	}
+	return nil
+}
+
+// Remove implements Firewall: the table goes, with everything in it.
+func (f *NFTFirewall) Remove(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rec = nil
+	return removeNFTTable(f.conn)
+}
+
+func removeNFTTable(c *nftables.Conn) error {
+	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("listing tables: %w", err)
+	}
+	if !slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == NFTTable }) {
+		return nil
+	}
+	c.DelTable(&nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet})
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("deleting table %s: %w", NFTTable, err)
+	}
+	return nil
+}
+
+// Diff reads the kernel's table and lists how it differs from desired (an
+// empty list: Apply would change nothing). It changes nothing; tests and
+// diagnostics use it.
+func (f *NFTFirewall) Diff(ctx context.Context, desired FirewallState) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	chains, sets, err := desiredNFT(desired)
+	if err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	actual, err := f.read()
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	want := map[string]bool{}
+	for _, c := range chains {
+		want[c.name] = true
+		if got, ok := actual.chains[c.name]; !ok {
+			out = append(out, "chain "+c.name+": missing")
+		} else if !slices.Equal(got, c.hashes) {
+			out = append(out, fmt.Sprintf("chain %s: %d rules differ from the %d wanted", c.name, len(got), len(c.hashes)))
+		}
+	}
+	for name := range actual.chains {
+		if !want[name] {
+			out = append(out, "chain "+name+": not wanted")
+		}
+	}
+	for name, s := range sets {
+		cur := actual.sets[name]
+		if cur == nil {
+			out = append(out, "set "+name+": missing")
+			continue
+		}
+		for k, m := range s.elems {
+			if c, ok := cur.elems[k]; !ok || c.chain != m.chain {
+				out = append(out, fmt.Sprintf("set %s: member %q missing", name, k))
+			}
+		}
+		for k := range cur.elems {
+			if _, ok := s.elems[k]; !ok {
+				out = append(out, fmt.Sprintf("set %s: member %q not wanted", name, k))
+			}
+		}
+	}
+	for name := range actual.sets {
+		if sets[name] == nil {
+			out = append(out, "set "+name+": not wanted")
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// HasTable reports whether the namespace holds Tabby's nftables table.
+func (f *NFTFirewall) HasTable() (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	tables, err := f.conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false, fmt.Errorf("listing tables: %w", err)
+	}
+	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == NFTTable }), nil
+}

@@ -1,0 +1,426 @@
+package dataplane
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/tabbynet/tabby/policy"
+)
+
+// This file renders the neutral model as nftables objects: expressions of
+// rules, set types and element keys. It is pure; nftables_linux.go diffs
+// and programs.
+
+// NFTTable is the inet table Tabby owns entirely in the nftables backend.
+const NFTTable = "tabby"
+
+// nftBase describes the base chain a policy.Jump's From names.
+type nftBase struct {
+	name     string
+	typ      nftables.ChainType
+	hook     *nftables.ChainHook
+	priority *nftables.ChainPriority
+}
+
+// nftBases maps the hook names of policy.Jump to Tabby's base chains: a
+// filter chain at forward (priority filter) and a nat chain at postrouting
+// (priority srcnat), both with policy accept.
+var nftBases = map[string]nftBase{
+	"FORWARD":     {"forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter},
+	"POSTROUTING": {"postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource},
+}
+
+// nftMapName names the verdict map of a dispatch chain.
+func nftMapName(chain string) string { return chain + "-map" }
+
+// nftRuleHashes identifies each rule by a hash over the chain name, the
+// previous rule's hash and the rule's text, kept in the rule's comment, so
+// that equal hash lists mean equal chains.
+func nftRuleHashes(chain string, texts []string) []string {
+	out := make([]string, len(texts))
+	prev := ""
+	for i, t := range texts {
+		h := sha256.New()
+		fmt.Fprintf(h, "%s\x00%s\x00%s", chain, prev, t)
+		prev = base64.RawURLEncoding.EncodeToString(h.Sum(nil))[:16]
+		out[i] = prev
+	}
+	return out
+}
+
+// nftDispatchRules are the two rules of a dispatch chain: the verdict-map
+// lookup of the interface, then drop for interfaces the map lacks.
+func nftDispatchTexts(c policy.Chain) []string {
+	key := "iifname"
+	if c.Dispatch.Out {
+		key = "oifname"
+	}
+	return []string{key + " vmap @" + nftMapName(c.Name), "drop"}
+}
+
+func nftDispatchExprs(c policy.Chain) [][]expr.Any {
+	key := expr.MetaKeyIIFNAME
+	if c.Dispatch.Out {
+		key = expr.MetaKeyOIFNAME
+	}
+	return [][]expr.Any{
+		{
+			&expr.Meta{Key: key, Register: 1},
+			&expr.Lookup{SourceRegister: 1, SetName: nftMapName(c.Name), IsDestRegSet: true, DestRegister: 0},
+		},
+		{&expr.Verdict{Kind: expr.VerdictDrop}},
+	}
+}
+
+// nftAnonSet is an anonymous constant set a rule needs (a port list); it
+// is created in the same batch as the rule.
+type nftAnonSet struct {
+	set   *nftables.Set
+	elems []nftables.SetElement
+}
+
+// nftRuleExprs renders one rule. Anonymous sets it needs are returned to
+// be added to the batch before the rule; their Lookup refers to them by
+// the ID AddSet assigns, so call it once per batch.
+func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonSet, error) {
+	var ex []expr.Any
+	var anon []*nftAnonSet
+	ipv4 := false
+	needIPv4 := func() {
+		if !ipv4 {
+			ex = append(ex, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}})
+			ipv4 = true
+		}
+	}
+	cmpOp := func(neg bool) expr.CmpOp {
+		if neg {
+			return expr.CmpOpNeq
+		}
+		return expr.CmpOpEq
+	}
+	for _, m := range r.Match {
+		switch m.Kind {
+		case policy.MatchInIface, policy.MatchOutIface:
+			key := expr.MetaKeyIIFNAME
+			if m.Kind == policy.MatchOutIface {
+				key = expr.MetaKeyOIFNAME
+			}
+			ex = append(ex, &expr.Meta{Key: key, Register: 1})
+			if p, ok := cutWildcard(m.Iface); ok {
+				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(p)})
+			} else {
+				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameKey(m.Iface)})
+			}
+		case policy.MatchSrcNet:
+			if !m.Net.Addr().Is4() {
+				return nil, nil, fmt.Errorf("address match %s: only IPv4 is supported", m.Net)
+			}
+			needIPv4()
+			p := m.Net.Masked()
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4})
+			if p.Bits() < 32 {
+				mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-p.Bits()))
+				if p.Bits() == 0 {
+					mask = []byte{0, 0, 0, 0}
+				}
+				ex = append(ex, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}})
+			}
+			a := p.Addr().As4()
+			ex = append(ex, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: a[:]})
+		case policy.MatchProto:
+			n, err := protoNumber(m.Proto)
+			if err != nil {
+				return nil, nil, err
+			}
+			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{n}})
+		case policy.MatchSrcPorts, policy.MatchDstPorts:
+			off := uint32(2)
+			if m.Kind == policy.MatchSrcPorts {
+				off = 0
+			}
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
+			if len(m.Ports) == 1 && m.Ports[0].Lo == m.Ports[0].Hi {
+				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Ports[0].Lo)})
+				continue
+			}
+			if len(m.Ports) == 1 {
+				ex = append(ex, &expr.Range{Op: expr.CmpOpEq, Register: 1,
+					FromData: binaryutil.BigEndian.PutUint16(m.Ports[0].Lo), ToData: binaryutil.BigEndian.PutUint16(m.Ports[0].Hi)})
+				continue
+			}
+			s := &nftAnonSet{set: &nftables.Set{Table: table, Anonymous: true, Constant: true, Interval: true, KeyType: nftables.TypeInetService}}
+			s.elems = portElements(m.Ports)
+			anon = append(anon, s)
+			ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: "", SetID: 0}) // patched by the caller
+		case policy.MatchSrcSet, policy.MatchDstSet:
+			needIPv4()
+			off := uint32(16)
+			if m.Kind == policy.MatchSrcSet {
+				off = 12
+			}
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
+				&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
+		case policy.MatchSrcAddrPortSet, policy.MatchDstAddrPortSet:
+			needIPv4()
+			aoff, poff := uint32(16), uint32(2)
+			if m.Kind == policy.MatchSrcAddrPortSet {
+				aoff, poff = 12, 0
+			}
+			// Concatenated key in 32-bit registers: address (reg 1, i.e.
+			// 32-bit reg 8), protocol (9), port (10).
+			ex = append(ex,
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: aoff, Len: 4},
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
+				&expr.Payload{DestRegister: 10, Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2},
+				&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
+		case policy.MatchEstablished:
+			ex = append(ex, &expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+					Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+					Xor:  binaryutil.NativeEndian.PutUint32(0)},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)})
+		case policy.MatchMark:
+			ex = append(ex, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+					Mask: binaryutil.NativeEndian.PutUint32(m.Mask), Xor: binaryutil.NativeEndian.PutUint32(0)},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(m.Mark)})
+		default:
+			return nil, nil, fmt.Errorf("unknown match kind %d", m.Kind)
+		}
+	}
+	v := r.Verdict
+	switch v.Kind {
+	case policy.VerdictAccept:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictAccept})
+	case policy.VerdictDrop:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictDrop})
+	case policy.VerdictReturn:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictReturn})
+	case policy.VerdictJump:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictJump, Chain: v.Chain})
+	case policy.VerdictGoto:
+		ex = append(ex, &expr.Verdict{Kind: expr.VerdictGoto, Chain: v.Chain})
+	case policy.VerdictSetMark:
+		ex = append(ex, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(^v.Mask), Xor: binaryutil.NativeEndian.PutUint32(v.Mark)},
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
+	case policy.VerdictMasquerade:
+		ex = append(ex, &expr.Masq{})
+	default:
+		return nil, nil, fmt.Errorf("unknown verdict kind %d", v.Kind)
+	}
+	return ex, anon, nil
+}
+
+func cutWildcard(iface string) (string, bool) {
+	if len(iface) > 0 && iface[len(iface)-1] == '+' {
+		return iface[:len(iface)-1], true
+	}
+	return "", false
+}
+
+// ifnameKey is an interface name as the kernel compares it: IFNAMSIZ
+// bytes, NUL padded.
+func ifnameKey(name string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return b
+}
+
+func protoNumber(p string) (byte, error) {
+	switch p {
+	case "tcp":
+		return unix.IPPROTO_TCP, nil
+	case "udp":
+		return unix.IPPROTO_UDP, nil
+	case "sctp":
+		return unix.IPPROTO_SCTP, nil
+	case "icmp":
+		return unix.IPPROTO_ICMP, nil
+	}
+	return 0, fmt.Errorf("protocol %q: not tcp, udp, sctp or icmp", p)
+}
+
+func protoName(n byte) string {
+	switch n {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	case unix.IPPROTO_ICMP:
+		return "icmp"
+	}
+	return fmt.Sprint(n)
+}
+
+// portElements are the interval elements of port ranges: a start, and an
+// end one past the range unless it reaches 65535.
+func portElements(ports []policy.PortRange) []nftables.SetElement {
+	var out []nftables.SetElement
+	for _, p := range ports {
+		out = append(out, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p.Lo)})
+		if p.Hi < 65535 {
+			out = append(out, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p.Hi + 1), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+// addrRange is an IPv4 interval [lo, end) as an interval set holds it;
+// open means it runs to 255.255.255.255 (the set has no end element).
+type addrRange struct {
+	lo, end netip.Addr
+	open    bool
+}
+
+func (r addrRange) key() string {
+	if r.open {
+		return r.lo.String() + "-"
+	}
+	return r.lo.String() + "-" + r.end.String()
+}
+
+func prefixRange(p netip.Prefix) addrRange {
+	p = p.Masked()
+	lo := p.Addr().As4()
+	n := binary.BigEndian.Uint32(lo[:])
+	size := uint64(1) << (32 - p.Bits())
+	last := uint64(n) + size
+	if last > 0xffffffff {
+		return addrRange{lo: p.Addr(), open: true}
+	}
+	var e [4]byte
+	binary.BigEndian.PutUint32(e[:], uint32(last))
+	return addrRange{lo: p.Addr(), end: netip.AddrFrom4(e)}
+}
+
+func (r addrRange) elements() []nftables.SetElement {
+	lo := r.lo.As4()
+	out := []nftables.SetElement{{Key: lo[:]}}
+	if !r.open {
+		e := r.end.As4()
+		out = append(out, nftables.SetElement{Key: e[:], IntervalEnd: true})
+	}
+	return out
+}
+
+// rangesOf pairs the elements of an interval set read from the kernel into
+// ranges: each start with the end element that follows it.
+func rangesOf(elems []nftables.SetElement) []addrRange {
+	type point struct {
+		a   netip.Addr
+		end bool
+	}
+	var pts []point
+	for _, e := range elems {
+		if len(e.Key) != 4 {
+			continue
+		}
+		pts = append(pts, point{netip.AddrFrom4([4]byte(e.Key)), e.IntervalEnd})
+	}
+	// Sorted by address, an end before a start at the same address.
+	slices.SortFunc(pts, func(x, y point) int {
+		if c := x.a.Compare(y.a); c != 0 {
+			return c
+		}
+		switch {
+		case x.end && !y.end:
+			return -1
+		case !x.end && y.end:
+			return 1
+		}
+		return 0
+	})
+	var out []addrRange
+	var open *netip.Addr
+	for _, p := range pts {
+		switch {
+		case !p.end:
+			if open != nil { // two starts: the first runs up to the second
+				out = append(out, addrRange{lo: *open, end: p.a})
+			}
+			a := p.a
+			open = &a
+		case open != nil:
+			out = append(out, addrRange{lo: *open, end: p.a})
+			open = nil
+		}
+	}
+	if open != nil {
+		out = append(out, addrRange{lo: *open, open: true})
+	}
+	return out
+}
+
+// addrPortKey is the concatenated key of an address, protocol and port:
+// each field padded to 4 bytes.
+func addrPortKey(a policy.AddrPort) ([]byte, error) {
+	if !a.Addr.Is4() {
+		return nil, fmt.Errorf("%s: only IPv4 is supported", a)
+	}
+	n, err := protoNumber(a.Proto)
+	if err != nil {
+		return nil, err
+	}
+	ip := a.Addr.As4()
+	k := make([]byte, 12)
+	copy(k, ip[:])
+	k[4] = n
+	binary.BigEndian.PutUint16(k[8:], a.Port)
+	return k, nil
+}
+
+// nftSetKind is what a Tabby set in the nftables table holds.
+type nftSetKind int
+
+const (
+	nftSetNet      nftSetKind = iota + 1 // interval set of ipv4_addr
+	nftSetAddrPort                       // ipv4_addr . inet_proto . inet_service
+	nftSetVmap                           // ifname : verdict
+)
+
+var addrPortType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+
+// nftSetTemplate is the set object of a kind, for AddSet.
+func nftSetTemplate(table *nftables.Table, name string, kind nftSetKind) *nftables.Set {
+	s := &nftables.Set{Table: table, Name: name}
+	switch kind {
+	case nftSetNet:
+		s.KeyType, s.Interval = nftables.TypeIPAddr, true
+	case nftSetAddrPort:
+		s.KeyType, s.Concatenation = addrPortType, true
+	case nftSetVmap:
+		s.KeyType, s.DataType, s.IsMap = nftables.TypeIFName, nftables.TypeVerdict, true
+		s.KeyByteOrder = binaryutil.NativeEndian // a string, as nft writes it
+	}
+	return s
+}
+
+// kindOf tells a kernel set's kind from its key type.
+func kindOf(s *nftables.Set) nftSetKind {
+	switch {
+	case s.IsMap:
+		// (google/nftables v0.3.0 reads a verdict map's key and data types
+		// swapped; Tabby's only maps are the dispatch ones.)
+		return nftSetVmap
+	case s.Concatenation || s.KeyType.Bytes == 12:
+		return nftSetAddrPort
+	case s.Interval && s.KeyType.Bytes == 4:
+		return nftSetNet
+	}
+	return 0
+}

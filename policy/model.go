@@ -1,0 +1,307 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// This file is the backend-neutral rule model Compile emits. Package
+// dataplane renders it for nftables (one inet table, verdict maps, interval
+// sets) or for iptables and ipset; nothing here knows either syntax.
+
+// Chain is one of Tabby's chains: Rules in order, or, for a dispatch
+// chain, a Dispatch and no rules.
+type Chain struct {
+	// Table is TableFilter (the forward path) or TableNAT (postrouting).
+	Table string
+	Name  string
+	Rules []Rule
+	// Dispatch, when set, makes this a dispatch chain: a packet goes (goto)
+	// to the chain of its interface, and a packet of an interface without
+	// one is dropped.
+	Dispatch *Dispatch
+}
+
+// Dispatch sends packets to per-interface chains.
+type Dispatch struct {
+	// Out matches the output interface; otherwise the input one.
+	Out bool
+	// Targets are sorted by interface and unique.
+	Targets []DispatchTarget
+}
+
+// DispatchTarget is one interface and the chain its packets go to.
+type DispatchTarget struct {
+	Iface string
+	Chain string
+}
+
+// Rule is a conjunction of matches and the verdict for a packet matching
+// all of them.
+type Rule struct {
+	Match   []Match
+	Verdict Verdict
+}
+
+// MatchKind says which field of Match a term uses.
+type MatchKind int
+
+// Match kinds.
+const (
+	// MatchInIface, MatchOutIface: Iface is a name, or a prefix ending
+	// in "+".
+	MatchInIface MatchKind = iota + 1
+	MatchOutIface
+	// MatchSrcNet: the source address is in Net.
+	MatchSrcNet
+	// MatchProto: the layer-4 protocol is Proto ("tcp", "udp", "sctp").
+	MatchProto
+	// MatchSrcPorts, MatchDstPorts: the port is in one of Ports. The rule
+	// matches MatchProto before. At most MaxPortsPerMatch entries (a range
+	// counts twice) so that every backend can render it as one match.
+	MatchSrcPorts
+	MatchDstPorts
+	// MatchSrcSet, MatchDstSet: the address is in the SetTypeNet set Set.
+	MatchSrcSet
+	MatchDstSet
+	// MatchSrcAddrPortSet, MatchDstAddrPortSet: address, protocol and
+	// port of the source (destination) are in the SetTypeAddrPort set Set.
+	MatchSrcAddrPortSet
+	MatchDstAddrPortSet
+	// MatchEstablished: conntrack state ESTABLISHED or RELATED.
+	MatchEstablished
+	// MatchMark: packet mark & Mask == Mark.
+	MatchMark
+)
+
+// MaxPortsPerMatch is the most port entries one ports match holds (a range
+// counts as two), iptables' multiport limit.
+const MaxPortsPerMatch = 15
+
+// Match is one term of a rule. Negate inverts it (MatchSrcNet and the set
+// matches only).
+type Match struct {
+	Kind   MatchKind
+	Negate bool
+	Iface  string
+	Net    netip.Prefix
+	Proto  string
+	Ports  []PortRange
+	Set    string
+	Mark   uint32
+	Mask   uint32
+}
+
+// PortRange is an inclusive port range; a single port has Lo == Hi.
+type PortRange struct{ Lo, Hi uint16 }
+
+func (p PortRange) String() string {
+	if p.Lo == p.Hi {
+		return strconv.Itoa(int(p.Lo))
+	}
+	return fmt.Sprintf("%d-%d", p.Lo, p.Hi)
+}
+
+// Contains reports whether port is in the range.
+func (p PortRange) Contains(port uint16) bool { return port >= p.Lo && port <= p.Hi }
+
+// VerdictKind says what a matching packet meets.
+type VerdictKind int
+
+// Verdicts.
+const (
+	// VerdictAccept ends the hook's evaluation for this table: the packet
+	// passes.
+	VerdictAccept VerdictKind = iota + 1
+	VerdictDrop
+	// VerdictReturn continues in the calling chain after the jump.
+	VerdictReturn
+	// VerdictJump evaluates Chain and, if it returns, continues here.
+	VerdictJump
+	// VerdictGoto evaluates Chain; if it returns, the caller of this
+	// chain continues.
+	VerdictGoto
+	// VerdictSetMark sets mark = mark &^ Mask | Mark and continues.
+	VerdictSetMark
+	// VerdictMasquerade source-NATs to the outgoing interface's address
+	// (TableNAT only).
+	VerdictMasquerade
+)
+
+// Verdict is a rule's action.
+type Verdict struct {
+	Kind  VerdictKind
+	Chain string // VerdictJump, VerdictGoto
+	Mark  uint32 // VerdictSetMark
+	Mask  uint32 // VerdictSetMark
+}
+
+// Jump hooks one of Tabby's chains (To) into the kernel's packet path at
+// From ("FORWARD" of TableFilter, "POSTROUTING" of TableNAT): every packet
+// there is evaluated by To first.
+type Jump struct {
+	Table string
+	From  string
+	To    string
+}
+
+// SetType is the kind of a set's members.
+type SetType string
+
+// Set types.
+const (
+	// SetTypeNet holds address prefixes (Set.Nets).
+	SetTypeNet SetType = "net"
+	// SetTypeAddrPort holds address, protocol and port triples
+	// (Set.AddrPorts).
+	SetTypeAddrPort SetType = "addr-port"
+)
+
+// Set is a named set of Tabby's. Members are canonical: prefixes masked,
+// sorted, unique and not overlapping; triples sorted and unique.
+type Set struct {
+	Name      string
+	Type      SetType
+	Nets      []netip.Prefix
+	AddrPorts []AddrPort
+}
+
+// AddrPort is a member of a SetTypeAddrPort set.
+type AddrPort struct {
+	Addr  netip.Addr
+	Proto string // lowercase
+	Port  uint16
+}
+
+func (a AddrPort) String() string { return fmt.Sprintf("%s,%s:%d", a.Addr, a.Proto, a.Port) }
+
+// Compare orders triples by address, protocol, port.
+func (a AddrPort) Compare(b AddrPort) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Proto, b.Proto); c != 0 {
+		return c
+	}
+	return int(a.Port) - int(b.Port)
+}
+
+// Members renders the members as text ("10.244.0.0/16",
+// "10.244.1.5,tcp:8080"), for tests and messages.
+func (s Set) Members() []string {
+	out := []string{}
+	for _, n := range s.Nets {
+		out = append(out, n.String())
+	}
+	for _, a := range s.AddrPorts {
+		out = append(out, a.String())
+	}
+	return out
+}
+
+// Len is the number of members.
+func (s Set) Len() int { return len(s.Nets) + len(s.AddrPorts) }
+
+// Constructors of match terms, for the compiler and tests.
+
+func inIface(name string) Match  { return Match{Kind: MatchInIface, Iface: name} }
+func outIface(name string) Match { return Match{Kind: MatchOutIface, Iface: name} }
+func protoMatch(p string) Match  { return Match{Kind: MatchProto, Proto: p} }
+
+func setMatch(name string, dst, negate bool) Match {
+	k := MatchSrcSet
+	if dst {
+		k = MatchDstSet
+	}
+	return Match{Kind: k, Set: name, Negate: negate}
+}
+
+func addrPortSetMatch(name string, dst bool) Match {
+	k := MatchSrcAddrPortSet
+	if dst {
+		k = MatchDstAddrPortSet
+	}
+	return Match{Kind: k, Set: name}
+}
+
+// String renders the term in an nft-like notation, for tests and messages.
+func (m Match) String() string {
+	neg := ""
+	if m.Negate {
+		neg = "!= "
+	}
+	ports := func() string {
+		var s []string
+		for _, p := range m.Ports {
+			s = append(s, p.String())
+		}
+		if len(s) == 1 {
+			return s[0]
+		}
+		return "{ " + strings.Join(s, ", ") + " }"
+	}
+	switch m.Kind {
+	case MatchInIface:
+		return "iifname " + ifacePattern(m.Iface)
+	case MatchOutIface:
+		return "oifname " + ifacePattern(m.Iface)
+	case MatchSrcNet:
+		return "saddr " + neg + m.Net.String()
+	case MatchProto:
+		return "l4proto " + m.Proto
+	case MatchSrcPorts:
+		return "sport " + ports()
+	case MatchDstPorts:
+		return "dport " + ports()
+	case MatchSrcSet:
+		return "saddr " + neg + "@" + m.Set
+	case MatchDstSet:
+		return "daddr " + neg + "@" + m.Set
+	case MatchSrcAddrPortSet:
+		return "saddr . l4proto . sport " + neg + "@" + m.Set
+	case MatchDstAddrPortSet:
+		return "daddr . l4proto . dport " + neg + "@" + m.Set
+	case MatchEstablished:
+		return "ct state established,related"
+	case MatchMark:
+		return fmt.Sprintf("mark & %#x == %#x", m.Mask, m.Mark)
+	}
+	return fmt.Sprintf("match(%d)", m.Kind)
+}
+
+func ifacePattern(p string) string {
+	if s, ok := strings.CutSuffix(p, "+"); ok {
+		return `"` + s + `*"`
+	}
+	return `"` + p + `"`
+}
+
+func (v Verdict) String() string {
+	switch v.Kind {
+	case VerdictAccept:
+		return "accept"
+	case VerdictDrop:
+		return "drop"
+	case VerdictReturn:
+		return "return"
+	case VerdictJump:
+		return "jump " + v.Chain
+	case VerdictGoto:
+		return "goto " + v.Chain
+	case VerdictSetMark:
+		return fmt.Sprintf("mark set mark & %#x | %#x", ^v.Mask, v.Mark)
+	case VerdictMasquerade:
+		return "masquerade"
+	}
+	return fmt.Sprintf("verdict(%d)", v.Kind)
+}
+
+func (r Rule) String() string {
+	var parts []string
+	for _, m := range r.Match {
+		parts = append(parts, m.String())
+	}
+	return strings.Join(append(parts, r.Verdict.String()), " ")
+}

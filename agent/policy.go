@@ -133,7 +133,7 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		}
 		p.warned = rs.Warnings
 	}
-	state := firewallState(rs)
+	state := *rs // the firewall backends consume the compiler's neutral model
 	if !force && p.applied != nil && reflect.DeepEqual(*p.applied, state) {
 		return nil // another node's pod, say, that no rule here selects
 	}
@@ -158,10 +158,6 @@ func (p *policyOwner) programmed() bool {
 	defer p.passMu.Unlock()
 	return p.okOnce
 }
-
-// firewallState is the ruleset as the dataplane takes it: the firewall
-// backends consume the compiler's neutral model directly.
-func firewallState(rs *policy.Ruleset) dataplane.FirewallState { return *rs }
 
 // onlyStaleCleanup reports whether err is non-nil and made only of
 // dataplane.ErrStaleCleanup errors. The dataplane wraps each such error as

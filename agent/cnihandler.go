@@ -470,7 +470,7 @@ func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetC
 
 // Status reports whether ADD can be served: the datastore must answer.
 func (h *cniHandler) Status(ctx context.Context, conf *cni.NetConf) error {
-	if _, err := h.store.GetKV(ctx, "status/nodes/"+h.node); err != nil && !errors.Is(err, datastore.ErrNotFound) {
+	if _, err := h.store.GetKV(ctx, datastore.NodeLivenessKey(h.node)); err != nil && !errors.Is(err, datastore.ErrNotFound) {
 		return cniErr(types.ErrPluginNotAvailable, "tabby-agent cannot reach the datastore", err)
 	}
 	return nil

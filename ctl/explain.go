@@ -22,7 +22,7 @@ const (
 
 // gatewayAddr is the fake gateway every pod routes through; the host end of
 // the veth answers ARP for it by proxy ARP.
-const gatewayAddr = "169.254.1.1"
+const gatewayAddr = api.WorkloadGatewayIPv4
 
 // ExplainOptions are the arguments of explain pod.
 type ExplainOptions struct {

@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
 )
 
 // StatusPrefix is where each agent publishes its status (a JSON record
 // under a lease, so that a dead agent's status disappears).
-const StatusPrefix = "status/bgp/"
+const StatusPrefix = datastore.NodeStatusPrefix
 
 // AgentStatus is the record an agent publishes at status/bgp/<node>; it
 // mirrors agent.Status, whose JSON is the contract (tabbyctl does not

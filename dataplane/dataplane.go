@@ -19,27 +19,29 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"github.com/tabbynet/tabby/api"
 )
 
 // Kernel route protocol numbers owned by Tabby.
 const (
 	// RouteProtoWorkload marks workload /32 routes and blackhole block routes.
-	RouteProtoWorkload = 80
+	RouteProtoWorkload = api.RouteProtoWorkload
 	// RouteProtoBGP marks routes learned over BGP.
-	RouteProtoBGP = 81
+	RouteProtoBGP = api.RouteProtoBGP
 )
 
 // Names and addresses of the Calico-style point-to-point wiring.
 const (
 	// HostMAC is the MAC address of every host-side workload interface.
-	HostMAC = "ee:ee:ee:ee:ee:ee"
+	HostMAC = api.WorkloadHostMAC
 	// DefaultMTU is used when WorkloadSpec.MTU is 0.
 	DefaultMTU = 1500
 )
 
 // GatewayAddr is the fake next hop every workload routes through; the host
 // side answers ARP for it by proxy ARP.
-var GatewayAddr = netip.MustParseAddr("169.254.1.1")
+var GatewayAddr = netip.MustParseAddr(api.WorkloadGatewayIPv4)
 
 // ErrForeignRoute is returned (wrapped) when an operation would change or
 // delete a route whose protocol number is not one of Tabby's.
@@ -98,7 +100,7 @@ type Workloads interface {
 // characters in all (the kernel limit).
 func HostIfName(workloadID string) string {
 	sum := sha1.Sum([]byte(workloadID))
-	return "cali" + hex.EncodeToString(sum[:])[:11]
+	return api.WorkloadIfacePrefix + hex.EncodeToString(sum[:])[:11]
 }
 
 // HostRoutes returns the node's routes to the workload's addresses,

@@ -41,7 +41,7 @@ const (
 	// Prefix starts every chain and ipset name Tabby owns.
 	Prefix = "tabby-"
 	// WorkloadIfacePrefix starts every host-side workload interface name.
-	WorkloadIfacePrefix = "cali"
+	WorkloadIfacePrefix = api.WorkloadIfacePrefix
 
 	ChainForward     = "tabby-FORWARD"
 	ChainFromWL      = "tabby-from-wl"

@@ -6,6 +6,10 @@ export PATH := $(dir $(GO)):$(PATH)
 PKGS    := ./...
 CMDS    := tabby-agent tabby tabbyctl tabby-lab
 TESTFLAGS ?= -count=1 -timeout 20m -p 2
+# Every binary prints this (tabbyctl version, tabby-agent --version); a build
+# without make falls back to the VCS revision Go records (internal/version).
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
+LDFLAGS := -s -w $(if $(VERSION),-X github.com/tabbynet/tabby/internal/version.stamped=$(VERSION))
 
 .PHONY: all build test unit lint deps demo clean
 
@@ -13,7 +17,7 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 # Every tier. Privileged and end-to-end tests run when root and skip (saying so) otherwise.
 test: build

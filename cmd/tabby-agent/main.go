@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/agent"
+	"github.com/tabbynet/tabby/internal/version"
 )
 
 func main() {
@@ -44,6 +45,7 @@ func newRootCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           "tabby-agent",
 		Short:         "Tabby's per-node agent: pod networking, routes and BGP",
+		Version:       version.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/internal/version"
 )
 
 func main() {
@@ -49,6 +50,7 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "tabby-lab",
 		Short:         "An N-node Tabby cluster in network namespaces",
+		Version:       version.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

@@ -76,7 +76,7 @@ func newRootCmd() *cobra.Command {
 	f.StringVar(&cfg.DefaultPoolCIDR, "default-ipv4-pool", cfg.DefaultPoolCIDR, "create this IPv4 pool when no pool exists (env TABBY_IPV4POOL_CIDR)")
 	f.DurationVar(&cfg.ResyncInterval, "resync-interval", cfg.ResyncInterval, "period of full reconcile passes")
 	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
-	cmd.AddCommand(newInstallCNICmd())
+	cmd.AddCommand(newInstallCNICmd(), newCleanupCmd())
 	return cmd
 }
 

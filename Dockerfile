@@ -16,10 +16,14 @@ ENV CGO_ENABLED=0
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-ARG VERSION=dev
-RUN go build -trimpath -ldflags "-s -w" -o /out/tabby-agent ./cmd/tabby-agent && \
-    go build -trimpath -ldflags "-s -w" -o /out/tabby ./cmd/tabby && \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/tabbyctl ./cmd/tabbyctl
+# docker build --build-arg VERSION=$(git describe --always --dirty) stamps
+# the binaries' version; without it they name the revision Go records (the
+# .git directory is not copied, so usually "devel").
+ARG VERSION=
+RUN LDFLAGS="-s -w${VERSION:+ -X github.com/tabbynet/tabby/internal/version.stamped=${VERSION}}" && \
+    go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby-agent ./cmd/tabby-agent && \
+    go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby ./cmd/tabby && \
+    go build -trimpath -ldflags "$LDFLAGS" -o /out/tabbyctl ./cmd/tabbyctl
 # portmap, chained after tabby in the network configuration, from the same
 # containernetworking/plugins release that go.mod names. install-cni copies
 # it to a node only when the node lacks one.

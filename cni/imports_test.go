@@ -33,6 +33,7 @@ var allowedVia = map[string][]string{
 var allowedNonStd = []string{
 	"github.com/tabbynet/tabby/cni",
 	"github.com/tabbynet/tabby/cmd/tabby",
+	"github.com/tabbynet/tabby/internal/version",
 	"github.com/containernetworking/cni/",
 	"golang.org/x/sys/", // of vishvananda/netns
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 )
 
-// BuildVersion is printed by the plugin when run without CNI_COMMAND; the
-// build may set it with -ldflags "-X github.com/tabbynet/tabby/cni.BuildVersion=…".
+// BuildVersion is printed by the plugin when run without CNI_COMMAND;
+// cmd/tabby sets it from internal/version before calling PluginMain.
 var BuildVersion = "dev"
 
 // PluginMain runs the tabby CNI plugin: it reads the CNI request from the

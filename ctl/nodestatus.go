@@ -205,7 +205,7 @@ func WriteNodeStatus(out io.Writer, st AgentStatus) error {
 			if !p.Since.IsZero() {
 				since = p.Since.UTC().Format(time.DateTime)
 			}
-			t.add(p.Address, peerTypeText(p.Type), p.State, since, p.Info)
+			t.add(p.Address, peerTypeText(p.Type), p.State, since, PeerInfoText(p.State, p.Info))
 		}
 		if err := t.writeBoxed(&b); err != nil {
 			return err

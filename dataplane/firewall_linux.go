@@ -60,23 +60,31 @@ func removeNFTState(netnsPath string) error {
 }
 
 // removeIPTablesState removes Tabby's iptables state of each installed
-// mode.
+// mode. Both modes share the ipsets, and a set still referenced by the
+// other mode's rules cannot be destroyed until those are gone: a second
+// round finishes what the first could not.
 func removeIPTablesState(netnsPath string) error {
 	var errs []error
-	for _, mode := range []string{BackendLegacy, BackendNFT} {
-		if _, _, _, err := backendBinaries(mode); err != nil {
-			continue
+	for range 2 {
+		errs = nil
+		for _, mode := range []string{BackendLegacy, BackendNFT} {
+			if _, _, _, err := backendBinaries(mode); err != nil {
+				continue
+			}
+			if _, err := exec.LookPath("ipset"); err != nil {
+				continue
+			}
+			f, err := NewIPTablesFirewall(FirewallConfig{NetNS: netnsPath, Backend: mode, Resync: -1})
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if err := f.Remove(context.Background()); err != nil {
+				errs = append(errs, fmt.Errorf("iptables (%s): %w", mode, err))
+			}
 		}
-		if _, err := exec.LookPath("ipset"); err != nil {
-			continue
-		}
-		f, err := NewIPTablesFirewall(FirewallConfig{NetNS: netnsPath, Backend: mode, Resync: -1})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := f.Remove(context.Background()); err != nil {
-			errs = append(errs, fmt.Errorf("iptables (%s): %w", mode, err))
+		if len(errs) == 0 {
+			return nil
 		}
 	}
 	return errors.Join(errs...)

@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -36,15 +37,26 @@ func TestUninstallManifest(t *testing.T) {
 		t.Errorf("tolerations %+v: want {operator: Exists}", pod.Tolerations)
 	}
 
-	c := container(t, pod.InitContainers, "uninstall-cni")
-	argv := slices.Concat(c.Command, c.Args)
-	if len(argv) < 2 || argv[0] != "tabby-agent" || argv[1] != "install-cni" || !slices.Contains(argv, "--uninstall") {
-		t.Fatalf("uninstall container runs %v, want tabby-agent install-cni --uninstall", argv)
+	c := container(t, pod.InitContainers, "cleanup")
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("cleanup is not privileged: it removes routes and iptables rules")
 	}
+	argv := slices.Concat(c.Command, c.Args)
+	if len(argv) < 2 || argv[0] != "tabby-agent" || argv[1] != "cleanup" {
+		t.Fatalf("uninstall container runs %v, want tabby-agent cleanup", argv)
+	}
+	if slices.Contains(argv, "--force") {
+		t.Error("cleanup with --force would run under a live agent")
+	}
+	// The flags of tabby-agent cleanup (cmd/tabby-agent/cleanup.go).
 	cfg := installcni.Default()
-	fs := pflag.NewFlagSet("install-cni", pflag.ContinueOnError)
-	cfg.AddFlags(fs)
-	fs.Bool("uninstall", false, "")
+	fs := pflag.NewFlagSet("cleanup", pflag.ContinueOnError)
+	fs.StringVar(&cfg.BinDir, "cni-bin-dir", cfg.BinDir, "")
+	fs.StringVar(&cfg.ConfDir, "cni-conf-dir", cfg.ConfDir, "")
+	fs.StringVar(&cfg.ConflistName, "conflist-name", cfg.ConflistName, "")
+	stateDir := fs.String("state-dir", "/var/lib/tabby", "")
+	cniSocket := fs.String("cni-socket", "/var/run/tabby/cni.sock", "")
+	fs.Bool("remove-workloads", false, "")
 	if err := fs.Parse(argv[2:]); err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +73,21 @@ func TestUninstallManifest(t *testing.T) {
 		return ""
 	}
 	um, im := hostMounts(t, pod), hostMounts(t, instPod)
+	// The agent's state and sockets, as the agent container mounts them.
+	agentDir := func(p string) string {
+		for _, m := range im {
+			if m.MountPath == p && m.Container != "install-cni" {
+				return m.HostPath
+			}
+		}
+		return ""
+	}
 	for _, d := range []struct{ name, u, i string }{
-		{"bin dir", hostDir(um, "uninstall-cni", cfg.BinDir), hostDir(im, "install-cni", inst.BinDir)},
-		{"conf dir", hostDir(um, "uninstall-cni", cfg.ConfDir), hostDir(im, "install-cni", inst.ConfDir)},
+		{"bin dir", hostDir(um, "cleanup", cfg.BinDir), hostDir(im, "install-cni", inst.BinDir)},
+		{"conf dir", hostDir(um, "cleanup", cfg.ConfDir), hostDir(im, "install-cni", inst.ConfDir)},
 		{"conflist", cfg.ConflistName, inst.ConflistName},
+		{"state dir", hostDir(um, "cleanup", *stateDir), agentDir("/var/lib/tabby")},
+		{"socket dir", hostDir(um, "cleanup", filepath.Dir(*cniSocket)), agentDir("/var/run/tabby")},
 	} {
 		if d.u == "" || d.u != d.i {
 			t.Errorf("%s: uninstall uses %q, install %q", d.name, d.u, d.i)

@@ -95,7 +95,8 @@ func Default() Config {
 	}
 }
 
-// Validate reports every problem with the configuration.
+// Validate reports every problem with the configuration for Install and
+// Uninstall; Install also needs SourceBinary (see validateInstall).
 func (c *Config) Validate() error {
 	var errs []error
 	for _, d := range []struct{ name, val string }{
@@ -112,9 +113,6 @@ func (c *Config) Validate() error {
 		// A runtime reads *.conf as a single plugin, not a list.
 		errs = append(errs, fmt.Errorf("conflist name: %q must end in .conflist", c.ConflistName))
 	}
-	if c.SourceBinary == "" {
-		errs = append(errs, errors.New("source binary: empty"))
-	}
 	if c.PluginsDir != "" && !filepath.IsAbs(c.PluginsDir) {
 		errs = append(errs, fmt.Errorf("plugins dir: %q must be an absolute path", c.PluginsDir))
 	}
@@ -125,6 +123,15 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("agent socket: %q must be an absolute path", c.AgentSocket))
 	}
 	return errors.Join(errs...)
+}
+
+// validateInstall is Validate plus what only Install needs.
+func (c *Config) validateInstall() error {
+	err := c.Validate()
+	if c.SourceBinary == "" {
+		err = errors.Join(err, errors.New("source binary: empty"))
+	}
+	return err
 }
 
 func (c *Config) template() string {

@@ -30,7 +30,7 @@ type Report struct {
 // keeps going with the other files and returns every error; a file is
 // either fully replaced or not touched.
 func Install(cfg Config) (*Report, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validateInstall(); err != nil {
 		return nil, fmt.Errorf("install-cni config: %w", err)
 	}
 	conf, cl, err := Render(cfg.template(), cfg.MTU, cfg.AgentSocket)
@@ -114,9 +114,6 @@ func ensureChained(cfg Config, typ string) (path string, changed bool, err error
 // ensureChained), and so do other networks' files. Missing files are not
 // an error, so Uninstall is idempotent.
 func Uninstall(cfg Config) (*Report, error) {
-	if cfg.SourceBinary == "" {
-		cfg.SourceBinary = "-" // not needed to uninstall
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("install-cni config: %w", err)
 	}

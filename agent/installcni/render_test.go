@@ -57,7 +57,7 @@ func TestRenderRejects(t *testing.T) {
 
 func TestConfigValidateReportsEverything(t *testing.T) {
 	c := Config{BinDir: "opt/cni/bin", ConfDir: "", ConflistName: "../x.conf", PluginsDir: "rel", MTU: 0, AgentSocket: "sock"}
-	err := c.Validate()
+	err := c.validateInstall()
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -67,8 +67,14 @@ func TestConfigValidateReportsEverything(t *testing.T) {
 		}
 	}
 	d := Default()
-	d.SourceBinary = "/usr/local/bin/tabby"
 	if err := d.Validate(); err != nil {
+		t.Errorf("defaults (no source binary: enough to uninstall): %v", err)
+	}
+	if err := d.validateInstall(); err == nil || !strings.Contains(err.Error(), "source binary") {
+		t.Errorf("defaults to install: err = %v, want one naming the source binary", err)
+	}
+	d.SourceBinary = "/usr/local/bin/tabby"
+	if err := d.validateInstall(); err != nil {
 		t.Errorf("defaults: %v", err)
 	}
 	d.ConflistName = "10-tabby.conf"

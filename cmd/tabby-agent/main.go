@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/agent"
+	"github.com/tabbynet/tabby/internal/version"
 )
 
 func main() {
@@ -44,6 +45,7 @@ func newRootCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:           "tabby-agent",
 		Short:         "Tabby's per-node agent: pod networking, routes and BGP",
+		Version:       version.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -75,7 +77,7 @@ func newRootCmd() *cobra.Command {
 	f.StringVar(&cfg.FirewallBackend, "firewall-backend", env("TABBY_FIREWALL_BACKEND", cfg.FirewallBackend), "auto (nftables where the kernel has it), nftables or iptables (env TABBY_FIREWALL_BACKEND)")
 	f.DurationVar(&cfg.ResyncInterval, "resync-interval", cfg.ResyncInterval, "period of full reconcile passes")
 	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
-	cmd.AddCommand(newInstallCNICmd())
+	cmd.AddCommand(newInstallCNICmd(), newCleanupCmd())
 	return cmd
 }
 

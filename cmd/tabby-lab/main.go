@@ -15,10 +15,12 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/internal/version"
 )
 
 func main() {
@@ -49,6 +51,7 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "tabby-lab",
 		Short:         "An N-node Tabby cluster in network namespaces",
+		Version:       version.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -63,6 +66,8 @@ type upOptions struct {
 	nodes, rrs, pods int
 	binDir           string
 	noAgents         bool
+	agentArgs        []string
+	converge         time.Duration
 }
 
 func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
@@ -70,6 +75,8 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().IntVar(&u.rrs, "route-reflectors", 0, "make the first K nodes route reflectors (mesh off)")
 	c.Flags().IntVar(&u.pods, "pods-per-node", pods, "pods to add on each node")
 	c.Flags().StringVar(&u.binDir, "bin-dir", "", "directory with tabby-agent and tabby (default $TABBY_BIN, then this program's directory, else go build)")
+	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
+	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 }
 
 func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
@@ -89,6 +96,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 	return lab.Options{
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
+		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge,
 	}, nil
 }
 
@@ -103,7 +111,16 @@ func upCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			_, err = lab.Up(c.Context(), o)
+			// A lab whose sessions did not come up stays for a look.
+			o.KeepUnconverged = true
+			l, err := lab.Up(c.Context(), o)
+			if err != nil && l != nil {
+				flags := "--name " + g.name
+				if g.runDir != lab.DefaultRunDir {
+					flags += " --run-dir " + g.runDir
+				}
+				return fmt.Errorf("lab %q is NOT up: %w\nit was left as it is: `tabby-lab %s status` to look, `tabby-lab %s down` to remove it", g.name, err, flags, flags)
+			}
 			return err
 		},
 	}
@@ -148,11 +165,15 @@ func execCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ns, err := l.ResolveNetNS(args[0])
+			target, argv, err := execArgs(args)
 			if err != nil {
 				return err
 			}
-			cmd := exec.CommandContext(c.Context(), "nsenter", append([]string{"--net=" + lab.NetNSPath(ns), "--"}, args[1:]...)...)
+			ns, err := l.ResolveNetNS(target)
+			if err != nil {
+				return err
+			}
+			cmd := exec.CommandContext(c.Context(), "nsenter", append([]string{"--net=" + lab.NetNSPath(ns), "--"}, argv...)...)
 			cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 			err = cmd.Run()
 			var ee *exec.ExitError
@@ -165,6 +186,23 @@ func execCmd(g *globalFlags) *cobra.Command {
 	// Everything after the target belongs to the command.
 	c.Flags().SetInterspersed(false)
 	return c
+}
+
+// execArgs splits exec's arguments into the target and the command. Flag
+// parsing stops at the target, so a "--" after it arrives as an argument:
+// it separates, it is not the command.
+func execArgs(args []string) (target string, argv []string, err error) {
+	if len(args) == 0 {
+		return "", nil, errors.New("exec: no target")
+	}
+	target, argv = args[0], args[1:]
+	if len(argv) > 0 && argv[0] == "--" {
+		argv = argv[1:]
+	}
+	if len(argv) == 0 {
+		return "", nil, fmt.Errorf("exec %s: no command (tabby-lab exec %s -- CMD [ARG...])", target, target)
+	}
+	return target, argv, nil
 }
 
 func podCmd(g *globalFlags) *cobra.Command {

@@ -74,6 +74,7 @@ func (h *harness) run(stdin string, args ...string) (stdout string, err error) {
 	a.getenv = func(k string) string { return h.env[k] }
 	a.hostname = func() (string, error) { return h.host, nil }
 	a.now = func() time.Time { return fixedNow }
+	a.version = "v0.0.0-test"
 	a.stdin = strings.NewReader(stdin)
 	a.defaultConfig = filepath.Join(h.dir, "no-such-config.yaml")
 	if h.hook != nil {

@@ -46,8 +46,10 @@ spec: {bgp: {ipv4Address: 198.18.0.13/24}}
 		Node: "node-1", Address: "198.18.0.11/24", ASN: 64512, Workloads: 3,
 		Peers: []ctl.PeerStatus{
 			{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: up},
-			{Address: "198.18.0.1", Type: "global", State: "Active", Since: up.Add(time.Minute), Info: "connection refused"},
+			{Address: "198.18.0.1", Type: "global", State: "Active", Since: up.Add(time.Minute),
+				Info: "notification received: notification-received code 6(cease) subcode 2(administrative shutdown)"},
 			{Address: "198.18.0.13", Type: "mesh", State: "Connect"},
+			{Address: "198.18.0.14", Type: "mesh", State: "Active", Since: up.Add(2 * time.Minute), Info: "hold timer expired: hold-timer-expired"},
 		},
 		Blocks: []string{"10.244.0.48/28"}, Advertised: []string{"10.244.0.48/28"},
 	})

@@ -13,10 +13,8 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/ctl"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/version"
 )
-
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
 
 // app holds what the commands share: the configuration flags, the
 // environment and, once a command needs it, the datastore connection.
@@ -27,6 +25,8 @@ type app struct {
 	stdin    io.Reader
 	// runner runs ip and friends for explain --live.
 	runner ctl.Runner
+	// version is what `tabbyctl version` prints.
+	version string
 
 	endpoints, caFile, certFile, keyFile string
 	configFile                           string
@@ -45,6 +45,7 @@ func newApp() *app {
 		now:      time.Now,
 		stdin:    os.Stdin,
 		runner:   ctl.ExecRunner{},
+		version:  version.String(),
 
 		defaultConfig: ctl.DefaultConfig,
 	}
@@ -115,7 +116,7 @@ with the flags' names as keys), else ` + ctl.DefaultEndpoint + `.`,
 			Short: "Print the version",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, args []string) error {
-				_, err := fmt.Fprintln(cmd.OutOrStdout(), "tabbyctl", version)
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), "tabbyctl", a.version)
 				return err
 			},
 		},

@@ -75,7 +75,7 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 		"--http-listen", agentHTTPListen,
 		"--default-ipv4-pool", PodPool,
 	}
-	return append(argv, l.agentArgs...)
+	return append(argv, st.AgentArgs...)
 }
 
 // StartAgent starts the node's tabby-agent in the node's namespace (again,
@@ -293,14 +293,14 @@ func (l *Lab) WaitEstablished(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("%s: %d of %d sessions established (%d peers)", n.Name, est, want[n.Name], len(s.Peers)))
 			}
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && problem != nil {
 			return false, nil // keep the problem of the last complete round
 		}
 		problem = errors.Join(errs...)
 		return problem == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for BGP sessions: %w: %w", err, problem)
+		return fmt.Errorf("waiting for BGP sessions: %w: %w", err, orNoRound(problem))
 	}
 	return nil
 }
@@ -339,14 +339,14 @@ func (l *Lab) WaitRoutes(ctx context.Context) error {
 				}
 			}
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && problem != nil {
 			return false, nil // keep the problem of the last complete round
 		}
 		problem = errors.Join(errs...)
 		return problem == nil, nil
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for routes: %w: %w", err, problem)
+		return fmt.Errorf("waiting for routes: %w: %w", err, orNoRound(problem))
 	}
 	return nil
 }
@@ -383,4 +383,12 @@ func removeNodeResource(ctx context.Context, s *datastore.Store, node string) er
 		return fmt.Errorf("deleting Node %s: %w", node, err)
 	}
 	return nil
+}
+
+// orNoRound is problem, or an error saying no round finished in time.
+func orNoRound(problem error) error {
+	if problem == nil {
+		return errors.New("the deadline passed before one round of checks finished")
+	}
+	return problem
 }

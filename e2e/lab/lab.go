@@ -15,6 +15,13 @@
 // creating it, so Teardown removes a lab also after the process that made it
 // died. The command tabby-lab is a thin shell around this package; the
 // end-to-end tests use it directly.
+//
+// Sizes: all namespaces share the host's IPv4 neighbour table (gc_thresh3,
+// 1024 entries by default) and a full mesh holds one entry per ordered pair
+// of nodes, so a full-mesh lab fits 30 nodes at the default limit; with two
+// route reflectors, 85 nodes of 2 pods. Up refuses what does not fit (see
+// limits.go) and fails when BGP does not converge within
+// Options.ConvergeTimeout. Labs of different names coexist.
 package lab
 
 import (
@@ -39,9 +46,6 @@ var ErrNameTaken = errors.New("a lab of that name is already up")
 type Lab struct {
 	dir string
 	log io.Writer
-	// agentArgs are extra agent flags (not persisted: the CLI starts agents
-	// only in up).
-	agentArgs []string
 
 	mu    sync.Mutex
 	st    *State
@@ -60,6 +64,11 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := checkHost(); err != nil {
 		return nil, err
 	}
+	if !o.NoAgents {
+		if err := checkHostFits(o.Log, o.Nodes, o.RouteReflectors, o.PodsPerNode); err != nil {
+			return nil, err
+		}
+	}
 	dir := filepath.Join(o.RunDir, o.Name)
 	if netnsExists(o.Name + "-fabric") {
 		return nil, fmt.Errorf("lab %q: %w (namespace %s exists)", o.Name, ErrNameTaken, o.Name+"-fabric")
@@ -67,14 +76,15 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors}
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs}
 	if err := claim(st, o.RunDir); err != nil {
 		return nil, err
 	}
 	progress(o.Log, "bringing up lab %q in %s", o.Name, dir)
-	l := &Lab{dir: dir, log: o.Log, agentArgs: o.AgentArgs, st: st, exited: map[int]<-chan struct{}{}}
+	l := &Lab{dir: dir, log: o.Log, st: st, exited: map[int]<-chan struct{}{}}
+	keep := false
 	defer func() {
-		if err != nil {
+		if err != nil && !keep {
 			progress(o.Log, "up failed, removing what was made: %v", err)
 			err = errors.Join(err, l.Down())
 		}
@@ -119,6 +129,13 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 			return nil, err
 		}
 	}
+	if err := l.waitConverged(ctx, o.ConvergeTimeout); err != nil {
+		if o.KeepUnconverged {
+			keep = true
+			return l, err
+		}
+		return nil, err
+	}
 	for i := 1; i <= o.Nodes; i++ {
 		for j := 1; j <= o.PodsPerNode; j++ {
 			if _, err := l.AddPod(ctx, nodeName(i), podName(i, j), PodOptions{}); err != nil {
@@ -126,8 +143,26 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 			}
 		}
 	}
-	progress(o.Log, "lab %q is up", o.Name)
+	progress(o.Log, "lab %q is up: %d nodes, every BGP session established", o.Name, o.Nodes)
 	return l, nil
+}
+
+// waitConverged waits up to timeout for every expected BGP session. Its
+// error says which nodes lack which sessions and where their logs are.
+func (l *Lab) waitConverged(ctx context.Context, timeout time.Duration) error {
+	if len(l.State().Nodes) < 2 {
+		return nil
+	}
+	progress(l.log, "waiting up to %v for every BGP session", timeout)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := l.WaitEstablished(wctx); err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		return fmt.Errorf("BGP did not converge within %v (agent logs: %s/<node>/agent.log): %w", timeout, l.dir, err)
+	}
+	return nil
 }
 
 // claim writes the first state of a new lab, under the directory lock so

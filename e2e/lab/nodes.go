@@ -13,6 +13,15 @@ import (
 // next free address and, unless the lab runs without agents, its agent
 // (waiting until the agent serves).
 func (l *Lab) AddNode(ctx context.Context, name string) error {
+	if st := l.State(); !st.NoAgents {
+		pods := 0
+		if len(st.Nodes) > 0 {
+			pods = (len(st.Pods) + len(st.Nodes) - 1) / len(st.Nodes)
+		}
+		if err := checkHostFits(l.log, len(st.Nodes)+1, st.RouteReflectors, pods); err != nil {
+			return fmt.Errorf("adding node %s: %w", name, err)
+		}
+	}
 	if err := l.addNodeNamespace(ctx, name); err != nil {
 		return err
 	}

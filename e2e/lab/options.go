@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"time"
 )
 
 // Addresses of the lab's underlay. Everything lives in 198.18.0.0/24, inside
@@ -33,6 +34,8 @@ const (
 	// agentHTTPListen is the agent's TCP status listener, on the node's own
 	// loopback.
 	agentHTTPListen = "127.0.0.1:9099"
+	// DefaultConvergeTimeout is Options.ConvergeTimeout's default.
+	DefaultConvergeTimeout = 90 * time.Second
 	// rrClusterID is the route-reflector cluster ID of the reflector nodes.
 	rrClusterID = "244.0.0.1"
 )
@@ -62,8 +65,17 @@ type Options struct {
 	LabBinary string
 	// NoAgents brings up the fabric, ToR, etcd and node namespaces only.
 	NoAgents bool
-	// AgentArgs are appended to every tabby-agent command line.
+	// AgentArgs are appended to every tabby-agent command line, also of
+	// agents started later (node add, restarts): the lab records them.
 	AgentArgs []string
+	// ConvergeTimeout bounds how long Up waits, after the agents serve, for
+	// every expected BGP session to be Established; Up fails when they are
+	// not. Default DefaultConvergeTimeout.
+	ConvergeTimeout time.Duration
+	// KeepUnconverged leaves the lab up (and returns it with the error)
+	// when BGP did not converge, so that it can be inspected; by default
+	// Up removes it like after any other failure.
+	KeepUnconverged bool
 	// Log receives progress lines; nil = silent.
 	Log io.Writer
 }
@@ -81,6 +93,9 @@ func (o *Options) Default() {
 	}
 	if o.RunDir == "" {
 		o.RunDir = DefaultRunDir
+	}
+	if o.ConvergeTimeout == 0 {
+		o.ConvergeTimeout = DefaultConvergeTimeout
 	}
 }
 
@@ -101,6 +116,9 @@ func (o *Options) Validate() error {
 	}
 	if o.NoAgents && o.PodsPerNode > 0 {
 		errs = append(errs, errors.New("pods need agents: pods per node must be 0 without agents"))
+	}
+	if o.ConvergeTimeout < 0 {
+		errs = append(errs, fmt.Errorf("converge timeout: %v is negative", o.ConvergeTimeout))
 	}
 	if o.RunDir != "" && !filepath.IsAbs(o.RunDir) {
 		errs = append(errs, fmt.Errorf("run dir %q must be absolute", o.RunDir))

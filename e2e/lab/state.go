@@ -32,6 +32,8 @@ type State struct {
 	NoAgents  bool      `json:"noAgents,omitempty"`
 	// RouteReflectors is how many of the first nodes are route reflectors.
 	RouteReflectors int `json:"routeReflectors,omitempty"`
+	// AgentArgs are appended to every agent's command line.
+	AgentArgs []string `json:"agentArgs,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
 	// to make), in creation order. Teardown deletes them in reverse.
 	Namespaces []string    `json:"namespaces"`

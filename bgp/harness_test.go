@@ -19,6 +19,10 @@ import (
 
 // Real GoBGP speakers in one process, each on its own loopback address
 // (127.77.<net>.<n>), all on one free port.
+//
+// Tests that run GoBGP speakers do not call t.Parallel: GoBGP's StartBgp
+// writes package-level variables that running servers read (see servers in
+// speaker.go), which -race reports when another test's speakers are busy.
 
 // routeWatcher drains a speaker's Routes channel and keeps the latest set.
 type routeWatcher struct {

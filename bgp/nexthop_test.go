@@ -24,7 +24,6 @@ import (
 // next-hop-self would, and the router could then send traffic for one
 // node's pods through the other).
 func TestThirdPartyNextHop(t *testing.T) {
-	t.Parallel()
 	addrs := []netip.Addr{netip.MustParseAddr("127.77.11.1"), netip.MustParseAddr("127.77.11.2"), netip.MustParseAddr("127.77.11.3")}
 	port := freePort(t, addrs)
 	const torASN = 65001

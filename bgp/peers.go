@@ -262,8 +262,9 @@ func (s *speaker) resetStuckPeers(ctx context.Context) {
 	}
 }
 
-// SetAdvertised implements Speaker. It diffs against the locally originated
-// paths GoBGP actually holds.
+// SetAdvertised implements Speaker. It diffs against the paths it has put
+// into GoBGP (originated): only this speaker originates paths, and reading
+// them back with ListPath would race with GoBGP (see readRIB).
 func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error {
 	desired := map[netip.Prefix]bool{}
 	var errs []error
@@ -283,19 +284,7 @@ func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	actual := map[netip.Prefix]bool{}
-	err := s.srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC},
-		func(_ gobgp.NLRI, paths []*apiutil.Path) {
-			for _, p := range paths {
-				if prefix, c, ok := candidateFromPath(p, s.cfg.ASN); ok && c.local {
-					actual[prefix] = true
-				}
-			}
-		})
-	if err != nil {
-		return fmt.Errorf("listing originated prefixes: %w", err)
-	}
-
+	actual := s.originated
 	var add, del []*apiutil.Path
 	for p := range desired {
 		if !actual[p] {
@@ -322,15 +311,23 @@ func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) er
 		if err != nil {
 			errs = append(errs, fmt.Errorf("advertising %d prefixes: %w", len(add), err))
 		}
-		for i, r := range resps {
-			if r.Error != nil && err == nil {
-				errs = append(errs, fmt.Errorf("advertising %v: %w", add[i].Nlri, r.Error))
+		for i, path := range add {
+			if err == nil && i < len(resps) && resps[i].Error != nil {
+				errs = append(errs, fmt.Errorf("advertising %v: %w", path.Nlri, resps[i].Error))
+				continue
+			}
+			if err == nil {
+				s.originated[path.Nlri.(*gobgp.IPAddrPrefix).Prefix.Masked()] = true
 			}
 		}
 	}
 	if len(del) > 0 {
 		if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: del}); err != nil {
 			errs = append(errs, fmt.Errorf("withdrawing %d prefixes: %w", len(del), err))
+		} else {
+			for _, path := range del {
+				delete(s.originated, path.Nlri.(*gobgp.IPAddrPrefix).Prefix.Masked())
+			}
 		}
 	}
 	s.markDirty()

@@ -134,7 +134,7 @@ func TestStop(t *testing.T) {
 		graceful bool
 	}{{"graceful", 4, true}, {"hard", 5, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-					c := newCluster(t, tc.net, 2, nil)
+			c := newCluster(t, tc.net, 2, nil)
 			c.configure(t, nil, nil)
 			c.advertiseBlocks(t)
 			leaver, stayer := c.nodes[0], c.nodes[1]

@@ -164,6 +164,9 @@ func newCluster(tb testing.TB, net byte, n int, mutate func(i int, node *api.Nod
 	return c
 }
 
+// testPool is the IP pool of every test speaker (SetPolicy).
+var testPool = netip.MustParsePrefix("10.244.0.0/16")
+
 // startNode starts a speaker and stops it when the test ends.
 func startNode(tb testing.TB, name string, cfg Config) *testNode {
 	tb.Helper()
@@ -174,6 +177,9 @@ func startNode(tb testing.TB, name string, cfg Config) *testNode {
 	sp := NewSpeaker(log).(*speaker)
 	if err := sp.Start(context.Background(), cfg); err != nil {
 		tb.Fatalf("starting %s: %v", name, err)
+	}
+	if err := sp.SetPolicy(context.Background(), Policy{Pools: []netip.Prefix{testPool}}); err != nil {
+		tb.Fatalf("SetPolicy on %s: %v", name, err)
 	}
 	tn := &testNode{name: name, addr: cfg.RouterID, sp: sp, watch: watchRoutes(sp.Routes())}
 	tb.Cleanup(func() {

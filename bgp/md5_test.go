@@ -50,7 +50,7 @@ func TestMD5(t *testing.T) {
 		t.Skipf("kernel refuses TCP MD5 on loopback: %v", err)
 	}
 	peer := func(from, to *testNode, password string) []Peer {
-		return []Peer{{Address: to.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Password: password, Port: c.port, LocalAddress: from.addr}}
+		return []Peer{{Address: to.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Password: password, Port: c.port, LocalAddress: from.addr, ClusterNode: true}}
 	}
 	set := func(n *testNode, peers []Peer) {
 		if err := n.sp.SetPeers(context.Background(), peers); err != nil {

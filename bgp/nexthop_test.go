@@ -47,7 +47,12 @@ func TestThirdPartyNextHop(t *testing.T) {
 		if err := n.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(i)}); err != nil {
 			t.Fatal(err)
 		}
-		torPeers = append(torPeers, Peer{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port})
+		torPeers = append(torPeers, Peer{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port,
+			Import: []FilterRule{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Operator: MatchIn, Accept: true}}})
+	}
+	// The ToR is a router outside the cluster: no pools, accepts all.
+	if err := tor.sp.SetPolicy(context.Background(), Policy{}); err != nil {
+		t.Fatal(err)
 	}
 	if err := tor.sp.SetPeers(context.Background(), torPeers); err != nil {
 		t.Fatal(err)

@@ -25,10 +25,19 @@ type sessionKey struct {
 	localAddress netip.Addr
 	port         uint16
 	passive      bool
+	maxPrefixes  uint32
 }
 
 func (s *speaker) keyOf(p Peer) sessionKey {
-	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p)}
+	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p), maxPrefixes(p)}
+}
+
+// maxPrefixes is p's effective prefix limit, 0 for none.
+func maxPrefixes(p Peer) uint32 {
+	if p.MaxPrefixes == 0 && !p.IsCluster() {
+		return DefaultExternalMaxPrefixes
+	}
+	return p.MaxPrefixes
 }
 
 // passive reports whether we wait for p to connect instead of connecting
@@ -99,6 +108,9 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 	if p.LocalAddress.IsValid() {
 		ap.Transport.LocalAddress = p.LocalAddress.String()
 	}
+	if limit := maxPrefixes(p); limit > 0 {
+		ap.AfiSafis[0].PrefixLimits = &gobgpapi.PrefixLimit{Family: ap.AfiSafis[0].Config.Family, MaxPrefixes: limit}
+	}
 	if s.cfg.GracefulRestart {
 		ap.GracefulRestart = &gobgpapi.GracefulRestart{
 			Enabled:         true,
@@ -152,6 +164,11 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 	})
 	if err != nil {
 		return fmt.Errorf("listing BGP peers: %w", err)
+	}
+	// The policy names the desired peers before any of them is added, so
+	// a new session never sees a policy that does not know it.
+	if err := s.applyPolicy(ctx, sortedPeers(desired)); err != nil {
+		errs = append(errs, err)
 	}
 	// Peers added in the first DeferralTime after a restart announce it.
 	restarting := s.cfg.LocalRestarting && time.Since(s.startedAt) < DeferralTime
@@ -374,6 +391,13 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		st := PeerStatus{Address: a, State: "Idle"}
 		if p.State != nil {
 			st.State = stateName(p.State.SessionState)
+			st.PrefixLimitExceeded = p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
+		}
+		for _, af := range p.AfiSafis {
+			if af.State != nil {
+				st.Received += uint32(min(af.State.Received, 1<<32-1))
+				st.Accepted += uint32(min(af.State.Accepted, 1<<32-1))
+			}
 		}
 		if p.Timers != nil && p.Timers.State != nil {
 			if st.State == "Established" && p.Timers.State.Uptime != nil {
@@ -395,6 +419,9 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 			st.Since = t
 		}
 		st.Info = s.info[st.Address]
+		if st.PrefixLimitExceeded && st.Info == "" {
+			st.Info = fmt.Sprintf("max-prefix limit %d exceeded", maxPrefixes(s.peers[st.Address]))
+		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })

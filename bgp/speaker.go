@@ -76,6 +76,11 @@ type speaker struct {
 	// originated is what SetAdvertised has put into GoBGP (only this
 	// speaker originates paths, so it is the actual state).
 	originated map[netip.Prefix]bool
+	// pools and lastPolicy: see SetPolicy and applyPolicy.
+	pools         []netip.Prefix
+	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
+	lastInstalled *gobgpapi.SetPoliciesRequest
+	policyGen     int
 
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -194,23 +199,30 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 		srv.Stop()
 		return fmt.Errorf("starting BGP: %w", err)
 	}
-	if err := installThirdPartyNextHop(ctx, srv, cfg.Subnet); err != nil {
+	s.srv, s.cfg = srv, cfg
+	err := installExport(ctx, srv, cfg.Subnet)
+	if err == nil {
+		err = s.applyPolicy(ctx, nil)
+	}
+	if err != nil {
+		s.srv = nil
 		forgetServer(srv)
 		srv.Stop()
-		return fmt.Errorf("configuring third-party next hops: %w", err)
+		return fmt.Errorf("configuring BGP policy: %w", err)
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	// GoBGP sends a best-path event after every change to the global RIB
 	// (also when only a non-best path changed), after the change; its
 	// update events come before the RIB changes, so they are not watched.
-	err := srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
+	err = srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
 		OnBestPath:   s.onBestPath,
 		OnPathEor:    s.onEOR,
 		OnPeerUpdate: s.onPeerEvent,
 	}, server.WatchBestPath(false), server.WatchEor(false), server.WatchPeer())
 	if err != nil {
 		cancel()
+		s.srv = nil
 		forgetServer(srv)
 		srv.Stop()
 		return fmt.Errorf("watching BGP events: %w", err)

@@ -53,4 +53,3 @@ func thirdPartyNextHopPolicy(subnet netip.Prefix) (*gobgpapi.DefinedSet, *gobgpa
 	}
 	return set, pol
 }
-

@@ -48,8 +48,8 @@ const (
 
 // policyInput is what the policy is built from.
 type policyInput struct {
-	peers  []Peer // sorted by address
-	pools  []netip.Prefix
+	peers []Peer // sorted by address
+	pools []netip.Prefix
 }
 
 func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }

@@ -396,7 +396,6 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		for _, af := range p.AfiSafis {
 			if af.State != nil {
 				st.Received += uint32(min(af.State.Received, 1<<32-1))
-				st.Accepted += uint32(min(af.State.Accepted, 1<<32-1))
 			}
 		}
 		if p.Timers != nil && p.Timers.State != nil {

@@ -166,9 +166,8 @@ type PeerStatus struct {
 	// peer sent more than its MaxPrefixes; it stays down until the
 	// peer's configuration changes (see SetPeers).
 	PrefixLimitExceeded bool
-	// Received and Accepted count the prefixes the peer sent and the
-	// import policy accepted.
-	Received, Accepted uint32
+	// Received counts the prefixes the peer sent (before import policy).
+	Received uint32
 }
 
 // Speaker is a BGP speaker. Its methods are safe for concurrent use.

@@ -45,6 +45,8 @@ func (f *fakeSpeaker) SetAdvertised(ctx context.Context, p []netip.Prefix) error
 	return nil
 }
 
+func (f *fakeSpeaker) SetPolicy(ctx context.Context, pol bgp.Policy) error { return nil }
+
 func (f *fakeSpeaker) Routes() <-chan []bgp.LearnedRoute { return f.routes }
 
 // learn replaces the learned set, dropping an unread older one.

@@ -117,7 +117,7 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 
 	// nodePeer fills in the reflector relationship between self and node n.
 	nodePeer := func(n nodeInfo, asn uint32, typ PeerType) Peer {
-		p := Peer{Address: n.addr, ASN: asn, Type: typ, Name: n.name, Port: listenPort}
+		p := Peer{Address: n.addr, ASN: asn, Type: typ, Name: n.name, Port: listenPort, ClusterNode: true}
 		if asn == me.asn {
 			switch {
 			case me.clusterID != "" && n.clusterID != me.clusterID:
@@ -224,7 +224,7 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 				continue
 			}
 			result[n.addr] = Peer{
-				Address: n.addr, ASN: n.asn, Type: PeerMesh, Name: n.name,
+				Address: n.addr, ASN: n.asn, Type: PeerMesh, Name: n.name, ClusterNode: true,
 				Password: spec.NodeMeshPassword, Keepalive: keepalive, Hold: hold,
 				RestartTime: dur(spec.NodeMeshMaxRestartTime), LocalAddress: me.addr, Port: listenPort,
 			}

@@ -279,6 +279,14 @@ func TestDesiredPeers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := DesiredPeers(tt.self, tt.nodes, tt.cfg, tt.peers)
+			// Every peer that is one of the nodes is a cluster peer.
+			for i := range tt.want {
+				for _, n := range tt.nodes {
+					if p, ok := n.IPv4(); ok && p.Addr() == tt.want[i].Address {
+						tt.want[i].ClusterNode = true
+					}
+				}
+			}
 			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty(), cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 				t.Errorf("DesiredPeers(%q) mismatch (-want +got):\n%s", tt.self, diff)
 			}

@@ -19,6 +19,10 @@ import (
 
 // Real GoBGP speakers in one process, each on its own loopback address
 // (127.77.<net>.<n>), all on one free port.
+//
+// Tests that run GoBGP speakers do not call t.Parallel: GoBGP's StartBgp
+// writes package-level variables that running servers read (see servers in
+// speaker.go), which -race reports when another test's speakers are busy.
 
 // routeWatcher drains a speaker's Routes channel and keeps the latest set.
 type routeWatcher struct {
@@ -160,6 +164,9 @@ func newCluster(tb testing.TB, net byte, n int, mutate func(i int, node *api.Nod
 	return c
 }
 
+// testPool is the IP pool of every test speaker (SetPolicy).
+var testPool = netip.MustParsePrefix("10.244.0.0/16")
+
 // startNode starts a speaker and stops it when the test ends.
 func startNode(tb testing.TB, name string, cfg Config) *testNode {
 	tb.Helper()
@@ -170,6 +177,9 @@ func startNode(tb testing.TB, name string, cfg Config) *testNode {
 	sp := NewSpeaker(log).(*speaker)
 	if err := sp.Start(context.Background(), cfg); err != nil {
 		tb.Fatalf("starting %s: %v", name, err)
+	}
+	if err := sp.SetPolicy(context.Background(), Policy{Pools: []netip.Prefix{testPool}}); err != nil {
+		tb.Fatalf("SetPolicy on %s: %v", name, err)
 	}
 	tn := &testNode{name: name, addr: cfg.RouterID, sp: sp, watch: watchRoutes(sp.Routes())}
 	tb.Cleanup(func() {

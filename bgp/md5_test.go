@@ -45,13 +45,12 @@ func md5Supported(t *testing.T, local, remote netip.Addr) error {
 // TestMD5: a session with matching TCP MD5 passwords establishes, one with
 // different passwords does not, and no status ever shows a password.
 func TestMD5(t *testing.T) {
-	t.Parallel()
 	c := newCluster(t, 6, 4, nil)
 	if err := md5Supported(t, c.nodes[0].addr, c.nodes[1].addr); err != nil {
 		t.Skipf("kernel refuses TCP MD5 on loopback: %v", err)
 	}
 	peer := func(from, to *testNode, password string) []Peer {
-		return []Peer{{Address: to.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Password: password, Port: c.port, LocalAddress: from.addr}}
+		return []Peer{{Address: to.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Password: password, Port: c.port, LocalAddress: from.addr, ClusterNode: true}}
 	}
 	set := func(n *testNode, peers []Peer) {
 		if err := n.sp.SetPeers(context.Background(), peers); err != nil {
@@ -91,7 +90,6 @@ func TestMD5(t *testing.T) {
 // TestPeerChanges: SetPeers re-creates a session whose settings change,
 // keeps an unchanged one, and deletes one no longer desired.
 func TestPeerChanges(t *testing.T) {
-	t.Parallel()
 	c := newCluster(t, 8, 3, nil)
 	c.configure(t, nil, nil)
 	c.advertiseBlocks(t)
@@ -129,7 +127,6 @@ func TestPeerChanges(t *testing.T) {
 
 // TestAPIListen: the gRPC API answers on loopback.
 func TestAPIListen(t *testing.T) {
-	t.Parallel()
 	addr := netip.MustParseAddr("127.77.7.1")
 	port := freePort(t, []netip.Addr{addr})
 	hostport := netip.AddrPortFrom(addr, port).String()

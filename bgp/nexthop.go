@@ -1,12 +1,9 @@
 package bgp
 
 import (
-	"context"
-	"fmt"
 	"net/netip"
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
-	"github.com/osrg/gobgp/v4/pkg/server"
 )
 
 // Third-party next hops (RFC 4271 section 5.1.3).
@@ -55,31 +52,4 @@ func thirdPartyNextHopPolicy(subnet netip.Prefix) (*gobgpapi.DefinedSet, *gobgpa
 		}},
 	}
 	return set, pol
-}
-
-// installThirdPartyNextHop installs the export policy on srv for subnet,
-// the node's own subnet (Config.Subnet). Without one, every eBGP peer gets
-// next-hop-self, GoBGP's default.
-func installThirdPartyNextHop(ctx context.Context, srv *server.BgpServer, subnet netip.Prefix) error {
-	if !subnet.IsValid() {
-		return nil
-	}
-	subnet = subnet.Masked()
-	set, pol := thirdPartyNextHopPolicy(subnet)
-	if err := srv.AddDefinedSet(ctx, &gobgpapi.AddDefinedSetRequest{DefinedSet: set}); err != nil {
-		return fmt.Errorf("adding neighbor set %s: %w", subnet, err)
-	}
-	if err := srv.AddPolicy(ctx, &gobgpapi.AddPolicyRequest{Policy: pol}); err != nil {
-		return fmt.Errorf("adding next-hop policy: %w", err)
-	}
-	err := srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: &gobgpapi.PolicyAssignment{
-		Name:          "global",
-		Direction:     gobgpapi.PolicyDirection_POLICY_DIRECTION_EXPORT,
-		Policies:      []*gobgpapi.Policy{{Name: thirdPartyPolicy}},
-		DefaultAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT,
-	}})
-	if err != nil {
-		return fmt.Errorf("assigning next-hop policy: %w", err)
-	}
-	return nil
 }

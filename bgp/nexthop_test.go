@@ -24,7 +24,6 @@ import (
 // next-hop-self would, and the router could then send traffic for one
 // node's pods through the other).
 func TestThirdPartyNextHop(t *testing.T) {
-	t.Parallel()
 	addrs := []netip.Addr{netip.MustParseAddr("127.77.11.1"), netip.MustParseAddr("127.77.11.2"), netip.MustParseAddr("127.77.11.3")}
 	port := freePort(t, addrs)
 	const torASN = 65001
@@ -48,7 +47,12 @@ func TestThirdPartyNextHop(t *testing.T) {
 		if err := n.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(i)}); err != nil {
 			t.Fatal(err)
 		}
-		torPeers = append(torPeers, Peer{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port})
+		torPeers = append(torPeers, Peer{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port,
+			Import: []FilterRule{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Operator: MatchIn, Accept: true}}})
+	}
+	// The ToR is a router outside the cluster: no pools, accepts all.
+	if err := tor.sp.SetPolicy(context.Background(), Policy{}); err != nil {
+		t.Fatal(err)
 	}
 	if err := tor.sp.SetPeers(context.Background(), torPeers); err != nil {
 		t.Fatal(err)

@@ -25,10 +25,19 @@ type sessionKey struct {
 	localAddress netip.Addr
 	port         uint16
 	passive      bool
+	maxPrefixes  uint32
 }
 
 func (s *speaker) keyOf(p Peer) sessionKey {
-	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p)}
+	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p), maxPrefixes(p)}
+}
+
+// maxPrefixes is p's effective prefix limit, 0 for none.
+func maxPrefixes(p Peer) uint32 {
+	if p.MaxPrefixes == 0 && !p.IsCluster() {
+		return DefaultExternalMaxPrefixes
+	}
+	return p.MaxPrefixes
 }
 
 // passive reports whether we wait for p to connect instead of connecting
@@ -99,6 +108,9 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 	if p.LocalAddress.IsValid() {
 		ap.Transport.LocalAddress = p.LocalAddress.String()
 	}
+	if limit := maxPrefixes(p); limit > 0 {
+		ap.AfiSafis[0].PrefixLimits = &gobgpapi.PrefixLimit{Family: ap.AfiSafis[0].Config.Family, MaxPrefixes: limit}
+	}
 	if s.cfg.GracefulRestart {
 		ap.GracefulRestart = &gobgpapi.GracefulRestart{
 			Enabled:         true,
@@ -152,6 +164,11 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 	})
 	if err != nil {
 		return fmt.Errorf("listing BGP peers: %w", err)
+	}
+	// The policy names the desired peers before any of them is added, so
+	// a new session never sees a policy that does not know it.
+	if err := s.applyPolicy(ctx, sortedPeers(desired)); err != nil {
+		errs = append(errs, err)
 	}
 	// Peers added in the first DeferralTime after a restart announce it.
 	restarting := s.cfg.LocalRestarting && time.Since(s.startedAt) < DeferralTime
@@ -262,8 +279,9 @@ func (s *speaker) resetStuckPeers(ctx context.Context) {
 	}
 }
 
-// SetAdvertised implements Speaker. It diffs against the locally originated
-// paths GoBGP actually holds.
+// SetAdvertised implements Speaker. It diffs against the paths it has put
+// into GoBGP (originated): only this speaker originates paths, and reading
+// them back with ListPath would race with GoBGP (see readRIB).
 func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error {
 	desired := map[netip.Prefix]bool{}
 	var errs []error
@@ -283,19 +301,7 @@ func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) er
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	actual := map[netip.Prefix]bool{}
-	err := s.srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC},
-		func(_ gobgp.NLRI, paths []*apiutil.Path) {
-			for _, p := range paths {
-				if prefix, c, ok := candidateFromPath(p, s.cfg.ASN); ok && c.local {
-					actual[prefix] = true
-				}
-			}
-		})
-	if err != nil {
-		return fmt.Errorf("listing originated prefixes: %w", err)
-	}
-
+	actual := s.originated
 	var add, del []*apiutil.Path
 	for p := range desired {
 		if !actual[p] {
@@ -322,15 +328,23 @@ func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) er
 		if err != nil {
 			errs = append(errs, fmt.Errorf("advertising %d prefixes: %w", len(add), err))
 		}
-		for i, r := range resps {
-			if r.Error != nil && err == nil {
-				errs = append(errs, fmt.Errorf("advertising %v: %w", add[i].Nlri, r.Error))
+		for i, path := range add {
+			if err == nil && i < len(resps) && resps[i].Error != nil {
+				errs = append(errs, fmt.Errorf("advertising %v: %w", path.Nlri, resps[i].Error))
+				continue
+			}
+			if err == nil {
+				s.originated[path.Nlri.(*gobgp.IPAddrPrefix).Prefix.Masked()] = true
 			}
 		}
 	}
 	if len(del) > 0 {
 		if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: del}); err != nil {
 			errs = append(errs, fmt.Errorf("withdrawing %d prefixes: %w", len(del), err))
+		} else {
+			for _, path := range del {
+				delete(s.originated, path.Nlri.(*gobgp.IPAddrPrefix).Prefix.Masked())
+			}
 		}
 	}
 	s.markDirty()
@@ -377,6 +391,12 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		st := PeerStatus{Address: a, State: "Idle"}
 		if p.State != nil {
 			st.State = stateName(p.State.SessionState)
+			st.PrefixLimitExceeded = p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
+		}
+		for _, af := range p.AfiSafis {
+			if af.State != nil {
+				st.Received += uint32(min(af.State.Received, 1<<32-1))
+			}
 		}
 		if p.Timers != nil && p.Timers.State != nil {
 			if st.State == "Established" && p.Timers.State.Uptime != nil {
@@ -398,6 +418,9 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 			st.Since = t
 		}
 		st.Info = s.info[st.Address]
+		if st.PrefixLimitExceeded && st.Info == "" {
+			st.Info = fmt.Sprintf("max-prefix limit %d exceeded", maxPrefixes(s.peers[st.Address]))
+		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })

@@ -69,6 +69,19 @@ type speaker struct {
 	eor       map[netip.Addr]bool      // peers that sent End-of-RIB since Start
 	info      map[netip.Addr]string    // last disconnect reason per peer
 
+	// changed collects the prefixes GoBGP reported in best-path events
+	// since routeLoop last read them; resyncAll asks for a full read.
+	changed   map[netip.Prefix]bool
+	resyncAll bool
+	// originated is what SetAdvertised has put into GoBGP (only this
+	// speaker originates paths, so it is the actual state).
+	originated map[netip.Prefix]bool
+	// pools and lastPolicy: see SetPolicy and applyPolicy.
+	pools         []netip.Prefix
+	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
+	lastInstalled *gobgpapi.SetPoliciesRequest
+	policyGen     int
+
 	cancel    context.CancelFunc
 	done      chan struct{}
 	muteGoBGP atomic.Bool
@@ -88,6 +101,9 @@ func NewSpeaker(log *slog.Logger) Speaker {
 		since:  map[netip.Addr]time.Time{},
 		eor:    map[netip.Addr]bool{},
 		info:   map[netip.Addr]string{},
+
+		changed:    map[netip.Prefix]bool{},
+		originated: map[netip.Prefix]bool{},
 	}
 }
 
@@ -179,26 +195,35 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 	if cfg.ListenPort == 0 {
 		global.ListenPort = gobgp.BGP_PORT
 	}
-	if err := srv.StartBgp(ctx, &gobgpapi.StartBgpRequest{Global: global}); err != nil {
+	if err := startBgp(ctx, srv, global); err != nil {
 		srv.Stop()
 		return fmt.Errorf("starting BGP: %w", err)
 	}
-	if err := installThirdPartyNextHop(ctx, srv, cfg.Subnet); err != nil {
+	s.srv, s.cfg = srv, cfg
+	err := installExport(ctx, srv, cfg.Subnet)
+	if err == nil {
+		err = s.applyPolicy(ctx, nil)
+	}
+	if err != nil {
+		s.srv = nil
+		forgetServer(srv)
 		srv.Stop()
-		return fmt.Errorf("configuring third-party next hops: %w", err)
+		return fmt.Errorf("configuring BGP policy: %w", err)
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	// GoBGP sends a best-path event after every change to the global RIB
 	// (also when only a non-best path changed), after the change; its
 	// update events come before the RIB changes, so they are not watched.
-	err := srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
-		OnBestPath:   func([]*apiutil.Path, time.Time) { s.markDirty() },
+	err = srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
+		OnBestPath:   s.onBestPath,
 		OnPathEor:    s.onEOR,
 		OnPeerUpdate: s.onPeerEvent,
 	}, server.WatchBestPath(false), server.WatchEor(false), server.WatchPeer())
 	if err != nil {
 		cancel()
+		s.srv = nil
+		forgetServer(srv)
 		srv.Stop()
 		return fmt.Errorf("watching BGP events: %w", err)
 	}
@@ -226,6 +251,7 @@ func (s *speaker) Stop(graceful bool) error {
 	cancel()
 	<-done
 	close(s.routes)
+	forgetServer(srv)
 	// With AllowGracefulRestart, GoBGP closes the sessions of peers that
 	// negotiated graceful restart without a NOTIFICATION; they see the TCP
 	// session drop and keep our routes as stale for the restart time.
@@ -248,6 +274,27 @@ func (s *speaker) markDirty() {
 	case s.dirty <- struct{}{}:
 	default:
 	}
+}
+
+// onBestPath records which prefixes changed; routeLoop reads only those
+// from the RIB (see readRIB). GoBGP also sends an event, without paths,
+// when only a non-best path changed (an ECMP member); that one costs a
+// full read.
+func (s *speaker) onBestPath(paths []*apiutil.Path, _ time.Time) {
+	s.mu.Lock()
+	if len(paths) == 0 {
+		s.resyncAll = true
+	}
+	for _, p := range paths {
+		if p == nil || p.Family != gobgp.RF_IPv4_UC {
+			continue
+		}
+		if nlri, ok := p.Nlri.(*gobgp.IPAddrPrefix); ok {
+			s.changed[nlri.Prefix.Masked()] = true
+		}
+	}
+	s.mu.Unlock()
+	s.markDirty()
 }
 
 func (s *speaker) onEOR(p *apiutil.Path, _ time.Time) {
@@ -278,12 +325,14 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 	s.markDirty()
 }
 
-// routeLoop recomputes the learned routes whenever GoBGP reports a change
-// (see settle) and periodically, and publishes each new set.
+// routeLoop keeps the candidate paths of every prefix (rib) up to date:
+// after a change it re-reads only the prefixes GoBGP reported (see
+// onBestPath), periodically the whole table. It publishes each new set.
 func (s *speaker) routeLoop(ctx context.Context) {
 	defer close(s.done)
 	var last []LearnedRoute
 	published := false
+	rib := map[netip.Prefix][]candidate{}
 	resync := time.NewTicker(routesResync)
 	defer resync.Stop()
 	stuck := time.NewTicker(stuckCheck)
@@ -293,6 +342,7 @@ func (s *speaker) routeLoop(ctx context.Context) {
 	// flush kernel routes that peers are about to send again.
 	gate := time.NewTimer(DeferralTime)
 	defer gate.Stop()
+	full := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -302,16 +352,45 @@ func (s *speaker) routeLoop(ctx context.Context) {
 				return
 			}
 		case <-resync.C:
+			full = true
 		case <-gate.C:
 		case <-stuck.C:
 			s.resetStuckPeers(ctx)
 			continue
 		}
-		routes, err := s.learnedRoutes()
+		s.mu.Lock()
+		changed := s.changed
+		s.changed = map[netip.Prefix]bool{}
+		full = full || s.resyncAll
+		s.resyncAll = false
+		self := s.selfAddrs()
+		s.mu.Unlock()
+
+		var err error
+		if full {
+			rib, err = s.readRIB(ctx, nil)
+		} else if len(changed) > 0 {
+			var part map[netip.Prefix][]candidate
+			part, err = s.readRIB(ctx, changed)
+			for p := range changed {
+				if c, ok := part[p]; ok {
+					rib[p] = c
+				} else {
+					delete(rib, p)
+				}
+			}
+		}
 		if err != nil {
 			s.log.Warn("listing BGP routes", "err", err)
+			// Read everything next time: a partial read may have failed
+			// after GoBGP forgot which prefixes changed.
+			s.mu.Lock()
+			s.resyncAll = true
+			s.mu.Unlock()
 			continue
 		}
+		full = false
+		routes := selectRoutes(rib, self)
 		if !published && !s.initialSyncDone() {
 			continue
 		}
@@ -367,10 +446,9 @@ func (s *speaker) initialSyncDone() bool {
 	return true
 }
 
-// learnedRoutes reads the global RIB and selects the routes to report.
-func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
-	s.mu.Lock()
-	srv, asn := s.srv, s.cfg.ASN
+// selfAddrs lists our own addresses: paths with one of them as next hop
+// are never learned routes. Called with s.mu held.
+func (s *speaker) selfAddrs() []netip.Addr {
 	self := []netip.Addr{s.cfg.RouterID}
 	if s.cfg.ListenAddr.IsValid() {
 		self = append(self, s.cfg.ListenAddr)
@@ -380,21 +458,110 @@ func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
 			self = append(self, p.LocalAddress)
 		}
 	}
-	s.mu.Unlock()
+	return self
+}
 
-	rib := map[netip.Prefix][]candidate{}
-	err := srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC},
-		func(_ gobgp.NLRI, paths []*apiutil.Path) {
-			for _, p := range paths {
-				if prefix, c, ok := candidateFromPath(p, asn); ok {
-					rib[prefix] = append(rib[prefix], c)
-				}
-			}
-		})
+// learnedRoutes reads the whole global RIB and selects the routes to
+// report. Tests use it to look at the RIB directly.
+func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
+	rib, err := s.readRIB(context.Background(), nil)
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	self := s.selfAddrs()
+	s.mu.Unlock()
 	return selectRoutes(rib, self), nil
+}
+
+// readRIB returns the candidate paths of the given prefixes (all prefixes
+// when only is nil) from GoBGP's global RIB.
+//
+// GoBGP v4.8.0 races here (osrg/gobgp PR #3658, not released): ListPath
+// converts the paths after its table snapshot, outside GoBGP's lock, and
+// reads each path's stale flag, which a session going down under graceful
+// restart writes from another goroutine (table.Path.MarkStale). We cannot
+// take GoBGP's lock, so we keep the exposure small and ordered instead:
+//   - after a change we read only the prefixes GoBGP reported changing
+//     (onBestPath), not the whole table; the full read runs only at start,
+//     at the periodic resync and after errors;
+//   - right after each read we pass a no-op management call through
+//     GoBGP's server loop (GetBgp): it takes GoBGP's write lock, which
+//     waits for every session goroutine holding the read lock and is
+//     taken before any later one, so our reads happen before every later
+//     stale-flag write. Only a session going down at the very instant of a
+//     read can still overlap it (a one-byte flag, no torn values);
+//     upstream's fix makes the flag atomic.
+//
+// SetAdvertised no longer reads the RIB at all (see originated).
+func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[netip.Prefix][]candidate, error) {
+	s.mu.Lock()
+	srv, asn := s.srv, s.cfg.ASN
+	s.mu.Unlock()
+	req := apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC}
+	if only != nil {
+		for p := range only {
+			req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
+		}
+	}
+	rib := map[netip.Prefix][]candidate{}
+	err := srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
+		for _, p := range paths {
+			if prefix, c, ok := candidateFromPath(p, asn); ok && (only == nil || only[prefix]) {
+				rib[prefix] = append(rib[prefix], c)
+			}
+		}
+	})
+	// The barrier described above; run it whatever ListPath returned.
+	if _, berr := srv.GetBgp(ctx, &gobgpapi.GetBgpRequest{}); berr != nil && err == nil {
+		err = fmt.Errorf("synchronising with the BGP server: %w", berr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rib, nil
+}
+
+// servers lists the GoBGP servers running in this process.
+//
+// GoBGP's StartBgp writes package-level variables (the route-selection
+// options and the multipath switch) that the session goroutines of every
+// server in the process read while they process updates. With one speaker
+// per process (the agent) that is harmless; with several (tests, a lab in
+// one process) it is a data race. startBgp serialises starts and passes a
+// no-op management call through every other running server before and
+// after the write: GoBGP runs management calls under its server-wide lock,
+// which orders them with every session goroutine's work (see readRIB).
+var servers struct {
+	sync.Mutex
+	running map[*server.BgpServer]bool
+}
+
+func startBgp(ctx context.Context, srv *server.BgpServer, global *gobgpapi.Global) error {
+	servers.Lock()
+	defer servers.Unlock()
+	barrier := func() {
+		for other := range servers.running {
+			// A stopped server fails the call; there is nothing to order.
+			_, _ = other.GetBgp(ctx, &gobgpapi.GetBgpRequest{})
+		}
+	}
+	barrier()
+	if err := srv.StartBgp(ctx, &gobgpapi.StartBgpRequest{Global: global}); err != nil {
+		return err
+	}
+	barrier()
+	if servers.running == nil {
+		servers.running = map[*server.BgpServer]bool{}
+	}
+	servers.running[srv] = true
+	return nil
+}
+
+func forgetServer(srv *server.BgpServer) {
+	servers.Lock()
+	delete(servers.running, srv)
+	servers.Unlock()
 }
 
 // gobgpLogLevel is the least severe GoBGP message passed on to our logger.

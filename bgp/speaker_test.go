@@ -14,7 +14,6 @@ const convergeTimeout = 20 * time.Second
 // TestMeshOfFive: every speaker learns every other's block with the owner as
 // next hop, and a withdrawal reaches everyone.
 func TestMeshOfFive(t *testing.T) {
-	t.Parallel()
 	c := newCluster(t, 1, 5, nil)
 	c.configure(t, nil, nil)
 	c.advertiseBlocks(t)
@@ -47,7 +46,6 @@ func TestMeshOfFive(t *testing.T) {
 // TestRouteReflectors: with the mesh off, six clients peer only with two
 // reflectors and still learn every block.
 func TestRouteReflectors(t *testing.T) {
-	t.Parallel()
 	c := newCluster(t, 2, 8, func(i int, n *api.Node) {
 		if i < 2 {
 			n.Spec.BGP.RouteReflectorClusterID = "1.1.1.1"
@@ -91,7 +89,6 @@ func TestRouteReflectors(t *testing.T) {
 // TestECMP: two speakers advertise the same prefix; the third routes it via
 // both, and via the survivor once one withdraws.
 func TestECMP(t *testing.T) {
-	t.Parallel()
 	c := newCluster(t, 3, 3, nil)
 	c.configure(t, nil, nil)
 	anycast := netip.MustParsePrefix("10.244.99.0/26")
@@ -131,14 +128,12 @@ func TestECMP(t *testing.T) {
 // TestStop: a graceful stop leaves the route at the peer (stale, graceful
 // restart); a hard stop withdraws it.
 func TestStop(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		net      byte
 		graceful bool
 	}{{"graceful", 4, true}, {"hard", 5, false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
 			c := newCluster(t, tc.net, 2, nil)
 			c.configure(t, nil, nil)
 			c.advertiseBlocks(t)
@@ -186,7 +181,6 @@ func TestStop(t *testing.T) {
 }
 
 func TestSpeakerConfigErrors(t *testing.T) {
-	t.Parallel()
 	good := Config{RouterID: netip.MustParseAddr("127.77.9.1"), ASN: 64512, ListenPort: -1}
 	tests := []struct {
 		name string
@@ -268,7 +262,6 @@ func waitSessionDown(t *testing.T, n *testNode, deadline time.Time) {
 // LocalRestarting; its peer routes its block throughout. Stopped for good,
 // the block goes once the announced restart time has passed.
 func TestGracefulRestart(t *testing.T) {
-	t.Parallel()
 	c := newCluster(t, 9, 2, nil)
 	c.configure(t, nil, nil)
 	c.advertiseBlocks(t)

@@ -16,7 +16,6 @@ import (
 // KEEPALIVE leaves GoBGP in OpenConfirm with no hold timer; the speaker
 // re-creates the session after stuckTimeout.
 func TestStuckSessionReset(t *testing.T) {
-	t.Parallel()
 	local, remote := netip.MustParseAddr("127.77.10.1"), netip.MustParseAddr("127.77.10.2")
 	l, err := net.Listen("tcp", netip.AddrPortFrom(remote, 0).String())
 	if err != nil {

@@ -50,6 +50,66 @@ type Peer struct {
 	RestartTime  time.Duration
 	LocalAddress netip.Addr
 	Port         uint16
+
+	// ClusterNode says the peer is a node of this cluster (mesh, reflector
+	// and node-to-node sessions). Cluster peers may send pool prefixes
+	// only; every other peer is external (see docs/bgp.md).
+	ClusterNode bool
+	// AcceptDefault lets an external peer send 0.0.0.0/0.
+	AcceptDefault bool
+	// MaxPrefixes is the most prefixes the peer may send before the
+	// session is shut down; 0 means DefaultExternalMaxPrefixes for
+	// external peers and no limit for cluster peers.
+	MaxPrefixes uint32
+	// Import are the peer's import rules (from its BGPFilters), in order;
+	// the first that matches a prefix decides. They apply to external
+	// peers only: cluster peers always get the pool rule.
+	Import []FilterRule
+}
+
+// IsCluster reports whether p is a cluster peer (see Peer.ClusterNode).
+func (p Peer) IsCluster() bool {
+	switch p.Type {
+	case PeerMesh, PeerRR, PeerRRClient:
+		return true
+	}
+	return p.ClusterNode
+}
+
+// DefaultExternalMaxPrefixes is the prefix limit of an external peer
+// without one.
+const DefaultExternalMaxPrefixes = 10000
+
+// MatchOperator says how a FilterRule's CIDR is compared with a prefix.
+type MatchOperator string
+
+// Match operators of FilterRule (Calico's BGPFilter operators).
+const (
+	MatchEqual MatchOperator = "Equal" // the prefix is CIDR
+	MatchIn    MatchOperator = "In"    // the prefix is CIDR or inside it
+	MatchNotIn MatchOperator = "NotIn" // the prefix is not inside CIDR
+)
+
+// FilterRule is one import rule. With PrefixLength set, In and NotIn
+// consider prefixes of those lengths only (Min..Max, inclusive; 0 means
+// the CIDR's own length, respectively 32).
+type FilterRule struct {
+	CIDR         netip.Prefix
+	Operator     MatchOperator
+	PrefixLength *PrefixLengthRange
+	Accept       bool // false rejects
+}
+
+// PrefixLengthRange bounds the prefix length a FilterRule matches.
+type PrefixLengthRange struct {
+	Min, Max uint8
+}
+
+// Policy is the cluster-wide input of the speaker's import policy.
+type Policy struct {
+	// Pools are the IP pool CIDRs: the only prefixes cluster peers may
+	// send, and prefixes no external peer may send.
+	Pools []netip.Prefix
 }
 
 // Config configures a Speaker. RouterID is also the next hop of every
@@ -102,6 +162,12 @@ type PeerStatus struct {
 	State   string    // "Established", "Active", "Connect", "OpenSent", "OpenConfirm", "Idle"
 	Since   time.Time // when the session entered its current state, if known
 	Info    string    // e.g. the last error or disconnect reason
+	// PrefixLimitExceeded says the session was shut down because the
+	// peer sent more than its MaxPrefixes; it stays down until the
+	// peer's configuration changes (see SetPeers).
+	PrefixLimitExceeded bool
+	// Received counts the prefixes the peer sent (before import policy).
+	Received uint32
 }
 
 // Speaker is a BGP speaker. Its methods are safe for concurrent use.
@@ -116,6 +182,10 @@ type Speaker interface {
 	// SetAdvertised reconciles the prefixes we originate (next hop =
 	// RouterID, origin IGP), withdrawing those no longer listed.
 	SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error
+	// SetPolicy replaces the cluster-wide import policy input (pools).
+	// Changes apply to live sessions without resetting them (the
+	// speaker re-applies its policies to what it already received).
+	SetPolicy(ctx context.Context, pol Policy) error
 	// Routes delivers, after each change, the full current set of best
 	// routes learned from peers. Only the latest set matters: a slow
 	// reader misses intermediate sets, never the last one. With

@@ -1,0 +1,321 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	gobgpapi "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/server"
+	"google.golang.org/protobuf/proto"
+)
+
+// The speaker's import and export policy (docs/bgp.md has the table).
+//
+// GoBGP has per-peer policies only for route-server clients, so both are
+// global policies whose statements pick peers with neighbor sets: for
+// import GoBGP matches a neighbor set against the peer a path came from,
+// for export against the peer it is sent to.
+//
+// Import, first matching statement decides, default reject:
+//  1. our own paths (SetAdvertised) are accepted;
+//  2. an external peer's prefix inside an IP pool is rejected (pools
+//     come from cluster peers only);
+//  3. an external peer's own import rules (BGPFilters), in order;
+//  4. 0.0.0.0/0 from an external peer with AcceptDefault is accepted;
+//  5. a cluster peer's prefix inside an IP pool is accepted;
+//  6. everything else is rejected.
+//
+// Every path accepted from an external peer is tagged with the
+// NO_ADVERTISE community; the export policy rejects tagged paths for
+// every peer. So a route learned from one external peer never reaches
+// another (no transit), nor the cluster, and route reflectors reflect
+// cluster routes only. The kernel still gets it (the agent filters with
+// FilterLearned).
+const (
+	importPolicy      = "tabby-import"
+	noTransitPolicy   = "tabby-no-transit"
+	externalSet       = "tabby-external"
+	clusterSet        = "tabby-cluster"
+	acceptDefaultSet  = "tabby-accept-default"
+	poolSet           = "tabby-pools"
+	defaultRouteSet   = "tabby-default-route"
+	externalTagSet    = "tabby-external-tag"
+	externalCommunity = "65535:65282" // NO_ADVERTISE (RFC 1997)
+)
+
+// policyInput is what the policy is built from.
+type policyInput struct {
+	peers []Peer // sorted by address
+	pools []netip.Prefix
+}
+
+func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
+
+// buildImport returns the import policy for in and the defined sets it
+// uses, every name prefixed with gen (see applyPolicy). It is pure.
+func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
+	req := &gobgpapi.SetPoliciesRequest{}
+	importPolicy, externalSet, clusterSet, acceptDefaultSet, poolSet, defaultRouteSet :=
+		gen+importPolicy, gen+externalSet, gen+clusterSet, gen+acceptDefaultSet, gen+poolSet, gen+defaultRouteSet
+	neighborSet := func(name string, addrs []string) {
+		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: name, List: addrs})
+	}
+	prefixSet := func(name string, ps []*gobgpapi.Prefix) {
+		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: name, Prefixes: ps})
+	}
+	any := func(name string) *gobgpapi.MatchSet {
+		return &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: name}
+	}
+	accept := &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT}
+	reject := &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT}
+	acceptTagged := &gobgpapi.Actions{
+		RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT,
+		Community:   &gobgpapi.CommunityAction{Type: gobgpapi.CommunityAction_TYPE_ADD, Communities: []string{externalCommunity}},
+	}
+
+	var external, cluster, acceptDef []string
+	for _, p := range in.peers {
+		switch {
+		case p.IsCluster():
+			cluster = append(cluster, hostPrefix(p.Address))
+		default:
+			external = append(external, hostPrefix(p.Address))
+			if p.AcceptDefault {
+				acceptDef = append(acceptDef, hostPrefix(p.Address))
+			}
+		}
+	}
+	var pools []*gobgpapi.Prefix
+	for _, p := range in.pools {
+		if p.IsValid() && p.Addr().Is4() {
+			pools = append(pools, &gobgpapi.Prefix{IpPrefix: p.Masked().String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: 32})
+		}
+	}
+
+	imp := &gobgpapi.Policy{Name: importPolicy}
+	stmt := func(name string, c *gobgpapi.Conditions, a *gobgpapi.Actions) {
+		imp.Statements = append(imp.Statements, &gobgpapi.Statement{Name: importPolicy + "-" + name, Conditions: c, Actions: a})
+	}
+	stmt("local", &gobgpapi.Conditions{RouteType: gobgpapi.Conditions_ROUTE_TYPE_LOCAL}, accept)
+	if len(pools) > 0 {
+		prefixSet(poolSet, pools)
+	}
+	if len(external) > 0 {
+		neighborSet(externalSet, external)
+		if len(pools) > 0 {
+			stmt("external-pools", &gobgpapi.Conditions{NeighborSet: any(externalSet), PrefixSet: any(poolSet)}, reject)
+		}
+		for _, p := range in.peers {
+			if p.IsCluster() || len(p.Import) == 0 {
+				continue
+			}
+			peerSet := gen + "tabby-peer-" + p.Address.String()
+			neighborSet(peerSet, []string{hostPrefix(p.Address)})
+			for i, r := range p.Import {
+				name := fmt.Sprintf("%s-rule%d", peerSet, i)
+				match := gobgpapi.MatchSet_TYPE_ANY
+				if r.Operator == MatchNotIn {
+					match = gobgpapi.MatchSet_TYPE_INVERT
+				}
+				prefixSet(name, []*gobgpapi.Prefix{rulePrefix(r)})
+				a := reject
+				if r.Accept {
+					a = acceptTagged
+				}
+				stmt(fmt.Sprintf("peer-%v-rule%d", p.Address, i), &gobgpapi.Conditions{
+					NeighborSet: any(peerSet),
+					PrefixSet:   &gobgpapi.MatchSet{Type: match, Name: name},
+				}, a)
+			}
+		}
+	}
+	if len(acceptDef) > 0 {
+		neighborSet(acceptDefaultSet, acceptDef)
+		prefixSet(defaultRouteSet, []*gobgpapi.Prefix{{IpPrefix: "0.0.0.0/0", MaskLengthMin: 0, MaskLengthMax: 0}})
+		stmt("accept-default", &gobgpapi.Conditions{NeighborSet: any(acceptDefaultSet), PrefixSet: any(defaultRouteSet)}, acceptTagged)
+	}
+	if len(cluster) > 0 && len(pools) > 0 {
+		neighborSet(clusterSet, cluster)
+		stmt("cluster-pools", &gobgpapi.Conditions{NeighborSet: any(clusterSet), PrefixSet: any(poolSet)}, accept)
+	}
+
+	req.Policies = []*gobgpapi.Policy{imp}
+	return req
+}
+
+// installExport installs the export policies, which never change: no
+// transit (reject what carries the external tag) and third-party next
+// hops (see nexthop.go). They are added one by one: GoBGP v4.8.0's
+// SetPolicies drops the prefix length of a next-hop condition.
+func installExport(ctx context.Context, srv *server.BgpServer, subnet netip.Prefix) error {
+	sets := []*gobgpapi.DefinedSet{{
+		DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_COMMUNITY, Name: externalTagSet, List: []string{"^" + externalCommunity + "$"},
+	}}
+	policies := []*gobgpapi.Policy{{Name: noTransitPolicy, Statements: []*gobgpapi.Statement{{
+		Name:       noTransitPolicy + "-stmt",
+		Conditions: &gobgpapi.Conditions{CommunitySet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: externalTagSet}},
+		Actions:    &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT},
+	}}}}
+	if subnet.IsValid() {
+		set, pol := thirdPartyNextHopPolicy(subnet.Masked())
+		sets = append(sets, set)
+		policies = append(policies, pol)
+	}
+	for _, set := range sets {
+		if err := srv.AddDefinedSet(ctx, &gobgpapi.AddDefinedSetRequest{DefinedSet: set}); err != nil {
+			return fmt.Errorf("adding defined set %s: %w", set.Name, err)
+		}
+	}
+	var refs []*gobgpapi.Policy
+	for _, pol := range policies {
+		if err := srv.AddPolicy(ctx, &gobgpapi.AddPolicyRequest{Policy: pol}); err != nil {
+			return fmt.Errorf("adding policy %s: %w", pol.Name, err)
+		}
+		refs = append(refs, &gobgpapi.Policy{Name: pol.Name})
+	}
+	err := srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: &gobgpapi.PolicyAssignment{
+		Name:          "global",
+		Direction:     gobgpapi.PolicyDirection_POLICY_DIRECTION_EXPORT,
+		Policies:      refs,
+		DefaultAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT,
+	}})
+	if err != nil {
+		return fmt.Errorf("assigning export policy: %w", err)
+	}
+	return nil
+}
+
+// rulePrefix is the GoBGP prefix-set entry of r: Equal matches the CIDR
+// only, In and NotIn the CIDR and everything inside it (or the lengths
+// PrefixLength allows).
+func rulePrefix(r FilterRule) *gobgpapi.Prefix {
+	c := r.CIDR.Masked()
+	lo, hi := uint32(c.Bits()), uint32(32)
+	if r.Operator == MatchEqual {
+		hi = lo
+	} else if pl := r.PrefixLength; pl != nil {
+		if pl.Min != 0 {
+			lo = max(lo, uint32(pl.Min))
+		}
+		if pl.Max != 0 {
+			hi = uint32(pl.Max)
+		}
+	}
+	return &gobgpapi.Prefix{IpPrefix: c.String(), MaskLengthMin: lo, MaskLengthMax: hi}
+}
+
+// SetPolicy implements Speaker.
+func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
+	var errs []error
+	var pools []netip.Prefix
+	for _, p := range pol.Pools {
+		if !p.IsValid() || !p.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("pool %v: not an IPv4 prefix", p))
+			continue
+		}
+		pools = append(pools, p.Masked())
+	}
+	slices.SortFunc(pools, netip.Prefix.Compare)
+	pools = slices.Compact(pools)
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv == nil || s.stopped {
+		return errors.New("speaker not running")
+	}
+	s.pools = pools
+	if err := s.applyPolicy(ctx, sortedPeers(s.peers)); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// applyPolicy installs the import policy for peers and s.pools when it
+// changed, then has GoBGP re-apply it to every established session (soft
+// reset: import from its Adj-RIB-In, export to its Adj-RIB-Out; the
+// sessions stay up). Each version gets fresh names: the new policy and its
+// sets are added, the import assignment is switched to it in one call, and
+// the old ones are deleted, so no update ever meets a half-built policy.
+// Called with s.mu held.
+func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
+	in := policyInput{peers: peers, pools: s.pools}
+	key := buildImport(in, "")
+	if s.lastPolicy != nil && proto.Equal(key, s.lastPolicy) {
+		return nil
+	}
+	gen := fmt.Sprintf("v%d-", s.policyGen+1)
+	req := buildImport(in, gen)
+	for _, set := range req.DefinedSets {
+		if err := s.srv.AddDefinedSet(ctx, &gobgpapi.AddDefinedSetRequest{DefinedSet: set}); err != nil {
+			return fmt.Errorf("adding defined set %s: %w", set.Name, err)
+		}
+	}
+	pol := req.Policies[0]
+	if err := s.srv.AddPolicy(ctx, &gobgpapi.AddPolicyRequest{Policy: pol}); err != nil {
+		return fmt.Errorf("adding import policy: %w", err)
+	}
+	assign := &gobgpapi.PolicyAssignment{
+		Name:          "global",
+		Direction:     gobgpapi.PolicyDirection_POLICY_DIRECTION_IMPORT,
+		Policies:      []*gobgpapi.Policy{{Name: pol.Name}},
+		DefaultAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT,
+	}
+	var err error
+	if s.lastPolicy == nil {
+		err = s.srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: assign})
+	} else {
+		err = s.srv.SetPolicyAssignment(ctx, &gobgpapi.SetPolicyAssignmentRequest{Assignment: assign})
+	}
+	if err != nil {
+		return fmt.Errorf("assigning import policy: %w", err)
+	}
+	old := s.lastInstalled
+	first := s.lastPolicy == nil
+	s.policyGen++
+	s.lastPolicy, s.lastInstalled = key, req
+
+	var errs []error
+	if old != nil {
+		for _, p := range old.Policies {
+			if err := s.srv.DeletePolicy(ctx, &gobgpapi.DeletePolicyRequest{Policy: p}); err != nil {
+				errs = append(errs, fmt.Errorf("deleting old import policy: %w", err))
+			}
+		}
+		for _, set := range old.DefinedSets {
+			if err := s.srv.DeleteDefinedSet(ctx, &gobgpapi.DeleteDefinedSetRequest{DefinedSet: &gobgpapi.DefinedSet{DefinedType: set.DefinedType, Name: set.Name}, All: true}); err != nil {
+				errs = append(errs, fmt.Errorf("deleting old defined set %s: %w", set.Name, err))
+			}
+		}
+	}
+	if first {
+		return errors.Join(errs...)
+	}
+	var established []string
+	err = s.srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+		if p.Conf != nil && p.State != nil && p.State.SessionState == gobgpapi.PeerState_SESSION_STATE_ESTABLISHED {
+			established = append(established, p.Conf.NeighborAddress)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("listing BGP peers: %w", err)
+	}
+	for _, a := range established {
+		if err := s.srv.ResetPeer(ctx, &gobgpapi.ResetPeerRequest{Address: a, Soft: true, Direction: gobgpapi.ResetPeerRequest_DIRECTION_BOTH}); err != nil {
+			errs = append(errs, fmt.Errorf("re-applying policy to %s: %w", a, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sortedPeers returns the values of m sorted by address.
+func sortedPeers(m map[netip.Addr]Peer) []Peer {
+	out := make([]Peer, 0, len(m))
+	for _, p := range m {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return a.Address.Compare(b.Address) })
+	return out
+}

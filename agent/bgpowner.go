@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -49,6 +50,8 @@ type bgpOwner struct {
 	localBlocks  []netip.Prefix
 	lastPass     time.Time
 	learned      []bgp.LearnedRoute
+	importCtx    bgp.ImportContext // what the last sync protected
+	rejected     []bgp.Rejected
 	learnedAny   bool // a speaker has delivered a route set
 	converged    bool
 	allUpSince   time.Time
@@ -142,6 +145,9 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	sp := b.current()
+	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(b.view.Pools())}); err != nil {
+		errs = append(errs, fmt.Errorf("setting the import policy: %w", err))
+	}
 	desired := bgp.DesiredPeers(b.node, nodes, bc, b.view.BGPPeers())
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		errs = append(errs, fmt.Errorf("setting peers: %w", err))
@@ -203,16 +209,51 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 	return nil
 }
 
+// importContext is what no learned route may override: this node's
+// workload addresses, its blocks, its subnet and its own (non-Tabby)
+// kernel routes.
+func (b *bgpOwner) importContext() bgp.ImportContext {
+	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
+	for _, w := range b.view.EndpointsOn(b.node) {
+		addrs, _ := w.Addrs() // entries that do not parse are skipped
+		ic.Workloads = append(ic.Workloads, addrs...)
+	}
+	for _, blk := range b.view.BlocksOf(b.node) {
+		ic.Blocks = append(ic.Blocks, blk.CIDR)
+	}
+	if nr, ok := b.kernel.(interface {
+		NodeRoutes() ([]netip.Prefix, error)
+	}); ok {
+		rs, err := nr.NodeRoutes()
+		if err != nil {
+			b.log.Warn("reading the node's own routes; learned routes are checked without them", "err", err)
+		}
+		ic.NodeRoutes = rs
+	}
+	return ic
+}
+
 // syncLearned makes the kernel's BGP routes equal to the speaker's latest
-// best routes. It reads only memory and the kernel, so a new route set
-// lands at once.
+// best routes, minus those that would override this node's own (see
+// bgp.FilterLearned). It reads only memory and the kernel, so a new route
+// set lands at once.
 func (b *bgpOwner) syncLearned() (int, error) {
 	b.learnedMu.Lock()
 	defer b.learnedMu.Unlock()
+	ic := b.importContext()
 	b.mu.Lock()
-	learned := desiredLearnedRoutes(b.nodeAddr.Addr(), b.learned)
+	kept, rejected := bgp.FilterLearned(b.learned, ic)
+	learned := desiredLearnedRoutes(b.nodeAddr.Addr(), kept)
 	converged := b.converged
+	newlyRejected := !slices.EqualFunc(rejected, b.rejected, func(x, y bgp.Rejected) bool { return x.Route.Prefix == y.Route.Prefix && x.Over == y.Over })
+	b.importCtx, b.rejected = ic, rejected
 	b.mu.Unlock()
+	if newlyRejected {
+		for _, r := range rejected {
+			b.log.Warn("learned route not installed: it would override this node's own", "prefix", r.Route.Prefix, "over", r.Over, "nexthops", r.Route.NextHops)
+		}
+	}
+	b.metrics.routes.WithLabelValues("bgp-rejected").Set(float64(len(rejected)))
 	var r dataplane.Routes = b.kernel
 	if !converged {
 		// Until BGP has converged after a start, learned routes already in
@@ -224,6 +265,15 @@ func (b *bgpOwner) syncLearned() (int, error) {
 	}
 	b.metrics.routes.WithLabelValues("bgp").Set(float64(len(learned)))
 	return len(learned), nil
+}
+
+// importChanged reports whether what learned routes must not override
+// changed since the last sync (a new local pod or block, a new node route).
+func (b *bgpOwner) importChanged() bool {
+	ic := b.importContext()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !reflect.DeepEqual(ic, b.importCtx)
 }
 
 // keepRoutes is a Routes that deletes nothing; a sync through it still adds
@@ -262,6 +312,9 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 		case <-t.C:
 			if b.updatePeerStatus(ctx) {
 				dirty = true // converged: stale routes can go now
+			}
+			if b.importChanged() {
+				dirty = true
 			}
 			if !dirty {
 				continue
@@ -343,4 +396,16 @@ func (b *bgpOwner) ready() error {
 		return nil
 	}
 	return fmt.Errorf("no BGP session to any of %d cluster peers is established", cluster)
+}
+
+// poolPrefixes returns the CIDRs of the pools: the prefixes cluster peers
+// may send. A disabled pool counts: its blocks still hold pods.
+func poolPrefixes(pools []*api.IPPool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range pools {
+		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil {
+			out = append(out, pc.Masked())
+		}
+	}
+	return out
 }

@@ -14,36 +14,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
 )
 
-// PeerInfo is one BGP session in the status API.
-type PeerInfo struct {
-	Address string    `json:"address"`
-	Type    string    `json:"type"`
-	State   string    `json:"state"`
-	Since   time.Time `json:"since,omitzero"`
-	Info    string    `json:"info,omitempty"`
-}
-
-// Status is what GET /status returns and what the agent publishes to
-// status/bgp/<node>.
-type Status struct {
-	Node       string     `json:"node"`
-	Address    string     `json:"address"`
-	ASN        uint32     `json:"asn"`
-	Ready      bool       `json:"ready"`
-	Peers      []PeerInfo `json:"peers"`
-	Blocks     []string   `json:"blocks"`
-	Advertised []string   `json:"advertised"`
-	Workloads  int        `json:"workloads"`
-}
-
 // Status reports the agent's current state.
-func (a *Agent) Status() Status {
+func (a *Agent) Status() api.AgentStatus {
 	ready, _ := a.readiness()
-	st := Status{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), Ready: ready,
-		Peers: []PeerInfo{}, Blocks: []string{}, Advertised: []string{}}
+	st := api.AgentStatus{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), Ready: ready,
+		Peers: []api.PeerStatus{}, Blocks: []string{}, Advertised: []string{}}
 	if a.view != nil {
 		st.Workloads = len(a.view.EndpointsOn(a.cfg.NodeName))
 	}
@@ -63,7 +42,7 @@ func (a *Agent) Status() Status {
 		if t == "" {
 			t = types[p.Address.String()]
 		}
-		st.Peers = append(st.Peers, PeerInfo{Address: p.Address.String(), Type: t, State: p.State, Since: p.Since, Info: p.Info})
+		st.Peers = append(st.Peers, api.PeerStatus{Address: p.Address.String(), Type: t, State: p.State, Since: p.Since, Info: p.Info})
 	}
 	for _, p := range b.localBlocks {
 		st.Blocks = append(st.Blocks, p.String())
@@ -74,7 +53,7 @@ func (a *Agent) Status() Status {
 	return st
 }
 
-func marshalStatus(st Status) ([]byte, error) {
+func marshalStatus(st api.AgentStatus) ([]byte, error) {
 	st.Ready = false // not part of the published record: it flaps with time
 	return json.Marshal(st)
 }

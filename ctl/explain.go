@@ -45,7 +45,7 @@ type cluster struct {
 	blocks   []ipam.BlockInfo
 	pools    []ipam.PoolUsage
 	allocs   []ipam.Allocation
-	statuses map[string]AgentStatus
+	statuses map[string]api.AgentStatus
 	gnps     []*api.GlobalNetworkPolicy
 }
 

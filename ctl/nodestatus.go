@@ -18,28 +18,6 @@ import (
 // under a lease, so that a dead agent's status disappears).
 const StatusPrefix = datastore.NodeStatusPrefix
 
-// AgentStatus is the record an agent publishes at status/bgp/<node>; it
-// mirrors agent.Status, whose JSON is the contract (tabbyctl does not
-// import the agent and its dataplane).
-type AgentStatus struct {
-	Node       string       `json:"node"`
-	Address    string       `json:"address"`
-	ASN        uint32       `json:"asn"`
-	Peers      []PeerStatus `json:"peers"`
-	Blocks     []string     `json:"blocks"`
-	Advertised []string     `json:"advertised"`
-	Workloads  int          `json:"workloads"`
-}
-
-// PeerStatus is one BGP session of an agent.
-type PeerStatus struct {
-	Address string    `json:"address"`
-	Type    string    `json:"type"`
-	State   string    `json:"state"`
-	Since   time.Time `json:"since,omitzero"`
-	Info    string    `json:"info,omitempty"`
-}
-
 // StateEstablished is the BGP state of a working session.
 const StateEstablished = "Established"
 
@@ -53,7 +31,7 @@ type NodeStatusOptions struct {
 
 // agentStatus reads one node's published status; found is false when
 // there is none.
-func (c *Client) agentStatus(ctx context.Context, node string) (st AgentStatus, found bool, err error) {
+func (c *Client) agentStatus(ctx context.Context, node string) (st api.AgentStatus, found bool, err error) {
 	kv, err := c.Store.GetKV(ctx, StatusPrefix+node)
 	if isNotFound(err) {
 		return st, false, nil
@@ -68,14 +46,14 @@ func (c *Client) agentStatus(ctx context.Context, node string) (st AgentStatus, 
 }
 
 // agentStatuses reads every published status, by node.
-func (c *Client) agentStatuses(ctx context.Context) (map[string]AgentStatus, error) {
+func (c *Client) agentStatuses(ctx context.Context) (map[string]api.AgentStatus, error) {
 	kvs, _, err := c.Store.ListKV(ctx, StatusPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing node status: %w", err)
 	}
-	out := map[string]AgentStatus{}
+	out := map[string]api.AgentStatus{}
 	for _, kv := range kvs {
-		var st AgentStatus
+		var st api.AgentStatus
 		name := strings.TrimPrefix(kv.Key, StatusPrefix)
 		if err := json.Unmarshal(kv.Value, &st); err != nil {
 			return nil, fmt.Errorf("status of node %s: %w", name, err)
@@ -183,7 +161,7 @@ func peerTypeText(t string) string {
 
 // WriteNodeStatus prints one agent's status: its BGP sessions in a box the
 // way calicoctl node status does, its affine blocks and advertisements.
-func WriteNodeStatus(out io.Writer, st AgentStatus) error {
+func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	est := 0
 	for _, p := range st.Peers {
 		if p.State == StateEstablished {
@@ -198,7 +176,7 @@ func WriteNodeStatus(out io.Writer, st AgentStatus) error {
 	} else {
 		b.WriteString("IPv4 BGP status\n")
 		peers := slices.Clone(st.Peers)
-		slices.SortFunc(peers, func(x, y PeerStatus) int { return strings.Compare(x.Address, y.Address) })
+		slices.SortFunc(peers, func(x, y api.PeerStatus) int { return strings.Compare(x.Address, y.Address) })
 		t := newTable("PEER ADDRESS", "PEER TYPE", "STATE", "SINCE", "INFO")
 		for _, p := range peers {
 			since := "-"

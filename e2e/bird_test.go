@@ -211,7 +211,7 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				i := slices.IndexFunc(s.Peers, func(p ctl.PeerStatus) bool { return p.Address == torAddr })
+				i := slices.IndexFunc(s.Peers, func(p api.PeerStatus) bool { return p.Address == torAddr })
 				switch {
 				case i < 0:
 					errs = append(errs, fmt.Errorf("%s has no session to %s: %+v", n.Name, torAddr, s.Peers))

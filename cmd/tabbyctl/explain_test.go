@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/ctl"
 )
 
 const explainCluster = ipamCluster + `---
@@ -99,18 +98,18 @@ func TestExplain(t *testing.T) {
 
 	up := fixedNow.Add(-time.Hour)
 	block1 := netip.PrefixFrom(web, 28).Masked().String()
-	publish(t, h, ctl.AgentStatus{
+	publish(t, h, api.AgentStatus{
 		Node: "node-1", Address: "198.18.0.11/24", ASN: 64512, Workloads: 1,
-		Peers: []ctl.PeerStatus{
+		Peers: []api.PeerStatus{
 			{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: up},
 			{Address: "198.18.0.13", Type: "mesh", State: "Active", Info: "connection refused"},
 			{Address: "198.18.0.1", Type: "global", State: "Established", Since: up},
 		},
 		Blocks: []string{block1}, Advertised: []string{block1},
 	})
-	publish(t, h, ctl.AgentStatus{
+	publish(t, h, api.AgentStatus{
 		Node: "node-2", Address: "198.18.0.12/24", ASN: 64512, Workloads: 2,
-		Peers: []ctl.PeerStatus{{Address: "198.18.0.11", Type: "mesh", State: "Established", Since: up}},
+		Peers: []api.PeerStatus{{Address: "198.18.0.11", Type: "mesh", State: "Established", Since: up}},
 		// The borrowed /32 is missing: explain says so.
 		Blocks: []string{netip.PrefixFrom(db, 28).Masked().String()}, Advertised: []string{netip.PrefixFrom(db, 28).Masked().String()},
 	})

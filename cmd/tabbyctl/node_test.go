@@ -6,11 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/ctl"
 )
 
 // publish writes a node's status the way its agent does.
-func publish(t *testing.T, h *harness, st ctl.AgentStatus) {
+func publish(t *testing.T, h *harness, st api.AgentStatus) {
 	t.Helper()
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -42,9 +43,9 @@ spec: {bgp: {ipv4Address: 198.18.0.13/24}}
 `)
 	h.ok("apply", "-f", nodes)
 	up := fixedNow.Add(-10 * time.Minute)
-	publish(t, h, ctl.AgentStatus{
+	publish(t, h, api.AgentStatus{
 		Node: "node-1", Address: "198.18.0.11/24", ASN: 64512, Workloads: 3,
-		Peers: []ctl.PeerStatus{
+		Peers: []api.PeerStatus{
 			{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: up},
 			{Address: "198.18.0.1", Type: "global", State: "Active", Since: up.Add(time.Minute),
 				Info: "notification received: notification-received code 6(cease) subcode 2(administrative shutdown)"},
@@ -53,9 +54,9 @@ spec: {bgp: {ipv4Address: 198.18.0.13/24}}
 		},
 		Blocks: []string{"10.244.0.48/28"}, Advertised: []string{"10.244.0.48/28"},
 	})
-	publish(t, h, ctl.AgentStatus{
+	publish(t, h, api.AgentStatus{
 		Node: "node-2", Address: "198.18.0.12/24", ASN: 64512,
-		Peers: []ctl.PeerStatus{{Address: "198.18.0.11", Type: "mesh", State: "Established", Since: up}},
+		Peers: []api.PeerStatus{{Address: "198.18.0.11", Type: "mesh", State: "Established", Since: up}},
 	})
 	h.ok("node", "status")
 	h.ok("node", "status", "--node", "node-2")

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/ctl"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -147,13 +146,6 @@ func (l *Lab) waitAgentServing(ctx context.Context, node string) error {
 	return nil
 }
 
-// NodeStatus is what an agent reports on GET /status: the record it also
-// publishes to etcd for tabbyctl, and whether it is ready.
-type NodeStatus struct {
-	ctl.AgentStatus
-	Ready bool `json:"ready"`
-}
-
 // AgentGet fetches path from the node's agent over its status socket
 // (HTTP on a unix socket) and returns the HTTP status and the body.
 func (l *Lab) AgentGet(ctx context.Context, node, path string) (int, []byte, error) {
@@ -184,7 +176,7 @@ func (l *Lab) AgentGet(ctx context.Context, node, path string) (int, []byte, err
 }
 
 // NodeStatus asks the node's agent for its status (GET /status).
-func (l *Lab) NodeStatus(ctx context.Context, node string) (*NodeStatus, error) {
+func (l *Lab) NodeStatus(ctx context.Context, node string) (*api.AgentStatus, error) {
 	code, body, err := l.AgentGet(ctx, node, "/status")
 	if err != nil {
 		return nil, err
@@ -192,7 +184,7 @@ func (l *Lab) NodeStatus(ctx context.Context, node string) (*NodeStatus, error) 
 	if code != http.StatusOK {
 		return nil, fmt.Errorf("status of %s: %s: %s", node, http.StatusText(code), body)
 	}
-	var s NodeStatus
+	var s api.AgentStatus
 	if err := json.Unmarshal(body, &s); err != nil {
 		return nil, fmt.Errorf("status of %s: decoding: %w", node, err)
 	}

@@ -62,7 +62,7 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 		if err != nil {
 			return err
 		}
-		if err := ctl.WriteNodeStatus(w, s.AgentStatus); err != nil {
+		if err := ctl.WriteNodeStatus(w, *s); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)

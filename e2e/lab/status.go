@@ -31,7 +31,7 @@ func (l *Lab) WriteStatus(ctx context.Context, w io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(w, "  ready %v\n", s.Ready)
-		if err := ctl.WriteNodeStatus(w, s.AgentStatus); err != nil {
+		if err := ctl.WriteNodeStatus(w, *s); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)

@@ -1,0 +1,26 @@
+package api
+
+import "time"
+
+// AgentStatus is what an agent serves on GET /status and publishes (with
+// Ready false: it flaps with time) at status/bgp/<node> under its liveness
+// lease; tabbyctl node status and the lab read it.
+type AgentStatus struct {
+	Node       string       `json:"node"`
+	Address    string       `json:"address"`
+	ASN        uint32       `json:"asn"`
+	Ready      bool         `json:"ready,omitempty"`
+	Peers      []PeerStatus `json:"peers"`
+	Blocks     []string     `json:"blocks"`
+	Advertised []string     `json:"advertised"`
+	Workloads  int          `json:"workloads"`
+}
+
+// PeerStatus is one BGP session of an agent.
+type PeerStatus struct {
+	Address string    `json:"address"`
+	Type    string    `json:"type"`
+	State   string    `json:"state"`
+	Since   time.Time `json:"since,omitzero"`
+	Info    string    `json:"info,omitempty"`
+}

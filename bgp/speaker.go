@@ -320,6 +320,9 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 		} else if info := disconnectInfo(ev); info != "" {
 			s.info[a] = info
 		}
+		// A session that went down may have left its paths behind as
+		// stale (see readRIB): read everything again.
+		s.resyncAll = true
 		s.mu.Unlock()
 	}
 	s.markDirty()
@@ -504,9 +507,27 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 			req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
 		}
 	}
+	// GoBGP v4.8.0 keeps the paths of a peer it shut down for exceeding
+	// its max-prefix limit as graceful-restart stale when the connection's
+	// read fails before the notification is accounted (fsm.go treats a
+	// read failure as a restart): a flooding peer's routes would stay for
+	// the restart time. Its paths never count.
+	limited := map[netip.Addr]bool{}
+	if err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+		if p.Conf != nil && p.State != nil && p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT {
+			if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
+				limited[a] = true
+			}
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("listing BGP peers: %w", err)
+	}
 	rib := map[netip.Prefix][]candidate{}
 	err := srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
 		for _, p := range paths {
+			if limited[p.PeerAddress] {
+				continue
+			}
 			if prefix, c, ok := candidateFromPath(p, asn); ok && (only == nil || only[prefix]) {
 				rib[prefix] = append(rib[prefix], c)
 			}

@@ -22,7 +22,11 @@ import (
 
 // BenchmarkPrivilegedBlockPropagation measures how long a block claimed by
 // node1 takes to reach the kernel of every other node as a BGP route (proto
-// 81, via node1), in a lab of 5 and of 20 nodes without pods.
+// 81, via node1), in labs without pods of 5 and 20 nodes, or of the sizes
+// in TABBY_BENCH_NODES (over 30 nodes the lab uses 2 route reflectors).
+// The reference, measured in the same run before each lab comes up: bare
+// BGP speakers of the same topology in this process (ref-p50-ms,
+// ref-p99-ms; x-ref-p99 is the lab's p99 over the reference's).
 //
 // Each iteration claims one fresh /26 of the default pool for node1: an
 // IPAM assignment of a specific address in an unclaimed block writes the
@@ -47,19 +51,26 @@ import (
 // The labs are heavy (20 agents in a full mesh) and each iteration waits for
 // the previous one to settle, so run it with few iterations:
 //
-//	TABBY_BIN=$PWD/bin go test -run '^$' -bench BlockPropagation -benchtime 10x ./e2e/
+//	TABBY_BIN=$PWD/bin TABBY_BENCH_NODES=20,30,80 go test -run '^$' -bench BlockPropagation -benchtime 20x -timeout 60m ./e2e/
 func BenchmarkPrivilegedBlockPropagation(b *testing.B) {
 	benchRequireRoot(b)
 	next := 0 // block counter across sub-benchmarks and their runs
-	for _, n := range []int{5, 20} {
+	for _, n := range benchSizes(b, []int{5, 20}) {
 		var bl *benchLab
+		rr := 0
+		if n > 30 {
+			rr = 2 // the host's neighbour table caps a full mesh at about 30 nodes
+		}
 		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			// The reference, in the same run: the same topology of bare
+			// speakers in this process.
+			ref := referencePropagation(b, n, rr, b.N)
 			// The benchmark function runs more than once (b.N=1 first):
 			// the lab comes up on the first run only.
 			if bl == nil {
-				bl = upBenchLab(b, fmt.Sprintf("e2ebench%d", n), n)
+				bl = upBenchLab(b, fmt.Sprintf("e2ebench%d", n), n, rr)
 			}
-			runPropagation(b, bl, &next)
+			runPropagation(b, bl, &next, ref)
 		})
 		if bl != nil {
 			if err := bl.down(); err != nil {
@@ -73,7 +84,7 @@ func BenchmarkPrivilegedBlockPropagation(b *testing.B) {
 // the lab's pod pool, far from the blocks nodes claim for pods.
 var propagationBase = netip.MustParseAddr("10.244.128.0")
 
-func runPropagation(b *testing.B, bl *benchLab, next *int) {
+func runPropagation(b *testing.B, bl *benchLab, next *int, ref []time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	alloc := ipam.New(bl.l.Store())
@@ -119,6 +130,13 @@ func runPropagation(b *testing.B, bl *benchLab, next *int) {
 	p50, p50Local := quantile(all, 0.5), quantile(local, 0.5)
 	b.ReportMetric(ms(p50), "p50-ms")
 	b.ReportMetric(ms(quantile(all, 0.9)), "p90-ms")
+	p99, refP99 := quantile(all, 0.99), quantile(ref, 0.99)
+	b.ReportMetric(ms(p99), "p99-ms")
+	b.ReportMetric(ms(quantile(ref, 0.5)), "ref-p50-ms")
+	b.ReportMetric(ms(refP99), "ref-p99-ms")
+	if refP99 > 0 {
+		b.ReportMetric(float64(p99)/float64(refP99), "x-ref-p99")
+	}
 	b.ReportMetric(ms(slices.Max(all)), "max-ms")
 	b.ReportMetric(ms(quantile(first, 0.5)), "first-p50-ms")
 	b.ReportMetric(ms(p50Local), "local-p50-ms")
@@ -178,13 +196,13 @@ type benchLab struct {
 // upBenchLab brings up a lab of n nodes without pods, waits for the full
 // mesh, and starts the route monitors. The caller takes it down with down;
 // a benchmark that fails half way takes it down itself.
-func upBenchLab(b *testing.B, name string, n int) (bl *benchLab) {
+func upBenchLab(b *testing.B, name string, n, rr int) (bl *benchLab) {
 	b.Helper()
 	_ = lab.Teardown(context.Background(), runDir, name, io.Discard)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	start := time.Now()
-	l, err := lab.Up(ctx, lab.Options{Name: name, Nodes: n, RunDir: runDir, BinDir: os.Getenv("TABBY_BIN")})
+	l, err := lab.Up(ctx, lab.Options{Name: name, Nodes: n, RouteReflectors: rr, RunDir: runDir, BinDir: os.Getenv("TABBY_BIN")})
 	if err != nil {
 		_ = lab.Teardown(context.Background(), runDir, name, io.Discard)
 		b.Fatalf("lab up: %v", err)

@@ -37,17 +37,7 @@ import (
 //	    -bench PodAddCost -benchtime 20x -timeout 60m ./e2e/
 func BenchmarkPrivilegedPodAddCost(b *testing.B) {
 	benchRequireRoot(b)
-	sizes := []int{2, 10}
-	if s := os.Getenv("TABBY_BENCH_NODES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 2 {
-				b.Fatalf("TABBY_BENCH_NODES: %q is not a node count ≥ 2", f)
-			}
-			sizes = append(sizes, n)
-		}
-	}
+	sizes := benchSizes(b, []int{2, 10})
 	idle := 10 * time.Second
 	if s := os.Getenv("TABBY_BENCH_IDLE"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -242,4 +232,23 @@ func runAddCost(b *testing.B, l *lab.Lab, idle time.Duration, seq *int) {
 			b.Errorf("removing %s: %v", name, err)
 		}
 	}
+}
+
+// benchSizes returns the lab sizes of a benchmark: TABBY_BENCH_NODES
+// ("2,10,30,80") or def.
+func benchSizes(b *testing.B, def []int) []int {
+	b.Helper()
+	s := os.Getenv("TABBY_BENCH_NODES")
+	if s == "" {
+		return def
+	}
+	var sizes []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 2 {
+			b.Fatalf("TABBY_BENCH_NODES: %q is not a node count ≥ 2", f)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
 }

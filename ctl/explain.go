@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -51,12 +52,11 @@ type cluster struct {
 
 func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
 	cl := &cluster{nodes: map[string]*api.Node{}}
-	objs, _, err := c.Store.List(ctx, api.KindNode, "")
+	nodes, _, err := datastore.ListAs[*api.Node](ctx, c.Store, api.KindNode, "")
 	if err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
-	for _, o := range objs {
-		n := o.(*api.Node)
+	for _, n := range nodes {
 		cl.nodes[n.Metadata.Name] = n
 		cl.names = append(cl.names, n.Metadata.Name)
 	}
@@ -72,11 +72,8 @@ func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
 	if cl.statuses, err = c.agentStatuses(ctx); err != nil {
 		return nil, err
 	}
-	if objs, _, err = c.Store.List(ctx, api.KindGlobalNetworkPolicy, ""); err != nil {
+	if cl.gnps, _, err = datastore.ListAs[*api.GlobalNetworkPolicy](ctx, c.Store, api.KindGlobalNetworkPolicy, ""); err != nil {
 		return nil, fmt.Errorf("listing global network policies: %w", err)
-	}
-	for _, o := range objs {
-		cl.gnps = append(cl.gnps, o.(*api.GlobalNetworkPolicy))
 	}
 	return cl, nil
 }
@@ -141,13 +138,12 @@ func (c *Client) findEndpoints(ctx context.Context, o ExplainOptions) ([]*api.Wo
 	if ns == "" || name == "" {
 		return nil, fmt.Errorf("pod %q: want NAMESPACE/NAME, NAME or an IP address", o.Target)
 	}
-	objs, _, err := c.Store.List(ctx, api.KindWorkloadEndpoint, ns)
+	weps, _, err := datastore.ListAs[*api.WorkloadEndpoint](ctx, c.Store, api.KindWorkloadEndpoint, ns)
 	if err != nil {
 		return nil, fmt.Errorf("listing workload endpoints: %w", err)
 	}
 	var out []*api.WorkloadEndpoint
-	for _, obj := range objs {
-		w := obj.(*api.WorkloadEndpoint)
+	for _, w := range weps {
 		if w.Spec.Pod == name || w.Metadata.Name == name {
 			out = append(out, w)
 		}
@@ -183,7 +179,7 @@ func (c *Client) Explain(ctx context.Context, out io.Writer, o ExplainOptions) e
 		if i > 0 {
 			b.WriteString("\n")
 		}
-		nps, _, err := c.Store.List(ctx, api.KindNetworkPolicy, w.Metadata.Namespace)
+		nps, _, err := datastore.ListAs[*api.NetworkPolicy](ctx, c.Store, api.KindNetworkPolicy, w.Metadata.Namespace)
 		if err != nil {
 			return fmt.Errorf("listing network policies: %w", err)
 		}
@@ -230,7 +226,7 @@ type addrPath struct {
 	exported   bool
 }
 
-func explainEndpoint(cl *cluster, w *api.WorkloadEndpoint, nps []api.Object) *explanation {
+func explainEndpoint(cl *cluster, w *api.WorkloadEndpoint, nps []*api.NetworkPolicy) *explanation {
 	e := &explanation{cl: cl, wep: w, node: w.Spec.Node, nodeAddr: cl.nodeAddr(w.Spec.Node), hostIf: w.Spec.InterfaceName}
 	if _, ok := cl.nodes[e.node]; !ok {
 		e.notes = append(e.notes, fmt.Sprintf("node %s has no Node resource", e.node))
@@ -270,7 +266,7 @@ func explainEndpoint(cl *cluster, w *api.WorkloadEndpoint, nps []api.Object) *ex
 // NetworkPolicies by podSelector, GlobalNetworkPolicies (in order) by
 // selector and namespaceSelector. A GlobalNetworkPolicy without a selector
 // selects every endpoint, as in Calico.
-func (e *explanation) policiesFor(cl *cluster, w *api.WorkloadEndpoint, nps []api.Object) {
+func (e *explanation) policiesFor(cl *cluster, w *api.WorkloadEndpoint, nps []*api.NetworkPolicy) {
 	gnps := slices.Clone(cl.gnps)
 	slices.SortStableFunc(gnps, func(x, y *api.GlobalNetworkPolicy) int {
 		switch {
@@ -302,8 +298,7 @@ func (e *explanation) policiesFor(cl *cluster, w *api.WorkloadEndpoint, nps []ap
 		e.policies = append(e.policies, fmt.Sprintf("%s (%s, selector %s): %s", name, order, gnpSelector(g.Spec.Selector), types(in, eg)))
 		e.addDirections(name, in, eg)
 	}
-	for _, o := range nps {
-		np := o.(*api.NetworkPolicy)
+	for _, np := range nps {
 		if !np.Spec.PodSelector.Matches(w.Metadata.Labels) {
 			continue
 		}

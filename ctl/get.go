@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
 )
 
 // Output formats of get.
@@ -133,12 +134,9 @@ func (c *Client) printObjects(ctx context.Context, out, errOut io.Writer, info a
 
 // bgpConfig returns the cluster's BGPConfiguration, nil when there is none.
 func (c *Client) bgpConfig(ctx context.Context) (*api.BGPConfiguration, error) {
-	obj, err := c.Store.Get(ctx, api.KindBGPConfiguration, "", api.SingletonName)
+	bc, err := datastore.GetAs[*api.BGPConfiguration](ctx, c.Store, api.KindBGPConfiguration, "", api.SingletonName)
 	if isNotFound(err) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	return obj.(*api.BGPConfiguration), nil
+	return bc, err
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -30,13 +31,12 @@ func findAllocation(all []ipam.Allocation, addr netip.Addr) (ipam.Allocation, bo
 
 // endpointsByAddr lists every workload endpoint and indexes them by address.
 func (c *Client) endpointsByAddr(ctx context.Context) (map[netip.Addr][]*api.WorkloadEndpoint, error) {
-	objs, _, err := c.Store.List(ctx, api.KindWorkloadEndpoint, "")
+	weps, _, err := datastore.ListAs[*api.WorkloadEndpoint](ctx, c.Store, api.KindWorkloadEndpoint, "")
 	if err != nil {
 		return nil, fmt.Errorf("listing workload endpoints: %w", err)
 	}
 	byAddr := map[netip.Addr][]*api.WorkloadEndpoint{}
-	for _, o := range objs {
-		w := o.(*api.WorkloadEndpoint)
+	for _, w := range weps {
 		addrs, _ := w.Addrs() // entries that do not parse: ipam check reports them
 		for _, a := range addrs {
 			byAddr[a] = append(byAddr[a], w)

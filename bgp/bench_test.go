@@ -25,7 +25,7 @@ func BenchmarkPropagation(b *testing.B) {
 			}
 			src := c.nodes[0]
 			for k := 0; b.Loop(); k++ {
-				p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 245, byte(k >> 8), byte(k)}), 32)
+				p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, 128 + byte(k>>8), byte(k)}), 32) // inside the pool: cluster peers import nothing else
 				if err := src.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(0), p}); err != nil {
 					b.Fatal(err)
 				}

@@ -10,11 +10,12 @@ import (
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/dataplane/fake"
+	"github.com/tabbynet/tabby/syncer/syncertest"
 )
 
 func newTestBGPOwner(t *testing.T, sp bgp.Speaker, routes dataplane.Routes) *bgpOwner {
 	t.Helper()
-	v := startView(t, staticSource{})
+	v := startView(t, syncertest.Static{})
 	b := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), v, routes, sp, nil, 30*time.Second, newMetrics(), testLogger())
 	return b
 }

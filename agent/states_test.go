@@ -20,31 +20,8 @@ import (
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
-	"github.com/tabbynet/tabby/syncer"
+	"github.com/tabbynet/tabby/syncer/syncertest"
 )
-
-// scriptSource is a cluster the test drives one event at a time.
-type scriptSource chan datastore.Event
-
-func (s scriptSource) Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event {
-	out := make(chan datastore.Event)
-	go func() {
-		defer close(out)
-		for {
-			select {
-			case ev := <-s:
-				select {
-				case out <- ev:
-				case <-ctx.Done():
-					return
-				}
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out
-}
 
 // cluster is the test's model of etcd: what is stored, and the desired
 // state computed from it from scratch, without the view.
@@ -205,13 +182,10 @@ func replay(t *testing.T, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	const self = "node1"
 	c := &cluster{t: t, kvs: map[string]datastore.KV{}}
-	src := make(scriptSource)
+	src := make(syncertest.Script)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	v := syncer.New(src, testLogger())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = v.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	v := syncertest.Start(t, src, testLogger(), false)
 	src <- datastore.Event{Type: datastore.EventResync, Revision: 0}
 	if err := v.WaitSynced(ctx); err != nil {
 		t.Fatal(err)

@@ -15,21 +15,12 @@ import (
 	"github.com/tabbynet/tabby/datastore/storetest"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
+	"github.com/tabbynet/tabby/syncer/syncertest"
 )
 
 func start(t *testing.T, src syncer.Source) *syncer.Syncer {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	s := syncer.New(src, nil)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = s.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer wcancel()
-	if err := s.WaitSynced(wctx); err != nil {
-		t.Fatalf("view never synced: %v", err)
-	}
-	return s
+	return syncertest.Start(t, src, nil, true)
 }
 
 func mustCreate(t *testing.T, st *datastore.Store, obj api.Object) int64 {
@@ -181,29 +172,6 @@ func TestViewFollowsEtcd(t *testing.T) {
 	}
 }
 
-// fakeSource replays scripted events.
-type fakeSource chan datastore.Event
-
-func (f fakeSource) Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event {
-	out := make(chan datastore.Event)
-	go func() {
-		defer close(out)
-		for {
-			select {
-			case ev := <-f:
-				select {
-				case out <- ev:
-				case <-ctx.Done():
-					return
-				}
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	return out
-}
-
 func kv(t *testing.T, obj api.Object, rev int64) datastore.KV {
 	t.Helper()
 	key, err := datastore.ResourceKey(obj.GetTypeMeta().Kind, obj.GetMeta().Namespace, obj.GetMeta().Name)
@@ -220,7 +188,7 @@ func kv(t *testing.T, obj api.Object, rev int64) datastore.KV {
 // TestResyncReportsDifferences: a re-list after compaction replaces the
 // view and reports exactly what differs from what it held.
 func TestResyncReportsDifferences(t *testing.T) {
-	src := make(fakeSource)
+	src := make(syncertest.Script)
 	node := func(n string) *api.Node {
 		o := &api.Node{Metadata: api.ObjectMeta{Name: n}}
 		o.SetDefaults()

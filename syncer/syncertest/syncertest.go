@@ -1,0 +1,70 @@
+// Package syncertest drives a cluster view in tests: a scripted source of
+// watch events and a helper that runs a view until the test ends.
+package syncertest
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/syncer"
+)
+
+// Script is a Source whose events the test sends one at a time; the first
+// should be an EventResync (the initial list).
+type Script chan datastore.Event
+
+// Watch implements syncer.Source.
+func (s Script) Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event {
+	out := make(chan datastore.Event)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case ev := <-s:
+				select {
+				case out <- ev:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// Static is a cluster that never changes: one list, then silence.
+type Static []datastore.KV
+
+// Watch implements syncer.Source.
+func (s Static) Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event {
+	ch := make(chan datastore.Event, 1)
+	ch <- datastore.Event{Type: datastore.EventResync, Snapshot: s, Revision: 1}
+	go func() { <-ctx.Done(); close(ch) }()
+	return ch
+}
+
+// Start runs a view over src until the test ends. With wait it returns
+// once the view has synced (the source must send its list on its own);
+// without, the caller sends the list (a Script) and waits itself.
+func Start(tb testing.TB, src syncer.Source, log *slog.Logger, wait bool) *syncer.Syncer {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	v := syncer.New(src, log)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = v.Run(ctx) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	if !wait {
+		return v
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := v.WaitSynced(wctx); err != nil {
+		tb.Fatalf("cluster view never synced: %v", err)
+	}
+	return v
+}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/tabbynet/tabby/api"
 )
 
 // This file removes what Tabby installed in a node's network namespace, for
@@ -19,16 +21,11 @@ import (
 // protocol is Tabby's (RouteProtoWorkload, RouteProtoBGP) in the node's
 // network namespace, and returns them as `ip route` would show them.
 func RemoveRoutes(nodeNetNSPath string) (removed []string, err error) {
-	nsh, err := openNetNS(nodeNetNSPath)
+	h, closeH, err := handleIn(nodeNetNSPath)
 	if err != nil {
 		return nil, err
 	}
-	defer nsh.Close()
-	h, err := newHandleAt(nsh)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
+	defer closeH()
 	var errs []error
 	for _, proto := range []int{RouteProtoWorkload, RouteProtoBGP} {
 		filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: netlink.RouteProtocol(proto)}
@@ -51,6 +48,21 @@ func RemoveRoutes(nodeNetNSPath string) (removed []string, err error) {
 	return removed, errors.Join(errs...)
 }
 
+// handleIn returns a netlink handle in the network namespace at path ("" =
+// the caller's) and the function that closes it.
+func handleIn(path string) (*netlink.Handle, func(), error) {
+	nsh, err := openNetNS(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := newHandleAt(nsh)
+	if err != nil {
+		nsh.Close()
+		return nil, nil, err
+	}
+	return h, func() { h.Close(); nsh.Close() }, nil
+}
+
 // routeText renders a netlink route for a report.
 func routeText(nr netlink.Route) string {
 	dst := "default"
@@ -70,24 +82,16 @@ func routeText(nr netlink.Route) string {
 	return fmt.Sprintf("%s proto %d", s, nr.Protocol)
 }
 
-// WorkloadLinkPrefix starts the name of every workload's host interface.
-const WorkloadLinkPrefix = "cali"
-
 // RemoveWorkloadLinks deletes every veth named cali… in the node's network
 // namespace (their pod ends and routes go with them) and returns their
 // names. The pods lose their network: call it only when no pod on the
 // node should keep Tabby's.
 func RemoveWorkloadLinks(nodeNetNSPath string) (removed []string, err error) {
-	nsh, err := openNetNS(nodeNetNSPath)
+	h, closeH, err := handleIn(nodeNetNSPath)
 	if err != nil {
 		return nil, err
 	}
-	defer nsh.Close()
-	h, err := newHandleAt(nsh)
-	if err != nil {
-		return nil, err
-	}
-	defer h.Close()
+	defer closeH()
 	links, err := retryDump(h.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
@@ -95,7 +99,7 @@ func RemoveWorkloadLinks(nodeNetNSPath string) (removed []string, err error) {
 	var errs []error
 	for _, l := range links {
 		name := l.Attrs().Name
-		if !strings.HasPrefix(name, WorkloadLinkPrefix) || l.Type() != "veth" {
+		if !strings.HasPrefix(name, api.WorkloadIfacePrefix) || l.Type() != "veth" {
 			continue
 		}
 		if err := h.LinkDel(l); err != nil && !isNotFound(err) {

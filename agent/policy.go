@@ -46,14 +46,27 @@ type policyOwner struct {
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1)}
-	p.sub = view.Subscribe("policy", func(u syncer.Update) bool {
-		switch u.Kind {
-		case api.KindWorkloadEndpoint, api.KindNetworkPolicy, api.KindGlobalNetworkPolicy, api.KindIPPool:
-			return true
-		}
-		return false
-	})
+	p.sub = view.Subscribe("policy", p.affects)
 	return p
+}
+
+// affects takes policies, pools, this node's endpoints and, while any
+// policy exists, other nodes' endpoints (they are members of the sets the
+// policies' selectors make). Without policies another node's pod cannot
+// change this node's rules, so it costs nothing here.
+func (p *policyOwner) affects(u syncer.Update) bool {
+	switch u.Kind {
+	case api.KindNetworkPolicy, api.KindGlobalNetworkPolicy, api.KindIPPool:
+		return true
+	case api.KindWorkloadEndpoint:
+		for _, v := range []any{u.Old, u.New} {
+			if w, ok := v.(*api.WorkloadEndpoint); ok && w.Spec.Node == p.node {
+				return true
+			}
+		}
+		return p.view.PolicyCount() > 0
+	}
+	return false
 }
 
 // loop runs passes on view changes and, applying in full, every resync

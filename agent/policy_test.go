@@ -17,6 +17,7 @@ import (
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -222,5 +223,34 @@ func TestOnlyStaleCleanup(t *testing.T) {
 		if got := onlyStaleCleanup(tt.err); got != tt.want {
 			t.Errorf("%d: onlyStaleCleanup(%v) = %v, want %v", i, tt.err, got, tt.want)
 		}
+	}
+}
+
+// Another node's pod wakes the policy owner only while some policy exists:
+// without policies it cannot change this node's rules.
+func TestPolicyOwnerIgnoresRemotePodsWithoutPolicies(t *testing.T) {
+	store := storetest.New(t)
+	p := newPolicyOwner("node1", startView(t, store), &fake.Firewall{}, quietLog())
+	local := testWEP("node1", "default", "a", "cali00000000aa", "10.244.0.5", nil)
+	remote := testWEP("node2", "default", "b", "cali00000000bb", "10.244.1.5", nil)
+	up := func(w *api.WorkloadEndpoint) syncer.Update {
+		return syncer.Update{Kind: api.KindWorkloadEndpoint, New: w}
+	}
+	if !p.affects(up(local)) {
+		t.Error("this node's pod did not wake the policy owner")
+	}
+	if p.affects(up(remote)) {
+		t.Error("another node's pod woke the policy owner although no policy exists")
+	}
+	mustCreate(t, store, &api.GlobalNetworkPolicy{Metadata: api.ObjectMeta{Name: "g"}, Spec: api.GlobalNetworkPolicySpec{Selector: &api.LabelSelector{}}})
+	deadline := time.Now().Add(10 * time.Second)
+	for p.view.PolicyCount() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the policy never reached the view")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !p.affects(up(remote)) {
+		t.Error("another node's pod did not wake the policy owner although a policy exists")
 	}
 }

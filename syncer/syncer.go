@@ -207,7 +207,8 @@ func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
 func (s *Syncer) WaitSynced(ctx context.Context) error { return s.WaitRevision(ctx, 0) }
 
 // Subscribe registers a consumer. filter sees every update (it must be
-// fast and must not call the Syncer); nil takes all. The subscription is
+// fast; it may read the view, which already holds the update); nil takes
+// all. The subscription is
 // kicked once when the view first syncs, so a consumer's first pass sees
 // a complete view.
 func (s *Syncer) Subscribe(name string, filter func(Update) bool) *Subscription {

@@ -174,3 +174,11 @@ func (s *Syncer) BlockOf(addr netip.Addr) (ipam.BlockInfo, bool) {
 	}
 	return ipam.BlockInfo{}, false
 }
+
+// PolicyCount returns how many NetworkPolicies and GlobalNetworkPolicies
+// the view holds; cheap enough for a subscription filter.
+func (s *Syncer) PolicyCount() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.st.byKind[api.KindNetworkPolicy]) + len(s.st.byKind[api.KindGlobalNetworkPolicy])
+}

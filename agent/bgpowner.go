@@ -286,8 +286,12 @@ func (keepRoutes) Delete(dataplane.Route) error { return nil }
 // retries a failed install every second, and decides when BGP has
 // converged after a start.
 func (b *bgpOwner) learnedLoop(ctx context.Context) {
+	// Poll the sessions often until BGP has converged after the start,
+	// then at the pace of the status it feeds: an idle agent asks GoBGP
+	// little.
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
+	slow := false
 	sp := b.current()
 	routes := sp.Routes()
 	dirty := false
@@ -312,6 +316,10 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 		case <-t.C:
 			if b.updatePeerStatus(ctx) {
 				dirty = true // converged: stale routes can go now
+			}
+			if !slow && b.isConverged() {
+				t.Reset(2 * time.Second)
+				slow = true
 			}
 			if b.importChanged() {
 				dirty = true
@@ -408,4 +416,10 @@ func poolPrefixes(pools []*api.IPPool) []netip.Prefix {
 		}
 	}
 	return out
+}
+
+func (b *bgpOwner) isConverged() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.converged
 }

@@ -245,27 +245,13 @@ func (s *speaker) resetStuckPeers(ctx context.Context) {
 	if s.srv == nil || s.stopped {
 		return
 	}
+	// The session states come from GoBGP's peer events (onPeerEvent): an
+	// idle speaker asks GoBGP nothing here.
 	var stuck []netip.Addr
-	err := s.srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
-		if p.Conf == nil || p.State == nil {
-			return
-		}
-		switch p.State.SessionState {
-		case gobgpapi.PeerState_SESSION_STATE_OPENSENT, gobgpapi.PeerState_SESSION_STATE_OPENCONFIRM:
-		default:
-			return
-		}
-		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
-		if err != nil {
-			return
-		}
+	for a := range s.opening {
 		if t, ok := s.since[a]; ok && time.Since(t) > stuckTimeout {
 			stuck = append(stuck, a)
 		}
-	})
-	if err != nil {
-		s.log.Warn("listing BGP peers", "err", err)
-		return
 	}
 	for _, a := range stuck {
 		p, ok := s.peers[a]

@@ -66,6 +66,7 @@ type speaker struct {
 	peers     map[netip.Addr]Peer
 	peersSet  bool                     // SetPeers has been called at least once
 	since     map[netip.Addr]time.Time // last session state change per peer
+	opening   map[netip.Addr]bool      // peers whose last state was OpenSent or OpenConfirm
 	eor       map[netip.Addr]bool      // peers that sent End-of-RIB since Start
 	info      map[netip.Addr]string    // last disconnect reason per peer
 
@@ -94,13 +95,14 @@ func NewSpeaker(log *slog.Logger) Speaker {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &speaker{
-		log:    log,
-		routes: make(chan []LearnedRoute, 1),
-		dirty:  make(chan struct{}, 1),
-		peers:  map[netip.Addr]Peer{},
-		since:  map[netip.Addr]time.Time{},
-		eor:    map[netip.Addr]bool{},
-		info:   map[netip.Addr]string{},
+		log:     log,
+		routes:  make(chan []LearnedRoute, 1),
+		dirty:   make(chan struct{}, 1),
+		peers:   map[netip.Addr]Peer{},
+		since:   map[netip.Addr]time.Time{},
+		opening: map[netip.Addr]bool{},
+		eor:     map[netip.Addr]bool{},
+		info:    map[netip.Addr]string{},
 
 		changed:    map[netip.Prefix]bool{},
 		originated: map[netip.Prefix]bool{},
@@ -315,6 +317,12 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 		a := ev.Peer.State.NeighborAddress
 		s.mu.Lock()
 		s.since[a] = t
+		switch ev.Peer.State.SessionState {
+		case gobgp.BGP_FSM_OPENSENT, gobgp.BGP_FSM_OPENCONFIRM:
+			s.opening[a] = true
+		default:
+			delete(s.opening, a)
+		}
 		if ev.Peer.State.SessionState == gobgp.BGP_FSM_ESTABLISHED {
 			s.info[a] = ""
 		} else if info := disconnectInfo(ev); info != "" {

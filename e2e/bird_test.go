@@ -17,7 +17,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/ctl"
 	"github.com/tabbynet/tabby/e2e/lab"
 )
 

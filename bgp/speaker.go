@@ -79,7 +79,7 @@ type speaker struct {
 	// pools and lastPolicy: see SetPolicy and applyPolicy.
 	pools         []netip.Prefix
 	communities   []PrefixCommunities
-	staticExport  []string // export policies installed at Start, before the dynamic one
+	staticExport  []string                     // export policies installed at Start, before the dynamic one
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest
 	policyGen     int

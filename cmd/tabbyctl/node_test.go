@@ -78,7 +78,7 @@ func TestNodeStatusMaxPrefixAndBFD(t *testing.T) {
 		Peers: []api.PeerStatus{
 			{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: up, BFD: "Up"},
 			{Address: "198.18.0.1", Type: "global", State: "Idle", Since: up.Add(time.Minute),
-				Info: "notification sent: notification-sent code 6(cease) subcode 1(maximum number of prefixes reached)",
+				Info:                "notification sent: notification-sent code 6(cease) subcode 1(maximum number of prefixes reached)",
 				PrefixLimitExceeded: true, Received: 10001, MaxPrefixes: 10000},
 			{Address: "198.18.0.2", Type: "global", State: "Active", Since: up.Add(2 * time.Minute), BFD: "Down",
 				Info: "admin down: bfd"},

@@ -56,6 +56,8 @@ type bgpOwner struct {
 	converged    bool
 	allUpSince   time.Time
 	peerStatus   []bgp.PeerStatus
+	// unusableFilters: see warnUnusableFilters.
+	unusableFilters []string
 }
 
 func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel dataplane.Routes, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
@@ -66,11 +68,12 @@ func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel
 }
 
 // affects takes what peers and advertisements depend on: nodes, BGP
-// configuration and peers, pools (DisableBGPExport), this node's blocks and
+// configuration, peers and filters, pools (DisableBGPExport, communities),
+// this node's blocks and
 // claims, and blocks that lend this node addresses.
 func (b *bgpOwner) affects(u syncer.Update) bool {
 	switch u.Kind {
-	case api.KindNode, api.KindBGPConfiguration, api.KindBGPPeer, api.KindIPPool:
+	case api.KindNode, api.KindBGPConfiguration, api.KindBGPPeer, api.KindBGPFilter, api.KindIPPool:
 		return true
 	}
 	for _, v := range []any{u.Old, u.New} {
@@ -145,10 +148,13 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	sp := b.current()
-	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(b.view.Pools())}); err != nil {
+	pools := b.view.Pools()
+	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(pools), Communities: bgp.PoolCommunities(pools)}); err != nil {
 		errs = append(errs, fmt.Errorf("setting the import policy: %w", err))
 	}
-	desired := bgp.DesiredPeers(b.node, nodes, bc, b.view.BGPPeers())
+	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
+	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
+	desired := bgp.DesiredPeers(b.node, nodes, bc, bgpPeers, filters)
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		errs = append(errs, fmt.Errorf("setting peers: %w", err))
 	}
@@ -165,6 +171,20 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	b.desiredPeers, b.advertised, b.localBlocks, b.lastPass = desired, adv, local, time.Now()
 	b.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// warnUnusableFilters logs, once per change, the BGPFilters that BGPPeers
+// name but that do not exist or do not validate: their rules are left out.
+func (b *bgpOwner) warnUnusableFilters(problems []string) {
+	b.mu.Lock()
+	changed := !slices.Equal(problems, b.unusableFilters)
+	b.unusableFilters = problems
+	b.mu.Unlock()
+	if changed {
+		for _, p := range problems {
+			b.log.Warn("bgp filter left out", "problem", p)
+		}
+	}
 }
 
 // ensureSpeakerIdentity restarts the speaker when this node's AS number or

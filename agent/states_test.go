@@ -130,7 +130,7 @@ func (c *cluster) desired(node string) (routes []dataplane.Route, peers []bgp.Pe
 		}
 	}
 	routes = desiredLocalRoutes(node, weps, infos)
-	peers = bgp.DesiredPeers(node, nodes, bc, bgpPeers)
+	peers = bgp.DesiredPeers(node, nodes, bc, bgpPeers, nil)
 	affine, bor := bgpBlocks(node, infos, borrowed)
 	adv = bgp.DesiredAdvertisements(affine, bor)
 	return routes, peers, adv

@@ -87,7 +87,7 @@ func TestDecodeExamples(t *testing.T) {
 			t.Errorf("%s %s: %v", KindOf(o), o.GetMeta().Name, err)
 		}
 	}
-	want := []string{KindNode, KindIPPool, KindIPAMConfig, KindBGPConfiguration, KindBGPPeer, KindBGPPeer,
+	want := []string{KindNode, KindIPPool, KindIPAMConfig, KindBGPConfiguration, KindBGPPeer, KindBGPFilter, KindBGPPeer,
 		KindWorkloadEndpoint, KindNetworkPolicy, KindGlobalNetworkPolicy}
 	if diff := cmp.Diff(want, kinds); diff != "" {
 		t.Errorf("kinds (-want +got):\n%s", diff)
@@ -97,7 +97,14 @@ func TestDecodeExamples(t *testing.T) {
 	if peer.Spec.HoldTime == nil || peer.Spec.HoldTime.Duration != 30*time.Second {
 		t.Errorf("holdTime = %v, want 30s", peer.Spec.HoldTime)
 	}
-	gnp := objs[8].(*GlobalNetworkPolicy)
+	if b := peer.Spec.BFD; b == nil || !b.Enabled || b.EffectiveInterval() != 300*time.Millisecond || b.EffectiveMultiplier() != 3 {
+		t.Errorf("bfd = %+v", peer.Spec.BFD)
+	}
+	filter := objs[5].(*BGPFilter)
+	if r := filter.Spec.ImportV4[0]; r.PrefixLength == nil || r.PrefixLength.Max == nil || *r.PrefixLength.Max != 28 || r.PrefixLength.Min != nil {
+		t.Errorf("prefixLength = %+v", r.PrefixLength)
+	}
+	gnp := objs[9].(*GlobalNetworkPolicy)
 	if diff := cmp.Diff([]IntOrString{FromInt(5432), FromString("6000:6010")}, gnp.Spec.Ingress[0].Destination.Ports); diff != "" {
 		t.Errorf("ports (-want +got):\n%s", diff)
 	}
@@ -165,6 +172,18 @@ func TestDecodeErrors(t *testing.T) {
 			[]string{"spec.ingress[0].source.port: unknown field"}},
 		{"unknown field in selector", "apiVersion: tabby.dev/v1\nkind: BGPPeer\nmetadata: {name: a}\nspec:\n  peerSelector:\n    matchExpressions:\n    - {key: a, op: Exists}\n",
 			[]string{"spec.peerSelector.matchExpressions[0].op: unknown field"}},
+		{"filter rule field case", "apiVersion: tabby.dev/v1\nkind: BGPFilter\nmetadata: {name: a}\nspec:\n  importV4:\n  - {cidr: 10.0.0.0/8, matchoperator: In, action: Accept}\n",
+			[]string{"spec.importV4[0].matchoperator: unknown field", `did you mean "matchOperator"`}},
+		{"filter unknown family", "apiVersion: tabby.dev/v1\nkind: BGPFilter\nmetadata: {name: a}\nspec: {import: []}\n",
+			[]string{"spec.import: unknown field"}},
+		{"filter prefix length field", "apiVersion: tabby.dev/v1\nkind: BGPFilter\nmetadata: {name: a}\nspec:\n  exportV4: [{cidr: 10.0.0.0/8, action: Reject, prefixLength: {minimum: 9}}]\n",
+			[]string{"spec.exportV4[0].prefixLength.minimum: unknown field"}},
+		{"peer bfd field", "apiVersion: tabby.dev/v1\nkind: BGPPeer\nmetadata: {name: a}\nspec: {bfd: {enabled: true, minRx: 100}}\n",
+			[]string{"spec.bfd.minRx: unknown field"}},
+		{"peer bfd interval", "apiVersion: tabby.dev/v1\nkind: BGPPeer\nmetadata: {name: a}\nspec: {bfd: {enabled: true, interval: fast}}\n",
+			[]string{"spec.bfd.interval:", `invalid duration "fast"`}},
+		{"peer maxPrefixes negative", "apiVersion: tabby.dev/v1\nkind: BGPPeer\nmetadata: {name: a}\nspec: {maxPrefixes: -1}\n",
+			[]string{"spec.maxPrefixes:"}},
 		{"unknown metadata field", "apiVersion: tabby.dev/v1\nkind: Node\nmetadata: {name: a, namespaces: x}\n", []string{"metadata.namespaces: unknown field"}},
 		{"wrong apiVersion", "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: a}\n",
 			[]string{`apiVersion: "projectcalico.org/v3" is not supported (want "tabby.dev/v1")`}},

@@ -17,7 +17,7 @@ func validNode() *Node {
 func validPool() *IPPool {
 	return &IPPool{
 		Metadata: ObjectMeta{Name: "default-pool"},
-		Spec: IPPoolSpec{CIDR: "10.244.0.0/16", BlockSize: 26, NATOutgoing: true,
+		Spec: IPPoolSpec{CIDR: "10.244.0.0/16", BlockSize: 26, NATOutgoing: true, BGPCommunities: []string{"65001:100", "0:0"},
 			NodeSelector: &LabelSelector{MatchExpressions: []LabelSelectorRequirement{{Key: "rack", Operator: OpIn, Values: []string{"r1", "r2"}}}}},
 	}
 }
@@ -44,6 +44,22 @@ func validPeer() *BGPPeer {
 			PeerIP: "198.18.0.1", ASNumber: 65000,
 			NodeSelector: &LabelSelector{MatchLabels: map[string]string{"rack": "r1"}},
 			Password:     "md5", HoldTime: &Duration{30e9}, SourceAddress: SourceAddressUseNodeIP,
+			AcceptDefault: true, MaxPrefixes: 100, Filters: []string{"tor-in", "tor-out"},
+			BFD: &BGPPeerBFD{Enabled: true, Interval: &Duration{100e6}, Multiplier: ptr(uint32(5))},
+		},
+	}
+}
+
+func validFilter() *BGPFilter {
+	return &BGPFilter{
+		Metadata: ObjectMeta{Name: "tor-in"},
+		Spec: BGPFilterSpec{
+			ImportV4: []BGPFilterRule{
+				{CIDR: "203.0.113.0/24", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Min: ptr(int32(25)), Max: ptr(int32(28))}, Action: FilterActionAccept},
+				{CIDR: "0.0.0.0/0", MatchOperator: MatchOperatorEqual, Action: FilterActionAccept},
+				{CIDR: "198.51.100.0/24", MatchOperator: MatchOperatorNotIn, Action: FilterActionReject},
+			},
+			ExportV4: []BGPFilterRule{{CIDR: "10.244.128.0/17", MatchOperator: MatchOperatorIn, Action: FilterActionReject}, {Action: FilterActionAccept}},
 		},
 	}
 }
@@ -111,7 +127,7 @@ func validGNP() *GlobalNetworkPolicy {
 
 // validObjects returns one or more valid objects of every kind.
 func validObjects() []Object {
-	return []Object{validNode(), validPool(), validIPAMConfig(), validBGPConfig(), validPeer(), validRRPeer(),
+	return []Object{validNode(), validPool(), validIPAMConfig(), validBGPConfig(), validPeer(), validRRPeer(), validFilter(),
 		validWEP(), validNetPol(), validGNP(),
 		&Node{Metadata: ObjectMeta{Name: "bare"}},
 		&IPPool{Metadata: ObjectMeta{Name: "p"}, Spec: IPPoolSpec{CIDR: "10.245.0.0/26"}},
@@ -119,5 +135,6 @@ func validObjects() []Object {
 		&BGPConfiguration{Metadata: ObjectMeta{Name: "default"}},
 		&NetworkPolicy{Metadata: ObjectMeta{Name: "deny-all", Namespace: "prod"}},
 		&GlobalNetworkPolicy{Metadata: ObjectMeta{Name: "empty"}},
+		&BGPFilter{Metadata: ObjectMeta{Name: "empty"}},
 	}
 }

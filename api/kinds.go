@@ -32,6 +32,7 @@ var kinds = []KindInfo{
 	{Kind: KindIPAMConfig, Plural: "ipamconfigs", ShortNames: []string{"ipamconfiguration", "ipamconfigurations", "ipamcfg"}, Singleton: true},
 	{Kind: KindBGPConfiguration, Plural: "bgpconfigurations", ShortNames: []string{"bgpconfig", "bgpconfigs", "bgpcfg"}, Singleton: true},
 	{Kind: KindBGPPeer, Plural: "bgppeers", ShortNames: []string{"peer", "peers"}},
+	{Kind: KindBGPFilter, Plural: "bgpfilters", ShortNames: []string{"filter", "filters"}},
 	{Kind: KindWorkloadEndpoint, Plural: "workloadendpoints", ShortNames: []string{"wep", "weps"}, Namespaced: true},
 	{Kind: KindNetworkPolicy, Plural: "networkpolicies", ShortNames: []string{"netpol", "netpols", "np", "policy", "policies"}, Namespaced: true},
 	{Kind: KindGlobalNetworkPolicy, Plural: "globalnetworkpolicies", ShortNames: []string{"gnp", "gnps"}},
@@ -99,6 +100,8 @@ func New(kind string) (Object, error) {
 		obj = &BGPConfiguration{}
 	case KindBGPPeer:
 		obj = &BGPPeer{}
+	case KindBGPFilter:
+		obj = &BGPFilter{}
 	case KindWorkloadEndpoint:
 		obj = &WorkloadEndpoint{}
 	case KindNetworkPolicy:
@@ -126,6 +129,8 @@ func KindOf(obj Object) string {
 		return KindBGPConfiguration
 	case *BGPPeer:
 		return KindBGPPeer
+	case *BGPFilter:
+		return KindBGPFilter
 	case *WorkloadEndpoint:
 		return KindWorkloadEndpoint
 	case *NetworkPolicy:

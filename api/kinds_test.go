@@ -11,7 +11,7 @@ import (
 func TestLookupKind(t *testing.T) {
 	tests := map[string]string{
 		"IPPool": KindIPPool, "ippool": KindIPPool, "ippools": KindIPPool, "pool": KindIPPool, "POOLS": KindIPPool,
-		"bgppeer": KindBGPPeer, "BGPPeers": KindBGPPeer,
+		"bgppeer": KindBGPPeer, "BGPPeers": KindBGPPeer, "bgpfilters": KindBGPFilter, "filter": KindBGPFilter, "BGPFilter": KindBGPFilter,
 		"wep": KindWorkloadEndpoint, "workloadendpoints": KindWorkloadEndpoint, "WorkloadEndpoint": KindWorkloadEndpoint,
 		"netpol": KindNetworkPolicy, "networkpolicy": KindNetworkPolicy, "networkpolicies": KindNetworkPolicy,
 		"gnp": KindGlobalNetworkPolicy, "globalnetworkpolicies": KindGlobalNetworkPolicy,
@@ -38,7 +38,7 @@ func TestKindsScope(t *testing.T) {
 		got[k.Kind] = [2]bool{k.Namespaced, k.Singleton}
 	}
 	want := map[string][2]bool{
-		KindNode: {}, KindIPPool: {}, KindIPAMConfig: {false, true}, KindBGPConfiguration: {false, true}, KindBGPPeer: {},
+		KindNode: {}, KindIPPool: {}, KindIPAMConfig: {false, true}, KindBGPConfiguration: {false, true}, KindBGPPeer: {}, KindBGPFilter: {},
 		KindWorkloadEndpoint: {true, false}, KindNetworkPolicy: {true, false}, KindGlobalNetworkPolicy: {},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -21,6 +21,7 @@ const (
 	KindIPAMConfig          = "IPAMConfig"
 	KindBGPConfiguration    = "BGPConfiguration"
 	KindBGPPeer             = "BGPPeer"
+	KindBGPFilter           = "BGPFilter"
 	KindWorkloadEndpoint    = "WorkloadEndpoint"
 	KindNetworkPolicy       = "NetworkPolicy"
 	KindGlobalNetworkPolicy = "GlobalNetworkPolicy"

@@ -147,11 +147,21 @@ func (p *BGPPeer) GetTypeMeta() *TypeMeta { return &p.TypeMeta }
 // GetMeta implements Object.
 func (p *BGPPeer) GetMeta() *ObjectMeta { return &p.Metadata }
 
-// SetDefaults implements Object: sourceAddress UseNodeIP.
+// SetDefaults implements Object: sourceAddress UseNodeIP; with bfd, its
+// interval 300ms and multiplier 3.
 func (p *BGPPeer) SetDefaults() {
 	setTypeMeta(&p.TypeMeta, KindBGPPeer)
 	if p.Spec.SourceAddress == "" {
 		p.Spec.SourceAddress = SourceAddressUseNodeIP
+	}
+	if b := p.Spec.BFD; b != nil {
+		if b.Interval == nil {
+			b.Interval = &Duration{DefaultBFDInterval}
+		}
+		if b.Multiplier == nil {
+			m := uint32(DefaultBFDMultiplier)
+			b.Multiplier = &m
+		}
 	}
 }
 

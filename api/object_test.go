@@ -27,6 +27,11 @@ func TestSetDefaults(t *testing.T) {
 			&BGPConfiguration{TypeMeta: TypeMeta{APIVersion, KindBGPConfiguration}, Spec: BGPConfigurationSpec{
 				ASNumber: ptr(uint32(65000)), NodeToNodeMeshEnabled: ptr(false), ListenPort: ptr(uint16(179))}}},
 		{"peer", &BGPPeer{}, &BGPPeer{TypeMeta: TypeMeta{APIVersion, KindBGPPeer}, Spec: BGPPeerSpec{SourceAddress: SourceAddressUseNodeIP}}},
+		{"peer bfd", &BGPPeer{Spec: BGPPeerSpec{BFD: &BGPPeerBFD{Enabled: true}}}, &BGPPeer{TypeMeta: TypeMeta{APIVersion, KindBGPPeer}, Spec: BGPPeerSpec{
+			SourceAddress: SourceAddressUseNodeIP, BFD: &BGPPeerBFD{Enabled: true, Interval: &Duration{300e6}, Multiplier: ptr(uint32(3))}}}},
+		{"filter operator", &BGPFilter{Spec: BGPFilterSpec{ImportV4: []BGPFilterRule{{CIDR: "10.0.0.0/8", Action: "Accept"}, {Action: "Reject"}}}},
+			&BGPFilter{TypeMeta: TypeMeta{APIVersion, KindBGPFilter}, Spec: BGPFilterSpec{ImportV4: []BGPFilterRule{
+				{CIDR: "10.0.0.0/8", MatchOperator: MatchOperatorIn, Action: "Accept"}, {Action: "Reject"}}}}},
 		{"node", &Node{TypeMeta: TypeMeta{"v1", "Pod"}}, &Node{TypeMeta: TypeMeta{APIVersion, KindNode}}},
 		{"wep", &WorkloadEndpoint{Spec: WorkloadEndpointSpec{Ports: []EndpointPort{{Name: "dns", Port: 53}, {Name: "dns", Protocol: "UDP", Port: 53}}}},
 			&WorkloadEndpoint{TypeMeta: TypeMeta{APIVersion, KindWorkloadEndpoint}, Spec: WorkloadEndpointSpec{

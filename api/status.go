@@ -23,4 +23,12 @@ type PeerStatus struct {
 	State   string    `json:"state"`
 	Since   time.Time `json:"since,omitzero"`
 	Info    string    `json:"info,omitempty"`
+	// PrefixLimitExceeded says the session was shut down because the peer
+	// sent more than MaxPrefixes; it stays down until the BGPPeer changes.
+	PrefixLimitExceeded bool   `json:"prefixLimitExceeded,omitempty"`
+	Received            uint32 `json:"received,omitempty"`    // prefixes the peer sent
+	MaxPrefixes         uint32 `json:"maxPrefixes,omitempty"` // its limit, 0 for none
+	// BFD is the BFD session state (Up, Down, Init, AdminDown), empty when
+	// BFD is off for the peer.
+	BFD string `json:"bfd,omitempty"`
 }

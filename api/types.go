@@ -87,6 +87,11 @@ type IPPoolSpec struct {
 	Disabled         bool           `json:"disabled,omitempty"`
 	NodeSelector     *LabelSelector `json:"nodeSelector,omitempty"`
 	DisableBGPExport bool           `json:"disableBGPExport,omitempty"`
+	// BGPCommunities are standard communities ("65001:100") added to the
+	// pool's prefixes (blocks, borrowed addresses) when they are
+	// advertised, so that routers can tell pod routes apart (Calico's
+	// prefixAdvertisements).
+	BGPCommunities []string `json:"bgpCommunities,omitempty"`
 }
 
 // ---------------------------------------------------------------- IPAMConfig
@@ -161,6 +166,19 @@ type BGPPeerSpec struct {
 	HoldTime       *Duration      `json:"holdTime,omitempty"`
 	MaxRestartTime *Duration      `json:"maxRestartTime,omitempty"`
 	SourceAddress  string         `json:"sourceAddress,omitempty"`
+
+	// AcceptDefault lets a peer outside the cluster send a default route
+	// (0.0.0.0/0); without it, or a filter accepting it, it is rejected.
+	AcceptDefault bool `json:"acceptDefault,omitempty"`
+	// MaxPrefixes is the most prefixes the peer may send; over it the
+	// session is shut down until the configuration changes. 0 means the
+	// default: 10000 for peers outside the cluster, no limit for nodes.
+	MaxPrefixes uint32 `json:"maxPrefixes,omitempty"`
+	// Filters names the BGPFilters applied to the peering, in order: their
+	// rules are concatenated and the first that matches a prefix decides.
+	Filters []string `json:"filters,omitempty"`
+	// BFD enables fast failure detection on the peering.
+	BFD *BGPPeerBFD `json:"bfd,omitempty"`
 }
 
 // ---------------------------------------------------------------- WorkloadEndpoint

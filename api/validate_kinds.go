@@ -75,6 +75,7 @@ func (p *IPPool) Validate() error {
 		v.add("spec.blockSize", "the default /%d blocks are larger than the pool %s; set blockSize to at least %d", DefaultBlockSize, pr, pr.Bits())
 	}
 	v.selector("spec.nodeSelector", p.Spec.NodeSelector)
+	v.communities("spec.bgpCommunities", p.Spec.BGPCommunities)
 	return v.err()
 }
 
@@ -149,6 +150,19 @@ func (p *BGPPeer) Validate() error {
 	default:
 		v.add("spec.sourceAddress", "%q is not one of %s, %s", s.SourceAddress, SourceAddressUseNodeIP, SourceAddressNone)
 	}
+	seen := map[string]bool{}
+	for i, name := range s.Filters {
+		switch {
+		case name == "":
+			v.add(idx("spec.filters", i), "must not be empty")
+		case checkDNSSubdomain(name) != "":
+			v.add(idx("spec.filters", i), "%s", checkDNSSubdomain(name))
+		case seen[name]:
+			v.add(idx("spec.filters", i), "%q is listed twice", name)
+		}
+		seen[name] = true
+	}
+	v.bfd("spec.bfd", s.BFD)
 	return v.err()
 }
 

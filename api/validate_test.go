@@ -107,6 +107,48 @@ func TestValidateInvalid(t *testing.T) {
 			c.Spec.NodeMeshPassword = strings.Repeat("p", 81)
 			return c
 		}, []string{"spec.nodeMeshPassword: is 81 bytes long"}},
+		{"peer filters and bfd", func() Object {
+			p := validPeer()
+			p.Spec.Filters = []string{"ok", "", "Bad_Name", "ok"}
+			p.Spec.BFD = &BGPPeerBFD{Enabled: true, Interval: &Duration{5e6}, Multiplier: ptr(uint32(0))}
+			return p
+		}, []string{"spec.filters[1]: must not be empty", `spec.filters[2]: "Bad_Name" must be a DNS-1123`, `spec.filters[3]: "ok" is listed twice`,
+			"spec.bfd.interval: 5ms must be between 10ms and 1m0s", "spec.bfd.multiplier: 0 must be between 1 and 255"}},
+		{"peer bfd interval not whole ms", func() Object {
+			p := validPeer()
+			p.Spec.BFD = &BGPPeerBFD{Enabled: true, Interval: &Duration{10500e3}}
+			return p
+		}, []string{"spec.bfd.interval: 10.5ms must be a whole number of milliseconds"}},
+		{"pool communities", func() Object {
+			p := validPool()
+			p.Spec.BGPCommunities = []string{"65001", "65536:1", "65535:65282", "1:2", "1:2"}
+			return p
+		}, []string{`spec.bgpCommunities[0]: "65001" is not a community`, `spec.bgpCommunities[1]: "65536:1"`, "spec.bgpCommunities[2]:", "NO_ADVERTISE",
+			`spec.bgpCommunities[4]: "1:2" is listed twice`}},
+		{"filter rules", func() Object {
+			f := validFilter()
+			f.Spec.ImportV4 = []BGPFilterRule{
+				{CIDR: "203.0.113.1/24", MatchOperator: MatchOperatorIn, Action: FilterActionAccept},
+				{CIDR: "203.0.113.0/24", MatchOperator: "Contains", Action: "Allow"},
+				{MatchOperator: MatchOperatorEqual},
+				{CIDR: "203.0.113.0/24", MatchOperator: MatchOperatorEqual, PrefixLength: &BGPFilterPrefixLength{Max: ptr(int32(28))}, Action: FilterActionAccept},
+				{CIDR: "203.0.113.0/24", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Min: ptr(int32(28)), Max: ptr(int32(26))}, Action: FilterActionAccept},
+				{CIDR: "203.0.113.0/24", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Min: ptr(int32(16)), Max: ptr(int32(33))}, Action: FilterActionAccept},
+				{PrefixLength: &BGPFilterPrefixLength{Max: ptr(int32(24))}, Action: FilterActionReject},
+			}
+			f.Spec.ExportV4 = []BGPFilterRule{{CIDR: "fd00::/8", MatchOperator: MatchOperatorIn, Action: FilterActionReject}}
+			f.Spec.ImportV6 = []BGPFilterRule{{CIDR: "fd00::/8", MatchOperator: MatchOperatorIn, Action: FilterActionReject}}
+			return f
+		}, []string{`spec.importV4[0].cidr: "203.0.113.1/24" has host bits set`,
+			`spec.importV4[1].action: "Allow" is not one of Accept, Reject`, `spec.importV4[1].matchOperator: "Contains" is not one of Equal, In, NotIn`,
+			"spec.importV4[2].action: is required", "spec.importV4[2].cidr: is required with matchOperator Equal",
+			"spec.importV4[3].prefixLength: cannot be used with matchOperator Equal",
+			"spec.importV4[4].prefixLength.min: 28 must not be greater than max 26",
+			"spec.importV4[5].prefixLength.min: 16 is shorter than the cidr", "spec.importV4[5].prefixLength.max: 33 must be between 0 and 32",
+			"spec.importV4[6].prefixLength: requires cidr",
+			"spec.exportV4[0].cidr:", "IPv6 is not supported", "spec.importV6: IPv6 is not supported yet"}},
+		{"filter name", func() Object { f := validFilter(); f.Metadata.Name = "Tor"; f.Metadata.Namespace = "x"; return f },
+			[]string{"metadata.name:", "metadata.namespace: must not be set"}},
 		{"peer neither peerIP nor peerSelector", func() Object { p := validPeer(); p.Spec.PeerIP = ""; return p },
 			[]string{"spec.peerIP: exactly one of peerIP and peerSelector"}},
 		{"peer both peerIP and peerSelector", func() Object {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -62,7 +63,13 @@ func newNodeInfo(n *api.Node, defaultASN uint32) (nodeInfo, bool) {
 // BGPPeers beat the mesh; among BGPPeers the one with the smallest name
 // wins), never self's own address, sorted by address. It is nil when self is
 // unknown or has no IPv4 address.
-func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, peers []*api.BGPPeer) []Peer {
+//
+// A BGPPeer's acceptDefault, maxPrefixes, bfd and filters apply to every
+// session it makes. Its filters are looked up by name in filters; their
+// importV4 rules become Peer.Import and their exportV4 rules Peer.Export,
+// concatenated in the order the BGPPeer lists them. A filter that does not
+// exist or does not validate is left out (UnusableFilters names them).
+func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, peers []*api.BGPPeer, filters []*api.BGPFilter) []Peer {
 	var spec api.BGPConfigurationSpec
 	if cfg != nil {
 		spec = cfg.Spec
@@ -129,6 +136,7 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 		return p
 	}
 
+	usable := usableFilters(filters)
 	sorted := slices.Clone(peers)
 	sorted = slices.DeleteFunc(sorted, func(p *api.BGPPeer) bool { return p == nil })
 	slices.SortFunc(sorted, func(a, b *api.BGPPeer) int { return cmp.Compare(a.Metadata.Name, b.Metadata.Name) })
@@ -165,6 +173,17 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 			p.RestartTime = dur(s.MaxRestartTime)
 			if s.SourceAddress != api.SourceAddressNone {
 				p.LocalAddress = me.addr
+			}
+			p.AcceptDefault = s.AcceptDefault
+			p.MaxPrefixes = s.MaxPrefixes
+			if b := s.BFD; b != nil && b.Enabled {
+				p.BFD = &BFD{Interval: b.EffectiveInterval(), Multiplier: uint8(min(b.EffectiveMultiplier(), 255))}
+			}
+			for _, name := range s.Filters {
+				if f, ok := usable[name]; ok {
+					p.Import = append(p.Import, filterRules(f.Spec.ImportV4)...)
+					p.Export = append(p.Export, filterRules(f.Spec.ExportV4)...)
+				}
 			}
 			return p
 		}
@@ -236,6 +255,99 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return a.Address.Compare(b.Address) })
+	return out
+}
+
+// usableFilters indexes the filters that validate by name.
+func usableFilters(filters []*api.BGPFilter) map[string]*api.BGPFilter {
+	out := map[string]*api.BGPFilter{}
+	for _, f := range filters {
+		if f != nil && f.Validate() == nil {
+			out[f.Metadata.Name] = f
+		}
+	}
+	return out
+}
+
+// UnusableFilters describes, sorted, every filter a BGPPeer names that
+// DesiredPeers leaves out because it does not exist or does not validate
+// (only a datastore written around tabbyctl holds such a filter).
+func UnusableFilters(peers []*api.BGPPeer, filters []*api.BGPFilter) []string {
+	byName := map[string]*api.BGPFilter{}
+	for _, f := range filters {
+		if f != nil {
+			byName[f.Metadata.Name] = f
+		}
+	}
+	var out []string
+	for _, p := range peers {
+		if p == nil {
+			continue
+		}
+		for _, name := range p.Spec.Filters {
+			f, ok := byName[name]
+			switch {
+			case !ok:
+				out = append(out, "bgppeer/"+p.Metadata.Name+": bgpfilter/"+name+" not found")
+			case f.Validate() != nil:
+				out = append(out, "bgppeer/"+p.Metadata.Name+": bgpfilter/"+name+" is invalid: "+strings.ReplaceAll(f.Validate().Error(), "\n", "; "))
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// filterRules converts validated BGPFilter rules: a rule without a cidr
+// matches every prefix, a cidr without an operator means In.
+func filterRules(rules []api.BGPFilterRule) []FilterRule {
+	out := make([]FilterRule, 0, len(rules))
+	for _, r := range rules {
+		fr := FilterRule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Operator: MatchIn, Accept: r.Action == api.FilterActionAccept}
+		if r.CIDR != "" {
+			fr.CIDR = netip.MustParsePrefix(r.CIDR) // validated
+			if r.MatchOperator != "" {
+				fr.Operator = MatchOperator(r.MatchOperator)
+			}
+		}
+		if pl := r.PrefixLength; pl != nil {
+			fr.PrefixLength = &PrefixLengthRange{}
+			if pl.Min != nil {
+				fr.PrefixLength.Min = uint8(*pl.Min)
+			}
+			if pl.Max != nil {
+				fr.PrefixLength.Max = uint8(*pl.Max)
+			}
+		}
+		out = append(out, fr)
+	}
+	return out
+}
+
+// PoolCommunities returns the communities of every pool that has some
+// (IPPool bgpCommunities), for Policy.Communities. Pools whose CIDR or
+// communities do not parse are left out.
+func PoolCommunities(pools []*api.IPPool) []PrefixCommunities {
+	var out []PrefixCommunities
+	for _, p := range pools {
+		if p == nil || len(p.Spec.BGPCommunities) == 0 {
+			continue
+		}
+		cidr, err := p.Prefix()
+		if err != nil || !cidr.Addr().Is4() {
+			continue
+		}
+		pc := PrefixCommunities{Prefix: cidr}
+		for _, c := range p.Spec.BGPCommunities {
+			if n, err := api.ParseCommunity(c); err == nil && !slices.Contains(pc.Communities, n) {
+				pc.Communities = append(pc.Communities, n)
+			}
+		}
+		if len(pc.Communities) > 0 {
+			out = append(out, pc)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b PrefixCommunities) int { return a.Prefix.Compare(b.Prefix) })
 	return out
 }
 

@@ -278,7 +278,7 @@ func TestDesiredPeers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := DesiredPeers(tt.self, tt.nodes, tt.cfg, tt.peers)
+			got := DesiredPeers(tt.self, tt.nodes, tt.cfg, tt.peers, nil)
 			// Every peer that is one of the nodes is a cluster peer.
 			for i := range tt.want {
 				for _, n := range tt.nodes {
@@ -317,7 +317,7 @@ func TestDesiredPeersSymmetric(t *testing.T) {
 		addrOf[n.Metadata.Name] = p.Addr()
 	}
 	for _, n := range nodes {
-		for _, p := range DesiredPeers(n.Metadata.Name, nodes, meshOff(), peers) {
+		for _, p := range DesiredPeers(n.Metadata.Name, nodes, meshOff(), peers, nil) {
 			want[edge{addrOf[n.Metadata.Name], p.Address}] = p
 		}
 	}

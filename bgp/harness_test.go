@@ -200,7 +200,7 @@ func (c *cluster) configure(tb testing.TB, cfg *api.BGPConfiguration, peers []*a
 	}
 	cfg.Spec.ListenPort = &port
 	for _, n := range c.nodes {
-		if err := n.sp.SetPeers(context.Background(), DesiredPeers(n.name, c.api, cfg, peers)); err != nil {
+		if err := n.sp.SetPeers(context.Background(), DesiredPeers(n.name, c.api, cfg, peers, nil)); err != nil {
 			tb.Fatalf("SetPeers on %s: %v", n.name, err)
 		}
 	}

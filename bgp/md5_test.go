@@ -103,7 +103,7 @@ func TestPeerChanges(t *testing.T) {
 
 	cfg := &api.BGPConfiguration{}
 	cfg.Spec.ListenPort = &c.port
-	peers := DesiredPeers(n0.name, c.api, cfg, nil)
+	peers := DesiredPeers(n0.name, c.api, cfg, nil, nil)
 	// Same peers again: nothing changes.
 	if err := n0.sp.SetPeers(context.Background(), peers); err != nil {
 		t.Fatal(err)

@@ -41,7 +41,7 @@ func TestThirdPartyNextHop(t *testing.T) {
 	peers := []*api.BGPPeer{bgpPeer("tor", api.BGPPeerSpec{PeerIP: netip.AddrPortFrom(addrs[2], port).String(), ASNumber: torASN})}
 	var torPeers []Peer
 	for i, n := range nodes {
-		if err := n.sp.SetPeers(context.Background(), DesiredPeers(n.name, apiNodes, cfg, peers)); err != nil {
+		if err := n.sp.SetPeers(context.Background(), DesiredPeers(n.name, apiNodes, cfg, peers, nil)); err != nil {
 			t.Fatal(err)
 		}
 		if err := n.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(i)}); err != nil {

@@ -26,10 +26,26 @@ type sessionKey struct {
 	port         uint16
 	passive      bool
 	maxPrefixes  uint32
+	bfd          BFD // zero when off
 }
 
 func (s *speaker) keyOf(p Peer) sessionKey {
-	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p), maxPrefixes(p)}
+	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p), maxPrefixes(p), bfdTimers(p)}
+}
+
+// bfdTimers returns p's effective BFD timers, the zero BFD when it is off.
+func bfdTimers(p Peer) BFD {
+	if p.BFD == nil {
+		return BFD{}
+	}
+	b := *p.BFD
+	if b.Interval <= 0 {
+		b.Interval = DefaultBFDInterval
+	}
+	if b.Multiplier == 0 {
+		b.Multiplier = DefaultBFDMultiplier
+	}
+	return b
 }
 
 // maxPrefixes is p's effective prefix limit, 0 for none.
@@ -107,6 +123,10 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 	}
 	if p.LocalAddress.IsValid() {
 		ap.Transport.LocalAddress = p.LocalAddress.String()
+	}
+	if b := bfdTimers(p); b != (BFD{}) {
+		us := uint32(min(b.Interval/time.Microsecond, 1<<32-1))
+		ap.Bfd = &gobgpapi.BfdPeerConfig{Enabled: true, DesiredMinimumTxInterval: us, RequiredMinimumReceive: us, DetectionMultiplier: uint32(b.Multiplier)}
 	}
 	if limit := maxPrefixes(p); limit > 0 {
 		ap.AfiSafis[0].PrefixLimits = &gobgpapi.PrefixLimit{Family: ap.AfiSafis[0].Config.Family, MaxPrefixes: limit}
@@ -378,6 +398,9 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		if p.State != nil {
 			st.State = stateName(p.State.SessionState)
 			st.PrefixLimitExceeded = p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
+			if p.GetBfd().GetEnabled() {
+				st.BFD = bfdStateName(p.State.GetBfdState().GetSessionState())
+			}
 		}
 		for _, af := range p.AfiSafis {
 			if af.State != nil {
@@ -403,6 +426,11 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		if t, ok := s.since[st.Address]; ok && t.After(st.Since) {
 			st.Since = t
 		}
+		peer := s.peers[st.Address]
+		st.MaxPrefixes = maxPrefixes(peer)
+		if st.BFD == "" && peer.BFD != nil {
+			st.BFD = "Down"
+		}
 		st.Info = s.info[st.Address]
 		if st.PrefixLimitExceeded && st.Info == "" {
 			st.Info = fmt.Sprintf("max-prefix limit %d exceeded", maxPrefixes(s.peers[st.Address]))
@@ -411,6 +439,19 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })
 	return out, nil
+}
+
+func bfdStateName(st gobgpapi.BfdSessionState) string {
+	switch st {
+	case gobgpapi.BfdSessionState_BFD_SESSION_STATE_UP:
+		return "Up"
+	case gobgpapi.BfdSessionState_BFD_SESSION_STATE_INIT:
+		return "Init"
+	case gobgpapi.BfdSessionState_BFD_SESSION_STATE_ADMIN_DOWN:
+		return "AdminDown"
+	default:
+		return "Down"
+	}
 }
 
 func stateName(st gobgpapi.PeerState_SessionState) string {

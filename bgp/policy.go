@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/server"
@@ -36,6 +37,8 @@ import (
 // FilterLearned).
 const (
 	importPolicy      = "tabby-import"
+	exportPolicy      = "tabby-export"
+	communitySet      = "tabby-communities"
 	noTransitPolicy   = "tabby-no-transit"
 	externalSet       = "tabby-external"
 	clusterSet        = "tabby-cluster"
@@ -48,14 +51,98 @@ const (
 
 // policyInput is what the policy is built from.
 type policyInput struct {
-	peers []Peer // sorted by address
-	pools []netip.Prefix
+	peers       []Peer // sorted by address
+	pools       []netip.Prefix
+	communities []PrefixCommunities // sorted by prefix
 }
 
 func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
 
+// communityString renders a standard community as GoBGP reads it ("65001:100").
+func communityString(c uint32) string { return fmt.Sprintf("%d:%d", c>>16, c&0xffff) }
+
+// buildPolicies returns the import policy and the dynamic export policy
+// for in, with the defined sets they use, every name prefixed with gen
+// (see applyPolicy). Policies[0] is the import policy, Policies[1] the
+// export one. It is pure.
+func buildPolicies(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
+	req := buildImport(in, gen)
+	req.Policies = append(req.Policies, buildExport(in, gen, req))
+	return req
+}
+
+// buildExport returns the export policy that follows the static ones (no
+// transit, third-party next hop; see installExport) and adds its defined
+// sets to req. Its statements, in order:
+//  1. per-pool communities: a route inside a pool gets the pool's
+//     communities; these neither accept nor reject, so evaluation goes on;
+//  2. each peer's export rules (BGPFilters), in order: the first that
+//     matches decides.
+//
+// A route no statement decides is sent (the assignment's default).
+func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *gobgpapi.Policy {
+	exp := &gobgpapi.Policy{Name: gen + exportPolicy}
+	for i, pc := range in.communities {
+		if !pc.Prefix.IsValid() || !pc.Prefix.Addr().Is4() || len(pc.Communities) == 0 {
+			continue
+		}
+		set := fmt.Sprintf("%s%s-%d", gen, communitySet, i)
+		p := pc.Prefix.Masked()
+		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: set,
+			Prefixes: []*gobgpapi.Prefix{{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: 32}}})
+		var cs []string
+		for _, c := range pc.Communities {
+			cs = append(cs, communityString(c))
+		}
+		exp.Statements = append(exp.Statements, &gobgpapi.Statement{
+			Name:       fmt.Sprintf("%s-communities%d", exp.Name, i),
+			Conditions: &gobgpapi.Conditions{PrefixSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: set}},
+			Actions: &gobgpapi.Actions{
+				RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_UNSPECIFIED,
+				Community:   &gobgpapi.CommunityAction{Type: gobgpapi.CommunityAction_TYPE_ADD, Communities: cs},
+			},
+		})
+	}
+	for _, p := range in.peers {
+		if len(p.Export) == 0 {
+			continue
+		}
+		peerSet := gen + "tabby-export-peer-" + p.Address.String()
+		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: []string{hostPrefix(p.Address)}})
+		for i, r := range p.Export {
+			exp.Statements = append(exp.Statements, ruleStatement(req, exp.Name, peerSet, i, r,
+				&gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT}))
+		}
+	}
+	return exp
+}
+
+// ruleStatement returns the statement of rule i of the peer that peerSet
+// names, and adds the rule's prefix set to req. accept is the action of an
+// Accept rule; a Reject rule rejects.
+func ruleStatement(req *gobgpapi.SetPoliciesRequest, policy, peerSet string, i int, r FilterRule, accept *gobgpapi.Actions) *gobgpapi.Statement {
+	name := fmt.Sprintf("%s-rule%d", peerSet, i)
+	match := gobgpapi.MatchSet_TYPE_ANY
+	if r.Operator == MatchNotIn {
+		match = gobgpapi.MatchSet_TYPE_INVERT
+	}
+	req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: name, Prefixes: []*gobgpapi.Prefix{rulePrefix(r)}})
+	a := &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT}
+	if r.Accept {
+		a = accept
+	}
+	return &gobgpapi.Statement{
+		Name: fmt.Sprintf("%s-%s-rule%d", policy, peerSet, i),
+		Conditions: &gobgpapi.Conditions{
+			NeighborSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: peerSet},
+			PrefixSet:   &gobgpapi.MatchSet{Type: match, Name: name},
+		},
+		Actions: a,
+	}
+}
+
 // buildImport returns the import policy for in and the defined sets it
-// uses, every name prefixed with gen (see applyPolicy). It is pure.
+// uses, every name prefixed with gen. It is pure.
 func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 	req := &gobgpapi.SetPoliciesRequest{}
 	importPolicy, externalSet, clusterSet, acceptDefaultSet, poolSet, defaultRouteSet :=
@@ -115,20 +202,7 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 			peerSet := gen + "tabby-peer-" + p.Address.String()
 			neighborSet(peerSet, []string{hostPrefix(p.Address)})
 			for i, r := range p.Import {
-				name := fmt.Sprintf("%s-rule%d", peerSet, i)
-				match := gobgpapi.MatchSet_TYPE_ANY
-				if r.Operator == MatchNotIn {
-					match = gobgpapi.MatchSet_TYPE_INVERT
-				}
-				prefixSet(name, []*gobgpapi.Prefix{rulePrefix(r)})
-				a := reject
-				if r.Accept {
-					a = acceptTagged
-				}
-				stmt(fmt.Sprintf("peer-%v-rule%d", p.Address, i), &gobgpapi.Conditions{
-					NeighborSet: any(peerSet),
-					PrefixSet:   &gobgpapi.MatchSet{Type: match, Name: name},
-				}, a)
+				imp.Statements = append(imp.Statements, ruleStatement(req, importPolicy, peerSet, i, r, acceptTagged))
 			}
 		}
 	}
@@ -146,11 +220,13 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 	return req
 }
 
-// installExport installs the export policies, which never change: no
+// installExport installs the export policies that never change: no
 // transit (reject what carries the external tag) and third-party next
 // hops (see nexthop.go). They are added one by one: GoBGP v4.8.0's
-// SetPolicies drops the prefix length of a next-hop condition.
-func installExport(ctx context.Context, srv *server.BgpServer, subnet netip.Prefix) error {
+// SetPolicies drops the prefix length of a next-hop condition. It returns
+// their names in the order the export assignment lists them, before the
+// dynamic export policy (see applyPolicy).
+func installExport(ctx context.Context, srv *server.BgpServer, subnet netip.Prefix) ([]string, error) {
 	sets := []*gobgpapi.DefinedSet{{
 		DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_COMMUNITY, Name: externalTagSet, List: []string{"^" + externalCommunity + "$"},
 	}}
@@ -166,26 +242,17 @@ func installExport(ctx context.Context, srv *server.BgpServer, subnet netip.Pref
 	}
 	for _, set := range sets {
 		if err := srv.AddDefinedSet(ctx, &gobgpapi.AddDefinedSetRequest{DefinedSet: set}); err != nil {
-			return fmt.Errorf("adding defined set %s: %w", set.Name, err)
+			return nil, fmt.Errorf("adding defined set %s: %w", set.Name, err)
 		}
 	}
-	var refs []*gobgpapi.Policy
+	var names []string
 	for _, pol := range policies {
 		if err := srv.AddPolicy(ctx, &gobgpapi.AddPolicyRequest{Policy: pol}); err != nil {
-			return fmt.Errorf("adding policy %s: %w", pol.Name, err)
+			return nil, fmt.Errorf("adding policy %s: %w", pol.Name, err)
 		}
-		refs = append(refs, &gobgpapi.Policy{Name: pol.Name})
+		names = append(names, pol.Name)
 	}
-	err := srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: &gobgpapi.PolicyAssignment{
-		Name:          "global",
-		Direction:     gobgpapi.PolicyDirection_POLICY_DIRECTION_EXPORT,
-		Policies:      refs,
-		DefaultAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT,
-	}})
-	if err != nil {
-		return fmt.Errorf("assigning export policy: %w", err)
-	}
-	return nil
+	return names, nil
 }
 
 // rulePrefix is the GoBGP prefix-set entry of r: Equal matches the CIDR
@@ -220,57 +287,82 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 	}
 	slices.SortFunc(pools, netip.Prefix.Compare)
 	pools = slices.Compact(pools)
+	var communities []PrefixCommunities
+	for _, pc := range pol.Communities {
+		if !pc.Prefix.IsValid() || !pc.Prefix.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("communities for %v: not an IPv4 prefix", pc.Prefix))
+			continue
+		}
+		if len(pc.Communities) > 0 {
+			communities = append(communities, PrefixCommunities{Prefix: pc.Prefix.Masked(), Communities: slices.Clone(pc.Communities)})
+		}
+	}
+	slices.SortStableFunc(communities, func(a, b PrefixCommunities) int { return a.Prefix.Compare(b.Prefix) })
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.srv == nil || s.stopped {
 		return errors.New("speaker not running")
 	}
-	s.pools = pools
+	s.pools, s.communities = pools, communities
 	if err := s.applyPolicy(ctx, sortedPeers(s.peers)); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// applyPolicy installs the import policy for peers and s.pools when it
-// changed, then has GoBGP re-apply it to every established session (soft
-// reset: import from its Adj-RIB-In, export to its Adj-RIB-Out; the
-// sessions stay up). Each version gets fresh names: the new policy and its
-// sets are added, the import assignment is switched to it in one call, and
-// the old ones are deleted, so no update ever meets a half-built policy.
-// Called with s.mu held.
+// applyPolicy installs the import and export policies for peers, s.pools
+// and s.communities when they changed, then has GoBGP re-apply them to
+// every established session (soft reset: import from its Adj-RIB-In,
+// export to its Adj-RIB-Out; the sessions stay up). Each version gets
+// fresh names: the new policies and their sets are added, the import and
+// export assignments are switched to them (one call each), and the old
+// ones are deleted, so no update ever meets a half-built policy. Called
+// with s.mu held.
 func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
-	in := policyInput{peers: peers, pools: s.pools}
-	key := buildImport(in, "")
+	in := policyInput{peers: peers, pools: s.pools, communities: s.communities}
+	key := buildPolicies(in, "")
 	if s.lastPolicy != nil && proto.Equal(key, s.lastPolicy) {
 		return nil
 	}
 	gen := fmt.Sprintf("v%d-", s.policyGen+1)
-	req := buildImport(in, gen)
+	req := buildPolicies(in, gen)
 	for _, set := range req.DefinedSets {
 		if err := s.srv.AddDefinedSet(ctx, &gobgpapi.AddDefinedSetRequest{DefinedSet: set}); err != nil {
 			return fmt.Errorf("adding defined set %s: %w", set.Name, err)
 		}
 	}
-	pol := req.Policies[0]
-	if err := s.srv.AddPolicy(ctx, &gobgpapi.AddPolicyRequest{Policy: pol}); err != nil {
-		return fmt.Errorf("adding import policy: %w", err)
+	for _, pol := range req.Policies {
+		if err := s.srv.AddPolicy(ctx, &gobgpapi.AddPolicyRequest{Policy: pol}); err != nil {
+			return fmt.Errorf("adding policy %s: %w", pol.Name, err)
+		}
 	}
-	assign := &gobgpapi.PolicyAssignment{
+	exportRefs := []*gobgpapi.Policy{}
+	for _, name := range s.staticExport {
+		exportRefs = append(exportRefs, &gobgpapi.Policy{Name: name})
+	}
+	exportRefs = append(exportRefs, &gobgpapi.Policy{Name: req.Policies[1].Name})
+	assignments := []*gobgpapi.PolicyAssignment{{
 		Name:          "global",
 		Direction:     gobgpapi.PolicyDirection_POLICY_DIRECTION_IMPORT,
-		Policies:      []*gobgpapi.Policy{{Name: pol.Name}},
+		Policies:      []*gobgpapi.Policy{{Name: req.Policies[0].Name}},
 		DefaultAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT,
-	}
-	var err error
-	if s.lastPolicy == nil {
-		err = s.srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: assign})
-	} else {
-		err = s.srv.SetPolicyAssignment(ctx, &gobgpapi.SetPolicyAssignmentRequest{Assignment: assign})
-	}
-	if err != nil {
-		return fmt.Errorf("assigning import policy: %w", err)
+	}, {
+		Name:          "global",
+		Direction:     gobgpapi.PolicyDirection_POLICY_DIRECTION_EXPORT,
+		Policies:      exportRefs,
+		DefaultAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT,
+	}}
+	for _, assign := range assignments {
+		var err error
+		if s.lastPolicy == nil {
+			err = s.srv.AddPolicyAssignment(ctx, &gobgpapi.AddPolicyAssignmentRequest{Assignment: assign})
+		} else {
+			err = s.srv.SetPolicyAssignment(ctx, &gobgpapi.SetPolicyAssignmentRequest{Assignment: assign})
+		}
+		if err != nil {
+			return fmt.Errorf("assigning %s policy: %w", strings.ToLower(strings.TrimPrefix(assign.Direction.String(), "POLICY_DIRECTION_")), err)
+		}
 	}
 	old := s.lastInstalled
 	first := s.lastPolicy == nil
@@ -281,7 +373,7 @@ func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
 	if old != nil {
 		for _, p := range old.Policies {
 			if err := s.srv.DeletePolicy(ctx, &gobgpapi.DeletePolicyRequest{Policy: p}); err != nil {
-				errs = append(errs, fmt.Errorf("deleting old import policy: %w", err))
+				errs = append(errs, fmt.Errorf("deleting old policy %s: %w", p.Name, err))
 			}
 		}
 		for _, set := range old.DefinedSets {
@@ -294,7 +386,7 @@ func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
 		return errors.Join(errs...)
 	}
 	var established []string
-	err = s.srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+	err := s.srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
 		if p.Conf != nil && p.State != nil && p.State.SessionState == gobgpapi.PeerState_SESSION_STATE_ESTABLISHED {
 			established = append(established, p.Conf.NeighborAddress)
 		}

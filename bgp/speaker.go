@@ -79,6 +79,8 @@ type speaker struct {
 	originated map[netip.Prefix]bool
 	// pools and lastPolicy: see SetPolicy and applyPolicy.
 	pools         []netip.Prefix
+	communities   []PrefixCommunities
+	staticExport  []string                     // export policies installed at Start, before the dynamic one
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest
 	policyGen     int
@@ -202,7 +204,8 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("starting BGP: %w", err)
 	}
 	s.srv, s.cfg = srv, cfg
-	err := installExport(ctx, srv, cfg.Subnet)
+	static, err := installExport(ctx, srv, cfg.Subnet)
+	s.staticExport = static
 	if err == nil {
 		err = s.applyPolicy(ctx, nil)
 	}
@@ -531,6 +534,9 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 		return nil, fmt.Errorf("listing BGP peers: %w", err)
 	}
 	rib := map[netip.Prefix][]candidate{}
+	// ListPath reads the route-selection variables that another server's
+	// StartBgp writes (see servers).
+	servers.RLock()
 	err := srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
 		for _, p := range paths {
 			if limited[p.PeerAddress] {
@@ -541,6 +547,7 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 			}
 		}
 	})
+	servers.RUnlock()
 	// The barrier described above; run it whatever ListPath returned.
 	if _, berr := srv.GetBgp(ctx, &gobgpapi.GetBgpRequest{}); berr != nil && err == nil {
 		err = fmt.Errorf("synchronising with the BGP server: %w", berr)
@@ -561,8 +568,10 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 // no-op management call through every other running server before and
 // after the write: GoBGP runs management calls under its server-wide lock,
 // which orders them with every session goroutine's work (see readRIB).
+// ListPath reads the same variables outside GoBGP's lock, so readRIB holds
+// the read lock around it.
 var servers struct {
-	sync.Mutex
+	sync.RWMutex
 	running map[*server.BgpServer]bool
 }
 

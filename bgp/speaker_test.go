@@ -282,7 +282,7 @@ func TestGracefulRestart(t *testing.T) {
 	again := startNode(t, n0.name+"-again", cfg)
 	cfg0 := &api.BGPConfiguration{}
 	cfg0.Spec.ListenPort = &c.port
-	if err := again.sp.SetPeers(context.Background(), DesiredPeers(n0.name, c.api, cfg0, nil)); err != nil {
+	if err := again.sp.SetPeers(context.Background(), DesiredPeers(n0.name, c.api, cfg0, nil, nil)); err != nil {
 		t.Fatal(err)
 	}
 	if err := again.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(0)}); err != nil {

@@ -65,7 +65,28 @@ type Peer struct {
 	// the first that matches a prefix decides. They apply to external
 	// peers only: cluster peers always get the pool rule.
 	Import []FilterRule
+	// Export are the peer's export rules (from its BGPFilters), in order;
+	// the first that matches a prefix decides, a prefix none matches is
+	// sent. They never let through what the safe defaults withhold
+	// (routes learned from external peers).
+	Export []FilterRule
+	// BFD, when set, runs BFD with the peer: the session goes down once
+	// BFD.Multiplier × BFD.Interval pass without a BFD packet.
+	BFD *BFD
 }
+
+// BFD are a peer's BFD timers. Zero values mean DefaultBFDInterval and
+// DefaultBFDMultiplier.
+type BFD struct {
+	Interval   time.Duration // desired transmit and required receive interval
+	Multiplier uint8
+}
+
+// BFD defaults (300 ms × 3: a silent peer is noticed in under a second).
+const (
+	DefaultBFDInterval   = 300 * time.Millisecond
+	DefaultBFDMultiplier = 3
+)
 
 // IsCluster reports whether p is a cluster peer (see Peer.ClusterNode).
 func (p Peer) IsCluster() bool {
@@ -90,7 +111,7 @@ const (
 	MatchNotIn MatchOperator = "NotIn" // the prefix is not inside CIDR
 )
 
-// FilterRule is one import rule. With PrefixLength set, In and NotIn
+// FilterRule is one import or export rule. With PrefixLength set, In and NotIn
 // consider prefixes of those lengths only (Min..Max, inclusive; 0 means
 // the CIDR's own length, respectively 32).
 type FilterRule struct {
@@ -110,6 +131,17 @@ type Policy struct {
 	// Pools are the IP pool CIDRs: the only prefixes cluster peers may
 	// send, and prefixes no external peer may send.
 	Pools []netip.Prefix
+	// Communities are added to every route sent to any peer whose prefix
+	// is inside one of the CIDRs (per-pool communities: blocks and
+	// borrowed addresses of the pool).
+	Communities []PrefixCommunities
+}
+
+// PrefixCommunities tags the routes inside Prefix with standard BGP
+// communities (RFC 1997, high 16 bits the AS, low 16 bits the value).
+type PrefixCommunities struct {
+	Prefix      netip.Prefix
+	Communities []uint32
 }
 
 // Config configures a Speaker. RouterID is also the next hop of every
@@ -168,6 +200,11 @@ type PeerStatus struct {
 	PrefixLimitExceeded bool
 	// Received counts the prefixes the peer sent (before import policy).
 	Received uint32
+	// MaxPrefixes is the peer's effective prefix limit, 0 for none.
+	MaxPrefixes uint32
+	// BFD is the BFD session state ("Up", "Down", "Init", "AdminDown"),
+	// empty when BFD is off for the peer.
+	BFD string
 }
 
 // Speaker is a BGP speaker. Its methods are safe for concurrent use.

@@ -144,6 +144,22 @@ func (c *Client) noStatus(ctx context.Context, node string) error {
 	return errors.New(msg)
 }
 
+// peerInfo is the INFO column of a session: a session shut down over its
+// max-prefix limit says so first, whatever its state.
+func peerInfo(p api.PeerStatus) string {
+	if p.PrefixLimitExceeded {
+		return fmt.Sprintf("MAX-PREFIX EXCEEDED: peer sent %d prefixes, limit %d; shut down until its BGPPeer changes", p.Received, p.MaxPrefixes)
+	}
+	return PeerInfoText(p.State, p.Info)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
 // peerTypeText spells peer types the way calicoctl does.
 func peerTypeText(t string) string {
 	switch t {
@@ -169,21 +185,41 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "Node %s (%s, AS %d): %d of %s established, %s\n", st.Node, orNone(st.Address), st.ASN,
-		est, plural(len(st.Peers), "BGP session", "BGP sessions"), plural(st.Workloads, "workload", "workloads"))
+	over := 0
+	for _, p := range st.Peers {
+		if p.PrefixLimitExceeded {
+			over++
+		}
+	}
+	overText := ""
+	if over > 0 {
+		overText = fmt.Sprintf(" (%d shut down over max-prefix)", over)
+	}
+	fmt.Fprintf(&b, "Node %s (%s, AS %d): %d of %s established%s, %s\n", st.Node, orNone(st.Address), st.ASN,
+		est, plural(len(st.Peers), "BGP session", "BGP sessions"), overText, plural(st.Workloads, "workload", "workloads"))
 	if len(st.Peers) == 0 {
 		b.WriteString("No BGP peers.\n")
 	} else {
 		b.WriteString("IPv4 BGP status\n")
 		peers := slices.Clone(st.Peers)
 		slices.SortFunc(peers, func(x, y api.PeerStatus) int { return strings.Compare(x.Address, y.Address) })
-		t := newTable("PEER ADDRESS", "PEER TYPE", "STATE", "SINCE", "INFO")
+		// The BFD column appears only when some session runs BFD.
+		bfd := slices.ContainsFunc(peers, func(p api.PeerStatus) bool { return p.BFD != "" })
+		cols := []string{"PEER ADDRESS", "PEER TYPE", "STATE", "SINCE"}
+		if bfd {
+			cols = append(cols, "BFD")
+		}
+		t := newTable(append(cols, "INFO")...)
 		for _, p := range peers {
 			since := "-"
 			if !p.Since.IsZero() {
 				since = p.Since.UTC().Format(time.DateTime)
 			}
-			t.add(p.Address, peerTypeText(p.Type), p.State, since, PeerInfoText(p.State, p.Info))
+			row := []string{p.Address, peerTypeText(p.Type), p.State, since}
+			if bfd {
+				row = append(row, orDash(p.BFD))
+			}
+			t.add(append(row, peerInfo(p))...)
 		}
 		if err := t.writeBoxed(&b); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -26,7 +27,9 @@ func columnsOf(kind string) (header, wide []string) {
 	case api.KindBGPConfiguration:
 		return []string{"NAME", "ASN", "MESH", "LISTEN-PORT"}, []string{"KEEPALIVE", "HOLD", "MESH-RESTART-TIME"}
 	case api.KindBGPPeer:
-		return []string{"NAME", "PEERIP", "NODE", "ASN"}, []string{"KEEPALIVE", "HOLD", "PASSWORD", "SOURCE"}
+		return []string{"NAME", "PEERIP", "NODE", "ASN"}, []string{"KEEPALIVE", "HOLD", "PASSWORD", "SOURCE", "FILTERS", "MAX-PREFIXES", "BFD"}
+	case api.KindBGPFilter:
+		return []string{"NAME", "IMPORT-V4", "EXPORT-V4"}, []string{"RULES"}
 	case api.KindWorkloadEndpoint:
 		return []string{"NAMESPACE", "NAME", "NODE", "IP", "INTERFACE"}, []string{"POD", "CONTAINER", "MAC", "LABELS"}
 	case api.KindNetworkPolicy:
@@ -82,8 +85,29 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 		if o.Spec.Password != "" {
 			pw = "yes"
 		}
+		maxPfx := "<default>"
+		if o.Spec.MaxPrefixes != 0 {
+			maxPfx = strconv.FormatUint(uint64(o.Spec.MaxPrefixes), 10)
+		}
+		bfd := "off"
+		if b := o.Spec.BFD; b != nil && b.Enabled {
+			bfd = fmt.Sprintf("%s×%d", b.EffectiveInterval(), b.EffectiveMultiplier())
+		}
 		return []string{o.Metadata.Name, peer, node, asn},
-			[]string{duration(o.Spec.KeepaliveTime), duration(o.Spec.HoldTime), pw, o.Spec.SourceAddress}
+			[]string{duration(o.Spec.KeepaliveTime), duration(o.Spec.HoldTime), pw, o.Spec.SourceAddress,
+				orNone(strings.Join(o.Spec.Filters, ",")), maxPfx, bfd}
+	case *api.BGPFilter:
+		var rules []string
+		for _, l := range []struct {
+			name  string
+			rules []api.BGPFilterRule
+		}{{"import", o.Spec.ImportV4}, {"export", o.Spec.ExportV4}} {
+			for _, r := range l.rules {
+				rules = append(rules, l.name+" "+filterRule(r))
+			}
+		}
+		return []string{o.Metadata.Name, strconv.Itoa(len(o.Spec.ImportV4)), strconv.Itoa(len(o.Spec.ExportV4))},
+			[]string{orNone(strings.Join(rules, "; "))}
 	case *api.WorkloadEndpoint:
 		return []string{o.Metadata.Namespace, o.Metadata.Name, o.Spec.Node, orNone(strings.Join(o.Spec.IPNetworks, ",")), orNone(o.Spec.InterfaceName)},
 			[]string{orNone(o.Spec.Pod), orNone(shortID(o.Spec.ContainerID)), orNone(o.Spec.MAC), formatLabels(o.Metadata.Labels)}
@@ -101,6 +125,25 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 			[]string{gnpSelector(o.Spec.NamespaceSelector), strconv.Itoa(len(o.Spec.Ingress)), strconv.Itoa(len(o.Spec.Egress))}
 	}
 	return []string{obj.GetMeta().Name}, nil
+}
+
+// filterRule renders a BGPFilter rule on one line: "In 10.0.0.0/8 /24-28 Accept".
+func filterRule(r api.BGPFilterRule) string {
+	if r.CIDR == "" {
+		return "all " + r.Action
+	}
+	s := r.MatchOperator + " " + r.CIDR
+	if pl := r.PrefixLength; pl != nil {
+		lo, hi := "", ""
+		if pl.Min != nil {
+			lo = strconv.Itoa(int(*pl.Min))
+		}
+		if pl.Max != nil {
+			hi = strconv.Itoa(int(*pl.Max))
+		}
+		s += " /" + lo + "-" + hi
+	}
+	return s + " " + r.Action
 }
 
 func orNone(s string) string {

@@ -110,7 +110,7 @@ func TestRouteReflectorResources(t *testing.T) {
 	sessions := func(cfg *api.BGPConfiguration, peers []*api.BGPPeer) map[string][]string {
 		out := map[string][]string{}
 		for _, n := range nodes {
-			for _, p := range bgp.DesiredPeers(n.Metadata.Name, nodes, cfg, peers) {
+			for _, p := range bgp.DesiredPeers(n.Metadata.Name, nodes, cfg, peers, nil) {
 				s := fmt.Sprintf("%s:%s", p.Name, p.Type)
 				if p.RRClient {
 					s += "(client)"

@@ -76,6 +76,13 @@ func (s *Syncer) BGPPeers() []*api.BGPPeer {
 	return objects[*api.BGPPeer](s.st, api.KindBGPPeer)
 }
 
+// BGPFilters returns every BGPFilter, by name.
+func (s *Syncer) BGPFilters() []*api.BGPFilter {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.BGPFilter](s.st, api.KindBGPFilter)
+}
+
 // Endpoints returns every WorkloadEndpoint of the cluster, by key.
 func (s *Syncer) Endpoints() []*api.WorkloadEndpoint {
 	s.mu.RLock()

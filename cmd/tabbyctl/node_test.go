@@ -66,3 +66,24 @@ spec: {bgp: {ipv4Address: 198.18.0.13/24}}
 	h.ok("node", "status", "--all")
 	h.golden("nodestatus")
 }
+
+// TestNodeStatusMaxPrefixAndBFD: a session shut down over its max-prefix
+// limit says so whatever its state, and sessions running BFD show its state.
+func TestNodeStatusMaxPrefixAndBFD(t *testing.T) {
+	h := newHarness(t)
+	h.ok("apply", "-f", h.file("node.yaml", "apiVersion: tabby.dev/v1\nkind: Node\nmetadata: {name: node-1}\nspec: {bgp: {ipv4Address: 198.18.0.11/24}}\n"))
+	up := fixedNow.Add(-10 * time.Minute)
+	publish(t, h, api.AgentStatus{
+		Node: "node-1", Address: "198.18.0.11/24", ASN: 64512,
+		Peers: []api.PeerStatus{
+			{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: up, BFD: "Up"},
+			{Address: "198.18.0.1", Type: "global", State: "Idle", Since: up.Add(time.Minute),
+				Info:                "notification sent: notification-sent code 6(cease) subcode 1(maximum number of prefixes reached)",
+				PrefixLimitExceeded: true, Received: 10001, MaxPrefixes: 10000},
+			{Address: "198.18.0.2", Type: "global", State: "Active", Since: up.Add(2 * time.Minute), BFD: "Down",
+				Info: "admin down: bfd"},
+		},
+	})
+	h.ok("node", "status")
+	h.golden("nodestatus-limits")
+}

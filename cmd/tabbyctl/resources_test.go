@@ -102,6 +102,53 @@ spec: {cidr: 10.251.0.0/33, blockSize: 40}
 	h.golden("resources")
 }
 
+// TestBGPFilterResources: BGPFilters and the BGPPeer fields that use them
+// go through get, apply and delete like every other kind.
+func TestBGPFilterResources(t *testing.T) {
+	h := newHarness(t)
+	manifest := h.file("filters.yaml", `apiVersion: tabby.dev/v1
+kind: BGPFilter
+metadata: {name: tor-in}
+spec:
+  importV4:
+  - {cidr: 203.0.113.0/24, matchOperator: In, prefixLength: {min: 25, max: 28}, action: Accept}
+  - {cidr: 0.0.0.0/0, matchOperator: Equal, action: Accept}
+  exportV4:
+  - {cidr: 10.244.128.0/17, action: Reject}
+---
+apiVersion: tabby.dev/v1
+kind: BGPPeer
+metadata: {name: tor}
+spec:
+  peerIP: 198.18.0.1
+  asNumber: 65001
+  filters: [tor-in]
+  maxPrefixes: 200
+  bfd: {enabled: true}
+`)
+	h.ok("apply", "-f", manifest)
+	h.ok("get", "bgpfilters")
+	h.ok("get", "filter", "tor-in", "-o", "wide")
+	h.ok("get", "bgpfilter", "tor-in", "-o", "yaml")
+	h.ok("get", "peers", "-o", "wide")
+	h.ok("apply", "-f", manifest) // unchanged
+	bad := h.file("bad-filter.yaml", `apiVersion: tabby.dev/v1
+kind: BGPFilter
+metadata: {name: bad}
+spec:
+  importV4:
+  - {cidr: 203.0.113.1/24, matchOperator: Near, action: Allow}
+  - {cidr: 10.0.0.0/8, matchOperator: Equal, prefixLength: {max: 24}, action: Accept}
+`)
+	h.fail("apply", "-f", bad)
+	h.fail("apply", "-f", h.file("typo-filter.yaml", "apiVersion: tabby.dev/v1\nkind: BGPFilter\nmetadata: {name: t}\nspec: {importv4: []}\n"))
+	h.ok("delete", "filter", "tor-in")
+	h.fail("get", "bgpfilter", "tor-in")
+	h.ok("delete", "-f", manifest, "--ignore-not-found")
+	h.ok("get", "bgpfilters")
+	h.golden("bgpfilter")
+}
+
 func TestValidate(t *testing.T) {
 	h := newOfflineHarness(t)
 	h.ok("validate", "-f", "testdata/manifests")

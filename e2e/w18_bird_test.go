@@ -1,0 +1,286 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/e2e/lab"
+)
+
+// w18BirdConf: BIRD as the ToR (AS 65001) announcing two prefixes, of which
+// the nodes' BGPFilter accepts one, with BFD towards the first node only
+// (the second one is the hold-time reference of the failover measurement).
+const w18BirdConf = `# written by TestW18BIRDFiltersCommunitiesBFD
+log stderr all;
+router id 198.18.0.1;
+protocol device { scan time 10; }
+protocol static tor_static {
+	ipv4;
+	route 198.19.77.0/24 blackhole;
+	route 198.19.78.0/24 blackhole;
+}
+protocol bfd {
+	interface "*" {
+		min rx interval 300 ms;
+		min tx interval 300 ms;
+		multiplier 3;
+	};
+}
+template bgp tabby_node {
+	local 198.18.0.1 as 65001;
+	hold time 9;
+	keepalive time 3;
+	connect retry time 2;
+	error wait time 1, 10;
+	graceful restart on;
+	ipv4 {
+		import all;
+		export where source = RTS_STATIC;
+	};
+}
+protocol bgp %s from tabby_node {
+	neighbor %s as 64512;
+	bfd on;
+}
+protocol bgp %s from tabby_node {
+	neighbor %s as 64512;
+}
+`
+
+// TestW18BIRDFiltersCommunitiesBFD: a BGPFilter on the ToR peering lets in
+// one of the ToR's two prefixes and keeps one node's block from the ToR; the
+// pool's community reaches BIRD; BFD comes up with BIRD on node 1; then both
+// nodes' fabric links go down silently at once and the test measures how
+// long BIRD takes to notice each (BFD vs hold time).
+func TestW18BIRDFiltersCommunitiesBFD(t *testing.T) {
+	requireRoot(t)
+	for _, bin := range []string{"bird", "birdc"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("skipped: %s not installed (Debian package bird2)", bin)
+		}
+	}
+	l := upLab(t, lab.Options{Name: "w18bird", Nodes: 2, PodsPerNode: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	nodes := l.State().Nodes
+	n1, n2 := nodes[0], nodes[1]
+	b := startW18BIRD(t, l, n1, n2)
+	st := l.Store()
+
+	// The pool's community, a filter, and one BGPPeer per node (BFD on
+	// node 1 only).
+	pools, _, err := st.List(ctx, api.KindIPPool, "")
+	if err != nil || len(pools) == 0 {
+		t.Fatalf("listing pools: %v (%d)", err, len(pools))
+	}
+	pool := pools[0].(*api.IPPool)
+	pool.Spec.BGPCommunities = []string{"65001:100"}
+	if _, err := st.Update(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	s1, err := l.NodeStatus(ctx, n1.Name)
+	if err != nil || len(s1.Blocks) == 0 {
+		t.Fatalf("node 1 status: %v %+v", err, s1)
+	}
+	hidden := s1.Blocks[0] // node 1's block: exported to nobody
+	filter := &api.BGPFilter{Metadata: api.ObjectMeta{Name: "tor"}, Spec: api.BGPFilterSpec{
+		ImportV4: []api.BGPFilterRule{{CIDR: "198.19.77.0/24", MatchOperator: api.MatchOperatorEqual, Action: api.FilterActionAccept}},
+		ExportV4: []api.BGPFilterRule{{CIDR: hidden, MatchOperator: api.MatchOperatorEqual, Action: api.FilterActionReject}},
+	}}
+	for _, obj := range []api.Object{
+		filter,
+		&api.BGPPeer{Metadata: api.ObjectMeta{Name: "tor-" + n1.Name}, Spec: api.BGPPeerSpec{PeerIP: torAddr, ASNumber: torASN, Node: n1.Name,
+			Filters: []string{"tor"}, BFD: &api.BGPPeerBFD{Enabled: true}}},
+		&api.BGPPeer{Metadata: api.ObjectMeta{Name: "tor-" + n2.Name}, Spec: api.BGPPeerSpec{PeerIP: torAddr, ASNumber: torASN, Node: n2.Name,
+			Filters: []string{"tor"}}},
+	} {
+		obj.SetDefaults()
+		if err := obj.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	waitFor(t, 40*time.Second, "both ToR sessions Established, BFD up on node 1", func() error {
+		var errs []error
+		for _, n := range nodes {
+			s, err := l.NodeStatus(ctx, n.Name)
+			if err != nil {
+				return err
+			}
+			i := slices.IndexFunc(s.Peers, func(p api.PeerStatus) bool { return p.Address == torAddr })
+			if i < 0 || s.Peers[i].State != "Established" {
+				errs = append(errs, fmt.Errorf("%s: ToR session %+v", n.Name, s.Peers))
+				continue
+			}
+			wantBFD := ""
+			if n.Name == n1.Name {
+				wantBFD = "Up"
+			}
+			if s.Peers[i].BFD != wantBFD {
+				errs = append(errs, fmt.Errorf("%s: BFD %q, want %q", n.Name, s.Peers[i].BFD, wantBFD))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	if out, err := b.c(ctx, "show", "bfd", "sessions"); err != nil || !strings.Contains(out, n1.IP.Addr().String()) || !strings.Contains(out, "Up") {
+		t.Errorf("BIRD's BFD sessions (err %v):\n%s", err, out)
+	} else {
+		t.Logf("birdc show bfd sessions:\n%s", out)
+	}
+
+	t.Run("ImportFilter", func(t *testing.T) {
+		waitFor(t, 20*time.Second, "198.19.77.0/24 in, 198.19.78.0/24 not", func() error {
+			var errs []error
+			for _, n := range nodes {
+				out, err := l.Exec(ctx, n.Name, "ip", "-4", "route", "show", "proto", "81")
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(string(out), "198.19.77.0/24 via "+torAddr) || strings.Contains(string(out), "198.19.78.0/24") {
+					errs = append(errs, fmt.Errorf("%s proto 81 routes:\n%s", n.Name, out))
+				}
+			}
+			return errors.Join(errs...)
+		})
+	})
+
+	t.Run("ExportFilterAndCommunity", func(t *testing.T) {
+		s2, err := l.NodeStatus(ctx, n2.Name)
+		if err != nil || len(s2.Blocks) == 0 {
+			t.Fatalf("node 2 status: %v %+v", err, s2)
+		}
+		shown := s2.Blocks[0]
+		var all string
+		waitFor(t, 20*time.Second, "BIRD to hold "+shown+" with community (65001,100) and not "+hidden, func() error {
+			out, err := b.c(ctx, "show", "route", "all")
+			if err != nil {
+				return err
+			}
+			all = out
+			routes := parseBIRDRoutes(out)
+			switch {
+			case len(routes[hidden]) != 0:
+				return fmt.Errorf("BIRD learned the filtered block %s:\n%s", hidden, out)
+			case len(routes[shown]) == 0:
+				return fmt.Errorf("BIRD has no route to %s:\n%s", shown, out)
+			case !strings.Contains(out, "BGP.community: (65001,100)"):
+				return fmt.Errorf("no community (65001,100) in:\n%s", out)
+			}
+			return nil
+		})
+		t.Logf("birdc show route all:\n%s", all)
+	})
+
+	t.Run("FailoverBFDvsHoldTime", func(t *testing.T) {
+		// Both nodes' bridge ports go down at once: no FIN, no RST, the
+		// nodes' packets simply stop arriving.
+		start := time.Now()
+		for _, n := range nodes {
+			if out, err := l.Exec(ctx, "fabric", "ip", "link", "set", "v-"+n.Name, "down"); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+		}
+		detected := map[string]time.Duration{}
+		deadline := start.Add(30 * time.Second)
+		for len(detected) < 2 && time.Now().Before(deadline) {
+			out, err := b.c(ctx, "show", "protocols")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range nodes {
+				if _, ok := detected[n.Name]; !ok && birdProtocolState(out, n.Name) != "Established" {
+					detected[n.Name] = time.Since(start)
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("W18 failover: BIRD noticed node %s (BFD 300ms×3) after %v, node %s (hold time 9s) after %v",
+			n1.Name, detected[n1.Name], n2.Name, detected[n2.Name])
+		bfdTime, holdTime := detected[n1.Name], detected[n2.Name]
+		if bfdTime == 0 || bfdTime > 1500*time.Millisecond {
+			t.Errorf("BFD detection took %v, want under 1.5 s", bfdTime)
+		}
+		if holdTime == 0 || holdTime < 3*time.Second {
+			t.Errorf("hold-time detection took %v, want several seconds", holdTime)
+		}
+		// The node side: node 1 drops the ToR's prefix once BFD reset the
+		// session.
+		var gone time.Duration
+		for time.Now().Before(start.Add(20 * time.Second)) {
+			out, err := l.Exec(ctx, n1.Name, "ip", "-4", "route", "show", "proto", "81")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(out), "198.19.77.0/24") {
+				gone = time.Since(start)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		t.Logf("W18 failover: node %s removed 198.19.77.0/24 after %v (0: not within 20 s)", n1.Name, gone)
+	})
+}
+
+// startW18BIRD runs BIRD with w18BirdConf in the lab's ToR namespace until
+// the test ends.
+func startW18BIRD(t *testing.T, l *lab.Lab, n1, n2 lab.NodeState) *bird {
+	t.Helper()
+	dir := t.TempDir()
+	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
+	conf := filepath.Join(dir, "bird.conf")
+	text := fmt.Sprintf(w18BirdConf, n1.Name, n1.IP.Addr(), n2.Name, n2.IP.Addr())
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(b.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nsenter", "--net="+netnsPath(t, l, "tor"), "--", "bird", "-f", "-c", conf, "-s", b.ctl)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		t.Fatalf("starting bird: %v", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		_ = logf.Close()
+		if t.Failed() {
+			if out, err := os.ReadFile(b.log); err == nil {
+				t.Logf("bird log:\n%s", out)
+			}
+		}
+	})
+	waitFor(t, 20*time.Second, "bird to answer on its control socket", func() error {
+		select {
+		case err := <-exited:
+			exited <- err
+			return fmt.Errorf("bird exited (%v); config:\n%s", err, text)
+		default:
+		}
+		_, err := b.c(context.Background(), "show", "status")
+		return err
+	})
+	return b
+}

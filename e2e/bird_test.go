@@ -194,9 +194,19 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 	defer cancel()
 	b := startBIRD(t, l)
 
+	// An external peer sends nothing in by default (docs/bgp.md): a filter
+	// lets the ToR's prefix in, as an operator would.
+	if _, err := l.Store().Create(ctx, &api.BGPFilter{
+		Metadata: api.ObjectMeta{Name: "tor-in"},
+		Spec: api.BGPFilterSpec{ImportV4: []api.BGPFilterRule{
+			{CIDR: "198.19.77.0/24", MatchOperator: api.MatchOperatorEqual, Action: api.FilterActionAccept},
+		}},
+	}); err != nil {
+		t.Fatalf("creating the ToR's import filter: %v", err)
+	}
 	if _, err := l.Store().Create(ctx, &api.BGPPeer{
 		Metadata: api.ObjectMeta{Name: "tor"},
-		Spec:     api.BGPPeerSpec{PeerIP: torAddr, ASNumber: torASN},
+		Spec:     api.BGPPeerSpec{PeerIP: torAddr, ASNumber: torASN, Filters: []string{"tor-in"}},
 	}); err != nil {
 		t.Fatalf("creating the ToR BGPPeer: %v", err)
 	}

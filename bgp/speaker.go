@@ -518,14 +518,23 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 			req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
 		}
 	}
-	// GoBGP v4.8.0 keeps the paths of a peer it shut down for exceeding
-	// its max-prefix limit as graceful-restart stale when the connection's
-	// read fails before the notification is accounted (fsm.go treats a
-	// read failure as a restart): a flooding peer's routes would stay for
-	// the restart time. Its paths never count.
+	// GoBGP v4.8.0 keeps the paths of a session it closed itself as
+	// graceful-restart stale when the connection's read fails before the
+	// reason is accounted (fsm.go takes a read failure for a peer
+	// restart): a peer shut down for exceeding its max-prefix limit, or
+	// one whose BFD session detected a dead path, would keep its routes for
+	// the restart time. Their paths never count: a flooding peer's routes
+	// go at once, and with BFD a lost session withdraws its routes at once
+	// (BFD is there to fail over fast; graceful restart does not hold
+	// them, see docs/bgp.md).
 	limited := map[netip.Addr]bool{}
 	if err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
-		if p.Conf != nil && p.State != nil && p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT {
+		if p.Conf == nil || p.State == nil {
+			return
+		}
+		pfx := p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
+		bfdDown := p.GetBfd().GetEnabled() && p.State.SessionState != gobgpapi.PeerState_SESSION_STATE_ESTABLISHED
+		if pfx || bfdDown {
 			if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
 				limited[a] = true
 			}

@@ -25,7 +25,7 @@ type Config struct {
 
 	// LeaseNamespace/LeaseName name the coordination.k8s.io Lease of the
 	// leader election; Identity is this replica's (default: hostname).
-	LeaseNamespace, LeaseName, Identity string
+	LeaseNamespace, LeaseName, Identity       string
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 
 	Workers int

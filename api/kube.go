@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 )
 
 // What tabby-kube-controllers records about Kubernetes objects for the
@@ -204,4 +205,11 @@ func EndpointLabels(p *KubePod) map[string]string {
 		out[LabelServiceAccount] = p.ServiceAccount
 	}
 	return out
+}
+
+// KubeMarker is the value at datastore.KubeMarkerKey: which replica of
+// tabby-kube-controllers last became leader, and when.
+type KubeMarker struct {
+	Identity string    `json:"identity"`
+	Since    time.Time `json:"since"`
 }

@@ -22,3 +22,9 @@ func KubePodKey(namespace, name string) string {
 
 // KubeNamespaceKey is where the record of namespace name lives.
 func KubeNamespaceKey(name string) string { return KubeNamespacesPrefix + url.PathEscape(name) }
+
+// KubeMarkerKey exists while tabby-kube-controllers manage this cluster:
+// the leader writes it (api.KubeMarker). Agents then require a pod record
+// at CNI ADD for every Kubernetes pod; without it they build endpoints from
+// the CNI arguments alone, as outside Kubernetes.
+const KubeMarkerKey = "kube/controllers"

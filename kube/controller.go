@@ -146,6 +146,9 @@ func (c *controller) run(ctx context.Context) error {
 	if err := c.loadWritten(ctx); err != nil {
 		return err
 	}
+	if err := c.putMarker(ctx); err != nil {
+		return err
+	}
 	sub := c.view.Subscribe("kube-controllers", func(u syncer.Update) bool {
 		return u.Kind == api.KindWorkloadEndpoint || u.Kind == api.KindNode
 	})

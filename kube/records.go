@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
@@ -163,4 +164,17 @@ func splitNamespaceKey(k string) (string, bool) {
 	}
 	name, err := url.PathUnescape(rest)
 	return name, err == nil
+}
+
+// putMarker tells the agents that controllers manage this cluster, so that
+// they require a pod record at ADD (datastore.KubeMarkerKey).
+func (c *controller) putMarker(ctx context.Context) error {
+	b, err := json.Marshal(api.KubeMarker{Identity: c.cfg.Identity, Since: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	if _, err := c.store.PutKV(ctx, datastore.KubeMarkerKey, b, 0); err != nil {
+		return fmt.Errorf("writing %s: %w", datastore.KubeMarkerKey, err)
+	}
+	return nil
 }

@@ -127,16 +127,17 @@ func (c *controller) enqueueObj(kind string, o any) {
 // run syncs until ctx ends: informers, the etcd view, workers, the
 // periodic sweep and address GC.
 func (c *controller) run(ctx context.Context) error {
-	defer c.queue.ShutDown()
+	// On the way out, in this order: stop everything, then wait for it.
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer c.queue.ShutDown()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
 	viewErr := make(chan error, 1)
 	wg.Go(func() { viewErr <- c.view.Run(ctx) })
 	c.factory.Start(ctx.Done())
-	defer c.factory.Shutdown()
+	defer func() { cancel(); c.factory.Shutdown() }()
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return fmt.Errorf("waiting for the informers: %w", context.Cause(ctx))
 	}

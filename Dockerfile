@@ -22,6 +22,7 @@ COPY . .
 ARG VERSION=
 RUN LDFLAGS="-s -w${VERSION:+ -X github.com/tabbynet/tabby/internal/version.stamped=${VERSION}}" && \
     go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby-agent ./cmd/tabby-agent && \
+    go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby-kube-controllers ./cmd/tabby-kube-controllers && \
     go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby ./cmd/tabby && \
     go build -trimpath -ldflags "$LDFLAGS" -o /out/tabbyctl ./cmd/tabbyctl
 # portmap, chained after tabby in the network configuration, from the same
@@ -38,7 +39,7 @@ RUN apt-get update && \
     apt-get install -y --no-install-recommends iptables ipset iproute2 conntrack ca-certificates && \
     rm -rf /var/lib/apt/lists/*
 # tabby sits next to tabby-agent: install-cni's default --source-binary.
-COPY --from=build /out/tabby-agent /out/tabby /out/tabbyctl /usr/local/bin/
+COPY --from=build /out/tabby-agent /out/tabby /out/tabbyctl /out/tabby-kube-controllers /usr/local/bin/
 # install-cni's default --plugins-dir.
 COPY --from=build /out/cni-plugins/portmap /opt/tabby/cni-plugins/portmap
 CMD ["tabby-agent"]

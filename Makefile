@@ -4,14 +4,14 @@ BIN     := $(CURDIR)/bin
 # Tests build binaries with `go` too: make sure they find the same one.
 export PATH := $(dir $(GO)):$(PATH)
 PKGS    := ./...
-CMDS    := tabby-agent tabby tabbyctl tabby-lab
+CMDS    := tabby-agent tabby tabbyctl tabby-lab tabby-kube-controllers
 TESTFLAGS ?= -count=1 -timeout 20m -p 2
 # Every binary prints this (tabbyctl version, tabby-agent --version); a build
 # without make falls back to the VCS revision Go records (internal/version).
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := -s -w $(if $(VERSION),-X github.com/tabbynet/tabby/internal/version.stamped=$(VERSION))
 
-.PHONY: all build test unit lint deps demo clean
+.PHONY: all build test unit lint deps demo clean kube-bins
 
 all: build
 
@@ -28,6 +28,12 @@ test: build
 # Unit tier only (no root needed, no namespaces), with the same report.
 unit:
 	GO=$(GO) BIN=$(BIN) TESTFLAGS="$(TESTFLAGS)" TIERS=unit ./scripts/test-tiers.sh
+
+# kube-apiserver for the Kubernetes test tier (package kube), built once from
+# the module proxy (scripts/kube-build) into /var/cache/tabby/kube/<version>;
+# a no-op when it is there. `make test` does not build it (see README).
+kube-bins:
+	GO=$(GO) ./scripts/kube-bins.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -126,6 +126,9 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if len(args.IPs) > 0 {
 		areq.Addr = args.IPs[0]
 	}
+	if err = h.applyPodInfo(ctx, w, args, &areq); err != nil {
+		return nil, err
+	}
 	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	asg, err := h.ipam.Assign(actx, areq)
 	cancel()

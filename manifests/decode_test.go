@@ -22,7 +22,7 @@ import (
 )
 
 // k8sManifests are the Kubernetes manifests of this directory.
-var k8sManifests = []string{"tabby-etcd.yaml"}
+var k8sManifests = []string{"tabby-etcd.yaml", "tabby-kube-controllers.yaml"}
 
 // newObject returns an empty typed object for apiVersion/kind, or nil for a
 // kind the manifests have no business containing.
@@ -38,6 +38,8 @@ func newObject(apiVersion, kind string) any {
 		return &corev1.ConfigMap{}
 	case "apps/v1/DaemonSet":
 		return &appsv1.DaemonSet{}
+	case "apps/v1/Deployment":
+		return &appsv1.Deployment{}
 	case "rbac.authorization.k8s.io/v1/ClusterRole":
 		return &rbacv1.ClusterRole{}
 	case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
@@ -191,6 +193,12 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		{"v1.Secret", "tabby-system", "tabby-etcd-secrets"},
 		{"v1.ConfigMap", "tabby-system", "tabby-config"},
 		{"v1.DaemonSet", "tabby-system", "tabby-node"},
+		{"v1.ServiceAccount", "tabby-system", "tabby-kube-controllers"},
+		{"v1.ClusterRole", "", "tabby-kube-controllers"},
+		{"v1.ClusterRoleBinding", "", "tabby-kube-controllers"},
+		{"v1.Role", "tabby-system", "tabby-kube-controllers"},
+		{"v1.RoleBinding", "tabby-system", "tabby-kube-controllers"},
+		{"v1.Deployment", "tabby-system", "tabby-kube-controllers"},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("objects:\n got %v\nwant %v", got, want)
@@ -227,7 +235,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	}
 
 	// Every YAML file is accounted for by some test.
-	known := map[string]bool{"tabby-etcd.yaml": true, "tabby-uninstall.yaml": true, filepath.Join("route-reflectors", "bgp.yaml"): true}
+	known := map[string]bool{"tabby-etcd.yaml": true, "tabby-kube-controllers.yaml": true, "tabby-uninstall.yaml": true, filepath.Join("route-reflectors", "bgp.yaml"): true}
 	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err

@@ -193,6 +193,8 @@ func TestDockerfile(t *testing.T) {
 		"tabby":       "/usr/local/bin/tabby",
 		"tabbyctl":    "/usr/local/bin/tabbyctl",
 		"portmap":     path.Join(installcni.Default().PluginsDir, "portmap"),
+		// tabby-kube-controllers' Deployment runs the same image.
+		"tabby-kube-controllers": "/usr/local/bin/tabby-kube-controllers",
 	}
 	if diff := cmp.Diff(want, image); diff != "" {
 		t.Errorf("files in the image (-want +got):\n%s", diff)

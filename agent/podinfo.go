@@ -1,0 +1,178 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// What a Kubernetes pod's ADD takes from the records tabby-kube-controllers
+// write (the agent has no Kubernetes API rights): the pod's labels and
+// service account for its endpoint, and the address-selection annotations
+// of the pod and its namespace for its address.
+
+const (
+	// kubePodWait bounds how long ADD waits for a pod's record that the
+	// controllers have not written yet; then ADD fails and the kubelet
+	// retries, rather than run the pod under the wrong policy.
+	kubePodWait = 2 * time.Second
+	// kubeMarkerTTL: how long the absence of datastore.KubeMarkerKey is
+	// trusted, so that ADD outside Kubernetes costs no extra request.
+	kubeMarkerTTL = 10 * time.Second
+	kubePodPoll   = 50 * time.Millisecond
+)
+
+// kubeMarkers caches, per store, when the marker was last seen absent.
+var kubeMarkers sync.Map // *datastore.Store → time.Time
+
+// kubeManaged reports whether tabby-kube-controllers manage this cluster.
+func kubeManaged(ctx context.Context, s *datastore.Store) (bool, error) {
+	if t, ok := kubeMarkers.Load(s); ok && time.Since(t.(time.Time)) < kubeMarkerTTL {
+		return false, nil
+	}
+	_, err := s.GetKV(ctx, datastore.KubeMarkerKey)
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
+		kubeMarkers.Store(s, time.Now())
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	kubeMarkers.Delete(s)
+	return true, nil
+}
+
+// applyPodInfo fills in a Kubernetes pod's endpoint labels (args.Labels)
+// and address request (areq) from its records. Outside Kubernetes (no pod
+// name in the arguments, or no controllers managing the cluster) it changes
+// nothing.
+func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, args *cni.Args, areq *ipam.AssignRequest) error {
+	if w.Orchestrator != "k8s" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
+	pod, err := h.readPodRecord(ctx, w.Namespace, w.Pod)
+	if err != nil {
+		return err
+	}
+	if pod == nil {
+		return nil
+	}
+	var ns api.KubeNamespace
+	if kv, err := h.store.GetKV(ctx, datastore.KubeNamespaceKey(w.Namespace)); err == nil {
+		if err := json.Unmarshal(kv.Value, &ns); err != nil {
+			return cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
+		}
+	} else if !errors.Is(err, datastore.ErrNotFound) {
+		return cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
+	}
+	args.Labels = api.EndpointLabels(pod)
+	if err := h.addressRequest(pod, &ns, areq); err != nil {
+		return cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
+	}
+	return nil
+}
+
+// readPodRecord returns the pod's record, waiting up to kubePodWait for
+// it when the controllers manage the cluster; nil when they do not.
+func (h *cniHandler) readPodRecord(ctx context.Context, ns, name string) (*api.KubePod, error) {
+	key := datastore.KubePodKey(ns, name)
+	deadline := time.Now().Add(kubePodWait)
+	checkedMarker := false
+	for {
+		kv, err := h.store.GetKV(ctx, key)
+		if err == nil {
+			var p api.KubePod
+			if err := json.Unmarshal(kv.Value, &p); err != nil {
+				return nil, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
+			}
+			return &p, nil
+		}
+		if !errors.Is(err, datastore.ErrNotFound) {
+			return nil, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
+		}
+		if !checkedMarker {
+			managed, err := kubeManaged(ctx, h.store)
+			if err != nil {
+				return nil, cniErr(codeDatastore, "reading "+datastore.KubeMarkerKey, err)
+			}
+			if !managed {
+				return nil, nil
+			}
+			checkedMarker = true
+		}
+		if time.Now().After(deadline) {
+			return nil, &types.Error{Code: types.ErrTryAgainLater,
+				Msg: fmt.Sprintf("pod %s/%s: tabby-kube-controllers has not recorded it (waited %s); is tabby-kube-controllers running?", ns, name, kubePodWait)}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, cniErr(codeDatastore, "waiting for the record of pod "+ns+"/"+name, ctx.Err())
+		case <-time.After(kubePodPoll):
+		}
+	}
+}
+
+// addressRequest turns the pod's and namespace's address annotations into
+// the IPAM request: pools by name or CIDR (unknown → error), a specific
+// address. Tabby's network configuration has no IPAM bypass, so
+// ipAddrsNoIpam is refused, as Calico refuses it unless configured.
+func (h *cniHandler) addressRequest(pod *api.KubePod, ns *api.KubeNamespace, areq *ipam.AssignRequest) error {
+	r, err := api.ParseAddressRequest(pod.Annotations, ns.Annotations)
+	if err != nil {
+		return err
+	}
+	if r.NoIPAM {
+		return fmt.Errorf("%s is not allowed by the network configuration (Tabby assigns every address through IPAM)", api.AnnotationIPAddrsNoIPAM)
+	}
+	if len(r.IPv6Pools) > 0 {
+		return fmt.Errorf("%s %v: IPv6 is not supported", api.AnnotationIPv6Pools, r.IPv6Pools)
+	}
+	for _, want := range r.IPv4Pools {
+		name, err := h.poolNamed(want)
+		if err != nil {
+			return err
+		}
+		areq.Pools = append(areq.Pools, name)
+	}
+	switch {
+	case len(r.Addrs) > 1:
+		return fmt.Errorf("%s: %d addresses, but a pod gets one IPv4 address", api.AnnotationIPAddrs, len(r.Addrs))
+	case len(r.Addrs) == 1:
+		a := r.Addrs[0]
+		if !a.Is4() {
+			return fmt.Errorf("%s: %s: IPv6 is not supported", api.AnnotationIPAddrs, a)
+		}
+		if areq.Addr.IsValid() && areq.Addr != a {
+			return fmt.Errorf("%s asks for %s but the runtime asks for %s", api.AnnotationIPAddrs, a, areq.Addr)
+		}
+		areq.Addr = a
+	}
+	return nil
+}
+
+// poolNamed finds a pool by name or CIDR in the view.
+func (h *cniHandler) poolNamed(want string) (string, error) {
+	cidr, cidrErr := netip.ParsePrefix(want)
+	for _, p := range h.view.Pools() {
+		if p.Metadata.Name == want {
+			return p.Metadata.Name, nil
+		}
+		if pr, err := p.Prefix(); cidrErr == nil && err == nil && pr == cidr.Masked() {
+			return p.Metadata.Name, nil
+		}
+	}
+	return "", fmt.Errorf("unknown IP pool %q (%s)", want, api.AnnotationIPv4Pools)
+}

@@ -1,0 +1,183 @@
+// Package kubetest runs a real kube-apiserver for tests, on an etcd of the
+// test's own, on 127.0.0.1 ports of its own. The binary is built once by
+// `make kube-bins` (scripts/kube-bins.sh) into a cache outside the tree;
+// without it the tests skip with a message saying so.
+package kubetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/tabbynet/tabby/datastore/storetest"
+)
+
+// Version is the Kubernetes release scripts/kube-build builds (a test
+// checks that the two agree).
+const Version = "v1.37.2"
+
+// Binary returns the kube-apiserver to run: $TABBY_KUBE_APISERVER, else
+// the cache that `make kube-bins` fills.
+func Binary() string {
+	if p := os.Getenv("TABBY_KUBE_APISERVER"); p != "" {
+		return p
+	}
+	root := os.Getenv("KUBE_CACHE")
+	if root == "" {
+		root = "/var/cache/tabby/kube"
+	}
+	return filepath.Join(root, Version, "kube-apiserver")
+}
+
+// APIServer is a running kube-apiserver.
+type APIServer struct {
+	// Config authenticates as a cluster admin (group system:masters).
+	Config *rest.Config
+	// Tokens holds the static tokens: "admin", and "controllers" for the
+	// user "tabby-kube-controllers" (no group: RBAC decides).
+	Tokens map[string]string
+	Client kubernetes.Interface
+	URL    string
+}
+
+// As returns a client authenticated with the named token.
+func (s *APIServer) As(t testing.TB, token string) kubernetes.Interface {
+	t.Helper()
+	c := rest.CopyConfig(s.Config)
+	c.BearerToken = s.Tokens[token]
+	kc, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Start runs kube-apiserver until the test ends, or skips the test (with
+// the reason printed) when the binary is not built.
+func Start(t testing.TB) *APIServer {
+	t.Helper()
+	bin := Binary()
+	if _, err := os.Stat(bin); err != nil {
+		t.Skipf("kube-apiserver %s not built (%v): run `make kube-bins` (about 8 minutes, once) or set TABBY_KUBE_APISERVER", Version, err)
+	}
+	etcd := storetest.Etcd(t)
+	dir := t.TempDir()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saKey := filepath.Join(dir, "sa.key")
+	if err := os.WriteFile(saKey, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens := map[string]string{"admin": rand.Text(), "controllers": rand.Text()}
+	tokenFile := filepath.Join(dir, "tokens.csv")
+	csv := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,tabby-kube-controllers,tkc-uid\n", tokens["admin"], tokens["controllers"])
+	if err := os.WriteFile(tokenFile, []byte(csv), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	logPath := filepath.Join(dir, "kube-apiserver.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin,
+		"--etcd-servers="+strings.Join(etcd.Endpoints(), ","),
+		"--etcd-prefix=/registry",
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(port),
+		"--cert-dir="+filepath.Join(dir, "certs"),
+		"--token-auth-file="+tokenFile,
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+saKey,
+		"--service-account-signing-key-file="+saKey,
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--disable-admission-plugins=ServiceAccount",
+		"--enable-priority-and-fairness=false",
+		"--allow-privileged=true",
+		"--endpoint-reconciler-type=none",
+		"--v=1",
+	)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			if len(b) > 4000 {
+				b = b[len(b)-4000:]
+			}
+			t.Logf("kube-apiserver log (tail):\n%s", b)
+		}
+	})
+	url := "https://127.0.0.1:" + strconv.Itoa(port)
+	rc := &rest.Config{Host: url, BearerToken: tokens["admin"], TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		QPS: 500, Burst: 1000}
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		body, err := kc.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		cancel()
+		if err == nil && bytes.Equal(bytes.TrimSpace(body), []byte("ok")) {
+			break
+		}
+		select {
+		case werr := <-exited:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("kube-apiserver exited: %v\n%s", werr, b)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kube-apiserver not ready after 90 s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("kube-apiserver %s ready at %s in %s", Version, url, time.Since(start).Round(time.Millisecond))
+	return &APIServer{Config: rc, Tokens: tokens, Client: kc, URL: url}
+}

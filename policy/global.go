@@ -14,10 +14,15 @@ import (
 // policy.
 func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) string {
 	id := "gnp/" + g.Metadata.Name
-	name := policyChainName(id, dir)
+	name := c.policyChainName(id, dir)
 	if _, ok := c.chains[name]; ok {
 		return name
 	}
+	ref := policyRef{g: g, dir: dir}
+	if c.cache.policyChain(c, ref, name) {
+		return name
+	}
+	w0 := len(c.warnings)
 	rules := g.Spec.Ingress
 	if dir == egress {
 		rules = g.Spec.Egress
@@ -68,6 +73,7 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 		}
 	}
 	c.chains[name] = ch
+	c.cache.storePolicyChain(ref, ch, c.warnings[w0:])
 	return name
 }
 

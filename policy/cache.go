@@ -192,7 +192,8 @@ func (c *compiler) endpointChains(ep *endpoint) (fw, tw Chain, extra []Chain) {
 		fw, extra = c.fromWorkloadChain(ep)
 		return fw, c.toWorkloadChain(ep), extra
 	}
-	if e := cc.chains[ep.wep]; e != nil && cc.globalsSame && !cc.nsChanged[ep.namespace] {
+	e := cc.chains[ep.wep]
+	if e != nil && cc.globalsSame && !cc.nsChanged[ep.namespace] {
 		// Emit the policy chains it uses, in the order a fresh pass
 		// would (their warnings come in that order).
 		for _, r := range e.refs {
@@ -214,6 +215,11 @@ func (c *compiler) endpointChains(ep *endpoint) (fw, tw Chain, extra []Chain) {
 	fw, extra = c.fromWorkloadChain(ep)
 	tw = c.toWorkloadChain(ep)
 	c.refs = nil
+	if e != nil && fw.Equal(e.fw) && tw.Equal(e.tw) && slices.EqualFunc(extra, e.extra, Chain.Equal) {
+		// A policy of its namespace changed, but not its chains: keep
+		// sharing them, so that consumers skip them by identity.
+		fw, tw, extra = e.fw, e.tw, e.extra
+	}
 	cc.nextChains[ep.wep] = &epChains{fw: fw, tw: tw, extra: extra, refs: refs}
 	return fw, tw, extra
 }

@@ -43,23 +43,30 @@ func compile(in Input, cache *Compiler) *Ruleset {
 	c.orderPolicies()
 	c.cache.prepare(c)
 
-	var chains []Chain
+	// Endpoint chains by kind, each kind in interface order, so that the
+	// list is nearly sorted already (sorting thousands of chains is a
+	// good part of a pass that changes little).
+	var fws, tws, extras []Chain
 	var fromDispatch, toDispatch []DispatchTarget
 	for _, ep := range c.local {
 		fw, tw, extra := c.endpointChains(ep)
-		chains = append(chains, fw, tw)
-		chains = append(chains, extra...)
+		fws, tws = append(fws, fw), append(tws, tw)
+		extras = append(extras, extra...)
 		fromDispatch = append(fromDispatch, DispatchTarget{ep.iface, fw.Name})
 		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
 	}
-	chains = append(chains,
-		Chain{Table: TableFilter, Name: ChainFromWL, Dispatch: &Dispatch{Targets: fromDispatch}},
-		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
+	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+5)
 	chains = append(chains, forwardChain())
-	chains = append(chains, c.natChain())
+	chains = append(chains, fws...)
 	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
 		chains = append(chains, c.chains[name])
 	}
+	chains = append(chains, extras...)
+	chains = append(chains,
+		Chain{Table: TableFilter, Name: ChainFromWL, Dispatch: &Dispatch{Targets: fromDispatch}},
+		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
+	chains = append(chains, tws...)
+	chains = append(chains, c.natChain())
 	slices.SortFunc(chains, func(a, b Chain) int {
 		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Name, b.Name))
 	})

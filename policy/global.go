@@ -2,7 +2,6 @@ package policy
 
 import (
 	"net/netip"
-	"strconv"
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
@@ -155,14 +154,13 @@ func (c *compiler) entityPorts(e api.EntityRule, proto string, dst bool) [][]Mat
 	return append(res, out...)
 }
 
+// parseRange is a valid "lo:hi" port range. Anything else, an invalid
+// range included (validation refuses those), is taken for a named port,
+// which no endpoint defines: the alternative matches nothing rather than
+// every port.
 func parseRange(s string) (lo, hi int, ok bool) {
-	a, b, found := strings.Cut(s, ":")
-	if !found {
-		return 0, 0, false
-	}
-	lo, err1 := strconv.Atoi(a)
-	hi, err2 := strconv.Atoi(b)
-	if err1 != nil || err2 != nil || lo < 1 || hi > 65535 || lo > hi {
+	lo, hi, ok = api.ParsePortRange(s)
+	if !ok || lo < 1 || hi > 65535 || lo > hi {
 		return 0, 0, false
 	}
 	return lo, hi, true

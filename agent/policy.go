@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -39,13 +38,17 @@ type policyOwner struct {
 	warned  []string
 	last    dataplane.ApplyStats
 	lastAt  time.Time
-	applied *dataplane.FirewallState // what the last successful Apply programmed
+	applied *policy.Ruleset // what the last successful Apply programmed
 	okOnce  bool
 	passes  int
+	// compiler carries the work of one pass over to the next: a change
+	// recompiles what it touches, and unchanged chains and sets are the
+	// very objects of the last pass, which the firewall skips by identity.
+	compiler *policy.Compiler
 }
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
-	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1)}
+	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
 	p.sub = view.Subscribe("policy", p.affects)
 	return p
 }
@@ -133,7 +136,7 @@ func (p *policyOwner) sync(ctx context.Context, force bool) error {
 func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	start := time.Now()
 	p.passes++
-	rs := policy.Compile(policy.Input{
+	rs := p.compiler.Compile(policy.Input{
 		Node:            p.node,
 		Endpoints:       p.view.Endpoints(),
 		NetworkPolicies: p.view.NetworkPolicies(),
@@ -146,11 +149,10 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		}
 		p.warned = rs.Warnings
 	}
-	state := *rs // the firewall backends consume the compiler's neutral model
-	if !force && p.applied != nil && reflect.DeepEqual(*p.applied, state) {
+	if !force && p.applied.Equal(rs) {
 		return nil // another node's pod, say, that no rule here selects
 	}
-	st, err := p.fw.Apply(ctx, state)
+	st, err := p.fw.Apply(ctx, *rs) // the backends consume the compiler's neutral model
 	p.last, p.lastAt = st, time.Now()
 	if st.Changed() {
 		p.log.Debug("firewall updated", "took", time.Since(start), "chains_written", st.ChainsWritten,
@@ -161,7 +163,7 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		p.applied = nil
 		return fmt.Errorf("applying firewall state: %w", err)
 	}
-	p.applied, p.okOnce = &state, true
+	p.applied, p.okOnce = rs, true
 	return err
 }
 

@@ -356,8 +356,10 @@ func validProtocol(p string, allowed ...string) bool {
 	return false
 }
 
-// parsePortRange parses "lo:hi".
-func parsePortRange(s string) (lo, hi int, ok bool) {
+// ParsePortRange parses a GlobalNetworkPolicy port range "lo:hi"; ok is
+// false for anything else (a named port). It does not check the bounds:
+// validation reports those.
+func ParsePortRange(s string) (lo, hi int, ok bool) {
 	a, b, found := strings.Cut(s, ":")
 	if !found {
 		return 0, 0, false

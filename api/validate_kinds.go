@@ -411,7 +411,7 @@ func checkRulePort(pt IntOrString) string {
 		return ""
 	}
 	s := pt.StrVal
-	if lo, hi, ok := parsePortRange(s); ok {
+	if lo, hi, ok := ParsePortRange(s); ok {
 		switch {
 		case lo < 1 || lo > math.MaxUint16 || hi < 1 || hi > math.MaxUint16:
 			return fmt.Sprintf("range %q: ports must be between 1 and 65535", s)

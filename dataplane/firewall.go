@@ -28,7 +28,10 @@ var ErrStaleCleanup = errors.New("removing stale firewall state")
 
 // FirewallState is everything Tabby wants in the node's packet filter: the
 // policy compiler's backend-neutral ruleset, rendered by each backend
-// (RenderIPTables, the nftables backend).
+// (RenderIPTables, the nftables backend). A state passed to Apply must not
+// be modified afterwards: the nftables backend skips chains and sets whose
+// rules and members are the very slices of its last Apply (as a
+// policy.Compiler shares them between passes).
 type FirewallState = policy.Ruleset
 
 // ApplyStats counts what one Apply changed.
@@ -79,15 +82,16 @@ type Firewall interface {
 // must not program.
 func ValidateFirewallState(s FirewallState) error {
 	var bad []string
-	seen := map[string]bool{}
+	type key struct{ table, name string }
+	seen := make(map[key]bool, len(s.Chains))
 	for _, c := range s.Chains {
 		if !strings.HasPrefix(c.Name, FirewallPrefix) || len(c.Name) > policy.MaxChainName {
 			bad = append(bad, fmt.Sprintf("chain %q: not a tabby chain name (prefix %q, at most %d characters)", c.Name, FirewallPrefix, policy.MaxChainName))
 		}
-		if k := c.Table + "/" + c.Name; seen[k] {
-			bad = append(bad, fmt.Sprintf("chain %s listed twice", k))
+		if k := (key{c.Table, c.Name}); seen[k] {
+			bad = append(bad, fmt.Sprintf("chain %s/%s listed twice", c.Table, c.Name))
 		}
-		seen[c.Table+"/"+c.Name] = true
+		seen[key{c.Table, c.Name}] = true
 		if c.Dispatch != nil && len(c.Rules) > 0 {
 			bad = append(bad, fmt.Sprintf("chain %s: a dispatch chain with rules", c.Name))
 		}

@@ -50,6 +50,7 @@ type NFTFirewall struct {
 	recGen uint32
 	readAt time.Time
 	reads  int
+	memo   nftMemo
 }
 
 var _ Firewall = (*NFTFirewall)(nil)
@@ -180,8 +181,38 @@ type nftWantChain struct {
 	hashes []string
 }
 
-// desiredNFT computes the desired chains and sets.
-func desiredNFT(s FirewallState) ([]nftWantChain, map[string]*nftSetState, error) {
+// nftMemo remembers, between Applies, each chain's rule hashes and each
+// set's elements with the model they were computed from. A chain or set
+// whose rules or members are the very slices of the last Apply (a
+// policy.Compiler shares what did not change) is not rendered or hashed
+// again; the state passed to Apply must not be modified afterwards.
+type nftMemo struct {
+	chains map[string]nftChainMemo
+	sets   map[string]nftSetMemo
+}
+
+type nftChainMemo struct {
+	table  string
+	rules  []policy.Rule
+	hashes []string
+}
+
+type nftSetMemo struct {
+	src     policy.Set
+	targets []policy.DispatchTarget // verdict maps: a copy of the targets
+	st      *nftSetState
+}
+
+// desiredNFT computes the desired chains and sets. With memo it reuses and
+// then replaces memo's content.
+func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nftSetState, error) {
+	var next *nftMemo
+	if memo != nil {
+		next = &nftMemo{chains: make(map[string]nftChainMemo, len(s.Chains)), sets: make(map[string]nftSetMemo, len(s.Sets)+2)}
+		defer func() { *memo = *next }()
+	} else {
+		memo = &nftMemo{}
+	}
 	var chains []nftWantChain
 	sets := map[string]*nftSetState{}
 	var errs []error
@@ -206,21 +237,43 @@ func desiredNFT(s FirewallState) ([]nftWantChain, map[string]*nftSetState, error
 		c := nftWantChain{name: pc.Name, src: pc}
 		if pc.Dispatch != nil {
 			c.texts = nftDispatchTexts(pc)
-			m := &nftSetState{kind: nftSetVmap, elems: map[string]nftMember{}}
-			for _, t := range pc.Dispatch.Targets {
-				m.elems[t.Iface] = nftMember{chain: t.Chain, els: []nftables.SetElement{{Key: ifnameKey(t.Iface),
-					VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t.Chain}}}}
+			name := nftMapName(pc.Name)
+			if mm, ok := memo.sets[name]; ok && slices.Equal(mm.targets, pc.Dispatch.Targets) {
+				sets[name] = mm.st
+			} else {
+				m := &nftSetState{kind: nftSetVmap, elems: map[string]nftMember{}}
+				for _, t := range pc.Dispatch.Targets {
+					m.elems[t.Iface] = nftMember{chain: t.Chain, els: []nftables.SetElement{{Key: ifnameKey(t.Iface),
+						VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t.Chain}}}}
+				}
+				sets[name] = m
 			}
-			sets[nftMapName(pc.Name)] = m
+			if next != nil {
+				next.sets[name] = nftSetMemo{targets: slices.Clone(pc.Dispatch.Targets), st: sets[name]}
+			}
+			c.hashes = nftRuleHashes(c.name, c.texts)
+		} else if cm, ok := memo.chains[pc.Name]; ok && cm.table == pc.Table && policy.SameSlice(cm.rules, pc.Rules) {
+			c.hashes = cm.hashes
 		} else {
 			for _, r := range pc.Rules {
 				c.texts = append(c.texts, r.String())
 			}
+			c.hashes = nftRuleHashes(c.name, c.texts)
 		}
-		c.hashes = nftRuleHashes(c.name, c.texts)
+		if next != nil && pc.Dispatch == nil {
+			next.chains[pc.Name] = nftChainMemo{table: pc.Table, rules: pc.Rules, hashes: c.hashes}
+		}
 		chains = append(chains, c)
 	}
 	for _, ps := range s.Sets {
+		if sm, ok := memo.sets[ps.Name]; ok && sm.src.Type == ps.Type &&
+			policy.SameSlice(sm.src.Nets, ps.Nets) && policy.SameSlice(sm.src.AddrPorts, ps.AddrPorts) {
+			sets[ps.Name] = sm.st
+			if next != nil {
+				next.sets[ps.Name] = sm
+			}
+			continue
+		}
 		st := &nftSetState{elems: map[string]nftMember{}}
 		switch ps.Type {
 		case policy.SetTypeNet:
@@ -248,6 +301,9 @@ func desiredNFT(s FirewallState) ([]nftWantChain, map[string]*nftSetState, error
 			continue
 		}
 		sets[ps.Name] = st
+		if next != nil {
+			next.sets[ps.Name] = nftSetMemo{src: ps, st: st}
+		}
 	}
 	return chains, sets, errors.Join(errs...)
 }
@@ -341,12 +397,13 @@ func (f *NFTFirewall) Apply(ctx context.Context, state FirewallState) (ApplyStat
 	if err := ctx.Err(); err != nil {
 		return ApplyStats{}, err
 	}
-	chains, sets, err := desiredNFT(state)
-	if err != nil {
-		return ApplyStats{}, err
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	chains, sets, err := desiredNFT(state, &f.memo)
+	if err != nil {
+		f.memo = nftMemo{}
+		return ApplyStats{}, err
+	}
 	actual, err := f.actual()
 	if err != nil {
 		return ApplyStats{}, err
@@ -566,6 +623,9 @@ func baseNames() map[string]bool {
 
 // changeMembers queues the element changes of one set or map.
 func (f *NFTFirewall) changeMembers(name string, want, cur *nftSetState, st *ApplyStats) []error {
+	if want == cur {
+		return nil // the record holds the very state rendered last time
+	}
 	s := nftSetTemplate(f.table, name, want.kind)
 	var del, add []nftables.SetElement
 	for _, k := range slices.Sorted(maps.Keys(cur.elems)) {
@@ -680,7 +740,7 @@ func (f *NFTFirewall) Diff(ctx context.Context, desired FirewallState) ([]string
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	chains, sets, err := desiredNFT(desired)
+	chains, sets, err := desiredNFT(desired, nil)
 	if err != nil {
 		return nil, err
 	}

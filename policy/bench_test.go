@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/tabbynet/tabby/api"
@@ -59,6 +60,57 @@ func BenchmarkCompile(b *testing.B) {
 			}
 			b.ReportMetric(float64(rules), "rules")
 			b.ReportMetric(rs.RulesPerEndpoint(), "rules/endpoint")
+		})
+	}
+}
+
+// BenchmarkCompilerChange compiles, with a long-lived Compiler, 1,000
+// local endpoints and 100 policies after one change: a policy's port, a
+// pod's labels, a pod added and removed, nothing. Changed objects are new
+// objects, as the cluster view delivers them.
+func BenchmarkCompilerChange(b *testing.B) {
+	in := benchInput(1000, 1000)
+	in.Endpoints = slices.Clone(in.Endpoints)
+	cc := NewCompiler()
+	cc.Compile(in)
+	orig, origEP := in.NetworkPolicies[0], in.Endpoints[0]
+	all := in.Endpoints
+	ops := []struct {
+		name   string
+		mutate func(i int)
+	}{
+		{"policy-change", func(i int) {
+			if i%2 == 0 {
+				cp := *orig
+				port := api.FromInt(7000)
+				cp.Spec.Ingress = []api.NetworkPolicyIngressRule{{From: orig.Spec.Ingress[0].From, Ports: []api.NetworkPolicyPort{{Protocol: ptr("TCP"), Port: &port}}}}
+				in.NetworkPolicies[0] = &cp
+			} else {
+				in.NetworkPolicies[0] = orig
+			}
+		}},
+		{"label-change", func(i int) {
+			cp := *origEP
+			cp.Metadata.Labels = map[string]string{"app": fmt.Sprintf("app%d", 10*(1-i%2))}
+			in.Endpoints[0] = &cp
+		}},
+		{"pod-add-del", func(i int) {
+			if i%2 == 0 {
+				in.Endpoints = all[:len(all)-1]
+			} else {
+				in.Endpoints = all
+			}
+		}},
+		{"noop", func(int) {}},
+	}
+	for _, op := range ops {
+		b.Run(op.name, func(b *testing.B) {
+			i := 0
+			for b.Loop() {
+				op.mutate(i)
+				i++
+				cc.Compile(in)
+			}
 		})
 	}
 }

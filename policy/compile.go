@@ -21,37 +21,56 @@ type compiler struct {
 	sets     map[string]*Set
 	chains   map[string]Chain // policy chains emitted so far, by name
 	warnings []string
+	// cache, when set, lends the work of the Compiler's previous pass
+	// (cache.go); nil compiles from scratch.
+	cache *Compiler
+	// refs, when set, records the policies policiesFor picks (for the
+	// cache of endpoint chains).
+	refs *[]policyRef
+	// names remembers policy chain names (shared with the cache).
+	names map[chainKey]string
 }
 
 // Compile computes the node's packet-filter state from the cluster state.
 // It is pure and deterministic: the same input gives the same ruleset.
 // Inputs it cannot use are skipped and named in Ruleset.Warnings.
-func Compile(in Input) *Ruleset {
-	c := &compiler{in: in, sets: map[string]*Set{}, chains: map[string]Chain{}}
+func Compile(in Input) *Ruleset { return compile(in, nil) }
+
+func compile(in Input, cache *Compiler) *Ruleset {
+	c := &compiler{in: in, sets: map[string]*Set{}, chains: map[string]Chain{}, cache: cache}
+	c.cache.begin(c)
 	c.parseEndpoints()
 	c.orderPolicies()
+	c.cache.prepare(c)
 
-	var chains []Chain
+	// Endpoint chains by kind, each kind in interface order, so that the
+	// list is nearly sorted already (sorting thousands of chains is a
+	// good part of a pass that changes little).
+	var fws, tws, extras []Chain
 	var fromDispatch, toDispatch []DispatchTarget
 	for _, ep := range c.local {
-		fw, extra := c.fromWorkloadChain(ep)
-		tw := c.toWorkloadChain(ep)
-		chains = append(chains, fw, tw)
-		chains = append(chains, extra...)
+		fw, tw, extra := c.endpointChains(ep)
+		fws, tws = append(fws, fw), append(tws, tw)
+		extras = append(extras, extra...)
 		fromDispatch = append(fromDispatch, DispatchTarget{ep.iface, fw.Name})
 		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
 	}
-	chains = append(chains,
-		Chain{Table: TableFilter, Name: ChainFromWL, Dispatch: &Dispatch{Targets: fromDispatch}},
-		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
+	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+5)
 	chains = append(chains, forwardChain())
-	chains = append(chains, c.natChain())
+	chains = append(chains, fws...)
 	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
 		chains = append(chains, c.chains[name])
 	}
+	chains = append(chains, extras...)
+	chains = append(chains,
+		Chain{Table: TableFilter, Name: ChainFromWL, Dispatch: &Dispatch{Targets: fromDispatch}},
+		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
+	chains = append(chains, tws...)
+	chains = append(chains, c.natChain())
 	slices.SortFunc(chains, func(a, b Chain) int {
 		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Name, b.Name))
 	})
+	c.cache.end(c)
 	return &Ruleset{
 		Chains: chains,
 		Jumps: []Jump{
@@ -72,47 +91,16 @@ func (c *compiler) parseEndpoints() {
 		if w == nil {
 			continue
 		}
-		ns := w.Metadata.Namespace
-		if ns == "" {
-			ns = "default"
+		ep, warnings := c.cache.endpoint(w)
+		if ep == nil {
+			w0 := len(c.warnings)
+			ep = c.parseEndpoint(w)
+			c.cache.storeEndpoint(w, ep, c.warnings[w0:])
+		} else {
+			c.warnings = append(c.warnings, warnings...)
 		}
-		ep := &endpoint{
-			wep:       w,
-			name:      ns + "/" + w.Metadata.Name,
-			namespace: ns,
-			labels:    w.Metadata.Labels,
-			nsLabels:  namespaceLabels(ns, w.Spec.NamespaceLabels),
-			iface:     w.Spec.InterfaceName,
-			local:     w.Spec.Node == c.in.Node,
-		}
-		for _, n := range w.Spec.IPNetworks {
-			p, err := netip.ParsePrefix(n)
-			if err != nil {
-				a, aerr := netip.ParseAddr(n)
-				if aerr != nil {
-					c.warnf("endpoint %s: address %q: %v", ep.name, n, err)
-					continue
-				}
-				p = netip.PrefixFrom(a, a.BitLen())
-			}
-			if !p.Addr().Is4() {
-				c.warnf("endpoint %s: address %q is not IPv4", ep.name, n)
-				continue
-			}
-			ep.addrs = append(ep.addrs, p.Addr())
-		}
-		slices.SortFunc(ep.addrs, netip.Addr.Compare)
-		ep.addrs = slices.Compact(ep.addrs)
 		c.eps = append(c.eps, ep)
-		if !ep.local {
-			continue
-		}
-		switch {
-		case !strings.HasPrefix(ep.iface, WorkloadIfacePrefix) || len(ep.iface) <= len(WorkloadIfacePrefix):
-			c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name, ep.iface, WorkloadIfacePrefix)
-		case len(ep.iface) > 15:
-			c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name, ep.iface)
-		default:
+		if ep.policed {
 			c.local = append(c.local, ep)
 		}
 	}
@@ -127,6 +115,53 @@ func (c *compiler) parseEndpoints() {
 		}
 		return false
 	})
+}
+
+// parseEndpoint parses one endpoint; its warnings go to c.warnings.
+func (c *compiler) parseEndpoint(w *api.WorkloadEndpoint) *endpoint {
+	ns := w.Metadata.Namespace
+	if ns == "" {
+		ns = "default"
+	}
+	ep := &endpoint{
+		wep:       w,
+		name:      ns + "/" + w.Metadata.Name,
+		namespace: ns,
+		labels:    w.Metadata.Labels,
+		nsLabels:  namespaceLabels(ns, w.Spec.NamespaceLabels),
+		iface:     w.Spec.InterfaceName,
+		local:     w.Spec.Node == c.in.Node,
+	}
+	for _, n := range w.Spec.IPNetworks {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			a, aerr := netip.ParseAddr(n)
+			if aerr != nil {
+				c.warnf("endpoint %s: address %q: %v", ep.name, n, err)
+				continue
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if !p.Addr().Is4() {
+			c.warnf("endpoint %s: address %q is not IPv4", ep.name, n)
+			continue
+		}
+		ep.addrs = append(ep.addrs, p.Addr())
+	}
+	slices.SortFunc(ep.addrs, netip.Addr.Compare)
+	ep.addrs = slices.Compact(ep.addrs)
+	if !ep.local {
+		return ep
+	}
+	switch {
+	case !strings.HasPrefix(ep.iface, WorkloadIfacePrefix) || len(ep.iface) <= len(WorkloadIfacePrefix):
+		c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name, ep.iface, WorkloadIfacePrefix)
+	case len(ep.iface) > 15:
+		c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name, ep.iface)
+	default:
+		ep.policed = true
+	}
+	return ep
 }
 
 // namespaceLabels are an endpoint's namespace labels plus the name label
@@ -200,6 +235,9 @@ func (c *compiler) policiesFor(ep *endpoint, dir direction) (global, namespaced 
 			continue
 		}
 		global = append(global, c.globalPolicyChain(g, dir))
+		if c.refs != nil {
+			*c.refs = append(*c.refs, policyRef{g: g, dir: dir})
+		}
 	}
 	for _, p := range c.nps {
 		if npNamespace(p) != ep.namespace {
@@ -213,8 +251,31 @@ func (c *compiler) policiesFor(ep *endpoint, dir direction) (global, namespaced 
 			continue
 		}
 		namespaced = append(namespaced, c.networkPolicyChain(p, dir))
+		if c.refs != nil {
+			*c.refs = append(*c.refs, policyRef{np: p, dir: dir})
+		}
 	}
 	return global, namespaced
+}
+
+// policyChainName is policyChainName, remembered: endpoints ask for the
+// same policies' chains over and over.
+func (c *compiler) policyChainName(identity string, dir direction) string {
+	k := chainKey{identity, dir}
+	if n, ok := c.names[k]; ok {
+		return n
+	}
+	if c.names == nil {
+		c.names = map[chainKey]string{}
+	}
+	n := policyChainName(identity, dir)
+	c.names[k] = n
+	return n
+}
+
+type chainKey struct {
+	identity string
+	dir      direction
 }
 
 // policyChainName names a policy's chain for a direction: "tabby-pi-" or

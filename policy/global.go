@@ -2,7 +2,6 @@ package policy
 
 import (
 	"net/netip"
-	"strconv"
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
@@ -14,10 +13,15 @@ import (
 // policy.
 func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) string {
 	id := "gnp/" + g.Metadata.Name
-	name := policyChainName(id, dir)
+	name := c.policyChainName(id, dir)
 	if _, ok := c.chains[name]; ok {
 		return name
 	}
+	ref := policyRef{g: g, dir: dir}
+	if c.cache.policyChain(c, ref, name) {
+		return name
+	}
+	w0 := len(c.warnings)
 	rules := g.Spec.Ingress
 	if dir == egress {
 		rules = g.Spec.Egress
@@ -68,6 +72,7 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 		}
 	}
 	c.chains[name] = ch
+	c.cache.storePolicyChain(ref, ch, c.warnings[w0:])
 	return name
 }
 
@@ -149,14 +154,13 @@ func (c *compiler) entityPorts(e api.EntityRule, proto string, dst bool) [][]Mat
 	return append(res, out...)
 }
 
+// parseRange is a valid "lo:hi" port range. Anything else, an invalid
+// range included (validation refuses those), is taken for a named port,
+// which no endpoint defines: the alternative matches nothing rather than
+// every port.
 func parseRange(s string) (lo, hi int, ok bool) {
-	a, b, found := strings.Cut(s, ":")
-	if !found {
-		return 0, 0, false
-	}
-	lo, err1 := strconv.Atoi(a)
-	hi, err2 := strconv.Atoi(b)
-	if err1 != nil || err2 != nil || lo < 1 || hi > 65535 || lo > hi {
+	lo, hi, ok = api.ParsePortRange(s)
+	if !ok || lo < 1 || hi > 65535 || lo > hi {
 		return 0, 0, false
 	}
 	return lo, hi, true

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -304,4 +305,56 @@ func (r Rule) String() string {
 		parts = append(parts, m.String())
 	}
 	return strings.Join(append(parts, r.Verdict.String()), " ")
+}
+
+// Equal reports whether two rulesets are the same. Chains, rules and set
+// members a Compiler carried over from an earlier pass are shared, so that
+// comparing two successive passes costs little more than a look at what
+// changed.
+func (r *Ruleset) Equal(o *Ruleset) bool {
+	if r == o {
+		return true
+	}
+	if r == nil || o == nil {
+		return false
+	}
+	return slices.EqualFunc(r.Chains, o.Chains, Chain.Equal) && slices.Equal(r.Jumps, o.Jumps) &&
+		slices.EqualFunc(r.Sets, o.Sets, Set.Equal) && slices.Equal(r.Warnings, o.Warnings)
+}
+
+// Equal reports whether two chains are the same.
+func (c Chain) Equal(o Chain) bool {
+	if c.Table != o.Table || c.Name != o.Name || (c.Dispatch == nil) != (o.Dispatch == nil) {
+		return false
+	}
+	if c.Dispatch != nil && (c.Dispatch.Out != o.Dispatch.Out || !slices.Equal(c.Dispatch.Targets, o.Dispatch.Targets)) {
+		return false
+	}
+	return SameSlice(c.Rules, o.Rules) || slices.EqualFunc(c.Rules, o.Rules, Rule.Equal)
+}
+
+// Equal reports whether two rules are the same.
+func (r Rule) Equal(o Rule) bool {
+	return r.Verdict == o.Verdict && slices.EqualFunc(r.Match, o.Match, Match.Equal)
+}
+
+// Equal reports whether two match terms are the same.
+func (m Match) Equal(o Match) bool {
+	return m.Kind == o.Kind && m.Negate == o.Negate && m.Iface == o.Iface && m.Net == o.Net && m.Proto == o.Proto &&
+		m.Set == o.Set && m.Mark == o.Mark && m.Mask == o.Mask && slices.Equal(m.Ports, o.Ports)
+}
+
+// Equal reports whether two sets are the same.
+func (s Set) Equal(o Set) bool {
+	return s.Name == o.Name && s.Type == o.Type &&
+		(SameSlice(s.Nets, o.Nets) || slices.Equal(s.Nets, o.Nets)) &&
+		(SameSlice(s.AddrPorts, o.AddrPorts) || slices.Equal(s.AddrPorts, o.AddrPorts))
+}
+
+// SameSlice reports whether a and b are the same slice: same length and,
+// unless empty, the same first element in memory. A slice that is shared
+// (and, by the contract of Compiler, never modified) is equal to itself
+// without looking at its elements.
+func SameSlice[E any](a, b []E) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }

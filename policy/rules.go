@@ -30,10 +30,15 @@ type portMatch struct {
 func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) string {
 	ns := npNamespace(p)
 	id := "np/" + ns + "/" + p.Metadata.Name
-	name := policyChainName(id, dir)
+	name := c.policyChainName(id, dir)
 	if _, ok := c.chains[name]; ok {
 		return name
 	}
+	ref := policyRef{np: p, dir: dir}
+	if c.cache.policyChain(c, ref, name) {
+		return name
+	}
+	w0 := len(c.warnings)
 	ch := Chain{Table: TableFilter, Name: name}
 	// The policy's own endpoints: the destination of ingress traffic, whose
 	// named ports ingress rules resolve.
@@ -81,6 +86,7 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 		}
 	}
 	c.chains[name] = ch
+	c.cache.storePolicyChain(ref, ch, c.warnings[w0:])
 	return name
 }
 

@@ -27,6 +27,7 @@ type endpoint struct {
 	addrs     []netip.Addr
 	iface     string
 	local     bool
+	policed   bool // local, with a usable interface name
 }
 
 // selection picks endpoints: those in namespace (any when ""), whose
@@ -81,6 +82,9 @@ func (c *compiler) selectorSet(sel selection) string {
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
+	if c.cache.liveSet(c, name, setDef{sel: sel}) {
+		return name
+	}
 	var members []netip.Prefix
 	for _, ep := range c.eps {
 		if sel.matches(ep) {
@@ -107,7 +111,11 @@ func (c *compiler) netSet(nets, except []netip.Prefix) string {
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
+	if c.cache.liveSet(c, name, setDef{fixed: true}) {
+		return name
+	}
 	c.addNetSet(name, netsExcept(nets, except))
+	c.cache.storeFixedSet(c.sets[name])
 	return name
 }
 
@@ -120,27 +128,37 @@ func (c *compiler) namedPortSet(sel selection, proto, port string) string {
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
+	if c.cache.liveSet(c, name, setDef{sel: sel, named: true, proto: proto, port: port}) {
+		return name
+	}
 	var members []AddrPort
 	for _, ep := range c.eps {
-		if !sel.matches(ep) {
-			continue
-		}
-		for _, p := range ep.wep.Spec.Ports {
-			pp := p.Protocol
-			if pp == "" {
-				pp = api.ProtocolTCP
-			}
-			if p.Name != port || strings.ToLower(pp) != proto || p.Port == 0 {
-				continue
-			}
-			for _, a := range ep.addrs {
-				members = append(members, AddrPort{Addr: a, Proto: proto, Port: uint16(p.Port)})
-			}
+		if sel.matches(ep) {
+			members = append(members, namedPortMembers(ep, proto, port)...)
 		}
 	}
 	slices.SortFunc(members, AddrPort.Compare)
 	c.sets[name] = &Set{Name: name, Type: SetTypeAddrPort, AddrPorts: slices.Compact(members)}
 	return name
+}
+
+// namedPortMembers are the address, protocol and port triples of ep's port
+// named port for proto (lowercase).
+func namedPortMembers(ep *endpoint, proto, port string) []AddrPort {
+	var out []AddrPort
+	for _, p := range ep.wep.Spec.Ports {
+		pp := p.Protocol
+		if pp == "" {
+			pp = api.ProtocolTCP
+		}
+		if p.Name != port || strings.ToLower(pp) != proto || p.Port == 0 {
+			continue
+		}
+		for _, a := range ep.addrs {
+			out = append(out, AddrPort{Addr: a, Proto: proto, Port: uint16(p.Port)})
+		}
+	}
+	return out
 }
 
 // addNetSet records a SetTypeNet set; members are made canonical (masked,

@@ -1,0 +1,356 @@
+package policy
+
+import (
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// Compiler compiles like Compile, reusing what its previous call computed
+// for inputs that did not change: the parsed endpoints, each local
+// endpoint's chains, each policy's chains and the members of each set,
+// which it updates with the endpoints that came and went rather than
+// recomputing. A pass that changes one policy or one pod therefore costs
+// in proportion to what that change touches, not to the node's size.
+//
+// It caches by object identity: an object passed to Compile must not be
+// modified afterwards, and a changed resource must be a new object (as the
+// cluster view delivers them). Chains, rules and set members that did not
+// change are shared between the Rulesets of successive calls (so a
+// consumer can skip them by identity) and must not be modified either.
+// The output always equals Compile's for the same input. A Compiler is not
+// safe for concurrent use.
+type Compiler struct {
+	started bool
+	// other is the input without its lists; when it changes (another
+	// node name) everything is recomputed.
+	other Input
+	names map[chainKey]string
+
+	eps, nextEps           map[*api.WorkloadEndpoint]*epEntry
+	added                  []*endpoint // parsed in this pass
+	chains, nextChains     map[*api.WorkloadEndpoint]*epChains
+	policies, nextPolicies map[policyRef]*policyEntry
+	sets                   map[string]*liveSet
+
+	// The ordered policies of the last pass, and whether this pass has
+	// the same ones (globals; namespaced by namespace).
+	gnps        []*api.GlobalNetworkPolicy
+	nps         map[string][]*api.NetworkPolicy
+	globalsSame bool
+	nsChanged   map[string]bool
+	emitted     map[policyRef]bool // policy chains this pass emitted for cached endpoints
+}
+
+// NewCompiler returns a Compiler with nothing cached.
+func NewCompiler() *Compiler { return &Compiler{} }
+
+// Compile returns what the package's Compile returns for in.
+func (cc *Compiler) Compile(in Input) *Ruleset { return compile(in, cc) }
+
+// policyRef is a policy and direction whose chain an endpoint uses.
+type policyRef struct {
+	g   *api.GlobalNetworkPolicy
+	np  *api.NetworkPolicy
+	dir direction
+}
+
+type epEntry struct {
+	ep       *endpoint
+	warnings []string
+}
+
+type epChains struct {
+	fw, tw Chain
+	extra  []Chain
+	refs   []policyRef
+}
+
+type policyEntry struct {
+	chain    Chain
+	warnings []string
+}
+
+// setDef says what a live set holds: the addresses (or, named, the named
+// port's triples) of the endpoints sel picks; fixed sets (address blocks)
+// depend on no endpoint.
+type setDef struct {
+	fixed       bool
+	sel         selection
+	named       bool
+	proto, port string
+}
+
+// liveSet is a set kept up to date across passes by counting what each
+// endpoint contributes.
+type liveSet struct {
+	def   setDef
+	set   *Set
+	addrs map[netip.Addr]int
+	ports map[AddrPort]int
+}
+
+func (cc *Compiler) begin(c *compiler) {
+	if cc == nil {
+		return
+	}
+	other := c.in
+	other.Endpoints, other.NetworkPolicies, other.GlobalPolicies, other.Pools = nil, nil, nil, nil
+	if !cc.started || !reflect.DeepEqual(other, cc.other) {
+		*cc = Compiler{started: true, other: other, names: map[chainKey]string{},
+			eps: map[*api.WorkloadEndpoint]*epEntry{}, chains: map[*api.WorkloadEndpoint]*epChains{},
+			policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{}}
+	}
+	c.names = cc.names
+	cc.nextEps = make(map[*api.WorkloadEndpoint]*epEntry, len(cc.eps))
+	cc.nextChains = make(map[*api.WorkloadEndpoint]*epChains, len(cc.chains))
+	cc.nextPolicies = make(map[policyRef]*policyEntry, len(cc.policies))
+	cc.added = nil
+	cc.emitted = map[policyRef]bool{}
+}
+
+// endpoint returns w parsed by an earlier pass, nil if it was not.
+func (cc *Compiler) endpoint(w *api.WorkloadEndpoint) (*endpoint, []string) {
+	if cc == nil {
+		return nil, nil
+	}
+	e := cc.nextEps[w]
+	if e == nil {
+		e = cc.eps[w]
+		if e == nil {
+			return nil, nil
+		}
+		cc.nextEps[w] = e
+	}
+	return e.ep, e.warnings
+}
+
+func (cc *Compiler) storeEndpoint(w *api.WorkloadEndpoint, ep *endpoint, warnings []string) {
+	if cc == nil {
+		return
+	}
+	cc.nextEps[w] = &epEntry{ep: ep, warnings: slices.Clone(warnings)}
+	cc.added = append(cc.added, ep)
+}
+
+// prepare runs once the endpoints are parsed and the policies ordered: it
+// updates the live sets with the endpoints that came and went, and notes
+// which endpoints' policies are unchanged.
+func (cc *Compiler) prepare(c *compiler) {
+	if cc == nil {
+		return
+	}
+	var removed []*endpoint
+	for w, e := range cc.eps {
+		if cc.nextEps[w] == nil {
+			removed = append(removed, e.ep)
+		}
+	}
+	for _, s := range cc.sets {
+		s.update(removed, cc.added)
+	}
+	cc.globalsSame = slices.Equal(cc.gnps, c.gnps)
+	nps := map[string][]*api.NetworkPolicy{}
+	for _, p := range c.nps {
+		ns := npNamespace(p)
+		nps[ns] = append(nps[ns], p)
+	}
+	cc.nsChanged = map[string]bool{}
+	for ns, ps := range nps {
+		if !slices.Equal(ps, cc.nps[ns]) {
+			cc.nsChanged[ns] = true
+		}
+	}
+	for ns := range cc.nps {
+		if _, ok := nps[ns]; !ok {
+			cc.nsChanged[ns] = true
+		}
+	}
+	cc.gnps, cc.nps = c.gnps, nps
+}
+
+// end keeps what this pass used for the next one.
+func (cc *Compiler) end(c *compiler) {
+	if cc == nil {
+		return
+	}
+	cc.eps, cc.nextEps = cc.nextEps, nil
+	cc.chains, cc.nextChains = cc.nextChains, nil
+	cc.policies, cc.nextPolicies = cc.nextPolicies, nil
+	maps.DeleteFunc(cc.sets, func(name string, s *liveSet) bool { return c.sets[name] != s.set })
+	cc.added = nil
+}
+
+// endpointChains returns a local endpoint's chains, from the cache when
+// neither the endpoint nor any policy that may select it changed.
+func (c *compiler) endpointChains(ep *endpoint) (fw, tw Chain, extra []Chain) {
+	cc := c.cache
+	if cc == nil {
+		fw, extra = c.fromWorkloadChain(ep)
+		return fw, c.toWorkloadChain(ep), extra
+	}
+	e := cc.chains[ep.wep]
+	if e != nil && cc.globalsSame && !cc.nsChanged[ep.namespace] {
+		// Emit the policy chains it uses, in the order a fresh pass
+		// would (their warnings come in that order).
+		for _, r := range e.refs {
+			if cc.emitted[r] {
+				continue
+			}
+			cc.emitted[r] = true
+			if r.g != nil {
+				c.globalPolicyChain(r.g, r.dir)
+			} else {
+				c.networkPolicyChain(r.np, r.dir)
+			}
+		}
+		cc.nextChains[ep.wep] = e
+		return e.fw, e.tw, e.extra
+	}
+	var refs []policyRef
+	c.refs = &refs
+	fw, extra = c.fromWorkloadChain(ep)
+	tw = c.toWorkloadChain(ep)
+	c.refs = nil
+	if e != nil && fw.Equal(e.fw) && tw.Equal(e.tw) && slices.EqualFunc(extra, e.extra, Chain.Equal) {
+		// A policy of its namespace changed, but not its chains: keep
+		// sharing them, so that consumers skip them by identity.
+		fw, tw, extra = e.fw, e.tw, e.extra
+	}
+	cc.nextChains[ep.wep] = &epChains{fw: fw, tw: tw, extra: extra, refs: refs}
+	return fw, tw, extra
+}
+
+// policyChain emits a policy's cached chain, and the sets its rules use,
+// when the policy did not change; it reports whether it did.
+func (cc *Compiler) policyChain(c *compiler, ref policyRef, name string) bool {
+	if cc == nil {
+		return false
+	}
+	e := cc.nextPolicies[ref]
+	if e == nil {
+		e = cc.policies[ref]
+	}
+	if e == nil || e.chain.Name != name {
+		return false
+	}
+	for _, r := range e.chain.Rules {
+		for _, m := range r.Match {
+			if m.Set == "" || c.sets[m.Set] != nil {
+				continue
+			}
+			s := cc.sets[m.Set]
+			if s == nil {
+				return false
+			}
+			c.sets[m.Set] = s.set
+		}
+	}
+	c.chains[name] = e.chain
+	c.warnings = append(c.warnings, e.warnings...)
+	cc.nextPolicies[ref] = e
+	return true
+}
+
+func (cc *Compiler) storePolicyChain(ref policyRef, ch Chain, warnings []string) {
+	if cc == nil {
+		return
+	}
+	cc.nextPolicies[ref] = &policyEntry{chain: ch, warnings: slices.Clone(warnings)}
+}
+
+// liveSet registers the set name defined by def in c.sets, kept from the
+// last pass or computed from every endpoint, and keeps it live. It reports
+// false when there is no cache, or for a fixed set not yet computed (the
+// caller computes it and calls storeFixedSet).
+func (cc *Compiler) liveSet(c *compiler, name string, def setDef) bool {
+	if cc == nil {
+		return false
+	}
+	if s := cc.sets[name]; s != nil {
+		c.sets[name] = s.set
+		return true
+	}
+	if def.fixed {
+		return false
+	}
+	s := &liveSet{def: def, addrs: map[netip.Addr]int{}, ports: map[AddrPort]int{}}
+	seen := make(map[*endpoint]bool, len(c.eps))
+	for _, ep := range c.eps {
+		if !seen[ep] { // an object listed twice counts once, as the delta sees it
+			seen[ep] = true
+			s.count(ep, 1)
+		}
+	}
+	s.build(name)
+	cc.sets[name] = s
+	c.sets[name] = s.set
+	return true
+}
+
+func (cc *Compiler) storeFixedSet(s *Set) {
+	if cc == nil {
+		return
+	}
+	cc.sets[s.Name] = &liveSet{def: setDef{fixed: true}, set: s}
+}
+
+// count adds (n = 1) or removes (n = -1) what ep contributes to the set;
+// it reports whether it contributes anything.
+func (s *liveSet) count(ep *endpoint, n int) bool {
+	if !s.def.sel.matches(ep) {
+		return false
+	}
+	changed := false
+	if s.def.named {
+		for _, m := range namedPortMembers(ep, s.def.proto, s.def.port) {
+			s.ports[m] += n
+			changed = true
+			if s.ports[m] == 0 {
+				delete(s.ports, m)
+			}
+		}
+		return changed
+	}
+	for _, a := range ep.addrs {
+		s.addrs[a] += n
+		changed = true
+		if s.addrs[a] == 0 {
+			delete(s.addrs, a)
+		}
+	}
+	return changed
+}
+
+func (s *liveSet) update(removed, added []*endpoint) {
+	if s.def.fixed {
+		return
+	}
+	changed := false
+	for _, ep := range removed {
+		changed = s.count(ep, -1) || changed
+	}
+	for _, ep := range added {
+		changed = s.count(ep, 1) || changed
+	}
+	if changed {
+		s.build(s.set.Name)
+	}
+}
+
+// build makes the set's members canonical, as addNetSet and namedPortSet
+// do: sorted and unique.
+func (s *liveSet) build(name string) {
+	if s.def.named {
+		s.set = &Set{Name: name, Type: SetTypeAddrPort, AddrPorts: slices.SortedFunc(maps.Keys(s.ports), AddrPort.Compare)}
+		return
+	}
+	var nets []netip.Prefix
+	for _, a := range slices.SortedFunc(maps.Keys(s.addrs), netip.Addr.Compare) {
+		nets = append(nets, netip.PrefixFrom(a, 32))
+	}
+	s.set = &Set{Name: name, Type: SetTypeNet, Nets: nets}
+}

@@ -1,6 +1,8 @@
 package ipam
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -42,21 +44,52 @@ func (s BlockSummary) Equal(o BlockSummary) bool {
 // BlocksPrefix). BorrowedAddr.DisableBGPExport is left false: it is a
 // property of the pool, which the caller knows.
 func DecodeBlockSummary(key string, val []byte) (BlockSummary, error) {
-	b, err := decodeBlock(val, 0)
-	if err != nil {
-		return BlockSummary{}, err
+	// Every node decodes every block write (one per pod added anywhere):
+	// read only what the summary needs, not the allocations' times,
+	// handles and pods.
+	var r struct {
+		CIDR        string `json:"cidr"`
+		Affinity    string `json:"affinity"`
+		Pool        string `json:"pool"`
+		Allocations []*int `json:"allocations"`
+		Attributes  []struct {
+			Node string `json:"node"`
+		} `json:"attributes"`
 	}
-	if name, ok := strings.CutPrefix(key, blocksPrefix); ok && name != blockName(b.cidr) {
-		return BlockSummary{}, &keyMismatchError{key: key, cidr: b.cidr}
+	if err := json.Unmarshal(val, &r); err != nil {
+		return BlockSummary{}, fmt.Errorf("decoding block: %w", err)
 	}
-	s := BlockSummary{CIDR: b.cidr, Affinity: b.node, Pool: b.pool}
-	b.allocated(func(addr netip.Addr, attr attrRecord) {
-		if attr.Node != b.node {
-			s.Borrowed = append(s.Borrowed, BorrowedAddr{Addr: addr, Node: attr.Node, Block: b.cidr, BlockNode: b.node})
+	cidr, err := netip.ParsePrefix(r.CIDR)
+	if err != nil || !cidr.Addr().Is4() || cidr != cidr.Masked() {
+		return BlockSummary{}, fmt.Errorf("decoding block: cidr %q is not a masked IPv4 prefix", r.CIDR)
+	}
+	if name, ok := strings.CutPrefix(key, blocksPrefix); ok && name != blockName(cidr) {
+		return BlockSummary{}, &keyMismatchError{key: key, cidr: cidr}
+	}
+	if len(r.Allocations) != blockSizeOf(cidr) {
+		return BlockSummary{}, fmt.Errorf("decoding block %s: %d allocation slots, want %d", cidr, len(r.Allocations), blockSizeOf(cidr))
+	}
+	s := BlockSummary{CIDR: cidr, Pool: r.Pool}
+	if r.Affinity != "" {
+		node, ok := strings.CutPrefix(r.Affinity, affinityPrefix)
+		if !ok || node == "" {
+			return BlockSummary{}, fmt.Errorf("decoding block %s: affinity %q: want host:<node>", cidr, r.Affinity)
 		}
-	})
-	slices.SortFunc(s.Borrowed, func(x, y BorrowedAddr) int { return x.Addr.Compare(y.Addr) })
-	return s, nil
+		s.Affinity = node
+	}
+	for ord, a := range r.Allocations {
+		if a == nil {
+			continue
+		}
+		if *a < 0 || *a >= len(r.Attributes) {
+			return BlockSummary{}, fmt.Errorf("decoding block %s: ordinal %d: attribute index %d out of range", cidr, ord, *a)
+		}
+		if n := r.Attributes[*a].Node; n != s.Affinity {
+			addr := addrAt(cidr, ord)
+			s.Borrowed = append(s.Borrowed, BorrowedAddr{Addr: addr, Node: n, Block: cidr, BlockNode: s.Affinity})
+		}
+	}
+	return s, nil // ordinals ascend, so Borrowed is sorted by address
 }
 
 type keyMismatchError struct {

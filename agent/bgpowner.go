@@ -399,11 +399,17 @@ func (b *bgpOwner) updatePeerStatus(ctx context.Context) bool {
 	return false
 }
 
-// ready reports an error when cluster peers are configured and none is
-// Established.
+// ready reports an error before the first pass and when cluster peers are
+// configured and none is Established.
 func (b *bgpOwner) ready() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// Before the first pass the desired peers are not known: "no peers"
+	// would read as "none configured" and a restarted agent would report
+	// ready before opening any session.
+	if b.lastPass.IsZero() {
+		return errors.New("BGP peers not configured yet")
+	}
 	est := map[netip.Addr]bool{}
 	for _, p := range b.peerStatus {
 		if p.State == "Established" {

@@ -98,10 +98,15 @@ func TestSyncLearnedKeepsStaleUntilConverged(t *testing.T) {
 }
 
 // A node is ready with one cluster peer up although another is down (a
-// rolling update restarts one agent at a time), unready with none up.
+// rolling update restarts one agent at a time), unready with none up, and
+// unready before its first pass (no desired peers is not "none configured").
 func TestReadyWithOneClusterPeer(t *testing.T) {
 	sp := newFakeSpeaker()
 	b := newTestBGPOwner(t, sp, fake.NewRoutes())
+	if err := b.ready(); err == nil {
+		t.Error("ready before the first pass computed the desired peers")
+	}
+	b.lastPass = time.Now()
 	up, down := netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("198.18.0.13")
 	tor := netip.MustParseAddr("198.18.0.1")
 	b.desiredPeers = []bgp.Peer{{Address: up, Type: bgp.PeerMesh}, {Address: down, Type: bgp.PeerMesh}, {Address: tor, Type: bgp.PeerGlobal}}

@@ -358,7 +358,7 @@ func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) er
 }
 
 // localPath builds the path we originate for prefix: origin IGP, next hop
-// our router ID.
+// our router ID, timestamped now.
 func (s *speaker) localPath(prefix netip.Prefix, withdraw bool) (*apiutil.Path, error) {
 	nlri, err := gobgp.NewIPAddrPrefix(prefix)
 	if err != nil {
@@ -373,6 +373,9 @@ func (s *speaker) localPath(prefix netip.Prefix, withdraw bool) (*apiutil.Path, 
 		Nlri:       nlri,
 		Attrs:      []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), nh},
 		Withdrawal: withdraw,
+		// GoBGP takes Age as the path's timestamp (Unix seconds): unset,
+		// `gobgp global rib` shows our routes as originated in 1970.
+		Age: time.Now().Unix(),
 	}, nil
 }
 

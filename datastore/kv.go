@@ -107,10 +107,10 @@ func (s *Store) CreateKV(ctx context.Context, key string, val []byte, lease Leas
 	defer cancel()
 	k := s.abs(key)
 	s.count.txn.Add(1)
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, string(val), clientv3.WithLease(clientv3.LeaseID(lease)))).
-		Commit()
+	resp, err := s.commit(ctx, casWrite{
+		cmps: []Cmp{{Key: k, ModRevision: 0}},
+		ops:  []casOp{{Op: Op{Key: k, Value: val, Lease: lease}}},
+	})
 	if err != nil {
 		return 0, s.etcdErr(fmt.Sprintf("creating %s", key), err)
 	}
@@ -131,11 +131,11 @@ func (s *Store) UpdateKV(ctx context.Context, key string, val []byte, modRev int
 	defer cancel()
 	k := s.abs(key)
 	s.count.txn.Add(1)
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
-		Then(clientv3.OpPut(k, string(val), clientv3.WithIgnoreLease())).
-		Else(clientv3.OpGet(k, clientv3.WithCountOnly())).
-		Commit()
+	resp, err := s.commit(ctx, casWrite{
+		cmps:  []Cmp{{Key: k, ModRevision: modRev}},
+		ops:   []casOp{{Op: Op{Key: k, Value: val}, keepLease: true}},
+		elses: []clientv3.Op{clientv3.OpGet(k, clientv3.WithCountOnly())},
+	})
 	if err != nil {
 		return 0, s.etcdErr(fmt.Sprintf("updating %s", key), err)
 	}
@@ -186,11 +186,11 @@ func (s *Store) DeleteKV(ctx context.Context, key string, modRev int64) error {
 		return nil
 	}
 	s.count.txn.Add(1)
-	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(k), "=", modRev)).
-		Then(clientv3.OpDelete(k)).
-		Else(clientv3.OpGet(k, clientv3.WithCountOnly())).
-		Commit()
+	resp, err := s.commit(ctx, casWrite{
+		cmps:  []Cmp{{Key: k, ModRevision: modRev}},
+		ops:   []casOp{{Op: Op{Key: k, Delete: true}}},
+		elses: []clientv3.Op{clientv3.OpGet(k, clientv3.WithCountOnly())},
+	})
 	if err != nil {
 		return s.etcdErr(fmt.Sprintf("deleting %s", key), err)
 	}
@@ -205,20 +205,16 @@ func (s *Store) DeleteKV(ctx context.Context, key string, modRev int64) error {
 func (s *Store) Txn(ctx context.Context, cmps []Cmp, ops []Op) (int64, error) {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
-	conds := make([]clientv3.Cmp, 0, len(cmps))
+	w := casWrite{cmps: make([]Cmp, 0, len(cmps)), ops: make([]casOp, 0, len(ops))}
 	for _, c := range cmps {
-		conds = append(conds, clientv3.Compare(clientv3.ModRevision(s.abs(c.Key)), "=", c.ModRevision))
+		w.cmps = append(w.cmps, Cmp{Key: s.abs(c.Key), ModRevision: c.ModRevision})
 	}
-	writes := make([]clientv3.Op, 0, len(ops))
 	for _, o := range ops {
-		if o.Delete {
-			writes = append(writes, clientv3.OpDelete(s.abs(o.Key)))
-			continue
-		}
-		writes = append(writes, clientv3.OpPut(s.abs(o.Key), string(o.Value), clientv3.WithLease(clientv3.LeaseID(o.Lease))))
+		o.Key = s.abs(o.Key)
+		w.ops = append(w.ops, casOp{Op: o})
 	}
 	s.count.txn.Add(1)
-	resp, err := s.client.Txn(ctx).If(conds...).Then(writes...).Commit()
+	resp, err := s.commit(ctx, w)
 	if err != nil {
 		return 0, s.etcdErr(fmt.Sprintf("transaction on %d keys", len(cmps)+len(ops)), err)
 	}

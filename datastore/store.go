@@ -116,6 +116,8 @@ type Store struct {
 	endpoints string // for error messages: "[http://a http://b]"
 	log       *slog.Logger
 	count     counters
+	// commitFault, when set (tests only), runs each write attempt.
+	commitFault func(context.Context, func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error)
 }
 
 type counters struct{ get, list, txn, put atomic.Int64 }

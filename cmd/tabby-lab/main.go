@@ -64,6 +64,7 @@ func newRoot() *cobra.Command {
 // upOptions holds the flags shared by up and demo.
 type upOptions struct {
 	nodes, rrs, pods int
+	etcdMembers      int
 	binDir           string
 	noAgents         bool
 	agentArgs        []string
@@ -74,6 +75,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().IntVar(&u.nodes, "nodes", nodes, "number of nodes")
 	c.Flags().IntVar(&u.rrs, "route-reflectors", 0, "make the first K nodes route reflectors (mesh off)")
 	c.Flags().IntVar(&u.pods, "pods-per-node", pods, "pods to add on each node")
+	c.Flags().IntVar(&u.etcdMembers, "etcd-members", 1, fmt.Sprintf("members of the lab's etcd cluster (1-%d); agents get every member's endpoint", lab.MaxEtcdMembers))
 	c.Flags().StringVar(&u.binDir, "bin-dir", "", "directory with tabby-agent and tabby (default $TABBY_BIN, then this program's directory, else go build)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
@@ -96,7 +98,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 	return lab.Options{
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
-		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge,
+		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers,
 	}, nil
 }
 
@@ -312,9 +314,13 @@ func etcdCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&o.Dir, "dir", "", "data directory")
-	c.Flags().StringVar(&o.ClientURL, "client-url", lab.EtcdClientURL, "client URL to serve")
+	c.Flags().StringVar(&o.ClientURL, "client-url", "", "client URL to serve")
 	c.Flags().StringVar(&o.UnixSocket, "unix-socket", "", "also serve clients on this unix socket")
+	c.Flags().StringVar(&o.Name, "name", "", "member name (with --initial-cluster)")
+	c.Flags().StringVar(&o.PeerURL, "peer-url", "", "peer URL to serve (with --initial-cluster)")
+	c.Flags().StringVar(&o.InitialCluster, "initial-cluster", "", "the members of a new cluster: name=peerURL,… (default: this member alone)")
 	_ = c.MarkFlagRequired("dir")
+	_ = c.MarkFlagRequired("client-url")
 	return c
 }
 

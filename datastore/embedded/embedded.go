@@ -1,6 +1,8 @@
-// Package embedded runs an in-process single-member etcd for tests and the
-// lab. It is the only Tabby package that links the etcd server; tabby-agent
-// and tabbyctl never import it.
+// Package embedded runs an in-process etcd member for tests and the lab: a
+// single-member cluster by default, or one member of a cluster whose other
+// members run elsewhere (Config.InitialCluster). It is the only Tabby
+// package that links the etcd server; tabby-agent and tabbyctl never import
+// it.
 package embedded
 
 import (
@@ -11,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,14 +23,24 @@ import (
 	"github.com/tabbynet/tabby/internal/zapslog"
 )
 
-// Config configures an in-process single-member etcd.
+// Config configures an in-process etcd member.
 type Config struct {
 	// Dir holds etcd's data. "" = a new temporary directory, removed by Stop.
 	Dir string
 	// ClientURL is the URL clients connect to, for example
-	// "http://198.18.0.1:2379". "" = http://127.0.0.1 on a free port. The
-	// peer URL uses the same host on a free port.
+	// "http://198.18.0.1:2379". "" = http://127.0.0.1 on a free port.
 	ClientURL string
+	// Name is the member's name; "" = "tabby".
+	Name string
+	// PeerURL is where the member talks to its peers, for example
+	// "http://198.18.0.3:2380"; "" = the client URL's host on a free port.
+	PeerURL string
+	// InitialCluster lists the members of a new cluster as
+	// "name=peerURL,name=peerURL,…"; "" = this member alone. Every member
+	// of the cluster must be given the same list. It is read only when the
+	// data directory is empty: a member restarted on its data rejoins the
+	// cluster it belongs to.
+	InitialCluster string
 	// Logger receives etcd's warnings and errors; nil = silent.
 	Logger *slog.Logger
 	// CertFile and KeyFile make etcd serve clients over TLS (ClientURL
@@ -95,12 +108,21 @@ func Start(ctx context.Context, cfg Config) (*Etcd, error) {
 		e.clientURL = url.URL{Scheme: u.Scheme, Host: u.Host}
 		host = u.Hostname()
 	}
-	port, err := freePort(host)
-	if err != nil {
-		e.removeDir()
-		return nil, err
+	if cfg.PeerURL == "" {
+		port, err := freePort(host)
+		if err != nil {
+			e.removeDir()
+			return nil, err
+		}
+		e.peerURL = url.URL{Scheme: "http", Host: net.JoinHostPort(host, port)}
+	} else {
+		u, err := url.Parse(cfg.PeerURL)
+		if err != nil || u.Host == "" || u.Port() == "" || u.Scheme != "http" {
+			e.removeDir()
+			return nil, fmt.Errorf("invalid etcd peer URL %q: want http://host:port", cfg.PeerURL)
+		}
+		e.peerURL = url.URL{Scheme: u.Scheme, Host: u.Host}
 	}
-	e.peerURL = url.URL{Scheme: "http", Host: net.JoinHostPort(host, port)}
 
 	if err := e.start(ctx); err != nil {
 		e.removeDir()
@@ -127,13 +149,19 @@ func freePort(host string) (string, error) {
 
 func (e *Etcd) start(ctx context.Context) error {
 	c := embed.NewConfig()
-	c.Name = "tabby"
+	c.Name = e.cfg.Name
+	if c.Name == "" {
+		c.Name = "tabby"
+	}
 	c.Dir = e.dir
 	c.ListenClientUrls = []url.URL{e.clientURL}
 	c.AdvertiseClientUrls = []url.URL{e.clientURL}
 	c.ListenPeerUrls = []url.URL{e.peerURL}
 	c.AdvertisePeerUrls = []url.URL{e.peerURL}
 	c.InitialCluster = c.Name + "=" + e.peerURL.String()
+	if e.cfg.InitialCluster != "" {
+		c.InitialCluster = e.cfg.InitialCluster
+	}
 	c.InitialClusterToken = "tabby"
 	c.UnsafeNoFsync = e.cfg.UnsafeNoFsync
 	c.ClientTLSInfo = transport.TLSInfo{
@@ -144,8 +172,13 @@ func (e *Etcd) start(ctx context.Context) error {
 	}
 	c.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapslog.New(e.cfg.Logger))
 	// A single member elects itself at once; short ticks make it quick.
-	c.TickMs = 10
-	c.ElectionMs = 100
+	// Members of a real cluster keep etcd's defaults (100 ms heartbeat,
+	// 1 s election timeout), as users run it: shorter ones make a loaded
+	// machine's members depose each other's leaders.
+	if !strings.Contains(c.InitialCluster, ",") {
+		c.TickMs = 10
+		c.ElectionMs = 100
+	}
 
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -67,7 +67,7 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 		filepath.Join(st.BinDir, binAgent),
 		"--node-name", n.Name,
 		"--node-ip", n.IP.String(),
-		"--etcd-endpoints", EtcdClientURL,
+		"--etcd-endpoints", strings.Join(st.EtcdEndpoints(), ","),
 		"--cni-socket", l.cniSocket(n.Name),
 		"--status-socket", l.statusSocket(n.Name),
 		"--state-dir", filepath.Join(d, "state"),

@@ -132,7 +132,7 @@ func TestPrivilegedAgents(t *testing.T) {
 	if netnsExists(p2.NetNS) {
 		t.Errorf("namespace %s survives DelPod", p2.NetNS)
 	}
-	procs := []*Proc{l.State().Etcd}
+	procs := l.State().etcdProcs()
 	for _, n := range l.State().Nodes {
 		procs = append(procs, n.Agent)
 	}

@@ -19,11 +19,16 @@ type EtcdOptions struct {
 	Dir        string // data directory, kept across restarts
 	ClientURL  string // http://198.18.0.2:2379
 	UnixSocket string // also serve clients on this unix socket ("" = no)
-	Logger     *slog.Logger
+	// Name, PeerURL and InitialCluster make the process one member of a
+	// cluster (see embedded.Config); empty = a single-member etcd.
+	Name, PeerURL, InitialCluster string
+	Logger                        *slog.Logger
 }
 
-// RunEtcd runs an embedded etcd until ctx is done. It is meant to run in the
-// lab's control-plane namespace. The unix socket forwards each connection to
+// RunEtcd runs an embedded etcd (member) until ctx is done. It is meant to
+// run in the lab's control-plane namespace. The unix socket is made once the
+// member serves (a member of a cluster: once it has joined one with a
+// quorum), so a socket that accepts means a ready member. The unix socket forwards each connection to
 // the client URL: a socket file is reachable from any network namespace, so
 // the lab process (in the root namespace, which has no route to the fabric)
 // can talk to etcd through it.
@@ -35,7 +40,8 @@ func RunEtcd(ctx context.Context, o EtcdOptions) error {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return fmt.Errorf("creating etcd directory: %w", err)
 	}
-	e, err := embedded.Start(ctx, embedded.Config{Dir: o.Dir, ClientURL: o.ClientURL, Logger: o.Logger})
+	e, err := embedded.Start(ctx, embedded.Config{Dir: o.Dir, ClientURL: o.ClientURL, Name: o.Name, PeerURL: o.PeerURL,
+		InitialCluster: o.InitialCluster, Logger: o.Logger})
 	if err != nil {
 		return err
 	}

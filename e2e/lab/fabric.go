@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 )
 
@@ -48,7 +47,7 @@ func (l *Lab) deleteNamespace(ctx context.Context, ns string) error {
 }
 
 // makeFabric creates the fabric (bridge br0), the ToR router and the
-// control-plane namespace.
+// control-plane namespace with an address for each etcd member.
 func (l *Lab) makeFabric(ctx context.Context) error {
 	st := l.State()
 	fab := st.fabricNS()
@@ -78,7 +77,15 @@ func (l *Lab) makeFabric(ctx context.Context) error {
 	if err := l.newNamespace(ctx, etcd); err != nil {
 		return err
 	}
-	return l.attach(ctx, etcd, "v-etcd", netip.PrefixFrom(etcdAddr, fabricNet.Bits()))
+	if err := l.attach(ctx, etcd, "v-etcd", netip.PrefixFrom(etcdAddr, fabricNet.Bits())); err != nil {
+		return err
+	}
+	for _, m := range st.Etcd[1:] {
+		if err := ip(ctx, "-n", etcd, "addr", "add", netip.PrefixFrom(m.Addr, fabricNet.Bits()).String(), "dev", "eth0"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // attach connects namespace ns to the fabric bridge: a veth pair made inside
@@ -148,58 +155,6 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 }
 
 func (l *Lab) nodeDir(name string) string { return filepath.Join(l.dir, name) }
-
-// StartEtcd starts the lab's etcd in its namespace (again, after StopEtcd)
-// and waits until it answers through the unix socket.
-func (l *Lab) StartEtcd(ctx context.Context) error {
-	st := l.State()
-	if st.Etcd.alive() {
-		return errors.New("etcd is running")
-	}
-	dir := filepath.Join(l.dir, "etcd")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("creating etcd directory: %w", err)
-	}
-	argv := []string{st.LabBinary, "etcd", "--dir", filepath.Join(dir, "data"), "--client-url", EtcdClientURL, "--unix-socket", l.etcdSocket()}
-	progress(l.log, "starting etcd in %s at %s", st.etcdNS(), EtcdClientURL)
-	p, done, err := startDetached("etcd", st.etcdNS(), argv, filepath.Join(l.dir, "etcd.log"), pidFile(l.dir, "etcd"))
-	if err != nil {
-		return err
-	}
-	l.trackExit(p.PID, done)
-	if err := l.update(func(s *State) error { s.Etcd = p; return nil }); err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	err = poll(wctx, 100*time.Millisecond, func() (bool, error) {
-		select {
-		case <-done:
-			return false, fmt.Errorf("etcd exited; see %s", p.Log)
-		default:
-		}
-		s, err := l.connect(wctx)
-		if err != nil {
-			return false, nil
-		}
-		_, _, err = s.ListKV(wctx, "lab-probe/")
-		return err == nil, nil
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for etcd: %w", err)
-	}
-	return nil
-}
-
-// StopEtcd stops the lab's etcd (SIGTERM, then SIGKILL); its data stay.
-func (l *Lab) StopEtcd(ctx context.Context) error {
-	p := l.State().Etcd
-	if p == nil {
-		return nil
-	}
-	progress(l.log, "stopping etcd (pid %d)", p.PID)
-	return p.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(p.PID))
-}
 
 func (l *Lab) trackExit(pid int, done <-chan struct{}) {
 	l.mu.Lock()

@@ -76,7 +76,8 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs}
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs,
+		Etcd: etcdMembers(o.EtcdMembers)}
 	if err := claim(st, o.RunDir); err != nil {
 		return nil, err
 	}
@@ -293,9 +294,7 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 			procs = append(procs, n.Agent)
 		}
 	}
-	if st.Etcd != nil {
-		procs = append(procs, st.Etcd)
-	}
+	procs = append(procs, st.etcdProcs()...)
 	// Agents first (a graceful exit needs nothing from etcd), then etcd.
 	for _, p := range procs {
 		if p.alive() {
@@ -348,7 +347,11 @@ func (l *Lab) connect(ctx context.Context) (*datastore.Store, error) {
 	if l.store != nil {
 		return l.store, nil
 	}
-	s, err := datastore.New(ctx, datastore.Config{Endpoints: []string{"unix://" + l.etcdSocket()}})
+	var eps []string
+	for _, m := range l.st.Etcd {
+		eps = append(eps, "unix://"+l.EtcdSocket(m.Name))
+	}
+	s, err := datastore.New(ctx, datastore.Config{Endpoints: eps})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to the lab's etcd: %w", err)
 	}
@@ -356,4 +359,6 @@ func (l *Lab) connect(ctx context.Context) (*datastore.Store, error) {
 	return s, nil
 }
 
-func (l *Lab) etcdSocket() string { return filepath.Join(l.dir, "etcd.sock") }
+// EtcdSocket is where the lab process reaches the etcd member: each member
+// forwards its own unix socket to its client URL.
+func (l *Lab) EtcdSocket(member string) string { return filepath.Join(l.dir, member+".sock") }

@@ -212,7 +212,7 @@ func TestPrivilegedFabric(t *testing.T) {
 	if err := l.Down(); err != nil {
 		t.Fatalf("Down: %v", err)
 	}
-	assertGone(t, name, filepath.Join(runDir, name), []*Proc{st.Etcd})
+	assertGone(t, name, filepath.Join(runDir, name), st.etcdProcs())
 }
 
 func TestPrivilegedEtcdRestart(t *testing.T) {
@@ -223,7 +223,7 @@ func TestPrivilegedEtcdRestart(t *testing.T) {
 	if _, err := l.Store().PutKV(ctx, "lab-test/persist", []byte("1"), 0); err != nil {
 		t.Fatal(err)
 	}
-	old := l.State().Etcd
+	old := l.State().Etcd[0].Proc
 	if err := l.StopEtcd(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestPrivilegedTeardownAfterCrash(t *testing.T) {
 			return false, nil
 		}
 		st = s
-		return s.Etcd != nil && len(s.Nodes) > 0, nil
+		return len(s.etcdProcs()) > 0 && len(s.Nodes) > 0, nil
 	})
 	if err != nil {
 		_ = up.Process.Kill()
@@ -278,8 +278,8 @@ func TestPrivilegedTeardownAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = up.Wait()
-	if !st.Etcd.alive() {
-		t.Fatalf("etcd (pid %d) not running after up crashed: nothing to clean up\n%s", st.Etcd.PID, out.String())
+	if etcd := st.etcdProcs()[0]; !etcd.alive() {
+		t.Fatalf("etcd (pid %d) not running after up crashed: nothing to clean up\n%s", etcd.PID, out.String())
 	}
 	if len(labNamespaces(t, name)) == 0 {
 		t.Fatalf("no namespaces after up crashed\n%s", out.String())
@@ -288,7 +288,7 @@ func TestPrivilegedTeardownAfterCrash(t *testing.T) {
 	if b, err := down.CombinedOutput(); err != nil {
 		t.Fatalf("tabby-lab down: %v\n%s", err, b)
 	}
-	assertGone(t, name, dir, []*Proc{st.Etcd})
+	assertGone(t, name, dir, st.etcdProcs())
 }
 
 // TestPrivilegedTeardownWithoutDown drops a Lab without calling Down and
@@ -302,7 +302,7 @@ func TestPrivilegedTeardownWithoutDown(t *testing.T) {
 	if err := Teardown(context.Background(), runDir, name, nil); err != nil {
 		t.Fatalf("Teardown: %v", err)
 	}
-	assertGone(t, name, filepath.Join(runDir, name), []*Proc{st.Etcd})
+	assertGone(t, name, filepath.Join(runDir, name), st.etcdProcs())
 	if err := l.Store().Close(); err != nil {
 		t.Logf("closing the orphaned store: %v", err)
 	}

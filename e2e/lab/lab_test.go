@@ -26,6 +26,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"too many nodes", Options{Nodes: 245}, []string{"nodes: 245"}},
 		{"pods without agents", Options{Nodes: 1, PodsPerNode: 1, NoAgents: true}, []string{"pods need agents"}},
 		{"relative run dir", Options{Nodes: 1, RunDir: "run"}, []string{"must be absolute"}},
+		{"etcd cluster", Options{Nodes: 1, EtcdMembers: 3}, nil},
+		{"too many etcd members", Options{Nodes: 1, EtcdMembers: MaxEtcdMembers + 1}, []string{"etcd members: 10"}},
 		{"every problem", Options{Name: "-", Nodes: -1, PodsPerNode: -1}, []string{"name", "nodes: -1", "pods per node: -1"}},
 	}
 	for _, tt := range tests {
@@ -56,6 +58,30 @@ func TestNodeAddressing(t *testing.T) {
 	want := []string{"198.18.0.11/24", "198.18.0.20/24", "node4", "n2p3"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("addressing (-want +got):\n%s", diff)
+	}
+}
+
+// etcd members sit between the ToR and the first node, the first one named
+// and addressed as the single etcd of a one-member lab.
+func TestEtcdMembers(t *testing.T) {
+	var got []string
+	for _, m := range etcdMembers(MaxEtcdMembers) {
+		got = append(got, m.Name+" "+m.ClientURL()+" "+m.peerURL())
+	}
+	want := []string{
+		"etcd http://198.18.0.2:2379 http://198.18.0.2:2380",
+		"etcd2 http://198.18.0.3:2379 http://198.18.0.3:2380",
+	}
+	if diff := cmp.Diff(want, got[:2]); diff != "" {
+		t.Errorf("members (-want +got):\n%s", diff)
+	}
+	last := etcdMembers(MaxEtcdMembers)[MaxEtcdMembers-1].Addr
+	if !last.Less(nodePrefix(firstNodeHost).Addr()) || !torAddr.Less(etcdAddr) {
+		t.Errorf("etcd members up to %s collide with the ToR %s or node1 %s", last, torAddr, nodePrefix(firstNodeHost).Addr())
+	}
+	st := State{Etcd: etcdMembers(3)}
+	if diff := cmp.Diff([]string{"http://198.18.0.2:2379", "http://198.18.0.3:2379", "http://198.18.0.4:2379"}, st.EtcdEndpoints()); diff != "" {
+		t.Errorf("endpoints (-want +got):\n%s", diff)
 	}
 }
 

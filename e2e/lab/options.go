@@ -15,7 +15,9 @@ import (
 var (
 	fabricNet = netip.MustParsePrefix("198.18.0.0/24")
 	torAddr   = netip.MustParseAddr("198.18.0.1")
-	etcdAddr  = netip.MustParseAddr("198.18.0.2")
+	// etcdAddr is the first etcd member's address; member i (0-based)
+	// has etcdAddr + i, all on the etcd namespace's eth0.
+	etcdAddr = netip.MustParseAddr("198.18.0.2")
 )
 
 const (
@@ -25,8 +27,12 @@ const (
 	maxNodeHost = 254
 	// PodPool is the IPv4 pool the agents create.
 	PodPool = "10.244.0.0/16"
-	// EtcdClientURL is where etcd serves clients on the fabric.
-	EtcdClientURL = "http://198.18.0.2:2379"
+	// etcdClientPort and etcdPeerPort are every etcd member's ports.
+	etcdClientPort = 2379
+	etcdPeerPort   = 2380
+	// MaxEtcdMembers is the most members the lab's etcd cluster can have:
+	// their addresses, from 198.18.0.2 on, end below the first node's.
+	MaxEtcdMembers = firstNodeHost - 2
 	// DefaultRunDir holds one directory per lab.
 	DefaultRunDir = "/run/tabby-lab"
 	// DefaultName is the lab's name when none is given.
@@ -63,6 +69,10 @@ type Options struct {
 	// LabBinary is the tabby-lab executable that runs etcd and the CNI
 	// calls inside namespaces. Default BinDir/tabby-lab.
 	LabBinary string
+	// EtcdMembers is the size of the lab's etcd cluster: one member
+	// (default) or several, each its own process and data directory, as
+	// users run etcd. Agents and the lab get every member's endpoint.
+	EtcdMembers int
 	// NoAgents brings up the fabric, ToR, etcd and node namespaces only.
 	NoAgents bool
 	// AgentArgs are appended to every tabby-agent command line, also of
@@ -97,6 +107,9 @@ func (o *Options) Default() {
 	if o.ConvergeTimeout == 0 {
 		o.ConvergeTimeout = DefaultConvergeTimeout
 	}
+	if o.EtcdMembers == 0 {
+		o.EtcdMembers = 1
+	}
 }
 
 // Validate reports every problem of the options.
@@ -110,6 +123,9 @@ func (o *Options) Validate() error {
 	}
 	if o.RouteReflectors < 0 || o.RouteReflectors > o.Nodes {
 		errs = append(errs, fmt.Errorf("route reflectors: %d out of range 0-%d (the number of nodes)", o.RouteReflectors, o.Nodes))
+	}
+	if o.EtcdMembers < 1 || o.EtcdMembers > MaxEtcdMembers {
+		errs = append(errs, fmt.Errorf("etcd members: %d out of range 1-%d", o.EtcdMembers, MaxEtcdMembers))
 	}
 	if o.PodsPerNode < 0 {
 		errs = append(errs, fmt.Errorf("pods per node: %d is negative", o.PodsPerNode))

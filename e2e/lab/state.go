@@ -36,10 +36,75 @@ type State struct {
 	AgentArgs []string `json:"agentArgs,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
 	// to make), in creation order. Teardown deletes them in reverse.
-	Namespaces []string    `json:"namespaces"`
-	Etcd       *Proc       `json:"etcd,omitempty"`
-	Nodes      []NodeState `json:"nodes"`
-	Pods       []PodState  `json:"pods"`
+	Namespaces []string `json:"namespaces"`
+	// Etcd lists the members of the lab's etcd cluster, recorded before
+	// any is started.
+	Etcd  []EtcdMember `json:"etcdMembers"`
+	Nodes []NodeState  `json:"nodes"`
+	Pods  []PodState   `json:"pods"`
+}
+
+// EtcdMember is one member of the lab's etcd cluster: a `tabby-lab etcd`
+// process in the etcd namespace serving clients and peers on its own
+// address, with its own data directory, log and unix socket, all named
+// after it.
+type EtcdMember struct {
+	Name string     `json:"name"` // etcd, etcd2, etcd3, …
+	Addr netip.Addr `json:"addr"` // 198.18.0.2, .3, …
+	Proc *Proc      `json:"proc,omitempty"`
+}
+
+// ClientURL is where the member serves clients on the fabric.
+func (m *EtcdMember) ClientURL() string {
+	return "http://" + netip.AddrPortFrom(m.Addr, etcdClientPort).String()
+}
+
+func (m *EtcdMember) peerURL() string {
+	return "http://" + netip.AddrPortFrom(m.Addr, etcdPeerPort).String()
+}
+
+// etcdMembers names and addresses the n members of a lab's etcd cluster.
+func etcdMembers(n int) []EtcdMember {
+	ms := make([]EtcdMember, n)
+	a := etcdAddr
+	for i := range ms {
+		ms[i] = EtcdMember{Name: "etcd", Addr: a}
+		if i > 0 {
+			ms[i].Name = fmt.Sprintf("etcd%d", i+1)
+		}
+		a = a.Next()
+	}
+	return ms
+}
+
+func (s *State) etcdMember(name string) *EtcdMember {
+	for i := range s.Etcd {
+		if s.Etcd[i].Name == name {
+			return &s.Etcd[i]
+		}
+	}
+	return nil
+}
+
+// etcdProcs are the processes of the etcd members that were started.
+func (s *State) etcdProcs() []*Proc {
+	var ps []*Proc
+	for _, m := range s.Etcd {
+		if m.Proc != nil {
+			ps = append(ps, m.Proc)
+		}
+	}
+	return ps
+}
+
+// EtcdEndpoints are the client URLs of every etcd member, as the agents
+// are given them.
+func (s *State) EtcdEndpoints() []string {
+	var eps []string
+	for _, m := range s.Etcd {
+		eps = append(eps, m.ClientURL())
+	}
+	return eps
 }
 
 // NodeState is one node of the lab.

@@ -14,7 +14,11 @@ import (
 // the pods with their addresses.
 func (l *Lab) WriteStatus(ctx context.Context, w io.Writer) error {
 	st := l.State()
-	fmt.Fprintf(w, "lab %q (%s), etcd %s (%s)\n\n", st.Name, st.Dir, EtcdClientURL, procState(st.Etcd))
+	fmt.Fprintf(w, "lab %q (%s)\n", st.Name, st.Dir)
+	for _, m := range st.Etcd {
+		fmt.Fprintf(w, "%s  %s  %s\n", m.Name, m.ClientURL(), procState(m.Proc))
+	}
+	fmt.Fprintln(w)
 	for _, n := range st.Nodes {
 		agent := "no agent"
 		if !st.NoAgents {

@@ -21,7 +21,7 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// TestW20EtcdMemberLoss runs the lab on a 3-member etcd cluster, as users
+// TestEtcdMemberLoss runs the lab on a 3-member etcd cluster, as users
 // run etcd, and kills (SIGKILL) one member during pod churn: the member
 // that is the leader and the first endpoint in every agent's list, the
 // worst case. It restarts the member 20 s later. No ADD or DEL fails,
@@ -29,8 +29,8 @@ import (
 // IPAM and resource key the others do), and the ADD latency with the
 // member down is measured against all members up in the same run, as the
 // runtime sees it (the lab's CNI call) and as the agent logs it.
-func TestW20EtcdMemberLoss(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "w20etcd", Nodes: 3, PodsPerNode: 1, EtcdMembers: 3})
+func TestEtcdMemberLoss(t *testing.T) {
+	l := upLab(t, lab.Options{Name: "e2eetcd", Nodes: 3, PodsPerNode: 1, EtcdMembers: 3})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	st := l.State()

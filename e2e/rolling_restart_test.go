@@ -17,14 +17,14 @@ import (
 	"github.com/tabbynet/tabby/e2e/lab"
 )
 
-// TestW20RollingRestart restarts every agent of a 4-node lab in turn, the
+// TestRollingRestart restarts every agent of a 4-node lab in turn, the
 // way a DaemonSet rolling update does (maxUnavailable 1: SIGTERM, start the
 // new agent, go on to the next node once it is ready), while every node's
 // pod pings a pod on the next node every 50 ms. The nodes not being
 // restarted answer /readyz with 200 throughout (each of them has one BGP
 // session down at a time), and no ping is lost.
-func TestW20RollingRestart(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "w20roll", Nodes: 4, PodsPerNode: 1})
+func TestRollingRestart(t *testing.T) {
+	l := upLab(t, lab.Options{Name: "e2eroll", Nodes: 4, PodsPerNode: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	var nodes []string

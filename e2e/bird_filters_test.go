@@ -17,10 +17,10 @@ import (
 	"github.com/tabbynet/tabby/e2e/lab"
 )
 
-// w18BirdConf: BIRD as the ToR (AS 65001) announcing two prefixes, of which
+// birdFiltersConf: BIRD as the ToR (AS 65001) announcing two prefixes, of which
 // the nodes' BGPFilter accepts one, with BFD towards the first node only
 // (the second one is the hold-time reference of the failover measurement).
-const w18BirdConf = `# written by TestW18BIRDFiltersCommunitiesBFD
+const birdFiltersConf = `# written by TestBIRDFiltersCommunitiesBFD
 log stderr all;
 router id 198.18.0.1;
 protocol device { scan time 10; }
@@ -57,24 +57,24 @@ protocol bgp %s from tabby_node {
 }
 `
 
-// TestW18BIRDFiltersCommunitiesBFD: a BGPFilter on the ToR peering lets in
+// TestBIRDFiltersCommunitiesBFD: a BGPFilter on the ToR peering lets in
 // one of the ToR's two prefixes and keeps one node's block from the ToR; the
 // pool's community reaches BIRD; BFD comes up with BIRD on node 1; then both
 // nodes' fabric links go down silently at once and the test measures how
 // long BIRD takes to notice each (BFD vs hold time).
-func TestW18BIRDFiltersCommunitiesBFD(t *testing.T) {
+func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 	requireRoot(t)
 	for _, bin := range []string{"bird", "birdc"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("skipped: %s not installed (Debian package bird2)", bin)
 		}
 	}
-	l := upLab(t, lab.Options{Name: "w18bird", Nodes: 2, PodsPerNode: 1})
+	l := upLab(t, lab.Options{Name: "e2ebirdf", Nodes: 2, PodsPerNode: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	nodes := l.State().Nodes
 	n1, n2 := nodes[0], nodes[1]
-	b := startW18BIRD(t, l, n1, n2)
+	b := startBIRDFilters(t, l, n1, n2)
 	st := l.Store()
 
 	// The pool's community, a filter, and one BGPPeer per node (BFD on
@@ -207,7 +207,7 @@ func TestW18BIRDFiltersCommunitiesBFD(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		t.Logf("W18 failover: BIRD noticed node %s (BFD 300ms×3) after %v, node %s (hold time 9s) after %v",
+		t.Logf("failover: BIRD noticed node %s (BFD 300ms×3) after %v, node %s (hold time 9s) after %v",
 			n1.Name, detected[n1.Name], n2.Name, detected[n2.Name])
 		bfdTime, holdTime := detected[n1.Name], detected[n2.Name]
 		if bfdTime == 0 || bfdTime > 1500*time.Millisecond {
@@ -230,21 +230,21 @@ func TestW18BIRDFiltersCommunitiesBFD(t *testing.T) {
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		t.Logf("W18 failover: node %s removed 198.19.77.0/24 after %v (0: not within 20 s)", n1.Name, gone)
+		t.Logf("failover: node %s removed 198.19.77.0/24 after %v (0: not within 20 s)", n1.Name, gone)
 		if gone == 0 || gone > 3*time.Second {
 			t.Errorf("node %s kept the ToR's route %v after the link loss, want it gone within 3 s (BFD detects in about 1 s)", n1.Name, gone)
 		}
 	})
 }
 
-// startW18BIRD runs BIRD with w18BirdConf in the lab's ToR namespace until
+// startBIRDFilters runs BIRD with birdFiltersConf in the lab's ToR namespace until
 // the test ends.
-func startW18BIRD(t *testing.T, l *lab.Lab, n1, n2 lab.NodeState) *bird {
+func startBIRDFilters(t *testing.T, l *lab.Lab, n1, n2 lab.NodeState) *bird {
 	t.Helper()
 	dir := t.TempDir()
 	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
 	conf := filepath.Join(dir, "bird.conf")
-	text := fmt.Sprintf(w18BirdConf, n1.Name, n1.IP.Addr(), n2.Name, n2.IP.Addr())
+	text := fmt.Sprintf(birdFiltersConf, n1.Name, n1.IP.Addr(), n2.Name, n2.IP.Addr())
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}

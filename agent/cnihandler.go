@@ -135,7 +135,21 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if err != nil {
 		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
 	}
-	undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
+	// A repeated ADD of a live attachment must leave it as it was when it
+	// fails: only a successful ADD replaces, only DEL removes. What it
+	// finds already there is therefore never pushed on the undo stack.
+	// IPAM says whether this is a repeat; only a repeat reads the endpoint.
+	var prior *api.WorkloadEndpoint
+	if asg.Existing {
+		gctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+		prior, err = h.endpointOf(gctx, w, req.ContainerID)
+		cancel()
+		if err != nil {
+			return nil, cniErr(codeDatastore, "reading the endpoint of "+shortID(req.ContainerID), err)
+		}
+	} else {
+		undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
+	}
 	if err = h.step("assign"); err != nil {
 		return nil, err
 	}
@@ -182,13 +196,23 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	st, setupErr := h.wl.Setup(ctx, spec)
 	var routeErr error
 	if setupErr == nil {
-		undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
+		if !st.Existed {
+			undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
+		}
 		routeErr = h.routes.Wire(hostIf, dataplane.HostRoutes(spec))
-		undo.push("withdrawing routes", func(context.Context) error { h.routes.Unwire(hostIf); return nil })
+		if !st.Existed {
+			undo.push("withdrawing routes", func(context.Context) error { h.routes.Unwire(hostIf); return nil })
+		}
 	}
 	setupTook := time.Since(t1)
 	ep := <-epc
-	if ep.stored {
+	if prior != nil {
+		// The live pod's record: put it back as it was.
+		undo.push("restoring endpoint", func(ctx context.Context) error {
+			_, err := h.store.Apply(ctx, prior)
+			return err
+		})
+	} else if ep.stored {
 		undo.push("removing endpoint", func(ctx context.Context) error {
 			return ignoreNotFound(h.store.Delete(ctx, api.KindWorkloadEndpoint, w.Namespace, wep.Metadata.Name, ""))
 		})
@@ -269,6 +293,22 @@ func (h *cniHandler) isAdding(hostIf string) bool {
 	h.addingMu.Lock()
 	defer h.addingMu.Unlock()
 	return h.adding[hostIf]
+}
+
+// endpointOf returns this node's stored endpoint of the workload when it
+// belongs to containerID, else nil.
+func (h *cniHandler) endpointOf(ctx context.Context, w workloadID, containerID string) (*api.WorkloadEndpoint, error) {
+	obj, err := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, w.endpointName(h.node))
+	if errors.Is(err, datastore.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if wep, ok := obj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID == containerID {
+		return wep, nil
+	}
+	return nil, nil
 }
 
 // deleteEndpointOf deletes the endpoint if it exists and belongs to

@@ -39,6 +39,9 @@ type Assignment struct {
 	// Borrowed: the block is not affine to the requesting node, so the
 	// address is advertised as a /32.
 	Borrowed bool
+	// Existing: the handle held the address before this call (a repeated
+	// request); nothing was allocated.
+	Existing bool
 }
 
 // Assign allocates an address for req.Handle. It is idempotent per handle:
@@ -331,7 +334,7 @@ func (a *Allocator) existing(ctx context.Context, req AssignRequest, h *handle) 
 	if !held || attr.Handle != req.Handle {
 		return Assignment{}, fmt.Errorf("ipam: handle %q lists %s but block %s does not hold it for the handle (run ipam check)", req.Handle, ha.Addr, b.cidr)
 	}
-	return Assignment{Addr: ha.Addr, Block: b.cidr, Pool: b.pool, Borrowed: b.node != attr.Node}, nil
+	return Assignment{Addr: ha.Addr, Block: b.cidr, Pool: b.pool, Borrowed: b.node != attr.Node, Existing: true}, nil
 }
 
 // commit describes one allocation write.

@@ -29,8 +29,12 @@ func TestAssignAffineBlocksAndIdempotency(t *testing.T) {
 	if got[4].Block == first || got[4].Borrowed {
 		t.Errorf("fifth assignment %+v should come from a new affine block", got[4])
 	}
-	// Idempotent per handle.
+	// Idempotent per handle; the repeat is said to be one.
 	again := mustAssign(t, a, "n1", "h3")
+	if !again.Existing || got[2].Existing {
+		t.Errorf("Existing: first %v, repeat %v; want false, true", got[2].Existing, again.Existing)
+	}
+	again.Existing = false
 	if diff := cmp.Diff(got[2], again, netipOpts); diff != "" {
 		t.Errorf("second assign of h3 (-first +second):\n%s", diff)
 	}
@@ -134,8 +138,8 @@ func TestBorrowing(t *testing.T) {
 		t.Errorf("Borrowed() = %+v, want %s used by n1 from another node's block", borrowed, r.Addr)
 	}
 	// Idempotent also for borrowed addresses.
-	if again := mustAssign(t, a, "n1", "borrower"); again != r {
-		t.Errorf("second assign = %+v, want %+v", again, r)
+	if again := mustAssign(t, a, "n1", "borrower"); again.Addr != r.Addr || again.Block != r.Block || !again.Borrowed || !again.Existing {
+		t.Errorf("second assign = %+v, want %+v again, as existing", again, r)
 	}
 	mustCheckClean(t, a)
 }
@@ -197,8 +201,11 @@ func TestSpecificAddress(t *testing.T) {
 	if r.Addr != want || r.Block.String() != "10.244.0.64/28" || r.Borrowed {
 		t.Errorf("assignment = %+v, want %s in a block claimed for n1", r, want)
 	}
-	// Same handle, same address: idempotent. Same handle, other address: error.
-	if again, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1", Addr: want}); err != nil || again != r {
+	// Same handle, same address: idempotent, and said to be a repeat. Same
+	// handle, other address: error.
+	wantAgain := r
+	wantAgain.Existing = true
+	if again, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1", Addr: want}); err != nil || again != wantAgain {
 		t.Errorf("repeat = %+v, %v", again, err)
 	}
 	if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1", Addr: netip.MustParseAddr("10.244.0.78")}); err == nil {

@@ -100,6 +100,13 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	defer unlock()
 	h.setAdding(hostIf, true)
 	defer h.setAdding(hostIf, false)
+	// The host name is 44 bits of a hash: make sure it is not another
+	// workload's, whose link Setup would otherwise take for a stale one.
+	if other := h.interfaceHolder(w, hostIf); other != nil {
+		return nil, cniErr(codeDataplane, "host interface name collision",
+			fmt.Errorf("%s, the host interface of %s, is already that of endpoint %s/%s (container %s)",
+				hostIf, w.key(), other.Metadata.Namespace, other.Metadata.Name, shortID(other.Spec.ContainerID)))
+	}
 
 	var undo undoStack
 	defer func() {
@@ -295,6 +302,17 @@ func (h *cniHandler) isAdding(hostIf string) bool {
 	return h.adding[hostIf]
 }
 
+// interfaceHolder returns an endpoint of this node, of another workload,
+// that uses hostIf, or nil.
+func (h *cniHandler) interfaceHolder(w workloadID, hostIf string) *api.WorkloadEndpoint {
+	for _, wep := range h.view.EndpointsOn(h.node) {
+		if wep.Spec.InterfaceName == hostIf && !w.sameWorkload(wep) {
+			return wep
+		}
+	}
+	return nil
+}
+
 // endpointOf returns this node's stored endpoint of the workload when it
 // belongs to containerID, else nil.
 func (h *cniHandler) endpointOf(ctx context.Context, w workloadID, containerID string) (*api.WorkloadEndpoint, error) {
@@ -403,6 +421,15 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	// it is not safe to touch the host side: fail and let the runtime retry.
 	wepName := w.endpointName(h.node)
 	obj, gerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName)
+	if legacy, ok := w.legacyEndpointName(h.node); ok && errors.Is(gerr, datastore.ErrNotFound) {
+		// Written by an agent that named endpoints by 12 characters of the
+		// container ID: remove it only if it is this container's.
+		if lobj, lerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, legacy); lerr == nil {
+			if wep, ok := lobj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID == req.ContainerID {
+				wepName, obj, gerr = legacy, lobj, nil
+			}
+		}
+	}
 	ownsEndpoint := true
 	switch {
 	case errors.Is(gerr, datastore.ErrNotFound):

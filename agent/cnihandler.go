@@ -126,6 +126,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	areq := ipam.AssignRequest{
 		Node:   h.node,
 		Handle: handle,
+		Pools:  conf.IPv4Pools,
 		Attrs: ipam.Attributes{
 			Node: h.node, Namespace: w.Namespace, Pod: w.Pod, ContainerID: req.ContainerID, Time: time.Now(),
 		},
@@ -140,6 +141,9 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		h.observeAssign(asg.Borrowed, err)
 	}
 	if err != nil {
+		if len(conf.IPv4Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
+			return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv4_pools %v", conf.Name, conf.IPv4Pools), err)
+		}
 		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
 	}
 	// A repeated ADD of a live attachment must leave it as it was when it

@@ -24,8 +24,9 @@ type AssignRequest struct {
 	Node   string
 	Handle string
 	Attrs  Attributes
-	// Pools restricts allocation to these pool names; empty = every usable
-	// pool.
+	// Pools restricts allocation to these pools, each given by name or by
+	// CIDR; empty = every usable pool. One that does not exist is an error
+	// (wrapping ErrNoPool).
 	Pools []string
 	// Addr asks for this specific address when valid.
 	Addr netip.Addr

@@ -95,11 +95,25 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("default ipv4 pool: %q is not an IPv4 CIDR", c.DefaultPoolCIDR))
 		}
 	}
-	if c.ResyncInterval <= 0 {
-		errs = append(errs, errors.New("resync interval: must be positive"))
+	// Bounds: a value far outside them is a mistake (a wrong unit) that
+	// would overflow (etcd lease TTLs are seconds in an int64) or stall.
+	for _, b := range []struct {
+		name     string
+		v        time.Duration
+		min, max time.Duration
+	}{
+		{"resync interval", c.ResyncInterval, time.Second, time.Hour},
+		{"lease ttl", c.LeaseTTL, 2 * time.Second, 10 * time.Minute},
+		{"bgp settle time", c.BGPSettleTime, 0, 10 * time.Minute},
+	} {
+		if b.v < b.min || b.v > b.max {
+			errs = append(errs, fmt.Errorf("%s: %s must be between %s and %s", b.name, b.v, b.min, b.max))
+		}
 	}
-	if c.LeaseTTL < 2*time.Second {
-		errs = append(errs, errors.New("lease ttl: must be at least 2s"))
+	etcd := c.Etcd
+	etcd.Default()
+	if err := etcd.Validate(); err != nil && len(c.Etcd.Endpoints) > 0 {
+		errs = append(errs, fmt.Errorf("etcd: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -129,6 +129,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 	}()
 	a.ipam = ipam.New(a.store, ipam.WithLogger(a.log.With("component", "ipam")))
+	a.metrics.watchIPAM(a.ipam)
 
 	addr, err := a.nodeAddress()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -129,10 +130,13 @@ type assignState struct {
 	cfg        *api.IPAMConfig
 	affinities []affinity
 	affine     map[netip.Prefix]*block // blocks named by the node's affinities
+	// unreadable are affine blocks that do not decode: neither used nor
+	// repaired (their affinity stays), and never claimed again.
+	unreadable map[netip.Prefix]bool
 }
 
 func (a *Allocator) loadAssignState(ctx context.Context, req AssignRequest) (*assignState, error) {
-	st := &assignState{affine: map[netip.Prefix]*block{}}
+	st := &assignState{affine: map[netip.Prefix]*block{}, unreadable: map[netip.Prefix]bool{}}
 	var err error
 	if st.handle, err = a.getHandle(ctx, req.Handle); err != nil {
 		return nil, err
@@ -157,9 +161,17 @@ func (a *Allocator) loadAssignState(ctx context.Context, req AssignRequest) (*as
 		if errors.Is(err, datastore.ErrNotFound) {
 			continue
 		}
+		if errors.Is(err, ErrUnreadableBlock) {
+			// One bad block must not stop the node: allocate from the
+			// others.
+			a.skipUnreadable(af.block, err)
+			st.unreadable[af.block] = true
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
+		a.readable(af.block)
 		st.affine[af.block] = b
 	}
 	return st, nil
@@ -209,11 +221,11 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 	}
 
 	// 2. Claim a free block. Every block is needed from here on.
-	all, _, err := a.listBlocks(ctx)
+	all, bad, err := a.listBlocks(ctx)
 	if err != nil {
 		return Assignment{}, err
 	}
-	mine := 0
+	mine := len(st.unreadable)
 	for _, b := range all {
 		if b.node != req.Node {
 			continue
@@ -232,6 +244,12 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 	if st.cfg.AutoAllocate() && (maxBlocks == 0 || mine < maxBlocks) {
 		taken := make(map[netip.Prefix]bool, len(all))
 		var odd []netip.Prefix
+		for key := range bad {
+			// An unreadable block still occupies its range.
+			if cidr, err := parseBlockName(strings.TrimPrefix(key, blocksPrefix)); err == nil {
+				odd = append(odd, cidr)
+			}
+		}
 		for _, b := range all {
 			taken[b.cidr] = true
 			if p, ok := poolFor(st.pools, b.cidr); !ok || p.blockBits != b.cidr.Bits() {
@@ -389,6 +407,9 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 func (a *Allocator) repairAffinities(ctx context.Context, node string, st *assignState) (bool, error) {
 	wrote := false
 	for _, af := range st.affinities {
+		if st.unreadable[af.block] {
+			continue // nothing is known of it: leave it to a person
+		}
 		b := st.affine[af.block]
 		key := affinityKey(node, af.block)
 		var cmps []datastore.Cmp

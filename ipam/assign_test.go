@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -305,5 +306,55 @@ func TestRequestedPools(t *testing.T) {
 	}
 	if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h2", Pools: []string{"c-pool"}}); err == nil || !strings.Contains(err.Error(), "c-pool") {
 		t.Errorf("assign from missing pool: %v", err)
+	}
+}
+
+// One block that does not decode does not stop its node: assignments go
+// to its other blocks (and new claims go around the bad block's range),
+// the affinity of the bad block stays, and the allocator and Check report
+// it.
+func TestAssignSkipsUnreadableBlock(t *testing.T) {
+	a, store := newTestAllocator(t)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "default-pool", "10.244.0.0/28", 30) // four /30 blocks
+	first := mustAssign(t, a, "n1", "h0")
+	for i := 1; i < 5; i++ { // fill the first block, claim a second
+		mustAssign(t, a, "n1", fmt.Sprintf("h%d", i))
+	}
+	if _, err := store.PutKV(ctx, blockKey(first.Block), []byte(`{"cidr": 42`), 0); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh allocator (an agent restart) has no cache to hide behind.
+	b := New(store)
+	var got []Assignment
+	for i := 5; i < 12; i++ { // the second block's rest, then two claims
+		r, err := b.Assign(ctx, AssignRequest{Node: "n1", Handle: fmt.Sprintf("h%d", i)})
+		if err != nil {
+			t.Fatalf("assign %d with an unreadable block: %v", i, err)
+		}
+		if r.Block == first.Block {
+			t.Fatalf("assigned %s from the unreadable block", r.Addr)
+		}
+		got = append(got, r)
+	}
+	bad, skipped := b.UnreadableBlocks()
+	if _, ok := bad[first.Block]; !ok || skipped == 0 {
+		t.Errorf("UnreadableBlocks() = %v, %d; want %s", bad, skipped, first.Block)
+	}
+	if _, err := store.GetKV(ctx, affinityKey("n1", first.Block)); err != nil {
+		t.Errorf("the unreadable block's affinity: %v", err)
+	}
+	rep, err := b.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, inc := range rep.Inconsistencies {
+		if inc.Kind == InvalidRecord && strings.Contains(inc.Key+inc.Detail, blockName(first.Block)) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("Check does not report the unreadable block: %+v", rep.Inconsistencies)
 	}
 }

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -57,6 +58,16 @@ func DecodeBlockSummary(key string, val []byte) (BlockSummary, error) {
 	})
 	slices.SortFunc(s.Borrowed, func(x, y BorrowedAddr) int { return x.Addr.Compare(y.Addr) })
 	return s, nil
+}
+
+// ParseBlockKey returns the CIDR a block key (under BlocksPrefix) names,
+// whatever its record holds.
+func ParseBlockKey(key string) (netip.Prefix, error) {
+	name, ok := strings.CutPrefix(key, blocksPrefix)
+	if !ok {
+		return netip.Prefix{}, fmt.Errorf("block key %q: wrong prefix", key)
+	}
+	return parseBlockName(name)
 }
 
 type keyMismatchError struct {

@@ -90,6 +90,9 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
 			log.Warn("skipping a record that does not decode", "key", kv.Key, "err", err)
 		}
 		st.bad[kv.Key] = err
+		if strings.HasPrefix(kv.Key, ipam.BlocksPrefix) {
+			return st.putUnreadableBlock(kv)
+		}
 		// What was there is no longer what is stored.
 		return st.del(kv.Key, kv.ModRevision)
 	}
@@ -110,6 +113,46 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
 		u.Old = old.val
 	}
 	return u, true
+}
+
+// putUnreadableBlock keeps a block whose record stopped decoding as it
+// was last seen, or, unseen, as its key and its node's claim say: the
+// pods in it still need their node's blackhole route and advertisement.
+// Only a deletion of the key removes it.
+func (st *state) putUnreadableBlock(kv datastore.KV) (Update, bool) {
+	if old, had := st.items[kv.Key]; had && old.kind == KindBlock {
+		return Update{}, false
+	}
+	cidr, err := ipam.ParseBlockKey(kv.Key)
+	if err != nil {
+		return st.del(kv.Key, kv.ModRevision)
+	}
+	sum := ipam.BlockSummary{CIDR: cidr}
+	for _, node := range slices.Sorted(maps.Keys(st.affinities)) {
+		if af, ok := st.affinities[node][cidr]; ok && af.Confirmed {
+			sum.Affinity = node
+			break
+		}
+	}
+	if old, had := st.items[kv.Key]; had {
+		st.unindex(kv.Key, old)
+	}
+	it := item{kind: KindBlock, val: sum, rev: kv.ModRevision}
+	st.items[kv.Key] = it
+	st.index(kv.Key, it)
+	return Update{Kind: KindBlock, Key: kv.Key, New: sum, Revision: kv.ModRevision}, true
+}
+
+// unreadableBlocks returns the block keys whose record does not decode.
+func (st *state) unreadableBlocks() []string {
+	var out []string
+	for k := range st.bad {
+		if strings.HasPrefix(k, ipam.BlocksPrefix) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // del removes a key and returns the update, if it was in the view.

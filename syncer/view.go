@@ -45,6 +45,15 @@ func (s *Syncer) NodeRecordExists(name string) bool {
 	return ok || bad
 }
 
+// UnreadableBlocks returns the keys of the IPAM blocks whose record does
+// not decode, sorted. The view keeps each as it was last seen (or as its
+// key and claim say), so that its node still routes and advertises it.
+func (s *Syncer) UnreadableBlocks() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.unreadableBlocks()
+}
+
 // Pools returns every IPPool, by name.
 func (s *Syncer) Pools() []*api.IPPool {
 	s.mu.RLock()

@@ -1,6 +1,7 @@
 package syncer
 
 import (
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -65,7 +66,28 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 	if err != nil {
 		return "", nil, err
 	}
+	// What the view holds reaches the kernel (routes, firewall): a record
+	// written around Tabby's validation is treated like one that does not
+	// decode.
+	if err := validForKernel(obj); err != nil {
+		return "", nil, fmt.Errorf("%s: %w", kv.Key, err)
+	}
 	return obj.GetTypeMeta().Kind, obj, nil
+}
+
+// validForKernel checks a resource as every write through the datastore
+// does, and an endpoint's interface to be a workload interface: a record
+// naming eth0 or lo must not make the agent route or police them.
+func validForKernel(obj api.Object) error {
+	if err := obj.Validate(); err != nil {
+		return err
+	}
+	if w, ok := obj.(*api.WorkloadEndpoint); ok {
+		if n := w.Spec.InterfaceName; !strings.HasPrefix(n, api.WorkloadIfacePrefix) || len(n) == len(api.WorkloadIfacePrefix) {
+			return fmt.Errorf("spec.interfaceName %q is not a workload interface (%s…)", n, api.WorkloadIfacePrefix)
+		}
+	}
+	return nil
 }
 
 // unchanged says whether a new value of a key says nothing new.

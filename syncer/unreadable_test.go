@@ -47,3 +47,39 @@ func TestUnreadableBlockStaysInView(t *testing.T) {
 	}
 	waitFor(t, "the block gone", func() bool { return len(v.BlocksOf("a")) == 0 })
 }
+
+// Records written around Tabby's validation never reach the kernel: an
+// endpoint on eth0 or with a whole network as its address is left out of
+// the view; an invalid Node is still known to exist (node GC must not take
+// it for a deleted one).
+func TestInvalidRecordsLeftOut(t *testing.T) {
+	st := storetest.New(t)
+	ctx := context.Background()
+	good := wep("a", "good", "10.244.0.1")
+	mustCreate(t, st, good)
+	raw := map[string]string{
+		"resources/workloadendpoints/default/on-eth0": `{"metadata":{"name":"on-eth0","namespace":"default"},"spec":{"node":"a","containerID":"c1","interfaceName":"eth0","ipNetworks":["10.244.0.2/32"]}}`,
+		"resources/workloadendpoints/default/whole":   `{"metadata":{"name":"whole","namespace":"default"},"spec":{"node":"a","containerID":"c2","interfaceName":"cali12345678901","ipNetworks":["0.0.0.0/0"]}}`,
+		"resources/nodes/bad-node":                    `{"metadata":{"name":"bad-node"},"spec":{"bgp":{"ipv4Address":"not an address"}}}`,
+	}
+	for k, v := range raw {
+		if _, err := st.PutKV(ctx, k, []byte(v), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := start(t, st)
+	eps := v.EndpointsOn("a")
+	if len(eps) != 1 || eps[0].Metadata.Name != "good" {
+		var names []string
+		for _, e := range eps {
+			names = append(names, e.Metadata.Name)
+		}
+		t.Errorf("EndpointsOn(a) = %v, want only good", names)
+	}
+	if _, ok := v.Node("bad-node"); ok {
+		t.Error("an invalid Node is in the view")
+	}
+	if !v.NodeRecordExists("bad-node") {
+		t.Error("an invalid Node is taken for a deleted one")
+	}
+}

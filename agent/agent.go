@@ -159,6 +159,15 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("listing the cluster: %w", err)
 	}
 	a.metrics.watchStore(a.store, a.view)
+	// The node's first block, before any pod: its route reaches every peer
+	// while the node starts, so a first pod's first packets are not lost.
+	ectx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	if blk, err := a.ipam.EnsureBlock(ectx, a.cfg.NodeName); err != nil {
+		a.log.Warn("claiming a first address block at start; the first pod will", "err", err)
+	} else if blk.IsValid() {
+		a.log.Info("claimed a first address block", "block", blk)
+	}
+	cancel()
 
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
@@ -190,6 +199,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.policy != nil {
 		a.handler.policySync = a.policy.syncFor
 	}
+	a.handler.advertised = a.bgp.waitAdvertised
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 	close(a.wired)
 

@@ -29,6 +29,11 @@ import (
 // instead of at it. A healthy step takes milliseconds.
 const storeCallTimeout = 8 * time.Second
 
+// advertiseWait bounds how long ADD waits for the route of a new block (or
+// a borrowed address) to be advertised; past it ADD succeeds anyway and
+// logs: the route follows, a pod without network is worse.
+const advertiseWait = 5 * time.Second
+
 // CNI error codes of our own (>= 100 per the spec).
 const (
 	codeIPAM      = 100
@@ -61,6 +66,12 @@ type cniHandler struct {
 	// at the given revision before ADD returns, so that a pod never runs
 	// without its policy.
 	policySync func(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error
+
+	// advertised, when set, returns once BGP advertises the prefix: ADD
+	// of a pod in a block claimed for it (or with a borrowed address) waits
+	// for it, at most advertiseWait, so that the pod's first packets to
+	// other nodes are not lost while its route propagates.
+	advertised func(ctx context.Context, p netip.Prefix) error
 
 	addingMu sync.Mutex
 	adding   map[string]bool // host interfaces ADD is working on
@@ -164,6 +175,25 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if err = h.step("assign"); err != nil {
 		return nil, err
 	}
+	// A new route to advertise: wait for it alongside the other steps.
+	advc := make(chan error, 1)
+	var advPrefix netip.Prefix
+	switch {
+	case h.advertised == nil || asg.Existing:
+	case asg.NewBlock:
+		advPrefix = asg.Block
+	case asg.Borrowed:
+		advPrefix = netip.PrefixFrom(asg.Addr, 32)
+	}
+	if advPrefix.IsValid() {
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, advertiseWait)
+			defer cancel()
+			advc <- h.advertised(wctx, advPrefix)
+		}()
+	} else {
+		advc <- nil
+	}
 
 	// 2. The endpoint record (then its policy) and the interfaces (then
 	// their routes) need only the address, so they are made concurrently:
@@ -251,6 +281,12 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	if ep.polErr != nil {
 		return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, ep.polErr)
+	}
+	tAdv := time.Now()
+	if aerr := <-advc; aerr != nil {
+		h.log.Warn("pod added before its route was advertised", "container", shortID(req.ContainerID), "prefix", advPrefix, "err", aerr)
+	} else if advPrefix.IsValid() {
+		h.log.Info("waited for the pod's route to be advertised", "prefix", advPrefix, "waited", time.Since(tAdv).Round(time.Microsecond))
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed,
 		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))

@@ -205,7 +205,7 @@ func TestSpecificAddress(t *testing.T) {
 	// Same handle, same address: idempotent, and said to be a repeat. Same
 	// handle, other address: error.
 	wantAgain := r
-	wantAgain.Existing = true
+	wantAgain.Existing, wantAgain.NewBlock = true, false
 	if again, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1", Addr: want}); err != nil || again != wantAgain {
 		t.Errorf("repeat = %+v, %v", again, err)
 	}
@@ -357,4 +357,37 @@ func TestAssignSkipsUnreadableBlock(t *testing.T) {
 	if !found {
 		t.Errorf("Check does not report the unreadable block: %+v", rep.Inconsistencies)
 	}
+}
+
+// EnsureBlock claims an empty block for a node without one, once; the
+// node's first assign then takes its first address from that block with
+// no claim; a node with a block, or without a usable pool, claims nothing.
+func TestEnsureBlock(t *testing.T) {
+	a, store := newTestAllocator(t)
+	ctx := testCtx(t)
+	if got, err := a.EnsureBlock(ctx, "n1"); err != nil || got.IsValid() {
+		t.Fatalf("without pools: %v, %v; want nothing claimed", got, err)
+	}
+	mustCreatePool(t, a, "default-pool", "10.244.0.0/24", 28)
+	first, err := a.EnsureBlock(ctx, "n1")
+	if err != nil || !first.IsValid() {
+		t.Fatalf("EnsureBlock = %v, %v", first, err)
+	}
+	if again, err := a.EnsureBlock(ctx, "n1"); err != nil || again.IsValid() {
+		t.Errorf("second EnsureBlock claimed %v (%v)", again, err)
+	}
+	// A fresh allocator (another process) sees the claim too.
+	b := New(store)
+	if again, err := b.EnsureBlock(ctx, "n1"); err != nil || again.IsValid() {
+		t.Errorf("EnsureBlock of another allocator claimed %v (%v)", again, err)
+	}
+	r := mustAssign(t, b, "n1", "h1")
+	if r.Block != first || r.NewBlock {
+		t.Errorf("first assign = %+v, want an address of %s without a claim", r, first)
+	}
+	blocks, err := a.Blocks(ctx)
+	if err != nil || len(blocks) != 1 || blocks[0].Affinity != "n1" {
+		t.Errorf("blocks = %+v, %v", blocks, err)
+	}
+	mustCheckClean(t, a)
 }

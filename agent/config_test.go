@@ -4,6 +4,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tabbynet/tabby/policy"
 )
 
 // Every duration has bounds, and etcd's settings are checked with the rest
@@ -40,5 +44,21 @@ func TestConfigBounds(t *testing.T) {
 				t.Errorf("Validate = %v, want %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestHostProtectedPorts(t *testing.T) {
+	c := Default()
+	c.Etcd.Endpoints = []string{"https://10.0.0.1:2379", "http://etcd-2", "https://etcd-3:12379", "unix:///run/etcd.sock"}
+	c.GoBGPAPI = "127.0.0.1:50051"
+	got := c.hostProtectedPorts()
+	want := []policy.HostPort{{Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 12379}, {Proto: "tcp", Port: 50051}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("hostProtectedPorts (-want +got):\n%s", diff)
+	}
+	c.EndpointToHostAction = "Allow"
+	c.NodeName = "n1"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "endpoint to host action") {
+		t.Errorf("Validate with action Allow: %v", err)
 	}
 }

@@ -40,8 +40,12 @@ type policyOwner struct {
 	last    dataplane.ApplyStats
 	lastAt  time.Time
 	applied *dataplane.FirewallState // what the last successful Apply programmed
-	okOnce  bool
-	passes  int
+	// toHost and protected are the endpoint-to-host action and the ports
+	// no pod may reach (policy.Input).
+	toHost    string
+	protected []policy.HostPort
+	okOnce    bool
+	passes    int
 }
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
@@ -134,11 +138,13 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	start := time.Now()
 	p.passes++
 	rs := policy.Compile(policy.Input{
-		Node:            p.node,
-		Endpoints:       p.view.Endpoints(),
-		NetworkPolicies: p.view.NetworkPolicies(),
-		GlobalPolicies:  p.view.GlobalNetworkPolicies(),
-		Pools:           p.view.Pools(),
+		Node:                 p.node,
+		Endpoints:            p.view.Endpoints(),
+		NetworkPolicies:      p.view.NetworkPolicies(),
+		GlobalPolicies:       p.view.GlobalNetworkPolicies(),
+		EndpointToHostAction: p.toHost,
+		HostProtectedPorts:   p.protected,
+		Pools:                p.view.Pools(),
 	})
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {

@@ -129,6 +129,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 	}()
 	a.ipam = ipam.New(a.store, ipam.WithLogger(a.log.With("component", "ipam")))
+	a.metrics.watchIPAM(a.ipam)
 
 	addr, err := a.nodeAddress()
 	if err != nil {
@@ -158,6 +159,15 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("listing the cluster: %w", err)
 	}
 	a.metrics.watchStore(a.store, a.view)
+	// The node's first block, before any pod: its route reaches every peer
+	// while the node starts, so a first pod's first packets are not lost.
+	ectx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	if blk, err := a.ipam.EnsureBlock(ectx, a.cfg.NodeName); err != nil {
+		a.log.Warn("claiming a first address block at start; the first pod will", "err", err)
+	} else if blk.IsValid() {
+		a.log.Info("claimed a first address block", "block", blk)
+	}
+	cancel()
 
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
@@ -171,6 +181,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.gc = newNodeGC(a.view, a.store, a.ipam, a.log.With("component", "nodegc"))
 	if a.deps.Firewall != nil {
 		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
+		a.policy.toHost, a.policy.protected = a.cfg.EndpointToHostAction, a.cfg.hostProtectedPorts()
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}
@@ -189,6 +200,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.policy != nil {
 		a.handler.policySync = a.policy.syncFor
 	}
+	a.handler.advertised = a.bgp.waitAdvertised
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 	close(a.wired)
 

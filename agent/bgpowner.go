@@ -58,6 +58,10 @@ type bgpOwner struct {
 	peerStatus   []bgp.PeerStatus
 	// unusableFilters: see warnUnusableFilters.
 	unusableFilters []string
+	// advertisedOK is what the speaker accepted last; advertisedCh is
+	// closed (and replaced) whenever it changes.
+	advertisedOK map[netip.Prefix]bool
+	advertisedCh chan struct{}
 }
 
 func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel dataplane.Routes, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
@@ -160,8 +164,9 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	}
 	affine, borrowed := bgpBlocks(b.node, b.view.BlocksOf(b.node), b.view.BorrowedBy(b.node))
 	adv := bgp.DesiredAdvertisements(affine, borrowed)
-	if err := sp.SetAdvertised(ctx, adv); err != nil {
-		errs = append(errs, fmt.Errorf("setting advertisements: %w", err))
+	advErr := sp.SetAdvertised(ctx, adv)
+	if advErr != nil {
+		errs = append(errs, fmt.Errorf("setting advertisements: %w", advErr))
 	}
 	local := make([]netip.Prefix, 0, len(affine))
 	for _, blk := range affine {
@@ -170,6 +175,9 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	b.mu.Lock()
 	b.desiredPeers, b.advertised, b.localBlocks, b.lastPass = desired, adv, local, time.Now()
 	b.mu.Unlock()
+	if advErr == nil {
+		b.setAdvertisedOK(adv)
+	}
 	return errors.Join(errs...)
 }
 
@@ -183,6 +191,48 @@ func (b *bgpOwner) warnUnusableFilters(problems []string) {
 	if changed {
 		for _, p := range problems {
 			b.log.Warn("bgp filter left out", "problem", p)
+		}
+	}
+}
+
+// setAdvertisedOK records what the speaker advertises and wakes waiters.
+func (b *bgpOwner) setAdvertisedOK(adv []netip.Prefix) {
+	set := make(map[netip.Prefix]bool, len(adv))
+	for _, p := range adv {
+		set[p] = true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advertisedOK = set
+	if b.advertisedCh != nil {
+		close(b.advertisedCh)
+		b.advertisedCh = nil
+	}
+}
+
+// waitAdvertised returns once the speaker advertises p (a block claimed or
+// an address borrowed for a pod being added), kicking a pass so that it
+// need not wait for the view's wake-up alone; or ctx's error.
+func (b *bgpOwner) waitAdvertised(ctx context.Context, p netip.Prefix) error {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+	for {
+		b.mu.Lock()
+		if b.advertisedOK[p] {
+			b.mu.Unlock()
+			return nil
+		}
+		if b.advertisedCh == nil {
+			b.advertisedCh = make(chan struct{})
+		}
+		ch := b.advertisedCh
+		b.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s to be advertised: %w", p, ctx.Err())
+		case <-ch:
 		}
 	}
 }

@@ -29,6 +29,11 @@ import (
 // instead of at it. A healthy step takes milliseconds.
 const storeCallTimeout = 8 * time.Second
 
+// advertiseWait bounds how long ADD waits for the route of a new block (or
+// a borrowed address) to be advertised; past it ADD succeeds anyway and
+// logs: the route follows, a pod without network is worse.
+const advertiseWait = 5 * time.Second
+
 // CNI error codes of our own (>= 100 per the spec).
 const (
 	codeIPAM      = 100
@@ -61,6 +66,12 @@ type cniHandler struct {
 	// at the given revision before ADD returns, so that a pod never runs
 	// without its policy.
 	policySync func(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error
+
+	// advertised, when set, returns once BGP advertises the prefix: ADD
+	// of a pod in a block claimed for it (or with a borrowed address) waits
+	// for it, at most advertiseWait, so that the pod's first packets to
+	// other nodes are not lost while its route propagates.
+	advertised func(ctx context.Context, p netip.Prefix) error
 
 	addingMu sync.Mutex
 	adding   map[string]bool // host interfaces ADD is working on
@@ -100,6 +111,13 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	defer unlock()
 	h.setAdding(hostIf, true)
 	defer h.setAdding(hostIf, false)
+	// The host name is 44 bits of a hash: make sure it is not another
+	// workload's, whose link Setup would otherwise take for a stale one.
+	if other := h.interfaceHolder(w, hostIf); other != nil {
+		return nil, cniErr(codeDataplane, "host interface name collision",
+			fmt.Errorf("%s, the host interface of %s, is already that of endpoint %s/%s (container %s)",
+				hostIf, w.key(), other.Metadata.Namespace, other.Metadata.Name, shortID(other.Spec.ContainerID)))
+	}
 
 	var undo undoStack
 	defer func() {
@@ -119,6 +137,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	areq := ipam.AssignRequest{
 		Node:   h.node,
 		Handle: handle,
+		Pools:  conf.IPv4Pools,
 		Attrs: ipam.Attributes{
 			Node: h.node, Namespace: w.Namespace, Pod: w.Pod, ContainerID: req.ContainerID, Time: time.Now(),
 		},
@@ -136,11 +155,47 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		h.observeAssign(asg.Borrowed, err)
 	}
 	if err != nil {
+		if len(conf.IPv4Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
+			return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv4_pools %v", conf.Name, conf.IPv4Pools), err)
+		}
 		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
 	}
-	undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
+	// A repeated ADD of a live attachment must leave it as it was when it
+	// fails: only a successful ADD replaces, only DEL removes. What it
+	// finds already there is therefore never pushed on the undo stack.
+	// IPAM says whether this is a repeat; only a repeat reads the endpoint.
+	var prior *api.WorkloadEndpoint
+	if asg.Existing {
+		gctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+		prior, err = h.endpointOf(gctx, w, req.ContainerID)
+		cancel()
+		if err != nil {
+			return nil, cniErr(codeDatastore, "reading the endpoint of "+shortID(req.ContainerID), err)
+		}
+	} else {
+		undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
+	}
 	if err = h.step("assign"); err != nil {
 		return nil, err
+	}
+	// A new route to advertise: wait for it alongside the other steps.
+	advc := make(chan error, 1)
+	var advPrefix netip.Prefix
+	switch {
+	case h.advertised == nil || asg.Existing:
+	case asg.NewBlock:
+		advPrefix = asg.Block
+	case asg.Borrowed:
+		advPrefix = netip.PrefixFrom(asg.Addr, 32)
+	}
+	if advPrefix.IsValid() {
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, advertiseWait)
+			defer cancel()
+			advc <- h.advertised(wctx, advPrefix)
+		}()
+	} else {
+		advc <- nil
 	}
 
 	// 2. The endpoint record (then its policy) and the interfaces (then
@@ -185,13 +240,23 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	st, setupErr := h.wl.Setup(ctx, spec)
 	var routeErr error
 	if setupErr == nil {
-		undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
+		if !st.Existed {
+			undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
+		}
 		routeErr = h.routes.Wire(hostIf, dataplane.HostRoutes(spec))
-		undo.push("withdrawing routes", func(context.Context) error { h.routes.Unwire(hostIf); return nil })
+		if !st.Existed {
+			undo.push("withdrawing routes", func(context.Context) error { h.routes.Unwire(hostIf); return nil })
+		}
 	}
 	setupTook := time.Since(t1)
 	ep := <-epc
-	if ep.stored {
+	if prior != nil {
+		// The live pod's record: put it back as it was.
+		undo.push("restoring endpoint", func(ctx context.Context) error {
+			_, err := h.store.Apply(ctx, prior)
+			return err
+		})
+	} else if ep.stored {
 		undo.push("removing endpoint", func(ctx context.Context) error {
 			return ignoreNotFound(h.store.Delete(ctx, api.KindWorkloadEndpoint, w.Namespace, wep.Metadata.Name, ""))
 		})
@@ -219,6 +284,12 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	if ep.polErr != nil {
 		return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, ep.polErr)
+	}
+	tAdv := time.Now()
+	if aerr := <-advc; aerr != nil {
+		h.log.Warn("pod added before its route was advertised", "container", shortID(req.ContainerID), "prefix", advPrefix, "err", aerr)
+	} else if advPrefix.IsValid() {
+		h.log.Info("waited for the pod's route to be advertised", "prefix", advPrefix, "waited", time.Since(tAdv).Round(time.Microsecond))
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed,
 		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))
@@ -272,6 +343,33 @@ func (h *cniHandler) isAdding(hostIf string) bool {
 	h.addingMu.Lock()
 	defer h.addingMu.Unlock()
 	return h.adding[hostIf]
+}
+
+// interfaceHolder returns an endpoint of this node, of another workload,
+// that uses hostIf, or nil.
+func (h *cniHandler) interfaceHolder(w workloadID, hostIf string) *api.WorkloadEndpoint {
+	for _, wep := range h.view.EndpointsOn(h.node) {
+		if wep.Spec.InterfaceName == hostIf && !w.sameWorkload(wep) {
+			return wep
+		}
+	}
+	return nil
+}
+
+// endpointOf returns this node's stored endpoint of the workload when it
+// belongs to containerID, else nil.
+func (h *cniHandler) endpointOf(ctx context.Context, w workloadID, containerID string) (*api.WorkloadEndpoint, error) {
+	obj, err := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, w.endpointName(h.node))
+	if errors.Is(err, datastore.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if wep, ok := obj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID == containerID {
+		return wep, nil
+	}
+	return nil, nil
 }
 
 // deleteEndpointOf deletes the endpoint if it exists and belongs to
@@ -366,6 +464,15 @@ func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	// it is not safe to touch the host side: fail and let the runtime retry.
 	wepName := w.endpointName(h.node)
 	obj, gerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName)
+	if legacy, ok := w.legacyEndpointName(h.node); ok && errors.Is(gerr, datastore.ErrNotFound) {
+		// Written by an agent that named endpoints by 12 characters of the
+		// container ID: remove it only if it is this container's.
+		if lobj, lerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, legacy); lerr == nil {
+			if wep, ok := lobj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID == req.ContainerID {
+				wepName, obj, gerr = legacy, lobj, nil
+			}
+		}
+	}
 	ownsEndpoint := true
 	switch {
 	case errors.Is(gerr, datastore.ErrNotFound):

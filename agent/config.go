@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/policy"
 )
 
 // Config is the agent's configuration, parsed once from flags and env.
@@ -37,6 +40,36 @@ type Config struct {
 	// iptables), "nftables" or "iptables"; the other backend's Tabby rules
 	// are removed at start.
 	FirewallBackend string
+	// EndpointToHostAction is what traffic from a pod to this node meets
+	// after the pod's anti-spoofing check and egress policy: "Drop"
+	// (default, as Calico's DefaultEndpointToHostAction), "Accept" or
+	// "Return" (on to the node's own INPUT rules). The etcd client ports and
+	// the GoBGP API are unreachable from pods whatever it is.
+	EndpointToHostAction string
+}
+
+// hostProtectedPorts are the node's ports no pod may reach: every etcd
+// endpoint's port (2379 when an http(s) endpoint names none) and the GoBGP
+// API's.
+func (c *Config) hostProtectedPorts() []policy.HostPort {
+	var out []policy.HostPort
+	for _, ep := range c.Etcd.Endpoints {
+		u, err := url.Parse(ep)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+			continue
+		}
+		port := uint64(2379)
+		if p := u.Port(); p != "" {
+			if port, err = strconv.ParseUint(p, 10, 16); err != nil {
+				continue
+			}
+		}
+		out = append(out, policy.HostPort{Proto: "tcp", Port: uint16(port)})
+	}
+	if ap, err := netip.ParseAddrPort(c.GoBGPAPI); err == nil {
+		out = append(out, policy.HostPort{Proto: "tcp", Port: ap.Port()})
+	}
+	return out
 }
 
 // Default returns the defaults of a production node.
@@ -54,6 +87,11 @@ func Default() Config {
 		LeaseTTL:         20 * time.Second,
 		BGPSettleTime:    30 * time.Second,
 		FirewallBackend:  "auto",
+		// Calico's default: a pod reaches its node only where the node's
+		// own rules (Return) or the operator (Accept) say so. Replies to
+		// the node's connections (kubelet probes) pass; DNS goes to the
+		// cluster DNS pods, not to the node.
+		EndpointToHostAction: policy.EndpointToHostDrop,
 	}
 }
 
@@ -69,6 +107,11 @@ func (c *Config) Validate() error {
 		}
 	} else if _, err := ParseAutodetectMethod(c.AutodetectMethod); err != nil {
 		errs = append(errs, err)
+	}
+	switch c.EndpointToHostAction {
+	case "", policy.EndpointToHostDrop, policy.EndpointToHostAccept, policy.EndpointToHostReturn:
+	default:
+		errs = append(errs, fmt.Errorf("endpoint to host action: %q is not Drop, Accept or Return", c.EndpointToHostAction))
 	}
 	switch c.FirewallBackend {
 	case "", "auto", "nftables", "iptables":
@@ -95,11 +138,25 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("default ipv4 pool: %q is not an IPv4 CIDR", c.DefaultPoolCIDR))
 		}
 	}
-	if c.ResyncInterval <= 0 {
-		errs = append(errs, errors.New("resync interval: must be positive"))
+	// Bounds: a value far outside them is a mistake (a wrong unit) that
+	// would overflow (etcd lease TTLs are seconds in an int64) or stall.
+	for _, b := range []struct {
+		name     string
+		v        time.Duration
+		min, max time.Duration
+	}{
+		{"resync interval", c.ResyncInterval, time.Second, time.Hour},
+		{"lease ttl", c.LeaseTTL, 2 * time.Second, 10 * time.Minute},
+		{"bgp settle time", c.BGPSettleTime, 0, 10 * time.Minute},
+	} {
+		if b.v < b.min || b.v > b.max {
+			errs = append(errs, fmt.Errorf("%s: %s must be between %s and %s", b.name, b.v, b.min, b.max))
+		}
 	}
-	if c.LeaseTTL < 2*time.Second {
-		errs = append(errs, errors.New("lease ttl: must be at least 2s"))
+	etcd := c.Etcd
+	etcd.Default()
+	if err := etcd.Validate(); err != nil && len(c.Etcd.Endpoints) > 0 {
+		errs = append(errs, fmt.Errorf("etcd: %w", err))
 	}
 	return errors.Join(errs...)
 }

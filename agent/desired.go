@@ -3,6 +3,7 @@ package agent
 import (
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
@@ -20,8 +21,8 @@ func desiredLocalRoutes(node string, weps []*api.WorkloadEndpoint, blocks []ipam
 		}
 	}
 	for _, w := range weps {
-		if w.Spec.Node != node || w.Spec.InterfaceName == "" {
-			continue
+		if w.Spec.Node != node || !strings.HasPrefix(w.Spec.InterfaceName, api.WorkloadIfacePrefix) {
+			continue // the view refuses such records; never route via eth0 or lo
 		}
 		addrs, _ := w.Addrs() // entries that do not parse are skipped
 		for _, a := range addrs {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 )
 
@@ -144,5 +145,16 @@ func (m *metrics) watchStore(s *datastore.Store, v *syncer.Syncer) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tabby_view_revision", Help: "The etcd revision the cluster view has reached.",
 		}, func() float64 { return float64(v.Revision()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tabby_ipam_unreadable_blocks", Help: "IPAM block records in the cluster that do not decode (kept as last seen; see tabbyctl ipam check).",
+		}, func() float64 { return float64(len(v.UnreadableBlocks())) }),
 	)
+}
+
+// watchIPAM exports how often this node's allocations went around an
+// unreadable block.
+func (m *metrics) watchIPAM(al *ipam.Allocator) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "tabby_ipam_unreadable_block_skips_total", Help: "Allocations that went around an IPAM block record that does not decode.",
+	}, func() float64 { _, n := al.UnreadableBlocks(); return float64(n) }))
 }

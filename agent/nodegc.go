@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -14,26 +16,46 @@ import (
 	"github.com/tabbynet/tabby/syncer"
 )
 
-// NodeGCGrace is how long a deleted node's addresses stay allocated after
-// its block affinities were released (its pods may still be draining).
+// NodeGCGrace is how long a node must be gone — no Node record and no
+// liveness record — before its endpoints, blocks and addresses are
+// released. Its pods may still be draining; a node briefly without its
+// record (an operator re-creating it) loses nothing.
 var NodeGCGrace = 5 * time.Minute
 
-// nodeGC releases the blocks and addresses of nodes that no longer exist.
-// Every agent may do it; IPAM's compare-and-swap writes make concurrent
-// releases safe.
+// NodeGCMaxPerPass caps how many nodes one pass releases, so that a
+// mistake (a mass deletion of Node records) is noticed before it has freed
+// the whole cluster's addresses.
+var NodeGCMaxPerPass = 1
+
+// nodeGC releases what dead nodes held. It acts only on positive evidence,
+// checked in etcd, not only in the view: the node's Node record is absent
+// and so is its liveness record (status/nodes/<node>, which a running
+// agent keeps under a lease), at every pass for NodeGCGrace. Since when is
+// recorded in etcd (gc/nodes/<node>), so that agent restarts do not reset
+// the grace and every agent counts from the same moment. Then, in order,
+// the node's WorkloadEndpoints, its addresses (with their handles), its
+// blocks and their affinities are removed, and last the record; a crash
+// half way is finished by the next pass. Every agent may do it: each write
+// is a compare-and-swap.
 type nodeGC struct {
 	view  *syncer.Syncer
 	store *datastore.Store
 	ipam  *ipam.Allocator
 	log   *slog.Logger
 	sub   *syncer.Subscription
+	now   func() time.Time
+	// released counts nodes released by this agent (metrics, tests).
+	released int
+}
 
-	mu      sync.Mutex
-	missing map[string]time.Time // node → first seen gone
+// gcRecord is the value of gc/nodes/<node>.
+type gcRecord struct {
+	Node      string    `json:"node"`
+	GoneSince time.Time `json:"goneSince"`
 }
 
 func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, log *slog.Logger) *nodeGC {
-	g := &nodeGC{view: view, store: store, ipam: al, log: log, missing: map[string]time.Time{}}
+	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now}
 	g.sub = view.Subscribe("nodegc", func(u syncer.Update) bool {
 		return u.Kind == api.KindNode && (u.Old == nil || u.New == nil) // a node came or went
 	})
@@ -44,73 +66,163 @@ func (g *nodeGC) loop(every time.Duration, m *metrics) loop {
 	return loop{name: "nodegc", every: every, wake: [2]<-chan struct{}{g.sub.C()}, pass: g.pass, observe: m.observeReconcile, log: g.log}
 }
 
-// pass releases the affinities of nodes that no longer exist at once and,
-// after NodeGCGrace, their addresses.
+// pass looks at every node that holds IPAM state or endpoints without a
+// Node record in the view, and at every node GC record.
 func (g *nodeGC) pass(ctx context.Context) error {
-	affine := map[string]bool{}
-	var gone []string
-	for _, n := range g.view.AffineNodes() {
+	cands := map[string]bool{}
+	for _, n := range g.view.NodesWithState() {
 		if !g.view.NodeRecordExists(n) {
-			affine[n] = true
-			gone = append(gone, n)
+			cands[n] = true
 		}
 	}
-	g.mu.Lock()
-	for n := range g.missing {
-		switch {
-		case g.view.NodeRecordExists(n):
-			delete(g.missing, n) // it came back
-		case !affine[n]:
-			gone = append(gone, n) // claims released, addresses due later
-		}
+	records, err := g.records(ctx)
+	if err != nil {
+		return err
 	}
-	g.mu.Unlock()
-	return g.release(ctx, gone, affine)
-}
-
-// release handles the nodes the view says are gone; each is confirmed
-// against etcd first (the view may lag a re-created node).
-func (g *nodeGC) release(ctx context.Context, gone []string, claims map[string]bool) error {
-	now := time.Now()
+	for n := range records {
+		cands[n] = true
+	}
 	var errs []error
-	for _, n := range gone {
-		key, err := datastore.ResourceKey(api.KindNode, "", n)
-		if err == nil {
-			_, err = g.store.GetKV(ctx, key)
+	budget := NodeGCMaxPerPass
+	for _, n := range slices.Sorted(maps.Keys(cands)) {
+		done, err := g.consider(ctx, n, records[n], budget > 0)
+		if err != nil {
+			errs = append(errs, err)
 		}
-		switch {
-		case err == nil:
-			continue // it exists: the view will catch up
-		case !errors.Is(err, datastore.ErrNotFound):
-			errs = append(errs, fmt.Errorf("checking that node %s is gone: %w", n, err))
-			continue
+		if done {
+			budget--
 		}
-		g.mu.Lock()
-		first, seen := g.missing[n]
-		if !seen {
-			first = now
-			g.missing[n] = now
-		}
-		g.mu.Unlock()
-		// Affinities go at once: the node will not use its blocks again.
-		if claims[n] {
-			if err := g.ipam.ReleaseNode(ctx, n, false); err != nil {
-				errs = append(errs, fmt.Errorf("releasing blocks of deleted node %s: %w", n, err))
-				continue
-			}
-			g.log.Info("released block affinities of deleted node", "node", n)
-		}
-		if now.Sub(first) < NodeGCGrace {
-			continue
-		}
-		if err := g.ipam.ReleaseNode(ctx, n, true); err != nil {
-			errs = append(errs, fmt.Errorf("releasing addresses of deleted node %s: %w", n, err))
-			continue
-		}
-		g.log.Info("released addresses of deleted node", "node", n)
-		g.mu.Lock()
-		delete(g.missing, n)
-		g.mu.Unlock()
 	}
 	return errors.Join(errs...)
+}
+
+// records reads node GC's records, by node.
+func (g *nodeGC) records(ctx context.Context) (map[string]datastore.KV, error) {
+	kvs, _, err := g.store.ListKV(ctx, datastore.NodeGCPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing node gc records: %w", err)
+	}
+	out := map[string]datastore.KV{}
+	for _, kv := range kvs {
+		var r gcRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil || r.Node == "" || datastore.NodeGCKey(r.Node) != kv.Key {
+			g.log.Warn("removing a node gc record that does not decode", "key", kv.Key, "err", err)
+			if err := g.store.DeleteKV(ctx, kv.Key, kv.ModRevision); err != nil && !errors.Is(err, datastore.ErrNotFound) && !errors.Is(err, datastore.ErrConflict) {
+				return nil, err
+			}
+			continue
+		}
+		out[r.Node] = kv
+	}
+	return out, nil
+}
+
+// consider decides about one node; released says it was released now.
+// mayRelease is false once the pass has used its budget.
+func (g *nodeGC) consider(ctx context.Context, n string, rec datastore.KV, mayRelease bool) (released bool, err error) {
+	alive, why, err := g.alive(ctx, n)
+	if err != nil {
+		return false, err
+	}
+	if alive {
+		if rec.Key != "" {
+			g.log.Info("node is back: its gc grace is cancelled", "node", n, "evidence", why)
+			if err := g.store.DeleteKV(ctx, rec.Key, rec.ModRevision); err != nil && !errors.Is(err, datastore.ErrNotFound) && !errors.Is(err, datastore.ErrConflict) {
+				return false, fmt.Errorf("cancelling gc of node %s: %w", n, err)
+			}
+		}
+		return false, nil
+	}
+	if rec.Key == "" {
+		// First seen gone: the grace starts now, for every agent.
+		r := gcRecord{Node: n, GoneSince: g.now().UTC()}
+		val, _ := json.Marshal(r)
+		_, err := g.store.Txn(ctx, []datastore.Cmp{{Key: datastore.NodeGCKey(n), ModRevision: 0}},
+			[]datastore.Op{{Key: datastore.NodeGCKey(n), Value: val}})
+		if err != nil && !errors.Is(err, datastore.ErrConflict) {
+			return false, fmt.Errorf("recording that node %s is gone: %w", n, err)
+		}
+		g.log.Info("node is gone: its addresses go after the grace", "node", n, "grace", NodeGCGrace)
+		return false, nil
+	}
+	var r gcRecord
+	_ = json.Unmarshal(rec.Value, &r) // checked by records
+	if g.now().Sub(r.GoneSince) < NodeGCGrace {
+		return false, nil
+	}
+	if !mayRelease {
+		g.log.Info("node gc: release deferred to a later pass (cap per pass)", "node", n, "cap", NodeGCMaxPerPass)
+		return false, nil
+	}
+	if err := g.release(ctx, n, rec); err != nil {
+		return false, err
+	}
+	g.released++
+	g.log.Info("released deleted node", "node", n, "gone_since", r.GoneSince)
+	return true, nil
+}
+
+// alive reports positive evidence that node exists: its Node record or its
+// liveness record, read from etcd (the view may lag, and does not hold
+// liveness records).
+func (g *nodeGC) alive(ctx context.Context, n string) (bool, string, error) {
+	key, err := datastore.ResourceKey(api.KindNode, "", n)
+	if err != nil {
+		// Not a valid node name: no Node record can exist; liveness decides.
+		key = ""
+	}
+	if key != "" {
+		_, err = g.store.GetKV(ctx, key)
+		switch {
+		case err == nil:
+			return true, "node record", nil
+		case !errors.Is(err, datastore.ErrNotFound):
+			return false, "", fmt.Errorf("checking whether node %s exists: %w", n, err)
+		}
+	}
+	_, err = g.store.GetKV(ctx, datastore.NodeLivenessKey(n))
+	switch {
+	case err == nil:
+		return true, "liveness record", nil
+	case !errors.Is(err, datastore.ErrNotFound):
+		return false, "", fmt.Errorf("checking whether node %s is live: %w", n, err)
+	}
+	return false, "", nil
+}
+
+// release removes a dead node's endpoints, then its addresses, handles,
+// blocks and affinities, then its gc record. Each step is idempotent.
+func (g *nodeGC) release(ctx context.Context, n string, rec datastore.KV) error {
+	// Endpoints first: once an address is free it may be handed out again,
+	// and a stale endpoint's labels must not match policies by then.
+	for _, w := range g.endpointsOf(ctx, n) {
+		err := g.store.Delete(ctx, api.KindWorkloadEndpoint, w.Metadata.Namespace, w.Metadata.Name, w.Metadata.ResourceVersion)
+		if err != nil && !errors.Is(err, datastore.ErrNotFound) {
+			return fmt.Errorf("removing endpoint %s/%s of deleted node %s: %w", w.Metadata.Namespace, w.Metadata.Name, n, err)
+		}
+	}
+	if err := g.ipam.ReleaseNode(ctx, n, true); err != nil {
+		return fmt.Errorf("releasing addresses and blocks of deleted node %s: %w", n, err)
+	}
+	if err := g.store.DeleteKV(ctx, rec.Key, rec.ModRevision); err != nil && !errors.Is(err, datastore.ErrNotFound) && !errors.Is(err, datastore.ErrConflict) {
+		return fmt.Errorf("removing gc record of node %s: %w", n, err)
+	}
+	return nil
+}
+
+// endpointsOf returns the node's endpoints as etcd has them (the view's
+// may lag): listing every endpoint costs one read, once per dead node.
+func (g *nodeGC) endpointsOf(ctx context.Context, n string) []*api.WorkloadEndpoint {
+	objs, _, err := g.store.List(ctx, api.KindWorkloadEndpoint, "")
+	if err != nil {
+		g.log.Warn("listing endpoints for node gc; using the view's", "err", err)
+		return g.view.EndpointsOn(n)
+	}
+	var out []*api.WorkloadEndpoint
+	for _, o := range objs {
+		if w, ok := o.(*api.WorkloadEndpoint); ok && w.Spec.Node == n {
+			out = append(out, w)
+		}
+	}
+	return out
 }

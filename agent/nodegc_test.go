@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -14,11 +16,14 @@ import (
 )
 
 // gcEnv is node GC over a real etcd with a pool, two nodes (node1 and
-// gone) and one address (handle h1) of gone.
+// gone), one address (handle h1) and one endpoint of gone, and a clock the
+// test moves.
 type gcEnv struct {
 	store *datastore.Store
 	ipam  *ipam.Allocator
 	gc    *nodeGC
+	now   time.Time
+	gcs   []*nodeGC // every nodeGC made, one per simulated agent (re)start
 }
 
 func newGCEnv(t *testing.T) *gcEnv {
@@ -34,14 +39,28 @@ func newGCEnv(t *testing.T) *gcEnv {
 		}
 	}
 	al := ipam.New(store)
-	if _, err := al.Assign(ctx, ipam.AssignRequest{Node: "gone", Handle: "h1"}); err != nil {
+	asg, err := al.Assign(ctx, ipam.AssignRequest{Node: "gone", Handle: "h1"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	v := startView(t, store)
-	return &gcEnv{store: store, ipam: al, gc: newNodeGC(v, store, al, testLogger())}
+	if _, err := store.Create(ctx, testWEP("gone", "ns1", "web", "cali0000000gone", asg.Addr.String(), map[string]string{"app": "web"})); err != nil {
+		t.Fatal(err)
+	}
+	e := &gcEnv{store: store, ipam: al, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	e.restart(t)
+	return e
 }
 
-// passWhen runs GC passes until cond holds (the view follows etcd a few
+// restart makes a new nodeGC over a new view, as an agent restart does.
+func (e *gcEnv) restart(t *testing.T, opts ...ipam.Option) {
+	t.Helper()
+	v := startView(t, e.store)
+	e.gc = newNodeGC(v, e.store, ipam.New(e.store, opts...), testLogger())
+	e.gc.now = func() time.Time { return e.now }
+	e.gcs = append(e.gcs, e.gc)
+}
+
+// passUntil runs GC passes until cond holds (the view follows etcd a few
 // milliseconds behind) or fails after a deadline.
 func (e *gcEnv) passUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -57,6 +76,16 @@ func (e *gcEnv) passUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// passes runs n passes that must not fail.
+func (e *gcEnv) passes(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		if err := e.gc.pass(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -84,27 +113,210 @@ func (e *gcEnv) held(t *testing.T) int {
 	return len(addrs)
 }
 
-func TestNodeGCReleasesGoneNodes(t *testing.T) {
-	ctx := context.Background()
-	e := newGCEnv(t)
-	old := NodeGCGrace
-	t.Cleanup(func() { NodeGCGrace = old })
+func (e *gcEnv) endpointsOf(t *testing.T, node string) int {
+	t.Helper()
+	objs, _, err := e.store.List(context.Background(), api.KindWorkloadEndpoint, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range objs {
+		if o.(*api.WorkloadEndpoint).Spec.Node == node {
+			n++
+		}
+	}
+	return n
+}
 
-	if err := e.gc.pass(ctx); err != nil {
+func (e *gcEnv) record(t *testing.T, node string) bool {
+	t.Helper()
+	_, err := e.store.GetKV(context.Background(), datastore.NodeGCKey(node))
+	if err != nil && !errors.Is(err, datastore.ErrNotFound) {
 		t.Fatal(err)
 	}
-	if e.affine(t, "gone") == 0 || e.held(t) != 1 {
-		t.Fatal("a live node's blocks or addresses were released")
+	return err == nil
+}
+
+// intact says the node's endpoint, block and address are all there.
+func (e *gcEnv) intact(t *testing.T, node string) bool {
+	return e.affine(t, node) > 0 && e.held(t) == 1 && e.endpointsOf(t, node) == 1
+}
+
+// released says everything of the node is gone, once, and IPAM is clean.
+func (e *gcEnv) released(t *testing.T, node string) bool {
+	t.Helper()
+	if e.affine(t, node) != 0 || e.held(t) != 0 || e.endpointsOf(t, node) != 0 || e.record(t, node) {
+		return false
 	}
-	if err := e.store.Delete(ctx, api.KindNode, "", "gone", ""); err != nil {
+	rep, err := e.ipam.Check(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	e.passUntil(t, "the deleted node's claims to go", func() bool { return e.affine(t, "gone") == 0 })
-	if e.held(t) != 1 {
-		t.Error("addresses released before the grace period")
+	if !rep.OK() {
+		t.Errorf("ipam check after node gc: %+v", rep)
 	}
-	NodeGCGrace = 0
-	e.passUntil(t, "the deleted node's addresses to go", func() bool { return e.held(t) == 0 })
+	return true
+}
+
+func (e *gcEnv) setLiveness(t *testing.T, node string, on bool) {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	if on {
+		_, err = e.store.PutKV(ctx, datastore.NodeLivenessKey(node), []byte(`{}`), 0)
+	} else {
+		err = e.store.DeleteKV(ctx, datastore.NodeLivenessKey(node), 0)
+	}
+	if err != nil && !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatal(err)
+	}
+}
+
+func (e *gcEnv) deleteNode(t *testing.T, node string) {
+	t.Helper()
+	if err := e.store.Delete(context.Background(), api.KindNode, "", node, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A deleted node is released only after the grace, counted from a record
+// in etcd that agent restarts do not reset; then its endpoints, addresses,
+// handles, blocks and affinities all go, and its record.
+func TestNodeGCGraceSurvivesRestarts(t *testing.T) {
+	e := newGCEnv(t)
+	e.passes(t, 2)
+	if !e.intact(t, "gone") || e.record(t, "gone") {
+		t.Fatal("a live node was touched")
+	}
+	e.deleteNode(t, "gone")
+	e.passUntil(t, "the gone record", func() bool { return e.record(t, "gone") })
+	if !e.intact(t, "gone") {
+		t.Fatal("released before the grace")
+	}
+	// Restarts through the grace: none starts the grace again.
+	for range 2 {
+		e.now = e.now.Add(NodeGCGrace / 3)
+		e.restart(t)
+		e.passes(t, 2)
+		if !e.intact(t, "gone") {
+			t.Fatal("released before the grace")
+		}
+	}
+	e.now = e.now.Add(NodeGCGrace/3 + time.Second)
+	e.restart(t)
+	e.passUntil(t, "the node released", func() bool { return e.released(t, "gone") })
+	total := 0
+	for _, g := range e.gcs {
+		total += g.released
+	}
+	if total != 1 {
+		t.Errorf("the node was released %d times, want once", total)
+	}
+	e.passes(t, 2)
+	if e.gc.released != 1 {
+		t.Errorf("released again: %d", e.gc.released)
+	}
+	if e.affine(t, "node1") != 0 || e.endpointsOf(t, "node1") != 0 {
+		t.Error("node1 has state it never had") // sanity
+	}
+}
+
+// A missing Node record alone is not evidence: a node whose agent keeps
+// its liveness record keeps everything, whatever the time; when the
+// liveness record goes the grace starts, and it starts again if the
+// liveness record comes back.
+func TestNodeGCNeedsPositiveEvidence(t *testing.T) {
+	e := newGCEnv(t)
+	e.setLiveness(t, "gone", true)
+	e.deleteNode(t, "gone")
+	for range 3 {
+		e.now = e.now.Add(NodeGCGrace)
+		e.passes(t, 2)
+	}
+	if !e.intact(t, "gone") || e.record(t, "gone") {
+		t.Fatal("a live node without a Node record lost its state")
+	}
+	e.setLiveness(t, "gone", false)
+	e.passUntil(t, "the gone record", func() bool { return e.record(t, "gone") })
+	e.now = e.now.Add(NodeGCGrace / 2)
+	e.passes(t, 1)
+	e.setLiveness(t, "gone", true) // it was only restarting
+	e.passUntil(t, "the record cancelled", func() bool { return !e.record(t, "gone") })
+	e.now = e.now.Add(NodeGCGrace)
+	e.passes(t, 2)
+	if !e.intact(t, "gone") {
+		t.Fatal("a node that came back lost its state")
+	}
+	e.setLiveness(t, "gone", false)
+	e.passUntil(t, "a new gone record", func() bool { return e.record(t, "gone") })
+	e.now = e.now.Add(NodeGCGrace - time.Second)
+	e.passes(t, 2)
+	if !e.intact(t, "gone") {
+		t.Fatal("the second grace was counted from the first")
+	}
+	e.now = e.now.Add(2 * time.Second)
+	e.passUntil(t, "the node released", func() bool { return e.released(t, "gone") })
+}
+
+// One pass releases at most NodeGCMaxPerPass nodes.
+func TestNodeGCCapPerPass(t *testing.T) {
+	e := newGCEnv(t)
+	ctx := context.Background()
+	for _, n := range []string{"dead1", "dead2"} {
+		if _, err := e.ipam.Assign(ctx, ipam.AssignRequest{Node: n, Handle: "h-" + n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.deleteNode(t, "gone")
+	e.passUntil(t, "three gone records", func() bool {
+		return e.record(t, "gone") && e.record(t, "dead1") && e.record(t, "dead2")
+	})
+	e.now = e.now.Add(NodeGCGrace + time.Second)
+	for i := 1; i <= 3; i++ {
+		e.passes(t, 1)
+		if e.gc.released != i {
+			t.Fatalf("after %d passes %d nodes released, want %d", i, e.gc.released, i)
+		}
+	}
+	if !e.released(t, "gone") || e.affine(t, "dead1")+e.affine(t, "dead2") != 0 {
+		t.Error("not everything released after three passes")
+	}
+}
+
+// A crash after any IPAM write of a release leaves what the next pass
+// (of a restarted agent) finishes: the node ends released, IPAM clean.
+func TestNodeGCCrashAtEveryWrite(t *testing.T) {
+	for k := 1; ; k++ {
+		e := newGCEnv(t)
+		e.deleteNode(t, "gone")
+		e.passUntil(t, "the gone record", func() bool { return e.record(t, "gone") })
+		e.now = e.now.Add(NodeGCGrace + time.Second)
+		writes := 0
+		crash := errors.New("injected crash")
+		e.restart(t, ipam.WithFaultHook(func(step string) error {
+			writes++
+			if writes == k {
+				return crash
+			}
+			return nil
+		}))
+		err := e.gc.pass(context.Background())
+		if err == nil {
+			if k == 1 {
+				t.Fatal("the release made no IPAM write")
+			}
+			if !e.released(t, "gone") {
+				t.Fatal("a pass without a crash did not release the node")
+			}
+			t.Logf("a release makes %d IPAM writes; a crash after each was recovered", k-1)
+			return
+		}
+		if !errors.Is(err, crash) {
+			t.Fatalf("crash at write %d: %v", k, err)
+		}
+		e.restart(t)
+		e.passUntil(t, fmt.Sprintf("recovery from a crash at write %d", k), func() bool { return e.released(t, "gone") })
+	}
 }
 
 // A Node record that does not decode is not a deleted node: its blocks

@@ -39,8 +39,12 @@ type policyOwner struct {
 	last    dataplane.ApplyStats
 	lastAt  time.Time
 	applied *policy.Ruleset // what the last successful Apply programmed
-	okOnce  bool
-	passes  int
+	// toHost and protected are the endpoint-to-host action and the ports
+	// no pod may reach (policy.Input).
+	toHost    string
+	protected []policy.HostPort
+	okOnce    bool
+	passes    int
 	// compiler carries the work of one pass over to the next: a change
 	// recompiles what it touches, and unchanged chains and sets are the
 	// very objects of the last pass, which the firewall skips by identity.
@@ -137,11 +141,13 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	start := time.Now()
 	p.passes++
 	rs := p.compiler.Compile(policy.Input{
-		Node:            p.node,
-		Endpoints:       p.view.Endpoints(),
-		NetworkPolicies: p.view.NetworkPolicies(),
-		GlobalPolicies:  p.view.GlobalNetworkPolicies(),
-		Pools:           p.view.Pools(),
+		Node:                 p.node,
+		Endpoints:            p.view.Endpoints(),
+		NetworkPolicies:      p.view.NetworkPolicies(),
+		GlobalPolicies:       p.view.GlobalNetworkPolicies(),
+		Pools:                p.view.Pools(),
+		EndpointToHostAction: p.toHost,
+		HostProtectedPorts:   p.protected,
 	})
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {

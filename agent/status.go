@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -177,12 +178,8 @@ func (a *Agent) serveStatus(ctx context.Context) error {
 		if err := os.Remove(a.cfg.StatusSocket); err != nil && !os.IsNotExist(err) {
 			return fmt.Errorf("status socket: %w", err)
 		}
-		ln, err := net.Listen("unix", a.cfg.StatusSocket)
+		ln, err := cni.ListenUnixPrivate(a.cfg.StatusSocket)
 		if err != nil {
-			return fmt.Errorf("status socket: %w", err)
-		}
-		if err := os.Chmod(a.cfg.StatusSocket, 0o600); err != nil {
-			ln.Close()
 			return fmt.Errorf("status socket: %w", err)
 		}
 		lns = append(lns, ln)

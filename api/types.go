@@ -72,11 +72,13 @@ type IPPool struct {
 	Spec     IPPoolSpec `json:"spec"`
 }
 
-// Default and limits of IPPoolSpec.BlockSize.
+// Default and limits of IPPoolSpec.BlockSize. Calico accepts 20–32 for
+// IPv4; Tabby refuses /32 blocks: a block of one address has its blackhole
+// route on the pod's own /32, and every pod would claim a block.
 const (
 	DefaultBlockSize = 26
 	MinBlockSize     = 20
-	MaxBlockSize     = 32
+	MaxBlockSize     = 31
 )
 
 // IPPoolSpec describes a pool.

@@ -66,6 +66,8 @@ func (p *IPPool) Validate() error {
 	switch {
 	case bs == 0:
 		// Defaulted by SetDefaults.
+	case bs == 32:
+		v.add("spec.blockSize", "32 is not supported: a /32 block holds one address, whose blackhole route would be the pod's own route; use %d to %d", MinBlockSize, MaxBlockSize)
 	case bs < MinBlockSize || bs > MaxBlockSize:
 		v.add("spec.blockSize", "%d must be between %d and %d", bs, MinBlockSize, MaxBlockSize)
 	case ok && bs < pr.Bits():

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,12 @@ type NetConf struct {
 	// TimeoutSeconds bounds one request of any command; 0 selects the
 	// per-command default (ADD and DEL 30 s, CHECK 15 s, STATUS 5 s, GC 60 s).
 	TimeoutSeconds int `json:"timeout_seconds"`
+
+	// IPv4Pools restricts the pods of this network to these IP pools, each
+	// given by name or CIDR; empty = every pool that serves the node. It is
+	// read from "ipam": {"ipv4_pools": […]} as in Calico (or from a
+	// top-level "ipv4_pools"). ADD fails if one does not exist.
+	IPv4Pools []string `json:"ipv4_pools,omitempty"`
 
 	// RuntimeConfig holds the capability arguments the runtime injected
 	// (the plugin must declare "ips" and "mac" in its capabilities).
@@ -124,9 +131,10 @@ func (c NetConf) MarshalJSON() ([]byte, error) {
 		AgentSocket    string         `json:"agent_socket,omitempty"`
 		MTU            int            `json:"mtu,omitempty"`
 		TimeoutSeconds int            `json:"timeout_seconds,omitempty"`
+		IPv4Pools      []string       `json:"ipv4_pools,omitempty"`
 		RuntimeConfig  *RuntimeConfig `json:"runtimeConfig,omitempty"`
 		ConfArgs       *ConfArgs      `json:"args,omitempty"`
-	}{AgentSocket: c.AgentSocket, MTU: c.MTU, TimeoutSeconds: c.TimeoutSeconds, ConfArgs: c.ConfArgs}
+	}{AgentSocket: c.AgentSocket, MTU: c.MTU, TimeoutSeconds: c.TimeoutSeconds, IPv4Pools: c.IPv4Pools, ConfArgs: c.ConfArgs}
 	if len(c.RuntimeConfig.IPs) > 0 || c.RuntimeConfig.MAC != "" {
 		extra.RuntimeConfig = &c.RuntimeConfig
 	}
@@ -166,6 +174,22 @@ func ParseNetConf(data []byte) (*NetConf, error) {
 	if conf.AgentSocket == "" {
 		conf.AgentSocket = DefaultAgentSocket
 	}
+	var ipamSection struct {
+		IPAM struct {
+			IPv4Pools []string `json:"ipv4_pools"`
+		} `json:"ipam"`
+	}
+	if err := json.Unmarshal(data, &ipamSection); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decoding network configuration: ipam: %v", err), "")
+	}
+	var poolProblem string
+	switch fromIPAM := ipamSection.IPAM.IPv4Pools; {
+	case len(fromIPAM) == 0:
+	case len(conf.IPv4Pools) == 0:
+		conf.IPv4Pools = fromIPAM
+	case !slices.Equal(fromIPAM, conf.IPv4Pools):
+		poolProblem = fmt.Sprintf("ipam.ipv4_pools %v and ipv4_pools %v disagree; give one", fromIPAM, conf.IPv4Pools)
+	}
 	if !supportedVersion(conf.CNIVersion) {
 		return nil, types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions",
 			fmt.Sprintf("network configuration has cniVersion %q; tabby supports %s",
@@ -187,10 +211,39 @@ func ParseNetConf(data []byte) (*NetConf, error) {
 	if conf.TimeoutSeconds < 0 {
 		problems = append(problems, fmt.Sprintf("timeout_seconds %d is negative", conf.TimeoutSeconds))
 	}
+	if poolProblem != "" {
+		problems = append(problems, poolProblem)
+	}
+	for _, p := range conf.IPv4Pools {
+		if msg := checkPoolRef(p); msg != "" {
+			problems = append(problems, "ipv4_pools: "+msg)
+		}
+	}
 	if len(problems) > 0 {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid tabby network configuration", strings.Join(problems, "; "))
 	}
 	return conf, nil
+}
+
+// checkPoolRef says what is wrong with an ipv4_pools entry: a pool name or
+// an IPv4 CIDR. Whether the pool exists is the agent's question.
+func checkPoolRef(p string) string {
+	if strings.Contains(p, "/") {
+		pfx, err := netip.ParsePrefix(p)
+		switch {
+		case err != nil:
+			return fmt.Sprintf("%q is not a CIDR: %v", p, err)
+		case !pfx.Addr().Is4():
+			return fmt.Sprintf("%q is not an IPv4 CIDR", p)
+		case pfx.Masked() != pfx:
+			return fmt.Sprintf("%q has host bits set (the pool is %s)", p, pfx.Masked())
+		}
+		return ""
+	}
+	if p == "" || strings.TrimSpace(p) != p || len(p) > 253 {
+		return fmt.Sprintf("%q is not a pool name", p)
+	}
+	return ""
 }
 
 func supportedVersion(v string) bool {

@@ -63,6 +63,44 @@ func TestParseNetConfErrors(t *testing.T) {
 	}
 }
 
+func TestParseNetConfPools(t *testing.T) {
+	const head = `{"cniVersion":"1.0.0","name":"k8s","type":"tabby",`
+	tests := []struct {
+		name, in string
+		want     []string
+		problem  string
+	}{
+		{"none", `"ipam":{"type":"x"}}`, nil, ""},
+		{"in the ipam section, as Calico", `"ipam":{"ipv4_pools":["blue","10.244.0.0/24"]}}`, []string{"blue", "10.244.0.0/24"}, ""},
+		{"top level", `"ipv4_pools":["blue"]}`, []string{"blue"}, ""},
+		{"both, agreeing", `"ipv4_pools":["blue"],"ipam":{"ipv4_pools":["blue"]}}`, []string{"blue"}, ""},
+		{"both, disagreeing", `"ipv4_pools":["blue"],"ipam":{"ipv4_pools":["red"]}}`, nil,
+			"ipam.ipv4_pools [red] and ipv4_pools [blue] disagree; give one"},
+		{"host bits", `"ipam":{"ipv4_pools":["10.244.0.1/24"]}}`, nil, `ipv4_pools: "10.244.0.1/24" has host bits set (the pool is 10.244.0.0/24)`},
+		{"not a CIDR", `"ipam":{"ipv4_pools":["10.244.0.0/33"]}}`, nil, `ipv4_pools: "10.244.0.0/33" is not a CIDR`},
+		{"IPv6", `"ipam":{"ipv4_pools":["fd00::/64"]}}`, nil, `ipv4_pools: "fd00::/64" is not an IPv4 CIDR`},
+		{"empty name", `"ipam":{"ipv4_pools":[""]}}`, nil, `ipv4_pools: "" is not a pool name`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conf, err := ParseNetConf([]byte(head + tt.in))
+			if tt.problem != "" {
+				e, _ := err.(*types.Error)
+				if e == nil || e.Code != types.ErrInvalidNetworkConfig || len(e.Details) < len(tt.problem) || e.Details[:len(tt.problem)] != tt.problem {
+					t.Fatalf("error %v, want details starting %q", err, tt.problem)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, conf.IPv4Pools); diff != "" {
+				t.Errorf("pools (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestParseArgs(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -125,6 +163,7 @@ func TestParseArgs(t *testing.T) {
 // prevResult, which the embedded types.NetConf's MarshalJSON would drop.
 func TestNetConfMarshalRoundTrip(t *testing.T) {
 	in := `{"cniVersion":"1.0.0","name":"k8s","type":"tabby","agent_socket":"/run/t.sock","mtu":1440,"timeout_seconds":9,` +
+		`"ipam":{"type":"tabby-ipam","ipv4_pools":["10.244.0.0/24","blue"]},` +
 		`"capabilities":{"ips":true},"runtimeConfig":{"ips":["10.244.0.5"]},"args":{"cni":{"labels":[{"key":"app","value":"db"}]}}}`
 	conf, err := ParseNetConf([]byte(in))
 	if err != nil {

@@ -129,15 +129,7 @@ func (s *Server) listen() (*net.UnixListener, error) {
 			return nil, fmt.Errorf("removing stale socket %s: %w", s.path, err)
 		}
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.path, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("listening on %s: %w", s.path, err)
-	}
-	if err := os.Chmod(s.path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("restricting socket %s: %w", s.path, err)
-	}
-	return ln, nil
+	return ListenUnixPrivate(s.path)
 }
 
 // serveConn answers the one request of conn.

@@ -186,7 +186,12 @@ func (c *Client) IPAMCheck(ctx context.Context, out io.Writer, o IPAMCheckOption
 // IPAMReleaseOptions are the arguments of ipam release.
 type IPAMReleaseOptions struct {
 	IPs []string
-	// Force releases an address even while a workload endpoint uses it.
+	// Handle is the handle that must hold each address; the release is
+	// refused for an address another handle holds (checked in the same
+	// transaction). Required with IPs unless Force.
+	Handle string
+	// Force releases an address whoever holds it (without Handle), even
+	// while a workload endpoint uses it.
 	Force bool
 	// FromReport is a report of ipam check -o.
 	FromReport string
@@ -203,6 +208,8 @@ func (c *Client) IPAMRelease(ctx context.Context, out io.Writer, o IPAMReleaseOp
 		return errors.New("give either --ip or --from-report")
 	case o.FromReport != "":
 		return c.releaseFromReport(ctx, out, o)
+	case o.Handle == "" && !o.Force:
+		return errors.New("give --handle (the holder, as 'tabbyctl ipam show --ip' prints it), or --force to release whoever holds the address")
 	}
 	var addrs []netip.Addr
 	for _, s := range o.IPs {
@@ -214,14 +221,14 @@ func (c *Client) IPAMRelease(ctx context.Context, out io.Writer, o IPAMReleaseOp
 	}
 	var errs []error
 	for _, addr := range addrs {
-		if err := c.releaseIP(ctx, out, addr, o.Force); err != nil {
+		if err := c.releaseIP(ctx, out, addr, o.Handle, o.Force); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (c *Client) releaseIP(ctx context.Context, out io.Writer, addr netip.Addr, force bool) error {
+func (c *Client) releaseIP(ctx context.Context, out io.Writer, addr netip.Addr, handle string, force bool) error {
 	o, err := c.lookupIP(ctx, addr)
 	if err != nil {
 		return err
@@ -230,12 +237,20 @@ func (c *Client) releaseIP(ctx context.Context, out io.Writer, addr netip.Addr, 
 		_, err := fmt.Fprintf(out, "%s is not allocated: nothing to release\n", addr)
 		return err
 	}
+	if handle != "" && o.alloc.Handle != handle {
+		return fmt.Errorf("%s is held by handle %s (node %s), not %s: not released", addr, o.alloc.Handle, orNone(o.alloc.Node), handle)
+	}
 	if len(o.endpoints) > 0 && !force {
 		w := o.endpoints[0]
 		return fmt.Errorf("%s is used by workload endpoint %s on %s: releasing it would let IPAM give it to another pod while this one still has it (use --force if the endpoint is stale)",
 			addr, wepName(w), w.Spec.Node)
 	}
-	if err := c.IPAM.ReleaseAddr(ctx, addr); err != nil {
+	if handle != "" {
+		err = c.IPAM.ReleaseAddrHeldBy(ctx, addr, handle)
+	} else {
+		err = c.IPAM.ReleaseAddr(ctx, addr)
+	}
+	if err != nil {
 		return fmt.Errorf("releasing %s: %w", addr, err)
 	}
 	_, err = fmt.Fprintf(out, "released %s (handle %s, node %s)\n", addr, o.alloc.Handle, orNone(o.alloc.Node))
@@ -285,7 +300,8 @@ func (c *Client) releaseFromReport(ctx context.Context, out io.Writer, o IPAMRel
 			fmt.Fprintf(out, "skipped %s: now held by handle %s, not %s\n", l.Address, h, l.Handle)
 			continue
 		}
-		if err := c.IPAM.ReleaseAddr(ctx, l.Address); err != nil {
+		// Held by the same handle at the release, not only at the check.
+		if err := c.IPAM.ReleaseAddrHeldBy(ctx, l.Address, l.Handle); err != nil {
 			errs = append(errs, fmt.Errorf("releasing %s: %w", l.Address, err))
 			continue
 		}

@@ -78,6 +78,9 @@ type WorkloadStatus struct {
 	HostMAC          string
 	ContainerIfIndex int
 	ContainerMAC     string
+	// Existed: the pair was already there and right (a repeated Setup);
+	// the caller must not tear it down if its own request fails.
+	Existed bool
 }
 
 // Workloads creates and removes workload interfaces. Implementations are safe

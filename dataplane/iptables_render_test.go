@@ -57,8 +57,9 @@ func TestRenderIPTablesLayout(t *testing.T) {
 		return api.NetworkPolicyPort{Protocol: ptr("TCP"), Port: &p}
 	}
 	in := policy.Input{
-		Node:      "n1",
-		Endpoints: []*api.WorkloadEndpoint{wep("a", "n1", "10.244.1.1", "calia", "web"), wep("b", "n2", "10.244.2.1", "calib", "client")},
+		HostProtectedPorts: []policy.HostPort{{Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 50051}},
+		Node:               "n1",
+		Endpoints:          []*api.WorkloadEndpoint{wep("a", "n1", "10.244.1.1", "calia", "web"), wep("b", "n2", "10.244.2.1", "calib", "client")},
 		NetworkPolicies: []*api.NetworkPolicy{{Metadata: api.ObjectMeta{Namespace: "prod", Name: "web"}, Spec: api.NetworkPolicySpec{
 			PodSelector: *sel("app", "web"),
 			Ingress: []api.NetworkPolicyIngressRule{{From: []api.NetworkPolicyPeer{{PodSelector: sel("app", "client")}},
@@ -97,10 +98,14 @@ func TestRenderIPTablesLayout(t *testing.T) {
 	want := []string{
 		"*filter",
 		"-I FORWARD -j tabby-FORWARD",
+		"-I INPUT -j tabby-INPUT",
 		"-A tabby-FORWARD -i cali+ -j tabby-from-wl",
 		"-A tabby-FORWARD -o cali+ -j tabby-to-wl",
 		"-A tabby-FORWARD -i cali+ -j ACCEPT",
 		"-A tabby-FORWARD -o cali+ -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -p tcp -m multiport --dports 2379,50051 -j DROP",
+		"-A tabby-INPUT -i cali+ -j tabby-from-wl",
+		"-A tabby-INPUT -i cali+ -j DROP",
 		"-A tabby-from-wl -i calia -g tabby-fw-calia",
 		"-A tabby-from-wl -j DROP",
 		"-A tabby-fw-calia ! -s 10.244.1.1/32 -j DROP",

@@ -24,7 +24,7 @@ import (
 // NFTFirewall implements Firewall with nftables over netlink (no process is
 // started): one inet table, NFTTable, that Tabby owns entirely, with
 //
-//   - a base chain per hook ("forward", filter; "postrouting", nat) holding
+//   - a base chain per hook ("forward" and "input", filter; "postrouting", nat) holding
 //     the jumps to Tabby's chains;
 //   - a regular chain per neutral chain, each rule commented with a hash of
 //     its position and content ("tabby:<hash>");

@@ -36,6 +36,7 @@ type nftBase struct {
 // (priority srcnat), both with policy accept.
 var nftBases = map[string]nftBase{
 	"FORWARD":     {"forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter},
+	"INPUT":       {"input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter},
 	"POSTROUTING": {"postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource},
 }
 

@@ -19,12 +19,16 @@ type sysctl struct {
 }
 
 // hostIfSysctls are the settings of a workload's host interface: answer ARP
-// for 169.254.1.1 (proxy ARP) at once, and route the workload's traffic.
+// for 169.254.1.1 (proxy ARP) at once, route the workload's traffic, and
+// drop what arrives from an address whose route back is not this interface
+// (strict reverse-path filtering, a second anti-spoofing check beside the
+// firewall's, which works even with policy off).
 func hostIfSysctls(ifName string) []sysctl {
 	return []sysctl{
 		{"net/ipv4/conf/" + ifName + "/proxy_arp", "1"},
 		{"net/ipv4/neigh/" + ifName + "/proxy_delay", "0"},
 		{"net/ipv4/conf/" + ifName + "/forwarding", "1"},
+		{"net/ipv4/conf/" + ifName + "/rp_filter", "1"},
 	}
 }
 

@@ -232,6 +232,7 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 	if err != nil {
 		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
 	}
+	st.Existed = existed
 	return st, nil
 }
 

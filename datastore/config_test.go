@@ -266,6 +266,27 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("Validate error %q lacks %q", err, want)
 		}
 	}
+	for _, tt := range []struct {
+		cfg  datastore.Config
+		want string // "" = valid
+	}{
+		{datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}, CAFile: "ca.pem"}, `"http://127.0.0.1:2379" is plain text but TLS files are given`},
+		{datastore.Config{Endpoints: []string{"https://a:2379", "http://b:2379"}, CertFile: "c", KeyFile: "k"}, `"http://b:2379" is plain text`},
+		{datastore.Config{Endpoints: []string{"unix:///run/etcd.sock"}, CAFile: "ca.pem"}, "use unixs://"},
+		{datastore.Config{Endpoints: []string{"https://a:2379"}, CAFile: "ca.pem"}, ""},
+		{datastore.Config{Endpoints: []string{"http://a:2379"}}, ""},
+		{datastore.Config{Endpoints: []string{"ftp://a:2379"}}, "unknown scheme"},
+		{datastore.Config{Endpoints: []string{"http://a:2379"}, RequestTimeout: 1 << 62}, "requestTimeout"},
+		{datastore.Config{Endpoints: []string{"http://a:2379"}, DialTimeout: time.Hour}, "dialTimeout 1h0m0s must be between 0 and 10m0s"},
+	} {
+		err := tt.cfg.Validate()
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("Validate(%+v) = %v, want nil", tt.cfg, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("Validate(%+v) = %v, want %q", tt.cfg, err, tt.want)
+		}
+	}
 	var def datastore.Config
 	def.Default()
 	if def.DialTimeout != 5*time.Second || def.RequestTimeout != 5*time.Second || def.Prefix != "/tabby" {

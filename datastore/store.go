@@ -44,6 +44,9 @@ const (
 	DefaultDialTimeout    = 5 * time.Second
 	DefaultRequestTimeout = 5 * time.Second
 	DefaultPrefix         = "/tabby"
+	// MaxTimeout bounds DialTimeout and RequestTimeout: a longer one is a
+	// mistake (a value in the wrong unit) that would hang every caller.
+	MaxTimeout = 10 * time.Minute
 )
 
 // Config says how to reach etcd.
@@ -85,9 +88,18 @@ func (c *Config) Validate() error {
 	if len(c.Endpoints) == 0 {
 		errs = append(errs, errors.New("endpoints: at least one is required"))
 	}
+	tls := c.CAFile != "" || c.CertFile != "" || c.KeyFile != ""
 	for _, ep := range c.Endpoints {
-		if !strings.Contains(ep, "://") {
+		scheme, _, ok := strings.Cut(ep, "://")
+		switch {
+		case !ok:
 			errs = append(errs, fmt.Errorf("endpoints: %q needs a scheme (http://, https://, unix://)", ep))
+		case scheme != "http" && scheme != "https" && scheme != "unix" && scheme != "unixs":
+			errs = append(errs, fmt.Errorf("endpoints: %q: unknown scheme %q (http://, https://, unix://, unixs://)", ep, scheme))
+		case tls && (scheme == "http" || scheme == "unix"):
+			// The etcd client would silently talk plain text: the operator
+			// asked for TLS and would not get it.
+			errs = append(errs, fmt.Errorf("endpoints: %q is plain text but TLS files are given (caFile, certFile, keyFile): use %ss://", ep, scheme))
 		}
 	}
 	if (c.CertFile == "") != (c.KeyFile == "") {
@@ -96,11 +108,11 @@ func (c *Config) Validate() error {
 	if c.Password != "" && c.Username == "" {
 		errs = append(errs, errors.New("password given without username"))
 	}
-	if c.DialTimeout < 0 {
-		errs = append(errs, errors.New("dialTimeout must not be negative"))
+	if c.DialTimeout < 0 || c.DialTimeout > MaxTimeout {
+		errs = append(errs, fmt.Errorf("dialTimeout %s must be between 0 and %s", c.DialTimeout, MaxTimeout))
 	}
-	if c.RequestTimeout < 0 {
-		errs = append(errs, errors.New("requestTimeout must not be negative"))
+	if c.RequestTimeout < 0 || c.RequestTimeout > MaxTimeout {
+		errs = append(errs, fmt.Errorf("requestTimeout %s must be between 0 and %s", c.RequestTimeout, MaxTimeout))
 	}
 	if c.Prefix != "" && !strings.HasPrefix(c.Prefix, "/") {
 		errs = append(errs, fmt.Errorf("prefix %q must start with /", c.Prefix))

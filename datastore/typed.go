@@ -3,6 +3,7 @@ package datastore
 import (
 	"context"
 	"fmt"
+	"net/url"
 
 	"github.com/tabbynet/tabby/api"
 )
@@ -88,6 +89,14 @@ const (
 	// status/nodes/<node>.
 	NodeLivenessPrefix = "status/nodes/"
 )
+
+// NodeGCPrefix holds node GC's records: gc/nodes/<node> says since when
+// any agent has seen the node gone (no Node record, no liveness record), so
+// that the grace survives agent restarts.
+const NodeGCPrefix = "gc/nodes/"
+
+// NodeGCKey is node GC's record of node.
+func NodeGCKey(node string) string { return NodeGCPrefix + url.PathEscape(node) }
 
 // NodeStatusKey is where node publishes its status.
 func NodeStatusKey(node string) string { return NodeStatusPrefix + node }

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -26,6 +28,9 @@ var (
 	ErrNoPool = errors.New("no usable ip pool")
 	// ErrInUse: a specific address, or a pool being deleted, is in use.
 	ErrInUse = errors.New("in use")
+	// ErrUnreadableBlock: a block record does not decode (written around
+	// Tabby, or damaged); allocation goes around it, ipam check reports it.
+	ErrUnreadableBlock = errors.New("block record does not decode")
 	// ErrNotInPool: a specific address lies outside every usable pool.
 	ErrNotInPool = errors.New("address not in a usable pool")
 	// ErrPoolOverlap: a new pool overlaps an existing one.
@@ -78,6 +83,43 @@ type Allocator struct {
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
 	caches map[string]*nodeCache
+	// unreadable holds the blocks that did not decode when last read, with
+	// why; skipped counts how often an operation went around one.
+	unreadable map[netip.Prefix]string
+	skipped    atomic.Int64
+}
+
+// UnreadableBlocks returns the blocks an operation of this allocator found
+// undecodable the last time it read them, with the decoding error, and how
+// many times in all an operation skipped one. Safe for concurrent use.
+func (a *Allocator) UnreadableBlocks() (map[netip.Prefix]string, int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.unreadable), a.skipped.Load()
+}
+
+// skipUnreadable records and logs (once per block and error) that an
+// operation went around an undecodable block: the node keeps allocating
+// from its other blocks, and ipam check reports the block.
+func (a *Allocator) skipUnreadable(cidr netip.Prefix, err error) {
+	a.skipped.Add(1)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.unreadable == nil {
+		a.unreadable = map[netip.Prefix]string{}
+	}
+	if a.unreadable[cidr] == err.Error() {
+		return
+	}
+	a.unreadable[cidr] = err.Error()
+	a.log.Warn("skipping an ipam block that does not decode; run tabbyctl ipam check", "block", cidr, "err", err)
+}
+
+// readable forgets that a block was unreadable.
+func (a *Allocator) readable(cidr netip.Prefix) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.unreadable, cidr)
 }
 
 // Option configures an Allocator.
@@ -292,8 +334,11 @@ func (a *Allocator) getBlock(ctx context.Context, cidr netip.Prefix) (*block, er
 		return nil, fmt.Errorf("reading block %s: %w", cidr, err)
 	}
 	b, err := decodeBlock(kv.Value, kv.ModRevision)
+	if err == nil && b.cidr != cidr {
+		err = fmt.Errorf("block key %s holds cidr %s", blockKey(cidr), b.cidr)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("reading block %s: %w", cidr, err)
+		return nil, fmt.Errorf("reading block %s: %w: %w", cidr, ErrUnreadableBlock, err)
 	}
 	return b, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -24,8 +25,9 @@ type AssignRequest struct {
 	Node   string
 	Handle string
 	Attrs  Attributes
-	// Pools restricts allocation to these pool names; empty = every usable
-	// pool.
+	// Pools restricts allocation to these pools, each given by name or by
+	// CIDR; empty = every usable pool. One that does not exist is an error
+	// (wrapping ErrNoPool).
 	Pools []string
 	// Addr asks for this specific address when valid.
 	Addr netip.Addr
@@ -39,6 +41,12 @@ type Assignment struct {
 	// Borrowed: the block is not affine to the requesting node, so the
 	// address is advertised as a /32.
 	Borrowed bool
+	// Existing: the handle held the address before this call (a repeated
+	// request); nothing was allocated.
+	Existing bool
+	// NewBlock: the address is the first of a block claimed for the node by
+	// this call (its route is not advertised yet).
+	NewBlock bool
 }
 
 // Assign allocates an address for req.Handle. It is idempotent per handle:
@@ -125,13 +133,18 @@ type assignState struct {
 	cfg        *api.IPAMConfig
 	affinities []affinity
 	affine     map[netip.Prefix]*block // blocks named by the node's affinities
+	// unreadable are affine blocks that do not decode: neither used nor
+	// repaired (their affinity stays), and never claimed again.
+	unreadable map[netip.Prefix]bool
 }
 
 func (a *Allocator) loadAssignState(ctx context.Context, req AssignRequest) (*assignState, error) {
-	st := &assignState{affine: map[netip.Prefix]*block{}}
+	st := &assignState{affine: map[netip.Prefix]*block{}, unreadable: map[netip.Prefix]bool{}}
 	var err error
-	if st.handle, err = a.getHandle(ctx, req.Handle); err != nil {
-		return nil, err
+	if req.Handle != "" { // EnsureBlock has none
+		if st.handle, err = a.getHandle(ctx, req.Handle); err != nil {
+			return nil, err
+		}
 	}
 	if st.handle != nil && len(st.handle.Addrs) > 0 {
 		return st, nil
@@ -153,9 +166,17 @@ func (a *Allocator) loadAssignState(ctx context.Context, req AssignRequest) (*as
 		if errors.Is(err, datastore.ErrNotFound) {
 			continue
 		}
+		if errors.Is(err, ErrUnreadableBlock) {
+			// One bad block must not stop the node: allocate from the
+			// others.
+			a.skipUnreadable(af.block, err)
+			st.unreadable[af.block] = true
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
+		a.readable(af.block)
 		st.affine[af.block] = b
 	}
 	return st, nil
@@ -205,37 +226,14 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 	}
 
 	// 2. Claim a free block. Every block is needed from here on.
-	all, _, err := a.listBlocks(ctx)
+	cl, err := a.claimState(ctx, req.Node, st)
 	if err != nil {
 		return Assignment{}, err
 	}
-	mine := 0
-	for _, b := range all {
-		if b.node != req.Node {
-			continue
-		}
-		mine++
-		if !slices.ContainsFunc(st.affinities, func(af affinity) bool { return af.block == b.cidr }) {
-			// Ours by the block, but no affinity record (a lost write of an
-			// older writer): adopt it and start over.
-			if err := a.adopt(ctx, req.Node, b); err != nil {
-				return Assignment{}, err
-			}
-			return Assignment{}, errRetry
-		}
-	}
-	maxBlocks := st.cfg.Spec.MaxBlocksPerHost
-	if st.cfg.AutoAllocate() && (maxBlocks == 0 || mine < maxBlocks) {
-		taken := make(map[netip.Prefix]bool, len(all))
-		var odd []netip.Prefix
-		for _, b := range all {
-			taken[b.cidr] = true
-			if p, ok := poolFor(st.pools, b.cidr); !ok || p.blockBits != b.cidr.Bits() {
-				odd = append(odd, b.cidr)
-			}
-		}
+	all := cl.all
+	if cl.mayClaim {
 		for _, p := range usable {
-			cidr, ok := freeBlock(p, req.Node, taken, odd)
+			cidr, ok := freeBlock(p, req.Node, cl.taken, cl.odd)
 			if !ok {
 				continue
 			}
@@ -262,6 +260,53 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 		}
 	}
 	return Assignment{}, &ExhaustedError{Node: req.Node, Pools: poolNames(usable)}
+}
+
+// claims is what claiming a new block needs to know.
+type claims struct {
+	all      []*block
+	taken    map[netip.Prefix]bool // existing blocks
+	odd      []netip.Prefix        // ranges taken by blocks of another size or unreadable
+	mayClaim bool                  // autoAllocateBlocks and under maxBlocksPerHost
+}
+
+// claimState reads every block for a claim by node. A block of the node
+// without affinity record is adopted first (errRetry: start over).
+func (a *Allocator) claimState(ctx context.Context, node string, st *assignState) (claims, error) {
+	all, bad, err := a.listBlocks(ctx)
+	if err != nil {
+		return claims{}, err
+	}
+	mine := len(st.unreadable)
+	for _, b := range all {
+		if b.node != node {
+			continue
+		}
+		mine++
+		if !slices.ContainsFunc(st.affinities, func(af affinity) bool { return af.block == b.cidr }) {
+			// Ours by the block, but no affinity record (a lost write of an
+			// older writer): adopt it and start over.
+			if err := a.adopt(ctx, node, b); err != nil {
+				return claims{}, err
+			}
+			return claims{}, errRetry
+		}
+	}
+	maxBlocks := st.cfg.Spec.MaxBlocksPerHost
+	cl := claims{all: all, taken: make(map[netip.Prefix]bool, len(all)), mayClaim: st.cfg.AutoAllocate() && (maxBlocks == 0 || mine < maxBlocks)}
+	for key := range bad {
+		// An unreadable block still occupies its range.
+		if cidr, err := parseBlockName(strings.TrimPrefix(key, blocksPrefix)); err == nil {
+			cl.odd = append(cl.odd, cidr)
+		}
+	}
+	for _, b := range all {
+		cl.taken[b.cidr] = true
+		if p, ok := poolFor(st.pools, b.cidr); !ok || p.blockBits != b.cidr.Bits() {
+			cl.odd = append(cl.odd, b.cidr)
+		}
+	}
+	return cl, nil
 }
 
 // handleRev is the revision the handle record must still have: 0 (absent)
@@ -331,7 +376,7 @@ func (a *Allocator) existing(ctx context.Context, req AssignRequest, h *handle) 
 	if !held || attr.Handle != req.Handle {
 		return Assignment{}, fmt.Errorf("ipam: handle %q lists %s but block %s does not hold it for the handle (run ipam check)", req.Handle, ha.Addr, b.cidr)
 	}
-	return Assignment{Addr: ha.Addr, Block: b.cidr, Pool: b.pool, Borrowed: b.node != attr.Node}, nil
+	return Assignment{Addr: ha.Addr, Block: b.cidr, Pool: b.pool, Borrowed: b.node != attr.Node, Existing: true}, nil
 }
 
 // commit describes one allocation write.
@@ -375,7 +420,8 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 	if err := a.written("assign"); err != nil {
 		return Assignment{}, err
 	}
-	return Assignment{Addr: c.addr, Block: c.b.cidr, Pool: c.pool.name, Borrowed: c.b.node != c.req.Node}, nil
+	return Assignment{Addr: c.addr, Block: c.b.cidr, Pool: c.pool.name, Borrowed: c.b.node != c.req.Node,
+		NewBlock: c.created && c.b.node == c.req.Node}, nil
 }
 
 // repairAffinities fixes the node's affinity records against their blocks:
@@ -385,6 +431,9 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 func (a *Allocator) repairAffinities(ctx context.Context, node string, st *assignState) (bool, error) {
 	wrote := false
 	for _, af := range st.affinities {
+		if st.unreadable[af.block] {
+			continue // nothing is known of it: leave it to a person
+		}
 		b := st.affine[af.block]
 		key := affinityKey(node, af.block)
 		var cmps []datastore.Cmp

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -29,8 +30,12 @@ func TestAssignAffineBlocksAndIdempotency(t *testing.T) {
 	if got[4].Block == first || got[4].Borrowed {
 		t.Errorf("fifth assignment %+v should come from a new affine block", got[4])
 	}
-	// Idempotent per handle.
+	// Idempotent per handle; the repeat is said to be one.
 	again := mustAssign(t, a, "n1", "h3")
+	if !again.Existing || got[2].Existing {
+		t.Errorf("Existing: first %v, repeat %v; want false, true", got[2].Existing, again.Existing)
+	}
+	again.Existing = false
 	if diff := cmp.Diff(got[2], again, netipOpts); diff != "" {
 		t.Errorf("second assign of h3 (-first +second):\n%s", diff)
 	}
@@ -134,8 +139,8 @@ func TestBorrowing(t *testing.T) {
 		t.Errorf("Borrowed() = %+v, want %s used by n1 from another node's block", borrowed, r.Addr)
 	}
 	// Idempotent also for borrowed addresses.
-	if again := mustAssign(t, a, "n1", "borrower"); again != r {
-		t.Errorf("second assign = %+v, want %+v", again, r)
+	if again := mustAssign(t, a, "n1", "borrower"); again.Addr != r.Addr || again.Block != r.Block || !again.Borrowed || !again.Existing {
+		t.Errorf("second assign = %+v, want %+v again, as existing", again, r)
 	}
 	mustCheckClean(t, a)
 }
@@ -197,8 +202,11 @@ func TestSpecificAddress(t *testing.T) {
 	if r.Addr != want || r.Block.String() != "10.244.0.64/28" || r.Borrowed {
 		t.Errorf("assignment = %+v, want %s in a block claimed for n1", r, want)
 	}
-	// Same handle, same address: idempotent. Same handle, other address: error.
-	if again, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1", Addr: want}); err != nil || again != r {
+	// Same handle, same address: idempotent, and said to be a repeat. Same
+	// handle, other address: error.
+	wantAgain := r
+	wantAgain.Existing, wantAgain.NewBlock = true, false
+	if again, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1", Addr: want}); err != nil || again != wantAgain {
 		t.Errorf("repeat = %+v, %v", again, err)
 	}
 	if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h1", Addr: netip.MustParseAddr("10.244.0.78")}); err == nil {
@@ -299,4 +307,87 @@ func TestRequestedPools(t *testing.T) {
 	if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h2", Pools: []string{"c-pool"}}); err == nil || !strings.Contains(err.Error(), "c-pool") {
 		t.Errorf("assign from missing pool: %v", err)
 	}
+}
+
+// One block that does not decode does not stop its node: assignments go
+// to its other blocks (and new claims go around the bad block's range),
+// the affinity of the bad block stays, and the allocator and Check report
+// it.
+func TestAssignSkipsUnreadableBlock(t *testing.T) {
+	a, store := newTestAllocator(t)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "default-pool", "10.244.0.0/28", 30) // four /30 blocks
+	first := mustAssign(t, a, "n1", "h0")
+	for i := 1; i < 5; i++ { // fill the first block, claim a second
+		mustAssign(t, a, "n1", fmt.Sprintf("h%d", i))
+	}
+	if _, err := store.PutKV(ctx, blockKey(first.Block), []byte(`{"cidr": 42`), 0); err != nil {
+		t.Fatal(err)
+	}
+	// A fresh allocator (an agent restart) has no cache to hide behind.
+	b := New(store)
+	var got []Assignment
+	for i := 5; i < 12; i++ { // the second block's rest, then two claims
+		r, err := b.Assign(ctx, AssignRequest{Node: "n1", Handle: fmt.Sprintf("h%d", i)})
+		if err != nil {
+			t.Fatalf("assign %d with an unreadable block: %v", i, err)
+		}
+		if r.Block == first.Block {
+			t.Fatalf("assigned %s from the unreadable block", r.Addr)
+		}
+		got = append(got, r)
+	}
+	bad, skipped := b.UnreadableBlocks()
+	if _, ok := bad[first.Block]; !ok || skipped == 0 {
+		t.Errorf("UnreadableBlocks() = %v, %d; want %s", bad, skipped, first.Block)
+	}
+	if _, err := store.GetKV(ctx, affinityKey("n1", first.Block)); err != nil {
+		t.Errorf("the unreadable block's affinity: %v", err)
+	}
+	rep, err := b.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, inc := range rep.Inconsistencies {
+		if inc.Kind == InvalidRecord && strings.Contains(inc.Key+inc.Detail, blockName(first.Block)) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("Check does not report the unreadable block: %+v", rep.Inconsistencies)
+	}
+}
+
+// EnsureBlock claims an empty block for a node without one, once; the
+// node's first assign then takes its first address from that block with
+// no claim; a node with a block, or without a usable pool, claims nothing.
+func TestEnsureBlock(t *testing.T) {
+	a, store := newTestAllocator(t)
+	ctx := testCtx(t)
+	if got, err := a.EnsureBlock(ctx, "n1"); err != nil || got.IsValid() {
+		t.Fatalf("without pools: %v, %v; want nothing claimed", got, err)
+	}
+	mustCreatePool(t, a, "default-pool", "10.244.0.0/24", 28)
+	first, err := a.EnsureBlock(ctx, "n1")
+	if err != nil || !first.IsValid() {
+		t.Fatalf("EnsureBlock = %v, %v", first, err)
+	}
+	if again, err := a.EnsureBlock(ctx, "n1"); err != nil || again.IsValid() {
+		t.Errorf("second EnsureBlock claimed %v (%v)", again, err)
+	}
+	// A fresh allocator (another process) sees the claim too.
+	b := New(store)
+	if again, err := b.EnsureBlock(ctx, "n1"); err != nil || again.IsValid() {
+		t.Errorf("EnsureBlock of another allocator claimed %v (%v)", again, err)
+	}
+	r := mustAssign(t, b, "n1", "h1")
+	if r.Block != first || r.NewBlock {
+		t.Errorf("first assign = %+v, want an address of %s without a claim", r, first)
+	}
+	blocks, err := a.Blocks(ctx)
+	if err != nil || len(blocks) != 1 || blocks[0].Affinity != "n1" {
+		t.Errorf("blocks = %+v, %v", blocks, err)
+	}
+	mustCheckClean(t, a)
 }

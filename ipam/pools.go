@@ -42,6 +42,16 @@ func newPoolInfo(p *api.IPPool, key string, rev int64) (poolInfo, error) {
 	return poolInfo{pool: p, name: p.Metadata.Name, prefix: pfx, blockBits: bits, key: key, rev: rev}, nil
 }
 
+// isNamed reports whether a requested pool, by name or by CIDR (as
+// Calico's ipv4_pools allows), is this one.
+func (p poolInfo) isNamed(r string) bool {
+	if r == p.name {
+		return true
+	}
+	pfx, err := netip.ParsePrefix(r)
+	return err == nil && pfx.Masked() == p.prefix
+}
+
 // holds reports whether the block lies inside the pool.
 func (p poolInfo) holds(b netip.Prefix) bool {
 	return p.prefix.Bits() <= b.Bits() && p.prefix.Contains(b.Addr())
@@ -60,7 +70,7 @@ func poolFor(pools []poolInfo, b netip.Prefix) (poolInfo, bool) {
 // unusableReason says why a pool cannot serve the node, "" when it can.
 func unusableReason(p poolInfo, labels map[string]string, requested []string) string {
 	switch {
-	case len(requested) > 0 && !slices.Contains(requested, p.name):
+	case len(requested) > 0 && !slices.ContainsFunc(requested, p.isNamed):
 		return fmt.Sprintf("is not among the requested pools %v", requested)
 	case p.pool.Spec.Disabled:
 		return "is disabled"
@@ -75,8 +85,8 @@ func unusableReason(p poolInfo, labels map[string]string, requested []string) st
 // silently fall back to nothing.
 func usablePools(pools []poolInfo, node string, labels map[string]string, requested []string) ([]poolInfo, error) {
 	for _, name := range requested {
-		if !slices.ContainsFunc(pools, func(p poolInfo) bool { return p.name == name }) {
-			return nil, fmt.Errorf("ipam: requested pool %q does not exist", name)
+		if !slices.ContainsFunc(pools, func(p poolInfo) bool { return p.isNamed(name) }) {
+			return nil, fmt.Errorf("ipam: requested pool %q does not exist (no IP pool has that name or CIDR): %w", name, ErrNoPool)
 		}
 	}
 	var out []poolInfo

@@ -67,6 +67,62 @@ func (a *Allocator) ReleaseAddr(ctx context.Context, addr netip.Addr) error {
 }
 
 // findBlock returns the block holding addr, nil when there is none.
+// ReleaseAddrHeldBy frees addr only while handle holds it, checked in the
+// same transaction as the release: an address that another handle got in
+// the meantime is not taken from it (a *HeldByError); a free address is
+// success.
+func (a *Allocator) ReleaseAddrHeldBy(ctx context.Context, addr netip.Addr, handle string) error {
+	if handle == "" {
+		return errors.New("ipam: release: handle is required")
+	}
+	b, err := a.findBlock(ctx, addr)
+	if err != nil || b == nil {
+		return err
+	}
+	ord, _ := ordinal(b.cidr, addr)
+	attr, held := b.attrAt(ord)
+	if !held {
+		return nil
+	}
+	cidr := b.cidr
+	lock := a.nodeLock(attr.Node)
+	lock.Lock()
+	defer lock.Unlock()
+	return a.retry(ctx, fmt.Sprintf("ipam: releasing %s of %s", addr, handle), func() error {
+		if b == nil {
+			var err error
+			if b, err = a.getBlock(ctx, cidr); errors.Is(err, datastore.ErrNotFound) {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+		cur := b
+		b = nil // a retry reads the block again
+		at, held := cur.attrAt(ord)
+		switch {
+		case !held:
+			return nil
+		case at.Handle != handle:
+			return &HeldByError{Addr: addr, Handle: at.Handle, Node: at.Node, Want: handle}
+		}
+		// cur's revision is compared in the transaction: the check above
+		// holds at the release.
+		return a.free(ctx, []target{{Addr: addr, Block: cur.cidr}}, nil, cur, "release")
+	})
+}
+
+// HeldByError: ReleaseAddrHeldBy found the address held by another handle.
+type HeldByError struct {
+	Addr         netip.Addr
+	Handle, Node string
+	Want         string
+}
+
+func (e *HeldByError) Error() string {
+	return fmt.Sprintf("ipam: %s is held by handle %q (node %s), not %q: not released", e.Addr, e.Handle, e.Node, e.Want)
+}
+
 func (a *Allocator) findBlock(ctx context.Context, addr netip.Addr) (*block, error) {
 	if !addr.Is4() {
 		return nil, fmt.Errorf("ipam: %s: only IPv4 is supported", addr)

@@ -223,3 +223,41 @@ func TestPoolLifecycle(t *testing.T) {
 	// The range is free for a new pool.
 	mustCreatePool(t, a, "other", "10.244.128.0/20", 26)
 }
+
+// ReleaseAddrHeldBy frees an address only while the named handle holds it,
+// also when another handle got it between the caller's look and the
+// release (a second allocator, like another agent, races it).
+func TestReleaseAddrHeldBy(t *testing.T) {
+	a, store := newTestAllocator(t)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "default-pool", "10.244.0.0/24", 30)
+	r1 := mustAssign(t, a, "n1", "h1")
+	var held *HeldByError
+	if err := a.ReleaseAddrHeldBy(ctx, r1.Addr, "h-other"); !errors.As(err, &held) || held.Handle != "h1" {
+		t.Fatalf("release by the wrong handle: %v", err)
+	}
+	if addrs, _ := a.AddressesByHandle(ctx, "h1"); len(addrs) != 1 {
+		t.Fatalf("h1 lost its address to a release by another handle")
+	}
+	// The caller looked while h1 held the address; h1 goes, h2 gets it.
+	other := New(store)
+	if err := other.ReleaseHandle(ctx, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Assign(ctx, AssignRequest{Node: "n1", Handle: "h2", Addr: r1.Addr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReleaseAddrHeldBy(ctx, r1.Addr, "h1"); !errors.As(err, &held) || held.Handle != "h2" {
+		t.Fatalf("release by the old holder after the address moved: %v", err)
+	}
+	if addrs, _ := a.AddressesByHandle(ctx, "h2"); len(addrs) != 1 {
+		t.Fatalf("h2 lost its address")
+	}
+	if err := a.ReleaseAddrHeldBy(ctx, r1.Addr, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReleaseAddrHeldBy(ctx, r1.Addr, "h2"); err != nil {
+		t.Errorf("releasing a free address: %v", err)
+	}
+	mustCheckClean(t, a)
+}

@@ -92,6 +92,16 @@ func DecodeBlockSummary(key string, val []byte) (BlockSummary, error) {
 	return s, nil // ordinals ascend, so Borrowed is sorted by address
 }
 
+// ParseBlockKey returns the CIDR a block key (under BlocksPrefix) names,
+// whatever its record holds.
+func ParseBlockKey(key string) (netip.Prefix, error) {
+	name, ok := strings.CutPrefix(key, blocksPrefix)
+	if !ok {
+		return netip.Prefix{}, fmt.Errorf("block key %q: wrong prefix", key)
+	}
+	return parseBlockName(name)
+}
+
 type keyMismatchError struct {
 	key  string
 	cidr netip.Prefix

@@ -55,8 +55,8 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		fromDispatch = append(fromDispatch, DispatchTarget{ep.iface, fw.Name})
 		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
 	}
-	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+5)
-	chains = append(chains, forwardChain())
+	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+6)
+	chains = append(chains, forwardChain(), c.inputChain())
 	chains = append(chains, fws...)
 	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
 		chains = append(chains, c.chains[name])
@@ -75,6 +75,7 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		Chains: chains,
 		Jumps: []Jump{
 			{Table: TableFilter, From: "FORWARD", To: ChainForward},
+			{Table: TableFilter, From: "INPUT", To: ChainInput},
 			{Table: TableNAT, From: "POSTROUTING", To: ChainPostrouting},
 		},
 		Sets:     c.sortedSets(),
@@ -370,6 +371,52 @@ func forwardChain() Chain {
 		{Match: []Match{inIface(wl)}, Verdict: accept},
 		{Match: []Match{outIface(wl)}, Verdict: accept},
 	}}
+}
+
+// inputChain polices traffic from workloads to this node as the forward
+// path polices traffic between workloads: first the node's protected ports
+// are dropped whatever else applies, then the workload's own chain
+// (anti-spoofing, established flows, egress policy; it returns when policy
+// allows), then the endpoint-to-host action. Established flows the node
+// opened to a pod (kubelet probes) come back through the workload chain's
+// conntrack rule, so a Drop action keeps them working.
+func (c *compiler) inputChain() Chain {
+	wl := WorkloadIfacePrefix + "+"
+	var rules []Rule
+	byProto := map[string][]uint16{}
+	for _, hp := range c.in.HostProtectedPorts {
+		switch hp.Proto {
+		case "tcp", "udp", "sctp":
+			byProto[hp.Proto] = append(byProto[hp.Proto], hp.Port)
+		default:
+			c.warnf("protected host port %s/%d: protocol must be tcp, udp or sctp", hp.Proto, hp.Port)
+		}
+	}
+	for _, proto := range slices.Sorted(maps.Keys(byProto)) {
+		ports := slices.Compact(slices.Sorted(slices.Values(byProto[proto])))
+		for chunk := range slices.Chunk(ports, MaxPortsPerMatch) {
+			var prs []PortRange
+			for _, p := range chunk {
+				prs = append(prs, PortRange{Lo: p, Hi: p})
+			}
+			rules = append(rules, Rule{
+				Match:   []Match{inIface(wl), protoMatch(proto), {Kind: MatchDstPorts, Ports: prs}},
+				Verdict: Verdict{Kind: VerdictDrop},
+			})
+		}
+	}
+	rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}})
+	switch c.in.EndpointToHostAction {
+	case EndpointToHostAccept:
+		rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictAccept}})
+	case EndpointToHostReturn:
+	case "", EndpointToHostDrop:
+		rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictDrop}})
+	default:
+		c.warnf("endpoint-to-host action %q is not Drop, Accept or Return: dropping", c.in.EndpointToHostAction)
+		rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictDrop}})
+	}
+	return Chain{Table: TableFilter, Name: ChainInput, Rules: rules}
 }
 
 // natChain masquerades traffic from natOutgoing pools to destinations

@@ -454,7 +454,8 @@ func TestLayout(t *testing.T) {
 		NetworkPolicies: []*api.NetworkPolicy{
 			ingressFrom("prod", "web", sel("app", "web"), []api.NetworkPolicyPeer{{PodSelector: sel("app", "client")}}, tcpPort(80), tcpPort(443)),
 		},
-		Pools: pools[:1],
+		Pools:              pools[:1],
+		HostProtectedPorts: []HostPort{{"tcp", 2379}, {"tcp", 50051}, {"tcp", 2379}},
 	}
 	rs := Compile(in)
 	pi := policyChainName("np/prod/web", ingress)
@@ -462,11 +463,16 @@ func TestLayout(t *testing.T) {
 	want := []string{
 		"table filter",
 		"hook FORWARD jump tabby-FORWARD",
+		"hook INPUT jump tabby-INPUT",
 		"chain tabby-FORWARD",
 		`  iifname "cali*" jump tabby-from-wl`,
 		`  oifname "cali*" jump tabby-to-wl`,
 		`  iifname "cali*" accept`,
 		`  oifname "cali*" accept`,
+		"chain tabby-INPUT",
+		`  iifname "cali*" l4proto tcp dport { 2379, 50051 } drop`,
+		`  iifname "cali*" jump tabby-from-wl`,
+		`  iifname "cali*" drop`,
 		"chain tabby-from-wl",
 		`  iifname vmap { "calia" : goto tabby-fw-calia } else drop`,
 		"chain tabby-fw-calia",

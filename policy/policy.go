@@ -44,6 +44,7 @@ const (
 	WorkloadIfacePrefix = api.WorkloadIfacePrefix
 
 	ChainForward     = "tabby-FORWARD"
+	ChainInput       = "tabby-INPUT"
 	ChainFromWL      = "tabby-from-wl"
 	ChainToWL        = "tabby-to-wl"
 	ChainPostrouting = "tabby-POSTROUTING"
@@ -84,7 +85,29 @@ type Input struct {
 	GlobalPolicies []*api.GlobalNetworkPolicy
 	// Pools are every IPPool.
 	Pools []*api.IPPool
+	// EndpointToHostAction is what a packet from a local workload to this
+	// node meets once it passed the workload's anti-spoofing check and
+	// egress policy (Calico's DefaultEndpointToHostAction):
+	// EndpointToHostDrop ("" too), EndpointToHostAccept, or
+	// EndpointToHostReturn (on to the node's other INPUT rules).
+	EndpointToHostAction string
+	// HostProtectedPorts are the node's ports no workload may reach,
+	// whatever the action: the etcd client port, the GoBGP API.
+	HostProtectedPorts []HostPort
 }
+
+// HostPort is a protocol ("tcp", "udp", "sctp") and port of the node.
+type HostPort struct {
+	Proto string
+	Port  uint16
+}
+
+// Endpoint-to-host actions.
+const (
+	EndpointToHostDrop   = "Drop"
+	EndpointToHostAccept = "Accept"
+	EndpointToHostReturn = "Return"
+)
 
 // Ruleset is the complete packet-filter state of one node.
 type Ruleset struct {

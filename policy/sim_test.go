@@ -48,9 +48,21 @@ type sim struct {
 // is ACCEPT and whose only rule is Tabby's jump.
 func forward(t testing.TB, rs *Ruleset, pkt packet) verdict {
 	t.Helper()
+	return hook(t, rs, "FORWARD", pkt)
+}
+
+// input runs pkt (to this node) through the filter table's INPUT chain,
+// whose policy is ACCEPT and whose only rule is Tabby's jump.
+func input(t testing.TB, rs *Ruleset, pkt packet) verdict {
+	t.Helper()
+	return hook(t, rs, "INPUT", pkt)
+}
+
+func hook(t testing.TB, rs *Ruleset, from string, pkt packet) verdict {
+	t.Helper()
 	s := &sim{t: t, rs: rs}
 	for _, j := range rs.Jumps {
-		if j.Table == TableFilter && j.From == "FORWARD" {
+		if j.Table == TableFilter && j.From == from {
 			if v, done := s.run(j.To, pkt); done {
 				return v
 			}

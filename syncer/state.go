@@ -1,6 +1,7 @@
 package syncer
 
 import (
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -65,7 +66,28 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 	if err != nil {
 		return "", nil, err
 	}
+	// What the view holds reaches the kernel (routes, firewall): a record
+	// written around Tabby's validation is treated like one that does not
+	// decode.
+	if err := validForKernel(obj); err != nil {
+		return "", nil, fmt.Errorf("%s: %w", kv.Key, err)
+	}
 	return obj.GetTypeMeta().Kind, obj, nil
+}
+
+// validForKernel checks a resource as every write through the datastore
+// does, and an endpoint's interface to be a workload interface: a record
+// naming eth0 or lo must not make the agent route or police them.
+func validForKernel(obj api.Object) error {
+	if err := obj.Validate(); err != nil {
+		return err
+	}
+	if w, ok := obj.(*api.WorkloadEndpoint); ok {
+		if n := w.Spec.InterfaceName; !strings.HasPrefix(n, api.WorkloadIfacePrefix) || len(n) == len(api.WorkloadIfacePrefix) {
+			return fmt.Errorf("spec.interfaceName %q is not a workload interface (%s…)", n, api.WorkloadIfacePrefix)
+		}
+	}
+	return nil
 }
 
 // unchanged says whether a new value of a key says nothing new.
@@ -90,6 +112,9 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
 			log.Warn("skipping a record that does not decode", "key", kv.Key, "err", err)
 		}
 		st.bad[kv.Key] = err
+		if strings.HasPrefix(kv.Key, ipam.BlocksPrefix) {
+			return st.putUnreadableBlock(kv)
+		}
 		// What was there is no longer what is stored.
 		return st.del(kv.Key, kv.ModRevision)
 	}
@@ -110,6 +135,46 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
 		u.Old = old.val
 	}
 	return u, true
+}
+
+// putUnreadableBlock keeps a block whose record stopped decoding as it
+// was last seen, or, unseen, as its key and its node's claim say: the
+// pods in it still need their node's blackhole route and advertisement.
+// Only a deletion of the key removes it.
+func (st *state) putUnreadableBlock(kv datastore.KV) (Update, bool) {
+	if old, had := st.items[kv.Key]; had && old.kind == KindBlock {
+		return Update{}, false
+	}
+	cidr, err := ipam.ParseBlockKey(kv.Key)
+	if err != nil {
+		return st.del(kv.Key, kv.ModRevision)
+	}
+	sum := ipam.BlockSummary{CIDR: cidr}
+	for _, node := range slices.Sorted(maps.Keys(st.affinities)) {
+		if af, ok := st.affinities[node][cidr]; ok && af.Confirmed {
+			sum.Affinity = node
+			break
+		}
+	}
+	if old, had := st.items[kv.Key]; had {
+		st.unindex(kv.Key, old)
+	}
+	it := item{kind: KindBlock, val: sum, rev: kv.ModRevision}
+	st.items[kv.Key] = it
+	st.index(kv.Key, it)
+	return Update{Kind: KindBlock, Key: kv.Key, New: sum, Revision: kv.ModRevision}, true
+}
+
+// unreadableBlocks returns the block keys whose record does not decode.
+func (st *state) unreadableBlocks() []string {
+	var out []string
+	for k := range st.bad {
+		if strings.HasPrefix(k, ipam.BlocksPrefix) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // del removes a key and returns the update, if it was in the view.

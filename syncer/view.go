@@ -1,6 +1,7 @@
 package syncer
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -43,6 +44,15 @@ func (s *Syncer) NodeRecordExists(name string) bool {
 	_, ok := s.st.items[key]
 	_, bad := s.st.bad[key]
 	return ok || bad
+}
+
+// UnreadableBlocks returns the keys of the IPAM blocks whose record does
+// not decode, sorted. The view keeps each as it was last seen (or as its
+// key and claim say), so that its node still routes and advertises it.
+func (s *Syncer) UnreadableBlocks() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.unreadableBlocks()
 }
 
 // Pools returns every IPPool, by name.
@@ -150,8 +160,30 @@ func (s *Syncer) BorrowedBy(node string) []ipam.BorrowedAddr {
 	return out
 }
 
+// NodesWithState returns the names of the nodes that hold blocks, block
+// claims, borrowed addresses or workload endpoints, sorted: the
+// candidates of node garbage collection.
+func (s *Syncer) NodesWithState() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	set := map[string]bool{}
+	for n := range s.st.blocksByNode {
+		set[n] = true
+	}
+	for n := range s.st.affinities {
+		set[n] = true
+	}
+	for n := range s.st.borrowedBy {
+		set[n] = true
+	}
+	for n := range s.st.epByNode {
+		set[n] = true
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
 // AffineNodes returns the names of the nodes that hold blocks or block
-// claims, sorted: the candidates of node garbage collection.
+// claims, sorted.
 func (s *Syncer) AffineNodes() []string {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

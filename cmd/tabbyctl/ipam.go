@@ -67,11 +67,12 @@ func (a *app) ipamReleaseCmd() *cobra.Command {
 	var o ctl.IPAMReleaseOptions
 	var grace time.Duration
 	cmd := &cobra.Command{
-		Use:   "release (--ip ADDR... | --from-report FILE)",
+		Use:   "release (--ip ADDR... --handle HANDLE | --ip ADDR... --force | --from-report FILE)",
 		Short: "Release addresses",
-		Long: `Release the named addresses (refused while a workload endpoint uses one, unless
---force), or the leaks of an 'ipam check -o' report that a fresh check still finds
-leaked under the same handle.`,
+		Long: `Release the named addresses if the named handle still holds them (checked in the
+release's own transaction; refused while a workload endpoint uses one), or with
+--force whoever holds them, endpoint or not; or release the leaks of an
+'ipam check -o' report that a fresh check still finds leaked under the same handle.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.connect(cmd.Context())
@@ -85,7 +86,8 @@ leaked under the same handle.`,
 		},
 	}
 	cmd.Flags().StringSliceVar(&o.IPs, "ip", nil, "address to release; repeatable or comma separated")
-	cmd.Flags().BoolVar(&o.Force, "force", false, "release even while a workload endpoint uses the address")
+	cmd.Flags().StringVar(&o.Handle, "handle", "", "the handle that must hold the addresses ('ipam show --ip' prints it)")
+	cmd.Flags().BoolVar(&o.Force, "force", false, "release whoever holds the address, even while a workload endpoint uses it")
 	cmd.Flags().StringVar(&o.FromReport, "from-report", "", "release the leaks of this ipam check report")
 	cmd.Flags().DurationVar(&grace, "leak-grace", 0, "grace of the fresh check --from-report compares with (default: the report's)")
 	return cmd

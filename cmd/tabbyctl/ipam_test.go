@@ -44,6 +44,12 @@ type pod struct {
 	age            time.Duration // of the allocation; 0 = an hour
 }
 
+// handleOf is the handle addPods gives a pod.
+func handleOf(ns, name string) string {
+	sum := sha1.Sum([]byte(ns + "." + name))
+	return "tabby." + fmt.Sprintf("%x", sum[:8])
+}
+
 // addPods assigns addresses (dated an hour before fixedNow, so that they
 // are past the leak grace) and writes the endpoints. It returns each pod's
 // address by name.
@@ -120,6 +126,7 @@ func TestIPAM(t *testing.T) {
 	h.fail("ipam", "check", "-o", report)
 	h.show(report)
 	h.fail("ipam", "release", "--ip", addrs["web-0"].String())
+	h.fail("ipam", "release", "--ip", addrs["web-0"].String(), "--handle", handleOf("shop", "web-0"))
 	h.fail("ipam", "release")
 	h.ok("ipam", "release", "--from-report", report)
 	h.ok("ipam", "release", "--from-report", report) // nothing left to do
@@ -132,7 +139,10 @@ func TestIPAM(t *testing.T) {
 	}
 	h.ok("ipam", "check", "--leak-grace", "2h")
 	h.fail("ipam", "check")
-	h.ok("ipam", "release", "--ip", addrs["api-0"].String()+",10.244.0.250")
+	// The handle is required, and must be the holder's.
+	h.fail("ipam", "release", "--ip", addrs["api-0"].String())
+	h.fail("ipam", "release", "--ip", addrs["api-0"].String(), "--handle", handleOf("shop", "db-0"))
+	h.ok("ipam", "release", "--ip", addrs["api-0"].String()+",10.244.0.250", "--handle", handleOf("default", "api-0"))
 	h.ok("ipam", "release", "--ip", addrs["db-0"].String(), "--force")
 	h.fail("ipam", "check") // db-0's endpoint now uses an unallocated address
 

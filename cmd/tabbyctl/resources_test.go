@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -210,5 +211,31 @@ func TestCompletion(t *testing.T) {
 	out = h.ok("__complete", "get", "ip")
 	if !strings.HasPrefix(out, "ippools\n") {
 		t.Errorf("completing kinds: got %q, want ippools first", out)
+	}
+}
+
+// A pool of /32 blocks is refused at apply with a reason, not accepted and
+// then failing in every node's routing pass.
+func TestApplyRefusesInvalidBlockSizes(t *testing.T) {
+	h := newHarness(t)
+	for _, bs := range []int{32, 19, 33} {
+		f := h.file(fmt.Sprintf("pool-%d.yaml", bs), fmt.Sprintf(`apiVersion: tabby.dev/v1
+kind: IPPool
+metadata:
+  name: p%d
+spec:
+  cidr: 10.244.0.0/16
+  blockSize: %d
+`, bs, bs))
+		err := h.fail("apply", "-f", f)
+		if !strings.Contains(err.Error(), "spec.blockSize") {
+			t.Errorf("blockSize %d: error %v does not name spec.blockSize", bs, err)
+		}
+		if bs == 32 && !strings.Contains(err.Error(), "32 is not supported") {
+			t.Errorf("blockSize 32: error %v does not say why", err)
+		}
+	}
+	if out := h.ok("get", "ippools"); strings.Contains(out, "10.244.0.0/16") {
+		t.Errorf("a refused pool was stored:\n%s", out)
 	}
 }

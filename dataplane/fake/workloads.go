@@ -66,7 +66,9 @@ func (w *Workloads) Setup(ctx context.Context, spec dataplane.WorkloadSpec) (_ d
 	spec = cloneSpec(spec)
 	if old, ok := w.links[spec.HostIfName]; ok {
 		if sameSpec(old.spec, spec) && w.checkLocked(old.spec) == nil {
-			return old.status, nil
+			st := old.status
+			st.Existed = true
+			return st, nil
 		}
 		w.removeLocked(spec.HostIfName)
 	}

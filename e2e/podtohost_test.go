@@ -30,12 +30,12 @@ import socket, sys
 socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close()
 `
 
-// TestW19PodToHost: a pod's connections to its own node meet the
+// TestPodToHost: a pod's connections to its own node meet the
 // endpoint-to-host action (Drop by default, on nftables; Accept, on
 // iptables), the GoBGP API port is unreachable from the pod whatever the
 // action, and the node's own connections to the pod (as kubelet probes)
 // get their replies.
-func TestW19PodToHost(t *testing.T) {
+func TestPodToHost(t *testing.T) {
 	for i, c := range []struct {
 		backend, action string
 		open            bool // the node's other services reachable from the pod
@@ -48,7 +48,7 @@ func TestW19PodToHost(t *testing.T) {
 			if c.action != "" {
 				args = append(args, "--endpoint-to-host-action", c.action)
 			}
-			l := upLab(t, lab.Options{Name: fmt.Sprintf("w19h%d", i+1), Nodes: 1, AgentArgs: args})
+			l := upLab(t, lab.Options{Name: fmt.Sprintf("e2eh%d", i+1), Nodes: 1, AgentArgs: args})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			node := l.State().Nodes[0]

@@ -13,7 +13,7 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// TestW19FirstPacket: new pods each ping a pod on another node as soon as
+// TestFirstPacket: new pods each ping a pod on another node as soon as
 // their ADD returns — the pod added just before them, on the previous
 // node, so that both the way there (the previous pod's block, often just
 // claimed) and the way back (this pod's) are new routes — and every first
@@ -22,8 +22,8 @@ import (
 // agent claimed at start. Round b swaps in a pool of /30 blocks, so that
 // every other pod of a node opens a new block and its ADD waits until the
 // block is advertised.
-func TestW19FirstPacket(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "w19fp", Nodes: 3})
+func TestFirstPacket(t *testing.T) {
+	l := upLab(t, lab.Options{Name: "e2efp", Nodes: 3})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	nodes := []string{"node1", "node2", "node3"}

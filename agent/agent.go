@@ -174,6 +174,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.routes = newRouteOwner(a.cfg.NodeName, a.view, a.deps.Routes, a.log.With("component", "routes"))
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.deps.Routes, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
+	// Learned routes are held until BGP converged only to protect those an
+	// earlier run left in the kernel; with none there, a withdrawal (a
+	// peer lost right after the start) reaches the kernel at once.
+	if learned, err := a.deps.Routes.List(dataplane.RouteProtoBGP); err == nil && len(learned) == 0 {
+		a.bgp.converged = true
+	}
 	if err := a.bgp.start(ctx, bcfg); err != nil {
 		return fmt.Errorf("starting the BGP speaker: %w", err)
 	}

@@ -304,3 +304,17 @@ func peersString(n *testNode) string {
 	}
 	return b.String()
 }
+
+// skipStaleRaceUnderDetector skips a test that takes a graceful-restart
+// session down when the race detector is on: GoBGP v4.8.0 writes a path's
+// stale flag (MarkStale, on the session's goroutine) while its WatchEvent
+// goroutine reads it to convert the path for our best-path watch — a race
+// inside GoBGP that Tabby cannot lock out (fixed upstream in osrg/gobgp PR
+// #3658, in no release yet). make test runs these tests again without
+// -race (scripts/test-tiers.sh), so they still run every time.
+func skipStaleRaceUnderDetector(t *testing.T) {
+	t.Helper()
+	if raceDetector {
+		t.Skip("skipped under -race: GoBGP v4.8.0 races on a path's stale flag when a graceful-restart session goes down (osrg/gobgp PR #3658); runs without -race in make test")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -64,11 +65,12 @@ type speaker struct {
 	startedAt time.Time
 	stopped   bool
 	peers     map[netip.Addr]Peer
-	peersSet  bool                     // SetPeers has been called at least once
-	since     map[netip.Addr]time.Time // last session state change per peer
-	opening   map[netip.Addr]bool      // peers whose last state was OpenSent or OpenConfirm
-	eor       map[netip.Addr]bool      // peers that sent End-of-RIB since Start
-	info      map[netip.Addr]string    // last disconnect reason per peer
+	peersSet  bool                                    // SetPeers has been called at least once
+	since     map[netip.Addr]time.Time                // last session state change per peer
+	opening   map[netip.Addr]bool                     // peers whose last state was OpenSent or OpenConfirm
+	bfdStates map[netip.Addr]gobgpapi.BfdSessionState // as bfdChanged last saw them
+	eor       map[netip.Addr]bool                     // peers that sent End-of-RIB since Start
+	info      map[netip.Addr]string                   // last disconnect reason per peer
 
 	// changed collects the prefixes GoBGP reported in best-path events
 	// since routeLoop last read them; resyncAll asks for a full read.
@@ -370,7 +372,10 @@ func (s *speaker) routeLoop(ctx context.Context) {
 		case <-gate.C:
 		case <-stuck.C:
 			s.resetStuckPeers(ctx)
-			continue
+			if !s.bfdChanged(ctx) {
+				continue
+			}
+			full = true // a BFD session went down or up: see readRIB
 		}
 		s.mu.Lock()
 		changed := s.changed
@@ -511,6 +516,12 @@ func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
 func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[netip.Prefix][]candidate, error) {
 	s.mu.Lock()
 	srv, asn := s.srv, s.cfg.ASN
+	bfdPeers := map[netip.Addr]bool{}
+	for a, p := range s.peers {
+		if p.BFD != nil {
+			bfdPeers[a] = true
+		}
+	}
 	s.mu.Unlock()
 	req := apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC}
 	if only != nil {
@@ -532,12 +543,20 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 		if p.Conf == nil || p.State == nil {
 			return
 		}
+		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
+		if err != nil {
+			return
+		}
 		pfx := p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
-		bfdDown := p.GetBfd().GetEnabled() && p.State.SessionState != gobgpapi.PeerState_SESSION_STATE_ESTABLISHED
+		// GoBGP's answer omits the BFD settings of a session it reset:
+		// our own configuration says whether the peer runs BFD. The BGP
+		// session outlives a dead path by seconds (GoBGP's reset waits on
+		// the dead connection), the BFD session does not.
+		bfdDown := (bfdPeers[a] || p.GetBfd().GetEnabled()) &&
+			(p.State.SessionState != gobgpapi.PeerState_SESSION_STATE_ESTABLISHED ||
+				p.State.GetBfdState().GetSessionState() != gobgpapi.BfdSessionState_BFD_SESSION_STATE_UP)
 		if pfx || bfdDown {
-			if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
-				limited[a] = true
-			}
+			limited[a] = true
 		}
 	}); err != nil {
 		return nil, fmt.Errorf("listing BGP peers: %w", err)
@@ -634,4 +653,38 @@ func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{h.Handler.WithGroup(name), h.min, h.mute}
+}
+
+// bfdChanged reports whether a BFD session changed state since the last
+// call. Only speakers with BFD peers ask GoBGP (once a second, from the
+// route loop); the others return at once.
+func (s *speaker) bfdChanged(ctx context.Context) bool {
+	s.mu.Lock()
+	srv, any := s.srv, false
+	for _, p := range s.peers {
+		if p.BFD != nil {
+			any = true
+			break
+		}
+	}
+	s.mu.Unlock()
+	if srv == nil || !any {
+		return false
+	}
+	now := map[netip.Addr]gobgpapi.BfdSessionState{}
+	if err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+		if p.Conf == nil || p.State == nil {
+			return
+		}
+		if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
+			now[a] = p.State.GetBfdState().GetSessionState()
+		}
+	}); err != nil {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := !maps.Equal(now, s.bfdStates)
+	s.bfdStates = now
+	return changed
 }

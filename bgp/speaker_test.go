@@ -134,6 +134,9 @@ func TestStop(t *testing.T) {
 		graceful bool
 	}{{"graceful", 4, true}, {"hard", 5, false}} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.graceful {
+				skipStaleRaceUnderDetector(t)
+			}
 			c := newCluster(t, tc.net, 2, nil)
 			c.configure(t, nil, nil)
 			c.advertiseBlocks(t)
@@ -262,6 +265,7 @@ func waitSessionDown(t *testing.T, n *testNode, deadline time.Time) {
 // LocalRestarting; its peer routes its block throughout. Stopped for good,
 // the block goes once the announced restart time has passed.
 func TestGracefulRestart(t *testing.T) {
+	skipStaleRaceUnderDetector(t)
 	c := newCluster(t, 9, 2, nil)
 	c.configure(t, nil, nil)
 	c.advertiseBlocks(t)

@@ -231,8 +231,13 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		t.Logf("failover: node %s removed 198.19.77.0/24 after %v (0: not within 20 s)", n1.Name, gone)
-		if gone == 0 || gone > 3*time.Second {
-			t.Errorf("node %s kept the ToR's route %v after the link loss, want it gone within 3 s (BFD detects in about 1 s)", n1.Name, gone)
+		// GoBGP v4.8.0 finishes resetting the BFD-failed session only
+		// about 5 s after the loss (docs/bgp.md); the hold time alone
+		// would take up to 9 s.
+		if gone == 0 || gone > 8*time.Second {
+			routes, _ := l.Exec(ctx, n1.Name, "ip", "-4", "route", "show", "proto", "81")
+			_, status, _ := l.AgentGet(ctx, n1.Name, "/status")
+			t.Errorf("node %s kept the ToR's route %v after the link loss, want it gone before the 9 s hold time\nroutes:\n%s\nstatus: %s", n1.Name, gone, routes, status)
 		}
 	})
 }

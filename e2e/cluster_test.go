@@ -148,7 +148,7 @@ func testEtcdOutage(t *testing.T, l *lab.Lab) {
 		t.Errorf("existing pod traffic lost %d of %d pings during the etcd outage", sent-recv, sent)
 	}
 	// Everything recovers without a manual step: a new pod works.
-	var p *lab.Pod
+	var p *lab.PodState
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		p, err = l.AddPod(ctx, "node1", "n1back", lab.PodOptions{})

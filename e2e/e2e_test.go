@@ -112,7 +112,7 @@ func pingMatrix(t *testing.T, l *lab.Lab) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// A pod whose ADD failed, and the DEL after it, has no address.
-	var pods []lab.Pod
+	var pods []lab.PodState
 	for _, p := range l.State().Pods {
 		if len(p.IPs) > 0 {
 			pods = append(pods, p)

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/installcni"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
 )
@@ -41,24 +42,33 @@ func pluginDir(name string) string {
 
 // writeConflist writes the node's CNI network configuration.
 func (l *Lab) writeConflist(node string) error {
-	plugins := []map[string]any{{"type": "tabby", "agent_socket": l.cniSocket(node), "mtu": 1500}}
-	if pluginDir("portmap") != "" {
-		plugins = append(plugins, map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}, "snat": true})
+	// Rendered the way tabby-agent install-cni renders a node's: the same
+	// template, unless this host lacks the portmap plugin it chains.
+	tmpl := installcni.DefaultTemplate
+	if pluginDir("portmap") == "" {
+		tmpl = tabbyOnlyTemplate
 	}
-	conf := map[string]any{"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": plugins}
-	b, err := json.MarshalIndent(conf, "", "  ")
+	b, _, err := installcni.Render(tmpl, 1500, l.cniSocket(node))
 	if err != nil {
-		return fmt.Errorf("encoding CNI configuration: %w", err)
+		return fmt.Errorf("writing CNI configuration: %w", err)
 	}
 	path := l.conflistPath(node)
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("writing CNI configuration: %w", err)
 	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(path, b, 0o644); err != nil {
 		return fmt.Errorf("writing CNI configuration: %w", err)
 	}
 	return nil
 }
+
+// tabbyOnlyTemplate is installcni.DefaultTemplate without portmap.
+const tabbyOnlyTemplate = `{
+  "name": "k8s-pod-network",
+  "cniVersion": "1.0.0",
+  "plugins": [{"type": "tabby", "agent_socket": "` + installcni.PlaceholderAgentSocket + `", "mtu": ` + installcni.PlaceholderMTU + `}]
+}
+`
 
 // agentArgv is the agent's command line for a node.
 func (l *Lab) agentArgv(st *State, n *NodeState) []string {

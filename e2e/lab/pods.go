@@ -20,9 +20,6 @@ type PodOptions struct {
 	Labels    map[string]string // passed to the plugin as args.cni.labels
 }
 
-// Pod is a pod the lab made.
-type Pod = PodState
-
 // podIfName is the pod's interface, as Kubernetes runtimes name it.
 const podIfName = "eth0"
 
@@ -30,7 +27,7 @@ const podIfName = "eth0"
 // node's CNI chain ADD for it, the way a runtime does: inside the node's
 // network namespace, through libcni (a `tabby-lab cni add` helper process).
 // On failure it runs DEL and deletes the namespace.
-func (l *Lab) AddPod(ctx context.Context, node, name string, o PodOptions) (_ *Pod, err error) {
+func (l *Lab) AddPod(ctx context.Context, node, name string, o PodOptions) (_ *PodState, err error) {
 	if !podNameRE.MatchString(name) {
 		return nil, fmt.Errorf("pod name %q: want 1-31 characters [a-z0-9-]", name)
 	}

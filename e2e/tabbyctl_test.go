@@ -84,7 +84,7 @@ func testTabbyctl(t *testing.T, l *lab.Lab) {
 	if err == nil || !strings.Contains(out, asg.Addr.String()) {
 		t.Errorf("ipam check did not report the leaked %s (err %v):\n%s", asg.Addr, err, out)
 	}
-	if out, err := tabbyctl(t, l, "ipam", "release", "--ip", asg.Addr.String()); err != nil {
+	if out, err := tabbyctl(t, l, "ipam", "release", "--ip", asg.Addr.String(), "--handle", "e2e-leak"); err != nil {
 		t.Errorf("ipam release: %v\n%s", err, out)
 	}
 	if out, err := tabbyctl(t, l, "ipam", "check", "--leak-grace", "0s"); err != nil {

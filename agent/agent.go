@@ -187,7 +187,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.gc = newNodeGC(a.view, a.store, a.ipam, a.log.With("component", "nodegc"))
 	if a.deps.Firewall != nil {
 		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
-		a.policy.toHost, a.policy.protected = a.cfg.EndpointToHostAction, a.cfg.hostProtectedPorts()
+		a.policy.toHost, a.policy.protected = a.cfg.EndpointToHostAction, a.cfg.HostProtectedPorts()
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}

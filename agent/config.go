@@ -48,10 +48,10 @@ type Config struct {
 	EndpointToHostAction string
 }
 
-// hostProtectedPorts are the node's ports no pod may reach: every etcd
+// HostProtectedPorts are the node's ports no pod may reach: every etcd
 // endpoint's port (2379 when an http(s) endpoint names none) and the GoBGP
 // API's.
-func (c *Config) hostProtectedPorts() []policy.HostPort {
+func (c *Config) HostProtectedPorts() []policy.HostPort {
 	var out []policy.HostPort
 	for _, ep := range c.Etcd.Endpoints {
 		u, err := url.Parse(ep)

@@ -51,7 +51,7 @@ func TestHostProtectedPorts(t *testing.T) {
 	c := Default()
 	c.Etcd.Endpoints = []string{"https://10.0.0.1:2379", "http://etcd-2", "https://etcd-3:12379", "unix:///run/etcd.sock"}
 	c.GoBGPAPI = "127.0.0.1:50051"
-	got := c.hostProtectedPorts()
+	got := c.HostProtectedPorts()
 	want := []policy.HostPort{{Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 12379}, {Proto: "tcp", Port: 50051}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("hostProtectedPorts (-want +got):\n%s", diff)

@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/agent"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/policy"
 )
@@ -349,7 +351,10 @@ func waitPolicyConverged(ctx context.Context, t *testing.T, l *lab.Lab) {
 }
 
 func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
-	in := policy.Input{}
+	// The ports the lab's agents protect from their pods, as they work
+	// them out from their configuration.
+	acfg := agent.Config{Etcd: datastore.Config{Endpoints: l.State().EtcdEndpoints()}}
+	in := policy.Input{HostProtectedPorts: acfg.HostProtectedPorts()}
 	store := l.Store()
 	list := func(kind string, add func(api.Object)) error {
 		objs, _, err := store.List(ctx, kind, "")

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -242,53 +239,9 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 	})
 }
 
-// startBIRDFilters runs BIRD with birdFiltersConf in the lab's ToR namespace until
-// the test ends.
+// startBIRDFilters runs BIRD with birdFiltersConf in the lab's ToR
+// namespace until the test ends.
 func startBIRDFilters(t *testing.T, l *lab.Lab, n1, n2 lab.NodeState) *bird {
 	t.Helper()
-	dir := t.TempDir()
-	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
-	conf := filepath.Join(dir, "bird.conf")
-	text := fmt.Sprintf(birdFiltersConf, n1.Name, n1.IP.Addr(), n2.Name, n2.IP.Addr())
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(b.log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("nsenter", "--net="+netnsPath(t, l, "tor"), "--", "bird", "-f", "-c", conf, "-s", b.ctl)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		_ = logf.Close()
-		t.Fatalf("starting bird: %v", err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		_ = logf.Close()
-		if t.Failed() {
-			if out, err := os.ReadFile(b.log); err == nil {
-				t.Logf("bird log:\n%s", out)
-			}
-		}
-	})
-	waitFor(t, 20*time.Second, "bird to answer on its control socket", func() error {
-		select {
-		case err := <-exited:
-			exited <- err
-			return fmt.Errorf("bird exited (%v); config:\n%s", err, text)
-		default:
-		}
-		_, err := b.c(context.Background(), "show", "status")
-		return err
-	})
-	return b
+	return runBIRD(t, l, fmt.Sprintf(birdFiltersConf, n1.Name, n1.IP.Addr(), n2.Name, n2.IP.Addr()))
 }

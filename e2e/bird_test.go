@@ -90,9 +90,6 @@ func startBIRD(t *testing.T, l *lab.Lab) *bird {
 	for _, n := range l.State().Nodes {
 		nodes = append(nodes, birdNode{Name: n.Name, Addr: n.IP.Addr().String()})
 	}
-	dir := t.TempDir()
-	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
-	conf := filepath.Join(dir, "bird.conf")
 	var sb strings.Builder
 	err := birdConf.Execute(&sb, map[string]any{
 		"RouterID": torAddr, "ASN": torASN, "Prefix": torPrefix,
@@ -101,7 +98,17 @@ func startBIRD(t *testing.T, l *lab.Lab) *bird {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(conf, []byte(sb.String()), 0o644); err != nil {
+	return runBIRD(t, l, sb.String())
+}
+
+// runBIRD runs BIRD with the configuration text in the lab's ToR namespace
+// until the test ends, and returns once its control socket answers.
+func runBIRD(t *testing.T, l *lab.Lab, text string) *bird {
+	t.Helper()
+	dir := t.TempDir()
+	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
+	conf := filepath.Join(dir, "bird.conf")
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	logf, err := os.Create(b.log)
@@ -139,7 +146,7 @@ func startBIRD(t *testing.T, l *lab.Lab) *bird {
 		select {
 		case err := <-exited:
 			exited <- err
-			return fmt.Errorf("bird exited (%v); config:\n%s", err, sb.String())
+			return fmt.Errorf("bird exited (%v); config:\n%s", err, text)
 		default:
 		}
 		_, err := b.c(context.Background(), "show", "status")

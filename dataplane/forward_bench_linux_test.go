@@ -25,7 +25,9 @@ import (
 // two pods alone and for the two among 500 local endpoints (scaleInput's
 // 100 NetworkPolicies and global policy, plus one admitting the client to
 // the server), applied by each backend in turn. Per backend the two sizes
-// alternate, five rounds, and each round measures for a second:
+// alternate (2, 500, 500, 2, …), five rounds, each test measuring for a
+// second; after each apply a SYN to a port the policy does not admit must
+// be dropped. The tests:
 //
 //	stream  bulk throughput (64 KiB writes), MB/s
 //	rr      1-byte request and response on one connection, round trips/s

@@ -31,10 +31,15 @@ import (
 //
 // Tabby runs in three configurations: without a firewall ("tabby"), with
 // the nftables firewall of its node namespace enforcing policy as deployed
-// but no policy selecting the pods ("tabby-nft"), and with a
-// GlobalNetworkPolicy and a NetworkPolicy selecting every pod, so that each
-// ADD also writes the pod's policy chains and set members
-// ("tabby-nft-policy"). For Tabby it also reports where an ADD's time goes
+// but no policy selecting the pods ("nft"), and with a GlobalNetworkPolicy
+// and a NetworkPolicy selecting every pod, so that each ADD also writes the
+// pod's policy chains and set members ("nft-policy"); the reference is
+// "ref". Every iteration adds and deletes one pod with each configuration
+// in turn (the order rotating), so that all meet the same load. Metrics
+// are prefixed with the configuration; add-p50/ref and add-p99/ref are the
+// ratios to the reference, reap-p99-ms the 99th percentile of the time
+// between the plugin process closing its stdout (exiting) and being
+// reaped. For Tabby it also reports where an ADD's time goes
 // (medians): before-ms from the call until the agent starts the request
 // (libcni, exec of the plugin, its connection), ipam-ms, wire-ms from the
 // address until the agent answers (the longer of the veth work and the
@@ -47,41 +52,54 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 	if _, err := os.Stat("/usr/lib/cni/ptp"); err != nil {
 		b.Skip("reference plugins not installed (Debian package containernetworking-plugins)")
 	}
+	var cases []*addDelCase
 	for _, c := range []struct {
 		name     string
 		firewall bool
 		policy   bool
-	}{{"tabby", false, false}, {"tabby-nft", true, false}, {"tabby-nft-policy", true, true}} {
-		b.Run(c.name, func(b *testing.B) {
-			steps := &stepLog{}
-			e := newNodeEnvWith(b, nodeEnvOptions{firewall: c.firewall, log: slog.New(steps), resync: Default().ResyncInterval})
-			e.setFault(steps.fault)
-			if c.policy {
-				createPolicies(b, e)
-			}
-			list := e.conflistChain(b, "1.0.0", false)
-			benchAddDel(b, e.nodePath, newTimedExec(e.binDir), list, steps)
-		})
+	}{{"tabby", false, false}, {"nft", true, false}, {"nft-policy", true, true}} {
+		steps := &stepLog{}
+		e := newNodeEnvWith(b, nodeEnvOptions{firewall: c.firewall, log: slog.New(steps), resync: Default().ResyncInterval})
+		e.setFault(steps.fault)
+		if c.policy {
+			createPolicies(b, e)
+		}
+		cases = append(cases, newAddDelCase(b, c.name, e.nodePath, newTimedExec(e.binDir), e.conflistChain(b, "1.0.0", false), steps))
 	}
-	b.Run("ptp+host-local", func(b *testing.B) {
-		_, nodePath := newNetNS(b, "tabby-bref")
-		conf, err := json.Marshal(map[string]any{
-			"cniVersion": "1.0.0", "name": "ref",
-			"plugins": []map[string]any{{
-				"type": "ptp", "mtu": 1500,
-				"ipam": map[string]any{"type": "host-local", "subnet": "10.244.200.0/24", "dataDir": b.TempDir(),
-					"routes": []map[string]string{{"dst": "0.0.0.0/0"}}},
-			}},
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		list, err := libcni.ConfListFromBytes(conf)
-		if err != nil {
-			b.Fatal(err)
-		}
-		benchAddDel(b, nodePath, newTimedExec("/usr/lib/cni"), list, nil)
+	_, nodePath := newNetNS(b, "tabby-bref")
+	conf, err := json.Marshal(map[string]any{
+		"cniVersion": "1.0.0", "name": "ref",
+		"plugins": []map[string]any{{
+			"type": "ptp", "mtu": 1500,
+			"ipam": map[string]any{"type": "host-local", "subnet": "10.244.200.0/24", "dataDir": b.TempDir(),
+				"routes": []map[string]string{{"dst": "0.0.0.0/0"}}},
+		}},
 	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	list, err := libcni.ConfListFromBytes(conf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ref := newAddDelCase(b, "ref", nodePath, newTimedExec("/usr/lib/cni"), list, nil)
+	cases = append(cases, ref)
+
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range cases {
+			// Each configuration in turn, the order rotating, so that
+			// they meet the machine's changing load alike.
+			if err := cases[(i+k)%len(cases)].addDel(ctx, b, i); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	for _, c := range cases {
+		c.report(b, ref)
+	}
 }
 
 // createPolicies makes every benchmark pod (namespace default) selected by
@@ -186,68 +204,85 @@ func (s *stepLog) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
-// benchAddDel adds and deletes b.N pods, one at a time, from inside
-// nodePath. steps, for Tabby, splits each ADD's time.
-func benchAddDel(b *testing.B, nodePath string, x *timedExec, list *libcni.NetworkConfigList, steps *stepLog) {
-	cfg := libcni.NewCNIConfigWithCacheDir(x.path, b.TempDir(), x)
-	ctx := context.Background()
-	pods := make([]string, b.N)
-	for i := range b.N {
-		_, pods[i] = newNetNS(b, "tabby-bp")
+// addDelCase is one plugin configuration of BenchmarkPrivilegedCNIAddDel
+// and what its ADDs and DELs took.
+type addDelCase struct {
+	name     string
+	nodePath string
+	x        *timedExec
+	cfg      *libcni.CNIConfig
+	list     *libcni.NetworkConfigList
+	steps    *stepLog // nil for the reference
+	pods     []string
+
+	adds, dels, reaps                      []time.Duration
+	before, ipam, wire, after, veth, write []time.Duration
+}
+
+func newAddDelCase(b *testing.B, name, nodePath string, x *timedExec, list *libcni.NetworkConfigList, steps *stepLog) *addDelCase {
+	c := &addDelCase{name: name, nodePath: nodePath, x: x, list: list, steps: steps,
+		cfg: libcni.NewCNIConfigWithCacheDir(x.path, b.TempDir(), x)}
+	for range b.N {
+		_, pod := newNetNS(b, "tabby-bp")
+		c.pods = append(c.pods, pod)
 	}
-	adds := make([]time.Duration, 0, b.N)
-	dels := make([]time.Duration, 0, b.N)
-	var before, ipam, wire, after, setup, put, reaps []time.Duration
-	b.ResetTimer()
-	err := ns.WithNetNSPath(nodePath, func(ns.NetNS) error {
-		for i := range b.N {
-			rt := podRT(fmt.Sprintf("bench-%d", i), pods[i], fmt.Sprintf("bench-%d", i))
-			start := time.Now()
-			if _, err := cfg.AddNetworkList(ctx, list, rt); err != nil {
-				return fmt.Errorf("ADD %d: %w", i, err)
-			}
-			end := time.Now()
-			adds = append(adds, end.Sub(start))
-			x.mu.Lock()
-			reaps = append(reaps, x.reaped.Sub(x.eof))
-			x.mu.Unlock()
-			if steps != nil {
-				if r, ok := steps.take(); ok {
-					before = append(before, r.began().Sub(start))
-					ipam = append(ipam, r.ipam)
-					wire = append(wire, r.at.Sub(r.assigned))
-					after = append(after, end.Sub(r.at))
-					setup = append(setup, r.dataplane)
-					put = append(put, r.endpoint)
-					if os.Getenv("TABBY_BENCH_SLOW") != "" && end.Sub(start) > 25*time.Millisecond {
-						b.Log(r.explain(i, start, end, x))
-					}
+	return c
+}
+
+// addDel adds and deletes pod i from a thread inside the node namespace.
+func (c *addDelCase) addDel(ctx context.Context, b *testing.B, i int) error {
+	return ns.WithNetNSPath(c.nodePath, func(ns.NetNS) error {
+		rt := podRT(fmt.Sprintf("bench-%d", i), c.pods[i], fmt.Sprintf("bench-%d", i))
+		start := time.Now()
+		if _, err := c.cfg.AddNetworkList(ctx, c.list, rt); err != nil {
+			return fmt.Errorf("%s: ADD %d: %w", c.name, i, err)
+		}
+		end := time.Now()
+		c.adds = append(c.adds, end.Sub(start))
+		c.x.mu.Lock()
+		c.reaps = append(c.reaps, c.x.reaped.Sub(c.x.eof))
+		c.x.mu.Unlock()
+		if c.steps != nil {
+			if r, ok := c.steps.take(); ok {
+				c.before = append(c.before, r.began().Sub(start))
+				c.ipam = append(c.ipam, r.ipam)
+				c.wire = append(c.wire, r.at.Sub(r.assigned))
+				c.after = append(c.after, end.Sub(r.at))
+				c.veth = append(c.veth, r.dataplane)
+				c.write = append(c.write, r.endpoint)
+				if os.Getenv("TABBY_BENCH_SLOW") != "" && end.Sub(start) > 25*time.Millisecond {
+					b.Log(c.name, r.explain(i, start, end, c.x))
 				}
 			}
-			start = time.Now()
-			if err := cfg.DelNetworkList(ctx, list, rt); err != nil {
-				return fmt.Errorf("DEL %d: %w", i, err)
-			}
-			dels = append(dels, time.Since(start))
 		}
+		start = time.Now()
+		if err := c.cfg.DelNetworkList(ctx, c.list, rt); err != nil {
+			return fmt.Errorf("%s: DEL %d: %w", c.name, i, err)
+		}
+		c.dels = append(c.dels, time.Since(start))
 		return nil
 	})
-	b.StopTimer()
-	if err != nil {
-		b.Fatal(err)
+}
+
+func (c *addDelCase) report(b *testing.B, ref *addDelCase) {
+	metric := func(v float64, unit string) { b.ReportMetric(v, c.name+"-"+unit) }
+	metric(ms(quantile(c.adds, 0.5)), "add-p50-ms")
+	metric(ms(quantile(c.adds, 0.99)), "add-p99-ms")
+	metric(ms(quantile(c.dels, 0.5)), "del-p50-ms")
+	metric(ms(quantile(c.dels, 0.99)), "del-p99-ms")
+	metric(ms(quantile(c.reaps, 0.99)), "reap-p99-ms")
+	if c == ref {
+		return
 	}
-	b.ReportMetric(ms(quantile(adds, 0.5)), "add-p50-ms")
-	b.ReportMetric(ms(quantile(adds, 0.99)), "add-p99-ms")
-	b.ReportMetric(ms(quantile(dels, 0.5)), "del-p50-ms")
-	b.ReportMetric(ms(quantile(dels, 0.99)), "del-p99-ms")
-	b.ReportMetric(ms(quantile(reaps, 0.99)), "reap-p99-ms")
-	if len(before) > 0 {
-		b.ReportMetric(ms(quantile(before, 0.5)), "before-ms")
-		b.ReportMetric(ms(quantile(ipam, 0.5)), "ipam-ms")
-		b.ReportMetric(ms(quantile(wire, 0.5)), "wire-ms")
-		b.ReportMetric(ms(quantile(after, 0.5)), "after-ms")
-		b.ReportMetric(ms(quantile(setup, 0.5)), "veth-ms")
-		b.ReportMetric(ms(quantile(put, 0.5)), "put-ms")
+	metric(ms(quantile(c.adds, 0.5))/ms(quantile(ref.adds, 0.5)), "add-p50/ref")
+	metric(ms(quantile(c.adds, 0.99))/ms(quantile(ref.adds, 0.99)), "add-p99/ref")
+	if len(c.before) > 0 {
+		metric(ms(quantile(c.before, 0.5)), "before-ms")
+		metric(ms(quantile(c.ipam, 0.5)), "ipam-ms")
+		metric(ms(quantile(c.wire, 0.5)), "wire-ms")
+		metric(ms(quantile(c.after, 0.5)), "after-ms")
+		metric(ms(quantile(c.veth, 0.5)), "veth-ms")
+		metric(ms(quantile(c.write, 0.5)), "put-ms")
 	}
 }
 

@@ -91,7 +91,23 @@ func buildPlugin(t testing.TB) string {
 	return dir
 }
 
+// nodeEnvOptions vary newNodeEnvWith's agent.
+type nodeEnvOptions struct {
+	// firewall gives the agent the nftables firewall of its node
+	// namespace, so that it enforces policy as deployed.
+	firewall bool
+	// log, when set, gets the agent's log instead of testLogger's.
+	log *slog.Logger
+	// resync, when set, replaces the tests' short resync interval (2 s).
+	resync time.Duration
+}
+
 func newNodeEnv(t testing.TB) *nodeEnv {
+	t.Helper()
+	return newNodeEnvWith(t, nodeEnvOptions{})
+}
+
+func newNodeEnvWith(t testing.TB, opts nodeEnvOptions) *nodeEnv {
 	t.Helper()
 	requireRoot(t)
 	e := &nodeEnv{}
@@ -128,11 +144,27 @@ func newNodeEnv(t testing.TB) *nodeEnv {
 	cfg.HTTPListen = ""
 	cfg.DefaultPoolCIDR = "10.244.0.0/16"
 	cfg.ResyncInterval = 2 * time.Second
+	if opts.resync != 0 {
+		cfg.ResyncInterval = opts.resync
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e.agent = New(cfg, testLogger(), Deps{
-		Workloads: wl, Routes: routes, Speaker: newFakeSpeaker(),
+	var fw dataplane.Firewall
+	if opts.firewall {
+		if fw, err = dataplane.NewFirewall(dataplane.FirewallConfig{NetNS: e.nodePath, Firewall: dataplane.FirewallNFTables}); err != nil {
+			t.Fatal(err)
+		}
+		if c, ok := fw.(io.Closer); ok {
+			t.Cleanup(func() { _ = c.Close() }) // the namespace, and the table with it, goes anyway
+		}
+	}
+	log := opts.log
+	if log == nil {
+		log = testLogger()
+	}
+	e.agent = New(cfg, log, Deps{
+		Workloads: wl, Routes: routes, Speaker: newFakeSpeaker(), Firewall: fw,
 		CNIFault: func(step string) error {
 			e.faultMu.Lock()
 			defer e.faultMu.Unlock()

@@ -13,7 +13,10 @@ import (
 
 // The container side of a workload: its interface, addresses and routes.
 
-func (c *workloadCall) ensureContainerLink(cont netlink.Link) error {
+// ensureContainerLink converges the container end. On a pair this call
+// created (fresh) there is nothing to list: the new link has no IPv4
+// address and no route of its own yet.
+func (c *workloadCall) ensureContainerLink(cont netlink.Link, fresh bool) error {
 	spec := c.spec
 	var mac net.HardwareAddr
 	if spec.MAC != "" {
@@ -22,7 +25,7 @@ func (c *workloadCall) ensureContainerLink(cont netlink.Link) error {
 	if err := ensureLinkAttrs(c.cont, cont, spec.EffectiveMTU(), mac); err != nil {
 		return err
 	}
-	if err := c.ensureAddrs(cont); err != nil {
+	if err := c.ensureAddrs(cont, fresh); err != nil {
 		return err
 	}
 	if err := ensureUp(c.cont, cont); err != nil {
@@ -35,18 +38,18 @@ func (c *workloadCall) ensureContainerLink(cont netlink.Link) error {
 	if err := ensureUp(c.cont, lo); err != nil {
 		return err
 	}
-	// Re-read the link: routes need it up.
-	if cont, err = c.cont.LinkByIndex(cont.Attrs().Index); err != nil {
-		return fmt.Errorf("looking up %s: %w", spec.IfName, err)
-	}
-	return c.ensureContainerRoutes(cont)
+	// The routes need the link up (it is now) and only its index.
+	return c.ensureContainerRoutes(cont, fresh)
 }
 
 // ensureAddrs makes the IPv4 addresses of cont exactly spec.Addrs.
-func (c *workloadCall) ensureAddrs(cont netlink.Link) error {
-	have, err := retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_V4) })
-	if err != nil {
-		return fmt.Errorf("listing addresses: %w", err)
+func (c *workloadCall) ensureAddrs(cont netlink.Link, fresh bool) error {
+	var have []netlink.Addr
+	if !fresh {
+		var err error
+		if have, err = retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_V4) }); err != nil {
+			return fmt.Errorf("listing addresses: %w", err)
+		}
 	}
 	haveSet := map[netip.Prefix]bool{}
 	for _, a := range have {
@@ -106,10 +109,13 @@ func (c *workloadCall) missingContainerRoutes(cont netlink.Link) ([]*netlink.Rou
 	return missing, nil
 }
 
-func (c *workloadCall) ensureContainerRoutes(cont netlink.Link) error {
-	missing, err := c.missingContainerRoutes(cont)
-	if err != nil {
-		return err
+func (c *workloadCall) ensureContainerRoutes(cont netlink.Link, fresh bool) error {
+	missing := containerRoutes(cont.Attrs().Index)
+	if !fresh {
+		var err error
+		if missing, err = c.missingContainerRoutes(cont); err != nil {
+			return err
+		}
 	}
 	for _, r := range missing {
 		if err := c.cont.RouteReplace(r); err != nil {

@@ -88,6 +88,37 @@ func listRoutes(h *netlink.Handle, proto int) ([]Route, error) {
 	return out, nil
 }
 
+// listRoutesVia returns the main table's routes with protocol proto whose
+// device is the link ifindex (named name), asking the kernel to filter the
+// dump (NETLINK_GET_STRICT_CHK) and filtering again here in case it did not.
+func listRoutesVia(h *netlink.Handle, proto, ifindex int, name string) ([]Route, error) {
+	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: netlink.RouteProtocol(proto), LinkIndex: ifindex}
+	mask := uint64(netlink.RT_FILTER_TABLE | netlink.RT_FILTER_PROTOCOL | netlink.RT_FILTER_OIF)
+	strict := h.SetStrictCheck(true) == nil
+	nrs, err := retryDump(func() ([]netlink.Route, error) { return h.RouteListFiltered(netlink.FAMILY_V4, filter, mask) })
+	if strict {
+		if serr := h.SetStrictCheck(false); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing routes with protocol %d via %s: %w", proto, name, err)
+	}
+	names := map[int]string{ifindex: name}
+	var out []Route
+	for _, nr := range nrs {
+		rt, ok, err := fromNetlink(h, nr, names)
+		if err != nil {
+			return nil, err
+		}
+		if ok && rt.Dev == name {
+			out = append(out, rt)
+		}
+	}
+	slices.SortFunc(out, CompareRoutes)
+	return out, nil
+}
+
 // fromNetlink converts a kernel route; ok is false for route types Route
 // cannot express.
 func fromNetlink(h *netlink.Handle, nr netlink.Route, names map[int]string) (_ Route, ok bool, _ error) {

@@ -51,12 +51,20 @@ func EnsureNodeSysctls(netnsPath string) error {
 // /proc/sys/net shows the namespace of the thread that opens it, so the
 // files are opened on a thread moved into nsh.
 func ensureSysctls(nsh netns.NsHandle, settings []sysctl) error {
+	return setSysctls(nsh, settings, true)
+}
+
+// setSysctls writes the settings inside the namespace nsh; with compare,
+// only those that differ (a new interface's are all still the defaults,
+// so reading them first is wasted).
+func setSysctls(nsh netns.NsHandle, settings []sysctl, compare bool) error {
 	return withNetNS(nsh, func() error {
 		var errs []error
 		for _, s := range settings {
-			got, err := readSysctl(s.Path)
-			if err == nil && got == s.Value {
-				continue
+			if compare {
+				if got, err := readSysctl(s.Path); err == nil && got == s.Value {
+					continue
+				}
 			}
 			if err := writeSysctl(s.Path, s.Value); err != nil {
 				errs = append(errs, err)

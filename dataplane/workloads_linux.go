@@ -18,8 +18,9 @@ import (
 // call opens its own netlink sockets, so calls for different workloads may
 // run concurrently.
 type NetlinkWorkloads struct {
-	mu     sync.Mutex
-	nodeNS netns.NsHandle
+	mu      sync.Mutex
+	nodeNS  netns.NsHandle
+	devconf *devconfSocket // nil: the host interface's settings go through /proc/sys
 }
 
 var _ Workloads = (*NetlinkWorkloads)(nil)
@@ -32,7 +33,12 @@ func NewWorkloads(nodeNetNSPath string) (*NetlinkWorkloads, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &NetlinkWorkloads{nodeNS: nsh}, nil
+	w := &NetlinkWorkloads{nodeNS: nsh}
+	if w.devconf, err = newDevconfSocket(nsh); err != nil {
+		nsh.Close()
+		return nil, err
+	}
+	return w, nil
 }
 
 // Close releases the node namespace handle.
@@ -44,6 +50,10 @@ func (w *NetlinkWorkloads) Close() error {
 	}
 	err := w.nodeNS.Close()
 	w.nodeNS = netns.None()
+	if w.devconf != nil {
+		w.devconf.close()
+		w.devconf = nil
+	}
 	return err
 }
 
@@ -79,12 +89,16 @@ type workloadCall struct {
 	node   *netlink.Handle
 	contNS netns.NsHandle
 	cont   *netlink.Handle
+	conf   *devconfSocket
 }
 
 // open opens the node and (if it exists) container namespaces. contGone
 // reports a container namespace that does not exist (any more).
 func (w *NetlinkWorkloads) open(spec WorkloadSpec) (c *workloadCall, contGone bool, err error) {
 	c = &workloadCall{spec: spec, nodeNS: netns.None(), contNS: netns.None()}
+	w.mu.Lock()
+	c.conf = w.devconf
+	w.mu.Unlock()
 	defer func() {
 		if err != nil {
 			c.close()
@@ -211,14 +225,14 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 		what string
 		do   func() error
 	}{
-		{"configuring host interface", func() error { return c.ensureHostLink(host) }},
-		{"configuring container interface", func() error { return c.ensureContainerLink(cont) }},
+		{"configuring host interface", func() error { return c.ensureHostLink(host, !existed) }},
+		{"configuring container interface", func() error { return c.ensureContainerLink(cont, !existed) }},
 	}
 	if !spec.SkipHostRoutes {
 		steps = append(steps, struct {
 			what string
 			do   func() error
-		}{"adding host routes", func() error { return c.ensureHostRoutes(existed, &undo) }})
+		}{"adding host routes", func() error { return c.ensureHostRoutes(host, existed, &undo) }})
 	}
 	for _, st := range steps {
 		if err := ctx.Err(); err != nil {
@@ -228,16 +242,16 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 			return WorkloadStatus{}, fmt.Errorf("setting up %s: %s: %w", spec.HostIfName, st.what, err)
 		}
 	}
-	st, err := c.status()
-	if err != nil {
-		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
-	}
+	st := c.status(host, cont)
 	st.Existed = existed
 	return st, nil
 }
 
 // ensurePair returns the host and container ends of the workload's veth,
-// creating the pair if needed; existed says it was there already.
+// creating the pair if needed; existed says it was there already. A new
+// pair is made with the host end up and is not read back: LinkAdd looks up
+// the new host end's index itself, and the container end is read once (its
+// index, and its MAC when the kernel chose it).
 func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link, existed bool, err error) {
 	spec := c.spec
 	if host, err = linkByName(c.node, spec.HostIfName); err != nil {
@@ -270,6 +284,7 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 	attrs.Name = spec.HostIfName
 	attrs.MTU = spec.EffectiveMTU()
 	attrs.HardwareAddr = hostHWAddr
+	attrs.Flags = net.FlagUp // one request less; the container end is not configured yet, so nothing flows
 	veth := &netlink.Veth{
 		LinkAttrs:     attrs,
 		PeerName:      spec.IfName,
@@ -293,13 +308,13 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 		}
 		return nil
 	})
-	if host, err = c.node.LinkByName(spec.HostIfName); err != nil {
-		return nil, nil, false, fmt.Errorf("looking up new %s: %w", spec.HostIfName, err)
+	if veth.Attrs().Index == 0 {
+		return nil, nil, false, fmt.Errorf("creating veth %s/%s: new host end not found", spec.HostIfName, spec.IfName)
 	}
 	if cont, err = c.cont.LinkByName(spec.IfName); err != nil {
 		return nil, nil, false, fmt.Errorf("looking up new %s in %s: %w", spec.IfName, spec.NetNS, err)
 	}
-	return host, cont, false, nil
+	return veth, cont, false, nil
 }
 
 // ensureLinkAttrs sets MTU and MAC (if mac is not nil) where they differ.
@@ -328,12 +343,17 @@ func ensureUp(h *netlink.Handle, l netlink.Link) error {
 	return nil
 }
 
-func (c *workloadCall) ensureHostLink(host netlink.Link) error {
+// ensureHostLink converges the host end. Its settings (hostIfSysctls) go
+// over netlink, and through /proc/sys where that fails; there, on a pair
+// this call created (fresh), without being read first.
+func (c *workloadCall) ensureHostLink(host netlink.Link, fresh bool) error {
 	if err := ensureLinkAttrs(c.node, host, c.spec.EffectiveMTU(), hostHWAddr); err != nil {
 		return err
 	}
-	if err := ensureSysctls(c.nodeNS, hostIfSysctls(c.spec.HostIfName)); err != nil {
-		return err
+	if c.conf == nil || c.conf.setHostIf(host.Attrs().Index) != nil {
+		if err := setSysctls(c.nodeNS, hostIfSysctls(c.spec.HostIfName), !fresh); err != nil {
+			return err
+		}
 	}
 	return ensureUp(c.node, host)
 }
@@ -341,9 +361,9 @@ func (c *workloadCall) ensureHostLink(host netlink.Link) error {
 // ensureHostRoutes adds the node's /32 route to each address; one for the
 // same /32 through another interface is replaced. On a pair that existed
 // before, routes through it to addresses the workload no longer has go.
-func (c *workloadCall) ensureHostRoutes(existed bool, undo *[]func() error) error {
+func (c *workloadCall) ensureHostRoutes(host netlink.Link, existed bool, undo *[]func() error) error {
 	if existed {
-		extra, err := c.extraHostRoutes()
+		extra, err := c.extraHostRoutes(host)
 		if err != nil {
 			return err
 		}
@@ -366,9 +386,12 @@ func (c *workloadCall) ensureHostRoutes(existed bool, undo *[]func() error) erro
 }
 
 // extraHostRoutes returns the proto 80 routes through the host interface
-// that the spec does not ask for.
-func (c *workloadCall) extraHostRoutes() ([]Route, error) {
-	routes, err := listRoutes(c.node, RouteProtoWorkload)
+// that the spec does not ask for. The kernel filters the dump by output
+// interface (strict checking, Linux 4.20 on), so that a re-setup does not
+// read every workload route of the node; where it cannot, the node's proto
+// 80 routes are listed and filtered here.
+func (c *workloadCall) extraHostRoutes(host netlink.Link) ([]Route, error) {
+	routes, err := listRoutesVia(c.node, RouteProtoWorkload, host.Attrs().Index, c.spec.HostIfName)
 	if err != nil {
 		return nil, err
 	}
@@ -382,21 +405,20 @@ func (c *workloadCall) extraHostRoutes() ([]Route, error) {
 	return extra, nil
 }
 
-func (c *workloadCall) status() (WorkloadStatus, error) {
-	host, err := c.node.LinkByName(c.spec.HostIfName)
-	if err != nil {
-		return WorkloadStatus{}, fmt.Errorf("looking up %s: %w", c.spec.HostIfName, err)
-	}
-	cont, err := c.cont.LinkByName(c.spec.IfName)
-	if err != nil {
-		return WorkloadStatus{}, fmt.Errorf("looking up %s in %s: %w", c.spec.IfName, c.spec.NetNS, err)
+// status reports the pair Setup converged, from the links it read or made
+// and the attributes it set: no request to the kernel.
+func (c *workloadCall) status(host, cont netlink.Link) WorkloadStatus {
+	contMAC := cont.Attrs().HardwareAddr.String()
+	if c.spec.MAC != "" {
+		mac, _ := net.ParseMAC(c.spec.MAC) // validated
+		contMAC = mac.String()
 	}
 	return WorkloadStatus{
 		HostIfIndex:      host.Attrs().Index,
-		HostMAC:          host.Attrs().HardwareAddr.String(),
+		HostMAC:          hostHWAddr.String(),
 		ContainerIfIndex: cont.Attrs().Index,
-		ContainerMAC:     cont.Attrs().HardwareAddr.String(),
-	}, nil
+		ContainerMAC:     contMAC,
+	}
 }
 
 // Teardown implements Workloads: it deletes the container end (if the netns

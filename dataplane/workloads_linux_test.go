@@ -467,6 +467,89 @@ func BenchmarkPrivilegedSetupTeardown(b *testing.B) {
 	}
 }
 
+// TestPrivilegedHostIfSettingsOverNetlink: the netlink requests Setup
+// uses set exactly what the /proc/sys files show.
+func TestPrivilegedHostIfSettingsOverNetlink(t *testing.T) {
+	skipUnlessPrivileged(t)
+	node := newNetNS(t, "node")
+	run(t, "ip", "-n", node.Name, "link", "add", "cali-a", "type", "veth", "peer", "name", "cali-b")
+	before := map[string]string{}
+	for _, k := range []string{"conf.cali-a.proxy_arp", "neigh.cali-a.proxy_delay", "conf.cali-b.proxy_arp", "neigh.cali-b.proxy_delay"} {
+		before[k] = sysctlIn(t, node, "net.ipv4."+k)
+	}
+	if before["conf.cali-a.proxy_arp"] != "0" || before["neigh.cali-a.proxy_delay"] == "0" {
+		t.Fatalf("a new interface's defaults: %v", before)
+	}
+	idx := strings.TrimSpace(run(t, "ip", "netns", "exec", node.Name, "cat", "/sys/class/net/cali-a/ifindex"))
+	var ifindex int
+	if _, err := fmt.Sscan(idx, &ifindex); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "ip", "netns", "exec", node.Name, "sysctl", "-qw", "net.ipv4.conf.cali-a.forwarding=0")
+	if err := dataplane.SetHostIfOverNetlink(node.Path, ifindex); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range map[string]string{
+		"conf.cali-a.proxy_arp": "1", "neigh.cali-a.proxy_delay": "0", "conf.cali-a.forwarding": "1",
+		"conf.cali-b.proxy_arp": before["conf.cali-b.proxy_arp"], "neigh.cali-b.proxy_delay": before["neigh.cali-b.proxy_delay"],
+	} {
+		if got := sysctlIn(t, node, "net.ipv4."+k); got != want {
+			t.Errorf("net.ipv4.%s = %s, want %s", k, got, want)
+		}
+	}
+}
+
+// BenchmarkPrivilegedSetup times Setup alone, as the agent calls it (host
+// routes left to the route owner), for a new pair ("new") and again on the
+// pair it made ("again", with host routes, on a node with 500 other
+// workload routes: the re-setup a retried ADD makes). Teardown is outside
+// the timer.
+func BenchmarkPrivilegedSetup(b *testing.B) {
+	skipUnlessPrivileged(b)
+	ctx := context.Background()
+	b.Run("new", func(b *testing.B) {
+		_, w := workloadNode(b)
+		pod := newNetNS(b, "pod")
+		spec := podSpec(pod, "default/bench", "10.244.2.1/32")
+		spec.SkipHostRoutes = true
+		for b.Loop() {
+			if _, err := w.Setup(ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := w.Teardown(ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+	b.Run("again", func(b *testing.B) {
+		node, w := workloadNode(b)
+		var batch strings.Builder
+		run(b, "ip", "-n", node.Name, "link", "add", "cali-others", "type", "veth", "peer", "name", "cali-peer")
+		run(b, "ip", "-n", node.Name, "link", "set", "cali-others", "up")
+		run(b, "ip", "-n", node.Name, "link", "set", "cali-peer", "up")
+		for i := range 500 {
+			fmt.Fprintf(&batch, "route add 10.244.%d.%d/32 dev cali-others proto 80\n", 100+i/250, i%250+1)
+		}
+		cmd := exec.Command("ip", "-n", node.Name, "-batch", "-")
+		cmd.Stdin = strings.NewReader(batch.String())
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("adding routes: %v\n%s", err, out)
+		}
+		pod := newNetNS(b, "pod")
+		spec := podSpec(pod, "default/bench", "10.244.2.1/32")
+		if _, err := w.Setup(ctx, spec); err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := w.Setup(ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 func TestPrivilegedWorkloadAddressChange(t *testing.T) {
 	skipUnlessPrivileged(t)
 	node, w := workloadNode(t)

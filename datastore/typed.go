@@ -68,16 +68,6 @@ func UpdateAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
 	return as[T](out)
 }
 
-// ApplyAs is Apply returning T.
-func ApplyAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
-	out, err := s.Apply(ctx, obj)
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	return as[T](out)
-}
-
 // Status records, published by each agent under its liveness lease.
 const (
 	// StatusPrefix holds every status record.

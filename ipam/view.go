@@ -14,7 +14,6 @@ import (
 const (
 	BlocksPrefix     = blocksPrefix
 	AffinitiesPrefix = affinitiesPrefix
-	HandlesPrefix    = handlesPrefix
 )
 
 // BlockSummary is what a block record says to everything but the
@@ -127,10 +126,4 @@ func DecodeAffinity(key string, val []byte) (Affinity, error) {
 		return Affinity{}, err
 	}
 	return Affinity{Node: af.node, Block: af.block, Confirmed: af.state == affinityConfirmed}, nil
-}
-
-// ParseAffinityKey returns the node and block of an affinity key, for a
-// deleted record whose value is gone.
-func ParseAffinityKey(key string) (node string, block netip.Prefix, err error) {
-	return parseAffinityKey(key)
 }

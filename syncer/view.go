@@ -2,7 +2,6 @@ package syncer
 
 import (
 	"maps"
-	"net/netip"
 	"slices"
 
 	"github.com/tabbynet/tabby/api"
@@ -180,38 +179,6 @@ func (s *Syncer) NodesWithState() []string {
 		set[n] = true
 	}
 	return slices.Sorted(maps.Keys(set))
-}
-
-// AffineNodes returns the names of the nodes that hold blocks or block
-// claims, sorted.
-func (s *Syncer) AffineNodes() []string {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	set := map[string]bool{}
-	for n := range s.st.blocksByNode {
-		set[n] = true
-	}
-	for n := range s.st.affinities {
-		set[n] = true
-	}
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// BlockOf returns the block holding addr, if the view has one.
-func (s *Syncer) BlockOf(addr netip.Addr) (ipam.BlockInfo, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	for cidr, b := range s.st.blocks {
-		if cidr.Contains(addr) {
-			return s.st.blockInfo(b), true
-		}
-	}
-	return ipam.BlockInfo{}, false
 }
 
 // PolicyCount returns how many NetworkPolicies and GlobalNetworkPolicies

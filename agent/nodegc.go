@@ -96,14 +96,12 @@ func (g *nodeGC) pass(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// records reads node GC's records, by node.
+// records returns node GC's records, by node, from the view (no pass lists
+// them from etcd; a record this agent wrote moments ago and the view has not
+// seen yet is found by the create's compare-and-swap).
 func (g *nodeGC) records(ctx context.Context) (map[string]datastore.KV, error) {
-	kvs, _, err := g.store.ListKV(ctx, datastore.NodeGCPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing node gc records: %w", err)
-	}
 	out := map[string]datastore.KV{}
-	for _, kv := range kvs {
+	for _, kv := range g.view.NodeGCRecords() {
 		var r gcRecord
 		if err := json.Unmarshal(kv.Value, &r); err != nil || r.Node == "" || datastore.NodeGCKey(r.Node) != kv.Key {
 			g.log.Warn("removing a node gc record that does not decode", "key", kv.Key, "err", err)

@@ -35,6 +35,7 @@ type state struct {
 	blocksByNode map[string]map[netip.Prefix]ipam.BlockSummary // affine node → CIDR → block
 	borrowedBy   map[string]map[netip.Addr]ipam.BorrowedAddr   // using node → address
 	affinities   map[string]map[netip.Prefix]ipam.Affinity     // node → block → claim
+	nodeGC       map[string]datastore.KV                       // key → node GC record
 }
 
 func newState() *state {
@@ -47,6 +48,7 @@ func newState() *state {
 		blocksByNode: map[string]map[netip.Prefix]ipam.BlockSummary{},
 		borrowedBy:   map[string]map[netip.Addr]ipam.BorrowedAddr{},
 		affinities:   map[string]map[netip.Prefix]ipam.Affinity{},
+		nodeGC:       map[string]datastore.KV{},
 	}
 }
 
@@ -61,6 +63,8 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 	case strings.HasPrefix(kv.Key, ipam.AffinitiesPrefix):
 		a, err := ipam.DecodeAffinity(kv.Key, kv.Value)
 		return KindAffinity, a, err
+	case strings.HasPrefix(kv.Key, datastore.NodeGCPrefix):
+		return KindNodeGC, kv, nil
 	}
 	obj, err := datastore.DecodeResource(kv)
 	if err != nil {
@@ -218,6 +222,8 @@ func (st *state) index(key string, it item) {
 		}
 	case ipam.Affinity:
 		addTo(st.affinities, v.Node, v.Block, v)
+	case datastore.KV:
+		st.nodeGC[key] = v
 	case api.Object:
 		addTo(st.byKind, it.kind, key, v)
 		if w, ok := v.(*api.WorkloadEndpoint); ok {
@@ -240,6 +246,8 @@ func (st *state) unindex(key string, it item) {
 		}
 	case ipam.Affinity:
 		removeFrom(st.affinities, v.Node, v.Block)
+	case datastore.KV:
+		delete(st.nodeGC, key)
 	case api.Object:
 		removeFrom(st.byKind, it.kind, key)
 		if w, ok := v.(*api.WorkloadEndpoint); ok {

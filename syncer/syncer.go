@@ -33,6 +33,9 @@ const (
 	KindBlock = "Block"
 	// KindAffinity updates carry ipam.Affinity values.
 	KindAffinity = "Affinity"
+	// KindNodeGC updates carry the datastore.KV of a node GC record
+	// (gc/nodes/<node>), which node GC decodes itself.
+	KindNodeGC = "NodeGC"
 )
 
 // Update is one key's change. Old is nil for a creation, New nil for a
@@ -95,6 +98,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 func relevant(key string) bool {
 	return strings.HasPrefix(key, datastore.ResourcesPrefix) ||
 		strings.HasPrefix(key, ipam.BlocksPrefix) ||
+		strings.HasPrefix(key, datastore.NodeGCPrefix) ||
 		strings.HasPrefix(key, ipam.AffinitiesPrefix)
 }
 

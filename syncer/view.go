@@ -188,3 +188,11 @@ func (s *Syncer) PolicyCount() int {
 	defer s.mu.RUnlock()
 	return len(s.st.byKind[api.KindNetworkPolicy]) + len(s.st.byKind[api.KindGlobalNetworkPolicy])
 }
+
+// NodeGCRecords returns node GC's records (gc/nodes/<node>) as stored,
+// with their revisions, by key.
+func (s *Syncer) NodeGCRecords() []datastore.KV {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return sortedValues(s.st.nodeGC)
+}

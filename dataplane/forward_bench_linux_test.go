@@ -37,23 +37,7 @@ import (
 func BenchmarkPrivilegedForward(b *testing.B) {
 	skipUnlessPrivileged(b)
 	ctx := context.Background()
-	node, wl := workloadNode(b)
-	run(b, "ip", "-n", node.Name, "link", "add", "w16up", "type", "veth", "peer", "name", "w16upp")
-	run(b, "ip", "-n", node.Name, "link", "set", "w16up", "up")
-	run(b, "ip", "-n", node.Name, "link", "set", "w16upp", "up")
-	run(b, "ip", "-n", node.Name, "route", "add", "default", "dev", "w16up")
-	client, server := newNetNS(b, "w16fcli"), newNetNS(b, "w16fsrv")
-	cspec := podSpec(client, "w16f-client", "10.244.20.1/32")
-	sspec := podSpec(server, "w16f-server", "10.244.20.2/32")
-	setup(b, wl, cspec)
-	setup(b, wl, sspec)
-	b.Cleanup(func() {
-		for _, s := range []dataplane.WorkloadSpec{cspec, sspec} {
-			if err := wl.Teardown(context.Background(), s); err != nil {
-				b.Error(err)
-			}
-		}
-	})
+	node, _, client, server, cspec, sspec := twoPods(b, "w16f")
 	srv := startForwardServer(b, server)
 
 	inputs := map[int]policy.Input{2: forwardInput(cspec, sspec, 0), 500: forwardInput(cspec, sspec, 498)}

@@ -25,26 +25,7 @@ func TestPrivilegedNFTablesTraffic(t *testing.T) {
 	skipUnlessPrivileged(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	node, wl := workloadNode(t)
-	// Proxy ARP answers for the pods' gateway 169.254.1.1 only when the
-	// node has a route to it: a default route into a link standing for
-	// the node's uplink (a veth pair with both ends in the node).
-	run(t, "ip", "-n", node.Name, "link", "add", "w16up", "type", "veth", "peer", "name", "w16upp")
-	run(t, "ip", "-n", node.Name, "link", "set", "w16up", "up")
-	run(t, "ip", "-n", node.Name, "link", "set", "w16upp", "up")
-	run(t, "ip", "-n", node.Name, "route", "add", "default", "dev", "w16up")
-	client, server := newNetNS(t, "w16cli"), newNetNS(t, "w16srv")
-	cspec := podSpec(client, "w16-client", "10.244.20.1/32")
-	sspec := podSpec(server, "w16-server", "10.244.20.2/32")
-	setup(t, wl, cspec)
-	setup(t, wl, sspec)
-	t.Cleanup(func() {
-		for _, s := range []dataplane.WorkloadSpec{cspec, sspec} {
-			if err := wl.Teardown(context.Background(), s); err != nil {
-				t.Error(err)
-			}
-		}
-	})
+	node, _, client, server, cspec, sspec := twoPods(t, "w16")
 
 	var l net.Listener
 	if err := ns.WithNetNSPath(server.Path, func(ns.NetNS) error {

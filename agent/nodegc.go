@@ -152,7 +152,22 @@ func (g *nodeGC) consider(ctx context.Context, n string, rec datastore.KV, mayRe
 		g.log.Info("node gc: release deferred to a later pass (cap per pass)", "node", n, "cap", NodeGCMaxPerPass)
 		return false, nil
 	}
-	if err := g.release(ctx, n, rec); err != nil {
+	// The view may still hold a record that this agent (or another)
+	// removed when it released the node moments ago: only the record as
+	// etcd has it now starts a release, so a stale one costs no budget.
+	cur, err := g.store.GetKV(ctx, rec.Key)
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("reading gc record of node %s: %w", n, err)
+	}
+	if cur.ModRevision != rec.ModRevision {
+		// Written again since the view saw it: the next pass decides on
+		// what it says then.
+		return false, nil
+	}
+	if err := g.release(ctx, n, cur); err != nil {
 		return false, err
 	}
 	g.released++

@@ -255,6 +255,9 @@ func (s *speaker) Stop(graceful bool) error {
 		close(s.routes)
 		return nil
 	}
+	if !graceful {
+		s.withdrawAll(srv)
+	}
 	cancel()
 	<-done
 	close(s.routes)
@@ -271,6 +274,64 @@ func (s *speaker) Stop(graceful bool) error {
 		return fmt.Errorf("stopping BGP: %w", err)
 	}
 	return nil
+}
+
+// hardStopWait bounds how long a hard stop waits for its withdrawals to
+// leave.
+const hardStopWait = 3 * time.Second
+
+// withdrawAll withdraws every path this speaker originated and waits,
+// bounded, until no established peer's Adj-RIB-Out holds one. A hard stop
+// then does not depend on how a peer reads the session's end: GoBGP v4.8.0
+// sometimes closes the connection before the peer has read the Cease, and a
+// peer that negotiated graceful restart then keeps our routes as stale for
+// the restart time.
+func (s *speaker) withdrawAll(srv *server.BgpServer) {
+	s.mu.Lock()
+	var del []*apiutil.Path
+	for p := range s.originated {
+		if path, err := s.localPath(p, true); err == nil {
+			del = append(del, path)
+		}
+	}
+	s.mu.Unlock()
+	if len(del) == 0 {
+		return
+	}
+	if err := srv.DeletePath(apiutil.DeletePathRequest{Paths: del}); err != nil {
+		s.log.Warn("hard stop: withdrawing our paths", "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hardStopWait)
+	defer cancel()
+	for {
+		pending := 0
+		var peers []string
+		_ = srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+			if p.Conf != nil && p.State != nil && p.State.SessionState == gobgpapi.PeerState_SESSION_STATE_ESTABLISHED {
+				peers = append(peers, p.Conf.NeighborAddress)
+			}
+		})
+		for _, peer := range peers {
+			_ = srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_ADJ_OUT, Name: peer, Family: gobgp.RF_IPv4_UC},
+				func(_ gobgp.NLRI, paths []*apiutil.Path) {
+					for _, p := range paths {
+						if p != nil && !p.Withdrawal {
+							pending++
+						}
+					}
+				})
+		}
+		if pending == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.log.Warn("hard stop: withdrawals still queued", "paths", pending)
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // Routes implements Speaker.

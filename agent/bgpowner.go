@@ -162,7 +162,7 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		errs = append(errs, fmt.Errorf("setting peers: %w", err))
 	}
-	affine, borrowed := bgpBlocks(b.node, b.view.BlocksOf(b.node), b.view.BorrowedBy(b.node))
+	affine, borrowed := bgpBlocks(b.node, ipv4Blocks(b.view.BlocksOf(b.node)), ipv4Borrowed(b.view.BorrowedBy(b.node)))
 	adv := bgp.DesiredAdvertisements(affine, borrowed)
 	advErr := sp.SetAdvertised(ctx, adv)
 	if advErr != nil {
@@ -288,7 +288,7 @@ func (b *bgpOwner) importContext() bgp.ImportContext {
 		addrs, _ := w.Addrs() // entries that do not parse are skipped
 		ic.Workloads = append(ic.Workloads, addrs...)
 	}
-	for _, blk := range b.view.BlocksOf(b.node) {
+	for _, blk := range ipv4Blocks(b.view.BlocksOf(b.node)) {
 		ic.Blocks = append(ic.Blocks, blk.CIDR)
 	}
 	if nr, ok := b.kernel.(interface {
@@ -487,7 +487,7 @@ func (b *bgpOwner) ready() error {
 func poolPrefixes(pools []*api.IPPool) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range pools {
-		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil {
+		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil && pc.Addr().Is4() {
 			out = append(out, pc.Masked())
 		}
 	}
@@ -498,4 +498,15 @@ func (b *bgpOwner) isConverged() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.converged
+}
+
+// ipv4Blocks keeps the IPv4 blocks: IPAM serves IPv6 pools, but routes and
+// BGP carry IPv4 only so far (docs/ipv6.md).
+func ipv4Blocks(bs []ipam.BlockInfo) []ipam.BlockInfo {
+	return slices.DeleteFunc(slices.Clone(bs), func(b ipam.BlockInfo) bool { return !b.CIDR.Addr().Is4() })
+}
+
+// ipv4Borrowed keeps the borrowed IPv4 addresses (see ipv4Blocks).
+func ipv4Borrowed(bs []ipam.BorrowedAddr) []ipam.BorrowedAddr {
+	return slices.DeleteFunc(slices.Clone(bs), func(b ipam.BorrowedAddr) bool { return !b.Addr.Is4() })
 }

@@ -131,6 +131,8 @@ func validObjects() []Object {
 		validWEP(), validNetPol(), validGNP(),
 		&Node{Metadata: ObjectMeta{Name: "bare"}},
 		&IPPool{Metadata: ObjectMeta{Name: "p"}, Spec: IPPoolSpec{CIDR: "10.245.0.0/26"}},
+		&IPPool{Metadata: ObjectMeta{Name: "v6"}, Spec: IPPoolSpec{CIDR: "fd00:10:244::/48"}},
+		&IPPool{Metadata: ObjectMeta{Name: "v6-small"}, Spec: IPPoolSpec{CIDR: "fd00:10:245::/120", BlockSize: 124}},
 		&IPAMConfig{Metadata: ObjectMeta{Name: "default"}},
 		&BGPConfiguration{Metadata: ObjectMeta{Name: "default"}},
 		&NetworkPolicy{Metadata: ObjectMeta{Name: "deny-all", Namespace: "prod"}},

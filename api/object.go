@@ -3,6 +3,8 @@ package api
 // Object methods and defaults of every kind. SetDefaults is idempotent and
 // never overrides a value the user set.
 
+import "net/netip"
+
 func setTypeMeta(tm *TypeMeta, kind string) {
 	tm.APIVersion = APIVersion
 	tm.Kind = kind
@@ -47,12 +49,21 @@ func (p *IPPool) GetTypeMeta() *TypeMeta { return &p.TypeMeta }
 // GetMeta implements Object.
 func (p *IPPool) GetMeta() *ObjectMeta { return &p.Metadata }
 
-// SetDefaults implements Object: blockSize 26.
+// SetDefaults implements Object: blockSize 26 for an IPv4 pool, 122 for
+// an IPv6 one.
 func (p *IPPool) SetDefaults() {
 	setTypeMeta(&p.TypeMeta, KindIPPool)
 	if p.Spec.BlockSize == 0 {
-		p.Spec.BlockSize = DefaultBlockSize
+		p.Spec.BlockSize = p.DefaultBlockSize()
 	}
+}
+
+// DefaultBlockSize is the blockSize of the pool when none is set: that of
+// its CIDR's family (IPv4 when the CIDR does not parse).
+func (p *IPPool) DefaultBlockSize() int {
+	pr, err := netip.ParsePrefix(p.Spec.CIDR)
+	def, _, _ := BlockSizes(err == nil && pr.Addr().Is6())
+	return def
 }
 
 // SelectsNode reports whether the pool may be used for a node with the

@@ -73,13 +73,28 @@ type IPPool struct {
 }
 
 // Default and limits of IPPoolSpec.BlockSize. Calico accepts 20–32 for
-// IPv4; Tabby refuses /32 blocks: a block of one address has its blackhole
-// route on the pod's own /32, and every pod would claim a block.
+// IPv4 and 116–128 for IPv6; Tabby refuses blocks of one address (/32,
+// /128): such a block has its blackhole route on the pod's own host route,
+// and every pod would claim a block. A block holds at most 4,096 addresses
+// in either family.
 const (
 	DefaultBlockSize = 26
 	MinBlockSize     = 20
 	MaxBlockSize     = 31
+
+	DefaultBlockSizeV6 = 122
+	MinBlockSizeV6     = 116
+	MaxBlockSizeV6     = 127
 )
+
+// BlockSizes returns the default and the limits of a pool's blockSize for
+// the address family of cidr (IPv6 when is6).
+func BlockSizes(is6 bool) (def, lo, hi int) {
+	if is6 {
+		return DefaultBlockSizeV6, MinBlockSizeV6, MaxBlockSizeV6
+	}
+	return DefaultBlockSize, MinBlockSize, MaxBlockSize
+}
 
 // IPPoolSpec describes a pool.
 type IPPoolSpec struct {

@@ -261,6 +261,45 @@ var reservedV4 = []netip.Prefix{
 	netip.MustParsePrefix("224.0.0.0/3"),
 }
 
+// reservedV6 are the IPv6 ranges no pool may overlap: the unspecified and
+// loopback addresses, IPv4-mapped addresses, link-local (the pods' gateway
+// lives there) and multicast.
+var reservedV6 = []netip.Prefix{
+	netip.MustParsePrefix("::/127"),
+	netip.MustParsePrefix("::ffff:0:0/96"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("ff00::/8"),
+}
+
+func familyName(is6 bool) string {
+	if is6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// cidr validates an IPv4 or IPv6 CIDR in canonical form and returns it.
+func (v *validator) cidr(path, s string) (netip.Prefix, bool) {
+	if s == "" {
+		v.add(path, "is required")
+		return netip.Prefix{}, false
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		v.add(path, "%q is not a valid CIDR", s)
+		return netip.Prefix{}, false
+	}
+	if p.Addr().Zone() != "" {
+		v.add(path, "%q: a CIDR has no zone", s)
+		return netip.Prefix{}, false
+	}
+	if p.Masked() != p {
+		v.add(path, "%q has host bits set (did you mean %q?)", s, p.Masked().String())
+		return netip.Prefix{}, false
+	}
+	return p, true
+}
+
 // cidr4 validates an IPv4 CIDR in canonical form ("10.0.0.0/16") and
 // returns it.
 func (v *validator) cidr4(path, s string) (netip.Prefix, bool) {

@@ -53,28 +53,37 @@ func (p *IPPool) Validate() error {
 	var v validator
 	v.typeMeta(&p.TypeMeta, KindIPPool)
 	v.meta(&p.Metadata, kindInfoOf(p))
-	pr, ok := v.cidr4("spec.cidr", p.Spec.CIDR)
+	pr, ok := v.cidr("spec.cidr", p.Spec.CIDR)
+	reserved := reservedV4
+	if ok && pr.Addr().Is6() {
+		reserved = reservedV6
+	}
 	if ok {
-		for _, r := range reservedV4 {
+		for _, r := range reserved {
 			if pr.Overlaps(r) {
 				v.add("spec.cidr", "%s overlaps the reserved range %s", pr, r)
 				break
 			}
 		}
 	}
+	def, lo, hi := BlockSizes(ok && pr.Addr().Is6())
 	bs := p.Spec.BlockSize
 	switch {
 	case bs == 0:
 		// Defaulted by SetDefaults.
-	case bs == 32:
-		v.add("spec.blockSize", "32 is not supported: a /32 block holds one address, whose blackhole route would be the pod's own route; use %d to %d", MinBlockSize, MaxBlockSize)
-	case bs < MinBlockSize || bs > MaxBlockSize:
-		v.add("spec.blockSize", "%d must be between %d and %d", bs, MinBlockSize, MaxBlockSize)
+	case ok && bs == pr.Addr().BitLen():
+		v.add("spec.blockSize", "%d is not supported: a block of one address has its blackhole route on the pod's own route; use %d to %d", bs, lo, hi)
+	case bs < lo || bs > hi:
+		if ok {
+			v.add("spec.blockSize", "%d must be between %d and %d for an %s pool", bs, lo, hi, familyName(pr.Addr().Is6()))
+		} else {
+			v.add("spec.blockSize", "%d must be between %d and %d", bs, lo, hi)
+		}
 	case ok && bs < pr.Bits():
 		v.add("spec.blockSize", "/%d blocks are larger than the pool %s (blockSize must be at least %d)", bs, pr, pr.Bits())
 	}
-	if bs == 0 && ok && DefaultBlockSize < pr.Bits() {
-		v.add("spec.blockSize", "the default /%d blocks are larger than the pool %s; set blockSize to at least %d", DefaultBlockSize, pr, pr.Bits())
+	if bs == 0 && ok && def < pr.Bits() {
+		v.add("spec.blockSize", "the default /%d blocks are larger than the pool %s; set blockSize to at least %d", def, pr, pr.Bits())
 	}
 	v.selector("spec.nodeSelector", p.Spec.NodeSelector)
 	v.communities("spec.bgpCommunities", p.Spec.BGPCommunities)

@@ -31,6 +31,21 @@ type AssignRequest struct {
 	Pools []string
 	// Addr asks for this specific address when valid.
 	Addr netip.Addr
+	// Family is 4 or 6: the address family wanted; 0 means that of Addr
+	// when given, else 4. A handle holds at most one address per family:
+	// a dual-stack pod assigns twice under one handle.
+	Family int
+}
+
+// family resolves req.Family.
+func (req AssignRequest) family() int {
+	switch {
+	case req.Family != 0:
+		return req.Family
+	case req.Addr.IsValid():
+		return familyOf(req.Addr)
+	}
+	return 4
 }
 
 // Assignment is an allocated address.
@@ -60,8 +75,12 @@ func (a *Allocator) Assign(ctx context.Context, req AssignRequest) (Assignment, 
 		return Assignment{}, errors.New("ipam: assign: node is required")
 	case req.Handle == "":
 		return Assignment{}, errors.New("ipam: assign: handle is required")
-	case req.Addr.IsValid() && !req.Addr.Is4():
-		return Assignment{}, fmt.Errorf("ipam: assign: %s: only IPv4 is supported", req.Addr)
+	case req.Family != 0 && req.Family != 4 && req.Family != 6:
+		return Assignment{}, fmt.Errorf("ipam: assign: family %d: want 4 or 6", req.Family)
+	case req.Addr.IsValid() && (req.Addr.Zone() != "" || req.Addr.Is4In6()):
+		return Assignment{}, fmt.Errorf("ipam: assign: %s is not a plain IPv4 or IPv6 address", req.Addr)
+	case req.Addr.IsValid() && familyOf(req.Addr) != req.family():
+		return Assignment{}, fmt.Errorf("ipam: assign: %s is not an IPv%d address", req.Addr, req.family())
 	}
 	attr := attrRecord{
 		Handle:      req.Handle,
@@ -105,7 +124,7 @@ func (a *Allocator) assignCached(ctx context.Context, req AssignRequest, attr at
 	if c == nil {
 		return Assignment{}, false, nil
 	}
-	usable, err := usablePools(c.pools, req.Node, c.node.labels, req.Pools)
+	usable, err := usablePools(c.pools, req.family(), req.Node, c.node.labels, req.Pools)
 	if err != nil {
 		return Assignment{}, false, nil
 	}
@@ -146,7 +165,7 @@ func (a *Allocator) loadAssignState(ctx context.Context, req AssignRequest) (*as
 			return nil, err
 		}
 	}
-	if st.handle != nil && len(st.handle.Addrs) > 0 {
+	if st.holds(req) {
 		return st, nil
 	}
 	if st.pools, err = a.listPools(ctx); err != nil {
@@ -189,13 +208,13 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 	if err != nil {
 		return Assignment{}, err
 	}
-	if st.handle != nil && len(st.handle.Addrs) > 0 {
+	if st.holds(req) {
 		return a.existing(ctx, req, st.handle)
 	}
 	if req.Addr.IsValid() {
 		return a.assignSpecific(ctx, req, attr, st)
 	}
-	usable, err := usablePools(st.pools, req.Node, st.node.labels, req.Pools)
+	usable, err := usablePools(st.pools, req.family(), req.Node, st.node.labels, req.Pools)
 	if err != nil {
 		return Assignment{}, err
 	}
@@ -222,7 +241,7 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 		}
 		nb := b.clone()
 		addr, _ := nb.allocate(attr)
-		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev})
+		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev, keep: st.otherAddrs()})
 	}
 
 	// 2. Claim a free block. Every block is needed from here on.
@@ -239,7 +258,7 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 			}
 			nb := newBlock(cidr, req.Node, p.name)
 			addr, _ := nb.allocate(attr)
-			return a.commit(ctx, commit{b: nb, created: true, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev})
+			return a.commit(ctx, commit{b: nb, created: true, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev, keep: st.otherAddrs()})
 		}
 	}
 
@@ -256,7 +275,7 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 			p, _ := poolFor(usable, b.cidr)
 			nb := b.clone()
 			addr, _ := nb.allocate(attr)
-			return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev})
+			return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev, keep: st.otherAddrs()})
 		}
 	}
 	return Assignment{}, &ExhaustedError{Node: req.Node, Pools: poolNames(usable)}
@@ -309,8 +328,26 @@ func (a *Allocator) claimState(ctx context.Context, node string, st *assignState
 	return cl, nil
 }
 
+// holds reports whether the handle already holds an address of the
+// request's family: the request is then a repeat.
+func (st *assignState) holds(req AssignRequest) bool {
+	if st.handle == nil {
+		return false
+	}
+	return slices.ContainsFunc(st.handle.Addrs, func(x handleAddr) bool { return familyOf(x.Addr) == req.family() })
+}
+
+// otherAddrs are the handle's addresses that a new assignment keeps: those
+// of the other family (a dual-stack pod's first address).
+func (st *assignState) otherAddrs() []handleAddr {
+	if st.handle == nil {
+		return nil
+	}
+	return slices.Clone(st.handle.Addrs)
+}
+
 // handleRev is the revision the handle record must still have: 0 (absent)
-// unless an empty record was left behind.
+// unless a record was left behind or holds the other family's address.
 func (st *assignState) handleRev() int64 {
 	if st.handle == nil {
 		return 0
@@ -320,7 +357,7 @@ func (st *assignState) handleRev() int64 {
 
 // assignSpecific allocates req.Addr.
 func (a *Allocator) assignSpecific(ctx context.Context, req AssignRequest, attr attrRecord, st *assignState) (Assignment, error) {
-	p, ok := poolFor(st.pools, netip.PrefixFrom(req.Addr, 32))
+	p, ok := poolFor(st.pools, hostPrefix(req.Addr))
 	if !ok {
 		return Assignment{}, fmt.Errorf("ipam: address %s is not in any ip pool: %w", req.Addr, ErrNotInPool)
 	}
@@ -335,7 +372,7 @@ func (a *Allocator) assignSpecific(ctx context.Context, req AssignRequest, attr 
 		if err := nb.allocateAddr(req.Addr, attr); err != nil {
 			return Assignment{}, fmt.Errorf("ipam: %w", err)
 		}
-		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev()})
+		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev(), keep: st.otherAddrs()})
 	case !errors.Is(err, datastore.ErrNotFound):
 		return Assignment{}, err
 	}
@@ -354,12 +391,12 @@ func (a *Allocator) assignSpecific(ctx context.Context, req AssignRequest, attr 
 	if err := nb.allocateAddr(req.Addr, attr); err != nil {
 		return Assignment{}, fmt.Errorf("ipam: %w", err)
 	}
-	return a.commit(ctx, commit{b: nb, created: true, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev()})
+	return a.commit(ctx, commit{b: nb, created: true, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev(), keep: st.otherAddrs()})
 }
 
 // existing answers an Assign for a handle that already holds an address.
 func (a *Allocator) existing(ctx context.Context, req AssignRequest, h *handle) (Assignment, error) {
-	ha := h.Addrs[0]
+	ha := h.Addrs[slices.IndexFunc(h.Addrs, func(x handleAddr) bool { return familyOf(x.Addr) == req.family() })]
 	if req.Addr.IsValid() {
 		i := slices.IndexFunc(h.Addrs, func(x handleAddr) bool { return x.Addr == req.Addr })
 		if i < 0 {
@@ -388,6 +425,8 @@ type commit struct {
 	req       AssignRequest
 	addr      netip.Addr
 	handleRev int64
+	// keep are the handle's addresses of the other family.
+	keep []handleAddr
 }
 
 // commit writes the block, the handle and, for a new affine block, its
@@ -404,7 +443,7 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 	if c.pool.pool.Spec.NodeSelector != nil {
 		cmps = append(cmps, datastore.Cmp{Key: c.node.key, ModRevision: c.node.rev})
 	}
-	h := &handle{handleRecord: handleRecord{Handle: c.req.Handle, Node: c.req.Node, Addrs: []handleAddr{{Addr: c.addr, Block: c.b.cidr}}}}
+	h := &handle{handleRecord: handleRecord{Handle: c.req.Handle, Node: c.req.Node, Addrs: append(slices.Clip(c.keep), handleAddr{Addr: c.addr, Block: c.b.cidr})}}
 	ops := []datastore.Op{{Key: bkey, Value: c.b.encode()}, {Key: hkey, Value: h.encode()}}
 	if c.created && c.b.node != "" {
 		akey := affinityKey(c.b.node, c.b.cidr)

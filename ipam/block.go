@@ -78,8 +78,8 @@ func decodeBlock(val []byte, rev int64) (*block, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decoding block: cidr: %w", err)
 	}
-	if !cidr.Addr().Is4() || cidr != cidr.Masked() {
-		return nil, fmt.Errorf("decoding block: cidr %s is not a masked IPv4 prefix", r.CIDR)
+	if !validBlockPrefix(cidr) {
+		return nil, fmt.Errorf("decoding block: cidr %s is not a masked prefix of at most %d addresses", r.CIDR, 1<<maxBlockHostBits)
 	}
 	b := &block{cidr: cidr, pool: r.Pool, allocations: r.Allocations, unallocated: r.Unallocated, attrs: r.Attributes, rev: rev}
 	if r.Affinity != "" {

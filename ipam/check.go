@@ -242,7 +242,10 @@ func usage(s *snapshot) []PoolUsage {
 	idx := map[string]int{}
 	for _, p := range s.pools {
 		idx[p.name] = len(out)
-		total := 1 << (32 - p.prefix.Bits())
+		total := maxBlocksScanned // an IPv6 pool of 2^62 addresses or more
+		if hb := hostBits(p.prefix); hb < 62 {
+			total = 1 << hb
+		}
 		out = append(out, PoolUsage{Name: p.name, CIDR: p.prefix, BlockSize: p.blockBits, Disabled: p.pool.Spec.Disabled, Total: total, Free: total})
 	}
 	orphan := PoolUsage{}

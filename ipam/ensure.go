@@ -26,7 +26,7 @@ func (a *Allocator) EnsureBlock(ctx context.Context, node string) (netip.Prefix,
 		if err != nil {
 			return err
 		}
-		usable, err := usablePools(st.pools, node, st.node.labels, nil)
+		usable, err := usablePools(st.pools, 4, node, st.node.labels, nil)
 		if err != nil {
 			return nil // nothing to claim from (yet): the first ADD will say why
 		}

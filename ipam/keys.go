@@ -3,6 +3,7 @@ package ipam
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"net/netip"
 	"net/url"
 	"strconv"
@@ -70,51 +71,111 @@ func parseAffinityKey(key string) (node string, block netip.Prefix, err error) {
 
 func handleKey(handle string) string { return handlesPrefix + url.PathEscape(handle) }
 
-// Block ordinal math. Blocks are IPv4 (block sizes 20–32, see api), so an
-// ordinal is the address minus the block's first address.
+// Block ordinal math, for both families. A block holds at most
+// 1<<maxBlockHostBits addresses (IPv4 /20, IPv6 /116), so an ordinal is an
+// int and only the address's low 64 bits change inside a block. Counting
+// blocks in a pool needs 128-bit arithmetic for IPv6.
 
-func addrUint(a netip.Addr) uint32 {
-	b := a.As4()
-	return binary.BigEndian.Uint32(b[:])
+// maxBlockHostBits bounds a block's size in both families.
+const maxBlockHostBits = 12
+
+// u128 is an address as a 128-bit number (IPv4 in the low 32 bits).
+type u128 struct{ hi, lo uint64 }
+
+func addrU128(a netip.Addr) u128 {
+	if a.Is4() {
+		b := a.As4()
+		return u128{lo: uint64(binary.BigEndian.Uint32(b[:]))}
+	}
+	b := a.As16()
+	return u128{hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:])}
 }
 
-func uintAddr(u uint32) netip.Addr {
-	var b [4]byte
-	binary.BigEndian.PutUint32(b[:], u)
-	return netip.AddrFrom4(b)
+// u128Addr is the address of family is6 whose number is u.
+func u128Addr(u u128, is6 bool) netip.Addr {
+	if !is6 {
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], uint32(u.lo))
+		return netip.AddrFrom4(b)
+	}
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], u.hi)
+	binary.BigEndian.PutUint64(b[8:], u.lo)
+	return netip.AddrFrom16(b)
 }
 
-// blockSizeOf returns the number of addresses in the IPv4 prefix p.
-func blockSizeOf(p netip.Prefix) int { return 1 << (32 - p.Bits()) }
+// add returns u + v (mod 2^128).
+func (u u128) add(v u128) u128 {
+	lo, carry := bits.Add64(u.lo, v.lo, 0)
+	hi, _ := bits.Add64(u.hi, v.hi, carry)
+	return u128{hi: hi, lo: lo}
+}
+
+// shl returns u << n for 0 <= n < 128.
+func (u u128) shl(n int) u128 {
+	switch {
+	case n == 0:
+		return u
+	case n >= 64:
+		return u128{hi: u.lo << (n - 64)}
+	}
+	return u128{hi: u.hi<<n | u.lo>>(64-n), lo: u.lo << n}
+}
+
+// hostBits is the number of host bits of p.
+func hostBits(p netip.Prefix) int { return p.Addr().BitLen() - p.Bits() }
+
+// validBlockPrefix reports whether p can be a block: masked, no zone, and
+// at most 1<<maxBlockHostBits addresses.
+func validBlockPrefix(p netip.Prefix) bool {
+	return p.IsValid() && p == p.Masked() && p.Addr().Zone() == "" && hostBits(p) <= maxBlockHostBits && !p.Addr().Is4In6()
+}
+
+// blockSizeOf returns the number of addresses in block p (a valid block
+// prefix).
+func blockSizeOf(p netip.Prefix) int { return 1 << hostBits(p) }
 
 // ordinal returns addr's index in block, or false when addr is outside it.
 func ordinal(block netip.Prefix, addr netip.Addr) (int, bool) {
-	if !addr.Is4() || !block.Contains(addr) {
+	if addr.Zone() != "" || !block.Contains(addr) {
 		return 0, false
 	}
-	return int(addrUint(addr) - addrUint(block.Addr())), true
+	return int(addrU128(addr).lo - addrU128(block.Addr()).lo), true
 }
 
 // addrAt returns the address at ordinal ord of block.
 func addrAt(block netip.Prefix, ord int) netip.Addr {
-	return uintAddr(addrUint(block.Addr()) + uint32(ord))
+	return u128Addr(addrU128(block.Addr()).add(u128{lo: uint64(ord)}), block.Addr().Is6())
 }
+
+// hostPrefix is the single-address prefix of addr (/32 or /128).
+func hostPrefix(addr netip.Addr) netip.Prefix { return netip.PrefixFrom(addr, addr.BitLen()) }
 
 // blockFor returns the block of size bits that holds addr.
 func blockFor(addr netip.Addr, bits int) netip.Prefix {
 	return netip.PrefixFrom(addr, bits).Masked()
 }
 
-// numBlocks returns how many blocks of blockBits a pool prefix holds.
+// maxBlocksScanned caps how many of a pool's blocks are numbered: an IPv6
+// /48 pool of /122 blocks has 2^74 of them; the first 2^62 are plenty.
+const maxBlocksScanned = 1 << 62
+
+// numBlocks returns how many blocks of blockBits a pool prefix holds (at
+// most maxBlocksScanned).
 func numBlocks(pool netip.Prefix, blockBits int) int {
-	if blockBits < pool.Bits() {
+	switch d := blockBits - pool.Bits(); {
+	case d < 0:
 		return 0
+	case d >= 62:
+		return maxBlocksScanned
+	default:
+		return 1 << d
 	}
-	return 1 << (blockBits - pool.Bits())
 }
 
 // nthBlock returns the n-th block of blockBits inside pool.
 func nthBlock(pool netip.Prefix, blockBits, n int) netip.Prefix {
-	base := addrUint(pool.Masked().Addr())
-	return netip.PrefixFrom(uintAddr(base+uint32(n)<<(32-blockBits)), blockBits)
+	base := addrU128(pool.Masked().Addr())
+	off := u128{lo: uint64(n)}.shl(pool.Addr().BitLen() - blockBits)
+	return netip.PrefixFrom(u128Addr(base.add(off), pool.Addr().Is6()), blockBits)
 }

@@ -21,21 +21,33 @@ type poolInfo struct {
 	rev       int64
 }
 
+// family is 4 or 6.
+func (p poolInfo) family() int { return familyOf(p.prefix.Addr()) }
+
+// familyOf is 4 or 6.
+func familyOf(a netip.Addr) int {
+	if a.Is6() {
+		return 6
+	}
+	return 4
+}
+
 // newPoolInfo checks the fields IPAM relies on.
 func newPoolInfo(p *api.IPPool, key string, rev int64) (poolInfo, error) {
 	pfx, err := p.Prefix()
 	if err != nil {
 		return poolInfo{}, fmt.Errorf("pool %s: cidr: %w", p.Metadata.Name, err)
 	}
+	def, lo, hi := api.BlockSizes(pfx.Addr().Is6())
 	bits := p.Spec.BlockSize
 	if bits == 0 {
-		bits = api.DefaultBlockSize
+		bits = def
 	}
 	switch {
-	case !pfx.Addr().Is4():
-		return poolInfo{}, fmt.Errorf("pool %s: cidr %s: only IPv4 pools are supported", p.Metadata.Name, pfx)
-	case bits < api.MinBlockSize || bits > api.MaxBlockSize:
-		return poolInfo{}, fmt.Errorf("pool %s: blockSize %d outside %d–%d", p.Metadata.Name, bits, api.MinBlockSize, api.MaxBlockSize)
+	case pfx.Addr().Is4In6() || pfx.Addr().Zone() != "":
+		return poolInfo{}, fmt.Errorf("pool %s: cidr %s is not a plain IPv4 or IPv6 prefix", p.Metadata.Name, pfx)
+	case bits < lo || bits > hi:
+		return poolInfo{}, fmt.Errorf("pool %s: blockSize %d outside %d–%d", p.Metadata.Name, bits, lo, hi)
 	case bits < pfx.Bits():
 		return poolInfo{}, fmt.Errorf("pool %s: blockSize /%d is larger than the pool %s", p.Metadata.Name, bits, pfx)
 	}
@@ -80,18 +92,26 @@ func unusableReason(p poolInfo, labels map[string]string, requested []string) st
 	return ""
 }
 
-// usablePools returns the pools the node may allocate from, sorted by name.
-// A requested pool that does not exist is an error: a typo should not
-// silently fall back to nothing.
-func usablePools(pools []poolInfo, node string, labels map[string]string, requested []string) ([]poolInfo, error) {
+// usablePools returns the pools of family (4 or 6) the node may allocate
+// from, sorted by name. A requested pool that does not exist, or is of the
+// other family, is an error: a typo should not silently fall back to
+// nothing.
+func usablePools(pools []poolInfo, family int, node string, labels map[string]string, requested []string) ([]poolInfo, error) {
 	for _, name := range requested {
-		if !slices.ContainsFunc(pools, func(p poolInfo) bool { return p.isNamed(name) }) {
+		i := slices.IndexFunc(pools, func(p poolInfo) bool { return p.isNamed(name) })
+		if i < 0 {
 			return nil, fmt.Errorf("ipam: requested pool %q does not exist (no IP pool has that name or CIDR): %w", name, ErrNoPool)
+		}
+		if f := pools[i].family(); f != family {
+			return nil, fmt.Errorf("ipam: requested pool %q is an IPv%d pool, asked for an IPv%d address: %w", name, f, family, ErrNoPool)
 		}
 	}
 	var out []poolInfo
 	var why []string
 	for _, p := range pools {
+		if p.family() != family {
+			continue
+		}
 		if r := unusableReason(p, labels, requested); r != "" {
 			why = append(why, fmt.Sprintf("%s %s", p.name, r))
 			continue
@@ -100,9 +120,9 @@ func usablePools(pools []poolInfo, node string, labels map[string]string, reques
 	}
 	if len(out) == 0 {
 		if len(why) == 0 {
-			return nil, fmt.Errorf("ipam: no usable IP pool for node %s: no pools exist: %w", node, ErrNoPool)
+			return nil, fmt.Errorf("ipam: no usable IPv%d pool for node %s: no IPv%d pools exist: %w", family, node, family, ErrNoPool)
 		}
-		return nil, fmt.Errorf("ipam: no usable IP pool for node %s: %s: %w", node, strings.Join(why, "; "), ErrNoPool)
+		return nil, fmt.Errorf("ipam: no usable IPv%d pool for node %s: %s: %w", family, node, strings.Join(why, "; "), ErrNoPool)
 	}
 	slices.SortFunc(out, func(a, b poolInfo) int { return strings.Compare(a.name, b.name) })
 	return out, nil

@@ -171,9 +171,9 @@ func (a *Allocator) Allocations(ctx context.Context) ([]Allocation, error) {
 }
 
 // Lookup returns the allocation of addr; false when no block holds it
-// allocated (an IPv6 address never is).
+// allocated.
 func (a *Allocator) Lookup(ctx context.Context, addr netip.Addr) (Allocation, bool, error) {
-	if !addr.Is4() {
+	if addr.Zone() != "" || addr.Is4In6() {
 		return Allocation{}, false, nil
 	}
 	b, err := a.findBlock(ctx, addr)

@@ -124,14 +124,14 @@ func (e *HeldByError) Error() string {
 }
 
 func (a *Allocator) findBlock(ctx context.Context, addr netip.Addr) (*block, error) {
-	if !addr.Is4() {
-		return nil, fmt.Errorf("ipam: %s: only IPv4 is supported", addr)
+	if addr.Zone() != "" || addr.Is4In6() {
+		return nil, fmt.Errorf("ipam: %s is not a plain IPv4 or IPv6 address", addr)
 	}
 	pools, err := a.listPools(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if p, ok := poolFor(pools, netip.PrefixFrom(addr, 32)); ok {
+	if p, ok := poolFor(pools, hostPrefix(addr)); ok {
 		b, err := a.getBlock(ctx, blockFor(addr, p.blockBits))
 		if err == nil {
 			return b, nil

@@ -192,8 +192,11 @@ func TestPoolLifecycle(t *testing.T) {
 	if _, err := s.Get(ctx, api.KindIPPool, "", "other"); !errors.Is(err, datastore.ErrNotFound) {
 		t.Errorf("rejected pool was stored: %v", err)
 	}
-	if _, err := a.CreatePool(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "v6"}, Spec: api.IPPoolSpec{CIDR: "fd00::/64"}}); err == nil {
-		t.Error("IPv6 pool accepted")
+	if _, err := a.CreatePool(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "v6"}, Spec: api.IPPoolSpec{CIDR: "fd00::/64"}}); err != nil {
+		t.Errorf("an IPv6 pool next to an IPv4 one: %v", err)
+	}
+	if _, err := a.CreatePool(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "v6b"}, Spec: api.IPPoolSpec{CIDR: "fd00::/56"}}); !errors.Is(err, ErrPoolOverlap) {
+		t.Errorf("overlapping IPv6 pool: %v, want ErrPoolOverlap", err)
 	}
 	for _, h := range []string{"h1", "h2", "h3"} {
 		mustAssign(t, a, "n1", h)

@@ -59,8 +59,8 @@ func DecodeBlockSummary(key string, val []byte) (BlockSummary, error) {
 		return BlockSummary{}, fmt.Errorf("decoding block: %w", err)
 	}
 	cidr, err := netip.ParsePrefix(r.CIDR)
-	if err != nil || !cidr.Addr().Is4() || cidr != cidr.Masked() {
-		return BlockSummary{}, fmt.Errorf("decoding block: cidr %q is not a masked IPv4 prefix", r.CIDR)
+	if err != nil || !validBlockPrefix(cidr) {
+		return BlockSummary{}, fmt.Errorf("decoding block: cidr %q is not a masked prefix of at most %d addresses", r.CIDR, 1<<maxBlockHostBits)
 	}
 	if name, ok := strings.CutPrefix(key, blocksPrefix); ok && name != blockName(cidr) {
 		return BlockSummary{}, &keyMismatchError{key: key, cidr: cidr}

@@ -428,8 +428,12 @@ func (c *compiler) natChain() Chain {
 			continue
 		}
 		pr, err := p.Prefix()
-		if err != nil || !pr.Addr().Is4() {
-			c.warnf("pool %s: cidr %q is not an IPv4 CIDR", p.Metadata.Name, p.Spec.CIDR)
+		if err != nil {
+			c.warnf("pool %s: cidr %q does not parse", p.Metadata.Name, p.Spec.CIDR)
+			continue
+		}
+		if !pr.Addr().Is4() {
+			c.warnf("pool %s: IPv6 pools are not in the dataplane yet (natOutgoing and the pool sets skip %s)", p.Metadata.Name, pr)
 			continue
 		}
 		for _, n := range netsExcept([]netip.Prefix{pr}, nil) {

@@ -9,6 +9,10 @@ const (
 	// WorkloadGatewayIPv4 is the fake next hop of every IPv4 workload; the
 	// host side answers ARP for it by proxy ARP.
 	WorkloadGatewayIPv4 = "169.254.1.1"
+	// WorkloadGatewayIPv6 is the next hop of every IPv6 workload: the
+	// link-local address the host side's MAC (WorkloadHostMAC) gives by
+	// EUI-64, which the dataplane also sets on the host side explicitly.
+	WorkloadGatewayIPv6 = "fe80::ecee:eeff:feee:eeee"
 	// WorkloadHostMAC is the MAC address of every host-side workload
 	// interface.
 	WorkloadHostMAC = "ee:ee:ee:ee:ee:ee"

@@ -99,12 +99,15 @@ func (c *workloadCall) checkContainer(host netlink.Link, errs *[]error) {
 		*errs = append(*errs, fmt.Errorf("%s is not the peer of %s", where, spec.HostIfName))
 	}
 
-	have, err := retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_V4) })
+	have, err := retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_ALL) })
 	if err != nil {
 		*errs = append(*errs, fmt.Errorf("listing addresses of %s: %w", where, err))
 	} else {
 		var got []netip.Prefix
 		for _, a := range have {
+			if a.IP.IsLinkLocalUnicast() {
+				continue // the kernel's own IPv6 link-local address
+			}
 			if p, ok := prefixOf(a.IPNet); ok {
 				got = append(got, p)
 			}

@@ -42,14 +42,18 @@ func (c *workloadCall) ensureContainerLink(cont netlink.Link, fresh bool) error 
 	return c.ensureContainerRoutes(cont, fresh)
 }
 
-// ensureAddrs makes the IPv4 addresses of cont exactly spec.Addrs.
+// ensureAddrs makes the IPv4 and global IPv6 addresses of cont exactly
+// spec.Addrs (the kernel's own link-local address stays). IPv6 addresses
+// skip duplicate address detection: IPAM made them unique, and a tentative
+// address would hold the pod's first packets for a second.
 func (c *workloadCall) ensureAddrs(cont netlink.Link, fresh bool) error {
 	var have []netlink.Addr
 	if !fresh {
 		var err error
-		if have, err = retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_V4) }); err != nil {
+		if have, err = retryDump(func() ([]netlink.Addr, error) { return c.cont.AddrList(cont, netlink.FAMILY_ALL) }); err != nil {
 			return fmt.Errorf("listing addresses: %w", err)
 		}
+		have = slices.DeleteFunc(have, func(a netlink.Addr) bool { return a.IP.IsLinkLocalUnicast() })
 	}
 	haveSet := map[netip.Prefix]bool{}
 	for _, a := range have {
@@ -66,41 +70,54 @@ func (c *workloadCall) ensureAddrs(cont netlink.Link, fresh bool) error {
 		if haveSet[p.Masked()] {
 			continue
 		}
-		if err := c.cont.AddrAdd(cont, &netlink.Addr{IPNet: ipNet(p)}); err != nil && !errors.Is(err, unix.EEXIST) {
+		a := &netlink.Addr{IPNet: ipNet(p)}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := c.cont.AddrAdd(cont, a); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("adding address %v: %w", p, err)
 		}
 	}
 	return nil
 }
 
-// containerRoutes are the routes inside the workload: the gateway on the
-// link, then the default route through it.
-func containerRoutes(index int) []*netlink.Route {
-	gw := net.IP(GatewayAddr.AsSlice())
-	return []*netlink.Route{
-		{LinkIndex: index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4},
-		{LinkIndex: index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: gw, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4},
+// containerRoutes are the routes inside the workload. IPv4: the gateway
+// on the link, then the default route through it. IPv6: the default route
+// through the host side's link-local address.
+func containerRoutes(index int, spec WorkloadSpec) []*netlink.Route {
+	var out []*netlink.Route
+	if spec.HasIPv4() {
+		gw := net.IP(GatewayAddr.AsSlice())
+		out = append(out,
+			&netlink.Route{LinkIndex: index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(32, 32)}, Scope: netlink.SCOPE_LINK, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4},
+			&netlink.Route{LinkIndex: index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: gw, Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V4})
 	}
+	if spec.HasIPv6() {
+		// The kernel gives IPv6 routes metric 1024 when none is set.
+		out = append(out, &netlink.Route{LinkIndex: index, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)},
+			Gw: net.IP(GatewayAddr6.AsSlice()), Table: unix.RT_TABLE_MAIN, Family: netlink.FAMILY_V6, Priority: 1024})
+	}
+	return out
 }
 
 // missingContainerRoutes returns the container routes that cont lacks.
 func (c *workloadCall) missingContainerRoutes(cont netlink.Link) ([]*netlink.Route, error) {
 	filter := &netlink.Route{LinkIndex: cont.Attrs().Index, Table: unix.RT_TABLE_MAIN}
 	have, err := retryDump(func() ([]netlink.Route, error) {
-		return c.cont.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
+		return c.cont.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_OIF|netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing routes: %w", err)
 	}
 	var missing []*netlink.Route
-	for _, want := range containerRoutes(cont.Attrs().Index) {
+	for _, want := range containerRoutes(cont.Attrs().Index, c.spec) {
 		found := slices.ContainsFunc(have, func(r netlink.Route) bool {
 			dst := r.Dst
 			if dst == nil {
-				dst = &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+				dst = ipNet(netip.PrefixFrom(unspecified(r.Family), 0))
 			}
 			return r.Type == unix.RTN_UNICAST && dst.String() == want.Dst.String() &&
-				r.Gw.Equal(want.Gw) && r.Scope == want.Scope && r.Priority == 0
+				r.Gw.Equal(want.Gw) && r.Scope == want.Scope && r.Priority == want.Priority
 		})
 		if !found {
 			missing = append(missing, want)
@@ -110,7 +127,7 @@ func (c *workloadCall) missingContainerRoutes(cont netlink.Link) ([]*netlink.Rou
 }
 
 func (c *workloadCall) ensureContainerRoutes(cont netlink.Link, fresh bool) error {
-	missing := containerRoutes(cont.Attrs().Index)
+	missing := containerRoutes(cont.Attrs().Index, c.spec)
 	if !fresh {
 		var err error
 		if missing, err = c.missingContainerRoutes(cont); err != nil {

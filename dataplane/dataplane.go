@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/tabbynet/tabby/api"
 )
@@ -43,6 +44,10 @@ const (
 // side answers ARP for it by proxy ARP.
 var GatewayAddr = netip.MustParseAddr(api.WorkloadGatewayIPv4)
 
+// GatewayAddr6 is the IPv6 next hop of every workload: the host side's
+// link-local address.
+var GatewayAddr6 = netip.MustParseAddr(api.WorkloadGatewayIPv6)
+
 // ErrForeignRoute is returned (wrapped) when an operation would change or
 // delete a route whose protocol number is not one of Tabby's.
 var ErrForeignRoute = errors.New("route not owned by tabby")
@@ -61,7 +66,7 @@ type WorkloadSpec struct {
 	NetNS      string         // path, e.g. /var/run/netns/x or /proc/<pid>/ns/net
 	IfName     string         // container side, "eth0"
 	HostIfName string         // "cali0123456789a"
-	Addrs      []netip.Prefix // /32s
+	Addrs      []netip.Prefix // /32s and /128s
 	MTU        int            // 0 = 1500
 	MAC        string         // container side MAC, "" = random
 	// SkipHostRoutes leaves the node's routes to the workload to the
@@ -118,6 +123,16 @@ func HostRoutes(spec WorkloadSpec) []Route {
 	return out
 }
 
+// HasIPv6 reports whether the workload has an IPv6 address.
+func (s WorkloadSpec) HasIPv6() bool {
+	return slices.ContainsFunc(s.Addrs, func(p netip.Prefix) bool { return p.Addr().Is6() })
+}
+
+// HasIPv4 reports whether the workload has an IPv4 address.
+func (s WorkloadSpec) HasIPv4() bool {
+	return slices.ContainsFunc(s.Addrs, func(p netip.Prefix) bool { return p.Addr().Is4() })
+}
+
 // EffectiveMTU returns the MTU the workload's interfaces get.
 func (s WorkloadSpec) EffectiveMTU() int {
 	if s.MTU == 0 {
@@ -150,8 +165,8 @@ func (s WorkloadSpec) Validate() error {
 		switch {
 		case !p.IsValid():
 			errs = append(errs, fmt.Errorf("invalid address %v", p))
-		case !p.Addr().Is4() || p.Bits() != 32:
-			errs = append(errs, fmt.Errorf("address %v is not an IPv4 /32", p))
+		case p.Addr().Zone() != "" || p.Addr().Is4In6() || p.Bits() != p.Addr().BitLen() || p.Addr().IsLinkLocalUnicast():
+			errs = append(errs, fmt.Errorf("address %v is not an IPv4 /32 or a global IPv6 /128", p))
 		case seen[p]:
 			errs = append(errs, fmt.Errorf("address %v listed twice", p))
 		}
@@ -159,6 +174,8 @@ func (s WorkloadSpec) Validate() error {
 	}
 	if s.MTU < 0 || s.MTU > 65535 || (s.MTU != 0 && s.MTU < 68) {
 		errs = append(errs, fmt.Errorf("mtu %d out of range 68-65535", s.MTU))
+	} else if s.HasIPv6() && s.EffectiveMTU() < 1280 {
+		errs = append(errs, fmt.Errorf("mtu %d is below IPv6's minimum of 1280", s.MTU))
 	}
 	if s.MAC != "" {
 		if hw, err := net.ParseMAC(s.MAC); err != nil || len(hw) != 6 {

@@ -69,8 +69,8 @@ func (r Route) Normalized() Route {
 // Validate reports every problem that stops r from being programmed.
 func (r Route) Validate() error {
 	var errs []error
-	if !r.Dst.IsValid() || !r.Dst.Addr().Is4() {
-		errs = append(errs, fmt.Errorf("destination %v is not an IPv4 prefix", r.Dst))
+	if !r.Dst.IsValid() || r.Dst.Addr().Zone() != "" || r.Dst.Addr().Is4In6() {
+		errs = append(errs, fmt.Errorf("destination %v is not an IPv4 or IPv6 prefix", r.Dst))
 	}
 	switch r.Type {
 	case RouteUnicast:
@@ -85,8 +85,8 @@ func (r Route) Validate() error {
 		errs = append(errs, fmt.Errorf("unsupported route type %v", r.Type))
 	}
 	for _, gw := range r.Gateways {
-		if !gw.Is4() {
-			errs = append(errs, fmt.Errorf("gateway %v is not IPv4", gw))
+		if r.Dst.IsValid() && gw.Is4() != r.Dst.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("gateway %v is not of the destination's family", gw))
 		}
 	}
 	if r.Proto <= 0 || r.Proto > 255 {

@@ -68,7 +68,7 @@ func (r *NetlinkRoutes) List(proto int) ([]Route, error) {
 func listRoutes(h *netlink.Handle, proto int) ([]Route, error) {
 	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: netlink.RouteProtocol(proto)}
 	nrs, err := retryDump(func() ([]netlink.Route, error) {
-		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+		return h.RouteListFiltered(netlink.FAMILY_ALL, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing routes with protocol %d: %w", proto, err)
@@ -95,7 +95,7 @@ func listRoutesVia(h *netlink.Handle, proto, ifindex int, name string) ([]Route,
 	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Protocol: netlink.RouteProtocol(proto), LinkIndex: ifindex}
 	mask := uint64(netlink.RT_FILTER_TABLE | netlink.RT_FILTER_PROTOCOL | netlink.RT_FILTER_OIF)
 	strict := h.SetStrictCheck(true) == nil
-	nrs, err := retryDump(func() ([]netlink.Route, error) { return h.RouteListFiltered(netlink.FAMILY_V4, filter, mask) })
+	nrs, err := retryDump(func() ([]netlink.Route, error) { return h.RouteListFiltered(netlink.FAMILY_ALL, filter, mask) })
 	if strict {
 		if serr := h.SetStrictCheck(false); serr != nil && err == nil {
 			err = serr
@@ -132,7 +132,7 @@ func fromNetlink(h *netlink.Handle, nr netlink.Route, names map[int]string) (_ R
 		return Route{}, false, nil
 	}
 	if nr.Dst == nil {
-		rt.Dst = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		rt.Dst = netip.PrefixFrom(unspecified(nr.Family), 0)
 	} else if rt.Dst, ok = prefixOf(nr.Dst); !ok {
 		return Route{}, false, fmt.Errorf("route with bad destination %v", nr.Dst)
 	}
@@ -222,7 +222,7 @@ func replaceRoute(h *netlink.Handle, rt Route) (created bool, _ error) {
 func checkOwned(h *netlink.Handle, dst netip.Prefix) error {
 	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: ipNet(dst)}
 	nrs, err := retryDump(func() ([]netlink.Route, error) {
-		return h.RouteListFiltered(netlink.FAMILY_V4, filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
+		return h.RouteListFiltered(familyOf(dst.Addr()), filter, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_DST)
 	})
 	if err != nil {
 		return fmt.Errorf("listing routes to %v: %w", dst, err)
@@ -240,7 +240,7 @@ func toNetlink(h *netlink.Handle, rt Route) (*netlink.Route, error) {
 		Dst:      ipNet(rt.Dst),
 		Table:    unix.RT_TABLE_MAIN,
 		Protocol: netlink.RouteProtocol(rt.Proto),
-		Family:   netlink.FAMILY_V4,
+		Family:   familyOf(rt.Dst.Addr()),
 	}
 	if rt.Type == RouteBlackhole {
 		nr.Type = unix.RTN_BLACKHOLE
@@ -288,14 +288,14 @@ func deleteRoute(h *netlink.Handle, rt Route) error {
 	if !OwnedProto(rt.Proto) {
 		return fmt.Errorf("deleting route %v: %w", rt, ErrForeignRoute)
 	}
-	if !rt.Dst.IsValid() || !rt.Dst.Addr().Is4() {
-		return fmt.Errorf("deleting route %v: destination is not an IPv4 prefix", rt)
+	if !rt.Dst.IsValid() {
+		return fmt.Errorf("deleting route %v: no destination", rt)
 	}
 	nr := &netlink.Route{
 		Dst:      ipNet(rt.Dst),
 		Table:    unix.RT_TABLE_MAIN,
 		Protocol: netlink.RouteProtocol(rt.Proto),
-		Family:   netlink.FAMILY_V4,
+		Family:   familyOf(rt.Dst.Addr()),
 		Scope:    netlink.SCOPE_NOWHERE, // any scope
 		Type:     unix.RTN_UNICAST,
 	}
@@ -354,4 +354,20 @@ func (r *NetlinkRoutes) NodeRoutes() ([]netip.Prefix, error) {
 	}
 	slices.SortFunc(out, netip.Prefix.Compare)
 	return slices.Compact(out), nil
+}
+
+// familyOf is the netlink family of a.
+func familyOf(a netip.Addr) int {
+	if a.Is6() {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
+}
+
+// unspecified is the all-zeros address of a netlink family.
+func unspecified(family int) netip.Addr {
+	if family == netlink.FAMILY_V6 {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
 }

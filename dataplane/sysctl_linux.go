@@ -32,6 +32,23 @@ func hostIfSysctls(ifName string) []sysctl {
 	}
 }
 
+// hostIfSysctls6 are the IPv6 settings of a dual-stack or IPv6 workload's
+// host interface: no duplicate address detection (its link-local address,
+// the workload's gateway, is usable at once) and no router advertisements
+// taken from the workload.
+func hostIfSysctls6(ifName string) []sysctl {
+	return []sysctl{
+		{"net/ipv6/conf/" + ifName + "/accept_dad", "0"},
+		{"net/ipv6/conf/" + ifName + "/accept_ra", "0"},
+		{"net/ipv6/conf/" + ifName + "/forwarding", "1"},
+	}
+}
+
+// nodeSysctls6 are the node-wide IPv6 settings, ensured when the first
+// IPv6 workload is wired (forwarding turns off router advertisements on a
+// host that takes them, so a node without IPv6 pods is left alone).
+var nodeSysctls6 = []sysctl{{"net/ipv6/conf/all/forwarding", "1"}}
+
 // nodeSysctls are the node-wide settings the agent ensures.
 var nodeSysctls = []sysctl{{"net/ipv4/ip_forward", "1"}}
 

@@ -355,7 +355,32 @@ func (c *workloadCall) ensureHostLink(host netlink.Link, fresh bool) error {
 			return err
 		}
 	}
+	if c.spec.HasIPv6() {
+		if err := c.ensureHostIPv6(host, fresh); err != nil {
+			return err
+		}
+	}
 	return ensureUp(c.node, host)
+}
+
+// ensureHostIPv6 readies the host end for IPv6: its settings, the node's
+// forwarding, and the gateway's link-local address set explicitly (the
+// kernel derives the same one from the MAC, but not where addr_gen_mode
+// says otherwise), without duplicate address detection. It runs before
+// the container end is up, so the kernel's own link-local address, made
+// when the link gets its carrier, is not tentative either.
+func (c *workloadCall) ensureHostIPv6(host netlink.Link, fresh bool) error {
+	if err := ensureSysctls(c.nodeNS, nodeSysctls6); err != nil {
+		return err
+	}
+	if err := setSysctls(c.nodeNS, hostIfSysctls6(c.spec.HostIfName), !fresh); err != nil {
+		return err
+	}
+	gw := &netlink.Addr{IPNet: &net.IPNet{IP: GatewayAddr6.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD, Scope: unix.RT_SCOPE_LINK}
+	if err := c.node.AddrAdd(host, gw); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding the gateway address %s: %w", GatewayAddr6, err)
+	}
+	return nil
 }
 
 // ensureHostRoutes adds the node's /32 route to each address; one for the

@@ -130,15 +130,20 @@ func (c *controller) gcPass(ctx context.Context, now time.Time) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
+		// The endpoint goes first: once the address is free it may be
+		// handed out again, and the stale endpoint's labels must not match
+		// policies by then. An endpoint changed since the view saw it is
+		// left to the next pass.
+		if cd.wep != nil {
+			err := c.store.Delete(ctx, api.KindWorkloadEndpoint, cd.wep.Metadata.Namespace, cd.wep.Metadata.Name, cd.wep.Metadata.ResourceVersion)
+			if err != nil && !errors.Is(err, datastore.ErrNotFound) {
+				errs = append(errs, fmt.Errorf("deleting endpoint %s: %w", cd.id, err))
+				continue
+			}
+		}
 		if err := c.ipam.ReleaseHandle(ctx, cd.handle); err != nil {
 			errs = append(errs, fmt.Errorf("releasing %s: %w", cd.handle, err))
 			continue
-		}
-		if cd.wep != nil {
-			err := c.store.Delete(ctx, api.KindWorkloadEndpoint, cd.wep.Metadata.Namespace, cd.wep.Metadata.Name, cd.wep.Metadata.ResourceVersion)
-			if err != nil && !errors.Is(err, datastore.ErrNotFound) && !errors.Is(err, datastore.ErrConflict) {
-				errs = append(errs, fmt.Errorf("deleting endpoint %s: %w", cd.id, err))
-			}
 		}
 		delete(c.gc.firstSeen, cd.id)
 		c.log.Info("address GC released the address of a pod Kubernetes no longer has",

@@ -132,57 +132,68 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		}
 	}()
 
-	// 1. An address.
+	// 1. The addresses: one of each family the network asks for, under
+	// one handle.
 	t0 := time.Now()
-	areq := ipam.AssignRequest{
-		Node:   h.node,
-		Handle: handle,
-		Pools:  conf.IPv4Pools,
-		Attrs: ipam.Attributes{
-			Node: h.node, Namespace: w.Namespace, Pod: w.Pod, ContainerID: req.ContainerID, Time: time.Now(),
-		},
-	}
-	if len(args.IPs) > 0 {
-		areq.Addr = args.IPs[0]
-	}
-	if err = h.applyPodInfo(ctx, w, args, &areq); err != nil {
+	reqs, err := h.assignRequests(ctx, w, req, conf, args, handle)
+	if err != nil {
 		return nil, err
 	}
-	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-	asg, err := h.ipam.Assign(actx, areq)
-	cancel()
-	if h.observeAssign != nil {
-		h.observeAssign(asg.Borrowed, err)
-	}
-	if err != nil {
-		if len(conf.IPv4Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
-			return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv4_pools %v", conf.Name, conf.IPv4Pools), err)
+	var asgs []ipam.Assignment
+	anyExisting := false
+	for _, areq := range reqs {
+		actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+		a, err := h.ipam.Assign(actx, areq)
+		cancel()
+		if h.observeAssign != nil {
+			h.observeAssign(a.Borrowed, err)
 		}
-		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
+		if err != nil {
+			if len(areq.Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
+				return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv%d_pools %v", conf.Name, areq.Family, areq.Pools), err)
+			}
+			return nil, cniErr(codeIPAM, fmt.Sprintf("assigning an IPv%d address for %s", areq.Family, handle), err)
+		}
+		asgs = append(asgs, a)
+		anyExisting = anyExisting || a.Existing
 	}
 	// A repeated ADD of a live attachment must leave it as it was when it
 	// fails: only a successful ADD replaces, only DEL removes. What it
 	// finds already there is therefore never pushed on the undo stack.
 	// IPAM says whether this is a repeat; only a repeat reads the endpoint.
 	var prior *api.WorkloadEndpoint
-	if asg.Existing {
+	if anyExisting {
 		gctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 		prior, err = h.endpointOf(gctx, w, req.ContainerID)
 		cancel()
 		if err != nil {
 			return nil, cniErr(codeDatastore, "reading the endpoint of "+shortID(req.ContainerID), err)
 		}
+		for _, a := range asgs {
+			if !a.Existing {
+				addr := a.Addr
+				undo.push("releasing address "+addr.String(), func(ctx context.Context) error { return h.ipam.ReleaseAddrHeldBy(ctx, addr, handle) })
+			}
+		}
 	} else {
-		undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
+		undo.push("releasing addresses", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
 	}
 	if err = h.step("assign"); err != nil {
 		return nil, err
+	}
+	asg := asgs[0] // the first family's address: the one BGP carries (IPv4 when the network has it)
+	var addrs []netip.Addr
+	var prefixes []netip.Prefix
+	for _, a := range asgs {
+		addrs = append(addrs, a.Addr)
+		prefixes = append(prefixes, netip.PrefixFrom(a.Addr, a.Addr.BitLen()))
 	}
 	// A new route to advertise: wait for it alongside the other steps.
 	advc := make(chan error, 1)
 	var advPrefix netip.Prefix
 	switch {
-	case h.advertised == nil || asg.Existing:
+	case h.advertised == nil || asg.Existing || !asg.Addr.Is4():
+		// BGP carries IPv4 only so far (docs/ipv6.md).
 	case asg.NewBlock:
 		advPrefix = asg.Block
 	case asg.Borrowed:
@@ -211,13 +222,13 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		NetNS:          req.Netns,
 		IfName:         req.IfName,
 		HostIfName:     hostIf,
-		Addrs:          []netip.Prefix{netip.PrefixFrom(asg.Addr, 32)},
+		Addrs:          prefixes,
 		MTU:            conf.MTU,
 		MAC:            mac,
 		SkipHostRoutes: true,
 	}
 	t1 := time.Now()
-	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, mac, args.Labels)
+	wep := buildEndpoint(h.node, w, handle, addrs, hostIf, mac, args.Labels)
 	type epResult struct {
 		stored bool
 		err    error
@@ -291,9 +302,54 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	} else if advPrefix.IsValid() {
 		h.log.Info("waited for the pod's route to be advertised", "prefix", advPrefix, "waited", time.Since(tAdv).Round(time.Microsecond))
 	}
-	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ip", asg.Addr, "iface", hostIf, "borrowed", asg.Borrowed,
+	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ips", addrs, "iface", hostIf, "borrowed", asg.Borrowed,
 		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))
-	return buildResult(req, asg.Addr, hostIf, st), nil
+	return buildResult(req, addrs, hostIf, st), nil
+}
+
+// assignRequests builds the IPAM requests of an ADD, one per family the
+// network assigns (IPv4 first): the family's pools, the runtime's
+// requested address of that family, and for IPv4 the pod's address
+// annotations (Kubernetes). A requested address of a family the network
+// does not assign is an error.
+func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.Request, conf *cni.NetConf, args *cni.Args, handle string) ([]ipam.AssignRequest, error) {
+	base := ipam.AssignRequest{
+		Node:   h.node,
+		Handle: handle,
+		Attrs: ipam.Attributes{
+			Node: h.node, Namespace: w.Namespace, Pod: w.Pod, ContainerID: req.ContainerID, Time: time.Now(),
+		},
+	}
+	v4, v6 := base, base
+	v4.Family, v4.Pools = 4, conf.IPv4Pools
+	v6.Family, v6.Pools = 6, conf.IPv6Pools
+	for _, a := range args.IPs {
+		r := &v4
+		if a.Is6() {
+			r = &v6
+		}
+		if r.Addr.IsValid() {
+			return nil, &types.Error{Code: types.ErrInvalidNetworkConfig, Msg: fmt.Sprintf("the runtime asks for two IPv%d addresses (%s and %s); a pod gets one per family", r.Family, r.Addr, a)}
+		}
+		r.Addr = a
+	}
+	if err := h.applyPodInfo(ctx, w, args, &v4); err != nil {
+		return nil, err
+	}
+	var out []ipam.AssignRequest
+	for _, f := range []struct {
+		want bool
+		r    ipam.AssignRequest
+	}{{conf.WantsIPv4(), v4}, {conf.WantsIPv6(), v6}} {
+		switch {
+		case f.want:
+			out = append(out, f.r)
+		case f.r.Addr.IsValid():
+			return nil, &types.Error{Code: types.ErrInvalidNetworkConfig,
+				Msg: fmt.Sprintf("the runtime asks for %s, but network %s assigns no IPv%d addresses (assign_ipv%d)", f.r.Addr, conf.Name, f.r.Family, f.r.Family)}
+		}
+	}
+	return out, nil
 }
 
 // undoStack holds the inverse of each step a request completed.
@@ -413,24 +469,31 @@ func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint)
 	return strconv.ParseInt(obj.GetMeta().ResourceVersion, 10, 64)
 }
 
-func buildResult(req *cni.Request, addr netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
+func buildResult(req *cni.Request, addrs []netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
 	idx := 1
-	return &current.Result{
+	r := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
 			{Name: hostIf, Mac: dataplane.HostMAC},
 			{Name: req.IfName, Mac: st.ContainerMAC, Sandbox: req.Netns},
 		},
-		IPs: []*current.IPConfig{{
-			Interface: &idx,
-			Address:   net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)},
-			Gateway:   dataplane.GatewayAddr.AsSlice(),
-		}},
-		Routes: []*types.Route{{
-			Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
-			GW:  dataplane.GatewayAddr.AsSlice(),
-		}},
 	}
+	for _, a := range addrs {
+		gw, zero := dataplane.GatewayAddr, netip.IPv4Unspecified()
+		if a.Is6() {
+			gw, zero = dataplane.GatewayAddr6, netip.IPv6Unspecified()
+		}
+		r.IPs = append(r.IPs, &current.IPConfig{
+			Interface: &idx,
+			Address:   net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
+			Gateway:   gw.AsSlice(),
+		})
+		r.Routes = append(r.Routes, &types.Route{
+			Dst: net.IPNet{IP: zero.AsSlice(), Mask: net.CIDRMask(0, zero.BitLen())},
+			GW:  gw.AsSlice(),
+		})
+	}
+	return r
 }
 
 // Del removes the pod's interfaces, endpoint and address. Every missing piece
@@ -550,7 +613,7 @@ func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetC
 	}
 	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName(), MTU: conf.MTU}
 	for _, a := range addrs {
-		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, 32))
+		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, a.BitLen()))
 	}
 	if cerr := h.wl.Check(ctx, spec); cerr != nil {
 		errs = append(errs, cerr)
@@ -566,7 +629,7 @@ func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetC
 		}
 		var want []string
 		for _, a := range addrs {
-			want = append(want, netip.PrefixFrom(a, 32).String())
+			want = append(want, netip.PrefixFrom(a, a.BitLen()).String())
 		}
 		if !slices.Equal(want, wep.Spec.IPNetworks) {
 			errs = append(errs, fmt.Errorf("endpoint has ipNetworks %v, want %v", wep.Spec.IPNetworks, want))

@@ -26,9 +26,7 @@ func desiredLocalRoutes(node string, weps []*api.WorkloadEndpoint, blocks []ipam
 		}
 		addrs, _ := w.Addrs() // entries that do not parse are skipped
 		for _, a := range addrs {
-			if a.Is4() {
-				out = append(out, dataplane.Route{Dst: netip.PrefixFrom(a, 32), Type: dataplane.RouteUnicast, Dev: w.Spec.InterfaceName, Proto: dataplane.RouteProtoWorkload})
-			}
+			out = append(out, dataplane.Route{Dst: netip.PrefixFrom(a, a.BitLen()), Type: dataplane.RouteUnicast, Dev: w.Spec.InterfaceName, Proto: dataplane.RouteProtoWorkload})
 		}
 	}
 	return sortRoutes(out)

@@ -82,7 +82,7 @@ func (r *routeOwner) loop(every time.Duration, m *metrics) loop {
 // desired returns the routes this node should have; r.mu is held. Wiring
 // entries whose endpoint reached the view, or that outlived the grace, go.
 func (r *routeOwner) desired(now time.Time) []dataplane.Route {
-	out := desiredLocalRoutes(r.node, r.view.EndpointsOn(r.node), ipv4Blocks(r.view.BlocksOf(r.node)))
+	out := desiredLocalRoutes(r.node, r.view.EndpointsOn(r.node), r.view.BlocksOf(r.node))
 	type key struct {
 		dst netip.Prefix
 		dev string

@@ -54,6 +54,14 @@ type NetConf struct {
 	// read from "ipam": {"ipv4_pools": […]} as in Calico (or from a
 	// top-level "ipv4_pools"). ADD fails if one does not exist.
 	IPv4Pools []string `json:"ipv4_pools,omitempty"`
+	// IPv6Pools is IPv4Pools for IPv6 addresses ("ipam": {"ipv6_pools"}).
+	IPv6Pools []string `json:"ipv6_pools,omitempty"`
+	// AssignIPv4 and AssignIPv6 say which families a pod of this network
+	// gets an address of: IPv4 only unless set (Calico's "ipam":
+	// {"assign_ipv4": "true", "assign_ipv6": "true"}, strings or booleans,
+	// also accepted at the top level). A dual-stack network sets both.
+	AssignIPv4 *FlexBool `json:"assign_ipv4,omitempty"`
+	AssignIPv6 *FlexBool `json:"assign_ipv6,omitempty"`
 
 	// RuntimeConfig holds the capability arguments the runtime injected
 	// (the plugin must declare "ips" and "mac" in its capabilities).
@@ -61,6 +69,31 @@ type NetConf struct {
 	// ConfArgs is the "args" object of the configuration (CNI conventions).
 	ConfArgs *ConfArgs `json:"args,omitempty"`
 }
+
+// FlexBool is a boolean written as true/false or, as Calico's network
+// configurations do, "true"/"false".
+type FlexBool bool
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (b *FlexBool) UnmarshalJSON(data []byte) error {
+	switch strings.ToLower(strings.Trim(string(data), `"`)) {
+	case "true":
+		*b = true
+	case "false":
+		*b = false
+	default:
+		return fmt.Errorf("%s is not true or false", data)
+	}
+	return nil
+}
+
+// WantsIPv4 reports whether pods of the network get an IPv4 address
+// (default yes).
+func (c *NetConf) WantsIPv4() bool { return c.AssignIPv4 == nil || bool(*c.AssignIPv4) }
+
+// WantsIPv6 reports whether pods of the network get an IPv6 address
+// (default no).
+func (c *NetConf) WantsIPv6() bool { return c.AssignIPv6 != nil && bool(*c.AssignIPv6) }
 
 // RuntimeConfig is the part of "runtimeConfig" that Tabby understands.
 type RuntimeConfig struct {
@@ -132,9 +165,13 @@ func (c NetConf) MarshalJSON() ([]byte, error) {
 		MTU            int            `json:"mtu,omitempty"`
 		TimeoutSeconds int            `json:"timeout_seconds,omitempty"`
 		IPv4Pools      []string       `json:"ipv4_pools,omitempty"`
+		IPv6Pools      []string       `json:"ipv6_pools,omitempty"`
+		AssignIPv4     *FlexBool      `json:"assign_ipv4,omitempty"`
+		AssignIPv6     *FlexBool      `json:"assign_ipv6,omitempty"`
 		RuntimeConfig  *RuntimeConfig `json:"runtimeConfig,omitempty"`
 		ConfArgs       *ConfArgs      `json:"args,omitempty"`
-	}{AgentSocket: c.AgentSocket, MTU: c.MTU, TimeoutSeconds: c.TimeoutSeconds, IPv4Pools: c.IPv4Pools, ConfArgs: c.ConfArgs}
+	}{AgentSocket: c.AgentSocket, MTU: c.MTU, TimeoutSeconds: c.TimeoutSeconds, IPv4Pools: c.IPv4Pools, IPv6Pools: c.IPv6Pools,
+		AssignIPv4: c.AssignIPv4, AssignIPv6: c.AssignIPv6, ConfArgs: c.ConfArgs}
 	if len(c.RuntimeConfig.IPs) > 0 || c.RuntimeConfig.MAC != "" {
 		extra.RuntimeConfig = &c.RuntimeConfig
 	}
@@ -176,26 +213,47 @@ func ParseNetConf(data []byte) (*NetConf, error) {
 	}
 	var ipamSection struct {
 		IPAM struct {
-			IPv4Pools []string `json:"ipv4_pools"`
+			IPv4Pools  []string  `json:"ipv4_pools"`
+			IPv6Pools  []string  `json:"ipv6_pools"`
+			AssignIPv4 *FlexBool `json:"assign_ipv4"`
+			AssignIPv6 *FlexBool `json:"assign_ipv6"`
 		} `json:"ipam"`
 	}
 	if err := json.Unmarshal(data, &ipamSection); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decoding network configuration: ipam: %v", err), "")
 	}
-	var poolProblem string
-	switch fromIPAM := ipamSection.IPAM.IPv4Pools; {
-	case len(fromIPAM) == 0:
-	case len(conf.IPv4Pools) == 0:
-		conf.IPv4Pools = fromIPAM
-	case !slices.Equal(fromIPAM, conf.IPv4Pools):
-		poolProblem = fmt.Sprintf("ipam.ipv4_pools %v and ipv4_pools %v disagree; give one", fromIPAM, conf.IPv4Pools)
+	var problems []string
+	for _, f := range []struct {
+		key      string
+		fromIPAM []string
+		top      *[]string
+	}{{"ipv4_pools", ipamSection.IPAM.IPv4Pools, &conf.IPv4Pools}, {"ipv6_pools", ipamSection.IPAM.IPv6Pools, &conf.IPv6Pools}} {
+		switch {
+		case len(f.fromIPAM) == 0:
+		case len(*f.top) == 0:
+			*f.top = f.fromIPAM
+		case !slices.Equal(f.fromIPAM, *f.top):
+			problems = append(problems, fmt.Sprintf("ipam.%s %v and %s %v disagree; give one", f.key, f.fromIPAM, f.key, *f.top))
+		}
+	}
+	for _, f := range []struct {
+		key      string
+		fromIPAM *FlexBool
+		top      **FlexBool
+	}{{"assign_ipv4", ipamSection.IPAM.AssignIPv4, &conf.AssignIPv4}, {"assign_ipv6", ipamSection.IPAM.AssignIPv6, &conf.AssignIPv6}} {
+		switch {
+		case f.fromIPAM == nil:
+		case *f.top == nil:
+			*f.top = f.fromIPAM
+		case **f.top != *f.fromIPAM:
+			problems = append(problems, fmt.Sprintf("ipam.%s and %s disagree; give one", f.key, f.key))
+		}
 	}
 	if !supportedVersion(conf.CNIVersion) {
 		return nil, types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions",
 			fmt.Sprintf("network configuration has cniVersion %q; tabby supports %s",
 				conf.CNIVersion, strings.Join(SupportedVersions, ", ")))
 	}
-	var problems []string
 	if conf.Name == "" {
 		problems = append(problems, "name is missing")
 	}
@@ -211,13 +269,18 @@ func ParseNetConf(data []byte) (*NetConf, error) {
 	if conf.TimeoutSeconds < 0 {
 		problems = append(problems, fmt.Sprintf("timeout_seconds %d is negative", conf.TimeoutSeconds))
 	}
-	if poolProblem != "" {
-		problems = append(problems, poolProblem)
-	}
 	for _, p := range conf.IPv4Pools {
-		if msg := checkPoolRef(p); msg != "" {
+		if msg := checkPoolRef(p, false); msg != "" {
 			problems = append(problems, "ipv4_pools: "+msg)
 		}
+	}
+	for _, p := range conf.IPv6Pools {
+		if msg := checkPoolRef(p, true); msg != "" {
+			problems = append(problems, "ipv6_pools: "+msg)
+		}
+	}
+	if !conf.WantsIPv4() && !conf.WantsIPv6() {
+		problems = append(problems, "assign_ipv4 and assign_ipv6 are both false: a pod would get no address")
 	}
 	if len(problems) > 0 {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "invalid tabby network configuration", strings.Join(problems, "; "))
@@ -225,15 +288,19 @@ func ParseNetConf(data []byte) (*NetConf, error) {
 	return conf, nil
 }
 
-// checkPoolRef says what is wrong with an ipv4_pools entry: a pool name or
-// an IPv4 CIDR. Whether the pool exists is the agent's question.
-func checkPoolRef(p string) string {
+// checkPoolRef says what is wrong with an ipv4_pools (ipv6_pools, when
+// is6) entry: a pool name or a CIDR of the family. Whether the pool exists
+// is the agent's question.
+func checkPoolRef(p string, is6 bool) string {
 	if strings.Contains(p, "/") {
 		pfx, err := netip.ParsePrefix(p)
 		switch {
 		case err != nil:
 			return fmt.Sprintf("%q is not a CIDR: %v", p, err)
-		case !pfx.Addr().Is4():
+		case pfx.Addr().Is6() != is6:
+			if is6 {
+				return fmt.Sprintf("%q is not an IPv6 CIDR", p)
+			}
 			return fmt.Sprintf("%q is not an IPv4 CIDR", p)
 		case pfx.Masked() != pfx:
 			return fmt.Sprintf("%q has host bits set (the pool is %s)", p, pfx.Masked())

@@ -3,6 +3,8 @@ package cni
 import (
 	"encoding/json"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,6 +98,51 @@ func TestParseNetConfPools(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.want, conf.IPv4Pools); diff != "" {
 				t.Errorf("pools (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseNetConfFamilies(t *testing.T) {
+	const head = `{"cniVersion":"1.0.0","name":"k8s","type":"tabby",`
+	tests := []struct {
+		name, in string
+		v4, v6   bool
+		pools6   []string
+		problem  string
+	}{
+		{"default: IPv4 only", `"ipam":{"type":"x"}}`, true, false, nil, ""},
+		{"dual stack, Calico's strings", `"ipam":{"assign_ipv4":"true","assign_ipv6":"true","ipv6_pools":["fd00:10:244::/48","v6"]}}`, true, true, []string{"fd00:10:244::/48", "v6"}, ""},
+		{"IPv6 only, booleans at the top level", `"assign_ipv4":false,"assign_ipv6":true}`, false, true, nil, ""},
+		{"neither", `"ipam":{"assign_ipv4":"false"}}`, false, false, nil, "assign_ipv4 and assign_ipv6 are both false"},
+		{"not a boolean", `"ipam":{"assign_ipv6":"yes"}}`, false, false, nil, "decoding"},
+		{"disagreeing", `"assign_ipv6":true,"ipam":{"assign_ipv6":"false"}}`, false, false, nil, "ipam.assign_ipv6 and assign_ipv6 disagree"},
+		{"IPv4 CIDR in ipv6_pools", `"ipam":{"ipv6_pools":["10.244.0.0/24"]}}`, false, false, nil, `ipv6_pools: "10.244.0.0/24" is not an IPv6 CIDR`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conf, err := ParseNetConf([]byte(head + tt.in))
+			if tt.problem != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.problem) {
+					t.Fatalf("error %v, want one saying %q", err, tt.problem)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if conf.WantsIPv4() != tt.v4 || conf.WantsIPv6() != tt.v6 || !slices.Equal(conf.IPv6Pools, tt.pools6) {
+				t.Errorf("IPv4 %v, IPv6 %v, ipv6_pools %v; want %v, %v, %v", conf.WantsIPv4(), conf.WantsIPv6(), conf.IPv6Pools, tt.v4, tt.v6, tt.pools6)
+			}
+			// The agent gets the configuration through the shim: the
+			// families survive the round trip.
+			b, err := json.Marshal(conf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := parseRequestForTest(b)
+			if err != nil || again.WantsIPv4() != tt.v4 || again.WantsIPv6() != tt.v6 || !slices.Equal(again.IPv6Pools, tt.pools6) {
+				t.Errorf("after the round trip %s: %+v, %v", b, again, err)
 			}
 		})
 	}

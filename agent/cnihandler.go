@@ -145,27 +145,20 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if len(args.IPs) > 0 {
 		areq.Addr = args.IPs[0]
 	}
-	if err = h.applyPodInfo(ctx, w, args, &areq); err != nil {
+	info, err := h.applyPodInfo(ctx, w, conf, args, &areq)
+	if err != nil {
 		return nil, err
 	}
-	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-	asg, err := h.ipam.Assign(actx, areq)
-	cancel()
-	if h.observeAssign != nil {
-		h.observeAssign(asg.Borrowed, err)
-	}
-	if err != nil {
-		if len(conf.IPv4Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
-			return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv4_pools %v", conf.Name, conf.IPv4Pools), err)
-		}
-		return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
-	}
+	var asg ipam.Assignment
 	// A repeated ADD of a live attachment must leave it as it was when it
 	// fails: only a successful ADD replaces, only DEL removes. What it
 	// finds already there is therefore never pushed on the undo stack.
-	// IPAM says whether this is a repeat; only a repeat reads the endpoint.
+	// IPAM says whether this is a repeat; only a repeat reads the endpoint
+	// (or every ADD of an address without IPAM, which IPAM knows nothing of).
 	var prior *api.WorkloadEndpoint
-	if asg.Existing {
+	if info.noIPAM.IsValid() {
+		asg.Addr = info.noIPAM
+		handle = ""
 		gctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 		prior, err = h.endpointOf(gctx, w, req.ContainerID)
 		cancel()
@@ -173,7 +166,28 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 			return nil, cniErr(codeDatastore, "reading the endpoint of "+shortID(req.ContainerID), err)
 		}
 	} else {
-		undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
+		actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+		asg, err = h.ipam.Assign(actx, areq)
+		cancel()
+		if h.observeAssign != nil {
+			h.observeAssign(asg.Borrowed, err)
+		}
+		if err != nil {
+			if len(conf.IPv4Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
+				return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv4_pools %v", conf.Name, conf.IPv4Pools), err)
+			}
+			return nil, cniErr(codeIPAM, "assigning an address for "+handle, err)
+		}
+		if asg.Existing {
+			gctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+			prior, err = h.endpointOf(gctx, w, req.ContainerID)
+			cancel()
+			if err != nil {
+				return nil, cniErr(codeDatastore, "reading the endpoint of "+shortID(req.ContainerID), err)
+			}
+		} else {
+			undo.push("releasing address", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, areq.Handle) })
+		}
 	}
 	if err = h.step("assign"); err != nil {
 		return nil, err
@@ -218,6 +232,10 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, mac, args.Labels)
+	wep.Spec.NamespaceLabels = info.nsLabels
+	if info.noIPAM.IsValid() {
+		wep.Metadata.Annotations = map[string]string{api.AnnotationNoIPAM: "true"}
+	}
 	type epResult struct {
 		stored bool
 		err    error

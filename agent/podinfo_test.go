@@ -58,7 +58,7 @@ func TestAddTakesLabelsAndAddressFromPodRecord(t *testing.T) {
 			req, conf, args := addReq(id)
 			ns := "ns" + id
 			args.PodNamespace = ns
-			putJSON(t, e.store, datastore.KubeNamespaceKey(ns), api.KubeNamespace{Name: ns, Annotations: tt.ns})
+			putJSON(t, e.store, datastore.KubeNamespaceKey(ns), api.KubeNamespace{Name: ns, Labels: map[string]string{"ns": ns}, Annotations: tt.ns})
 			putJSON(t, e.store, datastore.KubePodKey(ns, args.PodName), api.KubePod{Namespace: ns, Name: args.PodName,
 				Labels: map[string]string{"role": "db"}, ServiceAccount: "sa1", Annotations: tt.pod})
 			res, err := e.h.Add(ctx, req, conf, args)
@@ -80,6 +80,9 @@ func TestAddTakesLabelsAndAddressFromPodRecord(t *testing.T) {
 			}
 			if wep.Metadata.Labels["role"] != "db" || wep.Metadata.Labels["app"] != "" || wep.Metadata.Labels[api.LabelServiceAccount] != "sa1" {
 				t.Errorf("endpoint labels %v, want the pod record's", wep.Metadata.Labels)
+			}
+			if wep.Spec.NamespaceLabels["ns"] != ns {
+				t.Errorf("endpoint namespace labels %v, want the namespace record's", wep.Spec.NamespaceLabels)
 			}
 		})
 	}

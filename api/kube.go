@@ -53,6 +53,10 @@ const (
 	// AnnotationTranslationError, on a NetworkPolicy translated from
 	// Kubernetes, says why it was written to deny everything it selects.
 	AnnotationTranslationError = "tabby.dev/translation-error"
+	// AnnotationNoIPAM, on a WorkloadEndpoint, says that its address was
+	// given without IPAM (a pod's ipAddrsNoIpam annotation): IPAM's check
+	// does not expect an allocation for it.
+	AnnotationNoIPAM = "tabby.dev/no-ipam"
 	// LabelServiceAccount on a pod's WorkloadEndpoint carries the pod's
 	// service account name, so that selectors can match it.
 	LabelServiceAccount = "tabby.dev/serviceaccount"

@@ -55,11 +55,23 @@ type NetConf struct {
 	// top-level "ipv4_pools"). ADD fails if one does not exist.
 	IPv4Pools []string `json:"ipv4_pools,omitempty"`
 
+	// FeatureControl turns on features that are off by default, under
+	// Calico's key names.
+	FeatureControl FeatureControl `json:"feature_control,omitempty"`
+
 	// RuntimeConfig holds the capability arguments the runtime injected
 	// (the plugin must declare "ips" and "mac" in its capabilities).
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 	// ConfArgs is the "args" object of the configuration (CNI conventions).
 	ConfArgs *ConfArgs `json:"args,omitempty"`
+}
+
+// FeatureControl is the "feature_control" object of the configuration.
+type FeatureControl struct {
+	// IPAddrsNoIPAM allows a pod's ipAddrsNoIpam annotation: the pod gets
+	// the address it names without IPAM. Off by default, as in Calico: any
+	// pod that may set the annotation could then claim any address.
+	IPAddrsNoIPAM bool `json:"ip_addrs_no_ipam,omitempty"`
 }
 
 // RuntimeConfig is the part of "runtimeConfig" that Tabby understands.
@@ -128,13 +140,17 @@ func (c NetConf) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	extra := struct {
-		AgentSocket    string         `json:"agent_socket,omitempty"`
-		MTU            int            `json:"mtu,omitempty"`
-		TimeoutSeconds int            `json:"timeout_seconds,omitempty"`
-		IPv4Pools      []string       `json:"ipv4_pools,omitempty"`
-		RuntimeConfig  *RuntimeConfig `json:"runtimeConfig,omitempty"`
-		ConfArgs       *ConfArgs      `json:"args,omitempty"`
+		AgentSocket    string          `json:"agent_socket,omitempty"`
+		MTU            int             `json:"mtu,omitempty"`
+		TimeoutSeconds int             `json:"timeout_seconds,omitempty"`
+		IPv4Pools      []string        `json:"ipv4_pools,omitempty"`
+		FeatureControl *FeatureControl `json:"feature_control,omitempty"`
+		RuntimeConfig  *RuntimeConfig  `json:"runtimeConfig,omitempty"`
+		ConfArgs       *ConfArgs       `json:"args,omitempty"`
 	}{AgentSocket: c.AgentSocket, MTU: c.MTU, TimeoutSeconds: c.TimeoutSeconds, IPv4Pools: c.IPv4Pools, ConfArgs: c.ConfArgs}
+	if c.FeatureControl != (FeatureControl{}) {
+		extra.FeatureControl = &c.FeatureControl
+	}
 	if len(c.RuntimeConfig.IPs) > 0 || c.RuntimeConfig.MAC != "" {
 		extra.RuntimeConfig = &c.RuntimeConfig
 	}

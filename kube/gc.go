@@ -130,9 +130,12 @@ func (c *controller) gcPass(ctx context.Context, now time.Time) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if err := c.ipam.ReleaseHandle(ctx, cd.handle); err != nil {
-			errs = append(errs, fmt.Errorf("releasing %s: %w", cd.handle, err))
-			continue
+		// An endpoint whose address came without IPAM has no handle.
+		if cd.handle != "" {
+			if err := c.ipam.ReleaseHandle(ctx, cd.handle); err != nil {
+				errs = append(errs, fmt.Errorf("releasing %s: %w", cd.handle, err))
+				continue
+			}
 		}
 		if cd.wep != nil {
 			err := c.store.Delete(ctx, api.KindWorkloadEndpoint, cd.wep.Metadata.Namespace, cd.wep.Metadata.Name, cd.wep.Metadata.ResourceVersion)

@@ -233,8 +233,13 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, mac, args.Labels)
 	wep.Spec.NamespaceLabels = info.nsLabels
+	wep.Metadata.Annotations = map[string]string{api.AnnotationOrigin: api.OriginAgent}
+	if info.kube {
+		// Its labels come from Kubernetes, and the controllers keep them.
+		wep.Metadata.Annotations[api.AnnotationOrigin] = api.OriginKubernetes
+	}
 	if info.noIPAM.IsValid() {
-		wep.Metadata.Annotations = map[string]string{api.AnnotationNoIPAM: "true"}
+		wep.Metadata.Annotations[api.AnnotationNoIPAM] = "true"
 	}
 	type epResult struct {
 		stored bool

@@ -135,6 +135,9 @@ func TestKubeAddressAnnotationsThroughAPIServer(t *testing.T) {
 			if wep.Metadata.Labels["case"] != tt.name || wep.Metadata.Labels[api.LabelServiceAccount] != "sa-"+tt.ns {
 				t.Errorf("endpoint labels %v, want the pod's and its service account", wep.Metadata.Labels)
 			}
+			if api.Origin(wep) != api.OriginKubernetes {
+				t.Errorf("endpoint origin %q, want kubernetes", api.Origin(wep))
+			}
 			if wep.Spec.NamespaceLabels["team"] != tt.ns {
 				t.Errorf("endpoint namespace labels %v at ADD, want team=%s", wep.Spec.NamespaceLabels, tt.ns)
 			}

@@ -56,6 +56,8 @@ func kubeManaged(ctx context.Context, s *datastore.Store) (bool, error) {
 // podInfo is what ADD takes from a Kubernetes pod's records besides its
 // labels and address request.
 type podInfo struct {
+	// kube: the pod's record was found and used.
+	kube bool
 	// nsLabels are the labels of the pod's namespace, for the endpoint.
 	nsLabels map[string]string
 	// noIPAM, when valid, is the address the pod gets without IPAM
@@ -89,7 +91,7 @@ func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.N
 		return podInfo{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
 	}
 	args.Labels = api.EndpointLabels(pod)
-	info := podInfo{nsLabels: ns.Labels}
+	info := podInfo{kube: true, nsLabels: ns.Labels}
 	if info.noIPAM, err = h.addressRequest(pod, &ns, conf, areq); err != nil {
 		return podInfo{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}

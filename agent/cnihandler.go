@@ -135,48 +135,57 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	// 1. The addresses: one of each family the network asks for, under
 	// one handle.
 	t0 := time.Now()
-	reqs, err := h.assignRequests(ctx, w, req, conf, args, handle)
+	reqs, info, err := h.assignRequests(ctx, w, req, conf, args, handle)
 	if err != nil {
 		return nil, err
-	}
-	var asgs []ipam.Assignment
-	anyExisting := false
-	for _, areq := range reqs {
-		actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-		a, err := h.ipam.Assign(actx, areq)
-		cancel()
-		if h.observeAssign != nil {
-			h.observeAssign(a.Borrowed, err)
-		}
-		if err != nil {
-			if len(areq.Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
-				return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv%d_pools %v", conf.Name, areq.Family, areq.Pools), err)
-			}
-			return nil, cniErr(codeIPAM, fmt.Sprintf("assigning an IPv%d address for %s", areq.Family, handle), err)
-		}
-		asgs = append(asgs, a)
-		anyExisting = anyExisting || a.Existing
 	}
 	// A repeated ADD of a live attachment must leave it as it was when it
 	// fails: only a successful ADD replaces, only DEL removes. What it
 	// finds already there is therefore never pushed on the undo stack.
-	// IPAM says whether this is a repeat; only a repeat reads the endpoint.
+	// IPAM says whether this is a repeat; only a repeat reads the endpoint
+	// (or every ADD of an address without IPAM, which IPAM knows nothing of).
+	var asgs []ipam.Assignment
+	readPrior := false
+	if info.noIPAM.IsValid() {
+		asgs = []ipam.Assignment{{Addr: info.noIPAM}}
+		handle = ""
+		readPrior = true
+	} else {
+		for _, areq := range reqs {
+			actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+			a, err := h.ipam.Assign(actx, areq)
+			cancel()
+			if h.observeAssign != nil {
+				h.observeAssign(a.Borrowed, err)
+			}
+			if err != nil {
+				if len(areq.Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
+					return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv%d_pools %v", conf.Name, areq.Family, areq.Pools), err)
+				}
+				return nil, cniErr(codeIPAM, fmt.Sprintf("assigning an IPv%d address for %s", areq.Family, handle), err)
+			}
+			asgs = append(asgs, a)
+			readPrior = readPrior || a.Existing
+		}
+		if readPrior {
+			for _, a := range asgs {
+				if !a.Existing {
+					addr := a.Addr
+					undo.push("releasing address "+addr.String(), func(ctx context.Context) error { return h.ipam.ReleaseAddrHeldBy(ctx, addr, handle) })
+				}
+			}
+		} else {
+			undo.push("releasing addresses", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
+		}
+	}
 	var prior *api.WorkloadEndpoint
-	if anyExisting {
+	if readPrior {
 		gctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 		prior, err = h.endpointOf(gctx, w, req.ContainerID)
 		cancel()
 		if err != nil {
 			return nil, cniErr(codeDatastore, "reading the endpoint of "+shortID(req.ContainerID), err)
 		}
-		for _, a := range asgs {
-			if !a.Existing {
-				addr := a.Addr
-				undo.push("releasing address "+addr.String(), func(ctx context.Context) error { return h.ipam.ReleaseAddrHeldBy(ctx, addr, handle) })
-			}
-		}
-	} else {
-		undo.push("releasing addresses", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
 	}
 	if err = h.step("assign"); err != nil {
 		return nil, err
@@ -229,6 +238,15 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, addrs, hostIf, mac, args.Labels)
+	wep.Spec.NamespaceLabels = info.nsLabels
+	wep.Metadata.Annotations = map[string]string{api.AnnotationOrigin: api.OriginAgent}
+	if info.kube {
+		// Its labels come from Kubernetes, and the controllers keep them.
+		wep.Metadata.Annotations[api.AnnotationOrigin] = api.OriginKubernetes
+	}
+	if info.noIPAM.IsValid() {
+		wep.Metadata.Annotations[api.AnnotationNoIPAM] = "true"
+	}
 	type epResult struct {
 		stored bool
 		err    error
@@ -312,7 +330,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 // requested address of that family, and for IPv4 the pod's address
 // annotations (Kubernetes). A requested address of a family the network
 // does not assign is an error.
-func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.Request, conf *cni.NetConf, args *cni.Args, handle string) ([]ipam.AssignRequest, error) {
+func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.Request, conf *cni.NetConf, args *cni.Args, handle string) ([]ipam.AssignRequest, podInfo, error) {
 	base := ipam.AssignRequest{
 		Node:   h.node,
 		Handle: handle,
@@ -329,12 +347,13 @@ func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.
 			r = &v6
 		}
 		if r.Addr.IsValid() {
-			return nil, &types.Error{Code: types.ErrInvalidNetworkConfig, Msg: fmt.Sprintf("the runtime asks for two IPv%d addresses (%s and %s); a pod gets one per family", r.Family, r.Addr, a)}
+			return nil, podInfo{}, &types.Error{Code: types.ErrInvalidNetworkConfig, Msg: fmt.Sprintf("the runtime asks for two IPv%d addresses (%s and %s); a pod gets one per family", r.Family, r.Addr, a)}
 		}
 		r.Addr = a
 	}
-	if err := h.applyPodInfo(ctx, w, args, &v4); err != nil {
-		return nil, err
+	info, err := h.applyPodInfo(ctx, w, conf, args, &v4)
+	if err != nil {
+		return nil, podInfo{}, err
 	}
 	var out []ipam.AssignRequest
 	for _, f := range []struct {
@@ -345,11 +364,11 @@ func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.
 		case f.want:
 			out = append(out, f.r)
 		case f.r.Addr.IsValid():
-			return nil, &types.Error{Code: types.ErrInvalidNetworkConfig,
+			return nil, podInfo{}, &types.Error{Code: types.ErrInvalidNetworkConfig,
 				Msg: fmt.Sprintf("the runtime asks for %s, but network %s assigns no IPv%d addresses (assign_ipv%d)", f.r.Addr, conf.Name, f.r.Family, f.r.Family)}
 		}
 	}
-	return out, nil
+	return out, info, nil
 }
 
 // undoStack holds the inverse of each step a request completed.

@@ -26,8 +26,9 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 		case errors.Is(err, datastore.ErrNotFound):
 			n := &api.Node{
 				Metadata: api.ObjectMeta{
-					Name:   a.cfg.NodeName,
-					Labels: map[string]string{"kubernetes.io/hostname": a.cfg.NodeName},
+					Name:        a.cfg.NodeName,
+					Labels:      map[string]string{"kubernetes.io/hostname": a.cfg.NodeName},
+					Annotations: map[string]string{api.AnnotationOrigin: api.OriginAgent},
 				},
 				Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: a.nodeAddr.String()}},
 			}

@@ -53,36 +53,49 @@ func kubeManaged(ctx context.Context, s *datastore.Store) (bool, error) {
 	return true, nil
 }
 
+// podInfo is what ADD takes from a Kubernetes pod's records besides its
+// labels and address request.
+type podInfo struct {
+	// kube: the pod's record was found and used.
+	kube bool
+	// nsLabels are the labels of the pod's namespace, for the endpoint.
+	nsLabels map[string]string
+	// noIPAM, when valid, is the address the pod gets without IPAM
+	// (ipAddrsNoIpam, allowed by the network configuration).
+	noIPAM netip.Addr
+}
+
 // applyPodInfo fills in a Kubernetes pod's endpoint labels (args.Labels)
-// and address request (areq) from its records. Outside Kubernetes (no pod
-// name in the arguments, or no controllers managing the cluster) it changes
-// nothing.
-func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, args *cni.Args, areq *ipam.AssignRequest) error {
+// and address request (areq) from its records, and returns its namespace's
+// labels. Outside Kubernetes (no pod name in the arguments, or no
+// controllers managing the cluster) it changes nothing.
+func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.NetConf, args *cni.Args, areq *ipam.AssignRequest) (podInfo, error) {
 	if w.Orchestrator != "k8s" {
-		return nil
+		return podInfo{}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
 	pod, err := h.readPodRecord(ctx, w.Namespace, w.Pod)
 	if err != nil {
-		return err
+		return podInfo{}, err
 	}
 	if pod == nil {
-		return nil
+		return podInfo{}, nil
 	}
 	var ns api.KubeNamespace
 	if kv, err := h.store.GetKV(ctx, datastore.KubeNamespaceKey(w.Namespace)); err == nil {
 		if err := json.Unmarshal(kv.Value, &ns); err != nil {
-			return cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
+			return podInfo{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
 		}
 	} else if !errors.Is(err, datastore.ErrNotFound) {
-		return cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
+		return podInfo{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
 	}
 	args.Labels = api.EndpointLabels(pod)
-	if err := h.addressRequest(pod, &ns, areq); err != nil {
-		return cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
+	info := podInfo{kube: true, nsLabels: ns.Labels}
+	if info.noIPAM, err = h.addressRequest(pod, &ns, conf, areq); err != nil {
+		return podInfo{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}
-	return nil
+	return info, nil
 }
 
 // readPodRecord returns the pod's record, waiting up to kubePodWait for
@@ -127,40 +140,60 @@ func (h *cniHandler) readPodRecord(ctx context.Context, ns, name string) (*api.K
 
 // addressRequest turns the pod's and namespace's address annotations into
 // the IPAM request: pools by name or CIDR (unknown → error), a specific
-// address. Tabby's network configuration has no IPAM bypass, so
-// ipAddrsNoIpam is refused, as Calico refuses it unless configured.
-func (h *cniHandler) addressRequest(pod *api.KubePod, ns *api.KubeNamespace, areq *ipam.AssignRequest) error {
+// address. An ipAddrsNoIpam address is returned instead, and only when the
+// network configuration allows it (feature_control.ip_addrs_no_ipam, as in
+// Calico); it must lie outside every IP pool, where IPAM could hand it to
+// another pod.
+func (h *cniHandler) addressRequest(pod *api.KubePod, ns *api.KubeNamespace, conf *cni.NetConf, areq *ipam.AssignRequest) (netip.Addr, error) {
 	r, err := api.ParseAddressRequest(pod.Annotations, ns.Annotations)
 	if err != nil {
-		return err
-	}
-	if r.NoIPAM {
-		return fmt.Errorf("%s is not allowed by the network configuration (Tabby assigns every address through IPAM)", api.AnnotationIPAddrsNoIPAM)
+		return netip.Addr{}, err
 	}
 	if len(r.IPv6Pools) > 0 {
-		return fmt.Errorf("%s %v: IPv6 is not supported", api.AnnotationIPv6Pools, r.IPv6Pools)
+		return netip.Addr{}, fmt.Errorf("%s %v: IPv6 is not supported", api.AnnotationIPv6Pools, r.IPv6Pools)
 	}
 	for _, want := range r.IPv4Pools {
 		name, err := h.poolNamed(want)
 		if err != nil {
-			return err
+			return netip.Addr{}, err
 		}
 		areq.Pools = append(areq.Pools, name)
 	}
+	what := api.AnnotationIPAddrs
+	if r.NoIPAM {
+		what = api.AnnotationIPAddrsNoIPAM
+	}
+	var a netip.Addr
 	switch {
 	case len(r.Addrs) > 1:
-		return fmt.Errorf("%s: %d addresses, but a pod gets one IPv4 address", api.AnnotationIPAddrs, len(r.Addrs))
+		return netip.Addr{}, fmt.Errorf("%s: %d addresses, but a pod gets one IPv4 address", what, len(r.Addrs))
 	case len(r.Addrs) == 1:
-		a := r.Addrs[0]
+		a = r.Addrs[0]
 		if !a.Is4() {
-			return fmt.Errorf("%s: %s: IPv6 is not supported", api.AnnotationIPAddrs, a)
+			return netip.Addr{}, fmt.Errorf("%s: %s: IPv6 is not supported", what, a)
 		}
 		if areq.Addr.IsValid() && areq.Addr != a {
-			return fmt.Errorf("%s asks for %s but the runtime asks for %s", api.AnnotationIPAddrs, a, areq.Addr)
+			return netip.Addr{}, fmt.Errorf("%s asks for %s but the runtime asks for %s", what, a, areq.Addr)
 		}
-		areq.Addr = a
 	}
-	return nil
+	if !r.NoIPAM {
+		if a.IsValid() {
+			areq.Addr = a
+		}
+		return netip.Addr{}, nil
+	}
+	if !conf.FeatureControl.IPAddrsNoIPAM {
+		return netip.Addr{}, fmt.Errorf("%s is not allowed by the network configuration (feature_control.ip_addrs_no_ipam is off)", api.AnnotationIPAddrsNoIPAM)
+	}
+	if !a.IsValid() {
+		return netip.Addr{}, fmt.Errorf("%s: no address", what)
+	}
+	for _, p := range h.view.Pools() {
+		if pr, err := p.Prefix(); err == nil && pr.Contains(a) {
+			return netip.Addr{}, fmt.Errorf("%s: %s is in IP pool %s (%s), which IPAM assigns from; use %s for it", what, a, p.Metadata.Name, pr, api.AnnotationIPAddrs)
+		}
+	}
+	return a, nil
 }
 
 // poolNamed finds a pool by name or CIDR in the view.

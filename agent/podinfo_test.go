@@ -58,7 +58,7 @@ func TestAddTakesLabelsAndAddressFromPodRecord(t *testing.T) {
 			req, conf, args := addReq(id)
 			ns := "ns" + id
 			args.PodNamespace = ns
-			putJSON(t, e.store, datastore.KubeNamespaceKey(ns), api.KubeNamespace{Name: ns, Annotations: tt.ns})
+			putJSON(t, e.store, datastore.KubeNamespaceKey(ns), api.KubeNamespace{Name: ns, Labels: map[string]string{"ns": ns}, Annotations: tt.ns})
 			putJSON(t, e.store, datastore.KubePodKey(ns, args.PodName), api.KubePod{Namespace: ns, Name: args.PodName,
 				Labels: map[string]string{"role": "db"}, ServiceAccount: "sa1", Annotations: tt.pod})
 			res, err := e.h.Add(ctx, req, conf, args)
@@ -81,6 +81,12 @@ func TestAddTakesLabelsAndAddressFromPodRecord(t *testing.T) {
 			if wep.Metadata.Labels["role"] != "db" || wep.Metadata.Labels["app"] != "" || wep.Metadata.Labels[api.LabelServiceAccount] != "sa1" {
 				t.Errorf("endpoint labels %v, want the pod record's", wep.Metadata.Labels)
 			}
+			if api.Origin(wep) != api.OriginKubernetes {
+				t.Errorf("endpoint origin %q, want kubernetes", api.Origin(wep))
+			}
+			if wep.Spec.NamespaceLabels["ns"] != ns {
+				t.Errorf("endpoint namespace labels %v, want the namespace record's", wep.Spec.NamespaceLabels)
+			}
 		})
 	}
 }
@@ -92,6 +98,9 @@ func TestAddWaitsForPodRecordThenFails(t *testing.T) {
 	req, conf, args := addReq("free")
 	if _, err := e.h.Add(ctx, req, conf, args); err != nil {
 		t.Fatalf("ADD without controllers: %v", err)
+	}
+	if eps := e.endpoints(t); len(eps) != 1 || api.Origin(eps[0]) != api.OriginAgent {
+		t.Errorf("endpoint of an ADD outside Kubernetes: %v, want one of origin agent", eps)
 	}
 	kubeMarkers.Delete(e.store)
 	putJSON(t, e.store, datastore.KubeMarkerKey, api.KubeMarker{Identity: "test"})

@@ -46,6 +46,12 @@ const (
 	// tabby-kube-controllers translates; absent for tabbyctl's.
 	AnnotationOrigin = "tabby.dev/origin"
 	OriginKubernetes = "kubernetes"
+	// OriginAgent marks what tabby-agent writes on its own: its Node when
+	// it registers it, a workload's endpoint at CNI ADD outside Kubernetes.
+	OriginAgent = "agent"
+	// OriginTabbyctl is the origin of an object with no mark: a person
+	// wrote it (tabbyctl apply), or a Tabby older than the marks did.
+	OriginTabbyctl = "tabbyctl"
 	// AnnotationKubeNode, on a Tabby Node, names the Kubernetes Node it
 	// belongs to: tabby-kube-controllers deletes only Tabby Nodes so marked
 	// when their Kubernetes Node goes away.
@@ -53,6 +59,10 @@ const (
 	// AnnotationTranslationError, on a NetworkPolicy translated from
 	// Kubernetes, says why it was written to deny everything it selects.
 	AnnotationTranslationError = "tabby.dev/translation-error"
+	// AnnotationNoIPAM, on a WorkloadEndpoint, says that its address was
+	// given without IPAM (a pod's ipAddrsNoIpam annotation): IPAM's check
+	// does not expect an allocation for it.
+	AnnotationNoIPAM = "tabby.dev/no-ipam"
 	// LabelServiceAccount on a pod's WorkloadEndpoint carries the pod's
 	// service account name, so that selectors can match it.
 	LabelServiceAccount = "tabby.dev/serviceaccount"
@@ -205,6 +215,23 @@ func EndpointLabels(p *KubePod) map[string]string {
 		out[LabelServiceAccount] = p.ServiceAccount
 	}
 	return out
+}
+
+// Origin says where obj came from: OriginKubernetes for what
+// tabby-kube-controllers translated or adopted (Nodes of Kubernetes Nodes,
+// the endpoints of pods whose labels they manage), OriginAgent for what the agent wrote on its
+// own, else OriginTabbyctl. tabbyctl shows it in an ORIGIN column.
+func Origin(obj Object) string {
+	m := obj.GetMeta()
+	// A Node its agent registered belongs to Kubernetes once the
+	// controllers mark it: it goes when the Kubernetes Node goes.
+	if _, ok := obj.(*Node); ok && m.Annotations[AnnotationKubeNode] != "" {
+		return OriginKubernetes
+	}
+	if o := m.Annotations[AnnotationOrigin]; o != "" {
+		return o
+	}
+	return OriginTabbyctl
 }
 
 // KubeMarker is the value at datastore.KubeMarkerKey: which replica of

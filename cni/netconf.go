@@ -63,6 +63,10 @@ type NetConf struct {
 	AssignIPv4 *FlexBool `json:"assign_ipv4,omitempty"`
 	AssignIPv6 *FlexBool `json:"assign_ipv6,omitempty"`
 
+	// FeatureControl turns on features that are off by default, under
+	// Calico's key names.
+	FeatureControl FeatureControl `json:"feature_control,omitempty"`
+
 	// RuntimeConfig holds the capability arguments the runtime injected
 	// (the plugin must declare "ips" and "mac" in its capabilities).
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
@@ -94,6 +98,14 @@ func (c *NetConf) WantsIPv4() bool { return c.AssignIPv4 == nil || bool(*c.Assig
 // WantsIPv6 reports whether pods of the network get an IPv6 address
 // (default no).
 func (c *NetConf) WantsIPv6() bool { return c.AssignIPv6 != nil && bool(*c.AssignIPv6) }
+
+// FeatureControl is the "feature_control" object of the configuration.
+type FeatureControl struct {
+	// IPAddrsNoIPAM allows a pod's ipAddrsNoIpam annotation: the pod gets
+	// the address it names without IPAM. Off by default, as in Calico: any
+	// pod that may set the annotation could then claim any address.
+	IPAddrsNoIPAM bool `json:"ip_addrs_no_ipam,omitempty"`
+}
 
 // RuntimeConfig is the part of "runtimeConfig" that Tabby understands.
 type RuntimeConfig struct {
@@ -161,17 +173,21 @@ func (c NetConf) MarshalJSON() ([]byte, error) {
 		return nil, err
 	}
 	extra := struct {
-		AgentSocket    string         `json:"agent_socket,omitempty"`
-		MTU            int            `json:"mtu,omitempty"`
-		TimeoutSeconds int            `json:"timeout_seconds,omitempty"`
-		IPv4Pools      []string       `json:"ipv4_pools,omitempty"`
-		IPv6Pools      []string       `json:"ipv6_pools,omitempty"`
-		AssignIPv4     *FlexBool      `json:"assign_ipv4,omitempty"`
-		AssignIPv6     *FlexBool      `json:"assign_ipv6,omitempty"`
-		RuntimeConfig  *RuntimeConfig `json:"runtimeConfig,omitempty"`
-		ConfArgs       *ConfArgs      `json:"args,omitempty"`
+		AgentSocket    string          `json:"agent_socket,omitempty"`
+		MTU            int             `json:"mtu,omitempty"`
+		TimeoutSeconds int             `json:"timeout_seconds,omitempty"`
+		IPv4Pools      []string        `json:"ipv4_pools,omitempty"`
+		IPv6Pools      []string        `json:"ipv6_pools,omitempty"`
+		AssignIPv4     *FlexBool       `json:"assign_ipv4,omitempty"`
+		AssignIPv6     *FlexBool       `json:"assign_ipv6,omitempty"`
+		FeatureControl *FeatureControl `json:"feature_control,omitempty"`
+		RuntimeConfig  *RuntimeConfig  `json:"runtimeConfig,omitempty"`
+		ConfArgs       *ConfArgs       `json:"args,omitempty"`
 	}{AgentSocket: c.AgentSocket, MTU: c.MTU, TimeoutSeconds: c.TimeoutSeconds, IPv4Pools: c.IPv4Pools, IPv6Pools: c.IPv6Pools,
 		AssignIPv4: c.AssignIPv4, AssignIPv6: c.AssignIPv6, ConfArgs: c.ConfArgs}
+	if c.FeatureControl != (FeatureControl{}) {
+		extra.FeatureControl = &c.FeatureControl
+	}
 	if len(c.RuntimeConfig.IPs) > 0 || c.RuntimeConfig.MAC != "" {
 		extra.RuntimeConfig = &c.RuntimeConfig
 	}

@@ -211,10 +211,13 @@ func TestParseArgs(t *testing.T) {
 func TestNetConfMarshalRoundTrip(t *testing.T) {
 	in := `{"cniVersion":"1.0.0","name":"k8s","type":"tabby","agent_socket":"/run/t.sock","mtu":1440,"timeout_seconds":9,` +
 		`"ipam":{"type":"tabby-ipam","ipv4_pools":["10.244.0.0/24","blue"]},` +
-		`"capabilities":{"ips":true},"runtimeConfig":{"ips":["10.244.0.5"]},"args":{"cni":{"labels":[{"key":"app","value":"db"}]}}}`
+		`"feature_control":{"ip_addrs_no_ipam":true},"capabilities":{"ips":true},"runtimeConfig":{"ips":["10.244.0.5"]},"args":{"cni":{"labels":[{"key":"app","value":"db"}]}}}`
 	conf, err := ParseNetConf([]byte(in))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !conf.FeatureControl.IPAddrsNoIPAM {
+		t.Fatalf("feature_control.ip_addrs_no_ipam not parsed: %+v", conf.FeatureControl)
 	}
 	conf.PrevResult = testResult("eth0", "10.244.0.5")
 	b, err := json.Marshal(conf)

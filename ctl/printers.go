@@ -19,7 +19,7 @@ type printContext struct {
 func columnsOf(kind string) (header, wide []string) {
 	switch kind {
 	case api.KindNode:
-		return []string{"NAME", "ADDRESS", "ASN", "RR-CLUSTER"}, []string{"LABELS"}
+		return []string{"NAME", "ADDRESS", "ASN", "RR-CLUSTER", "ORIGIN"}, []string{"LABELS"}
 	case api.KindIPPool:
 		return []string{"NAME", "CIDR", "BLOCKSIZE", "NAT", "DISABLED"}, []string{"NODE-SELECTOR", "BGP-EXPORT"}
 	case api.KindIPAMConfig:
@@ -31,9 +31,9 @@ func columnsOf(kind string) (header, wide []string) {
 	case api.KindBGPFilter:
 		return []string{"NAME", "IMPORT-V4", "EXPORT-V4"}, []string{"RULES"}
 	case api.KindWorkloadEndpoint:
-		return []string{"NAMESPACE", "NAME", "NODE", "IP", "INTERFACE"}, []string{"POD", "CONTAINER", "MAC", "LABELS"}
+		return []string{"NAMESPACE", "NAME", "NODE", "IP", "INTERFACE", "ORIGIN"}, []string{"POD", "CONTAINER", "MAC", "LABELS"}
 	case api.KindNetworkPolicy:
-		return []string{"NAMESPACE", "NAME", "POD-SELECTOR", "TYPES"}, []string{"INGRESS-RULES", "EGRESS-RULES"}
+		return []string{"NAMESPACE", "NAME", "POD-SELECTOR", "TYPES", "ORIGIN"}, []string{"INGRESS-RULES", "EGRESS-RULES"}
 	case api.KindGlobalNetworkPolicy:
 		return []string{"NAME", "ORDER", "SELECTOR", "TYPES"}, []string{"NAMESPACE-SELECTOR", "INGRESS-RULES", "EGRESS-RULES"}
 	}
@@ -51,7 +51,7 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 		if o.Spec.BGP == nil || o.Spec.BGP.ASNumber == nil {
 			asn = "(" + asn + ")" // inherited, as calicoctl shows it
 		}
-		return []string{o.Metadata.Name, addr, asn, orNone(o.RouteReflectorClusterID())},
+		return []string{o.Metadata.Name, addr, asn, orNone(o.RouteReflectorClusterID()), api.Origin(o)},
 			[]string{formatLabels(o.Metadata.Labels)}
 	case *api.IPPool:
 		return []string{o.Metadata.Name, o.Spec.CIDR, strconv.Itoa(o.Spec.BlockSize), strconv.FormatBool(o.Spec.NATOutgoing), strconv.FormatBool(o.Spec.Disabled)},
@@ -109,11 +109,11 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 		return []string{o.Metadata.Name, strconv.Itoa(len(o.Spec.ImportV4)), strconv.Itoa(len(o.Spec.ExportV4))},
 			[]string{orNone(strings.Join(rules, "; "))}
 	case *api.WorkloadEndpoint:
-		return []string{o.Metadata.Namespace, o.Metadata.Name, o.Spec.Node, orNone(strings.Join(o.Spec.IPNetworks, ",")), orNone(o.Spec.InterfaceName)},
+		return []string{o.Metadata.Namespace, o.Metadata.Name, o.Spec.Node, orNone(strings.Join(o.Spec.IPNetworks, ",")), orNone(o.Spec.InterfaceName), api.Origin(o)},
 			[]string{orNone(o.Spec.Pod), orNone(shortID(o.Spec.ContainerID)), orNone(o.Spec.MAC), formatLabels(o.Metadata.Labels)}
 	case *api.NetworkPolicy:
 		in, eg := o.AppliesTo()
-		return []string{o.Metadata.Namespace, o.Metadata.Name, selector(&o.Spec.PodSelector), types(in, eg)},
+		return []string{o.Metadata.Namespace, o.Metadata.Name, selector(&o.Spec.PodSelector), types(in, eg), api.Origin(o)},
 			[]string{strconv.Itoa(len(o.Spec.Ingress)), strconv.Itoa(len(o.Spec.Egress))}
 	case *api.GlobalNetworkPolicy:
 		order := "<none>"

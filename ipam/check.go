@@ -76,6 +76,8 @@ type endpointInfo struct {
 	node   string
 	handle string
 	addrs  []netip.Addr
+	// noIPAM: the address was given without IPAM (api.AnnotationNoIPAM).
+	noIPAM bool
 }
 
 // snapshot is everything Check and Usage look at.
@@ -184,6 +186,8 @@ func checkSnapshot(s *snapshot, now time.Time, grace time.Duration) Report {
 			used[addr] = ep
 			hd, ok := held[addr]
 			switch {
+			case !ok && ep.noIPAM:
+				// Given without IPAM (ipAddrsNoIpam): nothing to hold it.
 			case !ok:
 				add(EndpointUnallocated, ep.key, "endpoint %s on %s uses %s, which is not allocated", ep.key, ep.node, addr)
 			case ep.handle != "" && ep.handle != hd.attr.Handle:

@@ -275,7 +275,8 @@ func (a *Allocator) listEndpoints(ctx context.Context, bad map[string]error) ([]
 		if !ok {
 			continue
 		}
-		ep := endpointInfo{key: we.Metadata.Namespace + "/" + we.Metadata.Name, node: we.Spec.Node, handle: we.Spec.IPAMHandle}
+		ep := endpointInfo{key: we.Metadata.Namespace + "/" + we.Metadata.Name, node: we.Spec.Node, handle: we.Spec.IPAMHandle,
+			noIPAM: we.Metadata.Annotations[api.AnnotationNoIPAM] == "true"}
 		if ep.addrs, err = we.Addrs(); err != nil {
 			bad[kv.Key] = err
 		}

@@ -141,9 +141,12 @@ func (c *controller) gcPass(ctx context.Context, now time.Time) (int, error) {
 				continue
 			}
 		}
-		if err := c.ipam.ReleaseHandle(ctx, cd.handle); err != nil {
-			errs = append(errs, fmt.Errorf("releasing %s: %w", cd.handle, err))
-			continue
+		// An endpoint whose address came without IPAM has no handle.
+		if cd.handle != "" {
+			if err := c.ipam.ReleaseHandle(ctx, cd.handle); err != nil {
+				errs = append(errs, fmt.Errorf("releasing %s: %w", cd.handle, err))
+				continue
+			}
 		}
 		delete(c.gc.firstSeen, cd.id)
 		c.log.Info("address GC released the address of a pod Kubernetes no longer has",

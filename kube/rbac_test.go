@@ -16,7 +16,7 @@ import (
 // applyRBAC creates the manifests' roles for tabby-kube-controllers and
 // binds them to the static-token user the controllers run as in tests, so
 // that the tests prove the least-privilege rules suffice.
-func applyRBAC(t *testing.T, kc kubernetes.Interface) {
+func applyRBAC(t testing.TB, kc kubernetes.Interface) {
 	t.Helper()
 	ctx := context.Background()
 	b, err := os.ReadFile("../manifests/tabby-kube-controllers.yaml")

@@ -81,8 +81,9 @@ func NamespaceRecord(ns *corev1.Namespace) *api.KubeNamespace {
 }
 
 // EndpointWants returns wep changed to what the pod's and its namespace's
-// records say (labels, service account, named ports, namespace labels),
-// and whether anything changed. wep is not modified. ns may be nil (not
+// records say (labels, service account, named ports, namespace labels,
+// and the origin mark: the controllers manage it now), and whether
+// anything changed. wep is not modified. ns may be nil (not
 // synced yet): the namespace labels are then left as they are.
 func EndpointWants(wep *api.WorkloadEndpoint, pod *api.KubePod, ns *api.KubeNamespace) (*api.WorkloadEndpoint, bool) {
 	labels := api.EndpointLabels(pod)
@@ -92,10 +93,15 @@ func EndpointWants(wep *api.WorkloadEndpoint, pod *api.KubePod, ns *api.KubeName
 		nsLabels = ns.Labels
 	}
 	if maps.Equal(labels, wep.Metadata.Labels) && slices.Equal(ports, wep.Spec.Ports) &&
-		maps.Equal(nsLabels, wep.Spec.NamespaceLabels) {
+		maps.Equal(nsLabels, wep.Spec.NamespaceLabels) && api.Origin(wep) == api.OriginKubernetes {
 		return wep, false
 	}
 	out := *wep
+	out.Metadata.Annotations = maps.Clone(wep.Metadata.Annotations)
+	if out.Metadata.Annotations == nil {
+		out.Metadata.Annotations = map[string]string{}
+	}
+	out.Metadata.Annotations[api.AnnotationOrigin] = api.OriginKubernetes
 	out.Metadata.Labels = labels
 	out.Spec.Ports = slices.Clone(ports)
 	out.Spec.NamespaceLabels = maps.Clone(nsLabels)

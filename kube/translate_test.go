@@ -168,7 +168,18 @@ func TestEndpointWants(t *testing.T) {
 	if got.Spec.NamespaceLabels["team"] != "x" || len(got.Spec.Ports) != 1 || wep.Metadata.Labels["app"] != "old" {
 		t.Errorf("got %+v, input %+v", got, wep)
 	}
+	if api.Origin(got) != api.OriginKubernetes || len(wep.Metadata.Annotations) != 0 {
+		t.Errorf("origin %q (annotations %v; input's %v), want kubernetes on the output only", api.Origin(got), got.Metadata.Annotations, wep.Metadata.Annotations)
+	}
 	if _, changed := EndpointWants(got, pod, ns); changed {
 		t.Error("a second pass changes something")
+	}
+	// An endpoint whose labels already match but that lacks the mark (an
+	// older agent's) is marked.
+	unmarked := *got
+	unmarked.Metadata.Annotations = map[string]string{"other": "kept"}
+	again, changed := EndpointWants(&unmarked, pod, ns)
+	if !changed || api.Origin(again) != api.OriginKubernetes || again.Metadata.Annotations["other"] != "kept" {
+		t.Errorf("unmarked endpoint: changed %v, annotations %v", changed, again.Metadata.Annotations)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -238,4 +239,42 @@ spec:
 	if out := h.ok("get", "ippools"); strings.Contains(out, "10.244.0.0/16") {
 		t.Errorf("a refused pool was stored:\n%s", out)
 	}
+}
+
+// The ORIGIN column says who wrote each node, endpoint and policy, from
+// the marks the controllers and the agent write (objects here are written
+// to etcd as they write them); an object with no mark came from tabbyctl.
+func TestOriginColumn(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	kubeNode := map[string]string{api.AnnotationKubeNode: "node-k"}
+	byAgent := map[string]string{api.AnnotationOrigin: api.OriginAgent}
+	byKube := map[string]string{api.AnnotationOrigin: api.OriginKubernetes}
+	objs := []api.Object{
+		&api.Node{Metadata: api.ObjectMeta{Name: "node-a", Annotations: byAgent}},
+		// Registered by its agent, then adopted by the controllers.
+		&api.Node{Metadata: api.ObjectMeta{Name: "node-k", Annotations: map[string]string{api.AnnotationOrigin: api.OriginAgent, api.AnnotationKubeNode: "node-k"}}},
+		&api.Node{Metadata: api.ObjectMeta{Name: "node-old-k", Annotations: kubeNode}},
+		&api.Node{Metadata: api.ObjectMeta{Name: "node-t"}},
+		&api.NetworkPolicy{Metadata: api.ObjectMeta{Namespace: "shop", Name: "k8s.allow-web", Annotations: byKube}},
+		&api.NetworkPolicy{Metadata: api.ObjectMeta{Namespace: "shop", Name: "by-hand"}},
+		&api.WorkloadEndpoint{Metadata: api.ObjectMeta{Namespace: "shop", Name: "node--k-k8s-web--0-eth0", Annotations: byKube},
+			Spec: api.WorkloadEndpointSpec{Node: "node-k", Orchestrator: "k8s", Pod: "web-0", ContainerID: "c1", Endpoint: "eth0",
+				InterfaceName: "cali0123456789a", IPNetworks: []string{"10.244.3.7/32"}}},
+		&api.WorkloadEndpoint{Metadata: api.ObjectMeta{Namespace: "shop", Name: "node--a-cni-c2-eth0", Annotations: byAgent},
+			Spec: api.WorkloadEndpointSpec{Node: "node-a", Orchestrator: "cni", Pod: "c2", ContainerID: "c2", Endpoint: "eth0",
+				InterfaceName: "cali0123456789b", IPNetworks: []string{"10.244.3.8/32"}}},
+	}
+	for _, o := range objs {
+		if d, ok := o.(interface{ SetDefaults() }); ok {
+			d.SetDefaults()
+		}
+		if _, err := h.store.Create(ctx, o); err != nil {
+			t.Fatalf("creating %s: %v", o.GetMeta().Name, err)
+		}
+	}
+	h.ok("get", "nodes")
+	h.ok("get", "netpol", "-A")
+	h.ok("get", "wep", "-A")
+	h.golden("origin")
 }

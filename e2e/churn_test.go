@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -184,6 +185,11 @@ func TestChurnCrash(t *testing.T) {
 	// The node events, at a third and at half of the ops.
 	var deletedAt time.Time
 	eventsDone := make(chan error, 1)
+	type reclaimResult struct {
+		at  time.Time
+		err error
+	}
+	reclaimed := make(chan reclaimResult, 1)
 	go func() {
 		waitOps := func(n int64) {
 			for issued.Load() < n && ctx.Err() == nil {
@@ -202,6 +208,11 @@ func TestChurnCrash(t *testing.T) {
 			eventsDone <- fmt.Errorf("deleting %s: %w", deletedNode, err)
 			return
 		}
+		// Reclaim is timed while the churn goes on.
+		go func() {
+			at, err := waitReclaimed(ctx, l, deletedNode, churnGrace+5*time.Minute)
+			reclaimed <- reclaimResult{at, err}
+		}()
 		waitOps(int64(ops / 2))
 		r := nodeByName(reAddedNode)
 		r.mu.Lock()
@@ -255,8 +266,15 @@ func TestChurnCrash(t *testing.T) {
 		}
 	}
 
-	reclaim := waitReclaimed(ctx, t, l, deletedNode)
-	reclaimAfter := reclaim.Sub(deletedAt)
+	r := <-reclaimed
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	reclaimAfter := r.at.Sub(deletedAt)
+	// And nothing of it came back since.
+	if left, err := nodeLeftovers(ctx, l, ipam.New(l.Store()), deletedNode); err != nil || len(left) > 0 {
+		t.Errorf("%s after its reclaim: %v (err %v)", deletedNode, left, err)
+	}
 	dups, leaks, stale := churnCheck(ctx, t, l)
 	t.Logf("churn: %d ops (%d ADD ok, %d ADD failed, %d DEL ok, %d DEL failed and retried) on %d nodes with %d workers in %s; "+
 		"%d agents killed with SIGKILL; %s deleted, %s re-added; duplicates %d, leaks %d, stale endpoints %d; "+
@@ -283,50 +301,58 @@ func retryDel(ctx context.Context, l *lab.Lab, pod string) error {
 
 // waitReclaimed waits until etcd holds nothing of node — endpoints,
 // allocations, blocks, its gc record — and returns when it saw that.
-func waitReclaimed(ctx context.Context, t *testing.T, l *lab.Lab, node string) time.Time {
-	t.Helper()
+func waitReclaimed(ctx context.Context, l *lab.Lab, node string, timeout time.Duration) (time.Time, error) {
 	al := ipam.New(l.Store())
-	deadline := time.Now().Add(churnGrace + 3*time.Minute)
+	deadline := time.Now().Add(timeout)
 	for {
-		var left []string
-		objs, _, err := l.Store().List(ctx, api.KindWorkloadEndpoint, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range objs {
-			if w := o.(*api.WorkloadEndpoint); w.Spec.Node == node {
-				left = append(left, "endpoint "+w.Metadata.Name)
-			}
-		}
-		allocs, err := al.Allocations(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range allocs {
-			if a.Node == node {
-				left = append(left, "address "+a.Addr.String())
-			}
-		}
-		blocks, err := al.Blocks(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range blocks {
-			if b.Affinity == node {
-				left = append(left, "block "+b.CIDR.String())
-			}
-		}
-		if _, err := l.Store().GetKV(ctx, datastore.NodeGCKey(node)); err == nil {
-			left = append(left, "gc record")
-		}
-		if len(left) == 0 {
-			return time.Now()
+		left, err := nodeLeftovers(ctx, l, al, node)
+		if err == nil && len(left) == 0 {
+			return time.Now(), nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not reclaimed: %s", node, strings.Join(left, ", "))
+			return time.Time{}, fmt.Errorf("%s not reclaimed within %s: %s (last error %v)", node, timeout, strings.Join(left, ", "), err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// nodeLeftovers lists what etcd still holds of node.
+func nodeLeftovers(ctx context.Context, l *lab.Lab, al *ipam.Allocator, node string) ([]string, error) {
+	var left []string
+	objs, _, err := l.Store().List(ctx, api.KindWorkloadEndpoint, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, o := range objs {
+		if w := o.(*api.WorkloadEndpoint); w.Spec.Node == node {
+			left = append(left, "endpoint "+w.Metadata.Name)
+		}
+	}
+	allocs, err := al.Allocations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range allocs {
+		if a.Node == node {
+			left = append(left, "address "+a.Addr.String())
+		}
+	}
+	blocks, err := al.Blocks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range blocks {
+		if b.Affinity == node {
+			left = append(left, "block "+b.CIDR.String())
+		}
+	}
+	switch _, err := l.Store().GetKV(ctx, datastore.NodeGCKey(node)); {
+	case err == nil:
+		left = append(left, "gc record")
+	case !errors.Is(err, datastore.ErrNotFound):
+		return nil, err
+	}
+	return left, nil
 }
 
 // churnCheck compares IPAM, endpoints, the lab's pods and each node's

@@ -46,6 +46,10 @@ type Config struct {
 	// "Return" (on to the node's own INPUT rules). The etcd client ports and
 	// the GoBGP API are unreachable from pods whatever it is.
 	EndpointToHostAction string
+	// NodeGCGrace is how long a node must be gone (no Node record, no
+	// liveness record) before node GC releases what it held; see
+	// DefaultNodeGCGrace. Labs and tests shorten it.
+	NodeGCGrace time.Duration
 }
 
 // HostProtectedPorts are the node's ports no pod may reach: every etcd
@@ -92,6 +96,7 @@ func Default() Config {
 		// the node's connections (kubelet probes) pass; DNS goes to the
 		// cluster DNS pods, not to the node.
 		EndpointToHostAction: policy.EndpointToHostDrop,
+		NodeGCGrace:          DefaultNodeGCGrace,
 	}
 }
 
@@ -148,6 +153,10 @@ func (c *Config) Validate() error {
 		{"resync interval", c.ResyncInterval, time.Second, time.Hour},
 		{"lease ttl", c.LeaseTTL, 2 * time.Second, 10 * time.Minute},
 		{"bgp settle time", c.BGPSettleTime, 0, 10 * time.Minute},
+		// Below a few seconds a node whose record an operator re-creates,
+		// or whose agent restarts, could lose its addresses; above a day
+		// dead nodes hold addresses for too long to be an intent.
+		{"node gc grace", c.NodeGCGrace, 5 * time.Second, 24 * time.Hour},
 	} {
 		if b.v < b.min || b.v > b.max {
 			errs = append(errs, fmt.Errorf("%s: %s must be between %s and %s", b.name, b.v, b.min, b.max))

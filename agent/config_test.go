@@ -24,6 +24,9 @@ func TestConfigBounds(t *testing.T) {
 		{"huge lease", func(c *Config) { c.LeaseTTL = 1 << 62 }, "lease ttl"},
 		{"negative settle", func(c *Config) { c.BGPSettleTime = -time.Second }, "bgp settle time"},
 		{"huge settle", func(c *Config) { c.BGPSettleTime = 24 * time.Hour }, "bgp settle time"},
+		{"tiny node gc grace", func(c *Config) { c.NodeGCGrace = time.Second }, "node gc grace: 1s must be between 5s and 24h0m0s"},
+		{"huge node gc grace", func(c *Config) { c.NodeGCGrace = 1 << 62 }, "node gc grace"},
+		{"lab node gc grace", func(c *Config) { c.NodeGCGrace = 10 * time.Second }, ""},
 		{"tls with http", func(c *Config) { c.Etcd.CAFile = "/etc/tabby/ca.pem" }, "etcd: endpoints: \"http://127.0.0.1:2379\" is plain text but TLS files are given"},
 		{"tls with https", func(c *Config) {
 			c.Etcd.CAFile = "/etc/tabby/ca.pem"

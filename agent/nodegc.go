@@ -16,11 +16,12 @@ import (
 	"github.com/tabbynet/tabby/syncer"
 )
 
-// NodeGCGrace is how long a node must be gone — no Node record and no
-// liveness record — before its endpoints, blocks and addresses are
-// released. Its pods may still be draining; a node briefly without its
-// record (an operator re-creating it) loses nothing.
-var NodeGCGrace = 5 * time.Minute
+// DefaultNodeGCGrace is Config.NodeGCGrace's default: how long a node
+// must be gone — no Node record and no liveness record — before its
+// endpoints, blocks and addresses are released. Its pods may still be
+// draining; a node briefly without its record (an operator re-creating it)
+// loses nothing.
+const DefaultNodeGCGrace = 5 * time.Minute
 
 // NodeGCMaxPerPass caps how many nodes one pass releases, so that a
 // mistake (a mass deletion of Node records) is noticed before it has freed
@@ -44,6 +45,12 @@ type nodeGC struct {
 	log   *slog.Logger
 	sub   *syncer.Subscription
 	now   func() time.Time
+	// grace is Config.NodeGCGrace.
+	grace time.Duration
+	// due is kicked when the earliest grace of a node this pass saw gone
+	// ends, so that the release does not wait for the periodic pass.
+	due   chan struct{}
+	timer *time.Timer
 	// released counts nodes released by this agent (metrics, tests).
 	released int
 }
@@ -54,16 +61,18 @@ type gcRecord struct {
 	GoneSince time.Time `json:"goneSince"`
 }
 
-func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, log *slog.Logger) *nodeGC {
-	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now}
+func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, grace time.Duration, log *slog.Logger) *nodeGC {
+	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now, grace: grace, due: make(chan struct{}, 1)}
 	g.sub = view.Subscribe("nodegc", func(u syncer.Update) bool {
-		return u.Kind == api.KindNode && (u.Old == nil || u.New == nil) // a node came or went
+		// A node came or went, or a gc record changed (its grace, which
+		// any agent may have started, arms the timer).
+		return (u.Kind == api.KindNode && (u.Old == nil || u.New == nil)) || u.Kind == syncer.KindNodeGC
 	})
 	return g
 }
 
 func (g *nodeGC) loop(every time.Duration, m *metrics) loop {
-	return loop{name: "nodegc", every: every, wake: [2]<-chan struct{}{g.sub.C()}, pass: g.pass, observe: m.observeReconcile, log: g.log}
+	return loop{name: "nodegc", every: every, wake: [2]<-chan struct{}{g.sub.C(), g.due}, pass: g.pass, observe: m.observeReconcile, log: g.log}
 }
 
 // pass looks at every node that holds IPAM state or endpoints without a
@@ -93,7 +102,33 @@ func (g *nodeGC) pass(ctx context.Context) error {
 			budget--
 		}
 	}
+	g.armTimer(records)
 	return errors.Join(errs...)
+}
+
+// armTimer wakes the loop when the earliest grace still running ends (a
+// record written by this pass reaches the view later and wakes the pass
+// that arms for it).
+func (g *nodeGC) armTimer(records map[string]datastore.KV) {
+	var next time.Duration = -1
+	for _, kv := range records {
+		var r gcRecord
+		if json.Unmarshal(kv.Value, &r) != nil {
+			continue
+		}
+		if left := r.GoneSince.Add(g.grace).Sub(g.now()); left > 0 && (next < 0 || left < next) {
+			next = left
+		}
+	}
+	if g.timer != nil {
+		g.timer.Stop()
+		g.timer = nil
+	}
+	if next >= 0 {
+		// A little after the end, so that clocks a few milliseconds
+		// apart across agents do not make the pass early.
+		g.timer = time.AfterFunc(next+100*time.Millisecond, func() { kick(g.due) })
+	}
 }
 
 // records returns node GC's records, by node, from the view (no pass lists
@@ -140,12 +175,12 @@ func (g *nodeGC) consider(ctx context.Context, n string, rec datastore.KV, mayRe
 		if err != nil && !errors.Is(err, datastore.ErrConflict) {
 			return false, fmt.Errorf("recording that node %s is gone: %w", n, err)
 		}
-		g.log.Info("node is gone: its addresses go after the grace", "node", n, "grace", NodeGCGrace)
+		g.log.Info("node is gone: its addresses go after the grace", "node", n, "grace", g.grace)
 		return false, nil
 	}
 	var r gcRecord
 	_ = json.Unmarshal(rec.Value, &r) // checked by records
-	if g.now().Sub(r.GoneSince) < NodeGCGrace {
+	if g.now().Sub(r.GoneSince) < g.grace {
 		return false, nil
 	}
 	if !mayRelease {

@@ -55,7 +55,7 @@ func newGCEnv(t *testing.T) *gcEnv {
 func (e *gcEnv) restart(t *testing.T, opts ...ipam.Option) {
 	t.Helper()
 	v := startView(t, e.store)
-	e.gc = newNodeGC(v, e.store, ipam.New(e.store, opts...), testLogger())
+	e.gc = newNodeGC(v, e.store, ipam.New(e.store, opts...), DefaultNodeGCGrace, testLogger())
 	e.gc.now = func() time.Time { return e.now }
 	e.gcs = append(e.gcs, e.gc)
 }
@@ -195,14 +195,14 @@ func TestNodeGCGraceSurvivesRestarts(t *testing.T) {
 	}
 	// Restarts through the grace: none starts the grace again.
 	for range 2 {
-		e.now = e.now.Add(NodeGCGrace / 3)
+		e.now = e.now.Add(DefaultNodeGCGrace / 3)
 		e.restart(t)
 		e.passes(t, 2)
 		if !e.intact(t, "gone") {
 			t.Fatal("released before the grace")
 		}
 	}
-	e.now = e.now.Add(NodeGCGrace/3 + time.Second)
+	e.now = e.now.Add(DefaultNodeGCGrace/3 + time.Second)
 	e.restart(t)
 	e.passUntil(t, "the node released", func() bool { return e.released(t, "gone") })
 	total := 0
@@ -230,7 +230,7 @@ func TestNodeGCNeedsPositiveEvidence(t *testing.T) {
 	e.setLiveness(t, "gone", true)
 	e.deleteNode(t, "gone")
 	for range 3 {
-		e.now = e.now.Add(NodeGCGrace)
+		e.now = e.now.Add(DefaultNodeGCGrace)
 		e.passes(t, 2)
 	}
 	if !e.intact(t, "gone") || e.record(t, "gone") {
@@ -238,18 +238,18 @@ func TestNodeGCNeedsPositiveEvidence(t *testing.T) {
 	}
 	e.setLiveness(t, "gone", false)
 	e.passUntil(t, "the gone record", func() bool { return e.record(t, "gone") })
-	e.now = e.now.Add(NodeGCGrace / 2)
+	e.now = e.now.Add(DefaultNodeGCGrace / 2)
 	e.passes(t, 1)
 	e.setLiveness(t, "gone", true) // it was only restarting
 	e.passUntil(t, "the record cancelled", func() bool { return !e.record(t, "gone") })
-	e.now = e.now.Add(NodeGCGrace)
+	e.now = e.now.Add(DefaultNodeGCGrace)
 	e.passes(t, 2)
 	if !e.intact(t, "gone") {
 		t.Fatal("a node that came back lost its state")
 	}
 	e.setLiveness(t, "gone", false)
 	e.passUntil(t, "a new gone record", func() bool { return e.record(t, "gone") })
-	e.now = e.now.Add(NodeGCGrace - time.Second)
+	e.now = e.now.Add(DefaultNodeGCGrace - time.Second)
 	e.passes(t, 2)
 	if !e.intact(t, "gone") {
 		t.Fatal("the second grace was counted from the first")
@@ -271,7 +271,7 @@ func TestNodeGCCapPerPass(t *testing.T) {
 	e.passUntil(t, "three gone records", func() bool {
 		return e.record(t, "gone") && e.record(t, "dead1") && e.record(t, "dead2")
 	})
-	e.now = e.now.Add(NodeGCGrace + time.Second)
+	e.now = e.now.Add(DefaultNodeGCGrace + time.Second)
 	for i := 1; i <= 3; i++ {
 		e.passes(t, 1)
 		if e.gc.released != i {
@@ -290,7 +290,7 @@ func TestNodeGCCrashAtEveryWrite(t *testing.T) {
 		e := newGCEnv(t)
 		e.deleteNode(t, "gone")
 		e.passUntil(t, "the gone record", func() bool { return e.record(t, "gone") })
-		e.now = e.now.Add(NodeGCGrace + time.Second)
+		e.now = e.now.Add(DefaultNodeGCGrace + time.Second)
 		writes := 0
 		crash := errors.New("injected crash")
 		e.restart(t, ipam.WithFaultHook(func(step string) error {
@@ -335,9 +335,7 @@ func TestNodeGCKeepsUndecodableNode(t *testing.T) {
 	if err := e.gc.view.WaitRevision(ctx, rev); err != nil {
 		t.Fatal(err)
 	}
-	old := NodeGCGrace
-	NodeGCGrace = 0
-	t.Cleanup(func() { NodeGCGrace = old })
+	e.gc.grace = 0
 	for range 2 { // claims on the first pass, addresses on a later one
 		if err := e.gc.pass(ctx); err != nil {
 			t.Fatal(err)
@@ -395,5 +393,26 @@ func TestSpeakerRestartsWhenIdentityChanges(t *testing.T) {
 	}
 	if got := made[0].cfg; got.ClusterID != "244.0.0.1" || !got.LocalRestarting {
 		t.Errorf("new speaker config %+v", got)
+	}
+}
+
+// The loop passes again when a grace ends, without waiting for the
+// periodic pass (here an hour away) or another node event.
+func TestNodeGCWakesWhenGraceEnds(t *testing.T) {
+	e := newGCEnv(t)
+	e.gc.now = time.Now
+	e.gc.grace = 300 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	l := loop{name: "nodegc", every: time.Hour, wake: [2]<-chan struct{}{e.gc.sub.C(), e.gc.due}, pass: e.gc.pass, log: testLogger()}
+	go func() { defer close(done); l.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	e.deleteNode(t, "gone")
+	deadline := time.Now().Add(20 * time.Second)
+	for !e.released(t, "gone") {
+		if time.Now().After(deadline) {
+			t.Fatal("the node was not released after its grace ended: no pass ran")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

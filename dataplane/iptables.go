@@ -164,10 +164,12 @@ type tablePlan struct {
 	// chains and are not desired; they go before the restore, which may delete their
 	// targets.
 	staleJumps []baseRule
-	// missingJumps are desired jumps absent from the kernel; extraJumps
-	// desired jumps present more than once (one copy each to delete).
+	// missingJumps are desired jumps absent from the kernel; firstJumps
+	// desired jumps present but not exactly once and first in their base
+	// chain (another tool inserted rules above, or a copy was appended):
+	// they are put back on top and the other copies deleted.
 	missingJumps []policy.Jump
-	extraJumps   []baseRule
+	firstJumps   []policy.Jump
 }
 
 // baseRule is a rule in a base chain.
@@ -199,34 +201,61 @@ func planTable(table string, desired []IPTChain, jumps []policy.Jump, ts tableSt
 		wantJump[jumpKey{j.From, j.To}] = true
 	}
 	found := map[jumpKey]int{}
+	// misplaced: a desired jump below another rule (stale Tabby jumps,
+	// deleted first, do not count).
+	misplaced := map[jumpKey]bool{}
 	for chain, rules := range ts.rules {
 		// Jumps live in base chains only; a user chain of someone else
 		// that references a Tabby chain is not ours to change.
 		if !ts.builtin[chain] {
 			continue
 		}
+		above := 0
 		for _, args := range rules {
 			to := jumpTarget(args)
-			if !strings.HasPrefix(to, FirewallPrefix) {
-				continue
-			}
 			k := jumpKey{chain, to}
-			if !wantJump[k] {
+			switch {
+			case !strings.HasPrefix(to, FirewallPrefix):
+				above++
+			case !wantJump[k]:
 				p.staleJumps = append(p.staleJumps, baseRule{chain, args})
-				continue
-			}
-			if found[k]++; found[k] > 1 {
-				p.extraJumps = append(p.extraJumps, baseRule{chain, args})
+			default:
+				if found[k]++; found[k] > 1 || above > 0 {
+					misplaced[k] = true
+				}
+				above++
 			}
 		}
 	}
 	slices.SortFunc(p.staleJumps, func(a, b baseRule) int { return strings.Compare(a.chain, b.chain) })
 	for _, j := range jumps {
-		if found[jumpKey{j.From, j.To}] == 0 {
+		switch k := (jumpKey{j.From, j.To}); {
+		case found[k] == 0:
 			p.missingJumps = append(p.missingJumps, j)
+		case misplaced[k]:
+			p.firstJumps = append(p.firstJumps, j)
 		}
 	}
 	return p
+}
+
+// jumpRuleNumbers returns the rule numbers (1-based) of the rules of chain
+// that jump to target, in `iptables -S chain` output (a base chain's first
+// line is its policy, -P).
+func jumpRuleNumbers(lines []string, chain, target string) []int {
+	var out []int
+	n := 0
+	for _, line := range lines {
+		rest, ok := strings.CutPrefix(line, "-A "+chain+" ")
+		if !ok {
+			continue
+		}
+		n++
+		if args, err := splitArgs(rest); err == nil && jumpTarget(args) == target {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 func hasChain(ts tableState, name string) bool {

@@ -352,7 +352,7 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired IP
 		}
 	}()
 	var errs []error
-	for _, r := range append(plan.staleJumps, plan.extraJumps...) {
+	for _, r := range plan.staleJumps {
 		err := f.inNetNS(func() error { return f.ipt.Delete(table, r.chain, r.args...) })
 		if err != nil && !isNotExist(err) {
 			errs = append(errs, fmt.Errorf("%w: deleting jump %s -> %s: %w", ErrStaleCleanup, r.chain, jumpTarget(r.args), err))
@@ -413,7 +413,61 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired IP
 		ts.builtin[j.From] = true
 		stats.JumpsInserted++
 	}
+	for _, j := range plan.firstJumps {
+		// The kernel is read again at the next Apply: the chain holds
+		// rules of others that the record does not follow.
+		keep = false
+		var ins, del int
+		err := f.inNetNS(func() (err error) { ins, del, err = f.putJumpFirst(j); return err })
+		stats.JumpsInserted += ins
+		stats.JumpsDeleted += del
+		if err != nil {
+			errs = append(errs, fmt.Errorf("putting jump %s -> %s first: %w", j.From, j.To, err))
+		}
+	}
 	return stats, errors.Join(errs...)
+}
+
+// putJumpFirst makes j the first rule of its base chain and its only copy:
+// a new copy goes on top before the others are deleted, so that traffic
+// never passes the chain without it. Copies are deleted by number, last
+// first, each checked just before (iptables has no transaction that spans
+// the listing and the deletion; a rule another tool inserts in between
+// shifts the numbers and the check stops the deletion until the next
+// pass). Runs in the firewall's namespace.
+func (f *LinuxFirewall) putJumpFirst(j policy.Jump) (inserted, deleted int, err error) {
+	rules, err := f.ipt.List(j.Table, j.From)
+	if err != nil {
+		return 0, 0, err
+	}
+	nums := jumpRuleNumbers(rules, j.From, j.To)
+	if len(nums) == 0 || nums[0] != 1 {
+		if err := f.ipt.Insert(j.Table, j.From, 1, "-j", j.To); err != nil {
+			return 0, 0, err
+		}
+		inserted = 1
+		if rules, err = f.ipt.List(j.Table, j.From); err != nil {
+			return inserted, 0, err
+		}
+		nums = jumpRuleNumbers(rules, j.From, j.To)
+	}
+	if len(nums) == 0 || nums[0] != 1 {
+		return inserted, 0, errors.New("the jump is not first after inserting it (the chain is changing)")
+	}
+	for i := len(nums) - 1; i >= 1; i-- {
+		rule, err := f.ipt.ListById(j.Table, j.From, nums[i])
+		if err != nil {
+			return inserted, deleted, err
+		}
+		if got := jumpRuleNumbers([]string{rule}, j.From, j.To); len(got) != 1 {
+			return inserted, deleted, fmt.Errorf("rule %d changed under us (%q)", nums[i], rule)
+		}
+		if err := f.ipt.DeleteById(j.Table, j.From, nums[i]); err != nil {
+			return inserted, deleted, err
+		}
+		deleted++
+	}
+	return inserted, deleted, nil
 }
 
 func isNotExist(err error) bool {

@@ -86,7 +86,7 @@ func TestPlanTable(t *testing.T) {
 		del     []string
 		stale   []string
 		missing int
-		extra   int
+		first   int
 	}{
 		{name: "fresh", save: saveOf(""), desired: []IPTChain{fwd, fwl},
 			write: []string{"tabby-FORWARD", "tabby-from-wl"}, missing: 1},
@@ -100,10 +100,15 @@ func TestPlanTable(t *testing.T) {
 			save:    saveOf("-A FORWARD -j tabby-FORWARD\n", fwd),
 			desired: []IPTChain{fwd, {Table: "filter", Name: "tabby-empty"}}, write: []string{"tabby-empty"}},
 		{name: "stale chain and stale jump, foreign chains untouched",
-			save:    saveOf(":KUBE-FORWARD - [0:0]\n:tabby-old - [0:0]\n-A FORWARD -j KUBE-FORWARD\n-A FORWARD -j tabby-FORWARD\n-A INPUT -m comment --comment \"old\" -j tabby-old\n-A KUBE-FORWARD -j tabby-old\n", fwd, fwl),
-			desired: []IPTChain{fwd, fwl}, del: []string{"tabby-old"}, stale: []string{"INPUT"}},
+			save: saveOf(":KUBE-FORWARD - [0:0]\n:tabby-old - [0:0]\n-A FORWARD -j KUBE-FORWARD\n-A FORWARD -j tabby-FORWARD\n-A INPUT -m comment --comment \"old\" -j tabby-old\n-A KUBE-FORWARD -j tabby-old\n", fwd, fwl),
+			// KUBE-FORWARD sits above our jump: it goes back on top.
+			desired: []IPTChain{fwd, fwl}, del: []string{"tabby-old"}, stale: []string{"INPUT"}, first: 1},
 		{name: "duplicate jump", save: saveOf("-A FORWARD -j tabby-FORWARD\n-A FORWARD -j tabby-FORWARD\n", fwd, fwl),
-			desired: []IPTChain{fwd, fwl}, extra: 1},
+			desired: []IPTChain{fwd, fwl}, first: 1},
+		{name: "a foreign rule inserted above the jump", save: saveOf("-A FORWARD -j ACCEPT\n-A FORWARD -j tabby-FORWARD\n", fwd, fwl),
+			desired: []IPTChain{fwd, fwl}, first: 1},
+		{name: "a stale jump above ours does not count", save: saveOf(":tabby-old - [0:0]\n-A FORWARD -j tabby-old\n-A FORWARD -j tabby-FORWARD\n", fwd, fwl),
+			desired: []IPTChain{fwd, fwl}, del: []string{"tabby-old"}, stale: []string{"FORWARD"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -124,8 +129,8 @@ func TestPlanTable(t *testing.T) {
 			if diff := cmp.Diff(tt.stale, stale); diff != "" {
 				t.Errorf("stale jumps (-want +got):\n%s", diff)
 			}
-			if len(p.missingJumps) != tt.missing || len(p.extraJumps) != tt.extra {
-				t.Errorf("missing jumps %v, extra %v; want %d, %d", p.missingJumps, p.extraJumps, tt.missing, tt.extra)
+			if len(p.missingJumps) != tt.missing || len(p.firstJumps) != tt.first {
+				t.Errorf("missing jumps %v, to put first %v; want %d, %d", p.missingJumps, p.firstJumps, tt.missing, tt.first)
 			}
 			if p.emptyRestore() != (len(tt.write) == 0 && len(tt.del) == 0) {
 				t.Errorf("emptyRestore = %v", p.emptyRestore())
@@ -236,5 +241,22 @@ add KUBE-foreign 10.9.9.9
 	// restore) plans nothing more.
 	if p2 := planSets(desired, p.want); p2.script != "" || len(p2.destroy) != 0 {
 		t.Errorf("second plan not empty: %q %v", p2.script, p2.destroy)
+	}
+}
+
+func TestJumpRuleNumbers(t *testing.T) {
+	lines := []string{
+		"-P FORWARD ACCEPT",
+		"-A FORWARD -j KUBE-FORWARD",
+		"-A FORWARD -j tabby-FORWARD",
+		`-A FORWARD -m comment --comment "x y" -j ACCEPT`,
+		"-A FORWARD -i eth0 -g tabby-FORWARD",
+		"-A FORWARDX -j tabby-FORWARD",
+	}
+	if diff := cmp.Diff([]int{2, 4}, jumpRuleNumbers(lines, "FORWARD", "tabby-FORWARD")); diff != "" {
+		t.Errorf("rule numbers (-want +got):\n%s", diff)
+	}
+	if got := jumpRuleNumbers(lines, "FORWARD", "tabby-INPUT"); got != nil {
+		t.Errorf("rule numbers of a missing jump: %v", got)
 	}
 }

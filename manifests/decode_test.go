@@ -190,7 +190,6 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	want := []ref{
 		{"v1.Namespace", "", "tabby-system"},
 		{"v1.ServiceAccount", "tabby-system", "tabby-node"},
-		{"v1.Secret", "tabby-system", "tabby-etcd-secrets"},
 		{"v1.ConfigMap", "tabby-system", "tabby-config"},
 		{"v1.DaemonSet", "tabby-system", "tabby-node"},
 		{"v1.ServiceAccount", "tabby-system", "tabby-kube-controllers"},

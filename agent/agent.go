@@ -185,6 +185,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	}
 	a.log.Info("agent started", "node", a.cfg.NodeName, "address", a.nodeAddr, "asn", bcfg.ASN, "restarting", restarting)
 	a.gc = newNodeGC(a.view, a.store, a.ipam, a.log.With("component", "nodegc"))
+	a.gc.grace = a.cfg.NodeGCGrace
 	if a.deps.Firewall != nil {
 		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
 		a.policy.toHost, a.policy.protected = a.cfg.EndpointToHostAction, a.cfg.HostProtectedPorts()

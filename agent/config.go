@@ -33,6 +33,11 @@ type Config struct {
 	ResyncInterval   time.Duration
 	// LeaseTTL is the liveness lease of the node's status keys.
 	LeaseTTL time.Duration
+	// NodeGCGrace is how long a node must be gone before node GC releases
+	// its blocks and addresses (default NodeGCGrace, 5 minutes). Labs and
+	// tests shorten it; production keeps minutes, so that a node briefly
+	// without its record loses nothing.
+	NodeGCGrace time.Duration
 	// BGPSettleTime bounds how long stale learned routes are kept after a
 	// start before BGP has converged.
 	BGPSettleTime time.Duration
@@ -85,6 +90,7 @@ func Default() Config {
 		StateDir:         "/var/lib/tabby",
 		ResyncInterval:   30 * time.Second,
 		LeaseTTL:         20 * time.Second,
+		NodeGCGrace:      NodeGCGrace,
 		BGPSettleTime:    30 * time.Second,
 		FirewallBackend:  "auto",
 		// Calico's default: a pod reaches its node only where the node's
@@ -147,6 +153,7 @@ func (c *Config) Validate() error {
 	}{
 		{"resync interval", c.ResyncInterval, time.Second, time.Hour},
 		{"lease ttl", c.LeaseTTL, 2 * time.Second, 10 * time.Minute},
+		{"node gc grace", c.NodeGCGrace, time.Second, 24 * time.Hour},
 		{"bgp settle time", c.BGPSettleTime, 0, 10 * time.Minute},
 	} {
 		if b.v < b.min || b.v > b.max {

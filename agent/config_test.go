@@ -22,6 +22,8 @@ func TestConfigBounds(t *testing.T) {
 		{"huge resync", func(c *Config) { c.ResyncInterval = 1 << 62 }, "resync interval"},
 		{"tiny resync", func(c *Config) { c.ResyncInterval = time.Millisecond }, "resync interval: 1ms must be between 1s and 1h0m0s"},
 		{"huge lease", func(c *Config) { c.LeaseTTL = 1 << 62 }, "lease ttl"},
+		{"tiny node gc grace", func(c *Config) { c.NodeGCGrace = 0 }, "node gc grace: 0s must be between 1s and 24h0m0s"},
+		{"short node gc grace", func(c *Config) { c.NodeGCGrace = 2 * time.Second }, ""},
 		{"negative settle", func(c *Config) { c.BGPSettleTime = -time.Second }, "bgp settle time"},
 		{"huge settle", func(c *Config) { c.BGPSettleTime = 24 * time.Hour }, "bgp settle time"},
 		{"tls with http", func(c *Config) { c.Etcd.CAFile = "/etc/tabby/ca.pem" }, "etcd: endpoints: \"http://127.0.0.1:2379\" is plain text but TLS files are given"},

@@ -16,10 +16,11 @@ import (
 	"github.com/tabbynet/tabby/syncer"
 )
 
-// NodeGCGrace is how long a node must be gone — no Node record and no
-// liveness record — before its endpoints, blocks and addresses are
-// released. Its pods may still be draining; a node briefly without its
-// record (an operator re-creating it) loses nothing.
+// NodeGCGrace is the default of Config.NodeGCGrace: how long a node must
+// be gone — no Node record and no liveness record — before its endpoints,
+// blocks and addresses are released. Its pods may still be draining; a
+// node briefly without its record (an operator re-creating it) loses
+// nothing.
 var NodeGCGrace = 5 * time.Minute
 
 // NodeGCMaxPerPass caps how many nodes one pass releases, so that a
@@ -44,6 +45,7 @@ type nodeGC struct {
 	log   *slog.Logger
 	sub   *syncer.Subscription
 	now   func() time.Time
+	grace time.Duration
 	// released counts nodes released by this agent (metrics, tests).
 	released int
 }
@@ -55,7 +57,7 @@ type gcRecord struct {
 }
 
 func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, log *slog.Logger) *nodeGC {
-	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now}
+	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now, grace: NodeGCGrace}
 	g.sub = view.Subscribe("nodegc", func(u syncer.Update) bool {
 		return u.Kind == api.KindNode && (u.Old == nil || u.New == nil) // a node came or went
 	})
@@ -140,12 +142,12 @@ func (g *nodeGC) consider(ctx context.Context, n string, rec datastore.KV, mayRe
 		if err != nil && !errors.Is(err, datastore.ErrConflict) {
 			return false, fmt.Errorf("recording that node %s is gone: %w", n, err)
 		}
-		g.log.Info("node is gone: its addresses go after the grace", "node", n, "grace", NodeGCGrace)
+		g.log.Info("node is gone: its addresses go after the grace", "node", n, "grace", g.grace)
 		return false, nil
 	}
 	var r gcRecord
 	_ = json.Unmarshal(rec.Value, &r) // checked by records
-	if g.now().Sub(r.GoneSince) < NodeGCGrace {
+	if g.now().Sub(r.GoneSince) < g.grace {
 		return false, nil
 	}
 	if !mayRelease {

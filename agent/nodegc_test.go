@@ -335,9 +335,7 @@ func TestNodeGCKeepsUndecodableNode(t *testing.T) {
 	if err := e.gc.view.WaitRevision(ctx, rev); err != nil {
 		t.Fatal(err)
 	}
-	old := NodeGCGrace
-	NodeGCGrace = 0
-	t.Cleanup(func() { NodeGCGrace = old })
+	e.gc.grace = 0
 	for range 2 { // claims on the first pass, addresses on a later one
 		if err := e.gc.pass(ctx); err != nil {
 			t.Fatal(err)

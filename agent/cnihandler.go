@@ -145,7 +145,8 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if len(args.IPs) > 0 {
 		areq.Addr = args.IPs[0]
 	}
-	if err = h.applyPodInfo(ctx, w, args, &areq); err != nil {
+	kep, err := h.applyPodInfo(ctx, w, args, &areq)
+	if err != nil {
 		return nil, err
 	}
 	actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
@@ -218,6 +219,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, []netip.Addr{asg.Addr}, hostIf, mac, args.Labels)
+	kep.apply(wep)
 	type epResult struct {
 		stored bool
 		err    error

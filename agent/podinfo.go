@@ -53,36 +53,51 @@ func kubeManaged(ctx context.Context, s *datastore.Store) (bool, error) {
 	return true, nil
 }
 
+// kubeEndpoint is what a Kubernetes pod's endpoint takes from the records
+// beyond its labels: the same fields tabby-kube-controllers keeps up to
+// date (kube.EndpointWants), so that the endpoint's first write, whose
+// policy is programmed before ADD returns, already matches namespace
+// selectors and named ports.
+type kubeEndpoint struct {
+	namespaceLabels map[string]string
+	ports           []api.EndpointPort
+}
+
+func (k kubeEndpoint) apply(wep *api.WorkloadEndpoint) {
+	wep.Spec.NamespaceLabels = k.namespaceLabels
+	wep.Spec.Ports = k.ports
+}
+
 // applyPodInfo fills in a Kubernetes pod's endpoint labels (args.Labels)
-// and address request (areq) from its records. Outside Kubernetes (no pod
-// name in the arguments, or no controllers managing the cluster) it changes
-// nothing.
-func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, args *cni.Args, areq *ipam.AssignRequest) error {
+// and address request (areq) from its records, and returns the rest of
+// what its endpoint takes from them. Outside Kubernetes (no pod name in the
+// arguments, or no controllers managing the cluster) it changes nothing.
+func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, args *cni.Args, areq *ipam.AssignRequest) (kubeEndpoint, error) {
 	if w.Orchestrator != "k8s" {
-		return nil
+		return kubeEndpoint{}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
 	pod, err := h.readPodRecord(ctx, w.Namespace, w.Pod)
 	if err != nil {
-		return err
+		return kubeEndpoint{}, err
 	}
 	if pod == nil {
-		return nil
+		return kubeEndpoint{}, nil
 	}
 	var ns api.KubeNamespace
 	if kv, err := h.store.GetKV(ctx, datastore.KubeNamespaceKey(w.Namespace)); err == nil {
 		if err := json.Unmarshal(kv.Value, &ns); err != nil {
-			return cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
+			return kubeEndpoint{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
 		}
 	} else if !errors.Is(err, datastore.ErrNotFound) {
-		return cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
+		return kubeEndpoint{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
 	}
 	args.Labels = api.EndpointLabels(pod)
 	if err := h.addressRequest(pod, &ns, areq); err != nil {
-		return cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
+		return kubeEndpoint{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}
-	return nil
+	return kubeEndpoint{namespaceLabels: ns.Labels, ports: pod.Ports}, nil
 }
 
 // readPodRecord returns the pod's record, waiting up to kubePodWait for

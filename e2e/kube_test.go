@@ -74,7 +74,9 @@ func TestKubernetes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
-	for _, ns := range []string{"tabby-system", "k14-srv", "k14-cli"} {
+	// The controllers run as their own user with the manifests' RBAC.
+	kubetest.ApplyControllersRBAC(t, srv.Client, "../manifests/tabby-kube-controllers.yaml")
+	for _, ns := range []string{"k14-srv", "k14-cli"} {
 		k.createNamespace(ctx, t, ns)
 	}
 	for _, n := range l.State().Nodes {
@@ -111,11 +113,21 @@ func TestKubernetes(t *testing.T) {
 	t.Run("PodAndNamespaceLabels", func(t *testing.T) { k.testLabels(ctx, t, w) })
 	t.Run("AddressGC", func(t *testing.T) { k.testAddressGC(ctx, t) })
 	t.Run("NodeDeleted", func(t *testing.T) { k.testNodeDeleted(ctx, t) })
+
+	// Both GCs left IPAM consistent: no leak, no orphan handle.
+	rep, err := ipam.New(k.store, ipam.WithLeakGrace(0)).Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Errorf("ipam check: leaks %v, orphan handles %v, inconsistencies %v", rep.Leaks, rep.OrphanHandles, rep.Inconsistencies)
+	}
 }
 
 // startKubeControllers runs bin/tabby-kube-controllers against the API
-// server (as its admin: the manifests' least-privilege RBAC is tested in
-// package kube) and the lab's etcd, until the test ends.
+// server (as kubetest.ControllersUser, whom the manifests' least-privilege
+// RBAC must allow everything it does) and the lab's etcd, until the test
+// ends.
 func startKubeControllers(t *testing.T, l *lab.Lab, srv *kubetest.APIServer) {
 	t.Helper()
 	bin := filepath.Join(l.State().BinDir, "tabby-kube-controllers")
@@ -134,13 +146,13 @@ clusters:
 - name: lab
   cluster: {server: %q, insecure-skip-tls-verify: true}
 users:
-- name: admin
+- name: controllers
   user: {token: %q}
 contexts:
 - name: lab
-  context: {cluster: lab, user: admin}
+  context: {cluster: lab, user: controllers}
 current-context: lab
-`, srv.URL, srv.Tokens["admin"])
+`, srv.URL, srv.Tokens["controllers"])
 	if err := os.WriteFile(kubeconfig, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -550,6 +562,9 @@ func (k *kubeLab) testNodeDeleted(ctx context.Context, t *testing.T) {
 		return nil
 	})
 	released := time.Since(start)
+	if released < kubeNodeGCGrace {
+		t.Errorf("node3 released %v after its Node was deleted, before the grace of %v", released, kubeNodeGCGrace)
+	}
 	waitFor(t, kubeDeadline, "node1's route to node3's block withdrawn", func() error {
 		if nodeHasRouteTo(ctx, t, k.l, "node1", block) {
 			return fmt.Errorf("node1 still routes %s", block)

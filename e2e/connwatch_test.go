@@ -190,18 +190,9 @@ func (w *connWatch) await(since time.Time, allowed bool, within time.Duration) (
 func (w *connWatch) scan(since time.Time, want string) (d time.Duration, found bool, seen string, closed bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	// Attempts start in sequence order: begin after the last one known to
-	// have started before since (a pending one before it started earlier).
-	lo := 0
-	for seq := w.maxSeq; seq >= 0; seq-- {
-		if a, ok := w.attempts[seq]; ok && a.start.Before(since) {
-			lo = seq + 1
-			break
-		}
-	}
 	run, runStart := 0, -1
 	var last []string
-	for seq := lo; seq <= w.maxSeq; seq++ {
+	for seq := w.first(since); seq <= w.maxSeq; seq++ {
 		a, ok := w.attempts[seq]
 		if !ok {
 			break // still in flight
@@ -222,4 +213,67 @@ func (w *connWatch) scan(since time.Time, want string) (d time.Duration, found b
 		last = last[len(last)-10:]
 	}
 	return 0, false, strings.Join(last, ", "), w.closed
+}
+
+// staysDropped waits until connections have been attempted for dur after
+// since and fails unless none that started in that time was answered. (An
+// answer is proof; a drop could be a slow machine, so only drops are held.)
+func (w *connWatch) staysDropped(since time.Time, dur time.Duration) error {
+	end := since.Add(dur)
+	deadline := time.NewTimer(dur + connWatchTimeout + kubeDeadline)
+	defer deadline.Stop()
+	for {
+		answered, total, complete, closed := w.between(since, end)
+		if answered > 0 {
+			return fmt.Errorf("%d of %d connections started within %s were answered", answered, total, dur)
+		}
+		if complete {
+			if total == 0 {
+				return fmt.Errorf("no connection attempted within %s", dur)
+			}
+			return nil
+		}
+		if closed {
+			return errors.New("the connection watch ended")
+		}
+		select {
+		case <-w.wake:
+		case <-deadline.C:
+			return fmt.Errorf("connections started within %s did not all finish", dur)
+		}
+	}
+}
+
+// between counts the attempts that started in [from, to) and those of
+// them answered; complete says all of them have finished.
+func (w *connWatch) between(from, to time.Time) (answered, total int, complete, closed bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for seq := w.first(from); seq <= w.maxSeq; seq++ {
+		a, ok := w.attempts[seq]
+		if !ok {
+			return answered, total, false, w.closed // still in flight
+		}
+		if !a.start.Before(to) {
+			return answered, total, true, w.closed
+		}
+		total++
+		if a.outcome == "ok" {
+			answered++
+		}
+	}
+	return answered, total, false, w.closed
+}
+
+// first returns the first sequence number that may have started at or
+// after since. Attempts start in sequence order, so it is the one after
+// the last known to have started before since (one still in flight before
+// that started earlier still). Callers hold w.mu.
+func (w *connWatch) first(since time.Time) int {
+	for seq := w.maxSeq; seq >= 0; seq-- {
+		if a, ok := w.attempts[seq]; ok && a.start.Before(since) {
+			return seq + 1
+		}
+	}
+	return 0
 }

@@ -444,7 +444,17 @@ func (k *kubeLab) testLabels(ctx context.Context, t *testing.T, w *connWatch) {
 		t.Fatal(err)
 	}
 	transition(t, w, "web isolated, cli neither trusted nor blue: dropped", start, false)
-	transition(t, w, "cli labelled trusted, namespace not blue: still dropped", podLabels("k14-cli", "cli", map[string]any{"role": "trusted"}), false)
+	// Half the peer (a trusted pod, its namespace not blue) stays out.
+	podLabels("k14-cli", "cli", map[string]any{"role": "trusted"})
+	waitFor(t, kubeDeadline, "the endpoint of cli labelled role=trusted", func() error {
+		if w := k.endpointOf(ctx, t, "k14-cli", "cli"); w == nil || w.Metadata.Labels["role"] != "trusted" {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if err := w.staysDropped(time.Now(), time.Second); err != nil {
+		t.Errorf("cli trusted, its namespace not blue: %v", err)
+	}
 	d = transition(t, w, "namespace k14-cli labelled team=blue: allowed", nsLabels("k14-cli", map[string]any{"team": "blue"}), true)
 	t.Logf("namespace label added → peer in the rule, packets allowed: %v", d.Round(time.Millisecond))
 	d = transition(t, w, "namespace k14-cli unlabelled: dropped", nsLabels("k14-cli", map[string]any{"team": nil}), false)

@@ -239,6 +239,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, addrs, hostIf, mac, args.Labels)
 	wep.Spec.NamespaceLabels = info.nsLabels
+	wep.Spec.Ports = info.ports
 	wep.Metadata.Annotations = map[string]string{api.AnnotationOrigin: api.OriginAgent}
 	if info.kube {
 		// Its labels come from Kubernetes, and the controllers keep them.

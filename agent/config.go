@@ -48,7 +48,9 @@ type Config struct {
 	EndpointToHostAction string
 	// NodeGCGrace is how long a node must be gone (no Node record, no
 	// liveness record) before node GC releases what it held; see
-	// DefaultNodeGCGrace. Labs and tests shorten it.
+	// DefaultNodeGCGrace (5 minutes). Labs and tests shorten it;
+	// production keeps minutes, so that a node briefly without its record
+	// loses nothing.
 	NodeGCGrace time.Duration
 }
 
@@ -153,10 +155,11 @@ func (c *Config) Validate() error {
 		{"resync interval", c.ResyncInterval, time.Second, time.Hour},
 		{"lease ttl", c.LeaseTTL, 2 * time.Second, 10 * time.Minute},
 		{"bgp settle time", c.BGPSettleTime, 0, 10 * time.Minute},
-		// Below a few seconds a node whose record an operator re-creates,
-		// or whose agent restarts, could lose its addresses; above a day
-		// dead nodes hold addresses for too long to be an intent.
-		{"node gc grace", c.NodeGCGrace, 5 * time.Second, 24 * time.Hour},
+		// Seconds are for labs and tests (a node whose record an operator
+		// re-creates, or whose agent restarts, could lose its addresses);
+		// above a day dead nodes hold addresses for too long to be an
+		// intent.
+		{"node gc grace", c.NodeGCGrace, time.Second, 24 * time.Hour},
 	} {
 		if b.v < b.min || b.v > b.max {
 			errs = append(errs, fmt.Errorf("%s: %s must be between %s and %s", b.name, b.v, b.min, b.max))

@@ -63,6 +63,10 @@ type podInfo struct {
 	// noIPAM, when valid, is the address the pod gets without IPAM
 	// (ipAddrsNoIpam, allowed by the network configuration).
 	noIPAM netip.Addr
+	// ports are the pod's named container ports: the endpoint's first
+	// write, whose policy is programmed before ADD returns, must already
+	// match named ports (the controllers keep them up to date later).
+	ports []api.EndpointPort
 }
 
 // applyPodInfo fills in a Kubernetes pod's endpoint labels (args.Labels)
@@ -91,7 +95,7 @@ func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.N
 		return podInfo{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
 	}
 	args.Labels = api.EndpointLabels(pod)
-	info := podInfo{kube: true, nsLabels: ns.Labels}
+	info := podInfo{kube: true, nsLabels: ns.Labels, ports: pod.Ports}
 	if info.noIPAM, err = h.addressRequest(pod, &ns, conf, areq); err != nil {
 		return podInfo{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
@@ -52,15 +53,17 @@ func TestAddTakesLabelsAndAddressFromPodRecord(t *testing.T) {
 		{name: "both address kinds", pod: map[string]string{"cni.projectcalico.org/ipAddrs": `["10.244.0.78"]`,
 			"cni.projectcalico.org/ipAddrsNoIpam": `["10.9.9.9"]`}, wantErr: "both set"},
 	}
+	ports := []api.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			id := "c" + string(rune('a'+i))
 			req, conf, args := addReq(id)
 			ns := "ns" + id
 			args.PodNamespace = ns
-			putJSON(t, e.store, datastore.KubeNamespaceKey(ns), api.KubeNamespace{Name: ns, Labels: map[string]string{"ns": ns}, Annotations: tt.ns})
+			putJSON(t, e.store, datastore.KubeNamespaceKey(ns), api.KubeNamespace{Name: ns, Annotations: tt.ns,
+				Labels: map[string]string{"team": "blue"}})
 			putJSON(t, e.store, datastore.KubePodKey(ns, args.PodName), api.KubePod{Namespace: ns, Name: args.PodName,
-				Labels: map[string]string{"role": "db"}, ServiceAccount: "sa1", Annotations: tt.pod})
+				Labels: map[string]string{"role": "db"}, ServiceAccount: "sa1", Annotations: tt.pod, Ports: ports})
 			res, err := e.h.Add(ctx, req, conf, args)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error()+detail(err), tt.wantErr) {
@@ -84,8 +87,15 @@ func TestAddTakesLabelsAndAddressFromPodRecord(t *testing.T) {
 			if api.Origin(wep) != api.OriginKubernetes {
 				t.Errorf("endpoint origin %q, want kubernetes", api.Origin(wep))
 			}
-			if wep.Spec.NamespaceLabels["ns"] != ns {
-				t.Errorf("endpoint namespace labels %v, want the namespace record's", wep.Spec.NamespaceLabels)
+			// Namespace labels and named ports too, from the first write:
+			// the endpoint's policy is programmed before ADD returns, so
+			// waiting for the controllers to add them would run the pod
+			// under the wrong policy (namespaceSelector, named ports).
+			if diff := cmp.Diff(map[string]string{"team": "blue"}, wep.Spec.NamespaceLabels); diff != "" {
+				t.Errorf("endpoint namespace labels (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(ports, wep.Spec.Ports); diff != "" {
+				t.Errorf("endpoint named ports (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -46,6 +46,7 @@ func TestPolicyHelperProcess(t *testing.T) {
 //	serve NAME TCPPORTS UDPPORTS   answer "NAME <peer address>" on every port until stdin closes
 //	probe tcp|udp ADDR:PORT        print the answer; exit 3 when nothing answers in time
 //	udpfrom SRC ADDR:PORT MESSAGE  send one datagram from source address SRC
+//	watch ADDR:PORT EVERY          a new TCP connection every EVERY until stdin closes (see connWatch)
 func policyHelper(args []string) (int, error) {
 	if len(args) == 0 {
 		return 1, errors.New("no command")
@@ -55,6 +56,12 @@ func policyHelper(args []string) (int, error) {
 		return serveAll(args[1], args[2], args[3])
 	case args[0] == "probe" && len(args) == 3:
 		return probe(args[1], args[2])
+	case args[0] == "watch" && len(args) == 3:
+		every, err := time.ParseDuration(args[2])
+		if err != nil {
+			return 1, err
+		}
+		return watchTCP(args[1], every)
 	case args[0] == "udpfrom" && len(args) == 4:
 		src, err := net.ResolveUDPAddr("udp4", args[1]+":0")
 		if err != nil {

@@ -142,7 +142,7 @@ func TestControllersAgainstRealAPIServer(t *testing.T) {
 	}
 	// The controllers run with the manifests' least-privilege RBAC, as
 	// their own user.
-	applyRBAC(t, kc)
+	kubetest.ApplyControllersRBAC(t, kc, "../manifests/tabby-kube-controllers.yaml")
 	ctrlClient := srv.As(t, "controllers")
 	stopA := startControllers(t, testConfig("a"), ctrlClient, store)
 	outer := t // replica b outlives the subtest that starts it

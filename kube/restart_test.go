@@ -31,7 +31,7 @@ func TestControllersRestartCatchUp(t *testing.T) {
 	if _, err := store.Create(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "pool1"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16"}}); err != nil {
 		t.Fatal(err)
 	}
-	applyRBAC(t, kc)
+	kubetest.ApplyControllersRBAC(t, kc, "../manifests/tabby-kube-controllers.yaml")
 	ctrlClient := srv.As(t, "controllers")
 	stop := startControllers(t, testConfig("a"), ctrlClient, store)
 

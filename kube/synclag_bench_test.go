@@ -52,7 +52,7 @@ func BenchmarkKubeSyncLag(b *testing.B) {
 	ctx := context.Background()
 	kc := srv.Client
 	store, etcd := storetest.NewWithEtcd(b)
-	applyRBAC(b, kc)
+	kubetest.ApplyControllersRBAC(b, kc, "../manifests/tabby-kube-controllers.yaml")
 
 	dir := b.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")

@@ -76,8 +76,8 @@ func newRootCmd() *cobra.Command {
 	f.StringVar(&cfg.DefaultPoolCIDR, "default-ipv4-pool", cfg.DefaultPoolCIDR, "create this IPv4 pool when no pool exists (env TABBY_IPV4POOL_CIDR)")
 	f.StringVar(&cfg.EndpointToHostAction, "endpoint-to-host-action", env("TABBY_ENDPOINT_TO_HOST_ACTION", cfg.EndpointToHostAction), "what pod traffic to this node meets after the pod's egress policy: Drop, Accept or Return (to the node's own INPUT rules); etcd and the GoBGP API stay unreachable (env TABBY_ENDPOINT_TO_HOST_ACTION)")
 	f.StringVar(&cfg.FirewallBackend, "firewall-backend", env("TABBY_FIREWALL_BACKEND", cfg.FirewallBackend), "auto (nftables where the kernel has it), nftables or iptables (env TABBY_FIREWALL_BACKEND)")
-	f.DurationVar(&cfg.NodeGCGrace, "node-gc-grace", cfg.NodeGCGrace, "how long a node must be gone (no Node record, no liveness record) before its endpoints, addresses and blocks are released, 5s to 24h")
 	f.DurationVar(&cfg.ResyncInterval, "resync-interval", cfg.ResyncInterval, "period of full reconcile passes")
+	f.DurationVar(&cfg.NodeGCGrace, "node-gc-grace", cfg.NodeGCGrace, "how long a node must be gone (no Node record, no liveness record) before its endpoints, addresses and blocks are released (1s to 24h; default 5m)")
 	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
 	cmd.AddCommand(newInstallCNICmd(), newCleanupCmd())
 	return cmd

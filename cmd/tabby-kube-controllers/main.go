@@ -37,6 +37,7 @@ func main() {
 	fs.StringVar(&cfg.LeaseName, "lease-name", cfg.LeaseName, "name of the leader Lease")
 	fs.StringVar(&cfg.Identity, "identity", env("POD_NAME", cfg.Identity), "this replica's identity in the Lease")
 	fs.DurationVar(&cfg.GCGrace, "gc-grace", cfg.GCGrace, "how long an address stays orphaned before it is released (at most 60s)")
+	fs.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often address GC looks for orphaned addresses")
 	logLevel := fs.String("log-level", env("TABBY_LOG_LEVEL", "info"), "debug|info|warn|error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	_ = fs.Parse(os.Args[1:])

@@ -1,4 +1,4 @@
-package kube_test
+package kubetest
 
 import (
 	"context"
@@ -13,20 +13,25 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// applyRBAC creates the manifests' roles for tabby-kube-controllers and
-// binds them to the static-token user the controllers run as in tests, so
-// that the tests prove the least-privilege rules suffice.
-func applyRBAC(t testing.TB, kc kubernetes.Interface) {
+// ControllersUser is the user the "controllers" token authenticates as.
+const ControllersUser = "tabby-kube-controllers"
+
+// ApplyControllersRBAC creates the namespace tabby-system and the roles of
+// the manifest at path (manifests/tabby-kube-controllers.yaml), strictly
+// decoded, and binds them to ControllersUser, so that tests running the
+// controllers with the "controllers" token prove the least-privilege rules
+// suffice.
+func ApplyControllersRBAC(t testing.TB, kc kubernetes.Interface, path string) {
 	t.Helper()
 	ctx := context.Background()
-	b, err := os.ReadFile("../manifests/tabby-kube-controllers.yaml")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tabby-system"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	user := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "tabby-kube-controllers"}}
+	user := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: ControllersUser}}
 	for _, doc := range strings.Split(string(b), "\n---\n") {
 		var head struct{ Kind string }
 		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {

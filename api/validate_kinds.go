@@ -215,12 +215,15 @@ func (w *WorkloadEndpoint) Validate() error {
 	for i, n := range s.IPNetworks {
 		// A pod address with a shorter prefix is a likely mistake; say
 		// so rather than complain about host bits.
-		if pr, err := netip.ParsePrefix(n); err == nil && pr.Addr().Is4() && pr.Bits() != 32 {
-			v.add(idx("spec.ipNetworks", i), "%q must be a single address, like %q", n, pr.Addr().String()+"/32")
+		if pr, err := netip.ParsePrefix(n); err == nil && pr.Bits() != pr.Addr().BitLen() {
+			v.add(idx("spec.ipNetworks", i), "%q must be a single address, like %q", n, netip.PrefixFrom(pr.Addr(), pr.Addr().BitLen()).String())
 			continue
 		}
-		v.cidr4(idx("spec.ipNetworks", i), n)
+		if pr, ok := v.cidr(idx("spec.ipNetworks", i), n); ok && (pr.Addr().Is4In6() || pr.Addr().IsLinkLocalUnicast()) {
+			v.add(idx("spec.ipNetworks", i), "%q is not a pod address (IPv4-mapped or link-local)", n)
+		}
 	}
+
 	v.labels("spec.namespaceLabels", s.NamespaceLabels)
 	for i, prof := range s.Profiles {
 		if prof == "" {

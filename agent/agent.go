@@ -39,6 +39,9 @@ type Agent struct {
 	gc       *nodeGC
 	handler  *cniHandler
 	nodeAddr netip.Prefix
+	// nodeAddr6 is the node's IPv6 underlay address; invalid when it has
+	// none.
+	nodeAddr6 netip.Prefix
 	started  time.Time
 	lease    *leaseHolder
 	// wired is closed when every field above is set (tests wait for it).
@@ -136,6 +139,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return err
 	}
 	a.nodeAddr = addr
+	if a.cfg.NodeIP6 != "" {
+		a.nodeAddr6, _ = netip.ParsePrefix(a.cfg.NodeIP6) // validated
+	}
 	node, err := a.registerNode(ctx)
 	if err != nil {
 		return err

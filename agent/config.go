@@ -22,6 +22,10 @@ import (
 type Config struct {
 	NodeName         string
 	NodeIP           string // CIDR; "" = autodetect
+	// NodeIP6 is the node's IPv6 underlay address as a CIDR, the next hop
+	// of its IPv6 pod routes; "" = the node has no IPv6 underlay (its
+	// pods' IPv6 addresses are reachable on the node only).
+	NodeIP6 string
 	AutodetectMethod string
 	Etcd             datastore.Config
 	CNISocket        string
@@ -30,6 +34,8 @@ type Config struct {
 	StateDir         string
 	GoBGPAPI         string // "" = off; loopback only
 	DefaultPoolCIDR  string // "" = do not create a pool
+	// DefaultPoolCIDR6 is an IPv6 pool to create when no IPv6 pool exists.
+	DefaultPoolCIDR6 string
 	ResyncInterval   time.Duration
 	// LeaseTTL is the liveness lease of the node's status keys.
 	LeaseTTL time.Duration
@@ -107,6 +113,16 @@ func (c *Config) Validate() error {
 	var errs []error
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name: empty (set --node-name or NODENAME)"))
+	}
+	if c.NodeIP6 != "" {
+		if p, err := netip.ParsePrefix(c.NodeIP6); err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Addr().IsLinkLocalUnicast() || p.Addr().Zone() != "" {
+			errs = append(errs, fmt.Errorf("node ipv6: %q is not a global IPv6 CIDR like 2001:db8::11/64", c.NodeIP6))
+		}
+	}
+	if c.DefaultPoolCIDR6 != "" {
+		if p, err := netip.ParsePrefix(c.DefaultPoolCIDR6); err != nil || !p.Addr().Is6() {
+			errs = append(errs, fmt.Errorf("default ipv6 pool: %q is not an IPv6 CIDR", c.DefaultPoolCIDR6))
+		}
 	}
 	if c.NodeIP != "" {
 		if p, err := netip.ParsePrefix(c.NodeIP); err != nil || !p.Addr().Is4() {

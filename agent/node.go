@@ -30,7 +30,7 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 					Labels:      map[string]string{"kubernetes.io/hostname": a.cfg.NodeName},
 					Annotations: map[string]string{api.AnnotationOrigin: api.OriginAgent},
 				},
-				Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: a.nodeAddr.String()}},
+				Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: a.nodeAddr.String(), IPv6Address: a.ipv6AddressField()}},
 			}
 			created, cerr := datastore.CreateAs(ctx, a.store, n)
 			if errors.Is(cerr, datastore.ErrExists) {
@@ -43,13 +43,16 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 		case err != nil:
 			return nil, fmt.Errorf("reading node %s: %w", a.cfg.NodeName, err)
 		}
-		if n.Spec.BGP != nil && n.Spec.BGP.IPv4Address == a.nodeAddr.String() {
+		if n.Spec.BGP != nil && n.Spec.BGP.IPv4Address == a.nodeAddr.String() && (!a.nodeAddr6.IsValid() || n.Spec.BGP.IPv6Address == a.ipv6AddressField()) {
 			return n, nil
 		}
 		if n.Spec.BGP == nil {
 			n.Spec.BGP = &api.NodeBGPSpec{}
 		}
 		n.Spec.BGP.IPv4Address = a.nodeAddr.String()
+		if a.nodeAddr6.IsValid() {
+			n.Spec.BGP.IPv6Address = a.ipv6AddressField()
+		}
 		updated, uerr := datastore.UpdateAs(ctx, a.store, n)
 		if errors.Is(uerr, datastore.ErrConflict) {
 			continue
@@ -62,9 +65,48 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 	return nil, fmt.Errorf("registering node %s: too many concurrent updates", a.cfg.NodeName)
 }
 
-// ensureDefaultPool creates the default pool when configured and no pool
-// exists yet.
+// ipv6AddressField is the node's IPv6 address as the Node record holds
+// it, "" when it has none.
+func (a *Agent) ipv6AddressField() string {
+	if !a.nodeAddr6.IsValid() {
+		return ""
+	}
+	return a.nodeAddr6.String()
+}
+
+// DefaultPoolName6 is the IPPool the agent creates from --default-ipv6-pool.
+const DefaultPoolName6 = "default-ipv6-ippool"
+
+// ensureDefaultPool creates the default pools when configured: the IPv4
+// one when no pool exists yet, the IPv6 one when no IPv6 pool exists.
 func (a *Agent) ensureDefaultPool(ctx context.Context) error {
+	if err := a.ensureDefaultPool4(ctx); err != nil {
+		return err
+	}
+	if a.cfg.DefaultPoolCIDR6 == "" {
+		return nil
+	}
+	pools, _, err := datastore.ListAs[*api.IPPool](ctx, a.store, api.KindIPPool, "")
+	if err != nil {
+		return fmt.Errorf("listing IP pools: %w", err)
+	}
+	for _, p := range pools {
+		if pr, err := p.Prefix(); err == nil && pr.Addr().Is6() {
+			return nil
+		}
+	}
+	p := &api.IPPool{
+		Metadata: api.ObjectMeta{Name: DefaultPoolName6},
+		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR6},
+	}
+	if _, err := a.store.Create(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
+		return fmt.Errorf("creating the default IPv6 pool %s: %w", a.cfg.DefaultPoolCIDR6, err)
+	}
+	a.log.Info("created default IPv6 pool", "cidr", a.cfg.DefaultPoolCIDR6)
+	return nil
+}
+
+func (a *Agent) ensureDefaultPool4(ctx context.Context) error {
 	if a.cfg.DefaultPoolCIDR == "" {
 		return nil
 	}

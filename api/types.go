@@ -56,6 +56,10 @@ type NodeBGPSpec struct {
 	// IPv4Address is the node's underlay address with its prefix length
 	// ("198.18.0.2/24"); it is the BGP router ID, session address and next hop.
 	IPv4Address string `json:"ipv4Address,omitempty"`
+	// IPv6Address is the node's IPv6 underlay address with its prefix
+	// length ("2001:db8::11/64"), as Calico's field: the next hop of the
+	// node's IPv6 routes, which BGP carries on the IPv4 sessions.
+	IPv6Address string `json:"ipv6Address,omitempty"`
 	// ASNumber overrides BGPConfiguration's asNumber for this node.
 	ASNumber *uint32 `json:"asNumber,omitempty"`
 	// RouteReflectorClusterID makes the node a route reflector with that
@@ -356,6 +360,19 @@ func (n *Node) IPv4() (netip.Prefix, bool) {
 		return netip.PrefixFrom(a, 32), true
 	}
 	if !p.Addr().Is4() {
+		return netip.Prefix{}, false
+	}
+	return p, true
+}
+
+// IPv6 returns the node's IPv6 underlay address and prefix, if it has a
+// valid one.
+func (n *Node) IPv6() (netip.Prefix, bool) {
+	if n.Spec.BGP == nil || n.Spec.BGP.IPv6Address == "" {
+		return netip.Prefix{}, false
+	}
+	p, err := netip.ParsePrefix(n.Spec.BGP.IPv6Address)
+	if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
 		return netip.Prefix{}, false
 	}
 	return p, true

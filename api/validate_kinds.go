@@ -34,6 +34,17 @@ func (n *Node) Validate() error {
 				v.add("spec.bgp.ipv4Address", "%q cannot be a node address", b.IPv4Address)
 			}
 		}
+		if b.IPv6Address != "" {
+			pr, err := netip.ParsePrefix(b.IPv6Address)
+			switch {
+			case err != nil:
+				v.add("spec.bgp.ipv6Address", "%q is not a valid IPv6 CIDR (want the node address with its prefix length, like \"2001:db8::11/64\")", b.IPv6Address)
+			case !pr.Addr().Is6() || pr.Addr().Is4In6():
+				v.add("spec.bgp.ipv6Address", "%q is not an IPv6 address", b.IPv6Address)
+			case pr.Addr().IsUnspecified() || pr.Addr().IsLoopback() || pr.Addr().IsMulticast() || pr.Addr().IsLinkLocalUnicast():
+				v.add("spec.bgp.ipv6Address", "%q cannot be a node address (link-local, loopback or multicast)", b.IPv6Address)
+			}
+		}
 		if b.ASNumber != nil {
 			if p := checkASN(*b.ASNumber); p != "" {
 				v.add("spec.bgp.asNumber", "%s", p)

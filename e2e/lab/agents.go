@@ -52,6 +52,11 @@ func (l *Lab) writeConflist(node string) error {
 	if err != nil {
 		return fmt.Errorf("writing CNI configuration: %w", err)
 	}
+	if l.State().DualStack {
+		if b, err = withDualStack(b); err != nil {
+			return fmt.Errorf("writing CNI configuration: %w", err)
+		}
+	}
 	path := l.conflistPath(node)
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("writing CNI configuration: %w", err)
@@ -83,6 +88,9 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 		"--state-dir", filepath.Join(d, "state"),
 		"--http-listen", agentHTTPListen,
 		"--default-ipv4-pool", PodPool,
+	}
+	if n.IP6.IsValid() {
+		argv = append(argv, "--node-ip6", n.IP6.String(), "--default-ipv6-pool", PodPool6)
 	}
 	return append(argv, st.AgentArgs...)
 }
@@ -393,4 +401,24 @@ func orNoRound(problem error) error {
 		return errors.New("the deadline passed before one round of checks finished")
 	}
 	return problem
+}
+
+// withDualStack sets "ipam": {"assign_ipv4": "true", "assign_ipv6":
+// "true"} (Calico's spelling) on the conflist's Tabby plugin.
+func withDualStack(conflist []byte) ([]byte, error) {
+	var cl map[string]any
+	if err := json.Unmarshal(conflist, &cl); err != nil {
+		return nil, err
+	}
+	plugins, _ := cl["plugins"].([]any)
+	for _, p := range plugins {
+		if m, ok := p.(map[string]any); ok && m["type"] == "tabby" {
+			m["ipam"] = map[string]any{"assign_ipv4": "true", "assign_ipv6": "true"}
+		}
+	}
+	out, err := json.MarshalIndent(cl, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
 }

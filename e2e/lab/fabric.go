@@ -73,6 +73,14 @@ func (l *Lab) makeFabric(ctx context.Context) error {
 	if err := setSysctl(tor, "net.ipv4.ip_forward", "1"); err != nil {
 		return err
 	}
+	if st.DualStack {
+		if err := ip(ctx, "-n", tor, "-6", "addr", "add", netip.PrefixFrom(torAddr6, fabricNet6.Bits()).String(), "dev", "eth0", "nodad"); err != nil {
+			return err
+		}
+		if err := setSysctl(tor, "net.ipv6.conf.all.forwarding", "1"); err != nil {
+			return err
+		}
+	}
 	etcd := st.etcdNS()
 	if err := l.newNamespace(ctx, etcd); err != nil {
 		return err
@@ -127,6 +135,9 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 		for h := firstNodeHost; h <= maxNodeHost; h++ {
 			if p := nodePrefix(h); !used[p.Addr()] {
 				node = NodeState{Name: name, NetNS: s.Name + "-" + name, IP: p}
+				if s.DualStack {
+					node.IP6 = nodePrefix6(h)
+				}
 				s.Nodes = append(s.Nodes, node)
 				return nil
 			}
@@ -150,6 +161,17 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 	}
 	if err := setSysctl(node.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
 		return err
+	}
+	if node.IP6.IsValid() {
+		// No duplicate address detection (the lab hands out the
+		// addresses), and a default route to the ToR, a dead end like the
+		// IPv4 one.
+		if err := ip(ctx, "-n", node.NetNS, "-6", "addr", "add", node.IP6.String(), "dev", "eth0", "nodad"); err != nil {
+			return err
+		}
+		if err := ip(ctx, "-n", node.NetNS, "-6", "route", "add", "default", "via", torAddr6.String(), "dev", "eth0"); err != nil {
+			return err
+		}
 	}
 	return l.writeConflist(name)
 }

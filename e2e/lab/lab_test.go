@@ -54,8 +54,9 @@ func TestOptionsValidate(t *testing.T) {
 }
 
 func TestNodeAddressing(t *testing.T) {
-	got := []string{nodePrefix(firstNodeHost).String(), nodePrefix(firstNodeHost + 9).String(), nodeName(4), podName(2, 3)}
-	want := []string{"198.18.0.11/24", "198.18.0.20/24", "node4", "n2p3"}
+	got := []string{nodePrefix(firstNodeHost).String(), nodePrefix(firstNodeHost + 9).String(), nodeName(4), podName(2, 3),
+		nodePrefix6(firstNodeHost).String(), nodePrefix6(maxNodeHost).String()}
+	want := []string{"198.18.0.11/24", "198.18.0.20/24", "node4", "n2p3", "2001:db8::b/64", "2001:db8::fe/64"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("addressing (-want +got):\n%s", diff)
 	}

@@ -18,6 +18,11 @@ var (
 	// etcdAddr is the first etcd member's address; member i (0-based)
 	// has etcdAddr + i, all on the etcd namespace's eth0.
 	etcdAddr = netip.MustParseAddr("198.18.0.2")
+	// The IPv6 underlay of a dual-stack lab, from the documentation range
+	// 2001:db8::/32: the ToR is ::1, node k's address ends in its IPv4
+	// address's last octet.
+	fabricNet6 = netip.MustParsePrefix("2001:db8::/64")
+	torAddr6   = netip.MustParseAddr("2001:db8::1")
 )
 
 const (
@@ -27,6 +32,9 @@ const (
 	maxNodeHost = 254
 	// PodPool is the IPv4 pool the agents create.
 	PodPool = "10.244.0.0/16"
+	// PodPool6 is the IPv6 pool the agents of a dual-stack lab create
+	// (unique local addresses).
+	PodPool6 = "fd00:10:244::/48"
 	// etcdClientPort and etcdPeerPort are every etcd member's ports.
 	etcdClientPort = 2379
 	etcdPeerPort   = 2380
@@ -75,6 +83,11 @@ type Options struct {
 	EtcdMembers int
 	// NoAgents brings up the fabric, ToR, etcd and node namespaces only.
 	NoAgents bool
+	// DualStack gives the fabric an IPv6 underlay (2001:db8::/64), every
+	// node an IPv6 address, the agents an IPv6 pool (PodPool6) and the
+	// network configuration assign_ipv6: every pod gets an address of each
+	// family.
+	DualStack bool
 	// AgentArgs are appended to every tabby-agent command line, also of
 	// agents started later (node add, restarts): the lab records them.
 	AgentArgs []string
@@ -147,6 +160,14 @@ func nodeName(i int) string { return fmt.Sprintf("node%d", i) }
 
 // podName is the name of the j-th pod (1-based) Up adds to node i.
 func podName(i, j int) string { return fmt.Sprintf("n%dp%d", i, j) }
+
+// nodePrefix6 is the IPv6 fabric address of the node with the given
+// last octet.
+func nodePrefix6(host int) netip.Prefix {
+	a := fabricNet6.Addr().As16()
+	a[15] = byte(host)
+	return netip.PrefixFrom(netip.AddrFrom16(a), fabricNet6.Bits())
+}
 
 // nodePrefix is the fabric address of the node with the given last octet.
 func nodePrefix(host int) netip.Prefix {

@@ -32,6 +32,8 @@ type State struct {
 	NoAgents  bool      `json:"noAgents,omitempty"`
 	// RouteReflectors is how many of the first nodes are route reflectors.
 	RouteReflectors int `json:"routeReflectors,omitempty"`
+	// DualStack: see Options.DualStack.
+	DualStack bool `json:"dualStack,omitempty"`
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string `json:"agentArgs,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
@@ -112,6 +114,8 @@ type NodeState struct {
 	Name  string       `json:"name"`
 	NetNS string       `json:"netns"`
 	IP    netip.Prefix `json:"ip"` // 198.18.0.x/24
+	// IP6 is the node's IPv6 fabric address in a dual-stack lab.
+	IP6   netip.Prefix `json:"ip6,omitzero"`
 	Agent *Proc        `json:"agent,omitempty"`
 }
 

@@ -42,8 +42,8 @@ type Agent struct {
 	// nodeAddr6 is the node's IPv6 underlay address; invalid when it has
 	// none.
 	nodeAddr6 netip.Prefix
-	started  time.Time
-	lease    *leaseHolder
+	started   time.Time
+	lease     *leaseHolder
 	// wired is closed when every field above is set (tests wait for it).
 	wired chan struct{}
 

@@ -68,7 +68,9 @@ func TestCNIAddDualStack(t *testing.T) {
 		t.Fatalf("handle holds %v, %v; want both", held, err)
 	}
 	routes, _ := e.routes.List(dataplane.RouteProtoWorkload)
-	if !slices.ContainsFunc(routes, func(r dataplane.Route) bool { return r.Dst == netip.PrefixFrom(v6[0], 128) && r.Type == dataplane.RouteUnicast }) {
+	if !slices.ContainsFunc(routes, func(r dataplane.Route) bool {
+		return r.Dst == netip.PrefixFrom(v6[0], 128) && r.Type == dataplane.RouteUnicast
+	}) {
 		t.Errorf("no /128 host route to %s among %v", v6[0], routes)
 	}
 	again, err := e.h.Add(ctx, req, conf, args)

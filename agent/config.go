@@ -20,12 +20,12 @@ import (
 
 // Config is the agent's configuration, parsed once from flags and env.
 type Config struct {
-	NodeName         string
-	NodeIP           string // CIDR; "" = autodetect
+	NodeName string
+	NodeIP   string // CIDR; "" = autodetect
 	// NodeIP6 is the node's IPv6 underlay address as a CIDR, the next hop
 	// of its IPv6 pod routes; "" = the node has no IPv6 underlay (its
 	// pods' IPv6 addresses are reachable on the node only).
-	NodeIP6 string
+	NodeIP6          string
 	AutodetectMethod string
 	Etcd             datastore.Config
 	CNISocket        string

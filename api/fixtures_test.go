@@ -132,8 +132,17 @@ func validObjects() []Object {
 		&Node{Metadata: ObjectMeta{Name: "bare"}},
 		&IPPool{Metadata: ObjectMeta{Name: "p"}, Spec: IPPoolSpec{CIDR: "10.245.0.0/26"}},
 		&IPPool{Metadata: ObjectMeta{Name: "v6"}, Spec: IPPoolSpec{CIDR: "fd00:10:244::/48"}},
-		func() Object { n := validNode(); n.Metadata.Name = "dual"; n.Spec.BGP.IPv6Address = "2001:db8::11/64"; return n }(),
-		func() Object { w := validWEP(); w.Spec.IPNetworks = []string{"10.244.1.5/32", "fd00:10:244::5/128"}; return w }(),
+		func() Object {
+			n := validNode()
+			n.Metadata.Name = "dual"
+			n.Spec.BGP.IPv6Address = "2001:db8::11/64"
+			return n
+		}(),
+		func() Object {
+			w := validWEP()
+			w.Spec.IPNetworks = []string{"10.244.1.5/32", "fd00:10:244::5/128"}
+			return w
+		}(),
 		&IPPool{Metadata: ObjectMeta{Name: "v6-small"}, Spec: IPPoolSpec{CIDR: "fd00:10:245::/120", BlockSize: 124}},
 		&IPAMConfig{Metadata: ObjectMeta{Name: "default"}},
 		&BGPConfiguration{Metadata: ObjectMeta{Name: "default"}},

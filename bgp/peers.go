@@ -237,6 +237,7 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		delete(s.info, a)
 	}
 	s.peersSet = true
+	s.setBFDPeers(s.peers)
 	s.markDirty()
 	return errors.Join(errs...)
 }

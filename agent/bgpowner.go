@@ -153,7 +153,8 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	}
 	sp := b.current()
 	pools := b.view.Pools()
-	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(pools), Communities: bgp.PoolCommunities(pools)}); err != nil {
+	aggregates := bgp.PoolAggregates(pools)
+	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(pools), Communities: bgp.PoolCommunities(pools), Aggregates: aggregates}); err != nil {
 		errs = append(errs, fmt.Errorf("setting the import policy: %w", err))
 	}
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
@@ -163,7 +164,7 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("setting peers: %w", err))
 	}
 	affine, borrowed := bgpBlocks(b.node, b.view.BlocksOf(b.node), b.view.BorrowedBy(b.node))
-	adv := bgp.DesiredAdvertisements(affine, borrowed)
+	adv := bgp.AddAggregates(bgp.DesiredAdvertisements(affine, borrowed), aggregates)
 	advErr := sp.SetAdvertised(ctx, adv)
 	if advErr != nil {
 		errs = append(errs, fmt.Errorf("setting advertisements: %w", advErr))

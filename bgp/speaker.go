@@ -94,6 +94,7 @@ type speaker struct {
 	// pools and lastPolicy: see SetPolicy and applyPolicy.
 	pools         []netip.Prefix
 	communities   []PrefixCommunities
+	aggregates    []Aggregate
 	staticExport  []string                     // export policies installed at Start, before the dynamic one
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest

@@ -82,6 +82,8 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 	}
 	pool := pools[0].(*api.IPPool)
 	pool.Spec.BGPCommunities = []string{"65001:100"}
+	pool.Spec.BGPLargeCommunities = []string{"65001:1:100"}
+	pool.Spec.BGPAggregate = api.AggregateWithBlocks
 	if _, err := st.Update(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +177,35 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 				return fmt.Errorf("BIRD has no route to %s:\n%s", shown, out)
 			case !strings.Contains(out, "BGP.community: (65001,100)"):
 				return fmt.Errorf("no community (65001,100) in:\n%s", out)
+			case !strings.Contains(out, "BGP.large_community: (65001, 1, 100)"):
+				return fmt.Errorf("no large community (65001, 1, 100) in:\n%s", out)
+			case strings.Contains(out, "(65001,100) (65001,100)"):
+				// node 1 passes node 2's block on, already tagged by node 2.
+				return fmt.Errorf("community (65001,100) twice on a route:\n%s", out)
+			}
+			// The pool's aggregate (bgpAggregate: WithBlocks), from both nodes.
+			var from []string
+			for _, p := range routes[pool.Spec.CIDR] {
+				from = append(from, p.proto)
+			}
+			slices.Sort(from)
+			if !slices.Equal(from, []string{n1.Name, n2.Name}) {
+				return fmt.Errorf("BIRD has the pool aggregate %s from %v, want from both nodes:\n%s", pool.Spec.CIDR, from, out)
 			}
 			return nil
 		})
 		t.Logf("birdc show route all:\n%s", all)
+		// A node advertising the aggregate drops what no block covers.
+		waitFor(t, 20*time.Second, "node 1's blackhole for the pool", func() error {
+			out, err := l.Exec(ctx, n1.Name, "ip", "-4", "route", "show", "proto", "80", "type", "blackhole")
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(string(out), "blackhole "+pool.Spec.CIDR) {
+				return fmt.Errorf("node 1 proto 80 blackholes:\n%s", out)
+			}
+			return nil
+		})
 	})
 
 	t.Run("FailoverBFDvsHoldTime", func(t *testing.T) {

@@ -56,9 +56,11 @@ protocol bgp %s from tabby_node {
 
 // TestBIRDFiltersCommunitiesBFD: a BGPFilter on the ToR peering lets in
 // one of the ToR's two prefixes and keeps one node's block from the ToR; the
-// pool's community reaches BIRD; BFD comes up with BIRD on node 1; then both
-// nodes' fabric links go down silently at once and the test measures how
-// long BIRD takes to notice each (BFD vs hold time).
+// pool's community and large community reach BIRD (once each), and so does
+// the pool's aggregate from both nodes; BFD comes up with BIRD on node 1;
+// then both nodes' fabric links go down silently at once and the test
+// measures how long BIRD takes to notice each (BFD vs hold time), when BIRD
+// drops node 1's routes and when node 1 drops the ToR's route.
 func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 	requireRoot(t)
 	for _, bin := range []string{"bird", "birdc"} {

@@ -153,7 +153,8 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	}
 	sp := b.current()
 	pools := b.view.Pools()
-	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(pools), Communities: bgp.PoolCommunities(pools)}); err != nil {
+	aggregates := bgp.PoolAggregates(pools)
+	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(pools), Communities: bgp.PoolCommunities(pools), Aggregates: aggregates}); err != nil {
 		errs = append(errs, fmt.Errorf("setting the import policy: %w", err))
 	}
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
@@ -163,7 +164,7 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 		errs = append(errs, fmt.Errorf("setting peers: %w", err))
 	}
 	affine, borrowed := bgpBlocks(b.node, ipv4Blocks(b.view.BlocksOf(b.node)), ipv4Borrowed(b.view.BorrowedBy(b.node)))
-	adv := bgp.DesiredAdvertisements(affine, borrowed)
+	adv := bgp.AddAggregates(bgp.DesiredAdvertisements(affine, borrowed), aggregates)
 	advErr := sp.SetAdvertised(ctx, adv)
 	if advErr != nil {
 		errs = append(errs, fmt.Errorf("setting advertisements: %w", advErr))
@@ -352,16 +353,19 @@ type keepRoutes struct{ dataplane.Routes }
 
 func (keepRoutes) Delete(dataplane.Route) error { return nil }
 
-// learnedLoop installs BGP's best routes as the speaker delivers them,
-// retries a failed install every second, and decides when BGP has
-// converged after a start.
+// learnedLoop installs BGP's best routes as the speaker delivers them and
+// retries a failed install every second. The session poll that decides
+// when BGP has converged runs beside it (statusLoop): the speaker's
+// session listing can wait seconds on GoBGP while it resets a session,
+// and a route set (a BFD peer's withdrawal) must not wait for it.
 func (b *bgpOwner) learnedLoop(ctx context.Context) {
-	// Poll the sessions often until BGP has converged after the start,
-	// then at the pace of the status it feeds: an idle agent asks GoBGP
-	// little.
-	t := time.NewTicker(500 * time.Millisecond)
-	defer t.Stop()
-	slow := false
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); b.statusLoop(ctx, wake) }()
+	defer wg.Wait()
+	retry := time.NewTicker(time.Second)
+	defer retry.Stop()
 	sp := b.current()
 	routes := sp.Routes()
 	dirty := false
@@ -383,17 +387,9 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 			b.learned, b.learnedAny = rs, true
 			b.mu.Unlock()
 			dirty = true
-		case <-t.C:
-			if b.updatePeerStatus(ctx) {
-				dirty = true // converged: stale routes can go now
-			}
-			if !slow && b.isConverged() {
-				t.Reset(2 * time.Second)
-				slow = true
-			}
-			if b.importChanged() {
-				dirty = true
-			}
+		case <-wake:
+			dirty = true
+		case <-retry.C:
 			if !dirty {
 				continue
 			}
@@ -403,6 +399,37 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 			continue
 		}
 		dirty = false
+	}
+}
+
+// statusLoop polls the sessions, often until BGP has converged after the
+// start, then at the pace of the status it feeds (an idle agent asks GoBGP
+// little). It wakes learnedLoop when BGP converged (stale routes can go)
+// or when what learned routes must not override changed.
+func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	slow := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		dirty := b.updatePeerStatus(ctx)
+		if !slow && b.isConverged() {
+			t.Reset(2 * time.Second)
+			slow = true
+		}
+		if b.importChanged() {
+			dirty = true
+		}
+		if dirty {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
 

@@ -32,6 +32,27 @@ func desiredLocalRoutes(node string, weps []*api.WorkloadEndpoint, blocks []ipam
 	return sortRoutes(out)
 }
 
+// aggregateBlackholes returns a blackhole route for every pool aggregate
+// this node advertises (bgp.AddAggregates): a router sends traffic for the
+// whole pool to the node, and an address of the pool that no block or
+// learned route covers is dropped here instead of following the node's
+// default route back to the router (a loop until the TTL runs out). Every
+// block and learned route inside the pool is more specific and wins.
+func aggregateBlackholes(node string, pools []*api.IPPool, blocks []ipam.BlockInfo, borrowed []ipam.BorrowedAddr) []dataplane.Route {
+	aggs := bgp.PoolAggregates(pools)
+	if len(aggs) == 0 {
+		return nil
+	}
+	affine, lent := bgpBlocks(node, blocks, borrowed)
+	var out []dataplane.Route
+	for _, p := range bgp.AddAggregates(bgp.DesiredAdvertisements(affine, lent), aggs) {
+		if slices.ContainsFunc(aggs, func(a bgp.Aggregate) bool { return a.Prefix == p }) {
+			out = append(out, dataplane.Route{Dst: p, Type: dataplane.RouteBlackhole, Proto: dataplane.RouteProtoWorkload})
+		}
+	}
+	return out
+}
+
 // desiredLearnedRoutes turns BGP's best routes into kernel routes (protocol
 // RouteProtoBGP), dropping anything that points at this node itself.
 func desiredLearnedRoutes(self netip.Addr, learned []bgp.LearnedRoute) []dataplane.Route {

@@ -54,8 +54,12 @@ func newRouteOwner(node string, view *syncer.Syncer, kernel dataplane.Routes, lo
 	return r
 }
 
-// affects takes this node's endpoints, blocks and block claims.
+// affects takes this node's endpoints, blocks, block claims and borrowed
+// addresses, and pools (aggregates, see aggregateBlackholes).
 func (r *routeOwner) affects(u syncer.Update) bool {
+	if u.Kind == api.KindIPPool {
+		return true
+	}
 	for _, v := range []any{u.Old, u.New} {
 		switch x := v.(type) {
 		case *api.WorkloadEndpoint:
@@ -63,7 +67,7 @@ func (r *routeOwner) affects(u syncer.Update) bool {
 				return true
 			}
 		case ipam.BlockSummary:
-			if x.Affinity == r.node {
+			if x.Affinity == r.node || slices.ContainsFunc(x.Borrowed, func(a ipam.BorrowedAddr) bool { return a.Node == r.node }) {
 				return true
 			}
 		case ipam.Affinity:
@@ -82,7 +86,9 @@ func (r *routeOwner) loop(every time.Duration, m *metrics) loop {
 // desired returns the routes this node should have; r.mu is held. Wiring
 // entries whose endpoint reached the view, or that outlived the grace, go.
 func (r *routeOwner) desired(now time.Time) []dataplane.Route {
-	out := desiredLocalRoutes(r.node, r.view.EndpointsOn(r.node), r.view.BlocksOf(r.node))
+	blocks := r.view.BlocksOf(r.node)
+	out := desiredLocalRoutes(r.node, r.view.EndpointsOn(r.node), blocks)
+	out = append(out, aggregateBlackholes(r.node, r.view.Pools(), blocks, r.view.BorrowedBy(r.node))...)
 	type key struct {
 		dst netip.Prefix
 		dev string

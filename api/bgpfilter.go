@@ -251,3 +251,42 @@ func (v *validator) communities(path string, cs []string) {
 		seen[n] = true
 	}
 }
+
+// LargeCommunity is an RFC 8092 large community: global administrator (an
+// AS number), and two local data parts.
+type LargeCommunity struct{ ASN, Local1, Local2 uint32 }
+
+// String renders c as "asn:local1:local2".
+func (c LargeCommunity) String() string { return fmt.Sprintf("%d:%d:%d", c.ASN, c.Local1, c.Local2) }
+
+// ParseLargeCommunity parses "asn:local1:local2", each a number from 0 to
+// 4294967295.
+func ParseLargeCommunity(s string) (LargeCommunity, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return LargeCommunity{}, fmt.Errorf("%q is not a large community: want \"asn:local1:local2\", like \"65001:1:100\"", s)
+	}
+	var n [3]uint32
+	for i, p := range parts {
+		v, err := strconv.ParseUint(p, 10, 32)
+		if err != nil {
+			return LargeCommunity{}, fmt.Errorf("%q is not a large community: each part of \"asn:local1:local2\" must be a number from 0 to 4294967295", s)
+		}
+		n[i] = uint32(v)
+	}
+	return LargeCommunity{n[0], n[1], n[2]}, nil
+}
+
+func (v *validator) largeCommunities(path string, cs []string) {
+	seen := map[LargeCommunity]bool{}
+	for i, c := range cs {
+		n, err := ParseLargeCommunity(c)
+		switch {
+		case err != nil:
+			v.add(idx(path, i), "%s", err)
+		case seen[n]:
+			v.add(idx(path, i), "%q is listed twice", c)
+		}
+		seen[n] = true
+	}
+}

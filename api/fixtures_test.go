@@ -18,6 +18,7 @@ func validPool() *IPPool {
 	return &IPPool{
 		Metadata: ObjectMeta{Name: "default-pool"},
 		Spec: IPPoolSpec{CIDR: "10.244.0.0/16", BlockSize: 26, NATOutgoing: true, BGPCommunities: []string{"65001:100", "0:0"},
+			BGPLargeCommunities: []string{"4200000001:1:100"}, BGPAggregate: AggregateWithBlocks,
 			NodeSelector: &LabelSelector{MatchExpressions: []LabelSelectorRequirement{{Key: "rack", Operator: OpIn, Values: []string{"r1", "r2"}}}}},
 	}
 }

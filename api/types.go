@@ -113,7 +113,27 @@ type IPPoolSpec struct {
 	// advertised, so that routers can tell pod routes apart (Calico's
 	// prefixAdvertisements).
 	BGPCommunities []string `json:"bgpCommunities,omitempty"`
+	// BGPLargeCommunities are large communities (RFC 8092, "65001:1:100",
+	// three numbers of 32 bits) added to the same prefixes as
+	// BGPCommunities, for 4-byte AS numbers.
+	BGPLargeCommunities []string `json:"bgpLargeCommunities,omitempty"`
+	// BGPAggregate makes nodes advertise the pool's CIDR itself to
+	// external peers (routers outside the cluster): Only instead of the
+	// pool's blocks and borrowed addresses, WithBlocks in addition to
+	// them. Cluster peers always get the blocks and never the aggregate.
+	// Empty: blocks only (Calico's behaviour). See docs/bgp.md.
+	BGPAggregate AggregateMode `json:"bgpAggregate,omitempty"`
 }
+
+// AggregateMode is IPPoolSpec.BGPAggregate.
+type AggregateMode string
+
+// Aggregate modes of an IPPool.
+const (
+	AggregateNone       AggregateMode = ""
+	AggregateOnly       AggregateMode = "Only"
+	AggregateWithBlocks AggregateMode = "WithBlocks"
+)
 
 // ---------------------------------------------------------------- IPAMConfig
 

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"net/netip"
@@ -98,6 +99,19 @@ func (p *IPPool) Validate() error {
 	}
 	v.selector("spec.nodeSelector", p.Spec.NodeSelector)
 	v.communities("spec.bgpCommunities", p.Spec.BGPCommunities)
+	v.largeCommunities("spec.bgpLargeCommunities", p.Spec.BGPLargeCommunities)
+	switch p.Spec.BGPAggregate {
+	case AggregateNone:
+	case AggregateOnly, AggregateWithBlocks:
+		if p.Spec.DisableBGPExport {
+			v.add("spec.bgpAggregate", "%s has no effect with disableBGPExport: the pool is not advertised at all", p.Spec.BGPAggregate)
+		}
+		if eff := cmp.Or(bs, DefaultBlockSize); ok && eff == pr.Bits() {
+			v.add("spec.bgpAggregate", "the pool %s is a single /%d block: its block is already the aggregate", pr, eff)
+		}
+	default:
+		v.add("spec.bgpAggregate", "%q must be %s or %s (or unset: blocks only)", p.Spec.BGPAggregate, AggregateOnly, AggregateWithBlocks)
+	}
 	return v.err()
 }
 

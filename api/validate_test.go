@@ -141,6 +141,22 @@ func TestValidateInvalid(t *testing.T) {
 			return p
 		}, []string{`spec.bgpCommunities[0]: "65001" is not a community`, `spec.bgpCommunities[1]: "65536:1"`, "spec.bgpCommunities[2]:", "NO_ADVERTISE",
 			`spec.bgpCommunities[4]: "1:2" is listed twice`}},
+		{"pool large communities", func() Object {
+			p := validPool()
+			p.Spec.BGPLargeCommunities = []string{"65001:100", "4294967296:1:1", "1:2:x", "1:2:3", "1:2:3", "4294967295:0:4294967295"}
+			return p
+		}, []string{`spec.bgpLargeCommunities[0]: "65001:100" is not a large community`, `spec.bgpLargeCommunities[1]: "4294967296:1:1" is not a large community`,
+			`spec.bgpLargeCommunities[2]: "1:2:x"`, `spec.bgpLargeCommunities[4]: "1:2:3" is listed twice`}},
+		{"pool aggregate mode", func() Object {
+			p := validPool()
+			p.Spec.BGPAggregate = "Always"
+			return p
+		}, []string{`spec.bgpAggregate: "Always" must be Only or WithBlocks`}},
+		{"pool aggregate without export", func() Object {
+			p := validPool()
+			p.Spec.BGPAggregate, p.Spec.DisableBGPExport = AggregateOnly, true
+			return p
+		}, []string{"spec.bgpAggregate: Only has no effect with disableBGPExport"}},
 		{"filter rules", func() Object {
 			f := validFilter()
 			f.Spec.ImportV4 = []BGPFilterRule{

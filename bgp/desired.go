@@ -325,12 +325,13 @@ func filterRules(rules []api.BGPFilterRule) []FilterRule {
 }
 
 // PoolCommunities returns the communities of every pool that has some
-// (IPPool bgpCommunities), for Policy.Communities. Pools whose CIDR or
-// communities do not parse are left out.
+// (IPPool bgpCommunities, bgpLargeCommunities), for Policy.Communities.
+// Pools whose CIDR does not parse are left out, as are communities that do
+// not parse.
 func PoolCommunities(pools []*api.IPPool) []PrefixCommunities {
 	var out []PrefixCommunities
 	for _, p := range pools {
-		if p == nil || len(p.Spec.BGPCommunities) == 0 {
+		if p == nil || len(p.Spec.BGPCommunities)+len(p.Spec.BGPLargeCommunities) == 0 {
 			continue
 		}
 		cidr, err := p.Prefix()
@@ -343,12 +344,55 @@ func PoolCommunities(pools []*api.IPPool) []PrefixCommunities {
 				pc.Communities = append(pc.Communities, n)
 			}
 		}
-		if len(pc.Communities) > 0 {
+		for _, c := range p.Spec.BGPLargeCommunities {
+			if n, err := api.ParseLargeCommunity(c); err == nil && !slices.Contains(pc.LargeCommunities, n) {
+				pc.LargeCommunities = append(pc.LargeCommunities, n)
+			}
+		}
+		if len(pc.Communities)+len(pc.LargeCommunities) > 0 {
 			out = append(out, pc)
 		}
 	}
 	slices.SortStableFunc(out, func(a, b PrefixCommunities) int { return a.Prefix.Compare(b.Prefix) })
 	return out
+}
+
+// PoolAggregates returns the pools advertised as aggregates (IPPool
+// bgpAggregate), for Policy.Aggregates and AddAggregates. Pools that do
+// not parse or are not exported (disableBGPExport) are left out.
+func PoolAggregates(pools []*api.IPPool) []Aggregate {
+	var out []Aggregate
+	for _, p := range pools {
+		if p == nil || p.Spec.DisableBGPExport {
+			continue
+		}
+		if p.Spec.BGPAggregate != api.AggregateOnly && p.Spec.BGPAggregate != api.AggregateWithBlocks {
+			continue
+		}
+		cidr, err := p.Prefix()
+		if err != nil || !cidr.Addr().Is4() {
+			continue
+		}
+		out = append(out, Aggregate{Prefix: cidr.Masked(), WithBlocks: p.Spec.BGPAggregate == api.AggregateWithBlocks})
+	}
+	slices.SortFunc(out, func(a, b Aggregate) int { return a.Prefix.Compare(b.Prefix) })
+	return slices.CompactFunc(out, func(a, b Aggregate) bool { return a.Prefix == b.Prefix })
+}
+
+// AddAggregates returns adv (sorted, without duplicates) plus the CIDR of
+// every aggregate that holds one of adv's prefixes: a node advertises a
+// pool's aggregate while it advertises a block or a borrowed address in
+// it, so that a router sends traffic for the pool only to nodes that hold
+// part of it.
+func AddAggregates(adv []netip.Prefix, aggs []Aggregate) []netip.Prefix {
+	out := slices.Clone(adv)
+	for _, a := range aggs {
+		if slices.ContainsFunc(adv, func(p netip.Prefix) bool { return p.Bits() > a.Prefix.Bits() && a.Prefix.Contains(p.Addr()) }) {
+			out = append(out, a.Prefix)
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return slices.Compact(out)
 }
 
 // parsePeerIP accepts "198.18.0.1", "198.18.0.1:1790" and "[addr]:port".

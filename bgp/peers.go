@@ -237,6 +237,7 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		delete(s.info, a)
 	}
 	s.peersSet = true
+	s.setBFDPeers(s.peers)
 	s.markDirty()
 	return errors.Join(errs...)
 }
@@ -440,6 +441,15 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		}
 	}
 	s.mu.Unlock()
+	// A peer the BFD watch found silent is Down (its routes are gone)
+	// even while GoBGP, still resetting the session, says Up.
+	s.bfdMu.Lock()
+	for i := range out {
+		if s.bfdDown[out[i].Address] && out[i].BFD == "Up" {
+			out[i].BFD = "Down"
+		}
+	}
+	s.bfdMu.Unlock()
 	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })
 	return out, nil
 }

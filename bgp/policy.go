@@ -54,6 +54,7 @@ type policyInput struct {
 	peers       []Peer // sorted by address
 	pools       []netip.Prefix
 	communities []PrefixCommunities // sorted by prefix
+	aggregates  []Aggregate         // sorted by prefix
 }
 
 func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
@@ -75,34 +76,55 @@ func buildPolicies(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 // transit, third-party next hop; see installExport) and adds its defined
 // sets to req. Its statements, in order:
 //  1. per-pool communities: a route inside a pool gets the pool's
-//     communities; these neither accept nor reject, so evaluation goes on;
-//  2. each peer's export rules (BGPFilters), in order: the first that
+//     communities and large communities (once: removed, then added);
+//     these neither accept nor reject, so evaluation goes on;
+//  2. pool aggregates: an aggregate is rejected towards cluster peers,
+//     and what lies inside an aggregate that is not WithBlocks is
+//     rejected towards external peers;
+//  3. each peer's export rules (BGPFilters), in order: the first that
 //     matches decides.
 //
 // A route no statement decides is sent (the assignment's default).
 func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *gobgpapi.Policy {
 	exp := &gobgpapi.Policy{Name: gen + exportPolicy}
 	for i, pc := range in.communities {
-		if !pc.Prefix.IsValid() || !pc.Prefix.Addr().Is4() || len(pc.Communities) == 0 {
+		if !pc.Prefix.IsValid() || !pc.Prefix.Addr().Is4() || len(pc.Communities)+len(pc.LargeCommunities) == 0 {
 			continue
 		}
 		set := fmt.Sprintf("%s%s-%d", gen, communitySet, i)
 		p := pc.Prefix.Masked()
 		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: set,
 			Prefixes: []*gobgpapi.Prefix{{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: 32}}})
-		var cs []string
+		var std, large []string
 		for _, c := range pc.Communities {
-			cs = append(cs, communityString(c))
+			std = append(std, communityString(c))
 		}
-		exp.Statements = append(exp.Statements, &gobgpapi.Statement{
-			Name:       fmt.Sprintf("%s-communities%d", exp.Name, i),
-			Conditions: &gobgpapi.Conditions{PrefixSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: set}},
-			Actions: &gobgpapi.Actions{
-				RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_UNSPECIFIED,
-				Community:   &gobgpapi.CommunityAction{Type: gobgpapi.CommunityAction_TYPE_ADD, Communities: cs},
-			},
-		})
+		for _, c := range pc.LargeCommunities {
+			large = append(large, c.String())
+		}
+		// GoBGP's ADD appends even what the route already carries (a
+		// block another node tagged and this one passes on): remove the
+		// pool's communities first, then add them, so each appears once.
+		for _, op := range []gobgpapi.CommunityAction_Type{gobgpapi.CommunityAction_TYPE_REMOVE, gobgpapi.CommunityAction_TYPE_ADD} {
+			a := &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_UNSPECIFIED}
+			if len(std) > 0 {
+				a.Community = &gobgpapi.CommunityAction{Type: op, Communities: std}
+			}
+			if len(large) > 0 {
+				a.LargeCommunity = &gobgpapi.CommunityAction{Type: op, Communities: large}
+			}
+			name := fmt.Sprintf("%s-communities%d", exp.Name, i)
+			if op == gobgpapi.CommunityAction_TYPE_REMOVE {
+				name = fmt.Sprintf("%s-strip%d", exp.Name, i)
+			}
+			exp.Statements = append(exp.Statements, &gobgpapi.Statement{
+				Name:       name,
+				Conditions: &gobgpapi.Conditions{PrefixSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: set}},
+				Actions:    a,
+			})
+		}
 	}
+	aggregateStatements(in, gen, req, exp)
 	for _, p := range in.peers {
 		if len(p.Export) == 0 {
 			continue
@@ -115,6 +137,50 @@ func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *
 		}
 	}
 	return exp
+}
+
+// aggregateStatements adds the pool-aggregate statements of buildExport
+// (step 2) to exp and their defined sets to req.
+func aggregateStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest, exp *gobgpapi.Policy) {
+	var cluster, external []string
+	for _, p := range in.peers {
+		if p.IsCluster() {
+			cluster = append(cluster, hostPrefix(p.Address))
+		} else {
+			external = append(external, hostPrefix(p.Address))
+		}
+	}
+	var whole, inside []*gobgpapi.Prefix
+	for _, a := range in.aggregates {
+		p := a.Prefix.Masked()
+		if !p.IsValid() || !p.Addr().Is4() {
+			continue
+		}
+		whole = append(whole, &gobgpapi.Prefix{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Bits())})
+		if !a.WithBlocks && p.Bits() < 32 {
+			inside = append(inside, &gobgpapi.Prefix{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()) + 1, MaskLengthMax: 32})
+		}
+	}
+	reject := &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT}
+	add := func(name string, peers []string, prefixes []*gobgpapi.Prefix) {
+		if len(peers) == 0 || len(prefixes) == 0 {
+			return
+		}
+		peerSet, prefixSet := gen+"tabby-export-"+name+"-peers", gen+"tabby-export-"+name
+		req.DefinedSets = append(req.DefinedSets,
+			&gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: peers},
+			&gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: prefixSet, Prefixes: prefixes})
+		exp.Statements = append(exp.Statements, &gobgpapi.Statement{
+			Name: exp.Name + "-" + name,
+			Conditions: &gobgpapi.Conditions{
+				NeighborSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: peerSet},
+				PrefixSet:   &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: prefixSet},
+			},
+			Actions: reject,
+		})
+	}
+	add("aggregates", cluster, whole)
+	add("aggregated", external, inside)
 }
 
 // ruleStatement returns the statement of rule i of the peer that peerSet
@@ -293,18 +359,28 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 			errs = append(errs, fmt.Errorf("communities for %v: not an IPv4 prefix", pc.Prefix))
 			continue
 		}
-		if len(pc.Communities) > 0 {
-			communities = append(communities, PrefixCommunities{Prefix: pc.Prefix.Masked(), Communities: slices.Clone(pc.Communities)})
+		if len(pc.Communities)+len(pc.LargeCommunities) > 0 {
+			communities = append(communities, PrefixCommunities{Prefix: pc.Prefix.Masked(),
+				Communities: slices.Clone(pc.Communities), LargeCommunities: slices.Clone(pc.LargeCommunities)})
 		}
 	}
 	slices.SortStableFunc(communities, func(a, b PrefixCommunities) int { return a.Prefix.Compare(b.Prefix) })
+	var aggregates []Aggregate
+	for _, a := range pol.Aggregates {
+		if !a.Prefix.IsValid() || !a.Prefix.Addr().Is4() {
+			errs = append(errs, fmt.Errorf("aggregate %v: not an IPv4 prefix", a.Prefix))
+			continue
+		}
+		aggregates = append(aggregates, Aggregate{Prefix: a.Prefix.Masked(), WithBlocks: a.WithBlocks})
+	}
+	slices.SortStableFunc(aggregates, func(a, b Aggregate) int { return a.Prefix.Compare(b.Prefix) })
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.srv == nil || s.stopped {
 		return errors.New("speaker not running")
 	}
-	s.pools, s.communities = pools, communities
+	s.pools, s.communities, s.aggregates = pools, communities, aggregates
 	if err := s.applyPolicy(ctx, sortedPeers(s.peers)); err != nil {
 		errs = append(errs, err)
 	}
@@ -320,7 +396,7 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 // ones are deleted, so no update ever meets a half-built policy. Called
 // with s.mu held.
 func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
-	in := policyInput{peers: peers, pools: s.pools, communities: s.communities}
+	in := policyInput{peers: peers, pools: s.pools, communities: s.communities, aggregates: s.aggregates}
 	key := buildPolicies(in, "")
 	if s.lastPolicy != nil && proto.Equal(key, s.lastPolicy) {
 		return nil

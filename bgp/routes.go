@@ -11,7 +11,8 @@ import (
 // candidate is one path to a prefix, reduced to what best-path and ECMP
 // decisions need.
 type candidate struct {
-	local     bool // originated by this speaker
+	local     bool       // originated by this speaker
+	peer      netip.Addr // the peer it came from (zero when local)
 	nextHop   netip.Addr
 	ibgp      bool
 	localPref uint32
@@ -32,9 +33,10 @@ func sameCost(a, b candidate) bool {
 // selectRoutes turns the RIB into learned routes. paths must list each
 // prefix's paths best first, as GoBGP keeps them. A prefix we originate
 // ourselves is skipped (the local route wins and the agent owns it), as is
-// every path whose next hop is one of self. The remaining best path and all
+// every path whose next hop is one of self, and every path from a peer in
+// skip (BFD peers found silent). The remaining best path and all
 // paths tying with it give the route's next hops.
-func selectRoutes(rib map[netip.Prefix][]candidate, self []netip.Addr) []LearnedRoute {
+func selectRoutes(rib map[netip.Prefix][]candidate, self []netip.Addr, skip map[netip.Addr]bool) []LearnedRoute {
 	var out []LearnedRoute
 	for prefix, paths := range rib {
 		if slices.ContainsFunc(paths, func(c candidate) bool { return c.local }) {
@@ -44,7 +46,7 @@ func selectRoutes(rib map[netip.Prefix][]candidate, self []netip.Addr) []Learned
 		var hops []netip.Addr
 		for i := range paths {
 			c := paths[i]
-			if !c.nextHop.IsValid() || slices.Contains(self, c.nextHop) {
+			if !c.nextHop.IsValid() || slices.Contains(self, c.nextHop) || skip[c.peer] {
 				continue
 			}
 			if best == nil {
@@ -78,6 +80,7 @@ func candidateFromPath(p *apiutil.Path, ourASN uint32) (netip.Prefix, candidate,
 	}
 	c := candidate{
 		local:     !p.PeerAddress.IsValid(),
+		peer:      p.PeerAddress,
 		ibgp:      p.PeerASN == ourASN,
 		localPref: 100,
 	}

@@ -15,6 +15,7 @@ func TestSelectRoutes(t *testing.T) {
 	tests := []struct {
 		name string
 		rib  map[netip.Prefix][]candidate
+		skip map[netip.Addr]bool
 		want []LearnedRoute
 	}{
 		{name: "empty"},
@@ -64,10 +65,22 @@ func TestSelectRoutes(t *testing.T) {
 			},
 			want: []LearnedRoute{{Prefix: p("10.244.1.0/26"), NextHops: []netip.Addr{a("198.18.0.3")}}},
 		},
+		{
+			name: "paths of a silent BFD peer skipped, next best used",
+			rib: map[netip.Prefix][]candidate{
+				p("198.19.77.0/24"): {
+					{peer: a("198.18.0.254"), nextHop: a("198.18.0.254"), localPref: 100, asPathLen: 1},
+					{peer: a("198.18.0.2"), nextHop: a("198.18.0.253"), ibgp: true, localPref: 100, asPathLen: 1},
+				},
+				p("198.19.78.0/24"): {{peer: a("198.18.0.254"), nextHop: a("198.18.0.254"), localPref: 100, asPathLen: 1}},
+			},
+			skip: map[netip.Addr]bool{a("198.18.0.254"): true},
+			want: []LearnedRoute{{Prefix: p("198.19.77.0/24"), NextHops: []netip.Addr{a("198.18.0.253")}}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := selectRoutes(tt.rib, self)
+			got := selectRoutes(tt.rib, self, tt.skip)
 			if diff := cmp.Diff(tt.want, got, cmpopts.EquateEmpty(), cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); diff != "" {
 				t.Errorf("selectRoutes mismatch (-want +got):\n%s", diff)
 			}

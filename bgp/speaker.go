@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -65,12 +64,25 @@ type speaker struct {
 	startedAt time.Time
 	stopped   bool
 	peers     map[netip.Addr]Peer
-	peersSet  bool                                    // SetPeers has been called at least once
-	since     map[netip.Addr]time.Time                // last session state change per peer
-	opening   map[netip.Addr]bool                     // peers whose last state was OpenSent or OpenConfirm
-	bfdStates map[netip.Addr]gobgpapi.BfdSessionState // as bfdChanged last saw them
-	eor       map[netip.Addr]bool                     // peers that sent End-of-RIB since Start
-	info      map[netip.Addr]string                   // last disconnect reason per peer
+	peersSet  bool                     // SetPeers has been called at least once
+	since     map[netip.Addr]time.Time // last session state change per peer
+	opening   map[netip.Addr]bool      // peers whose last state was OpenSent or OpenConfirm
+	eor       map[netip.Addr]bool      // peers that sent End-of-RIB since Start
+	info      map[netip.Addr]string    // last disconnect reason per peer
+
+	// The BFD watch (bfd.go) and the route publisher share these under
+	// bfdMu, never under mu: SetPeers holds mu across GoBGP management
+	// calls, which can wait seconds while GoBGP resets a session.
+	bfdMu   sync.Mutex
+	bfdCfg  map[netip.Addr]BFD    // effective timers of the peers running BFD
+	bfdDown map[netip.Addr]bool   // silent, per the watch
+	bfdHeld map[netip.Addr]uint64 // back from silence at that generation, see releaseBFDHeld
+	bfdGen  uint64
+	bfdWake chan struct{}
+	// resyncBFD asks the RIB reader for a full read (set by the watch).
+	resyncBFD atomic.Bool
+	// ribUpdates carries the RIB reader's results to the publisher.
+	ribUpdates chan ribUpdate
 
 	// changed collects the prefixes GoBGP reported in best-path events
 	// since routeLoop last read them; resyncAll asks for a full read.
@@ -82,6 +94,7 @@ type speaker struct {
 	// pools and lastPolicy: see SetPolicy and applyPolicy.
 	pools         []netip.Prefix
 	communities   []PrefixCommunities
+	aggregates    []Aggregate
 	staticExport  []string                     // export policies installed at Start, before the dynamic one
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest
@@ -110,6 +123,10 @@ func NewSpeaker(log *slog.Logger) Speaker {
 
 		changed:    map[netip.Prefix]bool{},
 		originated: map[netip.Prefix]bool{},
+
+		bfdHeld:    map[netip.Addr]uint64{},
+		bfdWake:    make(chan struct{}, 1),
+		ribUpdates: make(chan ribUpdate),
 	}
 }
 
@@ -237,7 +254,12 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 
 	s.srv, s.cfg, s.startedAt = srv, cfg, time.Now()
 	s.cancel, s.done = cancel, make(chan struct{})
-	go s.routeLoop(runCtx)
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); s.ribLoop(runCtx) }()
+	go func() { defer wg.Done(); s.routeLoop(runCtx) }()
+	go func() { defer wg.Done(); s.bfdLoop(runCtx, srv) }()
+	go func() { wg.Wait(); close(s.done) }()
 	return nil
 }
 
@@ -402,64 +424,63 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 	s.markDirty()
 }
 
-// routeLoop keeps the candidate paths of every prefix (rib) up to date:
-// after a change it re-reads only the prefixes GoBGP reported (see
-// onBestPath), periodically the whole table. It publishes each new set.
-func (s *speaker) routeLoop(ctx context.Context) {
-	defer close(s.done)
-	var last []LearnedRoute
-	published := false
-	rib := map[netip.Prefix][]candidate{}
+// ribUpdate is one RIB read: the whole RIB (full) or the paths of the
+// prefixes in changed (a prefix missing from rib has none left).
+type ribUpdate struct {
+	full    bool
+	rib     map[netip.Prefix][]candidate
+	changed map[netip.Prefix]bool
+	self    []netip.Addr // see selfAddrs
+	bfdGen  uint64       // the BFD generation when the read began
+}
+
+// ribLoop reads GoBGP's RIB: after a change only the prefixes GoBGP
+// reported (see onBestPath), periodically and after session changes the
+// whole table, and hands each result to routeLoop. Its reads go through
+// GoBGP's server loop and may wait seconds while GoBGP resets a session;
+// routeLoop does not wait for them.
+func (s *speaker) ribLoop(ctx context.Context) {
 	resync := time.NewTicker(routesResync)
 	defer resync.Stop()
 	stuck := time.NewTicker(stuckCheck)
 	defer stuck.Stop()
-	// After a restart (LocalRestarting) the first set waits for every
-	// peer's End-of-RIB (or DeferralTime), so that the agent does not
-	// flush kernel routes that peers are about to send again.
-	gate := time.NewTimer(DeferralTime)
-	defer gate.Stop()
 	full := true
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.dirty:
-			if !s.settle(ctx) {
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
 				return
-			}
-		case <-resync.C:
-			full = true
-		case <-gate.C:
-		case <-stuck.C:
-			s.resetStuckPeers(ctx)
-			if !s.bfdChanged(ctx) {
+			case <-s.dirty:
+				if !s.settle(ctx) {
+					return
+				}
+			case <-resync.C:
+				full = true
+			case <-stuck.C:
+				s.resetStuckPeers(ctx)
 				continue
 			}
-			full = true // a BFD session went down or up: see readRIB
 		}
 		s.mu.Lock()
 		changed := s.changed
 		s.changed = map[netip.Prefix]bool{}
-		full = full || s.resyncAll
+		full = full || s.resyncAll || s.resyncBFD.Swap(false)
 		s.resyncAll = false
-		self := s.selfAddrs()
+		u := ribUpdate{full: full, self: s.selfAddrs()}
 		s.mu.Unlock()
-
+		s.bfdMu.Lock()
+		u.bfdGen = s.bfdGen
+		s.bfdMu.Unlock()
 		var err error
-		if full {
-			rib, err = s.readRIB(ctx, nil)
-		} else if len(changed) > 0 {
-			var part map[netip.Prefix][]candidate
-			part, err = s.readRIB(ctx, changed)
-			for p := range changed {
-				if c, ok := part[p]; ok {
-					rib[p] = c
-				} else {
-					delete(rib, p)
-				}
-			}
+		switch {
+		case full:
+			u.rib, err = s.readRIB(ctx, nil)
+		case len(changed) > 0:
+			u.changed = changed
+			u.rib, err = s.readRIB(ctx, changed)
 		}
+		// An update without changes still goes to routeLoop: an
+		// End-of-RIB may have completed the initial sync.
 		if err != nil {
 			s.log.Warn("listing BGP routes", "err", err)
 			// Read everything next time: a partial read may have failed
@@ -470,7 +491,53 @@ func (s *speaker) routeLoop(ctx context.Context) {
 			continue
 		}
 		full = false
-		routes := selectRoutes(rib, self)
+		select {
+		case <-ctx.Done():
+			return
+		case s.ribUpdates <- u:
+		}
+	}
+}
+
+// routeLoop keeps the candidate paths of every prefix (rib) from ribLoop's
+// reads, leaves out the paths of BFD peers the watch found silent
+// (bfdSkip), and publishes each new route set. It never waits on GoBGP:
+// a BFD peer's routes go as soon as the watch sees it silent.
+func (s *speaker) routeLoop(ctx context.Context) {
+	var last []LearnedRoute
+	published, haveRIB := false, false
+	rib := map[netip.Prefix][]candidate{}
+	var self []netip.Addr
+	// After a restart (LocalRestarting) the first set waits for every
+	// peer's End-of-RIB (or DeferralTime), so that the agent does not
+	// flush kernel routes that peers are about to send again.
+	gate := time.NewTimer(DeferralTime)
+	defer gate.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-s.ribUpdates:
+			self, haveRIB = u.self, true
+			if u.full {
+				rib = u.rib
+				s.releaseBFDHeld(u.bfdGen)
+			} else {
+				for p := range u.changed {
+					if c, ok := u.rib[p]; ok {
+						rib[p] = c
+					} else {
+						delete(rib, p)
+					}
+				}
+			}
+		case <-s.bfdWake:
+		case <-gate.C:
+		}
+		if !haveRIB {
+			continue
+		}
+		routes := selectRoutes(rib, self, s.bfdSkip())
 		if !published && !s.initialSyncDone() {
 			continue
 		}
@@ -551,7 +618,7 @@ func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
 	s.mu.Lock()
 	self := s.selfAddrs()
 	s.mu.Unlock()
-	return selectRoutes(rib, self), nil
+	return selectRoutes(rib, self, nil), nil
 }
 
 // readRIB returns the candidate paths of the given prefixes (all prefixes
@@ -714,38 +781,4 @@ func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{h.Handler.WithGroup(name), h.min, h.mute}
-}
-
-// bfdChanged reports whether a BFD session changed state since the last
-// call. Only speakers with BFD peers ask GoBGP (once a second, from the
-// route loop); the others return at once.
-func (s *speaker) bfdChanged(ctx context.Context) bool {
-	s.mu.Lock()
-	srv, any := s.srv, false
-	for _, p := range s.peers {
-		if p.BFD != nil {
-			any = true
-			break
-		}
-	}
-	s.mu.Unlock()
-	if srv == nil || !any {
-		return false
-	}
-	now := map[netip.Addr]gobgpapi.BfdSessionState{}
-	if err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
-		if p.Conf == nil || p.State == nil {
-			return
-		}
-		if a, err := netip.ParseAddr(p.Conf.NeighborAddress); err == nil {
-			now[a] = p.State.GetBfdState().GetSessionState()
-		}
-	}); err != nil {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	changed := !maps.Equal(now, s.bfdStates)
-	s.bfdStates = now
-	return changed
 }

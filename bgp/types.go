@@ -11,6 +11,8 @@ import (
 	"context"
 	"net/netip"
 	"time"
+
+	"github.com/tabbynet/tabby/api"
 )
 
 // PeerType says why a peering exists. It is informational: it shows up in
@@ -135,13 +137,28 @@ type Policy struct {
 	// is inside one of the CIDRs (per-pool communities: blocks and
 	// borrowed addresses of the pool).
 	Communities []PrefixCommunities
+	// Aggregates are the pools whose CIDR is advertised to external
+	// peers (IPPool bgpAggregate). Cluster peers never get an aggregate;
+	// external peers get nothing more specific inside an aggregate that
+	// is not WithBlocks.
+	Aggregates []Aggregate
 }
 
 // PrefixCommunities tags the routes inside Prefix with standard BGP
-// communities (RFC 1997, high 16 bits the AS, low 16 bits the value).
+// communities (RFC 1997, high 16 bits the AS, low 16 bits the value) and
+// large communities (RFC 8092).
 type PrefixCommunities struct {
-	Prefix      netip.Prefix
-	Communities []uint32
+	Prefix           netip.Prefix
+	Communities      []uint32
+	LargeCommunities []api.LargeCommunity
+}
+
+// Aggregate is a pool advertised as a whole to external peers.
+type Aggregate struct {
+	Prefix netip.Prefix
+	// WithBlocks sends external peers the pool's blocks and borrowed
+	// addresses too; without it they get the aggregate only.
+	WithBlocks bool
 }
 
 // Config configures a Speaker. RouterID is also the next hop of every

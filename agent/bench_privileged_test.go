@@ -29,11 +29,13 @@ import (
 // runtime on that node would. Run with -benchtime=50x or more; it reports
 // medians and p99s.
 //
-// Tabby runs in three configurations: without a firewall ("tabby"), with
+// Tabby runs in four configurations: without a firewall ("tabby"), with
 // the nftables firewall of its node namespace enforcing policy as deployed
-// but no policy selecting the pods ("nft"), and with a GlobalNetworkPolicy
+// but no policy selecting the pods ("nft"), with a GlobalNetworkPolicy
 // and a NetworkPolicy selecting every pod, so that each ADD also writes the
-// pod's policy chains and set members ("nft-policy"); the reference is
+// pod's policy chains and set members ("nft-policy"), and like "nft" on a
+// dual-stack network, each pod getting an IPv4 and an IPv6 address
+// ("nft-dual", to compare with "nft"); the reference is
 // "ref". Every iteration adds and deletes one pod with each configuration
 // in turn (the order rotating), so that all meet the same load. Metrics
 // are prefixed with the configuration; add-p50/ref and add-p99/ref are the
@@ -54,12 +56,13 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 	}
 	var cases []*addDelCase
 	for _, c := range []struct {
-		name     string
-		firewall bool
-		policy   bool
-	}{{"tabby", false, false}, {"nft", true, false}, {"nft-policy", true, true}} {
+		name      string
+		firewall  bool
+		policy    bool
+		dualStack bool
+	}{{"tabby", false, false, false}, {"nft", true, false, false}, {"nft-policy", true, true, false}, {"nft-dual", true, false, true}} {
 		steps := &stepLog{}
-		e := newNodeEnvWith(b, nodeEnvOptions{firewall: c.firewall, log: slog.New(steps), resync: Default().ResyncInterval})
+		e := newNodeEnvWith(b, nodeEnvOptions{firewall: c.firewall, log: slog.New(steps), resync: Default().ResyncInterval, dualStack: c.dualStack})
 		e.setFault(steps.fault)
 		if c.policy {
 			createPolicies(b, e)

@@ -66,6 +66,7 @@ func newNetNS(t testing.TB, prefix string) (name, path string) {
 // nodeEnv is one agent wiring pods in a node namespace of its own, with
 // real netlink, real etcd and the real CNI binary driven through libcni.
 type nodeEnv struct {
+	dualStack      bool // the agent has an IPv6 pool and conflists ask for both families
 	node, nodePath string
 	store          *datastore.Store
 	agent          *Agent
@@ -100,6 +101,9 @@ type nodeEnvOptions struct {
 	log *slog.Logger
 	// resync, when set, replaces the tests' short resync interval (2 s).
 	resync time.Duration
+	// dualStack gives the agent an IPv6 pool too; conflistChain then asks
+	// for an address of each family.
+	dualStack bool
 }
 
 func newNodeEnv(t testing.TB) *nodeEnv {
@@ -143,6 +147,10 @@ func newNodeEnvWith(t testing.TB, opts nodeEnvOptions) *nodeEnv {
 	cfg.StatusSocket = filepath.Join(dir, "status.sock")
 	cfg.HTTPListen = ""
 	cfg.DefaultPoolCIDR = "10.244.0.0/16"
+	if opts.dualStack {
+		cfg.DefaultPoolCIDR6 = "fd00:10:244::/48"
+		e.dualStack = true
+	}
 	cfg.ResyncInterval = 2 * time.Second
 	if opts.resync != 0 {
 		cfg.ResyncInterval = opts.resync
@@ -216,6 +224,9 @@ func (e *nodeEnv) conflist(t testing.TB, ver string) *libcni.NetworkConfigList {
 func (e *nodeEnv) conflistChain(t testing.TB, ver string, chain bool) *libcni.NetworkConfigList {
 	t.Helper()
 	plugins := []map[string]any{{"type": "tabby", "agent_socket": e.sock, "mtu": 1500, "timeout_seconds": 20}}
+	if e.dualStack {
+		plugins[0]["ipam"] = map[string]any{"assign_ipv4": "true", "assign_ipv6": "true"}
+	}
 	if _, err := os.Stat("/usr/lib/cni/tuning"); err == nil && ver != "1.1.0" && chain {
 		plugins = append(plugins, map[string]any{"type": "tuning", "sysctl": map[string]string{"net.ipv4.conf.eth0.accept_local": "1"}})
 	}

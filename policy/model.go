@@ -110,6 +110,15 @@ func (f Family) String() string {
 	return "ipv4"
 }
 
+// orIPv4 is f, or IPv4 for the zero value: a set or set match built
+// without a family (as before IPv6) is IPv4.
+func (f Family) orIPv4() Family {
+	if f == 0 {
+		return IPv4
+	}
+	return f
+}
+
 // Bits is the length of the family's addresses.
 func (f Family) Bits() int {
 	if f == IPv6 {
@@ -140,7 +149,7 @@ type Match struct {
 	Mark   uint32
 	Mask   uint32
 	// Family is the family of MatchFamily and of the set of a set match
-	// (the set's Family).
+	// (the set's Family); the zero value is IPv4.
 	Family Family
 	// ICMPTypes are MatchICMPv6Types' types, sorted.
 	ICMPTypes []uint8
@@ -153,7 +162,7 @@ func (m Match) AddrFamily() Family {
 	case MatchSrcNet:
 		return FamilyOf(m.Net.Addr())
 	case MatchSrcSet, MatchDstSet, MatchSrcAddrPortSet, MatchDstAddrPortSet, MatchFamily:
-		return m.Family
+		return m.Family.orIPv4()
 	case MatchICMPv6Types:
 		return IPv6
 	}
@@ -241,8 +250,9 @@ const (
 // member is of the set's Family (sets are typed in the kernel, so a
 // selector or address block of both families is two sets).
 type Set struct {
-	Name      string
-	Type      SetType
+	Name string
+	Type SetType
+	// Family of the members; the zero value is IPv4 (AddrFamily).
 	Family    Family
 	Nets      []netip.Prefix
 	AddrPorts []AddrPort
@@ -280,6 +290,9 @@ func (s Set) Members() []string {
 	}
 	return out
 }
+
+// AddrFamily is the family of the set's members: Family, IPv4 when unset.
+func (s Set) AddrFamily() Family { return s.Family.orIPv4() }
 
 // Len is the number of members.
 func (s Set) Len() int { return len(s.Nets) + len(s.AddrPorts) }

@@ -214,7 +214,7 @@ func (s *sim) set(m Match, typ SetType) Set {
 	if set.Type != typ {
 		s.t.Fatalf("set %s of type %s matched as %s", name, set.Type, typ)
 	}
-	if set.Family != m.Family || (set.Family != IPv4 && set.Family != IPv6) {
+	if set.Family != m.Family || (set.Family != IPv4 && set.Family != IPv6) { // the compiler always names it
 		s.t.Fatalf("set %s of family %d matched as family %d", name, set.Family, m.Family)
 	}
 	for _, n := range set.Nets {

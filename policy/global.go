@@ -64,6 +64,12 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 		if addressed(r.Source) || addressed(r.Destination) {
 			fams = Families
 		}
+		switch proto { // ICMP is IPv4's, ICMPv6 IPv6's
+		case "icmp":
+			fams = []Family{IPv4}
+		case "icmpv6":
+			fams = []Family{IPv6}
+		}
 		for _, f := range fams {
 			var base []Match
 			if proto != "" {

@@ -217,6 +217,16 @@ func TestIPv6Semantics(t *testing.T) {
 			{v4, "b", "a", "tcp", 8080, false}, {v6, "b", "a", "tcp", 8080, true},
 			{v4, "v4", "a", "tcp", 8080, true}, {v6, "b", "a", "udp", 53, false},
 		}},
+		{"ICMPv6 is IPv6's, ICMP IPv4's", cluster{gnps: []*api.GlobalNetworkPolicy{
+			gnp("ping", 1, api.GlobalNetworkPolicySpec{Selector: sel("app", "web"), Ingress: []api.Rule{
+				{Action: api.ActionAllow, Protocol: ptr(api.ProtocolICMPv6)},
+				{Action: api.ActionAllow, Protocol: ptr(api.ProtocolICMP), Source: api.EntityRule{Selector: sel("app", "client")}},
+			}}),
+		}}, []rc{
+			{v6, "b", "a", "icmpv6", 0, true}, {v6, "v6", "a", "icmpv6", 0, true},
+			{v4, "b", "a", "icmp", 0, true}, {v4, "b", "a", "icmpv6", 0, false}, // proto 58 in IPv4 is no ICMPv6
+			{v6, "b", "a", "icmp", 0, false}, {v6, "b", "a", "tcp", 8080, false},
+		}},
 		{"global selector source", cluster{gnps: []*api.GlobalNetworkPolicy{
 			gnp("deny-clients", 1, api.GlobalNetworkPolicySpec{Ingress: []api.Rule{
 				{Action: api.ActionDeny, Source: api.EntityRule{Selector: sel("app", "client"), NamespaceSelector: sel("team", "b")}},

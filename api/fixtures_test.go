@@ -121,7 +121,8 @@ func validGNP() *GlobalNetworkPolicy {
 					Destination: EntityRule{Ports: []IntOrString{FromInt(5432), FromString("6000:6010"), FromString("metrics")}}},
 				{Action: ActionDeny},
 			},
-			Egress: []Rule{{Action: ActionAllow, Protocol: ptr(ProtocolICMP), Destination: EntityRule{NotNets: []string{"192.168.0.0/16"}}}},
+			Egress: []Rule{{Action: ActionAllow, Protocol: ptr(ProtocolICMP), Destination: EntityRule{NotNets: []string{"192.168.0.0/16"}}},
+				{Action: ActionAllow, Protocol: ptr(ProtocolICMPv6), Destination: EntityRule{Nets: []string{"fd00::/8"}}}},
 		},
 	}
 }
@@ -130,6 +131,17 @@ func validGNP() *GlobalNetworkPolicy {
 func validObjects() []Object {
 	return []Object{validNode(), validPool(), validIPAMConfig(), validBGPConfig(), validPeer(), validRRPeer(), validFilter(),
 		validWEP(), validNetPol(), validGNP(),
+		func() Object {
+			w := validWEP()
+			w.Metadata.Name, w.Spec.IPNetworks = "dual-stack", []string{"10.244.1.5/32", "fd00:10:244::5/128"}
+			return w
+		}(),
+		func() Object {
+			p := validNetPol()
+			p.Metadata.Name = "ipv6-block"
+			p.Spec.Egress[0].To = []NetworkPolicyPeer{{IPBlock: &IPBlock{CIDR: "fd00::/8", Except: []string{"fd00:1::/32"}}}}
+			return p
+		}(),
 		&Node{Metadata: ObjectMeta{Name: "bare"}},
 		&IPPool{Metadata: ObjectMeta{Name: "p"}, Spec: IPPoolSpec{CIDR: "10.245.0.0/26"}},
 		&IPPool{Metadata: ObjectMeta{Name: "v6"}, Spec: IPPoolSpec{CIDR: "fd00:10:244::/48"}},

@@ -308,4 +308,7 @@ const (
 	ProtocolUDP  = "UDP"
 	ProtocolSCTP = "SCTP"
 	ProtocolICMP = "ICMP"
+	// ProtocolICMPv6 is ICMP for IPv6 (next header 58), as Calico spells it;
+	// a rule with it matches IPv6 packets only, one with ICMP IPv4 ones.
+	ProtocolICMPv6 = "ICMPv6"
 )

@@ -360,10 +360,10 @@ func (v *validator) npPeers(path string, peers []NetworkPolicyPeer) {
 		v.selector(p+".podSelector", peer.PodSelector)
 		v.selector(p+".namespaceSelector", peer.NamespaceSelector)
 		if b := peer.IPBlock; b != nil {
-			cidr, ok := v.cidr4(p+".ipBlock.cidr", b.CIDR)
+			cidr, ok := v.cidr(p+".ipBlock.cidr", b.CIDR)
 			for j, e := range b.Except {
 				ep := idx(p+".ipBlock.except", j)
-				ex, exOK := v.cidr4(ep, e)
+				ex, exOK := v.cidr(ep, e)
 				if ok && exOK && (ex.Bits() <= cidr.Bits() || !cidr.Contains(ex.Addr())) {
 					v.add(ep, "%s must be strictly inside cidr %s", ex, cidr)
 				}
@@ -411,10 +411,10 @@ func (v *validator) rule(path string, r *Rule) {
 	}
 	portsOK := false
 	if r.Protocol != nil {
-		if !validProtocol(*r.Protocol, ProtocolTCP, ProtocolUDP, ProtocolSCTP, ProtocolICMP) {
-			v.add(path+".protocol", "%q is not one of TCP, UDP, SCTP, ICMP", *r.Protocol)
+		if !validProtocol(*r.Protocol, ProtocolTCP, ProtocolUDP, ProtocolSCTP, ProtocolICMP, ProtocolICMPv6) {
+			v.add(path+".protocol", "%q is not one of TCP, UDP, SCTP, ICMP, ICMPv6", *r.Protocol)
 		} else {
-			portsOK = *r.Protocol != ProtocolICMP
+			portsOK = *r.Protocol != ProtocolICMP && *r.Protocol != ProtocolICMPv6
 		}
 	}
 	v.entity(path+".source", &r.Source, portsOK)
@@ -425,10 +425,10 @@ func (v *validator) entity(path string, e *EntityRule, portsOK bool) {
 	v.selector(path+".selector", e.Selector)
 	v.selector(path+".namespaceSelector", e.NamespaceSelector)
 	for i, n := range e.Nets {
-		v.cidr4(idx(path+".nets", i), n)
+		v.cidr(idx(path+".nets", i), n)
 	}
 	for i, n := range e.NotNets {
-		v.cidr4(idx(path+".notNets", i), n)
+		v.cidr(idx(path+".notNets", i), n)
 	}
 	if len(e.Ports) > 0 && !portsOK {
 		v.add(path+".ports", "require the rule's protocol to be TCP, UDP or SCTP")

@@ -254,6 +254,16 @@ func TestValidateInvalid(t *testing.T) {
 			w.Spec.ContainerID = "has space"
 			return w
 		}, []string{"spec.mac:", "spec.ipNetworks[0]:", "spec.ipNetworks[1]:", "spec.ipNetworks[2]:", "spec.interfaceName:", "15 characters", "spec.containerID:"}},
+		{"wep IPv6 not a single address", func() Object {
+			w := validWEP()
+			w.Spec.IPNetworks = []string{"10.244.1.5/32", "fd00:10:244::/64", "fe80::1%eth0/128"}
+			return w
+		}, []string{`spec.ipNetworks[1]: "fd00:10:244::/64" must be a single address, like "fd00:10:244::/128"`, "spec.ipNetworks[2]:"}},
+		{"netpol IPv6 ipBlock", func() Object {
+			p := validNetPol()
+			p.Spec.Egress[0].To = []NetworkPolicyPeer{{IPBlock: &IPBlock{CIDR: "fd00::/8", Except: []string{"10.0.0.0/8", "fd00::/8", "fd00:1::/32"}}}}
+			return p
+		}, []string{"spec.egress[0].to[0].ipBlock.except[0]: 10.0.0.0/8 must be strictly inside", "spec.egress[0].to[0].ipBlock.except[1]: fd00::/8 must be strictly inside"}},
 		{"wep ports", func() Object {
 			w := validWEP()
 			w.Spec.Ports = []EndpointPort{{Name: "HTTP", Port: 80}, {Name: "dns", Protocol: "ICMP", Port: 0}, {Name: "http", Protocol: "TCP", Port: 1}, {Name: "http", Port: 2}}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+
+	"github.com/tabbynet/tabby/policy"
 )
 
 // FirewallAuto picks nftables where the kernel has it, else iptables.
@@ -68,7 +70,7 @@ func removeIPTablesState(netnsPath string) error {
 	for range 2 {
 		errs = nil
 		for _, mode := range []string{BackendLegacy, BackendNFT} {
-			if _, _, _, err := backendBinaries(mode); err != nil {
+			if _, _, _, err := backendBinaries(mode, policy.IPv4); err != nil {
 				continue
 			}
 			if _, err := exec.LookPath("ipset"); err != nil {

@@ -6,14 +6,30 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/tabbynet/tabby/policy"
 )
 
-// Options of every set Tabby creates: IPv4, room for a large cluster.
+// Options of every IPv4 set Tabby creates: room for a large cluster.
 const ipsetCreateOptions = "family inet hashsize 1024 maxelem 1048576"
+
+// ipsetFamily is ipset's name of a family.
+func ipsetFamily(f policy.Family) string {
+	if f == policy.IPv6 {
+		return "inet6"
+	}
+	return "inet"
+}
+
+// ipsetOptions are the create options of a set of family f.
+func ipsetOptions(f policy.Family) string {
+	return strings.Replace(ipsetCreateOptions, "family inet", "family "+ipsetFamily(f), 1)
+}
 
 // kernelSet is one set as `ipset save` prints it.
 type kernelSet struct {
 	typ     string
+	family  string // "inet" or "inet6"
 	members map[string]bool
 }
 
@@ -28,7 +44,11 @@ func parseIPSetSave(out string) (map[string]*kernelSet, error) {
 		}
 		switch f[0] {
 		case "create":
-			sets[f[1]] = &kernelSet{typ: f[2], members: map[string]bool{}}
+			ks := &kernelSet{typ: f[2], family: "inet", members: map[string]bool{}}
+			if i := slices.Index(f, "family"); i > 0 && i+1 < len(f) {
+				ks.family = f[i+1]
+			}
+			sets[f[1]] = ks
 		case "add":
 			s := sets[f[1]]
 			if s == nil {
@@ -67,28 +87,36 @@ type setPlan struct {
 	want map[string]*kernelSet
 }
 
-// planSets diffs the desired sets against the kernel's. A set whose type
-// differs is destroyed and created again (names encode their type, so this
-// only happens to sets left by something else).
-func planSets(desired []IPSet, actual map[string]*kernelSet) setPlan {
+// planSets diffs the desired sets of family fam against the kernel's sets
+// of that family (the other family's belong to the other table's
+// firewall). A set whose type differs is destroyed and created again
+// (names encode their type, so this only happens to sets left by
+// something else).
+func planSets(desired []IPSet, all map[string]*kernelSet, fam policy.Family) setPlan {
 	var b strings.Builder
 	p := setPlan{want: make(map[string]*kernelSet, len(desired))}
+	actual := make(map[string]*kernelSet, len(all))
+	for name, s := range all {
+		if s.family == ipsetFamily(fam) {
+			actual[name] = s
+		}
+	}
 	var dels []string
 	for _, s := range desired {
 		members := make(map[string]bool, len(s.Members))
 		for _, m := range s.Members {
 			members[normMember(s.Type, m)] = true
 		}
-		p.want[s.Name] = &kernelSet{typ: s.Type, members: members}
-		cur := actual[s.Name]
-		if cur != nil && cur.typ != s.Type {
+		p.want[s.Name] = &kernelSet{typ: s.Type, family: ipsetFamily(fam), members: members}
+		cur := all[s.Name]
+		if cur != nil && (cur.typ != s.Type || cur.family != ipsetFamily(fam)) {
 			fmt.Fprintf(&b, "destroy %s\n", s.Name)
 			cur = nil
 		}
 		if cur == nil {
-			fmt.Fprintf(&b, "create %s %s %s\n", s.Name, s.Type, ipsetCreateOptions)
+			fmt.Fprintf(&b, "create %s %s %s\n", s.Name, s.Type, ipsetOptions(fam))
 			p.stats.SetsCreated++
-			cur = &kernelSet{typ: s.Type, members: map[string]bool{}}
+			cur = &kernelSet{typ: s.Type, family: ipsetFamily(fam), members: map[string]bool{}}
 		}
 		for _, m := range slices.Sorted(maps.Keys(members)) {
 			if !cur.members[m] {

@@ -24,6 +24,7 @@ type IPTChain struct {
 type IPSet struct {
 	Name    string
 	Type    string
+	Family  policy.Family // "family inet" or "inet6"
 	Members []string
 }
 

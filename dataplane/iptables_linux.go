@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -60,6 +61,12 @@ type LinuxFirewall struct {
 	mu      sync.Mutex
 	netns   string
 	backend string
+	// family is the table this firewall programs: iptables and family
+	// inet ipsets, or ip6tables and family inet6 ones. The IPv4 firewall
+	// NewIPTablesFirewall returns holds the IPv6 one in six (nil when the
+	// kernel has no IPv6) and applies to both.
+	family  policy.Family
+	six     *LinuxFirewall
 	ipt     *iptables.IPTables
 	save    string
 	restore string
@@ -84,7 +91,22 @@ var _ Firewall = (*LinuxFirewall)(nil)
 // NewIPTablesFirewall detects the iptables mode and returns an iptables
 // Firewall acting in the configured namespace.
 func NewIPTablesFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
-	f := &LinuxFirewall{netns: cfg.NetNS, wait: 10, resync: cfg.Resync, tables: map[string]*cachedTable{}}
+	f, err := newIPTablesFirewall(cfg, policy.IPv4)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat("/proc/net/if_inet6"); err != nil {
+		return f, nil // a kernel without IPv6 carries no IPv6 to police
+	}
+	cfg.Backend = f.backend
+	if f.six, err = newIPTablesFirewall(cfg, policy.IPv6); err != nil {
+		return nil, fmt.Errorf("ip6tables (IPv6 is policed with it): %w", err)
+	}
+	return f, nil
+}
+
+func newIPTablesFirewall(cfg FirewallConfig, fam policy.Family) (*LinuxFirewall, error) {
+	f := &LinuxFirewall{netns: cfg.NetNS, family: fam, wait: 10, resync: cfg.Resync, tables: map[string]*cachedTable{}}
 	if f.resync == 0 {
 		f.resync = DefaultFirewallResync
 	}
@@ -103,12 +125,16 @@ func NewIPTablesFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
 	default:
 		return nil, fmt.Errorf("iptables backend %q: want auto, legacy or nft", cfg.Backend)
 	}
-	ipt, save, restore, err := backendBinaries(backend)
+	ipt, save, restore, err := backendBinaries(backend, fam)
 	if err != nil {
 		return nil, err
 	}
 	f.backend, f.save, f.restore = backend, save, restore
-	f.ipt, err = iptables.New(iptables.Path(ipt), iptables.Timeout(f.wait))
+	proto := iptables.ProtocolIPv4
+	if fam == policy.IPv6 {
+		proto = iptables.ProtocolIPv6
+	}
+	f.ipt, err = iptables.New(iptables.IPFamily(proto), iptables.Path(ipt), iptables.Timeout(f.wait))
 	if err != nil {
 		return nil, fmt.Errorf("iptables (%s): %w", ipt, err)
 	}
@@ -121,12 +147,16 @@ func NewIPTablesFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
 // Backend returns the iptables backend in use: "legacy" or "nft".
 func (f *LinuxFirewall) Backend() string { return f.backend }
 
-// backendBinaries finds iptables, iptables-save and iptables-restore of a
-// backend: the -legacy/-nft variants, or the plain names when they are that
-// backend.
-func backendBinaries(backend string) (ipt, save, restore string, err error) {
+// backendBinaries finds iptables, iptables-save and iptables-restore (of
+// IPv6: ip6tables…) of a backend: the -legacy/-nft variants, or the plain
+// names when they are that backend.
+func backendBinaries(backend string, fam policy.Family) (ipt, save, restore string, err error) {
+	cmd := "iptables"
+	if fam == policy.IPv6 {
+		cmd = "ip6tables"
+	}
 	names := func(suffix string) [3]string {
-		return [3]string{"iptables" + suffix, "iptables" + suffix + "-save", "iptables" + suffix + "-restore"}
+		return [3]string{cmd + suffix, cmd + suffix + "-save", cmd + suffix + "-restore"}
 	}
 	for _, cand := range [][3]string{names("-" + backend), names("")} {
 		paths := [3]string{}
@@ -142,14 +172,14 @@ func backendBinaries(backend string) (ipt, save, restore string, err error) {
 		if !ok {
 			continue
 		}
-		if cand[0] == "iptables" {
+		if cand[0] == cmd {
 			if m, merr := iptablesMode(paths[0]); merr != nil || m != backend {
 				continue
 			}
 		}
 		return paths[0], paths[1], paths[2], nil
 	}
-	return "", "", "", fmt.Errorf("no iptables commands for the %s backend found", backend)
+	return "", "", "", fmt.Errorf("no %s commands for the %s backend found", cmd, backend)
 }
 
 // iptablesMode runs `<path> --version` and returns "nft" or "legacy".
@@ -180,7 +210,7 @@ func (f *LinuxFirewall) detectBackend() (string, error) {
 		other = BackendNFT
 	}
 	count := func(backend string) int {
-		_, save, _, err := backendBinaries(backend)
+		_, save, _, err := backendBinaries(backend, policy.IPv4)
 		if err != nil {
 			return 0
 		}
@@ -223,12 +253,26 @@ func (f *LinuxFirewall) exec(ctx context.Context, stdin []byte, name string, arg
 	return out, err
 }
 
-// Apply implements Firewall.
+// Apply implements Firewall: the IPv4 part of the state with iptables,
+// then the IPv6 part with ip6tables.
 func (f *LinuxFirewall) Apply(ctx context.Context, state FirewallState) (ApplyStats, error) {
 	if err := ValidateFirewallState(state); err != nil {
 		return ApplyStats{}, err
 	}
-	desired := RenderIPTables(state)
+	stats, err := f.apply(ctx, state)
+	if f.six != nil {
+		st6, err6 := f.six.apply(ctx, state)
+		addStats(&stats, st6)
+		if err6 != nil {
+			err = errors.Join(err, fmt.Errorf("ip6tables: %w", err6))
+		}
+	}
+	return stats, err
+}
+
+// apply programs the part of state of this firewall's family.
+func (f *LinuxFirewall) apply(ctx context.Context, state FirewallState) (ApplyStats, error) {
+	desired := RenderIPTablesFamily(state, f.family)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var stats ApplyStats
@@ -288,7 +332,7 @@ func (f *LinuxFirewall) planSets(ctx context.Context, desired []IPSet) (setPlan,
 		f.sets, f.setsAt = actual, time.Now()
 		f.reads++
 	}
-	return planSets(desired, f.sets), nil
+	return planSets(desired, f.sets, f.family), nil
 }
 
 // stale reports whether a record read at t must be read again.
@@ -315,11 +359,16 @@ func (f *LinuxFirewall) readTable(ctx context.Context, table string) (tableState
 	return ts, nil
 }
 
-// Reads returns how often Apply has read the kernel's tables and sets.
+// Reads returns how often Apply has read the kernel's tables and sets (of
+// both families).
 func (f *LinuxFirewall) Reads() int {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.reads
+	n := f.reads
+	f.mu.Unlock()
+	if f.six != nil {
+		n += f.six.Reads()
+	}
+	return n
 }
 
 // applyTable reconciles one table: stale jumps out, changed chains
@@ -486,6 +535,14 @@ func (f *LinuxFirewall) Remove(ctx context.Context) error {
 func (f *LinuxFirewall) Save(ctx context.Context, table string) (string, error) {
 	out, err := f.exec(ctx, nil, f.save, "-t", table)
 	return string(out), err
+}
+
+// Save6 returns ip6tables-save output of a table ("" without IPv6).
+func (f *LinuxFirewall) Save6(ctx context.Context, table string) (string, error) {
+	if f.six == nil {
+		return "", nil
+	}
+	return f.six.Save(ctx, table)
 }
 
 // SaveSets returns `ipset save` output in the firewall's namespace.

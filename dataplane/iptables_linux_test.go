@@ -65,7 +65,9 @@ func testFirewall(t *testing.T, backend string) {
 	if err != nil {
 		t.Fatalf("first apply: %v", err)
 	}
-	want := dataplane.ApplyStats{ChainsWritten: 4, RulesWritten: 9, JumpsInserted: 2, SetsCreated: 4, MembersAdded: 5}
+	// Both tables: ip6tables gets the same chains without the rules about
+	// IPv4 addresses and sets (4 chains, 5 rules, 2 jumps).
+	want := dataplane.ApplyStats{ChainsWritten: 4 + 4, RulesWritten: 9 + 5, JumpsInserted: 2 + 2, SetsCreated: 4, MembersAdded: 5}
 	if st != want {
 		t.Errorf("first apply stats %+v, want %+v", st, want)
 	}
@@ -96,7 +98,7 @@ func testFirewall(t *testing.T, backend string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = dataplane.ApplyStats{ChainsWritten: 1, RulesWritten: 5, MembersAdded: 1, MembersRemoved: 1}
+	want = dataplane.ApplyStats{ChainsWritten: 1 + 1, RulesWritten: 5 + 2, MembersAdded: 1, MembersRemoved: 1}
 	if st != want {
 		t.Errorf("changed apply stats %+v, want %+v", st, want)
 	}
@@ -123,7 +125,7 @@ func testFirewall(t *testing.T, backend string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = dataplane.ApplyStats{ChainsWritten: 1, RulesWritten: 1, ChainsDeleted: 1, JumpsDeleted: 1, SetsDeleted: 2}
+	want = dataplane.ApplyStats{ChainsWritten: 1 + 1, RulesWritten: 1 + 1, ChainsDeleted: 1 + 1, JumpsDeleted: 1, SetsDeleted: 2}
 	if st != want {
 		t.Errorf("shrinking apply stats %+v, want %+v", st, want)
 	}
@@ -144,7 +146,7 @@ func testFirewall(t *testing.T, backend string) {
 	if err == nil || !strings.Contains(err.Error(), "tabby-fw-calia") || !errors.Is(err, dataplane.ErrStaleCleanup) {
 		t.Errorf("apply with a referenced stale chain: err = %v", err)
 	}
-	if st.ChainsWritten != 1 {
+	if st.ChainsWritten != 1+1 { // ip6tables, without the foreign reference, deletes it
 		t.Errorf("desired chain not written beside the failed deletion: %+v", st)
 	}
 	inNS(t, ns, ipt, "-w", "-D", "KUBE-FOO", "-j", "tabby-fw-calia")
@@ -158,6 +160,9 @@ func testFirewall(t *testing.T, backend string) {
 		if strings.Contains(out, "tabby") {
 			t.Errorf("%s table after Remove:\n%s", table, out)
 		}
+		if out6 := inNS(t, ns, "ip6tables-"+backend+"-save", "-t", table); strings.Contains(out6, "tabby") {
+			t.Errorf("ip6tables %s table after Remove:\n%s", table, out6)
+		}
 		if table == "filter" && (!strings.Contains(out, "-A FORWARD -j KUBE-FOO") || !strings.Contains(out, "-A KUBE-FOO -j ACCEPT")) {
 			t.Errorf("foreign rules lost:\n%s", out)
 		}
@@ -170,8 +175,8 @@ func testFirewall(t *testing.T, backend string) {
 	}
 
 	// With the default resync, Apply trusts its record between reads: the
-	// kernel (two tables and the sets) is read once, and the record stays
-	// right across changes.
+	// kernel (two tables and the sets, of each family) is read once, and
+	// the record stays right across changes.
 	f3, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ns.Path, Backend: backend})
 	if err != nil {
 		t.Fatal(err)
@@ -185,8 +190,8 @@ func testFirewall(t *testing.T, backend string) {
 			t.Errorf("cached apply of an unchanged state: %+v", st)
 		}
 	}
-	if f3.Reads() != 3 {
-		t.Errorf("%d kernel reads, want 3", f3.Reads())
+	if f3.Reads() != 3+3 {
+		t.Errorf("%d kernel reads, want 6", f3.Reads())
 	}
 	// The record matches the kernel: a reading firewall sees nothing to do.
 	if st, err := f.Apply(ctx, testState("10.244.1.8/32", true)); err != nil || st.Changed() {

@@ -16,9 +16,18 @@ import (
 // instead of n. (nftables looks the interface up in a verdict map.)
 const dispatchFanout = 32
 
-// RenderIPTables renders the neutral state for iptables and ipset. It is
-// pure; the Linux firewall and the fake both use it.
-func RenderIPTables(s FirewallState) IPTablesState {
+// RenderIPTables renders the neutral state's IPv4 part for iptables and
+// ipset (RenderIPTablesFamily). It is pure; the Linux firewall and the
+// fake both use it.
+func RenderIPTables(s FirewallState) IPTablesState { return RenderIPTablesFamily(s, policy.IPv4) }
+
+// RenderIPTablesFamily renders the part of the neutral state that applies
+// to one family: for iptables and `family inet` ipsets (IPv4), or for
+// ip6tables and `family inet6` ipsets (IPv6). Rules whose terms are of the
+// other family are left out (they never match this family's packets),
+// family terms of this one vanish (the table is the family), and so do
+// the other family's sets. Chains and jumps are the same in both.
+func RenderIPTablesFamily(s FirewallState, fam policy.Family) IPTablesState {
 	out := IPTablesState{Jumps: slices.Clone(s.Jumps)}
 	for _, c := range s.Chains {
 		if c.Dispatch != nil {
@@ -27,16 +36,40 @@ func RenderIPTables(s FirewallState) IPTablesState {
 		}
 		ic := IPTChain{Table: c.Table, Name: c.Name, Rules: make([][]string, 0, len(c.Rules))}
 		for _, r := range c.Rules {
-			ic.Rules = append(ic.Rules, iptRule(r))
+			ic.Rules = append(ic.Rules, iptRules(r, fam)...)
 		}
 		out.Chains = append(out.Chains, ic)
 	}
 	for _, set := range s.Sets {
+		if set.AddrFamily() != fam {
+			continue
+		}
 		typ := "hash:net"
 		if set.Type == policy.SetTypeAddrPort {
 			typ = "hash:ip,port"
 		}
-		out.Sets = append(out.Sets, IPSet{Name: set.Name, Type: typ, Members: set.Members()})
+		out.Sets = append(out.Sets, IPSet{Name: set.Name, Type: typ, Family: fam, Members: set.Members()})
+	}
+	return out
+}
+
+// iptRules renders one rule for a family's table: none when the rule is
+// of the other family, one per type for an ICMPv6 type list (the icmp6
+// match takes one type), else one.
+func iptRules(r policy.Rule, fam policy.Family) [][]string {
+	if f := r.Family(); f != 0 && f != fam {
+		return nil
+	}
+	i := slices.IndexFunc(r.Match, func(m policy.Match) bool { return m.Kind == policy.MatchICMPv6Types })
+	if i < 0 {
+		return [][]string{iptRule(r)}
+	}
+	var out [][]string
+	for _, t := range r.Match[i].ICMPTypes {
+		one := r
+		one.Match = slices.Clone(r.Match)
+		one.Match[i].ICMPTypes = []uint8{t}
+		out = append(out, iptRule(one))
 	}
 	return out
 }
@@ -58,7 +91,14 @@ func iptRule(r policy.Rule) []string {
 			a = append(a, "-s", m.Net.String())
 		case policy.MatchProto:
 			proto = m.Proto
-			a = append(a, "-p", m.Proto)
+			if proto == "icmpv6" {
+				proto = "ipv6-icmp"
+			}
+			a = append(a, "-p", proto)
+		case policy.MatchFamily:
+			// The table is the family (iptRules left out the other one's).
+		case policy.MatchICMPv6Types:
+			a = append(a, "-p", "ipv6-icmp", "-m", "icmp6", "--icmpv6-type", strconv.Itoa(int(m.ICMPTypes[0])))
 		case policy.MatchSrcPorts, policy.MatchDstPorts:
 			dir := "d"
 			if m.Kind == policy.MatchSrcPorts {

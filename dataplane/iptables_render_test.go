@@ -183,3 +183,121 @@ func TestRenderIPTablesFanout(t *testing.T) {
 		t.Errorf("%d targets in sub-chains, want 100", targets)
 	}
 }
+
+// TestRenderIP6TablesLayout pins the ip6tables rendering of a dual-stack
+// node: the IPv6 rules and family inet6 sets only, neighbour discovery one
+// rule per ICMPv6 type, anti-spoofing of the IPv6 address, masquerade of
+// the IPv6 pools.
+func TestRenderIP6TablesLayout(t *testing.T) {
+	wep := func(name, node, iface, app string, ips ...string) *api.WorkloadEndpoint {
+		return &api.WorkloadEndpoint{Metadata: api.ObjectMeta{Name: name, Namespace: "prod", Labels: map[string]string{"app": app}},
+			Spec: api.WorkloadEndpointSpec{Node: node, InterfaceName: iface, IPNetworks: ips,
+				Ports: []api.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}}}}
+	}
+	http := api.FromString("http")
+	in := policy.Input{
+		Node: "n1",
+		Endpoints: []*api.WorkloadEndpoint{
+			wep("a", "n1", "calia", "web", "10.244.1.1/32", "fd00:10:244:1::1/128"),
+			wep("b", "n2", "calib", "client", "10.244.2.1/32", "fd00:10:244:2::1/128"),
+			wep("c", "n1", "calic", "v4only", "10.244.1.3/32"),
+		},
+		NetworkPolicies: []*api.NetworkPolicy{{Metadata: api.ObjectMeta{Namespace: "prod", Name: "web"}, Spec: api.NetworkPolicySpec{
+			PodSelector: api.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+			Ingress: []api.NetworkPolicyIngressRule{{From: []api.NetworkPolicyPeer{{IPBlock: &api.IPBlock{CIDR: "fd00:10:244::/48", Except: []string{"fd00:10:244:2::/64"}}}},
+				Ports: []api.NetworkPolicyPort{{Protocol: ptr("TCP"), Port: &http}}}},
+		}}},
+		Pools: []*api.IPPool{
+			{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16", NATOutgoing: true}},
+			{Metadata: api.ObjectMeta{Name: "p6"}, Spec: api.IPPoolSpec{CIDR: "fd00:10:244::/48", NATOutgoing: true}},
+		},
+	}
+	rs := policy.Compile(in)
+	if len(rs.Warnings) > 0 {
+		t.Fatalf("warnings: %v", rs.Warnings)
+	}
+	var pi, block, named string
+	for _, c := range rs.Chains {
+		if strings.HasPrefix(c.Name, "tabby-pi-") {
+			pi = c.Name
+		}
+	}
+	for _, s := range rs.Sets {
+		switch {
+		case strings.HasPrefix(s.Name, "tabby-n6-"):
+			block = s.Name
+		case strings.HasPrefix(s.Name, "tabby-p6-"):
+			named = s.Name
+		}
+	}
+	want := []string{
+		"*filter",
+		"-I FORWARD -j tabby-FORWARD",
+		"-I INPUT -j tabby-INPUT",
+		"-A tabby-FORWARD -i cali+ -j tabby-from-wl",
+		"-A tabby-FORWARD -o cali+ -j tabby-to-wl",
+		"-A tabby-FORWARD -i cali+ -j ACCEPT",
+		"-A tabby-FORWARD -o cali+ -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -p ipv6-icmp -m icmp6 --icmpv6-type 130 -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -p ipv6-icmp -m icmp6 --icmpv6-type 131 -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -p ipv6-icmp -m icmp6 --icmpv6-type 132 -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -p ipv6-icmp -m icmp6 --icmpv6-type 133 -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -p ipv6-icmp -m icmp6 --icmpv6-type 135 -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -p ipv6-icmp -m icmp6 --icmpv6-type 136 -j ACCEPT",
+		"-A tabby-INPUT -i cali+ -j tabby-from-wl",
+		"-A tabby-INPUT -i cali+ -j DROP",
+		"-A tabby-from-wl -i calia -g tabby-fw-calia",
+		"-A tabby-from-wl -i calic -g tabby-fw-calic",
+		"-A tabby-from-wl -j DROP",
+		"-A tabby-fw-calia ! -s fd00:10:244:1::1/128 -j DROP",
+		"-A tabby-fw-calia -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+		"-A tabby-fw-calic -j DROP", // no IPv6 address: no IPv6
+		"-A tabby-fw-calic -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+		"-A " + pi + " -m set --match-set " + block + " src -p tcp -m set --match-set " + named + " dst,dst -j MARK --set-xmark 0x10000/0x10000",
+		"-A " + pi + " -m mark --mark 0x10000/0x10000 -j RETURN",
+		"-A tabby-to-wl -o calia -g tabby-tw-calia",
+		"-A tabby-to-wl -o calic -g tabby-tw-calic",
+		"-A tabby-to-wl -j DROP",
+		"-A tabby-tw-calia -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+		"-A tabby-tw-calia -j MARK --set-xmark 0x0/0x10000",
+		"-A tabby-tw-calia -j " + pi,
+		"-A tabby-tw-calia -m mark --mark 0x10000/0x10000 -j RETURN",
+		"-A tabby-tw-calia -j DROP",
+		"-A tabby-tw-calic -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+		"*nat",
+		"-I POSTROUTING -j tabby-POSTROUTING",
+		"-A tabby-POSTROUTING -m set --match-set tabby-masq-pools6 src -m set ! --match-set tabby-all-pools6 dst -j MASQUERADE",
+		"create tabby-all-pools6 hash:net",
+		"add tabby-all-pools6 fd00:10:244::/48",
+		"create tabby-masq-pools6 hash:net",
+		"add tabby-masq-pools6 fd00:10:244::/48",
+		"create " + block + " hash:net",
+		"add " + block + " fd00:10:244::/63",
+		"add " + block + " fd00:10:244:3::/64",
+		"add " + block + " fd00:10:244:4::/62",
+		"add " + block + " fd00:10:244:8::/61",
+		"add " + block + " fd00:10:244:10::/60",
+		"add " + block + " fd00:10:244:20::/59",
+		"add " + block + " fd00:10:244:40::/58",
+		"add " + block + " fd00:10:244:80::/57",
+		"add " + block + " fd00:10:244:100::/56",
+		"add " + block + " fd00:10:244:200::/55",
+		"add " + block + " fd00:10:244:400::/54",
+		"add " + block + " fd00:10:244:800::/53",
+		"add " + block + " fd00:10:244:1000::/52",
+		"add " + block + " fd00:10:244:2000::/51",
+		"add " + block + " fd00:10:244:4000::/50",
+		"add " + block + " fd00:10:244:8000::/49",
+		"create " + named + " hash:ip,port",
+		"add " + named + " fd00:10:244:1::1,tcp:8080",
+	}
+	r6 := RenderIPTablesFamily(*rs, policy.IPv6)
+	if diff := cmp.Diff(want, iptLines(r6)); diff != "" {
+		t.Errorf("ip6tables rendering (-want +got):\n%s", diff)
+	}
+	for _, s := range r6.Sets {
+		if s.Family != policy.IPv6 {
+			t.Errorf("set %s rendered for ip6tables has family %v", s.Name, s.Family)
+		}
+	}
+}

@@ -217,7 +217,7 @@ add KUBE-foreign 10.9.9.9
 		{Name: "tabby-new", Type: "hash:net", Members: []string{"10.3.0.0/16"}},
 		{Name: "tabby-wrongtype", Type: "hash:net"},
 	}
-	p := planSets(desired, actual)
+	p := planSets(desired, actual, policy.IPv4)
 	want := strings.Join([]string{
 		"add tabby-a 10.2.0.0/16",
 		"add tabby-p 10.0.0.2,udp:53",
@@ -239,7 +239,7 @@ add KUBE-foreign 10.9.9.9
 	}
 	// The plan's record of the result (what Apply keeps after the
 	// restore) plans nothing more.
-	if p2 := planSets(desired, p.want); p2.script != "" || len(p2.destroy) != 0 {
+	if p2 := planSets(desired, p.want, policy.IPv4); p2.script != "" || len(p2.destroy) != 0 {
 		t.Errorf("second plan not empty: %q %v", p2.script, p2.destroy)
 	}
 }

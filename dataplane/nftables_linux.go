@@ -29,8 +29,8 @@ import (
 //   - a regular chain per neutral chain, each rule commented with a hash of
 //     its position and content ("tabby:<hash>");
 //   - a verdict map per dispatch chain (interface → goto endpoint chain);
-//   - interval sets of IPv4 addresses and concatenated address . protocol
-//     . port sets.
+//   - interval sets of IPv4 or IPv6 addresses and concatenated address .
+//     protocol . port sets of either family.
 //
 // Apply diffs desired against the table as read back over netlink and
 // programs the difference in one batch (one transaction, atomic): only
@@ -266,7 +266,7 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 		chains = append(chains, c)
 	}
 	for _, ps := range s.Sets {
-		if sm, ok := memo.sets[ps.Name]; ok && sm.src.Type == ps.Type &&
+		if sm, ok := memo.sets[ps.Name]; ok && sm.src.Type == ps.Type && sm.src.AddrFamily() == ps.AddrFamily() &&
 			policy.SameSlice(sm.src.Nets, ps.Nets) && policy.SameSlice(sm.src.AddrPorts, ps.AddrPorts) {
 			sets[ps.Name] = sm.st
 			if next != nil {
@@ -274,31 +274,31 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 			}
 			continue
 		}
-		st := &nftSetState{elems: map[string]nftMember{}}
-		switch ps.Type {
-		case policy.SetTypeNet:
-			st.kind = nftSetNet
-			for _, p := range ps.Nets {
-				if !p.Addr().Is4() {
-					errs = append(errs, fmt.Errorf("set %s: %s: only IPv4 is supported", ps.Name, p))
-					continue
-				}
-				r := prefixRange(p)
-				st.elems[r.key()] = nftMember{els: r.elements()}
-			}
-		case policy.SetTypeAddrPort:
-			st.kind = nftSetAddrPort
-			for _, a := range ps.AddrPorts {
-				k, err := addrPortKey(a)
-				if err != nil {
-					errs = append(errs, fmt.Errorf("set %s: %w", ps.Name, err))
-					continue
-				}
-				st.elems[string(k)] = nftMember{els: []nftables.SetElement{{Key: k}}}
-			}
-		default:
-			errs = append(errs, fmt.Errorf("set %s: unknown type %q", ps.Name, ps.Type))
+		kind, err := nftSetKindOf(ps)
+		if err != nil {
+			errs = append(errs, err)
 			continue
+		}
+		st := &nftSetState{kind: kind, elems: map[string]nftMember{}}
+		for _, p := range ps.Nets {
+			if policy.FamilyOf(p.Addr()) != ps.AddrFamily() {
+				errs = append(errs, fmt.Errorf("set %s of family %v: member %s", ps.Name, ps.Family, p))
+				continue
+			}
+			r := prefixRange(p)
+			st.elems[r.key()] = nftMember{els: r.elements()}
+		}
+		for _, a := range ps.AddrPorts {
+			if policy.FamilyOf(a.Addr) != ps.AddrFamily() {
+				errs = append(errs, fmt.Errorf("set %s of family %v: member %s", ps.Name, ps.Family, a))
+				continue
+			}
+			k, err := addrPortKey(a)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("set %s: %w", ps.Name, err))
+				continue
+			}
+			st.elems[string(k)] = nftMember{els: []nftables.SetElement{{Key: k}}}
 		}
 		sets[ps.Name] = st
 		if next != nil {
@@ -352,7 +352,7 @@ func (f *NFTFirewall) read() (*nftState, error) {
 		}
 		ks := &nftSetState{kind: kindOf(s), elems: map[string]nftMember{}}
 		switch ks.kind {
-		case nftSetNet:
+		case nftSetNet, nftSetNet6:
 			for _, r := range rangesOf(els) {
 				ks.elems[r.key()] = nftMember{els: r.elements()}
 			}

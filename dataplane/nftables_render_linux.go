@@ -95,13 +95,24 @@ type nftAnonSet struct {
 func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonSet, error) {
 	var ex []expr.Any
 	var anon []*nftAnonSet
-	ipv4 := false
-	needIPv4 := func() {
-		if !ipv4 {
-			ex = append(ex, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}})
-			ipv4 = true
+	var fam policy.Family
+	needFamily := func(f policy.Family) error {
+		switch {
+		case f != policy.IPv4 && f != policy.IPv6:
+			return fmt.Errorf("address match without a family")
+		case fam == f:
+			return nil
+		case fam != 0:
+			return fmt.Errorf("rule mixes %v and %v terms", fam, f)
 		}
+		proto := byte(unix.NFPROTO_IPV4)
+		if f == policy.IPv6 {
+			proto = unix.NFPROTO_IPV6
+		}
+		ex = append(ex, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
+		fam = f
+		return nil
 	}
 	cmpOp := func(neg bool) expr.CmpOp {
 		if neg {
@@ -110,6 +121,11 @@ func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonS
 		return expr.CmpOpEq
 	}
 	for _, m := range r.Match {
+		if f := m.AddrFamily(); f != 0 {
+			if err := needFamily(f); err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", m, err)
+			}
+		}
 		switch m.Kind {
 		case policy.MatchInIface, policy.MatchOutIface:
 			key := expr.MetaKeyIIFNAME
@@ -123,21 +139,32 @@ func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonS
 				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameKey(m.Iface)})
 			}
 		case policy.MatchSrcNet:
-			if !m.Net.Addr().Is4() {
-				return nil, nil, fmt.Errorf("address match %s: only IPv4 is supported", m.Net)
-			}
-			needIPv4()
 			p := m.Net.Masked()
-			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4})
-			if p.Bits() < 32 {
-				mask := binary.BigEndian.AppendUint32(nil, ^uint32(0)<<(32-p.Bits()))
-				if p.Bits() == 0 {
-					mask = []byte{0, 0, 0, 0}
-				}
-				ex = append(ex, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}})
+			off, n := addrField(fam, false)
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n})
+			if p.Bits() < int(n)*8 {
+				ex = append(ex, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: prefixMask(p.Bits(), int(n)), Xor: make([]byte, n)})
 			}
-			a := p.Addr().As4()
-			ex = append(ex, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: a[:]})
+			ex = append(ex, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: p.Addr().AsSlice()})
+		case policy.MatchFamily:
+			// The family check above is the whole match.
+		case policy.MatchICMPv6Types:
+			if len(m.ICMPTypes) == 0 {
+				return nil, nil, fmt.Errorf("%s: no types", m)
+			}
+			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1})
+			if len(m.ICMPTypes) == 1 {
+				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.ICMPTypes[0]}})
+				continue
+			}
+			s := &nftAnonSet{set: &nftables.Set{Table: table, Anonymous: true, Constant: true, KeyType: nftables.TypeICMP6Type}}
+			for _, t := range m.ICMPTypes {
+				s.elems = append(s.elems, nftables.SetElement{Key: []byte{t}})
+			}
+			anon = append(anon, s)
+			ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: "", SetID: 0}) // patched by the caller
 		case policy.MatchProto:
 			n, err := protoNumber(m.Proto)
 			if err != nil {
@@ -165,25 +192,23 @@ func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonS
 			anon = append(anon, s)
 			ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: "", SetID: 0}) // patched by the caller
 		case policy.MatchSrcSet, policy.MatchDstSet:
-			needIPv4()
-			off := uint32(16)
-			if m.Kind == policy.MatchSrcSet {
-				off = 12
-			}
-			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4},
+			off, n := addrField(fam, m.Kind == policy.MatchDstSet)
+			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
 				&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
 		case policy.MatchSrcAddrPortSet, policy.MatchDstAddrPortSet:
-			needIPv4()
-			aoff, poff := uint32(16), uint32(2)
+			aoff, n := addrField(fam, m.Kind == policy.MatchDstAddrPortSet)
+			poff := uint32(2)
 			if m.Kind == policy.MatchSrcAddrPortSet {
-				aoff, poff = 12, 0
+				poff = 0
 			}
-			// Concatenated key in 32-bit registers: address (reg 1, i.e.
-			// 32-bit reg 8), protocol (9), port (10).
+			// Concatenated key in 32-bit registers from 8 (the 128-bit
+			// register 1): the address (one register for IPv4, four for
+			// IPv6), then the protocol, then the port.
+			next := uint32(8 + n/4)
 			ex = append(ex,
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: aoff, Len: 4},
-				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 9},
-				&expr.Payload{DestRegister: 10, Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: aoff, Len: n},
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: next},
+				&expr.Payload{DestRegister: next + 1, Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2},
 				&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
 		case policy.MatchEstablished:
 			ex = append(ex, &expr.Ct{Key: expr.CtKeySTATE, Register: 1},
@@ -225,6 +250,30 @@ func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonS
 	return ex, anon, nil
 }
 
+// addrField is the offset and length of the source (or dst destination)
+// address in a network header of family f.
+func addrField(f policy.Family, dst bool) (off, n uint32) {
+	if f == policy.IPv6 {
+		if dst {
+			return 24, 16
+		}
+		return 8, 16
+	}
+	if dst {
+		return 16, 4
+	}
+	return 12, 4
+}
+
+// prefixMask is an n-byte mask with the first bits bits set.
+func prefixMask(bits, n int) []byte {
+	m := make([]byte, n)
+	for i := 0; i < bits; i++ {
+		m[i/8] |= 0x80 >> (i % 8)
+	}
+	return m
+}
+
 func cutWildcard(iface string) (string, bool) {
 	if len(iface) > 0 && iface[len(iface)-1] == '+' {
 		return iface[:len(iface)-1], true
@@ -250,8 +299,10 @@ func protoNumber(p string) (byte, error) {
 		return unix.IPPROTO_SCTP, nil
 	case "icmp":
 		return unix.IPPROTO_ICMP, nil
+	case "icmpv6":
+		return unix.IPPROTO_ICMPV6, nil
 	}
-	return 0, fmt.Errorf("protocol %q: not tcp, udp, sctp or icmp", p)
+	return 0, fmt.Errorf("protocol %q: not tcp, udp, sctp, icmp or icmpv6", p)
 }
 
 func protoName(n byte) string {
@@ -264,6 +315,8 @@ func protoName(n byte) string {
 		return "sctp"
 	case unix.IPPROTO_ICMP:
 		return "icmp"
+	case unix.IPPROTO_ICMPV6:
+		return "icmpv6"
 	}
 	return fmt.Sprint(n)
 }
@@ -281,8 +334,9 @@ func portElements(ports []policy.PortRange) []nftables.SetElement {
 	return out
 }
 
-// addrRange is an IPv4 interval [lo, end) as an interval set holds it;
-// open means it runs to 255.255.255.255 (the set has no end element).
+// addrRange is an interval [lo, end) of addresses of one family as an
+// interval set holds it; open means it runs to the family's last address
+// (the set has no end element).
 type addrRange struct {
 	lo, end netip.Addr
 	open    bool
@@ -297,24 +351,22 @@ func (r addrRange) key() string {
 
 func prefixRange(p netip.Prefix) addrRange {
 	p = p.Masked()
-	lo := p.Addr().As4()
-	n := binary.BigEndian.Uint32(lo[:])
-	size := uint64(1) << (32 - p.Bits())
-	last := uint64(n) + size
-	if last > 0xffffffff {
+	last := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(last)*8; i++ {
+		last[i/8] |= 0x80 >> (i % 8)
+	}
+	l, _ := netip.AddrFromSlice(last)
+	end := l.Next()
+	if !end.IsValid() {
 		return addrRange{lo: p.Addr(), open: true}
 	}
-	var e [4]byte
-	binary.BigEndian.PutUint32(e[:], uint32(last))
-	return addrRange{lo: p.Addr(), end: netip.AddrFrom4(e)}
+	return addrRange{lo: p.Addr(), end: end}
 }
 
 func (r addrRange) elements() []nftables.SetElement {
-	lo := r.lo.As4()
-	out := []nftables.SetElement{{Key: lo[:]}}
+	out := []nftables.SetElement{{Key: r.lo.AsSlice()}}
 	if !r.open {
-		e := r.end.As4()
-		out = append(out, nftables.SetElement{Key: e[:], IntervalEnd: true})
+		out = append(out, nftables.SetElement{Key: r.end.AsSlice(), IntervalEnd: true})
 	}
 	return out
 }
@@ -328,10 +380,11 @@ func rangesOf(elems []nftables.SetElement) []addrRange {
 	}
 	var pts []point
 	for _, e := range elems {
-		if len(e.Key) != 4 {
+		if len(e.Key) != 4 && len(e.Key) != 16 {
 			continue
 		}
-		pts = append(pts, point{netip.AddrFrom4([4]byte(e.Key)), e.IntervalEnd})
+		a, _ := netip.AddrFromSlice(e.Key)
+		pts = append(pts, point{a, e.IntervalEnd})
 	}
 	// Sorted by address, an end before a start at the same address.
 	slices.SortFunc(pts, func(x, y point) int {
@@ -368,20 +421,20 @@ func rangesOf(elems []nftables.SetElement) []addrRange {
 }
 
 // addrPortKey is the concatenated key of an address, protocol and port:
-// each field padded to 4 bytes.
+// each field padded to a multiple of 4 bytes.
 func addrPortKey(a policy.AddrPort) ([]byte, error) {
-	if !a.Addr.Is4() {
-		return nil, fmt.Errorf("%s: only IPv4 is supported", a)
-	}
 	n, err := protoNumber(a.Proto)
 	if err != nil {
 		return nil, err
 	}
-	ip := a.Addr.As4()
-	k := make([]byte, 12)
-	copy(k, ip[:])
-	k[4] = n
-	binary.BigEndian.PutUint16(k[8:], a.Port)
+	ip := a.Addr.AsSlice()
+	if a.Addr.Is4In6() || len(ip) == 0 {
+		return nil, fmt.Errorf("%s: not an IPv4 or IPv6 address", a)
+	}
+	k := make([]byte, len(ip)+8)
+	copy(k, ip)
+	k[len(ip)] = n
+	binary.BigEndian.PutUint16(k[len(ip)+4:], a.Port)
 	return k, nil
 }
 
@@ -389,12 +442,33 @@ func addrPortKey(a policy.AddrPort) ([]byte, error) {
 type nftSetKind int
 
 const (
-	nftSetNet      nftSetKind = iota + 1 // interval set of ipv4_addr
-	nftSetAddrPort                       // ipv4_addr . inet_proto . inet_service
-	nftSetVmap                           // ifname : verdict
+	nftSetNet       nftSetKind = iota + 1 // interval set of ipv4_addr
+	nftSetAddrPort                        // ipv4_addr . inet_proto . inet_service
+	nftSetVmap                            // ifname : verdict
+	nftSetNet6                            // interval set of ipv6_addr
+	nftSetAddrPort6                       // ipv6_addr . inet_proto . inet_service
 )
 
-var addrPortType = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+var (
+	addrPortType  = nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
+	addrPortType6 = nftables.MustConcatSetType(nftables.TypeIP6Addr, nftables.TypeInetProto, nftables.TypeInetService)
+)
+
+// nftSetKindOf is the kind of set a neutral set renders as.
+func nftSetKindOf(s policy.Set) (nftSetKind, error) {
+	f := s.AddrFamily()
+	switch {
+	case s.Type == policy.SetTypeNet && f == policy.IPv4:
+		return nftSetNet, nil
+	case s.Type == policy.SetTypeNet && f == policy.IPv6:
+		return nftSetNet6, nil
+	case s.Type == policy.SetTypeAddrPort && f == policy.IPv4:
+		return nftSetAddrPort, nil
+	case s.Type == policy.SetTypeAddrPort && f == policy.IPv6:
+		return nftSetAddrPort6, nil
+	}
+	return 0, fmt.Errorf("set %s: unknown type %q of family %d", s.Name, s.Type, s.Family)
+}
 
 // nftSetTemplate is the set object of a kind, for AddSet.
 func nftSetTemplate(table *nftables.Table, name string, kind nftSetKind) *nftables.Set {
@@ -402,8 +476,12 @@ func nftSetTemplate(table *nftables.Table, name string, kind nftSetKind) *nftabl
 	switch kind {
 	case nftSetNet:
 		s.KeyType, s.Interval = nftables.TypeIPAddr, true
+	case nftSetNet6:
+		s.KeyType, s.Interval = nftables.TypeIP6Addr, true
 	case nftSetAddrPort:
 		s.KeyType, s.Concatenation = addrPortType, true
+	case nftSetAddrPort6:
+		s.KeyType, s.Concatenation = addrPortType6, true
 	case nftSetVmap:
 		s.KeyType, s.DataType, s.IsMap = nftables.TypeIFName, nftables.TypeVerdict, true
 		s.KeyByteOrder = binaryutil.NativeEndian // a string, as nft writes it
@@ -418,10 +496,14 @@ func kindOf(s *nftables.Set) nftSetKind {
 		// (google/nftables v0.3.0 reads a verdict map's key and data types
 		// swapped; Tabby's only maps are the dispatch ones.)
 		return nftSetVmap
-	case s.Concatenation || s.KeyType.Bytes == 12:
+	case s.KeyType.Bytes == 12:
 		return nftSetAddrPort
+	case s.KeyType.Bytes == 24:
+		return nftSetAddrPort6
 	case s.Interval && s.KeyType.Bytes == 4:
 		return nftSetNet
+	case s.Interval && s.KeyType.Bytes == 16:
+		return nftSetNet6
 	}
 	return 0
 }

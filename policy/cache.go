@@ -80,6 +80,7 @@ type policyEntry struct {
 type setDef struct {
 	fixed       bool
 	sel         selection
+	fam         Family
 	named       bool
 	proto, port string
 }
@@ -306,7 +307,7 @@ func (s *liveSet) count(ep *endpoint, n int) bool {
 	}
 	changed := false
 	if s.def.named {
-		for _, m := range namedPortMembers(ep, s.def.proto, s.def.port) {
+		for _, m := range namedPortMembers(ep, s.def.fam, s.def.proto, s.def.port) {
 			s.ports[m] += n
 			changed = true
 			if s.ports[m] == 0 {
@@ -316,6 +317,9 @@ func (s *liveSet) count(ep *endpoint, n int) bool {
 		return changed
 	}
 	for _, a := range ep.addrs {
+		if FamilyOf(a) != s.def.fam {
+			continue
+		}
 		s.addrs[a] += n
 		changed = true
 		if s.addrs[a] == 0 {
@@ -345,12 +349,12 @@ func (s *liveSet) update(removed, added []*endpoint) {
 // do: sorted and unique.
 func (s *liveSet) build(name string) {
 	if s.def.named {
-		s.set = &Set{Name: name, Type: SetTypeAddrPort, AddrPorts: slices.SortedFunc(maps.Keys(s.ports), AddrPort.Compare)}
+		s.set = &Set{Name: name, Type: SetTypeAddrPort, Family: s.def.fam, AddrPorts: slices.SortedFunc(maps.Keys(s.ports), AddrPort.Compare)}
 		return
 	}
 	var nets []netip.Prefix
 	for _, a := range slices.SortedFunc(maps.Keys(s.addrs), netip.Addr.Compare) {
-		nets = append(nets, netip.PrefixFrom(a, 32))
+		nets = append(nets, netip.PrefixFrom(a, s.def.fam.Bits()))
 	}
-	s.set = &Set{Name: name, Type: SetTypeNet, Nets: nets}
+	s.set = &Set{Name: name, Type: SetTypeNet, Family: s.def.fam, Nets: nets}
 }

@@ -65,6 +65,12 @@ func mutate(r *rand.Rand, in *Input, next *int) string {
 			w.Spec.InterfaceName = "eth9"
 		case 2:
 			w.Spec.IPNetworks = append(w.Spec.IPNetworks, fmt.Sprintf("10.244.7.%d", pick(4)))
+		case 3, 4, 5:
+			// Dual-stack.
+			w.Spec.IPNetworks = append(w.Spec.IPNetworks, fmt.Sprintf("fd00:10:244:%d::%x/128", 4+pick(3), 1+pick(250)))
+		case 6:
+			// IPv6 only, with two addresses.
+			w.Spec.IPNetworks = []string{fmt.Sprintf("fd00:10:244:7::%x/128", 1+pick(250)), fmt.Sprintf("fd00:10:244:7::%x", 1+pick(4))}
 		}
 		return w
 	}
@@ -75,6 +81,9 @@ func mutate(r *rand.Rand, in *Input, next *int) string {
 			peer.NamespaceSelector = sel(NamespaceNameLabel, ns())
 		case 1:
 			peer = api.NetworkPolicyPeer{IPBlock: &api.IPBlock{CIDR: "10.244.0.0/16", Except: []string{fmt.Sprintf("10.244.%d.0/24", pick(8))}}}
+			if pick(2) == 0 {
+				peer.IPBlock = &api.IPBlock{CIDR: "fd00:10:244::/48", Except: []string{fmt.Sprintf("fd00:10:244:%d::/64", pick(8))}}
+			}
 		}
 		port := api.FromInt(int32(8000 + pick(3)))
 		if pick(3) == 0 {
@@ -115,6 +124,9 @@ func mutate(r *rand.Rand, in *Input, next *int) string {
 		i := pick(len(in.Endpoints))
 		cp := *in.Endpoints[i]
 		cp.Spec.IPNetworks = []string{fmt.Sprintf("10.244.%d.%d/32", 4+pick(3), 1+pick(250))}
+		if pick(2) == 0 {
+			cp.Spec.IPNetworks = append(cp.Spec.IPNetworks, fmt.Sprintf("fd00:10:244:%d::%x/128", 4+pick(3), 1+pick(250)))
+		}
 		cp.Spec.Ports = []api.EndpointPort{{Name: "http", Protocol: "TCP", Port: uint16(9000 + pick(3))}}
 		in.Endpoints = replaceAt(in.Endpoints, i, &cp)
 		return "pod readdressed"
@@ -139,6 +151,10 @@ func mutate(r *rand.Rand, in *Input, next *int) string {
 			Ingress:  []api.Rule{{Action: []string{api.ActionAllow, api.ActionDeny, "Log"}[pick(3)], Source: api.EntityRule{Selector: sel("app", app())}}},
 			Egress:   []api.Rule{{Action: api.ActionDeny, Protocol: ptr("TCP"), Destination: api.EntityRule{Ports: []api.IntOrString{api.FromString("http"), api.FromString("80:90")}}}},
 		})
+		if pick(2) == 0 {
+			g.Spec.Ingress[0].Source.Nets = [][]string{{"10.244.0.0/16"}, {"fd00:10:244::/48"}, {"10.244.0.0/16", "fd00:10:244::/48"}}[pick(3)]
+			g.Spec.Ingress[0].Source.NotNets = [][]string{nil, {"fd00:10:244:5::/64"}}[pick(2)]
+		}
 		if pick(3) == 0 {
 			g.Spec.Order = nil
 		}
@@ -150,7 +166,11 @@ func mutate(r *rand.Rand, in *Input, next *int) string {
 		return "global policy removed"
 	case k == 10:
 		pools := slices.Clone(in.Pools)
-		pools = append(pools, &api.IPPool{Metadata: api.ObjectMeta{Name: fmt.Sprintf("p%d", pick(3))}, Spec: api.IPPoolSpec{CIDR: fmt.Sprintf("10.%d.0.0/16", 100+pick(3)), NATOutgoing: pick(2) == 0}})
+		cidr := fmt.Sprintf("10.%d.0.0/16", 100+pick(3))
+		if pick(2) == 0 {
+			cidr = fmt.Sprintf("fd00:%x::/48", 100+pick(3))
+		}
+		pools = append(pools, &api.IPPool{Metadata: api.ObjectMeta{Name: fmt.Sprintf("p%d", pick(3))}, Spec: api.IPPoolSpec{CIDR: cidr, NATOutgoing: pick(2) == 0}})
 		if len(pools) > 3 {
 			pools = pools[1:]
 		}

@@ -143,8 +143,8 @@ func (c *compiler) parseEndpoint(w *api.WorkloadEndpoint) *endpoint {
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
-		if !p.Addr().Is4() {
-			c.warnf("endpoint %s: address %q is not IPv4", ep.name, n)
+		if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			c.warnf("endpoint %s: address %q is IPv4-mapped or has a zone", ep.name, n)
 			continue
 		}
 		ep.addrs = append(ep.addrs, p.Addr())
@@ -304,24 +304,46 @@ func jumpTo(chain string) Rule { return Rule{Verdict: Verdict{Kind: VerdictJump,
 // fromWorkloadChain is the egress chain of a local endpoint: anti-spoofing
 // first (also when no policy selects it), then conntrack, then policy. It
 // returns extra chains it needs (the anti-spoofing chain of an endpoint
-// with several addresses).
+// with several addresses of a family).
+//
+// Anti-spoofing is per family: a packet whose source is not one of the
+// endpoint's addresses of its family is dropped, so a pod without an IPv6
+// address sends no IPv6 at all (the neighbour discovery it needs towards
+// its node is accepted in the input chain before this one runs).
 func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
 	ch := Chain{Table: TableFilter, Name: Prefix + "fw-" + ep.iface}
 	var extra []Chain
-	switch len(ep.addrs) {
-	case 0:
+	if len(ep.addrs) == 0 {
 		ch.Rules = append(ch.Rules, ruleDrop)
 		return ch, nil
-	case 1:
-		ch.Rules = append(ch.Rules, Rule{Match: []Match{{Kind: MatchSrcNet, Net: netip.PrefixFrom(ep.addrs[0], 32), Negate: true}}, Verdict: actionDrop})
-	default:
-		sp := Chain{Table: TableFilter, Name: Prefix + "sp-" + ep.iface}
-		for _, a := range ep.addrs {
-			sp.Rules = append(sp.Rules, Rule{Match: []Match{{Kind: MatchSrcNet, Net: netip.PrefixFrom(a, 32)}}, Verdict: Verdict{Kind: VerdictReturn}})
+	}
+	byFamily := map[Family][]netip.Addr{}
+	for _, a := range ep.addrs {
+		byFamily[FamilyOf(a)] = append(byFamily[FamilyOf(a)], a)
+	}
+	var sp *Chain
+	for _, f := range Families {
+		addrs := byFamily[f]
+		switch len(addrs) {
+		case 0:
+			ch.Rules = append(ch.Rules, Rule{Match: []Match{familyMatch(f)}, Verdict: actionDrop})
+		case 1:
+			ch.Rules = append(ch.Rules, Rule{Match: []Match{{Kind: MatchSrcNet, Net: netip.PrefixFrom(addrs[0], f.Bits()), Negate: true}}, Verdict: actionDrop})
+		default:
+			// One chain for the families with several addresses: it
+			// returns for each of them and drops the rest of the family.
+			if sp == nil {
+				sp = &Chain{Table: TableFilter, Name: Prefix + "sp-" + ep.iface}
+			}
+			for _, a := range addrs {
+				sp.Rules = append(sp.Rules, Rule{Match: []Match{{Kind: MatchSrcNet, Net: netip.PrefixFrom(a, f.Bits())}}, Verdict: Verdict{Kind: VerdictReturn}})
+			}
+			sp.Rules = append(sp.Rules, Rule{Match: []Match{familyMatch(f)}, Verdict: actionDrop})
+			ch.Rules = append(ch.Rules, Rule{Match: []Match{familyMatch(f)}, Verdict: Verdict{Kind: VerdictJump, Chain: sp.Name}})
 		}
-		sp.Rules = append(sp.Rules, ruleDrop)
-		extra = append(extra, sp)
-		ch.Rules = append(ch.Rules, jumpTo(sp.Name))
+	}
+	if sp != nil {
+		extra = append(extra, *sp)
 	}
 	ch.Rules = append(ch.Rules, ruleEstablished)
 	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, egress))...)
@@ -405,6 +427,12 @@ func (c *compiler) inputChain() Chain {
 			})
 		}
 	}
+	// Neighbour discovery comes from the pod's link-local address, which
+	// anti-spoofing would drop, and must pass whatever the action.
+	rules = append(rules, Rule{
+		Match:   []Match{inIface(wl), {Kind: MatchICMPv6Types, ICMPTypes: NeighbourDiscoveryTypes}},
+		Verdict: Verdict{Kind: VerdictAccept},
+	})
 	rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}})
 	switch c.in.EndpointToHostAction {
 	case EndpointToHostAccept:
@@ -420,33 +448,46 @@ func (c *compiler) inputChain() Chain {
 }
 
 // natChain masquerades traffic from natOutgoing pools to destinations
-// outside every pool, and fills the two pool sets.
+// outside every pool of the family, and fills the pool sets of both
+// families.
 func (c *compiler) natChain() Chain {
-	var all, masq []netip.Prefix
+	all := map[Family][]netip.Prefix{}
+	masq := map[Family][]netip.Prefix{}
 	for _, p := range c.in.Pools {
 		if p == nil {
 			continue
 		}
 		pr, err := p.Prefix()
-		if err != nil {
+		if err != nil || pr.Addr().Is4In6() {
 			c.warnf("pool %s: cidr %q does not parse", p.Metadata.Name, p.Spec.CIDR)
 			continue
 		}
-		if !pr.Addr().Is4() {
-			c.warnf("pool %s: IPv6 pools are not in the dataplane yet (natOutgoing and the pool sets skip %s)", p.Metadata.Name, pr)
-			continue
-		}
+		f := FamilyOf(pr.Addr())
 		for _, n := range netsExcept([]netip.Prefix{pr}, nil) {
-			all = append(all, n)
+			all[f] = append(all[f], n)
 			if p.Spec.NATOutgoing {
-				masq = append(masq, n)
+				masq[f] = append(masq[f], n)
 			}
 		}
 	}
-	c.addNetSet(SetAllPools, all)
-	c.addNetSet(SetMasqPools, masq)
-	return Chain{Table: TableNAT, Name: ChainPostrouting, Rules: []Rule{{
-		Match:   []Match{setMatch(SetMasqPools, false, false), setMatch(SetAllPools, true, true)},
-		Verdict: Verdict{Kind: VerdictMasquerade},
-	}}}
+	ch := Chain{Table: TableNAT, Name: ChainPostrouting}
+	for _, f := range Families {
+		allName, masqName := poolSetNames(f)
+		c.addNetSet(allName, f, all[f])
+		c.addNetSet(masqName, f, masq[f])
+		ch.Rules = append(ch.Rules, Rule{
+			Match:   []Match{setMatch(masqName, f, false, false), setMatch(allName, f, true, true)},
+			Verdict: Verdict{Kind: VerdictMasquerade},
+		})
+	}
+	return ch
+}
+
+// poolSetNames are the names of the sets of every pool and of the
+// natOutgoing pools of a family.
+func poolSetNames(f Family) (all, masq string) {
+	if f == IPv6 {
+		return SetAllPools6, SetMasqPools6
+	}
+	return SetAllPools, SetMasqPools
 }

@@ -460,6 +460,7 @@ func TestLayout(t *testing.T) {
 	rs := Compile(in)
 	pi := policyChainName("np/prod/web", ingress)
 	clients := setName('s', selection{namespace: "prod", pods: sel("app", "client")}.key())
+	clients6 := familySetName('s', IPv6, selection{namespace: "prod", pods: sel("app", "client")}.key())
 	want := []string{
 		"table filter",
 		"hook FORWARD jump tabby-FORWARD",
@@ -471,15 +472,18 @@ func TestLayout(t *testing.T) {
 		`  oifname "cali*" accept`,
 		"chain tabby-INPUT",
 		`  iifname "cali*" l4proto tcp dport { 2379, 50051 } drop`,
+		`  iifname "cali*" icmpv6 type { 130, 131, 132, 133, 135, 136 } accept`,
 		`  iifname "cali*" jump tabby-from-wl`,
 		`  iifname "cali*" drop`,
 		"chain tabby-from-wl",
 		`  iifname vmap { "calia" : goto tabby-fw-calia } else drop`,
 		"chain tabby-fw-calia",
 		"  saddr != 10.244.1.1/32 drop",
+		"  meta nfproto ipv6 drop",
 		"  ct state established,related accept",
 		"chain " + pi,
 		"  saddr @" + clients + " l4proto tcp dport { 80, 443 } mark set mark & 0xfffeffff | 0x10000",
+		"  ip6 saddr @" + clients6 + " l4proto tcp dport { 80, 443 } mark set mark & 0xfffeffff | 0x10000",
 		"  mark & 0x10000 == 0x10000 return",
 		"chain tabby-to-wl",
 		`  oifname vmap { "calia" : goto tabby-tw-calia } else drop`,
@@ -493,9 +497,13 @@ func TestLayout(t *testing.T) {
 		"hook POSTROUTING jump tabby-POSTROUTING",
 		"chain tabby-POSTROUTING",
 		"  saddr @tabby-masq-pools daddr != @tabby-all-pools masquerade",
-		"set tabby-all-pools net { 10.244.0.0/16 }",
-		"set tabby-masq-pools net { 10.244.0.0/16 }",
-		"set " + clients + " net { 10.244.2.1/32 }",
+		"  ip6 saddr @tabby-masq-pools6 ip6 daddr != @tabby-all-pools6 masquerade",
+		"set tabby-all-pools ipv4 net { 10.244.0.0/16 }",
+		"set tabby-all-pools6 ipv6 net {  }",
+		"set tabby-masq-pools ipv4 net { 10.244.0.0/16 }",
+		"set tabby-masq-pools6 ipv6 net {  }",
+		"set " + clients + " ipv4 net { 10.244.2.1/32 }",
+		"set " + clients6 + " ipv6 net {  }",
 	}
 	if diff := cmp.Diff(want, rs.Lines()); diff != "" {
 		t.Errorf("ruleset (-want +got):\n%s", diff)

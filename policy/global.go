@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
@@ -46,25 +47,53 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 			c.warnf("%s: rule %d: ports without a protocol: skipped", id, i)
 			continue
 		}
-		var base []Match
-		if proto != "" {
-			base = []Match{protoMatch(proto)}
+		var nets [4][]netip.Prefix // source nets, notNets, destination nets, notNets
+		ok := true
+		for k, l := range [][]string{r.Source.Nets, r.Source.NotNets, r.Destination.Nets, r.Destination.NotNets} {
+			if nets[k], ok = c.parseNets(id, i, l); !ok {
+				break
+			}
 		}
-		src, srcOK := c.entityMatch(id, i, r.Source, false)
-		dst, dstOK := c.entityMatch(id, i, r.Destination, true)
-		if !srcOK || !dstOK {
+		if !ok {
 			continue
 		}
-		base = append(base, src...)
-		base = append(base, dst...)
-		srcPorts := c.entityPorts(r.Source, proto, false)
-		dstPorts := c.entityPorts(r.Destination, proto, true)
-		for _, sp := range srcPorts {
-			for _, dp := range dstPorts {
-				m := append([]Match{}, base...)
-				m = append(m, sp...)
-				m = append(m, dp...)
-				ch.Rules = append(ch.Rules, Rule{Match: m, Verdict: action})
+		srcNets, srcNot, dstNets, dstNot := nets[0], nets[1], nets[2], nets[3]
+		// A rule about addresses is one rule per family, each with the
+		// sets of its family; any other rule matches both families.
+		fams := []Family{0}
+		if addressed(r.Source) || addressed(r.Destination) {
+			fams = Families
+		}
+		switch proto { // ICMP is IPv4's, ICMPv6 IPv6's
+		case "icmp":
+			fams = []Family{IPv4}
+		case "icmpv6":
+			fams = []Family{IPv6}
+		}
+		for _, f := range fams {
+			var base []Match
+			if proto != "" {
+				base = []Match{protoMatch(proto)}
+			}
+			if f != 0 && ((len(srcNets) > 0 && len(ofFamily(srcNets, f)) == 0) || (len(dstNets) > 0 && len(ofFamily(dstNets, f)) == 0)) {
+				// Nets only of the other family: the rule matches no
+				// packet of this one. (Checked before any set is made:
+				// every set Compile emits is used by a rule.)
+				continue
+			}
+			src := c.entityMatch(r.Source, srcNets, srcNot, f, false)
+			dst := c.entityMatch(r.Destination, dstNets, dstNot, f, true)
+			base = append(base, src...)
+			base = append(base, dst...)
+			srcPorts := c.entityPorts(r.Source, proto, f, false)
+			dstPorts := c.entityPorts(r.Destination, proto, f, true)
+			for _, sp := range srcPorts {
+				for _, dp := range dstPorts {
+					m := append([]Match{}, base...)
+					m = append(m, sp...)
+					m = append(m, dp...)
+					ch.Rules = append(ch.Rules, Rule{Match: withFamily(f, m), Verdict: action})
+				}
 			}
 		}
 		if r.Action == api.ActionAllow {
@@ -77,28 +106,57 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 }
 
 // entityMatch matches the endpoints (selector, namespaceSelector) and
-// addresses (nets, notNets) of a rule's source or (dst) destination. ok is
-// false when the entity cannot be compiled.
-func (c *compiler) entityMatch(id string, rule int, e api.EntityRule, dst bool) ([]Match, bool) {
+// addresses (nets, notNets, parsed) of a rule's source or (dst)
+// destination, with the sets of family f (0: the entity has no address
+// term). The caller made sure nets has some of family f, if any.
+func (c *compiler) entityMatch(e api.EntityRule, nets, notNets []netip.Prefix, f Family, dst bool) []Match {
 	var args []Match
 	if sel, ok := entitySelection(e); ok {
-		args = append(args, setMatch(c.selectorSet(sel), dst, false))
+		args = append(args, setMatch(c.selectorSet(sel, f), f, dst, false))
 	}
-	nets, ok := c.parseNets(id, rule, e.Nets)
-	if !ok {
-		return nil, false
+	if of := ofFamily(nets, f); len(of) > 0 {
+		args = append(args, setMatch(c.netSet(f, of, nil), f, dst, false))
 	}
-	if len(nets) > 0 {
-		args = append(args, setMatch(c.netSet(nets, nil), dst, false))
+	if of := ofFamily(notNets, f); len(of) > 0 {
+		args = append(args, setMatch(c.netSet(f, of, nil), f, dst, true))
 	}
-	notNets, ok := c.parseNets(id, rule, e.NotNets)
-	if !ok {
-		return nil, false
+	return args
+}
+
+// addressed reports whether an entity matches addresses (selectors, nets,
+// notNets, named ports), which makes its rule one rule per family.
+func addressed(e api.EntityRule) bool {
+	if _, ok := entitySelection(e); ok || len(e.Nets) > 0 || len(e.NotNets) > 0 {
+		return true
 	}
-	if len(notNets) > 0 {
-		args = append(args, setMatch(c.netSet(notNets, nil), dst, true))
+	for _, p := range e.Ports {
+		if _, _, ok := parseRange(p.StrVal); p.IsString && !ok {
+			return true
+		}
 	}
-	return args, true
+	return false
+}
+
+// ofFamily are the prefixes of family f.
+func ofFamily(nets []netip.Prefix, f Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range nets {
+		if FamilyOf(n.Addr()) == f {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// withFamily restricts a rule of family f whose terms do not already
+// restrict it (a rule made only of notNets of the other family, of
+// protocol and ports) to f, so that it does not match the other family's
+// packets too.
+func withFamily(f Family, m []Match) []Match {
+	if f == 0 || slices.ContainsFunc(m, func(x Match) bool { return x.AddrFamily() != 0 }) {
+		return m
+	}
+	return append([]Match{familyMatch(f)}, m...)
 }
 
 // entitySelection is the endpoints an entity's selectors pick; ok is false
@@ -114,9 +172,9 @@ func (c *compiler) parseNets(id string, rule int, nets []string) ([]netip.Prefix
 	var out []netip.Prefix
 	for _, n := range nets {
 		p, err := netip.ParsePrefix(n)
-		if err != nil || !p.Addr().Is4() {
+		if err != nil || p.Addr().Is4In6() {
 			// Skipping one net would widen or narrow the rule silently.
-			c.warnf("%s: rule %d: %q is not an IPv4 CIDR: rule skipped", id, rule, n)
+			c.warnf("%s: rule %d: %q is not a CIDR: rule skipped", id, rule, n)
 			return nil, false
 		}
 		out = append(out, p)
@@ -127,7 +185,7 @@ func (c *compiler) parseNets(id string, rule int, nets []string) ([]netip.Prefix
 // entityPorts returns the port alternatives of an entity: numbers and
 // "lo:hi" ranges in multiport matches, named ports through the named-port
 // set of the entity's endpoints. No ports: one empty alternative.
-func (c *compiler) entityPorts(e api.EntityRule, proto string, dst bool) [][]Match {
+func (c *compiler) entityPorts(e api.EntityRule, proto string, f Family, dst bool) [][]Match {
 	if len(e.Ports) == 0 {
 		return [][]Match{nil}
 	}
@@ -143,8 +201,8 @@ func (c *compiler) entityPorts(e api.EntityRule, proto string, dst bool) [][]Mat
 			continue
 		}
 		sel, _ := entitySelection(e)
-		set := c.namedPortSet(sel, proto, p.StrVal)
-		out = append(out, []Match{addrPortSetMatch(set, dst)})
+		set := c.namedPortSet(sel, f, proto, p.StrVal)
+		out = append(out, []Match{addrPortSetMatch(set, f, dst)})
 	}
 	var res [][]Match
 	for _, m := range multiportMatches(specs, dst) {

@@ -75,7 +75,57 @@ const (
 	MatchEstablished
 	// MatchMark: packet mark & Mask == Mark.
 	MatchMark
+	// MatchFamily: the packet is of address family Family.
+	MatchFamily
+	// MatchICMPv6Types: the packet is ICMPv6 with a type in ICMPTypes.
+	MatchICMPv6Types
 )
+
+// Family is an address family.
+type Family uint8
+
+// Address families.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+// Families are both address families, in the order the compiler emits
+// per-family rules and sets.
+var Families = []Family{IPv4, IPv6}
+
+// FamilyOf is the family of an address (an IPv4-mapped IPv6 address is
+// IPv6, as the kernel sees it).
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// orIPv4 is f, or IPv4 for the zero value: a set or set match built
+// without a family (as before IPv6) is IPv4.
+func (f Family) orIPv4() Family {
+	if f == 0 {
+		return IPv4
+	}
+	return f
+}
+
+// Bits is the length of the family's addresses.
+func (f Family) Bits() int {
+	if f == IPv6 {
+		return 128
+	}
+	return 32
+}
 
 // MaxPortsPerMatch is the most port entries one ports match holds (a range
 // counts as two), iptables' multiport limit.
@@ -83,6 +133,11 @@ const MaxPortsPerMatch = 15
 
 // Match is one term of a rule. Negate inverts it (MatchSrcNet and the set
 // matches only).
+//
+// A term about addresses (MatchSrcNet, the set matches, MatchFamily,
+// MatchICMPv6Types) only ever matches packets of its family (Net's, or
+// Family), negated or not: "saddr != 10.0.0.1" does not match an IPv6
+// packet, as in nftables. A rule's terms never mix families.
 type Match struct {
 	Kind   MatchKind
 	Negate bool
@@ -93,6 +148,36 @@ type Match struct {
 	Set    string
 	Mark   uint32
 	Mask   uint32
+	// Family is the family of MatchFamily and of the set of a set match
+	// (the set's Family); the zero value is IPv4.
+	Family Family
+	// ICMPTypes are MatchICMPv6Types' types, sorted.
+	ICMPTypes []uint8
+}
+
+// AddrFamily is the family a term restricts packets to, 0 for a term that
+// is not about addresses.
+func (m Match) AddrFamily() Family {
+	switch m.Kind {
+	case MatchSrcNet:
+		return FamilyOf(m.Net.Addr())
+	case MatchSrcSet, MatchDstSet, MatchSrcAddrPortSet, MatchDstAddrPortSet, MatchFamily:
+		return m.Family.orIPv4()
+	case MatchICMPv6Types:
+		return IPv6
+	}
+	return 0
+}
+
+// Family is the family a rule's terms restrict packets to, 0 for a rule
+// that matches both.
+func (r Rule) Family() Family {
+	for _, m := range r.Match {
+		if f := m.AddrFamily(); f != 0 {
+			return f
+		}
+	}
+	return 0
 }
 
 // PortRange is an inclusive port range; a single port has Lo == Hi.
@@ -161,10 +246,14 @@ const (
 )
 
 // Set is a named set of Tabby's. Members are canonical: prefixes masked,
-// sorted, unique and not overlapping; triples sorted and unique.
+// sorted, unique and not overlapping; triples sorted and unique. Every
+// member is of the set's Family (sets are typed in the kernel, so a
+// selector or address block of both families is two sets).
 type Set struct {
-	Name      string
-	Type      SetType
+	Name string
+	Type SetType
+	// Family of the members; the zero value is IPv4 (AddrFamily).
+	Family    Family
 	Nets      []netip.Prefix
 	AddrPorts []AddrPort
 }
@@ -202,6 +291,9 @@ func (s Set) Members() []string {
 	return out
 }
 
+// AddrFamily is the family of the set's members: Family, IPv4 when unset.
+func (s Set) AddrFamily() Family { return s.Family.orIPv4() }
+
 // Len is the number of members.
 func (s Set) Len() int { return len(s.Nets) + len(s.AddrPorts) }
 
@@ -211,21 +303,23 @@ func inIface(name string) Match  { return Match{Kind: MatchInIface, Iface: name}
 func outIface(name string) Match { return Match{Kind: MatchOutIface, Iface: name} }
 func protoMatch(p string) Match  { return Match{Kind: MatchProto, Proto: p} }
 
-func setMatch(name string, dst, negate bool) Match {
+func setMatch(name string, f Family, dst, negate bool) Match {
 	k := MatchSrcSet
 	if dst {
 		k = MatchDstSet
 	}
-	return Match{Kind: k, Set: name, Negate: negate}
+	return Match{Kind: k, Set: name, Family: f, Negate: negate}
 }
 
-func addrPortSetMatch(name string, dst bool) Match {
+func addrPortSetMatch(name string, f Family, dst bool) Match {
 	k := MatchSrcAddrPortSet
 	if dst {
 		k = MatchDstAddrPortSet
 	}
-	return Match{Kind: k, Set: name}
+	return Match{Kind: k, Set: name, Family: f}
 }
+
+func familyMatch(f Family) Match { return Match{Kind: MatchFamily, Family: f} }
 
 // String renders the term in an nft-like notation, for tests and messages.
 func (m Match) String() string {
@@ -243,13 +337,17 @@ func (m Match) String() string {
 		}
 		return "{ " + strings.Join(s, ", ") + " }"
 	}
+	ip := "" // IPv4 terms print as they did before IPv6
+	if m.AddrFamily() == IPv6 {
+		ip = "ip6 "
+	}
 	switch m.Kind {
 	case MatchInIface:
 		return "iifname " + ifacePattern(m.Iface)
 	case MatchOutIface:
 		return "oifname " + ifacePattern(m.Iface)
 	case MatchSrcNet:
-		return "saddr " + neg + m.Net.String()
+		return ip + "saddr " + neg + m.Net.String()
 	case MatchProto:
 		return "l4proto " + m.Proto
 	case MatchSrcPorts:
@@ -257,17 +355,25 @@ func (m Match) String() string {
 	case MatchDstPorts:
 		return "dport " + ports()
 	case MatchSrcSet:
-		return "saddr " + neg + "@" + m.Set
+		return ip + "saddr " + neg + "@" + m.Set
 	case MatchDstSet:
-		return "daddr " + neg + "@" + m.Set
+		return ip + "daddr " + neg + "@" + m.Set
 	case MatchSrcAddrPortSet:
-		return "saddr . l4proto . sport " + neg + "@" + m.Set
+		return ip + "saddr . l4proto . sport " + neg + "@" + m.Set
 	case MatchDstAddrPortSet:
-		return "daddr . l4proto . dport " + neg + "@" + m.Set
+		return ip + "daddr . l4proto . dport " + neg + "@" + m.Set
 	case MatchEstablished:
 		return "ct state established,related"
 	case MatchMark:
 		return fmt.Sprintf("mark & %#x == %#x", m.Mask, m.Mark)
+	case MatchFamily:
+		return "meta nfproto " + m.Family.String()
+	case MatchICMPv6Types:
+		var s []string
+		for _, t := range m.ICMPTypes {
+			s = append(s, strconv.Itoa(int(t)))
+		}
+		return "icmpv6 type { " + strings.Join(s, ", ") + " }"
 	}
 	return fmt.Sprintf("match(%d)", m.Kind)
 }
@@ -341,12 +447,13 @@ func (r Rule) Equal(o Rule) bool {
 // Equal reports whether two match terms are the same.
 func (m Match) Equal(o Match) bool {
 	return m.Kind == o.Kind && m.Negate == o.Negate && m.Iface == o.Iface && m.Net == o.Net && m.Proto == o.Proto &&
-		m.Set == o.Set && m.Mark == o.Mark && m.Mask == o.Mask && slices.Equal(m.Ports, o.Ports)
+		m.Set == o.Set && m.Mark == o.Mark && m.Mask == o.Mask && m.Family == o.Family &&
+		slices.Equal(m.Ports, o.Ports) && slices.Equal(m.ICMPTypes, o.ICMPTypes)
 }
 
 // Equal reports whether two sets are the same.
 func (s Set) Equal(o Set) bool {
-	return s.Name == o.Name && s.Type == o.Type &&
+	return s.Name == o.Name && s.Type == o.Type && s.Family == o.Family &&
 		(SameSlice(s.Nets, o.Nets) || slices.Equal(s.Nets, o.Nets)) &&
 		(SameSlice(s.AddrPorts, o.AddrPorts) || slices.Equal(s.AddrPorts, o.AddrPorts))
 }

@@ -49,10 +49,13 @@ const (
 	ChainToWL        = "tabby-to-wl"
 	ChainPostrouting = "tabby-POSTROUTING"
 
-	// SetAllPools holds the CIDR of every IPPool; SetMasqPools those of the
-	// pools with natOutgoing.
-	SetAllPools  = "tabby-all-pools"
-	SetMasqPools = "tabby-masq-pools"
+	// SetAllPools holds the CIDR of every IPv4 IPPool; SetMasqPools those
+	// of the IPv4 pools with natOutgoing. SetAllPools6 and SetMasqPools6
+	// are the same for IPv6 pools.
+	SetAllPools   = "tabby-all-pools"
+	SetMasqPools  = "tabby-masq-pools"
+	SetAllPools6  = "tabby-all-pools6"
+	SetMasqPools6 = "tabby-masq-pools6"
 
 	// MarkAccept is the packet-mark bit a policy chain sets when one of its
 	// rules allows the packet. It stays clear of kube-proxy's 0x4000 and
@@ -65,6 +68,18 @@ const (
 	// MaxSetName is the longest ipset name (31 bytes plus NUL).
 	MaxSetName = 31
 )
+
+// NeighbourDiscoveryTypes are the ICMPv6 types a workload may always send
+// to its node, before anti-spoofing and whatever the endpoint-to-host
+// action (Calico's list): multicast listener query, report and done
+// (130–132), router solicitation (133), neighbour solicitation and
+// advertisement (135, 136). They come from the pod's link-local address,
+// which is not among its endpoint's addresses, and IPv6 does not work
+// without them (the pod resolves its gateway, and answers the node's
+// solicitations for its own address). Router advertisements (134) and
+// redirects (137) are not on the list: the node is the pod's router, never
+// the other way round.
+var NeighbourDiscoveryTypes = []uint8{130, 131, 132, 133, 135, 136}
 
 // Tables Compile emits chains into.
 const (

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
@@ -14,6 +15,9 @@ type peerMatch struct {
 	// sel is the endpoints the peer picks; nil for "any address" and for
 	// ipBlocks, which match addresses rather than endpoints.
 	sel *selection
+	// family is the family match restricts packets to; 0 for "any
+	// address". A selector is one peer per family (sets are typed).
+	family Family
 }
 
 // portMatch is one alternative port of a rule.
@@ -64,21 +68,29 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 			for _, port := range ports {
 				m := append([]Match{}, peer.match...)
 				m = append(m, port.match...)
-				if port.named != "" {
-					// The destination's port: the policy's own endpoints
-					// for ingress, the peer's for egress (any endpoint when
-					// the peer is an address block or anything).
-					target := self
-					if dir == egress {
-						target = selection{}
-						if peer.sel != nil {
-							target = *peer.sel
-						}
-					}
-					set := c.namedPortSet(target, port.proto, port.named)
-					m = append(m, addrPortSetMatch(set, true))
+				if port.named == "" {
+					ch.Rules = append(ch.Rules, Rule{Match: m, Verdict: actionAllow})
+					continue
 				}
-				ch.Rules = append(ch.Rules, Rule{Match: m, Verdict: actionAllow})
+				// The destination's port: the policy's own endpoints
+				// for ingress, the peer's for egress (any endpoint when
+				// the peer is an address block or anything), in a set
+				// of the peer's family, or one per family for any peer.
+				target := self
+				if dir == egress {
+					target = selection{}
+					if peer.sel != nil {
+						target = *peer.sel
+					}
+				}
+				fams := Families
+				if peer.family != 0 {
+					fams = []Family{peer.family}
+				}
+				for _, f := range fams {
+					set := c.namedPortSet(target, f, port.proto, port.named)
+					ch.Rules = append(ch.Rules, Rule{Match: append(slices.Clone(m), addrPortSetMatch(set, f, true)), Verdict: actionAllow})
+				}
 			}
 		}
 		if len(peers) > 0 && len(ports) > 0 {
@@ -102,21 +114,22 @@ func (c *compiler) npPeers(id, ns string, peers []api.NetworkPolicyPeer, dir dir
 		switch {
 		case p.IPBlock != nil:
 			cidr, err := netip.ParsePrefix(p.IPBlock.CIDR)
-			if err != nil || !cidr.Addr().Is4() {
-				c.warnf("%s: ipBlock cidr %q is not an IPv4 CIDR: peer skipped", id, p.IPBlock.CIDR)
+			if err != nil || cidr.Addr().Is4In6() {
+				c.warnf("%s: ipBlock cidr %q is not a CIDR: peer skipped", id, p.IPBlock.CIDR)
 				continue
 			}
+			f := FamilyOf(cidr.Addr())
 			var except []netip.Prefix
 			for _, e := range p.IPBlock.Except {
 				ep, err := netip.ParsePrefix(e)
-				if err != nil || !ep.Addr().Is4() {
-					c.warnf("%s: ipBlock except %q is not an IPv4 CIDR: ignored", id, e)
+				if err != nil || FamilyOf(ep.Addr()) != f || ep.Addr().Is4In6() {
+					c.warnf("%s: ipBlock except %q is not a CIDR of the block's family: ignored", id, e)
 					continue
 				}
 				except = append(except, ep)
 			}
-			set := c.netSet([]netip.Prefix{cidr}, except)
-			out = append(out, peerMatch{match: []Match{setMatch(set, dst, false)}})
+			set := c.netSet(f, []netip.Prefix{cidr}, except)
+			out = append(out, peerMatch{match: []Match{setMatch(set, f, dst, false)}, family: f})
 		case p.PodSelector != nil || p.NamespaceSelector != nil:
 			// podSelector alone: pods of the policy's namespace.
 			// namespaceSelector (alone or with podSelector): pods in the
@@ -125,8 +138,10 @@ func (c *compiler) npPeers(id, ns string, peers []api.NetworkPolicyPeer, dir dir
 			if p.NamespaceSelector == nil {
 				sel.namespace = ns
 			}
-			set := c.selectorSet(sel)
-			out = append(out, peerMatch{match: []Match{setMatch(set, dst, false)}, sel: &sel})
+			for _, f := range Families {
+				set := c.selectorSet(sel, f)
+				out = append(out, peerMatch{match: []Match{setMatch(set, f, dst, false)}, sel: &sel, family: f})
+			}
 		default:
 			c.warnf("%s: a peer without podSelector, namespaceSelector or ipBlock: skipped", id)
 		}

@@ -60,7 +60,7 @@ func (r *Ruleset) Lines() []string {
 		}
 	}
 	for _, s := range r.Sets {
-		out = append(out, "set "+s.Name+" "+string(s.Type)+" { "+strings.Join(s.Members(), ", ")+" }")
+		out = append(out, "set "+s.Name+" "+s.Family.String()+" "+string(s.Type)+" { "+strings.Join(s.Members(), ", ")+" }")
 	}
 	return out
 }

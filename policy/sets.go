@@ -69,36 +69,48 @@ func shortHash(s string, n int) string {
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:]))[:n]
 }
 
-// setName names a set of the given kind ('s' selector, 'n' nets, 'p' named
-// port) by a hash of its identity: "tabby-s-" and 20 characters.
+// setName names an IPv4 set of the given kind ('s' selector, 'n' nets,
+// 'p' named port) by a hash of its identity: "tabby-s-" and 20 characters.
 func setName(kind byte, identity string) string {
 	return Prefix + string(kind) + "-" + shortHash(identity, 20)
 }
 
+// familySetName names a set of a family: setName's for IPv4, "tabby-s6-"
+// and 19 characters of a hash for IPv6.
+func familySetName(kind byte, f Family, identity string) string {
+	if f == IPv6 {
+		return Prefix + string(kind) + "6-" + shortHash(identity, 19)
+	}
+	return setName(kind, identity)
+}
+
 // selectorSet returns the name of the SetTypeNet set holding the addresses
-// of the endpoints sel picks, creating it on first use.
-func (c *compiler) selectorSet(sel selection) string {
-	name := setName('s', sel.key())
+// of family f of the endpoints sel picks, creating it on first use.
+func (c *compiler) selectorSet(sel selection, f Family) string {
+	name := familySetName('s', f, sel.key())
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
-	if c.cache.liveSet(c, name, setDef{sel: sel}) {
+	if c.cache.liveSet(c, name, setDef{sel: sel, fam: f}) {
 		return name
 	}
 	var members []netip.Prefix
 	for _, ep := range c.eps {
 		if sel.matches(ep) {
 			for _, a := range ep.addrs {
-				members = append(members, netip.PrefixFrom(a, 32))
+				if FamilyOf(a) == f {
+					members = append(members, netip.PrefixFrom(a, f.Bits()))
+				}
 			}
 		}
 	}
-	c.addNetSet(name, members)
+	c.addNetSet(name, f, members)
 	return name
 }
 
-// netSet returns the name of the SetTypeNet set holding nets minus except.
-func (c *compiler) netSet(nets, except []netip.Prefix) string {
+// netSet returns the name of the SetTypeNet set holding nets minus except,
+// all of family f.
+func (c *compiler) netSet(f Family, nets, except []netip.Prefix) string {
 	var id []string
 	for _, n := range nets {
 		id = append(id, n.String())
@@ -107,44 +119,44 @@ func (c *compiler) netSet(nets, except []netip.Prefix) string {
 	for _, n := range except {
 		id = append(id, n.String())
 	}
-	name := setName('n', strings.Join(id, " "))
+	name := familySetName('n', f, strings.Join(id, " "))
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
-	if c.cache.liveSet(c, name, setDef{fixed: true}) {
+	if c.cache.liveSet(c, name, setDef{fixed: true, fam: f}) {
 		return name
 	}
-	c.addNetSet(name, netsExcept(nets, except))
+	c.addNetSet(name, f, netsExcept(nets, except))
 	c.cache.storeFixedSet(c.sets[name])
 	return name
 }
 
 // namedPortSet returns the name of the SetTypeAddrPort set holding
-// address, protocol and port of every endpoint sel picks that names a port name
-// for proto.
-func (c *compiler) namedPortSet(sel selection, proto, port string) string {
+// address (of family f), protocol and port of every endpoint sel picks that
+// names a port name for proto.
+func (c *compiler) namedPortSet(sel selection, f Family, proto, port string) string {
 	proto = strings.ToLower(proto)
-	name := setName('p', sel.key()+" port="+proto+"/"+port)
+	name := familySetName('p', f, sel.key()+" port="+proto+"/"+port)
 	if _, ok := c.sets[name]; ok {
 		return name
 	}
-	if c.cache.liveSet(c, name, setDef{sel: sel, named: true, proto: proto, port: port}) {
+	if c.cache.liveSet(c, name, setDef{sel: sel, fam: f, named: true, proto: proto, port: port}) {
 		return name
 	}
 	var members []AddrPort
 	for _, ep := range c.eps {
 		if sel.matches(ep) {
-			members = append(members, namedPortMembers(ep, proto, port)...)
+			members = append(members, namedPortMembers(ep, f, proto, port)...)
 		}
 	}
 	slices.SortFunc(members, AddrPort.Compare)
-	c.sets[name] = &Set{Name: name, Type: SetTypeAddrPort, AddrPorts: slices.Compact(members)}
+	c.sets[name] = &Set{Name: name, Type: SetTypeAddrPort, Family: f, AddrPorts: slices.Compact(members)}
 	return name
 }
 
-// namedPortMembers are the address, protocol and port triples of ep's port
-// named port for proto (lowercase).
-func namedPortMembers(ep *endpoint, proto, port string) []AddrPort {
+// namedPortMembers are the address (of family f), protocol and port
+// triples of ep's port named port for proto (lowercase).
+func namedPortMembers(ep *endpoint, f Family, proto, port string) []AddrPort {
 	var out []AddrPort
 	for _, p := range ep.wep.Spec.Ports {
 		pp := p.Protocol
@@ -155,7 +167,9 @@ func namedPortMembers(ep *endpoint, proto, port string) []AddrPort {
 			continue
 		}
 		for _, a := range ep.addrs {
-			out = append(out, AddrPort{Addr: a, Proto: proto, Port: uint16(p.Port)})
+			if FamilyOf(a) == f {
+				out = append(out, AddrPort{Addr: a, Proto: proto, Port: uint16(p.Port)})
+			}
 		}
 	}
 	return out
@@ -163,8 +177,8 @@ func namedPortMembers(ep *endpoint, proto, port string) []AddrPort {
 
 // addNetSet records a SetTypeNet set; members are made canonical (masked,
 // sorted, covered ones dropped).
-func (c *compiler) addNetSet(name string, members []netip.Prefix) {
-	c.sets[name] = &Set{Name: name, Type: SetTypeNet, Nets: netsExcept(members, nil)}
+func (c *compiler) addNetSet(name string, f Family, members []netip.Prefix) {
+	c.sets[name] = &Set{Name: name, Type: SetTypeNet, Family: f, Nets: netsExcept(members, nil)}
 }
 
 func (c *compiler) sortedSets() []Set {
@@ -177,7 +191,8 @@ func (c *compiler) sortedSets() []Set {
 
 // netsExcept returns the prefixes covering nets but none of except, with
 // no overlaps, sorted. ipset's hash:net cannot hold /0, so a /0 is split
-// into its two halves.
+// into its two halves. Both families may be mixed; a prefix only ever
+// covers prefixes of its own family.
 func netsExcept(nets, except []netip.Prefix) []netip.Prefix {
 	var cur []netip.Prefix
 	for _, n := range nets {
@@ -218,7 +233,7 @@ func netsExcept(nets, except []netip.Prefix) []netip.Prefix {
 
 // contains reports whether a covers all of b.
 func contains(a, b netip.Prefix) bool {
-	return a.Bits() <= b.Bits() && a.Contains(b.Addr())
+	return a.Addr().BitLen() == b.Addr().BitLen() && a.Bits() <= b.Bits() && a.Contains(b.Addr())
 }
 
 // subtract returns p without e, where p strictly contains e: the sibling of
@@ -236,8 +251,13 @@ func subtract(p, e netip.Prefix) []netip.Prefix {
 
 // sibling returns the other half of p's parent.
 func sibling(p netip.Prefix) netip.Prefix {
-	a := p.Addr().As4()
 	bit := p.Bits() - 1
+	if p.Addr().Is4() {
+		a := p.Addr().As4()
+		a[bit/8] ^= 0x80 >> (bit % 8)
+		return netip.PrefixFrom(netip.AddrFrom4(a), p.Bits())
+	}
+	a := p.Addr().As16()
 	a[bit/8] ^= 0x80 >> (bit % 8)
-	return netip.PrefixFrom(netip.AddrFrom4(a), p.Bits())
+	return netip.PrefixFrom(netip.AddrFrom16(a), p.Bits())
 }

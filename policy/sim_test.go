@@ -16,7 +16,8 @@ import (
 // packet is one packet crossing a node's FORWARD hook.
 type packet struct {
 	src, dst    netip.Addr
-	proto       string // "tcp", "udp", "sctp", "icmp"
+	proto       string // "tcp", "udp", "sctp", "icmp", "icmpv6"
+	icmpType    uint8  // of an "icmpv6" packet
 	sport       int
 	dport       int
 	in, out     string // interfaces
@@ -127,6 +128,14 @@ func (s *sim) run(chain string, pkt packet) (verdict, bool) {
 // matches evaluates every term of a rule.
 func (s *sim) matches(r Rule, pkt packet) bool {
 	for _, m := range r.Match {
+		// A term about addresses never matches a packet of the other
+		// family, negated or not (nftables adds "meta nfproto").
+		if f := m.AddrFamily(); f != 0 && f != FamilyOf(pkt.src) {
+			return false
+		}
+		if pkt.src.Is4() != pkt.dst.Is4() {
+			s.t.Fatalf("packet %v mixes families", pkt)
+		}
 		ok := s.term(r, m, pkt)
 		if m.Negate {
 			switch m.Kind {
@@ -162,15 +171,19 @@ func (s *sim) term(r Rule, m Match, pkt packet) bool {
 			port = pkt.dport
 		}
 		return slices.ContainsFunc(m.Ports, func(p PortRange) bool { return p.Contains(uint16(port)) })
+	case MatchFamily:
+		return true // checked by the caller
+	case MatchICMPv6Types:
+		return pkt.proto == "icmpv6" && slices.Contains(m.ICMPTypes, pkt.icmpType)
 	case MatchSrcSet, MatchDstSet:
-		set := s.set(m.Set, SetTypeNet)
+		set := s.set(m, SetTypeNet)
 		a := pkt.src
 		if m.Kind == MatchDstSet {
 			a = pkt.dst
 		}
 		return slices.ContainsFunc(set.Nets, func(p netip.Prefix) bool { return p.Contains(a) })
 	case MatchSrcAddrPortSet, MatchDstAddrPortSet:
-		set := s.set(m.Set, SetTypeAddrPort)
+		set := s.set(m, SetTypeAddrPort)
 		k := AddrPort{Addr: pkt.src, Proto: pkt.proto, Port: uint16(pkt.sport)}
 		if m.Kind == MatchDstAddrPortSet {
 			k = AddrPort{Addr: pkt.dst, Proto: pkt.proto, Port: uint16(pkt.dport)}
@@ -192,13 +205,27 @@ func ifaceMatch(pattern, iface string) bool {
 	return pattern == iface
 }
 
-func (s *sim) set(name string, typ SetType) Set {
+func (s *sim) set(m Match, typ SetType) Set {
+	name := m.Set
 	set, ok := s.rs.Set(name)
 	if !ok {
 		s.t.Fatalf("rule references missing set %s", name)
 	}
 	if set.Type != typ {
 		s.t.Fatalf("set %s of type %s matched as %s", name, set.Type, typ)
+	}
+	if set.Family != m.Family || (set.Family != IPv4 && set.Family != IPv6) { // the compiler always names it
+		s.t.Fatalf("set %s of family %d matched as family %d", name, set.Family, m.Family)
+	}
+	for _, n := range set.Nets {
+		if FamilyOf(n.Addr()) != set.Family {
+			s.t.Fatalf("set %s of family %v holds %s", name, set.Family, n)
+		}
+	}
+	for _, a := range set.AddrPorts {
+		if FamilyOf(a.Addr) != set.Family {
+			s.t.Fatalf("set %s of family %v holds %s", name, set.Family, a)
+		}
 	}
 	return set
 }

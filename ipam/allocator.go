@@ -83,6 +83,10 @@ type Allocator struct {
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex
 	caches map[string]*nodeCache
+	// lastHandle is, per node, the handle record this process wrote last:
+	// a dual-stack pod's second assign (the other family, same handle)
+	// takes the fast path with it instead of reading the handle again.
+	lastHandle map[string]*handle
 	// unreadable holds the blocks that did not decode when last read, with
 	// why; skipped counts how often an operation went around one.
 	unreadable map[netip.Prefix]string
@@ -160,6 +164,7 @@ func newAllocator(store kvStore, opts ...Option) *Allocator {
 		now:        time.Now,
 		locks:      map[string]*sync.Mutex{},
 		caches:     map[string]*nodeCache{},
+		lastHandle: map[string]*handle{},
 	}
 	for _, o := range opts {
 		o(a)

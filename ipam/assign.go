@@ -128,6 +128,16 @@ func (a *Allocator) assignCached(ctx context.Context, req AssignRequest, attr at
 	if err != nil {
 		return Assignment{}, false, nil
 	}
+	// The handle must not exist, or be the record this process just wrote
+	// for the other family (compared by revision in the transaction).
+	var hrev int64
+	var keep []handleAddr
+	if h := a.lastWritten(req.Node, req.Handle); h != nil {
+		if slices.ContainsFunc(h.Addrs, func(x handleAddr) bool { return familyOf(x.Addr) == req.family() }) {
+			return Assignment{}, false, nil // a repeat: the slow path answers it
+		}
+		hrev, keep = h.rev, h.Addrs
+	}
 	for _, b := range c.blocks {
 		p, ok := poolFor(usable, b.cidr)
 		if !ok || b.free() == 0 {
@@ -135,7 +145,7 @@ func (a *Allocator) assignCached(ctx context.Context, req AssignRequest, attr at
 		}
 		nb := b.clone()
 		addr, _ := nb.allocate(attr)
-		res, err := a.commit(ctx, commit{b: nb, pool: p, node: c.node, req: req, addr: addr})
+		res, err := a.commit(ctx, commit{b: nb, pool: p, node: c.node, req: req, addr: addr, handleRev: hrev, keep: keep})
 		if errors.Is(err, errRetry) {
 			return Assignment{}, false, nil
 		}
@@ -456,6 +466,8 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 	}
 	c.b.rev = rev
 	a.cacheBlock(c.req.Node, c.b.cidr, c.b, true)
+	h.rev = rev
+	a.rememberWritten(c.req.Node, h)
 	if err := a.written("assign"); err != nil {
 		return Assignment{}, err
 	}

@@ -67,3 +67,22 @@ func comparePrefix(x, y netip.Prefix) int {
 	}
 	return x.Bits() - y.Bits()
 }
+
+// rememberWritten records the handle record this process just wrote for
+// node (one per node: the pod being added).
+func (a *Allocator) rememberWritten(node string, h *handle) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lastHandle[node] = h
+}
+
+// lastWritten returns the handle record last written for node when it is
+// the named one, else nil.
+func (a *Allocator) lastWritten(node, name string) *handle {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if h := a.lastHandle[node]; h != nil && h.Handle == name {
+		return h
+	}
+	return nil
+}

@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/tabbynet/tabby/datastore/storetest"
 )
 
 func TestBlockMathBothFamilies(t *testing.T) {
@@ -203,6 +206,40 @@ func TestAssignIPv6Concurrent(t *testing.T) {
 	}
 	if len(blocks) != 4 || len(owners) != 4 {
 		t.Errorf("blocks %+v: want one /122 per node", blocks)
+	}
+	mustCheckClean(t, a)
+}
+
+// A dual-stack pod's second assign (the other family, same handle) takes
+// the fast path: one transaction, like a single-stack assign, once the
+// node's blocks are cached.
+func TestDualStackAssignRoundTrips(t *testing.T) {
+	cs := &countingStore{Store: storetest.New(t)}
+	a := newAllocator(cs)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "v4", "10.244.0.0/24", 28)
+	mustCreatePool(t, a, "v6", "fd00:10:244::/64", 0)
+	for _, fam := range []int{4, 6} { // warm the cache with each family's block
+		if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: fmt.Sprintf("warm%d", fam), Family: fam}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		h := fmt.Sprintf("pod%d", i)
+		cs.n.Store(0)
+		if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: h, Family: 4}); err != nil {
+			t.Fatal(err)
+		}
+		v6, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: h, Family: 6})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := cs.n.Load(); n != 2 {
+			t.Errorf("pod %d: %d etcd round trips for both families, want 2", i, n)
+		}
+		if addrs, err := a.AddressesByHandle(ctx, h); err != nil || len(addrs) != 2 || !slices.Contains(addrs, v6.Addr) {
+			t.Errorf("handle %s holds %v, %v", h, addrs, err)
+		}
 	}
 	mustCheckClean(t, a)
 }

@@ -182,7 +182,10 @@ func startNode(tb testing.TB, name string, cfg Config) *testNode {
 		tb.Fatalf("SetPolicy on %s: %v", name, err)
 	}
 	tn := &testNode{name: name, addr: cfg.RouterID, sp: sp, watch: watchRoutes(sp.Routes())}
+	q := quiescerOf(tb)
+	q.add(tn)
 	tb.Cleanup(func() {
+		q.quiesce(tb)
 		if err := sp.Stop(false); err != nil {
 			tb.Errorf("stopping %s: %v", name, err)
 		}
@@ -316,5 +319,60 @@ func skipStaleRaceUnderDetector(t *testing.T) {
 	t.Helper()
 	if raceDetector {
 		t.Skip("skipped under -race: GoBGP v4.8.0 races on a path's stale flag when a graceful-restart session goes down (osrg/gobgp PR #3658); runs without -race in make test")
+	}
+}
+
+// quiescer empties a test's speakers before the first of them stops. GoBGP
+// v4.8.0 races when one of a server's sessions goes down while it handles
+// an UPDATE from another (server.go writes the first peer's config in
+// handleFSMMessage while propagateUpdateToNeighbors reads it, unlocked): a
+// test's speakers stopping one after another, each stop making the others
+// withdraw its routes, trip it under -race. With every advertisement
+// withdrawn and every RIB empty first, sessions go down with no UPDATE in
+// flight.
+type quiescer struct {
+	mu    sync.Mutex
+	nodes []*testNode
+	done  bool
+}
+
+var quiescers sync.Map // testing.TB → *quiescer
+
+func quiescerOf(tb testing.TB) *quiescer {
+	q, loaded := quiescers.LoadOrStore(tb, &quiescer{})
+	if !loaded {
+		tb.Cleanup(func() { quiescers.Delete(tb) })
+	}
+	return q.(*quiescer)
+}
+
+func (q *quiescer) add(n *testNode) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.nodes = append(q.nodes, n)
+}
+
+// quiesce withdraws every node's advertisements and waits, bounded, until
+// no node has learned routes left; only the first call does anything.
+func (q *quiescer) quiesce(tb testing.TB) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.done {
+		return
+	}
+	q.done = true
+	for _, n := range q.nodes {
+		_ = n.sp.SetAdvertised(context.Background(), nil) // a node the test stopped says so; nothing to withdraw
+	}
+	// Bounded: routes a graceful stop left stale stay for the restart
+	// time, and that is the test's business.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, n := range q.nodes {
+		select {
+		case <-n.watch.done: // stopped by the test
+			continue
+		default:
+		}
+		n.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return len(rs) == 0 })
 	}
 }

@@ -107,8 +107,8 @@ func TestDesiredLearnedRoutesIPv6(t *testing.T) {
 	got := desiredLearnedRoutes(self, []bgp.LearnedRoute{
 		{Prefix: netip.MustParsePrefix("10.244.1.0/26"), NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.12")}},
 		{Prefix: netip.MustParsePrefix("fd00:10:244::40/122"), NextHops: []netip.Addr{netip.MustParseAddr("2001:db8::12"), netip.MustParseAddr("2001:db8::13")}},
-		{Prefix: netip.MustParsePrefix("fd00:10:244::80/122"), NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.13")}}, // wrong family
-		{Prefix: netip.MustParsePrefix("fd00:10:244::c0/122"), NextHops: []netip.Addr{netip.MustParseAddr("2001:db8::11")}},  // ourselves
+		{Prefix: netip.MustParsePrefix("fd00:10:244::80/122"), NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.13")}},  // wrong family
+		{Prefix: netip.MustParsePrefix("fd00:10:244::c0/122"), NextHops: []netip.Addr{netip.MustParseAddr("2001:db8::11")}}, // ourselves
 	})
 	var lines []string
 	for _, r := range got {

@@ -23,10 +23,7 @@ import (
 // between pods on different nodes, each side seeing the other's own
 // address.
 func TestDualStack(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "g17ds", Nodes: 3, PodsPerNode: 2, DualStack: true,
-		// Until the policy work lands, the firewall's INPUT chain drops the
-		// pods' neighbour discovery towards their gateway; see docs/ipv6.md.
-		AgentArgs: []string{"--endpoint-to-host-action=Accept"}})
+	l := upLab(t, lab.Options{Name: "g17ds", Nodes: 3, PodsPerNode: 2, DualStack: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, n := range l.State().Nodes {

@@ -176,10 +176,11 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	cancel()
 
 	restarting := a.ownRoutesPresent()
-	bcfg := speakerConfig(node, a.nodeAddr, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
+	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
 	a.routes = newRouteOwner(a.cfg.NodeName, a.view, a.deps.Routes, a.log.With("component", "routes"))
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.deps.Routes, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
+	a.bgp.nodeAddr6 = a.nodeAddr6
 	// Learned routes are held until BGP converged only to protect those an
 	// earlier run left in the kernel; with none there, a withdrawal (a
 	// peer lost right after the start) reaches the kernel at once.

@@ -27,8 +27,12 @@ const convergeHold = 3 * time.Second
 // the view, and the kernel's learned routes (protocol RouteProtoBGP, of
 // which it is the one writer), fed straight from the speaker.
 type bgpOwner struct {
-	node       string
-	nodeAddr   netip.Prefix
+	node     string
+	nodeAddr netip.Prefix
+	// nodeAddr6 is the node's IPv6 address (invalid without one): with
+	// it BGP carries IPv6 too, and IPv6 blocks, borrowed addresses and
+	// pools are passed to the speaker.
+	nodeAddr6  netip.Prefix
 	view       *syncer.Syncer
 	kernel     dataplane.Routes
 	log        *slog.Logger
@@ -100,7 +104,7 @@ func (b *bgpOwner) loop(every time.Duration) loop {
 }
 
 // speakerConfig is the speaker's configuration for this node under bc.
-func speakerConfig(node *api.Node, nodeAddr netip.Prefix, bc *api.BGPConfiguration, restarting bool, apiListen string) bgp.Config {
+func speakerConfig(node *api.Node, nodeAddr, nodeAddr6 netip.Prefix, bc *api.BGPConfiguration, restarting bool, apiListen string) bgp.Config {
 	asn, clusterID := node.EffectiveASN(bc), node.RouteReflectorClusterID()
 	port := int32(api.DefaultListenPort)
 	if bc.Spec.ListenPort != nil {
@@ -110,9 +114,16 @@ func speakerConfig(node *api.Node, nodeAddr netip.Prefix, bc *api.BGPConfigurati
 	if bc.Spec.NodeMeshMaxRestartTime != nil {
 		restart = bc.Spec.NodeMeshMaxRestartTime.Duration
 	}
+	var addr6 netip.Addr
+	var subnet6 netip.Prefix
+	if nodeAddr6.IsValid() {
+		addr6, subnet6 = nodeAddr6.Addr(), nodeAddr6.Masked()
+	}
 	return bgp.Config{
 		RouterID:        nodeAddr.Addr(),
 		Subnet:          nodeAddr.Masked(),
+		RouterID6:       addr6,
+		Subnet6:         subnet6,
 		ASN:             asn,
 		ListenAddr:      nodeAddr.Addr(),
 		ListenPort:      port,
@@ -154,7 +165,7 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	sp := b.current()
 	pools := b.view.Pools()
 	aggregates := bgp.PoolAggregates(pools)
-	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: poolPrefixes(pools), Communities: bgp.PoolCommunities(pools), Aggregates: aggregates}); err != nil {
+	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: b.families(poolPrefixes(pools)), Communities: bgp.PoolCommunities(pools), Aggregates: aggregates}); err != nil {
 		errs = append(errs, fmt.Errorf("setting the import policy: %w", err))
 	}
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
@@ -163,7 +174,7 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		errs = append(errs, fmt.Errorf("setting peers: %w", err))
 	}
-	affine, borrowed := bgpBlocks(b.node, ipv4Blocks(b.view.BlocksOf(b.node)), ipv4Borrowed(b.view.BorrowedBy(b.node)))
+	affine, borrowed := bgpBlocks(b.node, b.blocks(), b.borrowed())
 	adv := bgp.AddAggregates(bgp.DesiredAdvertisements(affine, borrowed), aggregates)
 	advErr := sp.SetAdvertised(ctx, adv)
 	if advErr != nil {
@@ -215,6 +226,9 @@ func (b *bgpOwner) setAdvertisedOK(adv []netip.Prefix) {
 // an address borrowed for a pod being added), kicking a pass so that it
 // need not wait for the view's wake-up alone; or ctx's error.
 func (b *bgpOwner) waitAdvertised(ctx context.Context, p netip.Prefix) error {
+	if !p.Addr().Is4() && !b.nodeAddr6.IsValid() {
+		return nil // BGP carries no IPv6 without the node's IPv6 address
+	}
 	select {
 	case b.kick <- struct{}{}:
 	default:
@@ -281,15 +295,18 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 }
 
 // importContext is what no learned route may override: this node's
-// workload addresses, its blocks, its subnet and its own (non-Tabby)
-// kernel routes.
+// workload addresses, its blocks, its subnets and its own (non-Tabby)
+// kernel routes, of both families.
 func (b *bgpOwner) importContext() bgp.ImportContext {
 	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
+	if b.nodeAddr6.IsValid() {
+		ic.NodeSubnets = append(ic.NodeSubnets, b.nodeAddr6.Masked())
+	}
 	for _, w := range b.view.EndpointsOn(b.node) {
 		addrs, _ := w.Addrs() // entries that do not parse are skipped
 		ic.Workloads = append(ic.Workloads, addrs...)
 	}
-	for _, blk := range ipv4Blocks(b.view.BlocksOf(b.node)) {
+	for _, blk := range b.view.BlocksOf(b.node) {
 		ic.Blocks = append(ic.Blocks, blk.CIDR)
 	}
 	if nr, ok := b.kernel.(interface {
@@ -314,7 +331,7 @@ func (b *bgpOwner) syncLearned() (int, error) {
 	ic := b.importContext()
 	b.mu.Lock()
 	kept, rejected := bgp.FilterLearned(b.learned, ic)
-	learned := desiredLearnedRoutes(b.nodeAddr.Addr(), kept)
+	learned := desiredLearnedRoutes([]netip.Addr{b.nodeAddr.Addr(), b.nodeAddr6.Addr()}, kept)
 	converged := b.converged
 	newlyRejected := !slices.EqualFunc(rejected, b.rejected, func(x, y bgp.Rejected) bool { return x.Route.Prefix == y.Route.Prefix && x.Over == y.Over })
 	b.importCtx, b.rejected = ic, rejected
@@ -509,16 +526,26 @@ func (b *bgpOwner) ready() error {
 	return fmt.Errorf("no BGP session to any of %d cluster peers is established", cluster)
 }
 
-// poolPrefixes returns the CIDRs of the pools: the prefixes cluster peers
-// may send. A disabled pool counts: its blocks still hold pods.
+// poolPrefixes returns the CIDRs of the pools of both families: the
+// prefixes cluster peers may send. A disabled pool counts: its blocks
+// still hold pods.
 func poolPrefixes(pools []*api.IPPool) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range pools {
-		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil && pc.Addr().Is4() {
+		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil {
 			out = append(out, pc.Masked())
 		}
 	}
 	return out
+}
+
+// families keeps the prefixes of the families BGP carries: IPv4, and IPv6
+// when the node has an IPv6 address.
+func (b *bgpOwner) families(ps []netip.Prefix) []netip.Prefix {
+	if b.nodeAddr6.IsValid() {
+		return ps
+	}
+	return slices.DeleteFunc(slices.Clone(ps), func(p netip.Prefix) bool { return !p.Addr().Is4() })
 }
 
 func (b *bgpOwner) isConverged() bool {
@@ -527,13 +554,21 @@ func (b *bgpOwner) isConverged() bool {
 	return b.converged
 }
 
-// ipv4Blocks keeps the IPv4 blocks: IPAM serves IPv6 pools, but routes and
-// BGP carry IPv4 only so far (docs/ipv6.md).
-func ipv4Blocks(bs []ipam.BlockInfo) []ipam.BlockInfo {
+// blocks are this node's blocks of the families BGP carries (see families).
+func (b *bgpOwner) blocks() []ipam.BlockInfo {
+	bs := b.view.BlocksOf(b.node)
+	if b.nodeAddr6.IsValid() {
+		return bs
+	}
 	return slices.DeleteFunc(slices.Clone(bs), func(b ipam.BlockInfo) bool { return !b.CIDR.Addr().Is4() })
 }
 
-// ipv4Borrowed keeps the borrowed IPv4 addresses (see ipv4Blocks).
-func ipv4Borrowed(bs []ipam.BorrowedAddr) []ipam.BorrowedAddr {
+// borrowed are the addresses this node borrowed, of the families BGP
+// carries.
+func (b *bgpOwner) borrowed() []ipam.BorrowedAddr {
+	bs := b.view.BorrowedBy(b.node)
+	if b.nodeAddr6.IsValid() {
+		return bs
+	}
 	return slices.DeleteFunc(slices.Clone(bs), func(b ipam.BorrowedAddr) bool { return !b.Addr.Is4() })
 }

@@ -190,29 +190,34 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	if err = h.step("assign"); err != nil {
 		return nil, err
 	}
-	asg := asgs[0] // the first family's address: the one BGP carries (IPv4 when the network has it)
+	asg := asgs[0] // the first family's address (IPv4 when the network has it), for the log
 	var addrs []netip.Addr
 	var prefixes []netip.Prefix
+	// New routes to advertise, one per family at most: wait for them
+	// alongside the other steps (h.advertised returns at once for a
+	// family BGP does not carry).
+	var advPrefixes []netip.Prefix
 	for _, a := range asgs {
 		addrs = append(addrs, a.Addr)
 		prefixes = append(prefixes, netip.PrefixFrom(a.Addr, a.Addr.BitLen()))
+		switch {
+		case h.advertised == nil || a.Existing:
+		case a.NewBlock:
+			advPrefixes = append(advPrefixes, a.Block)
+		case a.Borrowed:
+			advPrefixes = append(advPrefixes, netip.PrefixFrom(a.Addr, a.Addr.BitLen()))
+		}
 	}
-	// A new route to advertise: wait for it alongside the other steps.
 	advc := make(chan error, 1)
-	var advPrefix netip.Prefix
-	switch {
-	case h.advertised == nil || asg.Existing || !asg.Addr.Is4():
-		// BGP carries IPv4 only so far (docs/ipv6.md).
-	case asg.NewBlock:
-		advPrefix = asg.Block
-	case asg.Borrowed:
-		advPrefix = netip.PrefixFrom(asg.Addr, 32)
-	}
-	if advPrefix.IsValid() {
+	if len(advPrefixes) > 0 {
 		go func() {
 			wctx, cancel := context.WithTimeout(ctx, advertiseWait)
 			defer cancel()
-			advc <- h.advertised(wctx, advPrefix)
+			var errs []error
+			for _, p := range advPrefixes {
+				errs = append(errs, h.advertised(wctx, p))
+			}
+			advc <- errors.Join(errs...)
 		}()
 	} else {
 		advc <- nil
@@ -317,9 +322,9 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	tAdv := time.Now()
 	if aerr := <-advc; aerr != nil {
-		h.log.Warn("pod added before its route was advertised", "container", shortID(req.ContainerID), "prefix", advPrefix, "err", aerr)
-	} else if advPrefix.IsValid() {
-		h.log.Info("waited for the pod's route to be advertised", "prefix", advPrefix, "waited", time.Since(tAdv).Round(time.Microsecond))
+		h.log.Warn("pod added before its route was advertised", "container", shortID(req.ContainerID), "prefixes", advPrefixes, "err", aerr)
+	} else if len(advPrefixes) > 0 {
+		h.log.Info("waited for the pod's route to be advertised", "prefixes", advPrefixes, "waited", time.Since(tAdv).Round(time.Microsecond))
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ips", addrs, "iface", hostIf, "borrowed", asg.Borrowed,
 		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))

@@ -53,18 +53,19 @@ func aggregateBlackholes(node string, pools []*api.IPPool, blocks []ipam.BlockIn
 	return out
 }
 
-// desiredLearnedRoutes turns BGP's best routes into kernel routes (protocol
-// RouteProtoBGP), dropping anything that points at this node itself.
-func desiredLearnedRoutes(self netip.Addr, learned []bgp.LearnedRoute) []dataplane.Route {
+// desiredLearnedRoutes turns BGP's best routes of both families into
+// kernel routes (protocol RouteProtoBGP), dropping anything that points at
+// this node itself (self: its addresses) and next hops of the other family.
+func desiredLearnedRoutes(self []netip.Addr, learned []bgp.LearnedRoute) []dataplane.Route {
 	var out []dataplane.Route
 	for _, l := range learned {
 		var gws []netip.Addr
 		for _, nh := range l.NextHops {
-			if nh.IsValid() && nh != self && !nh.IsUnspecified() {
+			if nh.IsValid() && !slices.Contains(self, nh) && !nh.IsUnspecified() && nh.Is4() == l.Prefix.Addr().Is4() {
 				gws = append(gws, nh)
 			}
 		}
-		if len(gws) == 0 || !l.Prefix.Addr().Is4() {
+		if len(gws) == 0 {
 			continue
 		}
 		out = append(out, dataplane.Route{Dst: l.Prefix, Type: dataplane.RouteUnicast, Gateways: gws, Proto: dataplane.RouteProtoBGP}.Normalized())
@@ -82,7 +83,7 @@ func bgpBlocks(node string, blocks []ipam.BlockInfo, borrowed []ipam.BorrowedAdd
 	}
 	for _, a := range borrowed {
 		if a.Node == node {
-			borrowedOut = append(borrowedOut, bgp.Block{CIDR: netip.PrefixFrom(a.Addr, 32), DisableBGPExport: a.DisableBGPExport})
+			borrowedOut = append(borrowedOut, bgp.Block{CIDR: netip.PrefixFrom(a.Addr, a.Addr.BitLen()), DisableBGPExport: a.DisableBGPExport})
 		}
 	}
 	return affine, borrowedOut

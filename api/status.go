@@ -31,4 +31,7 @@ type PeerStatus struct {
 	// BFD is the BFD session state (Up, Down, Init, AdminDown), empty when
 	// BFD is off for the peer.
 	BFD string `json:"bfd,omitempty"`
+	// Families are the address families the established session carries
+	// ("ipv4", "ipv6"; IPv6 over MP-BGP on the same session).
+	Families []string `json:"families,omitempty"`
 }

@@ -335,7 +335,7 @@ func PoolCommunities(pools []*api.IPPool) []PrefixCommunities {
 			continue
 		}
 		cidr, err := p.Prefix()
-		if err != nil || !cidr.Addr().Is4() {
+		if err != nil {
 			continue
 		}
 		pc := PrefixCommunities{Prefix: cidr}

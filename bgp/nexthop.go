@@ -28,7 +28,15 @@ const (
 // router ID) and nothing for peers or next hops elsewhere (they keep
 // next-hop-self). It neither accepts nor rejects: the default (accept)
 // decides.
-func thirdPartyNextHopPolicy(subnet netip.Prefix) (*gobgpapi.DefinedSet, *gobgpapi.Policy) {
+//
+// subnet6, when valid, is the node's IPv6 subnet: IPv6 routes travel on the
+// same (IPv4) sessions, so the peers are still matched by subnet, and an
+// IPv6 route whose original next hop lies inside subnet6 keeps it too.
+func thirdPartyNextHopPolicy(subnet, subnet6 netip.Prefix) (*gobgpapi.DefinedSet, *gobgpapi.Policy) {
+	nextHops := []string{subnet.String()}
+	if subnet6.IsValid() {
+		nextHops = append(nextHops, subnet6.Masked().String())
+	}
 	set := &gobgpapi.DefinedSet{
 		DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR,
 		Name:        sharedSubnetSet,
@@ -43,7 +51,7 @@ func thirdPartyNextHopPolicy(subnet netip.Prefix) (*gobgpapi.DefinedSet, *gobgpa
 				// against the peer the route is sent to, and the next-hop
 				// list against the route's original next hop.
 				NeighborSet:   &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: sharedSubnetSet},
-				NextHopInList: []string{subnet.String()},
+				NextHopInList: nextHops,
 			},
 			Actions: &gobgpapi.Actions{
 				RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_UNSPECIFIED,

@@ -111,15 +111,28 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 			IdleHoldTimeAfterReset: seconds(ConnectRetry),
 		}},
 		Transport: &gobgpapi.Transport{RemotePort: uint32(p.Port), PassiveMode: s.passive(p)},
-		AfiSafis: []*gobgpapi.AfiSafi{{
+	}
+	afis := []gobgpapi.Family_Afi{gobgpapi.Family_AFI_IP}
+	if s.cfg.RouterID6.IsValid() {
+		// MP-BGP: IPv6 unicast on the same (IPv4) session.
+		afis = append(afis, gobgpapi.Family_AFI_IP6)
+	}
+	limit := maxPrefixes(p)
+	for _, afi := range afis {
+		af := &gobgpapi.AfiSafi{
 			Config: &gobgpapi.AfiSafiConfig{
-				Family:  &gobgpapi.Family{Afi: gobgpapi.Family_AFI_IP, Safi: gobgpapi.Family_SAFI_UNICAST},
+				Family:  &gobgpapi.Family{Afi: afi, Safi: gobgpapi.Family_SAFI_UNICAST},
 				Enabled: true,
 			},
 			MpGracefulRestart: &gobgpapi.MpGracefulRestart{
 				Config: &gobgpapi.MpGracefulRestartConfig{Enabled: s.cfg.GracefulRestart},
 			},
-		}},
+		}
+		if limit > 0 {
+			// GoBGP counts per family: the limit holds for each.
+			af.PrefixLimits = &gobgpapi.PrefixLimit{Family: af.Config.Family, MaxPrefixes: limit}
+		}
+		ap.AfiSafis = append(ap.AfiSafis, af)
 	}
 	if p.LocalAddress.IsValid() {
 		ap.Transport.LocalAddress = p.LocalAddress.String()
@@ -127,9 +140,6 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 	if b := bfdTimers(p); b != (BFD{}) {
 		us := uint32(min(b.Interval/time.Microsecond, 1<<32-1))
 		ap.Bfd = &gobgpapi.BfdPeerConfig{Enabled: true, DesiredMinimumTxInterval: us, RequiredMinimumReceive: us, DetectionMultiplier: uint32(b.Multiplier)}
-	}
-	if limit := maxPrefixes(p); limit > 0 {
-		ap.AfiSafis[0].PrefixLimits = &gobgpapi.PrefixLimit{Family: ap.AfiSafis[0].Config.Family, MaxPrefixes: limit}
 	}
 	if s.cfg.GracefulRestart {
 		ap.GracefulRestart = &gobgpapi.GracefulRestart{
@@ -292,16 +302,18 @@ func (s *speaker) resetStuckPeers(ctx context.Context) {
 func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error {
 	desired := map[netip.Prefix]bool{}
 	var errs []error
-	for _, p := range prefixes {
-		if !p.IsValid() || !p.Addr().Is4() {
-			errs = append(errs, fmt.Errorf("prefix %v: not an IPv4 prefix", p))
-			continue
-		}
-		desired[p.Masked()] = true
-	}
-
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	for _, p := range prefixes {
+		switch {
+		case !p.IsValid() || p.Addr().Is4In6() || p.Addr().Zone() != "":
+			errs = append(errs, fmt.Errorf("prefix %v: not an IPv4 or IPv6 prefix", p))
+		case p.Addr().Is6() && !s.cfg.RouterID6.IsValid():
+			errs = append(errs, fmt.Errorf("prefix %v: the speaker has no IPv6 address to advertise it with", p))
+		default:
+			desired[p.Masked()] = true
+		}
+	}
 	if s.srv == nil || s.stopped {
 		return errors.New("speaker not running")
 	}
@@ -359,18 +371,26 @@ func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) er
 }
 
 // localPath builds the path we originate for prefix: origin IGP, next hop
-// our router ID, timestamped now.
+// our router ID (an IPv6 prefix: RouterID6, in MP_REACH_NLRI), timestamped
+// now. Called with s.mu held.
 func (s *speaker) localPath(prefix netip.Prefix, withdraw bool) (*apiutil.Path, error) {
 	nlri, err := gobgp.NewIPAddrPrefix(prefix)
 	if err != nil {
 		return nil, fmt.Errorf("prefix %v: %w", prefix, err)
 	}
-	nh, err := gobgp.NewPathAttributeNextHop(s.cfg.RouterID)
+	family := gobgp.RF_IPv4_UC
+	var nh gobgp.PathAttributeInterface
+	if prefix.Addr().Is4() {
+		nh, err = gobgp.NewPathAttributeNextHop(s.cfg.RouterID)
+	} else {
+		family = gobgp.RF_IPv6_UC
+		nh, err = gobgp.NewPathAttributeMpReachNLRI(family, []gobgp.PathNLRI{{NLRI: nlri}}, s.cfg.RouterID6)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("next hop %v: %w", s.cfg.RouterID, err)
+		return nil, fmt.Errorf("next hop of %v: %w", prefix, err)
 	}
 	return &apiutil.Path{
-		Family:     gobgp.RF_IPv4_UC,
+		Family:     family,
 		Nlri:       nlri,
 		Attrs:      []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), nh},
 		Withdrawal: withdraw,
@@ -404,6 +424,9 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 			st.PrefixLimitExceeded = p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
 			if p.GetBfd().GetEnabled() {
 				st.BFD = bfdStateName(p.State.GetBfdState().GetSessionState())
+			}
+			if st.State == "Established" {
+				st.Families = negotiatedFamilies(p.State)
 			}
 		}
 		for _, af := range p.AfiSafis {
@@ -452,6 +475,31 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 	s.bfdMu.Unlock()
 	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })
 	return out, nil
+}
+
+// negotiatedFamilies lists the unicast families both sides of a session
+// announced in their OPEN (multiprotocol capabilities).
+func negotiatedFamilies(st *gobgpapi.PeerState) []string {
+	announced := func(caps []*gobgpapi.Capability) map[gobgpapi.Family_Afi]bool {
+		m := map[gobgpapi.Family_Afi]bool{}
+		for _, c := range caps {
+			if f := c.GetMultiProtocol().GetFamily(); f != nil && f.Safi == gobgpapi.Family_SAFI_UNICAST {
+				m[f.Afi] = true
+			}
+		}
+		return m
+	}
+	local, remote := announced(st.LocalCap), announced(st.RemoteCap)
+	var out []string
+	for _, f := range []struct {
+		afi  gobgpapi.Family_Afi
+		name string
+	}{{gobgpapi.Family_AFI_IP, "ipv4"}, {gobgpapi.Family_AFI_IP6, "ipv6"}} {
+		if local[f.afi] && remote[f.afi] {
+			out = append(out, f.name)
+		}
+	}
+	return out
 }
 
 func bfdStateName(st gobgpapi.BfdSessionState) string {

@@ -25,9 +25,16 @@ import (
 //  2. an external peer's prefix inside an IP pool is rejected (pools
 //     come from cluster peers only);
 //  3. an external peer's own import rules (BGPFilters), in order;
-//  4. 0.0.0.0/0 from an external peer with AcceptDefault is accepted;
+//  4. 0.0.0.0/0 or ::/0 from an external peer with AcceptDefault is
+//     accepted;
 //  5. a cluster peer's prefix inside an IP pool is accepted;
 //  6. everything else is rejected.
+//
+// GoBGP's prefix sets hold one family each, so the pool and default-route
+// statements come once per family (IPv6 sets carry a "6" suffix); a
+// prefix condition never matches a path of the other family, also when
+// inverted (NotIn), so BGPFilter rules, which are IPv4, never touch IPv6
+// paths.
 //
 // Every path accepted from an external peer is tagged with the
 // NO_ADVERTISE community; the export policy rejects tagged paths for
@@ -88,13 +95,13 @@ func buildPolicies(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *gobgpapi.Policy {
 	exp := &gobgpapi.Policy{Name: gen + exportPolicy}
 	for i, pc := range in.communities {
-		if !pc.Prefix.IsValid() || !pc.Prefix.Addr().Is4() || len(pc.Communities)+len(pc.LargeCommunities) == 0 {
+		if !pc.Prefix.IsValid() || len(pc.Communities)+len(pc.LargeCommunities) == 0 {
 			continue
 		}
 		set := fmt.Sprintf("%s%s-%d", gen, communitySet, i)
 		p := pc.Prefix.Masked()
 		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: set,
-			Prefixes: []*gobgpapi.Prefix{{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: 32}}})
+			Prefixes: []*gobgpapi.Prefix{{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Addr().BitLen())}}})
 		var std, large []string
 		for _, c := range pc.Communities {
 			std = append(std, communityString(c))
@@ -241,11 +248,22 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 			}
 		}
 	}
-	var pools []*gobgpapi.Prefix
+	// Per family: the pools, and the default route. families[1] is
+	// IPv6; its sets and statements carry a "6" suffix.
+	families := [2]struct {
+		suffix string
+		pools  []*gobgpapi.Prefix
+		deflt  string
+	}{{"", nil, "0.0.0.0/0"}, {"6", nil, "::/0"}}
 	for _, p := range in.pools {
-		if p.IsValid() && p.Addr().Is4() {
-			pools = append(pools, &gobgpapi.Prefix{IpPrefix: p.Masked().String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: 32})
+		if !p.IsValid() {
+			continue
 		}
+		f := &families[0]
+		if !p.Addr().Is4() {
+			f = &families[1]
+		}
+		f.pools = append(f.pools, &gobgpapi.Prefix{IpPrefix: p.Masked().String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Addr().BitLen())})
 	}
 
 	imp := &gobgpapi.Policy{Name: importPolicy}
@@ -253,13 +271,17 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 		imp.Statements = append(imp.Statements, &gobgpapi.Statement{Name: importPolicy + "-" + name, Conditions: c, Actions: a})
 	}
 	stmt("local", &gobgpapi.Conditions{RouteType: gobgpapi.Conditions_ROUTE_TYPE_LOCAL}, accept)
-	if len(pools) > 0 {
-		prefixSet(poolSet, pools)
+	for _, f := range families {
+		if len(f.pools) > 0 {
+			prefixSet(poolSet+f.suffix, f.pools)
+		}
 	}
 	if len(external) > 0 {
 		neighborSet(externalSet, external)
-		if len(pools) > 0 {
-			stmt("external-pools", &gobgpapi.Conditions{NeighborSet: any(externalSet), PrefixSet: any(poolSet)}, reject)
+		for _, f := range families {
+			if len(f.pools) > 0 {
+				stmt("external-pools"+f.suffix, &gobgpapi.Conditions{NeighborSet: any(externalSet), PrefixSet: any(poolSet + f.suffix)}, reject)
+			}
 		}
 		for _, p := range in.peers {
 			if p.IsCluster() || len(p.Import) == 0 {
@@ -274,12 +296,18 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 	}
 	if len(acceptDef) > 0 {
 		neighborSet(acceptDefaultSet, acceptDef)
-		prefixSet(defaultRouteSet, []*gobgpapi.Prefix{{IpPrefix: "0.0.0.0/0", MaskLengthMin: 0, MaskLengthMax: 0}})
-		stmt("accept-default", &gobgpapi.Conditions{NeighborSet: any(acceptDefaultSet), PrefixSet: any(defaultRouteSet)}, acceptTagged)
+		for _, f := range families {
+			prefixSet(defaultRouteSet+f.suffix, []*gobgpapi.Prefix{{IpPrefix: f.deflt, MaskLengthMin: 0, MaskLengthMax: 0}})
+			stmt("accept-default"+f.suffix, &gobgpapi.Conditions{NeighborSet: any(acceptDefaultSet), PrefixSet: any(defaultRouteSet + f.suffix)}, acceptTagged)
+		}
 	}
-	if len(cluster) > 0 && len(pools) > 0 {
+	if len(cluster) > 0 && (len(families[0].pools) > 0 || len(families[1].pools) > 0) {
 		neighborSet(clusterSet, cluster)
-		stmt("cluster-pools", &gobgpapi.Conditions{NeighborSet: any(clusterSet), PrefixSet: any(poolSet)}, accept)
+		for _, f := range families {
+			if len(f.pools) > 0 {
+				stmt("cluster-pools"+f.suffix, &gobgpapi.Conditions{NeighborSet: any(clusterSet), PrefixSet: any(poolSet + f.suffix)}, accept)
+			}
+		}
 	}
 
 	req.Policies = []*gobgpapi.Policy{imp}
@@ -292,7 +320,7 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 // SetPolicies drops the prefix length of a next-hop condition. It returns
 // their names in the order the export assignment lists them, before the
 // dynamic export policy (see applyPolicy).
-func installExport(ctx context.Context, srv *server.BgpServer, subnet netip.Prefix) ([]string, error) {
+func installExport(ctx context.Context, srv *server.BgpServer, subnet, subnet6 netip.Prefix) ([]string, error) {
 	sets := []*gobgpapi.DefinedSet{{
 		DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_COMMUNITY, Name: externalTagSet, List: []string{"^" + externalCommunity + "$"},
 	}}
@@ -302,7 +330,7 @@ func installExport(ctx context.Context, srv *server.BgpServer, subnet netip.Pref
 		Actions:    &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT},
 	}}}}
 	if subnet.IsValid() {
-		set, pol := thirdPartyNextHopPolicy(subnet.Masked())
+		set, pol := thirdPartyNextHopPolicy(subnet.Masked(), subnet6)
 		sets = append(sets, set)
 		policies = append(policies, pol)
 	}
@@ -326,7 +354,7 @@ func installExport(ctx context.Context, srv *server.BgpServer, subnet netip.Pref
 // PrefixLength allows).
 func rulePrefix(r FilterRule) *gobgpapi.Prefix {
 	c := r.CIDR.Masked()
-	lo, hi := uint32(c.Bits()), uint32(32)
+	lo, hi := uint32(c.Bits()), uint32(c.Addr().BitLen())
 	if r.Operator == MatchEqual {
 		hi = lo
 	} else if pl := r.PrefixLength; pl != nil {
@@ -345,8 +373,8 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 	var errs []error
 	var pools []netip.Prefix
 	for _, p := range pol.Pools {
-		if !p.IsValid() || !p.Addr().Is4() {
-			errs = append(errs, fmt.Errorf("pool %v: not an IPv4 prefix", p))
+		if !p.IsValid() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			errs = append(errs, fmt.Errorf("pool %v: not an IPv4 or IPv6 prefix", p))
 			continue
 		}
 		pools = append(pools, p.Masked())
@@ -355,8 +383,8 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 	pools = slices.Compact(pools)
 	var communities []PrefixCommunities
 	for _, pc := range pol.Communities {
-		if !pc.Prefix.IsValid() || !pc.Prefix.Addr().Is4() {
-			errs = append(errs, fmt.Errorf("communities for %v: not an IPv4 prefix", pc.Prefix))
+		if !pc.Prefix.IsValid() || pc.Prefix.Addr().Is4In6() || pc.Prefix.Addr().Zone() != "" {
+			errs = append(errs, fmt.Errorf("communities for %v: not an IPv4 or IPv6 prefix", pc.Prefix))
 			continue
 		}
 		if len(pc.Communities)+len(pc.LargeCommunities) > 0 {

@@ -69,9 +69,12 @@ func selectRoutes(rib map[netip.Prefix][]candidate, self []netip.Addr, skip map[
 }
 
 // candidateFromPath extracts a candidate from a GoBGP path. ok is false for
-// withdrawals and for paths that are not IPv4 unicast.
+// withdrawals and for paths that are not IPv4 or IPv6 unicast. A next hop
+// of the other family than the prefix (an IPv4-mapped IPv6 next hop, say),
+// or a link-local one (the kernel route would need an interface), leaves
+// the candidate without next hop: selectRoutes skips it.
 func candidateFromPath(p *apiutil.Path, ourASN uint32) (netip.Prefix, candidate, bool) {
-	if p == nil || p.Withdrawal || p.Family != gobgp.RF_IPv4_UC {
+	if p == nil || p.Withdrawal || (p.Family != gobgp.RF_IPv4_UC && p.Family != gobgp.RF_IPv6_UC) {
 		return netip.Prefix{}, candidate{}, false
 	}
 	nlri, ok := p.Nlri.(*gobgp.IPAddrPrefix)
@@ -104,7 +107,11 @@ func candidateFromPath(p *apiutil.Path, ourASN uint32) (netip.Prefix, candidate,
 			}
 		}
 	}
-	return nlri.Prefix.Masked(), c, true
+	prefix := nlri.Prefix.Masked()
+	if nh := c.nextHop; nh.Is4() != prefix.Addr().Is4() || nh.Is4In6() || nh.IsLinkLocalUnicast() || nh.Zone() != "" {
+		c.nextHop = netip.Addr{}
+	}
+	return prefix, c, true
 }
 
 // equalRoutes reports whether two route sets are the same.

@@ -138,6 +138,12 @@ func (c Config) validate() error {
 	if c.ASN == 0 {
 		errs = append(errs, errors.New("ASN must not be 0"))
 	}
+	if c.RouterID6.IsValid() && (!c.RouterID6.Is6() || c.RouterID6.Is4In6() || !c.RouterID6.IsGlobalUnicast() || c.RouterID6.Zone() != "") {
+		errs = append(errs, fmt.Errorf("IPv6 router address %v is not a global IPv6 unicast address", c.RouterID6))
+	}
+	if c.Subnet6.IsValid() && (!c.RouterID6.IsValid() || !c.Subnet6.Addr().Is6() || c.Subnet6.Addr().Is4In6()) {
+		errs = append(errs, fmt.Errorf("IPv6 subnet %v needs an IPv6 router address and must be IPv6", c.Subnet6))
+	}
 	if c.ListenAddr.IsValid() && !c.ListenAddr.Is4() {
 		errs = append(errs, fmt.Errorf("listen address %v is not an IPv4 address", c.ListenAddr))
 	}
@@ -215,6 +221,9 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 		ListenAddresses: []string{listen.String()},
 		Families:        []uint32{uint32(oc.AfiSafiTypeToIntMap[oc.AFI_SAFI_TYPE_IPV4_UNICAST])},
 	}
+	if cfg.RouterID6.IsValid() {
+		global.Families = append(global.Families, uint32(oc.AfiSafiTypeToIntMap[oc.AFI_SAFI_TYPE_IPV6_UNICAST]))
+	}
 	if cfg.ListenPort == 0 {
 		global.ListenPort = gobgp.BGP_PORT
 	}
@@ -223,7 +232,7 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("starting BGP: %w", err)
 	}
 	s.srv, s.cfg = srv, cfg
-	static, err := installExport(ctx, srv, cfg.Subnet)
+	static, err := installExport(ctx, srv, cfg.Subnet, cfg.Subnet6)
 	s.staticExport = static
 	if err == nil {
 		err = s.applyPolicy(ctx, nil)
@@ -335,14 +344,16 @@ func (s *speaker) withdrawAll(srv *server.BgpServer) {
 			}
 		})
 		for _, peer := range peers {
-			_ = srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_ADJ_OUT, Name: peer, Family: gobgp.RF_IPv4_UC},
-				func(_ gobgp.NLRI, paths []*apiutil.Path) {
-					for _, p := range paths {
-						if p != nil && !p.Withdrawal {
-							pending++
+			for _, f := range s.families() {
+				_ = srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_ADJ_OUT, Name: peer, Family: f},
+					func(_ gobgp.NLRI, paths []*apiutil.Path) {
+						for _, p := range paths {
+							if p != nil && !p.Withdrawal {
+								pending++
+							}
 						}
-					}
-				})
+					})
+			}
 		}
 		if pending == 0 {
 			return
@@ -376,7 +387,7 @@ func (s *speaker) onBestPath(paths []*apiutil.Path, _ time.Time) {
 		s.resyncAll = true
 	}
 	for _, p := range paths {
-		if p == nil || p.Family != gobgp.RF_IPv4_UC {
+		if p == nil || (p.Family != gobgp.RF_IPv4_UC && p.Family != gobgp.RF_IPv6_UC) {
 			continue
 		}
 		if nlri, ok := p.Nlri.(*gobgp.IPAddrPrefix); ok {
@@ -597,6 +608,9 @@ func (s *speaker) initialSyncDone() bool {
 // are never learned routes. Called with s.mu held.
 func (s *speaker) selfAddrs() []netip.Addr {
 	self := []netip.Addr{s.cfg.RouterID}
+	if s.cfg.RouterID6.IsValid() {
+		self = append(self, s.cfg.RouterID6)
+	}
 	if s.cfg.ListenAddr.IsValid() {
 		self = append(self, s.cfg.ListenAddr)
 	}
@@ -651,11 +665,20 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 		}
 	}
 	s.mu.Unlock()
-	req := apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC}
-	if only != nil {
-		for p := range only {
-			req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
+	var reqs []apiutil.ListPathRequest
+	for _, f := range s.families() {
+		req := apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: f}
+		if only != nil {
+			for p := range only {
+				if p.Addr().Is4() == (f == gobgp.RF_IPv4_UC) {
+					req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
+				}
+			}
+			if len(req.Prefixes) == 0 {
+				continue // an empty list would read the whole table
+			}
 		}
+		reqs = append(reqs, req)
 	}
 	// GoBGP v4.8.0 keeps the paths of a session it closed itself as
 	// graceful-restart stale when the connection's read fails before the
@@ -692,17 +715,23 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 	rib := map[netip.Prefix][]candidate{}
 	// ListPath reads the route-selection variables that another server's
 	// StartBgp writes (see servers).
+	var err error
 	servers.RLock()
-	err := srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
-		for _, p := range paths {
-			if limited[p.PeerAddress] {
-				continue
+	for _, req := range reqs {
+		err = srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
+			for _, p := range paths {
+				if limited[p.PeerAddress] {
+					continue
+				}
+				if prefix, c, ok := candidateFromPath(p, asn); ok && (only == nil || only[prefix]) {
+					rib[prefix] = append(rib[prefix], c)
+				}
 			}
-			if prefix, c, ok := candidateFromPath(p, asn); ok && (only == nil || only[prefix]) {
-				rib[prefix] = append(rib[prefix], c)
-			}
+		})
+		if err != nil {
+			break
 		}
-	})
+	}
 	servers.RUnlock()
 	// The barrier described above; run it whatever ListPath returned.
 	if _, berr := srv.GetBgp(ctx, &gobgpapi.GetBgpRequest{}); berr != nil && err == nil {
@@ -750,6 +779,16 @@ func startBgp(ctx context.Context, srv *server.BgpServer, global *gobgpapi.Globa
 	}
 	servers.running[srv] = true
 	return nil
+}
+
+// families are the address families the speaker carries.
+func (s *speaker) families() []gobgp.Family {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.RouterID6.IsValid() {
+		return []gobgp.Family{gobgp.RF_IPv4_UC, gobgp.RF_IPv6_UC}
+	}
+	return []gobgp.Family{gobgp.RF_IPv4_UC}
 }
 
 func forgetServer(srv *server.BgpServer) {

@@ -130,8 +130,8 @@ type PrefixLengthRange struct {
 
 // Policy is the cluster-wide input of the speaker's import policy.
 type Policy struct {
-	// Pools are the IP pool CIDRs: the only prefixes cluster peers may
-	// send, and prefixes no external peer may send.
+	// Pools are the IP pool CIDRs of both families: the only prefixes
+	// cluster peers may send, and prefixes no external peer may send.
 	Pools []netip.Prefix
 	// Communities are added to every route sent to any peer whose prefix
 	// is inside one of the CIDRs (per-pool communities: blocks and
@@ -162,10 +162,20 @@ type Aggregate struct {
 }
 
 // Config configures a Speaker. RouterID is also the next hop of every
-// prefix the speaker originates.
+// IPv4 prefix the speaker originates.
 type Config struct {
 	RouterID netip.Addr
 	ASN      uint32
+	// RouterID6 is the node's IPv6 address, zero when it has none. With
+	// it every session also negotiates IPv6 unicast (MP-BGP, RFC 4760,
+	// still over the IPv4 session addresses) and it is the next hop of
+	// every IPv6 prefix the speaker originates; without it the speaker
+	// carries IPv4 only.
+	RouterID6 netip.Addr
+	// Subnet6 is the node's IPv6 subnet (RouterID6's interface prefix).
+	// A learned IPv6 route sent to an eBGP peer on Subnet keeps its
+	// original next hop when that lies inside Subnet6 (see Subnet).
+	Subnet6 netip.Prefix
 	// Subnet is the node's own subnet (the router ID's interface prefix).
 	// A route sent to an eBGP peer inside it keeps its original next hop
 	// when that lies inside it too (RFC 4271 third-party next hop), as
@@ -181,7 +191,7 @@ type Config struct {
 	// empty when it is not a reflector.
 	ClusterID string
 	// GracefulRestart enables RFC 4724 graceful restart (helper and
-	// restarting speaker) for IPv4 unicast.
+	// restarting speaker) for every family the speaker carries.
 	GracefulRestart bool
 	// RestartTime is the restart time we announce to peers; 0 means
 	// DefaultRestartTime.
@@ -197,7 +207,7 @@ type Config struct {
 }
 
 // LearnedRoute is one prefix learned from peers with all of its equal-cost
-// next hops, sorted.
+// next hops, sorted. The next hops are of the prefix's family.
 type LearnedRoute struct {
 	Prefix   netip.Prefix
 	NextHops []netip.Addr
@@ -222,6 +232,10 @@ type PeerStatus struct {
 	// BFD is the BFD session state ("Up", "Down", "Init", "AdminDown"),
 	// empty when BFD is off for the peer.
 	BFD string
+	// Families are the address families the established session carries
+	// (both sides announced them): "ipv4", "ipv6"; empty when the session
+	// is not established.
+	Families []string
 }
 
 // Speaker is a BGP speaker. Its methods are safe for concurrent use.
@@ -234,7 +248,8 @@ type Speaker interface {
 	// missing ones, updates changed ones and deletes the rest.
 	SetPeers(ctx context.Context, peers []Peer) error
 	// SetAdvertised reconciles the prefixes we originate (next hop =
-	// RouterID, origin IGP), withdrawing those no longer listed.
+	// RouterID, RouterID6 for IPv6 prefixes; origin IGP), withdrawing
+	// those no longer listed. IPv6 prefixes need Config.RouterID6.
 	SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error
 	// SetPolicy replaces the cluster-wide import policy input (pools).
 	// Changes apply to live sessions without resetting them (the

@@ -205,9 +205,15 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 		slices.SortFunc(peers, func(x, y api.PeerStatus) int { return strings.Compare(x.Address, y.Address) })
 		// The BFD column appears only when some session runs BFD.
 		bfd := slices.ContainsFunc(peers, func(p api.PeerStatus) bool { return p.BFD != "" })
+		// The FAMILIES column appears only when some session carries
+		// IPv6 (MP-BGP on the IPv4 session).
+		fams := slices.ContainsFunc(peers, func(p api.PeerStatus) bool { return slices.Contains(p.Families, "ipv6") })
 		cols := []string{"PEER ADDRESS", "PEER TYPE", "STATE", "SINCE"}
 		if bfd {
 			cols = append(cols, "BFD")
+		}
+		if fams {
+			cols = append(cols, "FAMILIES")
 		}
 		t := newTable(append(cols, "INFO")...)
 		for _, p := range peers {
@@ -218,6 +224,9 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 			row := []string{p.Address, peerTypeText(p.Type), p.State, since}
 			if bfd {
 				row = append(row, orDash(p.BFD))
+			}
+			if fams {
+				row = append(row, orDash(strings.Join(p.Families, ",")))
 			}
 			t.add(append(row, peerInfo(p))...)
 		}

@@ -87,3 +87,21 @@ func TestNodeStatusMaxPrefixAndBFD(t *testing.T) {
 	h.ok("node", "status")
 	h.golden("nodestatus-limits")
 }
+
+// TestNodeStatusFamilies: when a session carries IPv6 (MP-BGP on the IPv4
+// session), a FAMILIES column shows what each session carries.
+func TestNodeStatusFamilies(t *testing.T) {
+	h := newHarness(t)
+	h.ok("apply", "-f", h.file("node.yaml", "apiVersion: tabby.dev/v1\nkind: Node\nmetadata: {name: node-1}\nspec: {bgp: {ipv4Address: 198.18.0.11/24, ipv6Address: 2001:db8::11/64}}\n"))
+	up := fixedNow.Add(-10 * time.Minute)
+	publish(t, h, api.AgentStatus{
+		Node: "node-1", Address: "198.18.0.11/24", ASN: 64512,
+		Peers: []api.PeerStatus{
+			{Address: "198.18.0.12", Type: "mesh", State: "Established", Since: up, Families: []string{"ipv4", "ipv6"}},
+			{Address: "198.18.0.13", Type: "mesh", State: "Established", Since: up, Families: []string{"ipv4"}},
+			{Address: "198.18.0.14", Type: "mesh", State: "Active", Since: up},
+		},
+	})
+	h.ok("node", "status")
+	h.golden("nodestatus-families")
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -338,13 +339,30 @@ func (l *Lab) WaitRoutes(ctx context.Context) error {
 				continue
 			}
 			have := parseRoutes(string(out))
+			if n.IP6.IsValid() {
+				// IPv6 blocks (BGP carries them between nodes with an
+				// IPv6 address), via the owner's IPv6 address.
+				out6, err := run(ctx, "ip", "-n", n.NetNS, "-6", "route", "show", "proto", "81")
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				maps.Copy(have, parseRoutes(string(out6)))
+			}
 			for _, o := range st.Nodes {
 				if o.Name == n.Name {
 					continue
 				}
 				for _, b := range blocks[o.Name] {
-					if !slices.Contains(have[b], o.IP.Addr().String()) {
-						errs = append(errs, fmt.Errorf("%s has no route to %s via %s (%s)", n.Name, b, o.IP.Addr(), o.Name))
+					via := o.IP.Addr()
+					if !strings.Contains(b, ".") {
+						if !n.IP6.IsValid() || !o.IP6.IsValid() {
+							continue
+						}
+						via = o.IP6.Addr()
+					}
+					if !slices.Contains(have[b], via.String()) {
+						errs = append(errs, fmt.Errorf("%s has no route to %s via %s (%s)", n.Name, b, via, o.Name))
 					}
 				}
 			}

@@ -1,0 +1,271 @@
+package bgp
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// IPv6 over MP-BGP: the sessions stay between IPv4 (loopback) addresses,
+// each speaker with an IPv6 node address from 2001:db8::/32 as the next hop
+// of its IPv6 prefixes.
+
+// testPool6 is the IPv6 pool of the IPv6 tests.
+var testPool6 = netip.MustParsePrefix("fd00:10:244::/48")
+
+// block6Of is node i's IPv6 test block, fd00:10:244::<i*64>/122.
+func block6Of(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x02, 0x44, 15: byte(i * 64)}), 122)
+}
+
+func addr6(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// startNode6 starts a speaker whose policy knows both test pools.
+func startNode6(t *testing.T, name string, cfg Config) *testNode {
+	t.Helper()
+	n := startNode(t, name, cfg)
+	if err := n.sp.SetPolicy(context.Background(), Policy{Pools: []netip.Prefix{testPool, testPool6}}); err != nil {
+		t.Fatalf("SetPolicy on %s: %v", name, err)
+	}
+	return n
+}
+
+// waitPeerFamilies waits until n's sessions are all Established and carry
+// want (per peer address).
+func waitPeerFamilies(t *testing.T, n *testNode, want map[netip.Addr][]string, deadline time.Time) {
+	t.Helper()
+	for {
+		st, err := n.sp.Peers(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[netip.Addr][]string{}
+		for _, p := range st {
+			if p.State == "Established" {
+				got[p.Address] = p.Families
+			}
+		}
+		if fmt.Sprint(got) == fmt.Sprint(want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: sessions carry %v, want %v", n.name, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestIPv6Mesh: three mesh speakers, two with an IPv6 address (n0, n1) and
+// one without (n2). n0 and n1 negotiate IPv6 unicast on their IPv4 session
+// and learn each other's IPv6 block and borrowed /128 with the owner's IPv6
+// address as next hop, next to the IPv4 blocks; n2's sessions carry IPv4
+// only and it learns no IPv6 route. A withdrawn IPv6 block goes away.
+func TestIPv6Mesh(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("127.77.40.1"), netip.MustParseAddr("127.77.40.2"), netip.MustParseAddr("127.77.40.3")}
+	v6 := []netip.Addr{addr6("2001:db8::1"), addr6("2001:db8::2"), {}}
+	port := freePort(t, addrs)
+	ctx := context.Background()
+	var nodes []*testNode
+	for i, a := range addrs {
+		nodes = append(nodes, startNode6(t, fmt.Sprintf("n%d", i), Config{
+			RouterID: a, RouterID6: v6[i], ASN: api.DefaultASNumber, ListenAddr: a, ListenPort: int32(port), GracefulRestart: true,
+		}))
+	}
+	for i, n := range nodes {
+		var peers []Peer
+		for j, o := range nodes {
+			if j != i {
+				peers = append(peers, Peer{Address: o.addr, ASN: api.DefaultASNumber, Type: PeerMesh, ClusterNode: true, Port: port, LocalAddress: n.addr})
+			}
+		}
+		if err := n.sp.SetPeers(ctx, peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	borrowed := netip.MustParsePrefix("fd00:10:244::1:7/128")
+	adv := [][]netip.Prefix{{blockOf(0), block6Of(0), borrowed}, {blockOf(1), block6Of(1)}, {blockOf(2)}}
+	for i, n := range nodes {
+		if err := n.sp.SetAdvertised(ctx, adv[i]); err != nil {
+			t.Fatalf("SetAdvertised on %s: %v", n.name, err)
+		}
+	}
+	// A speaker without an IPv6 address refuses IPv6 prefixes.
+	if err := nodes[2].sp.SetAdvertised(ctx, []netip.Prefix{blockOf(2), block6Of(2)}); err == nil {
+		t.Error("n2 (no IPv6 address) accepted an IPv6 prefix")
+	}
+	deadline := time.Now().Add(convergeTimeout)
+	both, v4 := []string{"ipv4", "ipv6"}, []string{"ipv4"}
+	waitPeerFamilies(t, nodes[0], map[netip.Addr][]string{addrs[1]: both, addrs[2]: v4}, deadline)
+	waitPeerFamilies(t, nodes[2], map[netip.Addr][]string{addrs[0]: v4, addrs[1]: v4}, deadline)
+
+	want := [][]LearnedRoute{
+		{{blockOf(1), []netip.Addr{addrs[1]}}, {blockOf(2), []netip.Addr{addrs[2]}}, {block6Of(1), []netip.Addr{v6[1]}}},
+		{{blockOf(0), []netip.Addr{addrs[0]}}, {blockOf(2), []netip.Addr{addrs[2]}}, {block6Of(0), []netip.Addr{v6[0]}}, {borrowed, []netip.Addr{v6[0]}}},
+		{{blockOf(0), []netip.Addr{addrs[0]}}, {blockOf(1), []netip.Addr{addrs[1]}}},
+	}
+	for i, n := range nodes {
+		exp := slices.Clone(want[i])
+		slices.SortFunc(exp, func(a, b LearnedRoute) int { return a.Prefix.Compare(b.Prefix) })
+		if got, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return equalRoutes(rs, exp) }); !ok {
+			t.Fatalf("%s routes:%s\nwant:%s%s", n.name, routesString(got), routesString(exp), peersString(n))
+		}
+	}
+
+	// n0 withdraws its IPv6 block; n1 drops it and keeps the rest.
+	if err := nodes[0].sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0), borrowed}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := nodes[1].watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool {
+		return lacksRoute(rs, block6Of(0)) && hasRoute(rs, borrowed, v6[0]) && hasRoute(rs, blockOf(0), addrs[0]) && len(rs) == 3
+	}); !ok {
+		t.Fatalf("after the withdrawal n1 routes:%s", routesString(got))
+	}
+}
+
+// TestHostilePeersIPv6: node n (mesh peer m, both with IPv6 addresses)
+// peers with external routers e1 and e2 that speak IPv6 too. e1 sends a
+// pool /128 (a local pod's address at n), ::/0 and a foreign IPv6 prefix:
+// none is accepted; with acceptDefault ::/0 is, and reaches neither e2 nor
+// m (no transit). m's prefix outside the IPv6 pool is refused. e2 hears
+// n's own IPv6 block via n's IPv6 address and m's via m's (third-party next
+// hop on the shared IPv6 subnet). An IPv6 flood over e1's max-prefix shuts
+// its session down.
+func TestHostilePeersIPv6(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("127.77.41.1"), netip.MustParseAddr("127.77.41.2"), netip.MustParseAddr("127.77.41.3"), netip.MustParseAddr("127.77.41.4")}
+	v6 := []netip.Addr{addr6("2001:db8:41::1"), addr6("2001:db8:41::2"), addr6("2001:db8:41::3"), addr6("2001:db8:41::4")}
+	port := freePort(t, addrs)
+	ctx := context.Background()
+	subnet, subnet6 := netip.MustParsePrefix("127.77.41.0/24"), netip.MustParsePrefix("2001:db8:41::/64")
+	start := func(name string, i int, asn uint32) *testNode {
+		return startNode6(t, name, Config{RouterID: addrs[i], RouterID6: v6[i], Subnet: subnet, Subnet6: subnet6, ASN: asn, ListenAddr: addrs[i], ListenPort: int32(port), GracefulRestart: true})
+	}
+	n, m := start("n", 0, api.DefaultASNumber), start("m", 1, api.DefaultASNumber)
+	e1, e2 := start("e1", 2, 65001), start("e2", 3, 65002)
+	all := []FilterRule{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Operator: MatchIn, Accept: true}, {CIDR: netip.MustParsePrefix("::/0"), Operator: MatchIn, Accept: true}}
+	for _, r := range []*testNode{e1, e2} {
+		// Routers: no pools; their rules take everything.
+		if err := r.sp.SetPolicy(ctx, Policy{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.sp.SetPeers(ctx, []Peer{{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port, LocalAddress: r.addr, Import: all, AcceptDefault: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.sp.SetPeers(ctx, []Peer{{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerMesh, ClusterNode: true, Port: port, LocalAddress: m.addr}}); err != nil {
+		t.Fatal(err)
+	}
+	nPeers := []Peer{
+		{Address: m.addr, ASN: api.DefaultASNumber, Type: PeerMesh, ClusterNode: true, Port: port, LocalAddress: n.addr},
+		{Address: e1.addr, ASN: 65001, Type: PeerGlobal, Port: port, LocalAddress: n.addr, MaxPrefixes: 10},
+		{Address: e2.addr, ASN: 65002, Type: PeerGlobal, Port: port, LocalAddress: n.addr},
+	}
+	if err := n.sp.SetPeers(ctx, nPeers); err != nil {
+		t.Fatal(err)
+	}
+	pod := netip.MustParsePrefix("fd00:10:244::7/128") // inside n's block6Of(0)
+	def := netip.MustParsePrefix("::/0")
+	foreign := netip.MustParsePrefix("2001:db8:ffff::/48")
+	outside := netip.MustParsePrefix("fd00:99::/64") // outside every pool
+	if err := n.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0), block6Of(0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.sp.SetAdvertised(ctx, []netip.Prefix{block6Of(1), outside}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e1.sp.SetAdvertised(ctx, []netip.Prefix{pod, def, foreign}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(convergeTimeout)
+	waitEstablished(t, n, 3, deadline)
+	// e2 hears n's own IPv6 block with n's IPv6 next hop, and m's with m's.
+	if got, ok := e2.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, block6Of(0), v6[0]) && hasRoute(rs, block6Of(1), v6[1]) && hasRoute(rs, blockOf(0), addrs[0])
+	}); !ok {
+		t.Fatalf("e2 routes:%s", routesString(got))
+	}
+	// n has received e1's three prefixes and m's two; it keeps m's pool
+	// block only.
+	for {
+		st, err := n.sp.Peers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[0].Received == 2 && st[1].Received == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n never received m's and e1's prefixes: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return hasRoute(rs, block6Of(1), v6[1]) }); !ok {
+		t.Fatalf("n did not learn m's IPv6 block:%s", routesString(got))
+	}
+	if rs, err := n.sp.learnedRoutes(); err != nil || len(rs) != 1 {
+		t.Fatalf("n learned more than m's block (err %v):%s", err, routesString(rs))
+	}
+
+	// acceptDefault on the live session lets ::/0 in, tagged: it reaches
+	// neither e2 nor m.
+	nPeers[1].AcceptDefault = true
+	if err := n.sp.SetPeers(ctx, nPeers); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := n.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool {
+		return len(rs) == 2 && hasRoute(rs, def, v6[2]) && hasRoute(rs, block6Of(1), v6[1])
+	}); !ok {
+		t.Fatalf("with acceptDefault n routes:%s", routesString(got))
+	}
+	// m and e2 still hold n's block, and nothing of e1's.
+	for _, o := range []*testNode{e2, m} {
+		if _, ok := o.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool { return hasRoute(rs, block6Of(0), v6[0]) }); !ok {
+			t.Fatalf("%s lost n's IPv6 block", o.name)
+		}
+		rs, err := o.sp.learnedRoutes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lacksRoute(rs, def) || !lacksRoute(rs, foreign) || !lacksRoute(rs, pod) {
+			t.Errorf("%s got e1's IPv6 routes through n:%s", o.name, routesString(rs))
+		}
+	}
+
+	// The node's own pod address, had a cluster peer sent it, never
+	// reaches the kernel (the agent's FilterLearned).
+	kept, rejected := FilterLearned([]LearnedRoute{{pod, []netip.Addr{v6[1]}}, {block6Of(1), []netip.Addr{v6[1]}}},
+		ImportContext{Workloads: []netip.Addr{pod.Addr()}, Blocks: []netip.Prefix{block6Of(0)}, NodeSubnets: []netip.Prefix{subnet6}})
+	if len(kept) != 1 || kept[0].Prefix != block6Of(1) || len(rejected) != 1 || rejected[0].Over != pod {
+		t.Errorf("FilterLearned kept %v, rejected %v", kept, rejected)
+	}
+
+	// An IPv6 flood over the limit of 10 shuts e1's session down.
+	var flood []netip.Prefix
+	for i := range 12 {
+		flood = append(flood, netip.PrefixFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0xee, 7: byte(i)}), 64))
+	}
+	if err := e1.sp.SetAdvertised(ctx, flood); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(convergeTimeout)
+	for {
+		st, err := n.sp.Peers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[1].PrefixLimitExceeded && st[1].State != "Established" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 flood did not trip max-prefix: %+v", st[1])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, ok := n.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool { return lacksRoute(rs, def) }); !ok {
+		t.Errorf("routes of the shut-down peer kept:%s", routesString(got))
+	}
+}

@@ -160,40 +160,15 @@ current-context: lab
 	for _, m := range l.State().Etcd {
 		eps = append(eps, "unix://"+l.EtcdSocket(m.Name))
 	}
-	logPath := filepath.Join(dir, "tabby-kube-controllers.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--etcd-endpoints", strings.Join(eps, ","),
 		"--lease-namespace", "tabby-system", "--identity", kubeLabName,
 		"--gc-grace", kubeAddrGCGrace.String(), "--gc-interval", kubeAddrGCInterval.String())
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("tabby-kube-controllers exited: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
+	kubetest.StartDaemon(t, "tabby-kube-controllers", cmd, filepath.Join(dir, "tabby-kube-controllers.log"), func(err error, termed bool) {
+		switch {
+		case !termed:
 			t.Errorf("tabby-kube-controllers did not stop within 10 s of SIGTERM")
-		}
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			if len(b) > 6000 {
-				b = b[len(b)-6000:]
-			}
-			t.Logf("tabby-kube-controllers log (tail):\n%s", b)
+		case err != nil:
+			t.Errorf("tabby-kube-controllers exited: %v", err)
 		}
 	})
 }

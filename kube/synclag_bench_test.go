@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -66,29 +65,9 @@ current-context: k
 	if err := os.WriteFile(kubeconfig, []byte(kcfg), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	logf, err := os.Create(filepath.Join(dir, "controllers.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
 	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--etcd-endpoints", strings.Join(etcd.Endpoints(), ","),
 		"--identity", "bench", "--lease-namespace", "tabby-system", "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		_ = logf.Close()
-	})
+	exited := kubetest.StartDaemon(b, "tabby-kube-controllers", cmd, filepath.Join(dir, "controllers.log"), nil)
 	pollUntil(b, "the controllers lead", 60*time.Second, exited, func() (bool, error) {
 		_, err := store.GetKV(ctx, datastore.KubeMarkerKey)
 		if err == nil {

@@ -237,7 +237,7 @@ func policyPorts(in []networkingv1.NetworkPolicyPort) ([]api.NetworkPolicyPort, 
 }
 
 // FailClosed is the policy written for a Kubernetes NetworkPolicy that does
-// not translate (an IPv6 ipBlock, which Tabby cannot enforce yet): its pods
+// not translate (for example an ipBlock whose except lies outside it): its pods
 // are isolated in the policy's directions with no rule, so that a policy
 // Tabby cannot read denies rather than allows. The reason is an annotation.
 func FailClosed(np *networkingv1.NetworkPolicy, reason error) (*api.NetworkPolicy, error) {

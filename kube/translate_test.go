@@ -102,16 +102,24 @@ func TestNetworkPolicy(t *testing.T) {
 
 func TestNetworkPolicyFailsClosed(t *testing.T) {
 	np := &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "v6", Namespace: "ns1"},
+		ObjectMeta: metav1.ObjectMeta{Name: "bad", Namespace: "ns1"},
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
-			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/64"}}}}},
+			// An except outside its CIDR: the API server accepts it, Tabby
+			// cannot enforce it.
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/16", Except: []string{"10.1.0.0/24"}}}}}},
 			PolicyTypes: []networkingv1.PolicyType{"Ingress"},
 		},
 	}
 	_, err := NetworkPolicy(np)
 	if err == nil {
-		t.Fatal("an IPv6 ipBlock translated")
+		t.Fatal("an ipBlock with an except outside its CIDR translated")
+	}
+	// IPv6 ipBlocks translate (the policy layer enforces them).
+	v6 := np.DeepCopy()
+	v6.Spec.Ingress[0].From[0].IPBlock = &networkingv1.IPBlock{CIDR: "fd00::/64", Except: []string{"fd00::/80"}}
+	if _, err := NetworkPolicy(v6); err != nil {
+		t.Errorf("an IPv6 ipBlock: %v", err)
 	}
 	got, err := FailClosed(np, err)
 	if err != nil {

@@ -104,10 +104,6 @@ func Start(t testing.TB) *APIServer {
 	}
 	port := freePort(t)
 	logPath := filepath.Join(dir, "kube-apiserver.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(bin,
 		"--etcd-servers="+strings.Join(etcd.Endpoints(), ","),
 		"--etcd-prefix=/registry",
@@ -127,31 +123,8 @@ func Start(t testing.TB) *APIServer {
 		"--endpoint-reconciler-type=none",
 		"--v=1",
 	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		_ = logf.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			if len(b) > 4000 {
-				b = b[len(b)-4000:]
-			}
-			t.Logf("kube-apiserver log (tail):\n%s", b)
-		}
-	})
+	exited := StartDaemon(t, "kube-apiserver", cmd, logPath, nil)
 	url := "https://127.0.0.1:" + strconv.Itoa(port)
 	rc := &rest.Config{Host: url, BearerToken: tokens["admin"], TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		QPS: 500, Burst: 1000}
@@ -180,4 +153,54 @@ func Start(t testing.TB) *APIServer {
 	}
 	t.Logf("kube-apiserver %s ready at %s in %s", Version, url, time.Since(start).Round(time.Millisecond))
 	return &APIServer{Config: rc, Tokens: tokens, Client: kc, URL: url}
+}
+
+// StartDaemon starts cmd with its output in a new file at logPath, killed
+// with the test process (Pdeathsig), and stops it when the test ends:
+// SIGTERM, then SIGKILL after 10 s. onStop, when set, gets what Wait
+// returned and whether SIGTERM sufficed; when the test failed, the log's
+// tail is logged. The channel receives Wait's result once the process
+// exits.
+func StartDaemon(tb testing.TB, name string, cmd *exec.Cmd, logPath string, onStop func(err error, termed bool)) <-chan error {
+	tb.Helper()
+	logf, err := os.Create(logPath)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logf.Close()
+		tb.Fatalf("starting %s: %v", name, err)
+	}
+	exited := make(chan error, 1)
+	waited := make(chan error, 1)
+	go func() {
+		err := cmd.Wait()
+		waited <- err
+		exited <- err
+	}()
+	tb.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		var err error
+		termed := true
+		select {
+		case err = <-waited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			err, termed = <-waited, false
+		}
+		_ = logf.Close()
+		if onStop != nil {
+			onStop(err, termed)
+		}
+		if tb.Failed() {
+			b, _ := os.ReadFile(logPath)
+			if len(b) > 6000 {
+				b = b[len(b)-6000:]
+			}
+			tb.Logf("%s log (tail):\n%s", name, b)
+		}
+	})
+	return exited
 }

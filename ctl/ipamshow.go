@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -54,11 +55,16 @@ func (c *Client) IPAMShow(ctx context.Context, out io.Writer, o IPAMShowOptions)
 		case p.Disabled:
 			name += " (disabled)"
 		}
+		total, free := strconv.Itoa(p.Total), percent(p.Free, p.Total)
+		if p.SizeBits >= 62 {
+			// An IPv6 pool: 2^SizeBits addresses, counted as 2^62.
+			total, free = fmt.Sprintf("2^%d", p.SizeBits), fmt.Sprintf("≈2^%d (%s)", p.SizeBits, percentOnly(p.Free, p.Total))
+		}
 		if !o.ShowBlocks {
-			t.add(name, cidr, strconv.Itoa(len(p.Blocks)), strconv.Itoa(p.Total), percent(p.InUse, p.Total), percent(p.Free, p.Total))
+			t.add(name, cidr, strconv.Itoa(len(p.Blocks)), total, percent(p.InUse, p.Total), free)
 			continue
 		}
-		t.add("IP Pool "+name, cidr, "", strconv.Itoa(p.Total), percent(p.InUse, p.Total), percent(p.Free, p.Total), strconv.Itoa(p.Borrowed))
+		t.add("IP Pool "+name, cidr, "", total, percent(p.InUse, p.Total), free, strconv.Itoa(p.Borrowed))
 		for _, b := range p.Blocks {
 			t.add("  Block", b.CIDR.String(), orNone(b.Affinity), strconv.Itoa(b.Total), percent(b.InUse, b.Total), percent(b.Free, b.Total), strconv.Itoa(b.Borrowed))
 		}
@@ -77,7 +83,13 @@ func percent(n, total int) string {
 	if total == 0 {
 		return strconv.Itoa(n)
 	}
-	return fmt.Sprintf("%d (%d%%)", n, (n*100+total/2)/total)
+	return fmt.Sprintf("%d (%s)", n, percentOnly(n, total))
+}
+
+// percentOnly is "5%": n of total, rounded, in floating point (an IPv6
+// pool's counts overflow n*100).
+func percentOnly(n, total int) string {
+	return fmt.Sprintf("%d%%", int(math.Round(float64(n)*100/float64(total))))
 }
 
 func (c *Client) showBorrowed(ctx context.Context, out io.Writer) error {

@@ -227,8 +227,11 @@ type PoolUsage struct {
 	BlockSize int
 	Disabled  bool
 	// Total addresses in the pool; InUse allocated; Free = Total - InUse;
-	// Borrowed allocated for a node other than the block's.
+	// Borrowed allocated for a node other than the block's. A pool of
+	// 2^62 addresses or more (IPv6) counts as 2^62; SizeBits says how
+	// large it is: 2^SizeBits addresses.
 	Total, InUse, Free, Borrowed int
+	SizeBits                     int
 	Blocks                       []BlockUsage
 }
 
@@ -250,7 +253,7 @@ func usage(s *snapshot) []PoolUsage {
 		if hb := hostBits(p.prefix); hb < 62 {
 			total = 1 << hb
 		}
-		out = append(out, PoolUsage{Name: p.name, CIDR: p.prefix, BlockSize: p.blockBits, Disabled: p.pool.Spec.Disabled, Total: total, Free: total})
+		out = append(out, PoolUsage{Name: p.name, CIDR: p.prefix, BlockSize: p.blockBits, Disabled: p.pool.Spec.Disabled, Total: total, Free: total, SizeBits: hostBits(p.prefix)})
 	}
 	orphan := PoolUsage{}
 	for _, b := range s.blocks {

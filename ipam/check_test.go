@@ -212,7 +212,7 @@ func TestUsage(t *testing.T) {
 	want := []PoolUsage{
 		{
 			Name: "default", CIDR: netip.MustParsePrefix("10.244.0.0/24"), BlockSize: 30,
-			Total: 256, InUse: 3, Free: 253, Borrowed: 2,
+			Total: 256, InUse: 3, Free: 253, Borrowed: 2, SizeBits: 8,
 			Blocks: []BlockUsage{
 				{CIDR: netip.MustParsePrefix("10.244.0.0/30"), Affinity: "n1", Total: 4, InUse: 2, Free: 2, Borrowed: 1},
 				{CIDR: netip.MustParsePrefix("10.244.0.4/30"), Total: 4, InUse: 1, Free: 3, Borrowed: 1},

@@ -105,7 +105,7 @@ func TestAssignDualStackUnderOneHandle(t *testing.T) {
 		t.Errorf("check counts %d addresses in %d blocks, want 3 in 2", r.Allocated, r.Blocks)
 	}
 	use, err := a.Usage(ctx)
-	if err != nil || len(use) != 2 || use[1].Name != "v6" || use[1].Total != maxBlocksScanned || use[1].InUse != 2 || use[0].Total != 256 {
+	if err != nil || len(use) != 2 || use[1].Name != "v6" || use[1].Total != maxBlocksScanned || use[1].SizeBits != 64 || use[1].InUse != 2 || use[0].Total != 256 {
 		t.Errorf("Usage() = %+v, %v; want v4 (256 addresses) and v6 (capped at 2^62, 2 in use)", use, err)
 	}
 	if err := a.ReleaseHandle(ctx, "pod1"); err != nil {

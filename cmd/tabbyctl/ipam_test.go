@@ -156,3 +156,57 @@ func TestIPAM(t *testing.T) {
 	h.ok("ipam", "show", "--ip", young["young-0"].String())
 	h.golden("ipam")
 }
+
+// A dual-stack cluster: an IPv6 pool beside the IPv4 one, pods holding one
+// address of each family under one handle. ipam show counts the IPv6 pool
+// as 2^64 addresses, shows its /122 blocks and finds an IPv6 address;
+// ipam check finds nothing wrong.
+func TestIPAMDualStack(t *testing.T) {
+	h := newHarness(t)
+	cluster := ipamCluster + `---
+apiVersion: tabby.dev/v1
+kind: IPPool
+metadata: {name: pods6}
+spec: {cidr: "fd00:10:244::/64"}
+`
+	if _, err := h.run(cluster, "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	alloc := ipam.New(h.store, ipam.WithClock(func() time.Time { return fixedNow.Add(-time.Hour) }))
+	var v6 []netip.Addr
+	for i, node := range []string{"node-1", "node-1", "node-2"} {
+		name := fmt.Sprintf("dual-%d", i)
+		sum := sha1.Sum([]byte("default." + name))
+		cid := fmt.Sprintf("%x", sum[:8])
+		handle := "tabby." + cid
+		var nets []string
+		for _, fam := range []int{4, 6} {
+			as, err := alloc.Assign(ctx, ipam.AssignRequest{Node: node, Handle: handle, Family: fam,
+				Attrs: ipam.Attributes{Node: node, Namespace: "default", Pod: name, ContainerID: cid}})
+			if err != nil {
+				t.Fatalf("assign IPv%d for %s: %v", fam, name, err)
+			}
+			nets = append(nets, netip.PrefixFrom(as.Addr, as.Addr.BitLen()).String())
+			if fam == 6 {
+				v6 = append(v6, as.Addr)
+			}
+		}
+		wep := &api.WorkloadEndpoint{
+			Metadata: api.ObjectMeta{Name: node + "-k8s-" + name + "-eth0", Namespace: "default"},
+			Spec: api.WorkloadEndpointSpec{
+				Node: node, Orchestrator: "k8s", Pod: name, ContainerID: cid, Endpoint: "eth0",
+				InterfaceName: fmt.Sprintf("cali%x", sum[:])[:15], MAC: "ee:ee:ee:ee:ee:ee",
+				IPNetworks: nets, IPAMHandle: handle,
+			},
+		}
+		if _, err := h.store.Create(ctx, wep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.ok("ipam", "show")
+	h.ok("ipam", "show", "--show-blocks")
+	h.ok("ipam", "show", "--ip", v6[2].String())
+	h.ok("ipam", "check")
+	h.golden("ipam-dualstack")
+}

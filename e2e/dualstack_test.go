@@ -21,7 +21,7 @@ import (
 // via that node's IPv6 address (upLab's WaitRoutes), every pod pings every
 // other pod over IPv6 and over IPv4, and TCP works both ways over IPv6
 // between pods on different nodes, each side seeing the other's own
-// address.
+// address. IPv6-only pods added beside them reach them and each other.
 func TestDualStack(t *testing.T) {
 	l := upLab(t, lab.Options{Name: "g17ds", Nodes: 3, PodsPerNode: 2, DualStack: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -101,6 +101,39 @@ func TestDualStack(t *testing.T) {
 		if want := client.v6.String(); got != want {
 			t.Errorf("TCP over IPv6 %s -> %s: the server saw %q, want %q", client.name, server.name, got, want)
 		}
+	}
+
+	// IPv6-only pods (tabby-lab up --ipv6 makes every pod one) beside the
+	// dual-stack ones: an IPv6 address and no IPv4 one; they reach each
+	// other across nodes and the dual-stack pods over IPv6.
+	var six []pod
+	for i, n := range l.State().Nodes {
+		name := fmt.Sprintf("v6only%d", i+1)
+		p, err := l.AddPod(pctx, n.Name, name, lab.PodOptions{IPv6Only: true})
+		if err != nil {
+			t.Fatalf("adding IPv6-only pod %s: %v", name, err)
+		}
+		if len(p.IPs) != 1 || !p.IPs[0].Addr().Is6() || p.IPs[0].Bits() != 128 {
+			t.Fatalf("IPv6-only pod %s has addresses %v, want one IPv6 /128", name, p.IPs)
+		}
+		six = append(six, pod{name: name, node: n.Name, v6: p.IPs[0].Addr()})
+	}
+	failed = nil
+	for i, from := range six {
+		for _, to := range append([]pod{six[(i+1)%len(six)]}, pods...) {
+			if err := l.Ping(pctx, from.name, to.v6); err != nil {
+				if err := l.Ping(pctx, from.name, to.v6); err != nil {
+					failed = append(failed, fmt.Sprintf("%s(%s) -> %s(%s)", from.name, from.node, to.name, to.v6))
+				}
+			}
+		}
+	}
+	if len(failed) > 0 {
+		t.Errorf("%d pings from IPv6-only pods failed:\n%s", len(failed), strings.Join(failed, "\n"))
+	}
+	got := tcp6Exchange(t, l, six[0].name, six[1].name, netip.AddrPortFrom(six[0].v6, 8087))
+	if want := six[1].v6.String(); got != want {
+		t.Errorf("TCP over IPv6 between IPv6-only pods: the server saw %q, want %q", got, want)
 	}
 }
 

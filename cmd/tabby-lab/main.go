@@ -68,6 +68,7 @@ type upOptions struct {
 	binDir           string
 	noAgents         bool
 	dualStack        bool
+	ipv6Only         bool
 	agentArgs        []string
 	converge         time.Duration
 }
@@ -79,6 +80,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().IntVar(&u.etcdMembers, "etcd-members", 1, fmt.Sprintf("members of the lab's etcd cluster (1-%d); agents get every member's endpoint", lab.MaxEtcdMembers))
 	c.Flags().StringVar(&u.binDir, "bin-dir", "", "directory with tabby-agent and tabby (default $TABBY_BIN, then this program's directory, else go build)")
 	c.Flags().BoolVar(&u.dualStack, "dual-stack", false, "IPv6 underlay (2001:db8::/64) and an IPv6 pool ("+lab.PodPool6+") beside the IPv4 ones: every pod gets an address of each family")
+	c.Flags().BoolVar(&u.ipv6Only, "ipv6", false, "like --dual-stack, but every pod gets an IPv6 address only (the underlay keeps IPv4 for etcd and the BGP sessions, which carry IPv6)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 }
@@ -100,7 +102,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 	return lab.Options{
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
-		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack,
+		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only,
 	}, nil
 }
 

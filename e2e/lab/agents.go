@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -26,6 +27,19 @@ func (l *Lab) cniSocket(node string) string    { return filepath.Join(l.nodeDir(
 func (l *Lab) statusSocket(node string) string { return filepath.Join(l.nodeDir(node), "status.sock") }
 func (l *Lab) conflistPath(node string) string {
 	return filepath.Join(l.nodeDir(node), "net.d", "10-tabby.conflist")
+}
+
+// conflistPath6 is the node's IPv6-only network configuration (labs with
+// an IPv6 underlay).
+func (l *Lab) conflistPath6(node string) string {
+	return filepath.Join(l.nodeDir(node), "net.d", "ipv6-only", "10-tabby.conflist")
+}
+
+func (l *Lab) podConflistPath(node string, p *PodState) string {
+	if p.IPv6Only {
+		return l.conflistPath6(node)
+	}
+	return l.conflistPath(node)
 }
 
 // portmapDirs are where Debian's CNI plugins live; the lab adds portmap to
@@ -53,17 +67,22 @@ func (l *Lab) writeConflist(node string) error {
 	if err != nil {
 		return fmt.Errorf("writing CNI configuration: %w", err)
 	}
+	files := map[string][]byte{l.conflistPath(node): b}
 	if l.State().DualStack {
-		if b, err = withDualStack(b); err != nil {
+		if files[l.conflistPath(node)], err = withFamilies(b, true, true); err != nil {
+			return fmt.Errorf("writing CNI configuration: %w", err)
+		}
+		if files[l.conflistPath6(node)], err = withFamilies(b, false, true); err != nil {
 			return fmt.Errorf("writing CNI configuration: %w", err)
 		}
 	}
-	path := l.conflistPath(node)
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("writing CNI configuration: %w", err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return fmt.Errorf("writing CNI configuration: %w", err)
+	for path, b := range files {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fmt.Errorf("writing CNI configuration: %w", err)
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			return fmt.Errorf("writing CNI configuration: %w", err)
+		}
 	}
 	return nil
 }
@@ -421,9 +440,9 @@ func orNoRound(problem error) error {
 	return problem
 }
 
-// withDualStack sets "ipam": {"assign_ipv4": "true", "assign_ipv6":
-// "true"} (Calico's spelling) on the conflist's Tabby plugin.
-func withDualStack(conflist []byte) ([]byte, error) {
+// withFamilies sets "ipam": {"assign_ipv4": …, "assign_ipv6": …}
+// (Calico's spelling) on the conflist's Tabby plugin.
+func withFamilies(conflist []byte, v4, v6 bool) ([]byte, error) {
 	var cl map[string]any
 	if err := json.Unmarshal(conflist, &cl); err != nil {
 		return nil, err
@@ -431,7 +450,7 @@ func withDualStack(conflist []byte) ([]byte, error) {
 	plugins, _ := cl["plugins"].([]any)
 	for _, p := range plugins {
 		if m, ok := p.(map[string]any); ok && m["type"] == "tabby" {
-			m["ipam"] = map[string]any{"assign_ipv4": "true", "assign_ipv6": "true"}
+			m["ipam"] = map[string]any{"assign_ipv4": strconv.FormatBool(v4), "assign_ipv6": strconv.FormatBool(v6)}
 		}
 	}
 	out, err := json.MarshalIndent(cl, "", "  ")

@@ -76,7 +76,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs, DualStack: o.DualStack,
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs, DualStack: o.DualStack || o.IPv6Only, IPv6Only: o.IPv6Only,
 		Etcd: etcdMembers(o.EtcdMembers)}
 	if err := claim(st, o.RunDir); err != nil {
 		return nil, err

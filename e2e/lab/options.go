@@ -88,6 +88,10 @@ type Options struct {
 	// network configuration assign_ipv6: every pod gets an address of each
 	// family.
 	DualStack bool
+	// IPv6Only is DualStack with IPv6-only pods: every pod gets an IPv6
+	// address and no IPv4 one. The underlay keeps its IPv4 addresses for
+	// etcd and the BGP sessions, which carry IPv6 (MP-BGP).
+	IPv6Only bool
 	// AgentArgs are appended to every tabby-agent command line, also of
 	// agents started later (node add, restarts): the lab records them.
 	AgentArgs []string

@@ -18,6 +18,10 @@ import (
 type PodOptions struct {
 	Namespace string            // Kubernetes namespace; default "default"
 	Labels    map[string]string // passed to the plugin as args.cni.labels
+	// IPv6Only gives the pod an IPv6 address and no IPv4 one (a lab with
+	// an IPv6 underlay only: DualStack or IPv6Only); it is the default in
+	// an IPv6Only lab.
+	IPv6Only bool
 }
 
 // podIfName is the pod's interface, as Kubernetes runtimes name it.
@@ -49,9 +53,14 @@ func (l *Lab) AddPod(ctx context.Context, node, name string, o PodOptions) (_ *P
 		if s.pod(name) != nil {
 			return fmt.Errorf("pod %q exists", name)
 		}
+		v6only := o.IPv6Only || s.IPv6Only
+		if v6only && !s.DualStack {
+			return fmt.Errorf("pod %q: an IPv6-only pod needs a lab with an IPv6 underlay (--dual-stack or --ipv6)", name)
+		}
 		pod = PodState{
 			Name: name, Namespace: o.Namespace, Node: node, NetNS: s.Name + "-pod-" + name,
 			ContainerID: hex.EncodeToString(id[:]), IfName: podIfName, Labels: maps.Clone(o.Labels),
+			IPv6Only: v6only,
 		}
 		s.Pods = append(s.Pods, pod)
 		return nil
@@ -133,7 +142,7 @@ func (l *Lab) cni(ctx context.Context, cmd string, p *PodState) ([]byte, error) 
 		paths = append(paths, d)
 	}
 	argv := []string{st.LabBinary, "cni", cmd,
-		"--conflist", l.conflistPath(n.Name),
+		"--conflist", l.podConflistPath(n.Name, p),
 		"--netns", NetNSPath(p.NetNS),
 		"--container-id", p.ContainerID,
 		"--ifname", p.IfName,

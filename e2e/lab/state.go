@@ -32,8 +32,10 @@ type State struct {
 	NoAgents  bool      `json:"noAgents,omitempty"`
 	// RouteReflectors is how many of the first nodes are route reflectors.
 	RouteReflectors int `json:"routeReflectors,omitempty"`
-	// DualStack: see Options.DualStack.
+	// DualStack: see Options.DualStack (also set for IPv6Only).
 	DualStack bool `json:"dualStack,omitempty"`
+	// IPv6Only: see Options.IPv6Only.
+	IPv6Only bool `json:"ipv6Only,omitempty"`
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string `json:"agentArgs,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
@@ -128,6 +130,8 @@ type PodState struct {
 	ContainerID string            `json:"containerID"`
 	IfName      string            `json:"ifName"`
 	Labels      map[string]string `json:"labels,omitempty"`
+	// IPv6Only: added with the node's IPv6-only network configuration.
+	IPv6Only bool `json:"ipv6Only,omitempty"`
 	// IPs is empty while the pod is being added, and stays empty when its
 	// ADD failed and so did the DEL after it (DelPod can be retried).
 	IPs []netip.Prefix `json:"ips,omitempty"`

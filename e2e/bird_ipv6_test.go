@@ -17,20 +17,22 @@ import (
 )
 
 // The ToR's IPv6 side in TestPrivilegedBIRDIPv6: its fabric address in a
-// dual-stack lab, a prefix inside the lab's IPv6 pool (fd00:10:244::/48)
-// and a foreign one, both of which the nodes must refuse from an external
-// peer (docs/bgp.md, the import table).
+// dual-stack lab, a prefix inside the lab's IPv6 pool (fd00:10:244::/48),
+// which the nodes refuse from an external peer even though a filter rule
+// accepts it (docs/bgp.md, the import table), a foreign prefix a filter
+// rule lets in, and one no rule matches.
 const (
 	torAddr6        = "2001:db8::1"
 	torPoolPrefix6  = "fd00:10:244:ff00::/64"
-	torForeignPref6 = "2001:db8:77::/48"
+	torForeignPref6 = "2001:db8:78::/48"
+	torAllowed6     = "2001:db8:77::/48"
 )
 
 // birdIPv6Conf: BIRD as the ToR of a dual-stack lab, one session per node
 // over IPv4 carrying both families (an ipv6 channel beside the ipv4 one, as
 // the nodes' MP-BGP does). Everything learned goes into the ToR's kernel of
 // its family; the ToR sends the nodes only its IPv6 static routes: a
-// default route, a prefix in the pod pool and a foreign prefix. The IPv6
+// default route, a prefix in the pod pool and two foreign prefixes. The IPv6
 // next hop BIRD puts on them is its own global IPv6 address on the
 // interface towards the node (BIRD's default for an IPv6 channel on an
 // IPv4 session), not set here.
@@ -51,6 +53,7 @@ protocol static tor_static6 {
 	route ::/0 blackhole;
 	route ` + torPoolPrefix6 + ` blackhole;
 	route ` + torForeignPref6 + ` blackhole;
+	route ` + torAllowed6 + ` blackhole;
 }
 template bgp tabby_node {
 	local 198.18.0.1 as 65001;
@@ -70,10 +73,12 @@ template bgp tabby_node {
 // owning node's IPv6 address as next hop (from every node: third-party
 // next hop on the shared IPv6 subnet) and its IPv4 blocks as before; the
 // ToR reaches every pod over IPv6 through the routes BIRD put into its
-// kernel; of the ToR's three IPv6 routes the nodes install the default
-// route only (the peer has acceptDefault) via the ToR's IPv6 address, and
-// refuse the prefix inside the IPv6 pool and the foreign prefix; a
-// withdrawal of the default route leaves every node's kernel.
+// kernel; of the ToR's four IPv6 routes the nodes install the default
+// route (the peer has acceptDefault, but not over the node's own default
+// route) and the foreign prefix the BGPFilter's importV6 accepts, via the
+// ToR's IPv6 address, and refuse the prefix inside the IPv6 pool (which
+// the filter accepts too) and the foreign prefix no rule matches; a
+// withdrawal leaves every node's kernel.
 func TestPrivilegedBIRDIPv6(t *testing.T) {
 	requireRoot(t)
 	for _, bin := range []string{"bird", "birdc"} {
@@ -94,14 +99,20 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 	}
 	b := runBIRD(t, l, conf)
 
+	filter := &api.BGPFilter{Metadata: api.ObjectMeta{Name: "tor-in6"}, Spec: api.BGPFilterSpec{ImportV6: []api.BGPFilterRule{
+		{CIDR: torAllowed6, MatchOperator: api.MatchOperatorEqual, Action: api.FilterActionAccept},
+		{CIDR: torPoolPrefix6, MatchOperator: api.MatchOperatorEqual, Action: api.FilterActionAccept},
+	}}}
 	peer := &api.BGPPeer{Metadata: api.ObjectMeta{Name: "tor"},
-		Spec: api.BGPPeerSpec{PeerIP: torAddr, ASNumber: torASN, AcceptDefault: true}}
-	peer.SetDefaults()
-	if err := peer.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := l.Store().Create(ctx, peer); err != nil {
-		t.Fatalf("creating the ToR BGPPeer: %v", err)
+		Spec: api.BGPPeerSpec{PeerIP: torAddr, ASNumber: torASN, AcceptDefault: true, Filters: []string{"tor-in6"}}}
+	for _, obj := range []api.Object{filter, peer} {
+		obj.SetDefaults()
+		if err := obj.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Store().Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	t.Run("SessionsCarryBothFamilies", func(t *testing.T) {
@@ -250,10 +261,11 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 				t.Fatalf("%s: deleting the lab's IPv6 default route: %v: %s", n.Name, err, out)
 			}
 		}
-		// The barrier: every node counts the ToR's three IPv6 prefixes
-		// as received (before the import policy) and installed ::/0, so
-		// the same RIB reads saw the two others and left them out.
-		waitFor(t, 20*time.Second, "every node to install ::/0 via "+torAddr6, func() error {
+		// The barrier: every node counts the ToR's four IPv6 prefixes
+		// as received (before the import policy) and installed ::/0 and
+		// the filter's prefix, so the same RIB reads saw the two others
+		// and left them out.
+		waitFor(t, 20*time.Second, "every node to install ::/0 and "+torAllowed6+" via "+torAddr6, func() error {
 			var errs []error
 			for _, n := range nodes {
 				s, err := l.NodeStatus(ctx, n.Name)
@@ -261,10 +273,13 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 					return err
 				}
 				i := slices.IndexFunc(s.Peers, func(p api.PeerStatus) bool { return p.Address == torAddr })
-				if i < 0 || s.Peers[i].Received != 3 {
-					errs = append(errs, fmt.Errorf("%s: ToR session %+v, want 3 prefixes received", n.Name, s.Peers))
+				if i < 0 || s.Peers[i].Received != 4 {
+					errs = append(errs, fmt.Errorf("%s: ToR session %+v, want 4 prefixes received", n.Name, s.Peers))
 				}
 				if err := nodeDefault6(ctx, l, n, true); err != nil {
+					errs = append(errs, err)
+				}
+				if err := nodeRoute6(ctx, l, n, torAllowed6, true); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -288,10 +303,13 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 		if out, err := b.c(ctx, "disable", "tor_static6"); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		waitFor(t, 15*time.Second, "every node to remove ::/0", func() error {
+		waitFor(t, 15*time.Second, "every node to remove ::/0 and "+torAllowed6, func() error {
 			var errs []error
 			for _, n := range nodes {
 				if err := nodeDefault6(ctx, l, n, false); err != nil {
+					errs = append(errs, err)
+				}
+				if err := nodeRoute6(ctx, l, n, torAllowed6, false); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -322,6 +340,24 @@ func nodeDefault6(ctx context.Context, l *lab.Lab, n lab.NodeState, want bool) e
 	}
 	if has != want {
 		return fmt.Errorf("%s: IPv6 default route via %s proto 81: have %v, want %v:\n%s", n.Name, torAddr6, has, want, out)
+	}
+	return nil
+}
+
+// nodeRoute6 checks that the node's kernel has (want) or has not the IPv6
+// route dst of protocol 81 via the ToR's IPv6 address.
+func nodeRoute6(ctx context.Context, l *lab.Lab, n lab.NodeState, dst string, want bool) error {
+	out, err := l.Exec(ctx, n.Name, "ip", "-6", "route", "show", "proto", "81", "exact", dst)
+	if err != nil {
+		return err
+	}
+	got := strings.TrimSpace(string(out))
+	wantLine := dst + " via " + torAddr6 + " dev eth0 metric 1024 pref medium"
+	switch {
+	case want && got != wantLine:
+		return fmt.Errorf("%s: route to %s is %q, want %q", n.Name, dst, got, wantLine)
+	case !want && got != "":
+		return fmt.Errorf("%s still has %q", n.Name, got)
 	}
 	return nil
 }

@@ -364,3 +364,87 @@ func TestFiltersIPv6(t *testing.T) {
 		t.Errorf("e holds more than %s and %s (err %v):%s", blockOf(0), other6, err, routesString(rs))
 	}
 }
+
+// TestRouteReflectorIPv6: with the mesh off, two clients peer only with a
+// reflector, all three with IPv6 addresses. The reflector passes each
+// client's IPv6 block (and its IPv4 one) on to the other client with the
+// owner's IPv6 next hop, and passes on a withdrawal; an external router's
+// ::/0, which the reflector accepts (acceptDefault), is not reflected to
+// the clients, nor is its foreign IPv6 prefix (refused on import).
+func TestRouteReflectorIPv6(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("127.77.44.1"), netip.MustParseAddr("127.77.44.2"), netip.MustParseAddr("127.77.44.3"), netip.MustParseAddr("127.77.44.4")}
+	v6 := []netip.Addr{addr6("2001:db8:44::1"), addr6("2001:db8:44::2"), addr6("2001:db8:44::3"), addr6("2001:db8:44::4")}
+	port := freePort(t, addrs)
+	ctx := context.Background()
+	subnet, subnet6 := netip.MustParsePrefix("127.77.44.0/24"), netip.MustParsePrefix("2001:db8:44::/64")
+	start := func(name string, i int, asn uint32, clusterID string) *testNode {
+		return startNode6(t, name, Config{RouterID: addrs[i], RouterID6: v6[i], Subnet: subnet, Subnet6: subnet6, ASN: asn, ClusterID: clusterID,
+			ListenAddr: addrs[i], ListenPort: int32(port), GracefulRestart: true})
+	}
+	rr := start("rr", 0, api.DefaultASNumber, "1.1.1.1")
+	c1, c2 := start("c1", 1, api.DefaultASNumber, ""), start("c2", 2, api.DefaultASNumber, "")
+	e := start("e", 3, 65001, "")
+	if err := e.sp.SetPolicy(ctx, Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sp.SetPeers(ctx, []Peer{{Address: rr.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port, LocalAddress: e.addr}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rr.sp.SetPeers(ctx, []Peer{
+		{Address: c1.addr, ASN: api.DefaultASNumber, Type: PeerRRClient, RRClient: true, Port: port, LocalAddress: rr.addr},
+		{Address: c2.addr, ASN: api.DefaultASNumber, Type: PeerRRClient, RRClient: true, Port: port, LocalAddress: rr.addr},
+		{Address: e.addr, ASN: 65001, Type: PeerGlobal, Port: port, LocalAddress: rr.addr, AcceptDefault: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*testNode{c1, c2} {
+		if err := c.sp.SetPeers(ctx, []Peer{{Address: rr.addr, ASN: api.DefaultASNumber, Type: PeerRR, Port: port, LocalAddress: c.addr}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	def, foreign := netip.MustParsePrefix("::/0"), netip.MustParsePrefix("2001:db8:ffff::/48")
+	if err := e.sp.SetAdvertised(ctx, []netip.Prefix{def, foreign}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(1), block6Of(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.sp.SetAdvertised(ctx, []netip.Prefix{block6Of(2)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(convergeTimeout)
+	waitPeerFamilies(t, rr, map[netip.Addr][]string{c1.addr: {"ipv4", "ipv6"}, c2.addr: {"ipv4", "ipv6"}, e.addr: {"ipv4", "ipv6"}}, deadline)
+	// The reflector itself holds the external ::/0 (the barrier for the
+	// clients' checks below: it is there to be reflected, and must not be).
+	if got, ok := rr.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, def, v6[3]) && hasRoute(rs, block6Of(1), v6[1]) && hasRoute(rs, block6Of(2), v6[2])
+	}); !ok {
+		t.Fatalf("reflector routes:%s", routesString(got))
+	}
+	if got, ok := c2.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, block6Of(1), v6[1]) && hasRoute(rs, blockOf(1), addrs[1])
+	}); !ok {
+		t.Fatalf("c2 did not get c1's blocks reflected with c1's next hops:%s", routesString(got))
+	}
+	if got, ok := c1.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return hasRoute(rs, block6Of(2), v6[2]) }); !ok {
+		t.Fatalf("c1 did not get c2's IPv6 block reflected with c2's next hop:%s", routesString(got))
+	}
+	for _, c := range []*testNode{c1, c2} {
+		rs, err := c.sp.learnedRoutes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lacksRoute(rs, def) || !lacksRoute(rs, foreign) {
+			t.Errorf("%s got the external router's IPv6 routes through the reflector:%s", c.name, routesString(rs))
+		}
+	}
+	// A withdrawal is reflected too.
+	if err := c1.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := c2.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool {
+		return lacksRoute(rs, block6Of(1)) && hasRoute(rs, blockOf(1), addrs[1])
+	}); !ok {
+		t.Fatalf("c2 after c1's IPv6 withdrawal:%s", routesString(got))
+	}
+}

@@ -21,9 +21,9 @@ type BGPFilter struct {
 	Spec     BGPFilterSpec `json:"spec"`
 }
 
-// BGPFilterSpec holds the rules per direction and address family. The IPv6
-// lists are accepted by the decoder so that a Calico manifest reads, and
-// refused by Validate until Tabby routes IPv6.
+// BGPFilterSpec holds the rules per direction and address family: the V4
+// lists take IPv4 CIDRs and touch IPv4 routes only, the V6 lists IPv6 ones
+// (routes carried over MP-BGP, docs/bgp.md).
 type BGPFilterSpec struct {
 	ImportV4 []BGPFilterRule `json:"importV4,omitempty"`
 	ExportV4 []BGPFilterRule `json:"exportV4,omitempty"`
@@ -55,7 +55,8 @@ type BGPFilterRule struct {
 }
 
 // BGPFilterPrefixLength bounds the prefix lengths a rule matches, both
-// inclusive; an unset min means the cidr's own length, an unset max 32.
+// inclusive; an unset min means the cidr's own length, an unset max 32 (128
+// in an IPv6 rule).
 type BGPFilterPrefixLength struct {
 	Min *int32 `json:"min,omitempty"`
 	Max *int32 `json:"max,omitempty"`
@@ -86,21 +87,24 @@ func (f *BGPFilter) Validate() error {
 	v.typeMeta(&f.TypeMeta, KindBGPFilter)
 	v.meta(&f.Metadata, kindInfoOf(f))
 	for i, r := range f.Spec.ImportV4 {
-		v.filterRule(idx("spec.importV4", i), r)
+		v.filterRule(idx("spec.importV4", i), r, false)
 	}
 	for i, r := range f.Spec.ExportV4 {
-		v.filterRule(idx("spec.exportV4", i), r)
+		v.filterRule(idx("spec.exportV4", i), r, false)
 	}
-	if len(f.Spec.ImportV6) > 0 {
-		v.add("spec.importV6", "IPv6 is not supported yet, only IPv4")
+	for i, r := range f.Spec.ImportV6 {
+		v.filterRule(idx("spec.importV6", i), r, true)
 	}
-	if len(f.Spec.ExportV6) > 0 {
-		v.add("spec.exportV6", "IPv6 is not supported yet, only IPv4")
+	for i, r := range f.Spec.ExportV6 {
+		v.filterRule(idx("spec.exportV6", i), r, true)
 	}
 	return v.err()
 }
 
-func (v *validator) filterRule(path string, r BGPFilterRule) {
+// filterRule validates a rule of an IPv4 list, or with v6 of an IPv6 one:
+// its cidr is of that family and prefix lengths go up to 32, respectively
+// 128.
+func (v *validator) filterRule(path string, r BGPFilterRule, v6 bool) {
 	switch r.Action {
 	case FilterActionAccept, FilterActionReject:
 	case "":
@@ -110,8 +114,19 @@ func (v *validator) filterRule(path string, r BGPFilterRule) {
 	}
 	var cidr netip.Prefix
 	cidrOK := false
-	if r.CIDR != "" {
+	switch {
+	case r.CIDR == "":
+	case !v6:
 		cidr, cidrOK = v.cidr4(path+".cidr", r.CIDR)
+	default:
+		if cidr, cidrOK = v.cidr(path+".cidr", r.CIDR); cidrOK && !cidr.Addr().Is6() {
+			v.add(path+".cidr", "%q is not an IPv6 CIDR (IPv4 rules go to the V4 list)", r.CIDR)
+			cidrOK = false
+		}
+	}
+	maxLen := int32(32)
+	if v6 {
+		maxLen = 128
 	}
 	switch r.MatchOperator {
 	case "":
@@ -138,8 +153,8 @@ func (v *validator) filterRule(path string, r BGPFilterRule) {
 		if n == nil {
 			return false
 		}
-		if *n < 0 || *n > 32 {
-			v.add(path+".prefixLength."+field, "%d must be between 0 and 32", *n)
+		if *n < 0 || *n > maxLen {
+			v.add(path+".prefixLength."+field, "%d must be between 0 and %d", *n, maxLen)
 			return false
 		}
 		if cidrOK && int(*n) < cidr.Bits() {

@@ -61,6 +61,11 @@ func validFilter() *BGPFilter {
 				{CIDR: "198.51.100.0/24", MatchOperator: MatchOperatorNotIn, Action: FilterActionReject},
 			},
 			ExportV4: []BGPFilterRule{{CIDR: "10.244.128.0/17", MatchOperator: MatchOperatorIn, Action: FilterActionReject}, {Action: FilterActionAccept}},
+			ImportV6: []BGPFilterRule{
+				{CIDR: "2001:db8:77::/48", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Max: ptr(int32(64))}, Action: FilterActionAccept},
+				{CIDR: "::/0", MatchOperator: MatchOperatorEqual, Action: FilterActionAccept},
+			},
+			ExportV6: []BGPFilterRule{{CIDR: "fd00:10:244:8000::/49", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Min: ptr(int32(122)), Max: ptr(int32(128))}, Action: FilterActionReject}},
 		},
 	}
 }

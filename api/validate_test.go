@@ -169,7 +169,13 @@ func TestValidateInvalid(t *testing.T) {
 				{PrefixLength: &BGPFilterPrefixLength{Max: ptr(int32(24))}, Action: FilterActionReject},
 			}
 			f.Spec.ExportV4 = []BGPFilterRule{{CIDR: "fd00::/8", MatchOperator: MatchOperatorIn, Action: FilterActionReject}}
-			f.Spec.ImportV6 = []BGPFilterRule{{CIDR: "fd00::/8", MatchOperator: MatchOperatorIn, Action: FilterActionReject}}
+			f.Spec.ImportV6 = []BGPFilterRule{
+				{CIDR: "fd00::/8", MatchOperator: MatchOperatorIn, Action: FilterActionReject},
+				{CIDR: "10.0.0.0/8", MatchOperator: MatchOperatorIn, Action: FilterActionReject},
+				{CIDR: "fd00::1/8", Action: FilterActionReject},
+				{CIDR: "2001:db8::/32", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Min: ptr(int32(48)), Max: ptr(int32(129))}, Action: FilterActionAccept},
+				{CIDR: "2001:db8::/32", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Min: ptr(int32(16))}, Action: FilterActionAccept},
+			}
 			return f
 		}, []string{`spec.importV4[0].cidr: "203.0.113.1/24" has host bits set`,
 			`spec.importV4[1].action: "Allow" is not one of Accept, Reject`, `spec.importV4[1].matchOperator: "Contains" is not one of Equal, In, NotIn`,
@@ -178,7 +184,10 @@ func TestValidateInvalid(t *testing.T) {
 			"spec.importV4[4].prefixLength.min: 28 must not be greater than max 26",
 			"spec.importV4[5].prefixLength.min: 16 is shorter than the cidr", "spec.importV4[5].prefixLength.max: 33 must be between 0 and 32",
 			"spec.importV4[6].prefixLength: requires cidr",
-			"spec.exportV4[0].cidr:", "IPv6 is not supported", "spec.importV6: IPv6 is not supported yet"}},
+			"spec.exportV4[0].cidr:", "IPv6 is not supported",
+			`spec.importV6[1].cidr: "10.0.0.0/8" is not an IPv6 CIDR`, `spec.importV6[2].cidr: "fd00::1/8" has host bits set`,
+			"spec.importV6[3].prefixLength.max: 129 must be between 0 and 128",
+			"spec.importV6[4].prefixLength.min: 16 is shorter than the cidr"}},
 		{"filter name", func() Object { f := validFilter(); f.Metadata.Name = "Tor"; f.Metadata.Namespace = "x"; return f },
 			[]string{"metadata.name:", "metadata.namespace: must not be set"}},
 		{"peer neither peerIP nor peerSelector", func() Object { p := validPeer(); p.Spec.PeerIP = ""; return p },

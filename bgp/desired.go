@@ -181,8 +181,13 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 			}
 			for _, name := range s.Filters {
 				if f, ok := usable[name]; ok {
-					p.Import = append(p.Import, filterRules(f.Spec.ImportV4)...)
-					p.Export = append(p.Export, filterRules(f.Spec.ExportV4)...)
+					// A rule matches routes of its own family only, so
+					// the IPv6 rules after the IPv4 ones keep the order
+					// within each family.
+					p.Import = append(p.Import, filterRules(f.Spec.ImportV4, false)...)
+					p.Import = append(p.Import, filterRules(f.Spec.ImportV6, true)...)
+					p.Export = append(p.Export, filterRules(f.Spec.ExportV4, false)...)
+					p.Export = append(p.Export, filterRules(f.Spec.ExportV6, true)...)
 				}
 			}
 			return p
@@ -298,12 +303,17 @@ func UnusableFilters(peers []*api.BGPPeer, filters []*api.BGPFilter) []string {
 	return slices.Compact(out)
 }
 
-// filterRules converts validated BGPFilter rules: a rule without a cidr
-// matches every prefix, a cidr without an operator means In.
-func filterRules(rules []api.BGPFilterRule) []FilterRule {
+// filterRules converts validated BGPFilter rules of one family (v6: an
+// importV6/exportV6 list): a rule without a cidr matches every prefix of
+// the family, a cidr without an operator means In.
+func filterRules(rules []api.BGPFilterRule, v6 bool) []FilterRule {
+	all := netip.MustParsePrefix("0.0.0.0/0")
+	if v6 {
+		all = netip.MustParsePrefix("::/0")
+	}
 	out := make([]FilterRule, 0, len(rules))
 	for _, r := range rules {
-		fr := FilterRule{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Operator: MatchIn, Accept: r.Action == api.FilterActionAccept}
+		fr := FilterRule{CIDR: all, Operator: MatchIn, Accept: r.Action == api.FilterActionAccept}
 		if r.CIDR != "" {
 			fr.CIDR = netip.MustParsePrefix(r.CIDR) // validated
 			if r.MatchOperator != "" {

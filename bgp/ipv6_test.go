@@ -269,3 +269,182 @@ func TestHostilePeersIPv6(t *testing.T) {
 		t.Errorf("routes of the shut-down peer kept:%s", routesString(got))
 	}
 }
+
+// TestFiltersIPv6: a BGPFilter's importV6/exportV6 rules (converted as the
+// agent converts them) on a live session between node n and router e, both
+// with IPv6 addresses, next to importV4 rules: each list touches its own
+// family only, a NotIn rule of the IPv4 list included (it would reject
+// every IPv6 route if GoBGP matched it across families).
+func TestFiltersIPv6(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("127.77.43.1"), netip.MustParseAddr("127.77.43.2")}
+	v6 := []netip.Addr{addr6("2001:db8:43::1"), addr6("2001:db8:43::2")}
+	port := freePort(t, addrs)
+	ctx := context.Background()
+	subnet, subnet6 := netip.MustParsePrefix("127.77.43.0/24"), netip.MustParsePrefix("2001:db8:43::/64")
+	start := func(name string, i int, asn uint32) *testNode {
+		return startNode6(t, name, Config{RouterID: addrs[i], RouterID6: v6[i], Subnet: subnet, Subnet6: subnet6, ASN: asn, ListenAddr: addrs[i], ListenPort: int32(port), GracefulRestart: true})
+	}
+	n, e := start("n", 0, api.DefaultASNumber), start("e", 1, 65001)
+	if err := e.sp.SetPolicy(ctx, Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	all := []FilterRule{{CIDR: netip.MustParsePrefix("0.0.0.0/0"), Operator: MatchIn, Accept: true}, {CIDR: netip.MustParsePrefix("::/0"), Operator: MatchIn, Accept: true}}
+	if err := e.sp.SetPeers(ctx, []Peer{{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port, LocalAddress: e.addr, Import: all}}); err != nil {
+		t.Fatal(err)
+	}
+	maxLen := int32(56)
+	f := &api.BGPFilter{Metadata: api.ObjectMeta{Name: "tor"}, Spec: api.BGPFilterSpec{
+		ImportV4: []api.BGPFilterRule{
+			{CIDR: "198.51.100.0/24", MatchOperator: api.MatchOperatorNotIn, Action: api.FilterActionReject},
+			{CIDR: "198.51.100.0/24", MatchOperator: api.MatchOperatorEqual, Action: api.FilterActionAccept},
+		},
+		ImportV6: []api.BGPFilterRule{
+			{CIDR: "2001:db8:77::/48", PrefixLength: &api.BGPFilterPrefixLength{Max: &maxLen}, Action: api.FilterActionAccept},
+		},
+		ExportV6: []api.BGPFilterRule{
+			{CIDR: block6Of(0).String(), MatchOperator: api.MatchOperatorEqual, Action: api.FilterActionReject},
+		},
+	}}
+	f.SetDefaults()
+	if err := f.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	got := DesiredPeers("n", []*api.Node{node("n", "127.77.43.1/24")}, meshOff(), []*api.BGPPeer{bgpPeer("tor", api.BGPPeerSpec{PeerIP: e.addr.String(), ASNumber: 65001, Filters: []string{"tor"}})}, []*api.BGPFilter{f})
+	if len(got) != 1 || len(got[0].Import) != 3 || len(got[0].Export) != 1 {
+		t.Fatalf("DesiredPeers = %+v, want the ToR with 3 import and 1 export rules", got)
+	}
+	tor := Peer{Address: e.addr, ASN: 65001, Type: PeerGlobal, Port: port, LocalAddress: n.addr, Import: got[0].Import, Export: got[0].Export}
+	if err := n.sp.SetPeers(ctx, []Peer{tor}); err != nil {
+		t.Fatal(err)
+	}
+	foreign := netip.MustParsePrefix("2001:db8:77::/48")
+	tooLong := netip.MustParsePrefix("2001:db8:77:1::/64") // inside, longer than prefixLength.max
+	unmatched := netip.MustParsePrefix("2001:db8:78::/48") // no rule: rejected
+	in4 := netip.MustParsePrefix("198.51.100.0/24")        // the IPv4 Equal rule
+	out4 := netip.MustParsePrefix("203.0.113.0/24")        // the IPv4 NotIn rule
+	other6 := block6Of(1)                                  // another of n's IPv6 blocks
+	if err := e.sp.SetAdvertised(ctx, []netip.Prefix{foreign, tooLong, unmatched, in4, out4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0), block6Of(0), other6}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(convergeTimeout)
+	waitEstablished(t, n, 1, deadline)
+	// n has received e's five prefixes; it keeps one of each family.
+	for {
+		st, err := n.sp.Peers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[0].Received == 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n never received e's prefixes: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, foreign, v6[1]) && hasRoute(rs, in4, addrs[1])
+	}); !ok {
+		t.Fatalf("n did not learn %s and %s:%s", foreign, in4, routesString(got))
+	}
+	if rs, err := n.sp.learnedRoutes(); err != nil || len(rs) != 2 {
+		t.Errorf("n learned more than %s and %s (err %v):%s", foreign, in4, err, routesString(rs))
+	}
+	// e gets n's IPv4 block and the IPv6 block the exportV6 rule lets
+	// through, each with n's address of its family.
+	if got, ok := e.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, blockOf(0), addrs[0]) && hasRoute(rs, other6, v6[0])
+	}); !ok {
+		t.Fatalf("e routes:%s", routesString(got))
+	}
+	if rs, err := e.sp.learnedRoutes(); err != nil || !lacksRoute(rs, block6Of(0)) || len(rs) != 2 {
+		t.Errorf("e holds more than %s and %s (err %v):%s", blockOf(0), other6, err, routesString(rs))
+	}
+}
+
+// TestRouteReflectorIPv6: with the mesh off, two clients peer only with a
+// reflector, all three with IPv6 addresses. The reflector passes each
+// client's IPv6 block (and its IPv4 one) on to the other client with the
+// owner's IPv6 next hop, and passes on a withdrawal; an external router's
+// ::/0, which the reflector accepts (acceptDefault), is not reflected to
+// the clients, nor is its foreign IPv6 prefix (refused on import).
+func TestRouteReflectorIPv6(t *testing.T) {
+	addrs := []netip.Addr{netip.MustParseAddr("127.77.44.1"), netip.MustParseAddr("127.77.44.2"), netip.MustParseAddr("127.77.44.3"), netip.MustParseAddr("127.77.44.4")}
+	v6 := []netip.Addr{addr6("2001:db8:44::1"), addr6("2001:db8:44::2"), addr6("2001:db8:44::3"), addr6("2001:db8:44::4")}
+	port := freePort(t, addrs)
+	ctx := context.Background()
+	subnet, subnet6 := netip.MustParsePrefix("127.77.44.0/24"), netip.MustParsePrefix("2001:db8:44::/64")
+	start := func(name string, i int, asn uint32, clusterID string) *testNode {
+		return startNode6(t, name, Config{RouterID: addrs[i], RouterID6: v6[i], Subnet: subnet, Subnet6: subnet6, ASN: asn, ClusterID: clusterID,
+			ListenAddr: addrs[i], ListenPort: int32(port), GracefulRestart: true})
+	}
+	rr := start("rr", 0, api.DefaultASNumber, "1.1.1.1")
+	c1, c2 := start("c1", 1, api.DefaultASNumber, ""), start("c2", 2, api.DefaultASNumber, "")
+	e := start("e", 3, 65001, "")
+	if err := e.sp.SetPolicy(ctx, Policy{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sp.SetPeers(ctx, []Peer{{Address: rr.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port, LocalAddress: e.addr}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rr.sp.SetPeers(ctx, []Peer{
+		{Address: c1.addr, ASN: api.DefaultASNumber, Type: PeerRRClient, RRClient: true, Port: port, LocalAddress: rr.addr},
+		{Address: c2.addr, ASN: api.DefaultASNumber, Type: PeerRRClient, RRClient: true, Port: port, LocalAddress: rr.addr},
+		{Address: e.addr, ASN: 65001, Type: PeerGlobal, Port: port, LocalAddress: rr.addr, AcceptDefault: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*testNode{c1, c2} {
+		if err := c.sp.SetPeers(ctx, []Peer{{Address: rr.addr, ASN: api.DefaultASNumber, Type: PeerRR, Port: port, LocalAddress: c.addr}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	def, foreign := netip.MustParsePrefix("::/0"), netip.MustParsePrefix("2001:db8:ffff::/48")
+	if err := e.sp.SetAdvertised(ctx, []netip.Prefix{def, foreign}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c1.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(1), block6Of(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.sp.SetAdvertised(ctx, []netip.Prefix{block6Of(2)}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(convergeTimeout)
+	waitPeerFamilies(t, rr, map[netip.Addr][]string{c1.addr: {"ipv4", "ipv6"}, c2.addr: {"ipv4", "ipv6"}, e.addr: {"ipv4", "ipv6"}}, deadline)
+	// The reflector itself holds the external ::/0 (the barrier for the
+	// clients' checks below: it is there to be reflected, and must not be).
+	if got, ok := rr.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, def, v6[3]) && hasRoute(rs, block6Of(1), v6[1]) && hasRoute(rs, block6Of(2), v6[2])
+	}); !ok {
+		t.Fatalf("reflector routes:%s", routesString(got))
+	}
+	if got, ok := c2.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, block6Of(1), v6[1]) && hasRoute(rs, blockOf(1), addrs[1])
+	}); !ok {
+		t.Fatalf("c2 did not get c1's blocks reflected with c1's next hops:%s", routesString(got))
+	}
+	if got, ok := c1.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return hasRoute(rs, block6Of(2), v6[2]) }); !ok {
+		t.Fatalf("c1 did not get c2's IPv6 block reflected with c2's next hop:%s", routesString(got))
+	}
+	for _, c := range []*testNode{c1, c2} {
+		rs, err := c.sp.learnedRoutes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !lacksRoute(rs, def) || !lacksRoute(rs, foreign) {
+			t.Errorf("%s got the external router's IPv6 routes through the reflector:%s", c.name, routesString(rs))
+		}
+	}
+	// A withdrawal is reflected too.
+	if err := c1.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := c2.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool {
+		return lacksRoute(rs, block6Of(1)) && hasRoute(rs, blockOf(1), addrs[1])
+	}); !ok {
+		t.Fatalf("c2 after c1's IPv6 withdrawal:%s", routesString(got))
+	}
+}

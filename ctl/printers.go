@@ -29,7 +29,7 @@ func columnsOf(kind string) (header, wide []string) {
 	case api.KindBGPPeer:
 		return []string{"NAME", "PEERIP", "NODE", "ASN"}, []string{"KEEPALIVE", "HOLD", "PASSWORD", "SOURCE", "FILTERS", "MAX-PREFIXES", "BFD"}
 	case api.KindBGPFilter:
-		return []string{"NAME", "IMPORT-V4", "EXPORT-V4"}, []string{"RULES"}
+		return []string{"NAME", "IMPORT-V4", "EXPORT-V4", "IMPORT-V6", "EXPORT-V6"}, []string{"RULES"}
 	case api.KindWorkloadEndpoint:
 		return []string{"NAMESPACE", "NAME", "NODE", "IP", "INTERFACE", "ORIGIN"}, []string{"POD", "CONTAINER", "MAC", "LABELS"}
 	case api.KindNetworkPolicy:
@@ -101,12 +101,13 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 		for _, l := range []struct {
 			name  string
 			rules []api.BGPFilterRule
-		}{{"import", o.Spec.ImportV4}, {"export", o.Spec.ExportV4}} {
+		}{{"import", o.Spec.ImportV4}, {"export", o.Spec.ExportV4}, {"importV6", o.Spec.ImportV6}, {"exportV6", o.Spec.ExportV6}} {
 			for _, r := range l.rules {
 				rules = append(rules, l.name+" "+filterRule(r))
 			}
 		}
-		return []string{o.Metadata.Name, strconv.Itoa(len(o.Spec.ImportV4)), strconv.Itoa(len(o.Spec.ExportV4))},
+		return []string{o.Metadata.Name, strconv.Itoa(len(o.Spec.ImportV4)), strconv.Itoa(len(o.Spec.ExportV4)),
+				strconv.Itoa(len(o.Spec.ImportV6)), strconv.Itoa(len(o.Spec.ExportV6))},
 			[]string{orNone(strings.Join(rules, "; "))}
 	case *api.WorkloadEndpoint:
 		return []string{o.Metadata.Namespace, o.Metadata.Name, o.Spec.Node, orNone(strings.Join(o.Spec.IPNetworks, ",")), orNone(o.Spec.InterfaceName), api.Origin(o)},

@@ -218,7 +218,9 @@ func replaceRoute(h *netlink.Handle, rt Route) (created bool, _ error) {
 }
 
 // checkOwned fails with ErrForeignRoute if the route for dst that a replace
-// would overwrite (main table, metric 0, TOS 0) is not Tabby's.
+// would overwrite (main table, TOS 0, the family's default metric: 0 for
+// IPv4, 1024 for IPv6, where the kernel turns a metric of 0 into 1024) is
+// not Tabby's.
 func checkOwned(h *netlink.Handle, dst netip.Prefix) error {
 	filter := &netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: ipNet(dst)}
 	nrs, err := retryDump(func() ([]netlink.Route, error) {
@@ -227,13 +229,21 @@ func checkOwned(h *netlink.Handle, dst netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("listing routes to %v: %w", dst, err)
 	}
+	metric := 0
+	if dst.Addr().Is6() {
+		metric = ip6DefaultMetric
+	}
 	for _, nr := range nrs {
-		if nr.Priority == 0 && nr.Tos == 0 && !OwnedProto(int(nr.Protocol)) {
+		if nr.Priority == metric && nr.Tos == 0 && !OwnedProto(int(nr.Protocol)) {
 			return fmt.Errorf("route to %v has protocol %d: %w", dst, int(nr.Protocol), ErrForeignRoute)
 		}
 	}
 	return nil
 }
+
+// ip6DefaultMetric is the metric the kernel gives an IPv6 route added
+// without one (IP6_RT_PRIO_USER), Tabby's own included.
+const ip6DefaultMetric = 1024
 
 func toNetlink(h *netlink.Handle, rt Route) (*netlink.Route, error) {
 	nr := &netlink.Route{

@@ -190,3 +190,47 @@ func TestPrivilegedSyncRoutes(t *testing.T) {
 	}
 	foreignRoutesIntact(t, node)
 }
+
+// TestPrivilegedRoutesForeignIPv6: an IPv6 route someone else added (the
+// kernel gives it metric 1024, the IPv6 default, where an IPv4 route gets
+// 0) is foreign to Replace and Delete as an IPv4 one is: a learned ::/0
+// or block must not overwrite a node's own default route or static route.
+func TestPrivilegedRoutesForeignIPv6(t *testing.T) {
+	skipUnlessPrivileged(t)
+	node, r := routeNode(t)
+	run(t, "ip", "-n", node.Name, "-6", "addr", "add", "2001:db8::b/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", node.Name, "-6", "route", "add", "default", "via", "2001:db8::1", "dev", "eth0")
+	run(t, "ip", "-n", node.Name, "-6", "route", "add", "fd00:10:244:5::/122", "dev", "eth0", "proto", "static")
+	for _, rt := range []dataplane.Route{
+		bgp("::/0", "2001:db8::2"),
+		bgp("fd00:10:244:5::/122", "2001:db8::2"),
+		{Dst: pfx("fd00:10:244:5::/122"), Type: dataplane.RouteBlackhole, Proto: dataplane.RouteProtoWorkload},
+	} {
+		if err := r.Replace(rt); !errors.Is(err, dataplane.ErrForeignRoute) {
+			t.Errorf("Replace(%v) over a foreign IPv6 route = %v, want ErrForeignRoute", rt, err)
+		}
+	}
+	if err := dataplane.SyncRoutes(r, dataplane.RouteProtoBGP, []dataplane.Route{bgp("::/0", "2001:db8::2"), bgp("fd00:10:244:6::/122", "2001:db8::2")}); !errors.Is(err, dataplane.ErrForeignRoute) {
+		t.Errorf("SyncRoutes over a foreign IPv6 default route = %v, want ErrForeignRoute", err)
+	}
+	if diff := cmp.Diff([]string{"fd00:10:244:6::/122 via 2001:db8::2 dev eth0 proto 81"}, listStrings(t, r, dataplane.RouteProtoBGP)); diff != "" {
+		t.Errorf("List(81) (-want +got):\n%s", diff)
+	}
+	out := run(t, "ip", "-n", node.Name, "-6", "route", "show")
+	for _, want := range []string{
+		"fd00:10:244:5::/122 dev eth0 proto static metric 1024",
+		"default via 2001:db8::1 dev eth0 metric 1024",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("foreign IPv6 route %q gone from:\n%s", want, out)
+		}
+	}
+	// Tabby's own IPv6 routes are still replaced in place.
+	if err := r.Replace(bgp("fd00:10:244:6::/122", "2001:db8::3")); err != nil {
+		t.Errorf("Replace of Tabby's own IPv6 route: %v", err)
+	}
+	if diff := cmp.Diff([]string{"fd00:10:244:6::/122 via 2001:db8::3 dev eth0 proto 81"}, listStrings(t, r, dataplane.RouteProtoBGP)); diff != "" {
+		t.Errorf("List(81) after replace (-want +got):\n%s", diff)
+	}
+	foreignRoutesIntact(t, node)
+}

@@ -117,6 +117,10 @@ spec:
   - {cidr: 0.0.0.0/0, matchOperator: Equal, action: Accept}
   exportV4:
   - {cidr: 10.244.128.0/17, action: Reject}
+  importV6:
+  - {cidr: 2001:db8:77::/48, prefixLength: {max: 56}, action: Accept}
+  exportV6:
+  - {cidr: "fd00:10:244:8000::/49", action: Reject}
 ---
 apiVersion: tabby.dev/v1
 kind: BGPPeer
@@ -141,6 +145,8 @@ spec:
   importV4:
   - {cidr: 203.0.113.1/24, matchOperator: Near, action: Allow}
   - {cidr: 10.0.0.0/8, matchOperator: Equal, prefixLength: {max: 24}, action: Accept}
+  importV6:
+  - {cidr: 10.0.0.0/8, action: Accept}
 `)
 	h.fail("apply", "-f", bad)
 	h.fail("apply", "-f", h.file("typo-filter.yaml", "apiVersion: tabby.dev/v1\nkind: BGPFilter\nmetadata: {name: t}\nspec: {importv4: []}\n"))

@@ -384,7 +384,9 @@ func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
 		for _, c := range ipt.Chains {
 			want[c.Table+" "+c.Name] = len(c.Rules)
 		}
-		for _, s := range ipt.Sets {
+		// The kernel's ipsets are both families': the IPv6 twin
+		// (ip6tables) owns the family inet6 ones.
+		for _, s := range append(ipt.Sets, dataplane.RenderIPTablesFamily(*rs, policy.IPv6).Sets...) {
 			for _, m := range s.Members {
 				want["set "+s.Name+" "+m] = 1
 			}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
 )
 
 func flex(b bool) *cni.FlexBool { v := cni.FlexBool(b); return &v }
@@ -110,6 +112,73 @@ func TestCNIAddDualStack(t *testing.T) {
 	}
 	if n := len(e.endpoints(t)); n != 1 {
 		t.Errorf("%d endpoints, want only the IPv6-only pod's", n)
+	}
+	rep, err := e.h.ipam.Check(ctx)
+	if err != nil || !rep.OK() {
+		t.Errorf("ipam check: %+v %v", rep, err)
+	}
+}
+
+// A dual-stack pod's address annotations, as tabby-kube-controllers record
+// them: ipv6pools picks the IPv6 pool (pod over namespace), ipAddrs takes
+// one address of each family, two of one family are refused, and an
+// unknown IPv6 pool is named.
+func TestCNIAddDualStackAnnotations(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t) // pool1: 10.244.0.0/24
+	mustCreate(t, e.store, &api.IPPool{Metadata: api.ObjectMeta{Name: "v6a"}, Spec: api.IPPoolSpec{CIDR: "fd00:10:244::/64"}})
+	mustCreate(t, e.store, &api.IPPool{Metadata: api.ObjectMeta{Name: "v6b"}, Spec: api.IPPoolSpec{CIDR: "fd00:10:245::/64"}})
+	putJSON(t, e.store, datastore.KubeMarkerKey, api.KubeMarker{Identity: "test"})
+	if err := e.view.WaitRevision(ctx, storeRev(t, e.store)); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		pod, ns map[string]string
+		want    []string // prefixes the addresses start with, IPv4 first
+		wantErr string
+	}{
+		{name: "namespace IPv6 pool", ns: map[string]string{"cni.projectcalico.org/ipv6pools": `["v6b"]`}, want: []string{"10.244.0.", "fd00:10:245:"}},
+		{name: "pod IPv6 pool wins", pod: map[string]string{"tabby.dev/ipv6pools": `["fd00:10:244::/64"]`},
+			ns: map[string]string{"cni.projectcalico.org/ipv6pools": `["v6b"]`}, want: []string{"10.244.0.", "fd00:10:244:"}},
+		{name: "one address of each family", pod: map[string]string{"cni.projectcalico.org/ipAddrs": `["10.244.0.91", "fd00:10:245::91"]`},
+			want: []string{"10.244.0.91", "fd00:10:245::91"}},
+		{name: "two IPv6 addresses", pod: map[string]string{"cni.projectcalico.org/ipAddrs": `["fd00:10:245::92", "fd00:10:245::93"]`},
+			wantErr: "a pod gets one address of each family"},
+		{name: "unknown IPv6 pool", pod: map[string]string{"cni.projectcalico.org/ipv6pools": `["nope6"]`}, wantErr: `unknown IP pool "nope6" (ipv6pools)`},
+		{name: "IPv4 pool as IPv6 pool", pod: map[string]string{"cni.projectcalico.org/ipv6pools": `["pool1"]`}, wantErr: `"pool1" is an IPv4 pool`},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, conf, args := addReq(fmt.Sprintf("ann%d", i))
+			conf.AssignIPv6 = flex(true)
+			ns := fmt.Sprintf("ns%d", i)
+			args.PodNamespace = ns
+			putJSON(t, e.store, datastore.KubeNamespaceKey(ns), api.KubeNamespace{Name: ns, Annotations: tt.ns})
+			putJSON(t, e.store, datastore.KubePodKey(ns, args.PodName), api.KubePod{Namespace: ns, Name: args.PodName, Annotations: tt.pod})
+			res, err := e.h.Add(ctx, req, conf, args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error()+detail(err), tt.wantErr) {
+					t.Fatalf("ADD error %v, want one saying %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.IPs) != len(tt.want) {
+				t.Fatalf("ADD gave %d addresses, want %d", len(res.IPs), len(tt.want))
+			}
+			for k, ipc := range res.IPs {
+				a, _ := netip.AddrFromSlice(ipc.Address.IP)
+				if !strings.HasPrefix(a.Unmap().String(), tt.want[k]) {
+					t.Errorf("address %d = %s, want %s…", k, a.Unmap(), tt.want[k])
+				}
+			}
+			if err := e.h.Del(ctx, req, conf, args); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 	rep, err := e.h.ipam.Check(ctx)
 	if err != nil || !rep.OK() {

@@ -357,7 +357,7 @@ func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.
 		}
 		r.Addr = a
 	}
-	info, err := h.applyPodInfo(ctx, w, conf, args, &v4)
+	info, err := h.applyPodInfo(ctx, w, conf, args, &v4, &v6)
 	if err != nil {
 		return nil, podInfo{}, err
 	}
@@ -371,7 +371,7 @@ func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.
 			out = append(out, f.r)
 		case f.r.Addr.IsValid():
 			return nil, podInfo{}, &types.Error{Code: types.ErrInvalidNetworkConfig,
-				Msg: fmt.Sprintf("the runtime asks for %s, but network %s assigns no IPv%d addresses (assign_ipv%d)", f.r.Addr, conf.Name, f.r.Family, f.r.Family)}
+				Msg: fmt.Sprintf("%s is asked for (by the runtime or the pod's annotations), but network %s assigns no IPv%d addresses (assign_ipv%d)", f.r.Addr, conf.Name, f.r.Family, f.r.Family)}
 		}
 	}
 	return out, info, nil

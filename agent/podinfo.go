@@ -73,7 +73,7 @@ type podInfo struct {
 // and address request (areq) from its records, and returns its namespace's
 // labels. Outside Kubernetes (no pod name in the arguments, or no
 // controllers managing the cluster) it changes nothing.
-func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.NetConf, args *cni.Args, areq *ipam.AssignRequest) (podInfo, error) {
+func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.NetConf, args *cni.Args, v4, v6 *ipam.AssignRequest) (podInfo, error) {
 	if w.Orchestrator != "k8s" {
 		return podInfo{}, nil
 	}
@@ -96,7 +96,7 @@ func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.N
 	}
 	args.Labels = api.EndpointLabels(pod)
 	info := podInfo{kube: true, nsLabels: ns.Labels, ports: pod.Ports}
-	if info.noIPAM, err = h.addressRequest(pod, &ns, conf, areq); err != nil {
+	if info.noIPAM, err = h.addressRequest(pod, &ns, conf, v4, v6); err != nil {
 		return podInfo{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}
 	return info, nil
@@ -148,49 +148,64 @@ func (h *cniHandler) readPodRecord(ctx context.Context, ns, name string) (*api.K
 // network configuration allows it (feature_control.ip_addrs_no_ipam, as in
 // Calico); it must lie outside every IP pool, where IPAM could hand it to
 // another pod.
-func (h *cniHandler) addressRequest(pod *api.KubePod, ns *api.KubeNamespace, conf *cni.NetConf, areq *ipam.AssignRequest) (netip.Addr, error) {
+func (h *cniHandler) addressRequest(pod *api.KubePod, ns *api.KubeNamespace, conf *cni.NetConf, v4, v6 *ipam.AssignRequest) (netip.Addr, error) {
 	r, err := api.ParseAddressRequest(pod.Annotations, ns.Annotations)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	if len(r.IPv6Pools) > 0 {
-		return netip.Addr{}, fmt.Errorf("%s %v: IPv6 is not supported", api.AnnotationIPv6Pools, r.IPv6Pools)
-	}
-	for _, want := range r.IPv4Pools {
-		name, err := h.poolNamed(want)
-		if err != nil {
-			return netip.Addr{}, err
+	for _, f := range []struct {
+		annotation string
+		pools      []string
+		req        *ipam.AssignRequest
+	}{{api.AnnotationIPv4Pools, r.IPv4Pools, v4}, {api.AnnotationIPv6Pools, r.IPv6Pools, v6}} {
+		for _, want := range f.pools {
+			name, err := h.poolNamed(want, f.annotation)
+			if err != nil {
+				return netip.Addr{}, err
+			}
+			f.req.Pools = append(f.req.Pools, name)
 		}
-		areq.Pools = append(areq.Pools, name)
 	}
 	what := api.AnnotationIPAddrs
 	if r.NoIPAM {
 		what = api.AnnotationIPAddrsNoIPAM
 	}
-	var a netip.Addr
-	switch {
-	case len(r.Addrs) > 1:
-		return netip.Addr{}, fmt.Errorf("%s: %d addresses, but a pod gets one IPv4 address", what, len(r.Addrs))
-	case len(r.Addrs) == 1:
-		a = r.Addrs[0]
-		if !a.Is4() {
-			return netip.Addr{}, fmt.Errorf("%s: %s: IPv6 is not supported", what, a)
+	// At most one address per family; without IPAM, one address.
+	byFamily := map[bool]netip.Addr{}
+	for _, a := range r.Addrs {
+		if prev, dup := byFamily[a.Is6()]; dup {
+			return netip.Addr{}, fmt.Errorf("%s: %s and %s: a pod gets one address of each family", what, prev, a)
 		}
-		if areq.Addr.IsValid() && areq.Addr != a {
-			return netip.Addr{}, fmt.Errorf("%s asks for %s but the runtime asks for %s", what, a, areq.Addr)
+		byFamily[a.Is6()] = a
+		req := v4
+		if a.Is6() {
+			req = v6
+		}
+		if req.Addr.IsValid() && req.Addr != a {
+			return netip.Addr{}, fmt.Errorf("%s asks for %s but the runtime asks for %s", what, a, req.Addr)
 		}
 	}
 	if !r.NoIPAM {
-		if a.IsValid() {
-			areq.Addr = a
+		for is6, a := range byFamily {
+			if is6 {
+				v6.Addr = a
+			} else {
+				v4.Addr = a
+			}
 		}
 		return netip.Addr{}, nil
 	}
 	if !conf.FeatureControl.IPAddrsNoIPAM {
 		return netip.Addr{}, fmt.Errorf("%s is not allowed by the network configuration (feature_control.ip_addrs_no_ipam is off)", api.AnnotationIPAddrsNoIPAM)
 	}
-	if !a.IsValid() {
+	var a netip.Addr
+	switch len(r.Addrs) {
+	case 0:
 		return netip.Addr{}, fmt.Errorf("%s: no address", what)
+	case 1:
+		a = r.Addrs[0]
+	default:
+		return netip.Addr{}, fmt.Errorf("%s: %d addresses, but a pod without IPAM gets one", what, len(r.Addrs))
 	}
 	for _, p := range h.view.Pools() {
 		if pr, err := p.Prefix(); err == nil && pr.Contains(a) {
@@ -200,8 +215,9 @@ func (h *cniHandler) addressRequest(pod *api.KubePod, ns *api.KubeNamespace, con
 	return a, nil
 }
 
-// poolNamed finds a pool by name or CIDR in the view.
-func (h *cniHandler) poolNamed(want string) (string, error) {
+// poolNamed finds a pool by name or CIDR in the view; annotation names
+// the annotation that asked, for the error.
+func (h *cniHandler) poolNamed(want, annotation string) (string, error) {
 	cidr, cidrErr := netip.ParsePrefix(want)
 	for _, p := range h.view.Pools() {
 		if p.Metadata.Name == want {
@@ -211,5 +227,5 @@ func (h *cniHandler) poolNamed(want string) (string, error) {
 			return p.Metadata.Name, nil
 		}
 	}
-	return "", fmt.Errorf("unknown IP pool %q (%s)", want, api.AnnotationIPv4Pools)
+	return "", fmt.Errorf("unknown IP pool %q (%s)", want, annotation)
 }

@@ -116,22 +116,8 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 	}
 
 	t.Run("SessionsCarryBothFamilies", func(t *testing.T) {
-		waitFor(t, 40*time.Second, "every node's ToR session Established with ipv4 and ipv6", func() error {
-			var errs []error
-			for _, n := range nodes {
-				s, err := l.NodeStatus(ctx, n.Name)
-				if err != nil {
-					return err
-				}
-				i := slices.IndexFunc(s.Peers, func(p api.PeerStatus) bool { return p.Address == torAddr })
-				switch {
-				case i < 0:
-					errs = append(errs, fmt.Errorf("%s has no session to %s: %+v", n.Name, torAddr, s.Peers))
-				case s.Peers[i].State != "Established" || strings.Join(s.Peers[i].Families, ",") != "ipv4,ipv6":
-					errs = append(errs, fmt.Errorf("%s: ToR session %+v, want Established with ipv4,ipv6", n.Name, s.Peers[i]))
-				}
-			}
-			return errors.Join(errs...)
+		waitToRSessions(ctx, t, l, nodes, 40*time.Second, "Established with ipv4,ipv6", func(p api.PeerStatus) bool {
+			return p.State == "Established" && strings.Join(p.Families, ",") == "ipv4,ipv6"
 		})
 		waitFor(t, 10*time.Second, "BIRD's sessions with both channels up", func() error {
 			var errs []error

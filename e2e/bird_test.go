@@ -220,22 +220,8 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 	nodes := l.State().Nodes
 
 	t.Run("SessionsEstablished", func(t *testing.T) {
-		waitFor(t, 30*time.Second, "every node's session to the ToR", func() error {
-			var errs []error
-			for _, n := range nodes {
-				s, err := l.NodeStatus(ctx, n.Name)
-				if err != nil {
-					return err
-				}
-				i := slices.IndexFunc(s.Peers, func(p api.PeerStatus) bool { return p.Address == torAddr })
-				switch {
-				case i < 0:
-					errs = append(errs, fmt.Errorf("%s has no session to %s: %+v", n.Name, torAddr, s.Peers))
-				case s.Peers[i].Type != "global" || s.Peers[i].State != "Established":
-					errs = append(errs, fmt.Errorf("%s: ToR session is %+v, want type global, Established", n.Name, s.Peers[i]))
-				}
-			}
-			return errors.Join(errs...)
+		waitToRSessions(ctx, t, l, nodes, 30*time.Second, "type global, Established", func(p api.PeerStatus) bool {
+			return p.Type == "global" && p.State == "Established"
 		})
 		waitFor(t, 10*time.Second, "BIRD's sessions", func() error {
 			out, err := b.c(ctx, "show", "protocols")
@@ -471,4 +457,27 @@ func TestParseBIRDOutput(t *testing.T) {
 			t.Errorf("birdProtocolState(%s) = %q, want %q", name, got, want)
 		}
 	}
+}
+
+// waitToRSessions waits until every node's session to the ToR satisfies
+// ok (described by want), or fails the test after timeout.
+func waitToRSessions(ctx context.Context, t *testing.T, l *lab.Lab, nodes []lab.NodeState, timeout time.Duration, want string, ok func(api.PeerStatus) bool) {
+	t.Helper()
+	waitFor(t, timeout, "every node's ToR session "+want, func() error {
+		var errs []error
+		for _, n := range nodes {
+			s, err := l.NodeStatus(ctx, n.Name)
+			if err != nil {
+				return err
+			}
+			i := slices.IndexFunc(s.Peers, func(p api.PeerStatus) bool { return p.Address == torAddr })
+			switch {
+			case i < 0:
+				errs = append(errs, fmt.Errorf("%s has no session to %s: %+v", n.Name, torAddr, s.Peers))
+			case !ok(s.Peers[i]):
+				errs = append(errs, fmt.Errorf("%s: ToR session is %+v, want %s", n.Name, s.Peers[i], want))
+			}
+		}
+		return errors.Join(errs...)
+	})
 }

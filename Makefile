@@ -41,9 +41,11 @@ test: build
 unit:
 	GO=$(GO) BIN=$(BIN) TESTFLAGS="$(TESTFLAGS)" TIERS=unit ./scripts/test-tiers.sh
 
-# kube-apiserver for the Kubernetes test tier (package kube), built once from
-# the module proxy (scripts/kube-build) into /var/cache/tabby/kube/<version>;
-# a no-op when it is there. `make test` does not build it (see README).
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubelet for the
+# Kubernetes test tier and the lab, built once from the module proxy
+# (scripts/kube-build) into /var/cache/tabby/kube/<version>; only the missing
+# ones are built, a no-op when all are there. `make test` does not build them
+# (see README).
 kube-bins:
 	GO=$(GO) ./scripts/kube-bins.sh
 

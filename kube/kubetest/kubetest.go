@@ -32,17 +32,52 @@ import (
 // checks that the two agree).
 const Version = "v1.37.2"
 
+// Binaries are the Kubernetes commands `make kube-bins` builds into the
+// cache (scripts/kube-bins.sh; a test checks the two agree).
+var Binaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
+
 // Binary returns the kube-apiserver to run: $TABBY_KUBE_APISERVER, else
 // the cache that `make kube-bins` fills.
 func Binary() string {
 	if p := os.Getenv("TABBY_KUBE_APISERVER"); p != "" {
 		return p
 	}
+	return BinaryPath("kube-apiserver")
+}
+
+// BinaryPath is where `make kube-bins` puts the named command:
+// $KUBE_CACHE (default /var/cache/tabby/kube)/<Version>/<name>.
+func BinaryPath(name string) string {
 	root := os.Getenv("KUBE_CACHE")
 	if root == "" {
 		root = "/var/cache/tabby/kube"
 	}
-	return filepath.Join(root, Version, "kube-apiserver")
+	return filepath.Join(root, Version, name)
+}
+
+// Require returns the paths of the named commands, by name, or skips the
+// test (and returns nil) with a message naming each one that is not built
+// and how to build it.
+func Require(t testing.TB, names ...string) map[string]string {
+	t.Helper()
+	paths := map[string]string{}
+	var missing []string
+	for _, n := range names {
+		p := BinaryPath(n)
+		if n == "kube-apiserver" {
+			p = Binary()
+		}
+		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			missing = append(missing, p)
+			continue
+		}
+		paths[n] = p
+	}
+	if len(missing) > 0 {
+		t.Skipf("Kubernetes %s not built (%s): run `make kube-bins` (once; see docs/kubernetes-lab.md for how long)", Version, strings.Join(missing, ", "))
+		return nil
+	}
+	return paths
 }
 
 // APIServer is a running kube-apiserver.

@@ -27,6 +27,9 @@ func startDetached(role, nsName string, argv []string, logPath, pidPath string) 
 		return nil, nil, fmt.Errorf("starting %s: %w", role, err)
 	}
 	defer logf.Close()
+	if err := markInheritedCloseOnExec(); err != nil {
+		return nil, nil, fmt.Errorf("starting %s: %w", role, err)
+	}
 	cmd := exec.Command(full[0], full[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -49,6 +52,25 @@ func startDetached(role, nsName string, argv []string, logPath, pidPath string) 
 		}
 	}
 	return p, ch, nil
+}
+
+// markInheritedCloseOnExec sets close-on-exec on every descriptor of this
+// process above standard error. Go opens its own with it, but the ones this
+// process inherited without it (a CI harness's or a shell's pipe) would
+// otherwise be inherited in turn by every process the lab starts, which
+// outlive this one: whoever waits for that pipe to close would wait for the
+// lab's processes too.
+func markInheritedCloseOnExec() error {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("listing open descriptors: %w", err)
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+	return nil
 }
 
 // procStartTime returns field 22 of /proc/<pid>/stat (start time in clock

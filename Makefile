@@ -34,7 +34,7 @@ images: build
 # Every tier: unit (with -race), then as root privileged and end-to-end;
 # ends with which tiers ran and which were skipped, and why
 # (scripts/test-tiers.sh). TIERS="unit" runs only some.
-test: build
+test: build images
 	GO=$(GO) BIN=$(BIN) TESTFLAGS="$(TESTFLAGS)" ./scripts/test-tiers.sh
 
 # Unit tier only (no root needed, no namespaces), with the same report.

@@ -289,13 +289,20 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	progress(log, "tearing down lab %q", st.Name)
 	var errs []error
 	var procs []*Proc
+	// Container runtimes first (their pods need the agents only to be
+	// torn down, which the lab does by deleting namespaces), then agents
+	// (a graceful exit needs nothing from etcd), then etcd.
+	for _, n := range st.Nodes {
+		if n.Containerd != nil {
+			procs = append(procs, n.Containerd)
+		}
+	}
 	for _, n := range st.Nodes {
 		if n.Agent != nil {
 			procs = append(procs, n.Agent)
 		}
 	}
 	procs = append(procs, st.etcdProcs()...)
-	// Agents first (a graceful exit needs nothing from etcd), then etcd.
 	for _, p := range procs {
 		if p.alive() {
 			progress(log, "stopping %s (pid %d)", p.Role, p.PID)
@@ -319,6 +326,9 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 			errs = append(errs, err)
 		}
 	}
+	// Nothing mounted may remain below the directory about to be removed
+	// (containerd's snapshots, and later a kubelet's volumes).
+	errs = append(errs, unmountUnder(dir))
 	errs = append(errs, lk.unlock())
 	if err := errors.Join(errs...); err != nil {
 		// Keep the state so that another down can retry.

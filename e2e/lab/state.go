@@ -117,6 +117,8 @@ type NodeState struct {
 	// IP6 is the node's IPv6 fabric address in a dual-stack lab.
 	IP6   netip.Prefix `json:"ip6,omitzero"`
 	Agent *Proc        `json:"agent,omitempty"`
+	// Containerd is the node's containerd, when the lab started one.
+	Containerd *Proc `json:"containerd,omitempty"`
 }
 
 // PodState is one pod: a network namespace wired up by the CNI plugins.

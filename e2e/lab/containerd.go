@@ -1,0 +1,273 @@
+package lab
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tabbynet/tabby/internal/image"
+)
+
+// A lab node's containerd (Debian's containerd 1.6) runs in the node's
+// network namespace with everything of its own under the node directory:
+// root (content, snapshots, metadata), state, the gRPC socket, runc's state,
+// the opt directory and the CNI directories its CRI plugin reads. Only the
+// shims' sockets go to the compiled-in /run/containerd/s (names hashed from
+// our socket path, so nodes do not collide; removed when the shims exit).
+// The pod sandbox image is the lab's pause image (internal/image.PauseName).
+
+// containerdNamespace is the containerd namespace the CRI plugin, and so
+// the kubelet, uses.
+const containerdNamespace = "k8s.io"
+
+// ContainerdDir is the directory of the node's containerd.
+func (l *Lab) ContainerdDir(node string) string { return filepath.Join(l.nodeDir(node), "containerd") }
+
+// ContainerdSocket is the node's containerd gRPC socket (the kubelet's
+// --container-runtime-endpoint, ctr's --address).
+func (l *Lab) ContainerdSocket(node string) string {
+	return filepath.Join(l.ContainerdDir(node), "containerd.sock")
+}
+
+// containerdConfig is the config.toml of a containerd whose files all live
+// under dir.
+func containerdConfig(dir string) string {
+	q := func(p string) string { return fmt.Sprintf("%q", filepath.Join(dir, p)) }
+	return `# Written by the Tabby lab: a containerd of one lab node.
+version = 2
+root = ` + q("root") + `
+state = ` + q("state") + `
+oom_score = 0
+
+[grpc]
+  address = ` + q("containerd.sock") + `
+
+[ttrpc]
+  address = ` + q("containerd.sock.ttrpc") + `
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = ` + q("opt") + `
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "` + image.PauseName + `"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = ` + q("cni/bin") + `
+    conf_dir = ` + q("cni/net.d") + `
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        # The kubelet uses the cgroupfs driver: there is no systemd.
+        SystemdCgroup = false
+        Root = ` + q("runc") + `
+`
+}
+
+// StartContainerd starts containerd for the node in the node's network
+// namespace (nsenter --net, in a session of its own, with its output in
+// <containerd dir>/containerd.log and no descriptor of this process but
+// /dev/null on standard input) and waits until it serves. Teardown stops
+// it and removes its directory.
+func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
+	bin, err := exec.LookPath("containerd")
+	if err != nil {
+		return fmt.Errorf("containerd is not installed (apt-get install containerd): %w", err)
+	}
+	st := l.State()
+	n := st.node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	if n.Containerd.alive() {
+		return fmt.Errorf("the containerd of %s is running (pid %d)", node, n.Containerd.PID)
+	}
+	dir := l.ContainerdDir(node)
+	for _, d := range []string{"root", "state", "opt", "runc", "cni/bin", "cni/net.d"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return fmt.Errorf("creating containerd directories: %w", err)
+		}
+	}
+	cfg := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(cfg, []byte(containerdConfig(dir)), 0o644); err != nil {
+		return fmt.Errorf("writing containerd config: %w", err)
+	}
+	progress(l.log, "starting containerd on %s", node)
+	p, done, err := startDetached("containerd "+node, n.NetNS, []string{bin, "--config", cfg}, filepath.Join(dir, "containerd.log"), pidFile(dir, "containerd"))
+	if err != nil {
+		return err
+	}
+	l.trackExit(p.PID, done)
+	if err := l.update(func(s *State) error {
+		if n := s.node(node); n != nil {
+			n.Containerd = p
+			return nil
+		}
+		return fmt.Errorf("node %q vanished while starting its containerd", node)
+	}); err != nil {
+		return errors.Join(err, p.stop(ctx, syscall.SIGKILL, time.Second, done))
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	sock := l.ContainerdSocket(node)
+	err = poll(wctx, 50*time.Millisecond, func() (bool, error) {
+		if !p.alive() {
+			return false, fmt.Errorf("containerd on %s exited: %s", node, logTail(p.Log))
+		}
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return false, nil
+		}
+		return true, c.Close()
+	})
+	if err == nil {
+		_, err = l.Ctr(wctx, node, "version")
+	}
+	if err != nil {
+		return fmt.Errorf("containerd on %s does not serve on %s: %w", node, sock, err)
+	}
+	return nil
+}
+
+// StopContainerd stops the node's containerd (SIGTERM, SIGKILL after 10 s)
+// and unmounts whatever is still mounted under its directory.
+func (l *Lab) StopContainerd(ctx context.Context, node string) error {
+	n := l.State().node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	var errs []error
+	if n.Containerd != nil {
+		progress(l.log, "stopping containerd on %s (pid %d)", node, n.Containerd.PID)
+		errs = append(errs, n.Containerd.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(n.Containerd.PID)))
+	}
+	errs = append(errs, unmountUnder(l.ContainerdDir(node)))
+	return errors.Join(errs...)
+}
+
+// Ctr runs ctr against the node's containerd in its k8s.io namespace and
+// returns its standard output.
+func (l *Lab) Ctr(ctx context.Context, node string, args ...string) ([]byte, error) {
+	argv := append([]string{"--address", l.ContainerdSocket(node), "--namespace", containerdNamespace}, args...)
+	cmd := exec.CommandContext(ctx, "ctr", argv...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("ctr %s on %s: %w: %s", strings.Join(args, " "), node, err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// ImportImages loads OCI (or docker save) archives into the node's
+// containerd, where the kubelet finds them (`ctr -n k8s.io images import`).
+func (l *Lab) ImportImages(ctx context.Context, node string, archives ...string) error {
+	for _, a := range archives {
+		if _, err := l.Ctr(ctx, node, "images", "import", a); err != nil {
+			return fmt.Errorf("importing %s: %w", a, err)
+		}
+	}
+	return nil
+}
+
+// Images lists the references of the node's images, sorted, without the
+// sha256:… ID references the CRI plugin adds.
+func (l *Lab) Images(ctx context.Context, node string) ([]string, error) {
+	out, err := l.Ctr(ctx, node, "images", "list", "--quiet")
+	if err != nil {
+		return nil, err
+	}
+	var refs []string
+	for _, r := range strings.Fields(string(out)) {
+		if !strings.HasPrefix(r, "sha256:") {
+			refs = append(refs, r)
+		}
+	}
+	slices.Sort(refs)
+	return refs, nil
+}
+
+// mountsUnder lists the mount points at or below dir in this process's
+// mount namespace, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dir = filepath.Clean(dir)
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	return out, nil
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space…).
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first, so
+// that removing dir never walks into a mounted file system (a snapshot, a
+// pod volume, a bind mount of a host directory).
+func unmountUnder(dir string) error {
+	mps, err := mountsUnder(dir)
+	if err != nil {
+		return fmt.Errorf("listing mounts under %s: %w", dir, err)
+	}
+	var errs []error
+	for _, mp := range mps {
+		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", mp, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// logTail is the last lines of a log file, for an error message.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log %s: %v)", path, err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return strings.Join(lines, "\n") + " (log: " + path + ")"
+}

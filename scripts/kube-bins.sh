@@ -23,7 +23,12 @@ for b in ${KUBE_BINS:-kube-apiserver kube-controller-manager kube-scheduler kube
 	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) ;;
 	*) echo "kube-bins: unknown binary $b" >&2; exit 1 ;;
 	esac
-	[ -x "$dir/$b" ] || missing="$missing $b"
+	# A binary counts only if it says it is this release: builds from
+	# before the version was stamped say v0.0.0-master.
+	if [ -x "$dir/$b" ] && "$dir/$b" --version 2>/dev/null | grep -qx "Kubernetes $version"; then
+		continue
+	fi
+	missing="$missing $b"
 done
 if [ -z "$missing" ]; then
 	echo "$dir"
@@ -38,7 +43,14 @@ echo "kube-bins: building$missing $version into $dir (several minutes)" >&2
 start=$(date +%s)
 # -o a directory: go build writes one binary per main package into it.
 # shellcheck disable=SC2086
-(cd "$here/kube-build" && CGO_ENABLED=0 nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$tmp/" $pkgs)
+# The version is stamped as Kubernetes' own build does (hack/lib/version.sh),
+# so that the binaries report it: a kubelet's node shows it, kubectl checks skew.
+major=${version#v}; minor=${major#*.}; major=${major%%.*}; minor=${minor%%.*}
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+done
+(cd "$here/kube-build" && CGO_ENABLED=0 nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" -o "$tmp/" $pkgs)
 # Renamed into place one by one: a binary in the cache is always complete.
 for b in $missing; do mv "$tmp/$b" "$dir/$b"; done
 echo "kube-bins: built$missing in $(( $(date +%s) - start )) s" >&2

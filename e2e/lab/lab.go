@@ -289,9 +289,14 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	progress(log, "tearing down lab %q", st.Name)
 	var errs []error
 	var procs []*Proc
-	// Container runtimes first (their pods need the agents only to be
-	// torn down, which the lab does by deleting namespaces), then agents
-	// (a graceful exit needs nothing from etcd), then etcd.
+	// Kubelets, then container runtimes (their pods need the agents only
+	// to be torn down, which the lab does by deleting namespaces), then
+	// agents (a graceful exit needs nothing from etcd), then etcd.
+	for _, n := range st.Nodes {
+		if n.Kubelet != nil {
+			procs = append(procs, n.Kubelet)
+		}
+	}
 	for _, n := range st.Nodes {
 		if n.Containerd != nil {
 			procs = append(procs, n.Containerd)
@@ -309,6 +314,11 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 		}
 		if err := p.stop(ctx, syscall.SIGTERM, 5*time.Second, exited[p.PID]); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, n := range st.Nodes {
+		if n.CgroupRoot != "" {
+			errs = append(errs, removeCgroupRoot(n.CgroupRoot))
 		}
 	}
 	prefix := st.Name + "-"

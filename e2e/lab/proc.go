@@ -104,7 +104,8 @@ func procStat(pid int) ([]string, error) {
 
 // alive reports whether pid is still the process p describes: running (not
 // a zombie), started at the recorded time, with a command line that is what
-// we started (before or after nsenter exec'd the program).
+// we started or a tail of it (after nsenter and the like exec'd the next
+// program).
 func (p *Proc) alive() bool {
 	if p == nil || p.PID <= 0 {
 		return false
@@ -124,8 +125,13 @@ func (p *Proc) alive() bool {
 	if slices.Equal(args, p.Argv) {
 		return true
 	}
-	if i := slices.Index(p.Argv, "--"); i >= 0 && slices.Equal(args, p.Argv[i+1:]) {
-		return true
+	// A chain of programs that exec the next (nsenter, unshare, a
+	// script's exec "$@") shows a tail of the command line as started;
+	// the start time above is what tells a reused pid.
+	for i := 1; i < len(p.Argv); i++ {
+		if slices.Equal(args, p.Argv[i:]) {
+			return true
+		}
 	}
 	return false
 }

@@ -84,8 +84,9 @@ func Require(t testing.TB, names ...string) map[string]string {
 type APIServer struct {
 	// Config authenticates as a cluster admin (group system:masters).
 	Config *rest.Config
-	// Tokens holds the static tokens: "admin", and "controllers" for the
-	// user "tabby-kube-controllers" (no group: RBAC decides).
+	// Tokens holds the static tokens: "admin", "controllers" for the
+	// user "tabby-kube-controllers" (no group: RBAC decides), and
+	// "node:<name>" for each of Options.Nodes.
 	Tokens map[string]string
 	Client kubernetes.Interface
 	URL    string
@@ -113,9 +114,23 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// Options configure StartWith.
+type Options struct {
+	// Nodes get a token each, "node:<name>", for the user
+	// system:node:<name> in the group system:nodes, which the Node
+	// authorizer serves: what a kubelet registering <name> needs.
+	Nodes []string
+}
+
 // Start runs kube-apiserver until the test ends, or skips the test (with
 // the reason printed) when the binary is not built.
 func Start(t testing.TB) *APIServer {
+	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *APIServer {
 	t.Helper()
 	bin := Binary()
 	if _, err := os.Stat(bin); err != nil {
@@ -134,6 +149,11 @@ func Start(t testing.TB) *APIServer {
 	tokens := map[string]string{"admin": rand.Text(), "controllers": rand.Text()}
 	tokenFile := filepath.Join(dir, "tokens.csv")
 	csv := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,tabby-kube-controllers,tkc-uid\n", tokens["admin"], tokens["controllers"])
+	for _, n := range o.Nodes {
+		tok := rand.Text()
+		tokens["node:"+n] = tok
+		csv += fmt.Sprintf("%s,system:node:%s,node-%s-uid,\"system:nodes\"\n", tok, n, n)
+	}
 	if err := os.WriteFile(tokenFile, []byte(csv), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +171,8 @@ func Start(t testing.TB) *APIServer {
 		"--secure-port="+strconv.Itoa(port),
 		"--cert-dir="+filepath.Join(dir, "certs"),
 		"--token-auth-file="+tokenFile,
-		"--authorization-mode=RBAC",
+		// Node: kubelets (system:nodes) get what their node needs.
+		"--authorization-mode=Node,RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+saKey,
 		"--service-account-signing-key-file="+saKey,

@@ -21,10 +21,20 @@ import (
 // A lab node's containerd (Debian's containerd 1.6) runs in the node's
 // network namespace with everything of its own under the node directory:
 // root (content, snapshots, metadata), state, the gRPC socket, runc's state,
-// the opt directory and the CNI directories its CRI plugin reads. Only the
-// shims' sockets go to the compiled-in /run/containerd/s (names hashed from
-// our socket path, so nodes do not collide; removed when the shims exit).
-// The pod sandbox image is the lab's pause image (internal/image.PauseName).
+// the opt directory and the CNI plugin directory its CRI plugin reads; its
+// CNI configuration directory is the node's, where the lab writes the
+// conflist. Only the shims' sockets go to the compiled-in /run/containerd/s
+// (names hashed from our socket path, so nodes do not collide; removed when
+// the shims exit). The pod sandbox image is the lab's pause image
+// (internal/image.PauseName).
+//
+// It also runs in a mount namespace of its own, the node's, which the
+// node's kubelet joins (nodeMountScript): there the kubelet's volume
+// mounts are visible to runc, the kernel tunables the kubelet checks read
+// as it wants them, and /var/log is the node's. Pods' network namespaces,
+// which containerd mounts under /run/netns, reach the host (where the agent
+// opens them) because /run/netns is a shared mount and the namespace is
+// made with --propagation unchanged.
 
 // containerdNamespace is the containerd namespace the CRI plugin, and so
 // the kubelet, uses.
@@ -40,8 +50,8 @@ func (l *Lab) ContainerdSocket(node string) string {
 }
 
 // containerdConfig is the config.toml of a containerd whose files all live
-// under dir.
-func containerdConfig(dir string) string {
+// under dir, reading CNI configurations from confDir.
+func containerdConfig(dir, confDir string) string {
 	q := func(p string) string { return fmt.Sprintf("%q", filepath.Join(dir, p)) }
 	return `# Written by the Tabby lab: a containerd of one lab node.
 version = 2
@@ -60,9 +70,14 @@ oom_score = 0
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "` + image.PauseName + `"
+  # The kubelet asks for oom_score_adj -998 for sandboxes; lowering it needs
+  # CAP_SYS_RESOURCE, which a lab host (itself a container) may lack: runc
+  # then fails with "can't get final child's PID from pipe". Keep every
+  # score at or above containerd's own.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = ` + q("cni/bin") + `
-    conf_dir = ` + q("cni/net.d") + `
+    conf_dir = "` + confDir + `"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -93,17 +108,25 @@ func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
 		return fmt.Errorf("the containerd of %s is running (pid %d)", node, n.Containerd.PID)
 	}
 	dir := l.ContainerdDir(node)
-	for _, d := range []string{"root", "state", "opt", "runc", "cni/bin", "cni/net.d"} {
+	for _, d := range []string{"root", "state", "opt", "runc", "cni/bin"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return fmt.Errorf("creating containerd directories: %w", err)
 		}
 	}
+	if err := l.linkCNIPlugins(st, filepath.Join(dir, "cni/bin")); err != nil {
+		return err
+	}
+	script, err := l.writeNodeMounts(node)
+	if err != nil {
+		return err
+	}
 	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(containerdConfig(dir)), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(containerdConfig(dir, filepath.Dir(l.conflistPath(node)))), 0o644); err != nil {
 		return fmt.Errorf("writing containerd config: %w", err)
 	}
 	progress(l.log, "starting containerd on %s", node)
-	p, done, err := startDetached("containerd "+node, n.NetNS, []string{bin, "--config", cfg}, filepath.Join(dir, "containerd.log"), pidFile(dir, "containerd"))
+	argv := []string{"unshare", "--mount", "--propagation", "unchanged", "--", script, bin, "--config", cfg}
+	p, done, err := startDetached("containerd "+node, n.NetNS, argv, filepath.Join(dir, "containerd.log"), pidFile(dir, "containerd"))
 	if err != nil {
 		return err
 	}
@@ -139,6 +162,50 @@ func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
 	return nil
 }
 
+// cniPluginDir is where Debian's containernetworking-plugins are.
+const cniPluginDir = "/usr/lib/cni"
+
+// linkCNIPlugins fills the node containerd's CNI plugin directory: tabby
+// from the lab's binaries, and Debian's plugins (loopback, which
+// containerd's CRI plugin runs for every pod's lo, portmap, bridge,
+// host-local…) when installed.
+func (l *Lab) linkCNIPlugins(st *State, dst string) error {
+	links := map[string]string{}
+	if st.BinDir != "" {
+		links[binCNI] = filepath.Join(st.BinDir, binCNI)
+	}
+	if entries, err := os.ReadDir(cniPluginDir); err == nil {
+		for _, e := range entries {
+			if _, ok := links[e.Name()]; !ok {
+				links[e.Name()] = filepath.Join(cniPluginDir, e.Name())
+			}
+		}
+	}
+	for name, target := range links {
+		p := filepath.Join(dst, name)
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if err := os.Symlink(target, p); err != nil {
+			return fmt.Errorf("linking CNI plugin %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// sharedContainerdDirs are the directories containerd 1.6 makes outside
+// its configured ones (the shims' sockets), deepest first.
+var sharedContainerdDirs = []string{"/run/containerd/s", "/run/containerd"}
+
+// removeEmptyContainerdDirs removes sharedContainerdDirs when they are
+// empty: a lab's shims have exited by then, and a containerd of the host
+// keeps its socket there, so its directory is never empty.
+func removeEmptyContainerdDirs() {
+	for _, d := range sharedContainerdDirs {
+		_ = syscall.Rmdir(d) // ENOTEMPTY, ENOENT: someone else's, or gone
+	}
+}
+
 // StopContainerd stops the node's containerd (SIGTERM, SIGKILL after 10 s)
 // and unmounts whatever is still mounted under its directory.
 func (l *Lab) StopContainerd(ctx context.Context, node string) error {
@@ -152,6 +219,7 @@ func (l *Lab) StopContainerd(ctx context.Context, node string) error {
 		errs = append(errs, n.Containerd.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(n.Containerd.PID)))
 	}
 	errs = append(errs, unmountUnder(l.ContainerdDir(node)))
+	removeEmptyContainerdDirs()
 	return errors.Join(errs...)
 }
 

@@ -159,11 +159,11 @@ func TestPrivilegedContainerd(t *testing.T) {
 	}
 }
 
-// TestContainerdConfig: every path of a node's containerd is under its
-// directory, and its sandbox image is the pause image the lab builds.
+// TestContainerdConfig: every path of a node's containerd is under the
+// node's directory, and its sandbox image is the pause image the lab builds.
 func TestContainerdConfig(t *testing.T) {
 	dir := "/run/tabby-lab/x/node1/containerd"
-	cfg := containerdConfig(dir)
+	cfg := containerdConfig(dir, "/run/tabby-lab/x/node1/net.d")
 	n := 0
 	for _, line := range strings.Split(cfg, "\n") {
 		_, v, ok := strings.Cut(line, "= ")
@@ -172,12 +172,15 @@ func TestContainerdConfig(t *testing.T) {
 		}
 		n++
 		p, err := strconv.Unquote(v)
-		if err != nil || !strings.HasPrefix(p, dir+"/") {
+		if err != nil || !strings.HasPrefix(p, filepath.Dir(dir)+"/") {
 			t.Errorf("%s: not under %s", strings.TrimSpace(line), dir)
 		}
 	}
 	if n != 8 {
 		t.Errorf("%d paths in the config, want 8 (root, state, 2 sockets, opt, 2 CNI, runc):\n%s", n, cfg)
+	}
+	if !strings.Contains(cfg, `conf_dir = "/run/tabby-lab/x/node1/net.d"`) {
+		t.Errorf("CNI configurations are not read from the node's net.d:\n%s", cfg)
 	}
 	if !strings.Contains(cfg, `sandbox_image = "`+image.PauseName+`"`) {
 		t.Errorf("sandbox image is not %s:\n%s", image.PauseName, cfg)

@@ -10,17 +10,17 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// A lab node's kubelet runs in the node's network namespace, talks to the
-// node's containerd (StartContainerd first) and keeps its files under
-// <node dir>/kubelet, its pods' cgroups under a cgroup root of its own in
-// every cgroup v1 hierarchy, and its view of the kernel tunables it
-// insists on in a mount namespace of its own (see kubeletScript): it
+// A lab node's kubelet runs in the node's network namespace and in its
+// mount namespace, containerd's (StartContainerd first; see
+// nodeMountScript), keeps its files under <node dir>/kubelet and its pods'
+// cgroups under a cgroup root of its own in every cgroup v1 hierarchy: it
 // changes nothing of the host.
 
 // KubeletOptions say how a node's kubelet reaches its API server.
@@ -43,8 +43,9 @@ func kubeletCgroupRoot(lab, node string) string { return "/tabby-lab-" + lab + "
 // cgroupV1Root is where the cgroup v1 hierarchies are mounted.
 const cgroupV1Root = "/sys/fs/cgroup"
 
-// cgroupHierarchies lists the mounted cgroup v1 hierarchies' directories
-// (cpu, memory, systemd, …), leaving out the unified (v2) one.
+// cgroupHierarchies lists the mounted cgroup hierarchies' directories:
+// the v1 ones (cpu, memory, systemd, …) and, on a hybrid host, the unified
+// one, where runc creates the same paths.
 func cgroupHierarchies() ([]string, error) {
 	var statfs unix.Statfs_t
 	if err := unix.Statfs(cgroupV1Root, &statfs); err != nil {
@@ -61,7 +62,7 @@ func cgroupHierarchies() ([]string, error) {
 	for _, e := range entries {
 		p := filepath.Join(cgroupV1Root, e.Name())
 		var st unix.Statfs_t
-		if !e.IsDir() || unix.Statfs(p, &st) != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+		if !e.IsDir() || unix.Statfs(p, &st) != nil || (st.Type != unix.CGROUP_SUPER_MAGIC && st.Type != unix.CGROUP2_SUPER_MAGIC) {
 			continue
 		}
 		if slices.Contains(out, p) {
@@ -89,7 +90,7 @@ func makeCgroupRoot(root string) error {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("creating cgroup %s: %w", d, err)
 		}
-		if filepath.Base(h) != "cpuset" {
+		if _, err := os.Stat(filepath.Join(h, "cpuset.cpus")); err != nil || filepath.Base(h) != "cpuset" {
 			continue
 		}
 		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
@@ -159,15 +160,21 @@ var kubeletTunables = map[string]string{
 	"kernel/keys/root_maxbytes": "25000000",
 }
 
-// kubeletScript runs the kubelet in a mount namespace of its own (the
-// caller runs it under `unshare --mount --propagation slave`) in which
-// each tunable in /proc/sys is a bind mount of a file holding the value
-// the kubelet wants. With protectKernelDefaults the kubelet then finds them
-// as it wants and changes nothing; were a bind mount missing, it would
-// stop with an error instead of writing the host's value.
-func kubeletScript(dir string) string {
+// nodeMountScript sets up the node's mount namespace (the caller runs it
+// under `unshare --mount --propagation unchanged`, so that /run/netns stays
+// shared with the host) and execs its arguments (containerd):
+//   - the mounts holding /proc and /var/log are made slaves, so that what
+//     is mounted on them here never reaches the host;
+//   - each tunable the kubelet checks is a bind mount of a file holding the
+//     value it wants. With protectKernelDefaults the kubelet finds them as
+//     it wants and changes nothing; were a bind mount missing, it would
+//     stop with an error instead of writing the host's;
+//   - /var/log is the node's (the kubelet writes /var/log/containers).
+func nodeMountScript(dir string) string {
 	var b strings.Builder
-	b.WriteString("#!/bin/sh\n# Written by the Tabby lab: the kubelet of one lab node.\nset -eu\n")
+	b.WriteString("#!/bin/sh\n# Written by the Tabby lab: the mount namespace of one lab node.\nset -eu\n")
+	b.WriteString("mount --make-rslave /proc\n")
+	b.WriteString("mount --make-slave \"$(findmnt --noheadings --output TARGET --target /var/log)\"\n")
 	keys := make([]string, 0, len(kubeletTunables))
 	for k := range kubeletTunables {
 		keys = append(keys, k)
@@ -176,8 +183,30 @@ func kubeletScript(dir string) string {
 	for _, k := range keys {
 		fmt.Fprintf(&b, "mount --bind %s /proc/sys/%s\n", filepath.Join(dir, "sysctl", strings.ReplaceAll(k, "/", ".")), k)
 	}
+	fmt.Fprintf(&b, "mount --bind %s /var/log\n", filepath.Join(dir, "log"))
 	b.WriteString("exec \"$@\"\n")
 	return b.String()
+}
+
+// writeNodeMounts writes the node's mount script and the files it binds,
+// under <node dir>/mounts, and returns the script's path.
+func (l *Lab) writeNodeMounts(node string) (string, error) {
+	dir := filepath.Join(l.nodeDir(node), "mounts")
+	for _, d := range []string{"sysctl", "log"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return "", fmt.Errorf("creating node mount directories: %w", err)
+		}
+	}
+	for k, v := range kubeletTunables {
+		if err := os.WriteFile(filepath.Join(dir, "sysctl", strings.ReplaceAll(k, "/", ".")), []byte(v+"\n"), 0o644); err != nil {
+			return "", err
+		}
+	}
+	script := filepath.Join(dir, "mounts.sh")
+	if err := os.WriteFile(script, []byte(nodeMountScript(dir)), 0o755); err != nil {
+		return "", fmt.Errorf("writing node mount script: %w", err)
+	}
+	return script, nil
 }
 
 // kubeletConfig is the node kubelet's KubeletConfiguration.
@@ -256,25 +285,16 @@ func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o Kubel
 		return fmt.Errorf("the kubelet of %s is running (pid %d)", node, n.Kubelet.PID)
 	}
 	dir := l.KubeletDir(node)
-	if err := os.MkdirAll(filepath.Join(dir, "sysctl"), 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating kubelet directory: %w", err)
 	}
-	for k, v := range kubeletTunables {
-		if err := os.WriteFile(filepath.Join(dir, "sysctl", strings.ReplaceAll(k, "/", ".")), []byte(v+"\n"), 0o644); err != nil {
-			return err
-		}
-	}
 	files := map[string]string{
-		"kubelet.sh":  kubeletScript(dir),
 		"config.yaml": kubeletConfig(dir, l.ContainerdSocket(node), kubeletCgroupRoot(st.Name, node)),
 		"kubeconfig":  kubeconfig(o.Server, o.Token),
 		"resolv.conf": "", // no DNS: the lab reaches nothing outside
 	}
 	for name, content := range files {
 		mode := os.FileMode(0o644)
-		if name == "kubelet.sh" {
-			mode = 0o755
-		}
 		if name == "kubeconfig" {
 			mode = 0o600
 		}
@@ -297,7 +317,8 @@ func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o Kubel
 	if err := makeCgroupRoot(cgroupRoot); err != nil {
 		return err
 	}
-	argv := []string{"unshare", "--mount", "--propagation", "slave", "--", filepath.Join(dir, "kubelet.sh"),
+	// In the node's mount namespace, containerd's (see nodeMountScript).
+	argv := []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.Containerd.PID), "--",
 		kubeletBin,
 		"--config=" + filepath.Join(dir, "config.yaml"),
 		"--kubeconfig=" + filepath.Join(dir, "kubeconfig"),
@@ -392,11 +413,36 @@ func ListenIn(ns, addr string) (net.Listener, error) {
 }
 
 // Proxy forwards every connection accepted on l to the TCP address target
-// of this process's namespace, until l is closed and the connections end.
+// of this process's namespace until l is closed; then it closes the
+// connections it forwards and returns once they are done.
 func Proxy(l net.Listener, target string) error {
-	err := serveProxy(l, target)
-	if errors.Is(err, net.ErrClosed) {
-		return nil
+	var (
+		mu    sync.Mutex
+		conns = map[net.Conn]bool{}
+		wg    sync.WaitGroup
+	)
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			mu.Lock()
+			for c := range conns {
+				c.Close()
+			}
+			mu.Unlock()
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		mu.Lock()
+		conns[c] = true
+		mu.Unlock()
+		wg.Go(func() {
+			forward(c, target)
+			mu.Lock()
+			delete(conns, c)
+			mu.Unlock()
+		})
 	}
-	return err
 }

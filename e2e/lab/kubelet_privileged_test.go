@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tabbynet/tabby/internal/image"
 	"github.com/tabbynet/tabby/kube/kubetest"
 )
 
@@ -124,13 +127,9 @@ func TestPrivilegedKubelet(t *testing.T) {
 	if rt := n.Status.NodeInfo.ContainerRuntimeVersion; !strings.HasPrefix(rt, "containerd://1.") {
 		t.Errorf("container runtime %q, want containerd 1.x", rt)
 	}
-	// Without a CNI configuration the node is not Ready, and says why.
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
 			t.Logf("Ready=%s: %s", c.Status, c.Message)
-			if c.Status == corev1.ConditionTrue {
-				t.Error("node1 Ready without a network plugin")
-			}
 		}
 	}
 	cgroupRoot := kubeletCgroupRoot(name, "node1")
@@ -171,4 +170,152 @@ func equalMaps(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestPrivilegedKubeletPod: a pod created through the API server is run by
+// node1's kubelet and containerd, whose CRI plugin calls the tabby CNI
+// plugin with the lab's conflist; node1's agent gives it an address from
+// the lab's pool, which the pod's status shows and a lab pod on node2
+// reaches across the fabric; deleting the pod through the API releases
+// the address (the CNI DEL removes its route).
+func TestPrivilegedKubeletPod(t *testing.T) {
+	skipUnlessRoot(t)
+	bins := kubetest.Require(t, "kube-apiserver", "kubelet")
+	binDir := os.Getenv("TABBY_BIN")
+	if binDir == "" {
+		t.Skip("TABBY_BIN is not set: run `make images` and set TABBY_BIN=$PWD/bin")
+	}
+	pause := filepath.Join(binDir, "images", "pause.oci.tar")
+	if _, err := os.Stat(pause); err != nil {
+		t.Skipf("image archive missing (%v): run `make images`", err)
+	}
+	for _, b := range []string{"containerd", "ctr", "unshare", "findmnt"} {
+		if _, err := exec.LookPath(b); err != nil {
+			t.Skipf("%s not installed (apt-get install containerd util-linux): %v", b, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cniPluginDir, "loopback")); err != nil {
+		t.Skipf("containerd's CRI needs the loopback plugin (apt-get install containernetworking-plugins): %v", err)
+	}
+	if _, err := cgroupHierarchies(); err != nil {
+		t.Skipf("cgroups: %v", err)
+	}
+	api := kubetest.StartWith(t, kubetest.Options{Nodes: []string{"node1"}})
+	_, runContainerdBefore := os.Stat("/run/containerd")
+	_, varLogContainersBefore := os.Stat("/var/log/containers")
+
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	name, runDir := "k15"+hex.EncodeToString(b[:]), t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var log bytes.Buffer
+	l, err := Up(ctx, Options{Name: name, Nodes: 2, PodsPerNode: 1, RunDir: runDir, BinDir: binDir, Log: &log})
+	if err != nil {
+		t.Fatalf("Up: %v\n%s", err, log.String())
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, f := range []string{"node1/agent.log", "node1/containerd/containerd.log", "node1/kubelet/kubelet.log"} {
+				b, _ := os.ReadFile(filepath.Join(runDir, name, f))
+				if len(b) > 6000 {
+					b = b[len(b)-6000:]
+				}
+				t.Logf("%s (tail):\n%s", f, b)
+			}
+		}
+		if err := l.Down(); err != nil {
+			t.Errorf("cleanup Down: %v", err)
+		}
+		// What containerd 1.6 makes outside its directories goes too.
+		if _, err := os.Stat("/run/containerd"); errors.Is(runContainerdBefore, os.ErrNotExist) && err == nil {
+			t.Error("/run/containerd left after Down")
+		}
+		if _, err := os.Stat("/var/log/containers"); err == nil && errors.Is(varLogContainersBefore, os.ErrNotExist) {
+			t.Error("the kubelet wrote the host's /var/log/containers")
+		}
+	})
+	node := l.State().node("node1")
+	ln, err := ListenIn(node.NetNS, "127.0.0.1:6443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxied := make(chan error, 1)
+	go func() { proxied <- Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
+	t.Cleanup(func() {
+		ln.Close()
+		if err := <-proxied; err != nil {
+			t.Errorf("proxy: %v", err)
+		}
+	})
+	if err := l.StartContainerd(ctx, "node1"); err != nil {
+		t.Fatalf("StartContainerd: %v\n%s", err, log.String())
+	}
+	if err := l.ImportImages(ctx, "node1", pause); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StartKubelet(ctx, "node1", bins["kubelet"], KubeletOptions{Server: "https://127.0.0.1:6443", Token: api.Tokens["node:node1"]}); err != nil {
+		t.Fatalf("StartKubelet: %v\n%s", err, log.String())
+	}
+	kubelet := l.State().node("node1").Kubelet
+
+	no := false
+	one := int64(1)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{
+			NodeName:                      "node1", // no scheduler in this test
+			AutomountServiceAccountToken:  &no,
+			TerminationGracePeriodSeconds: &one,
+			Containers:                    []corev1.Container{{Name: "pause", Image: image.PauseName, ImagePullPolicy: corev1.PullNever}},
+		},
+	}
+	created := time.Now()
+	if _, err := api.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var podIP netip.Addr
+	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer wcancel()
+	err = poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		if !kubelet.alive() {
+			return false, errors.New("the kubelet exited")
+		}
+		p, err := api.Client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+			return false, nil
+		}
+		podIP, err = netip.ParseAddr(p.Status.PodIP)
+		return true, err
+	})
+	if err != nil {
+		p, _ := api.Client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
+		t.Fatalf("pod web not running with an address: %v\nstatus: %+v", err, p.Status)
+	}
+	t.Logf("pod web Running with %s %v after it was created", podIP, time.Since(created).Round(time.Millisecond))
+	if !netip.MustParsePrefix(PodPool).Contains(podIP) {
+		t.Errorf("pod address %s is not from the lab's pool %s", podIP, PodPool)
+	}
+	var from string
+	for _, p := range l.State().Pods {
+		if p.Node == "node2" {
+			from = p.Name
+		}
+	}
+	if err := l.Ping(ctx, from, podIP); err != nil {
+		t.Errorf("lab pod %s on node2 → kubelet pod %s on node1: %v", from, podIP, err)
+	}
+
+	if err := api.Client.CoreV1().Pods("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		out, err := l.Exec(ctx, "node1", "ip", "route", "show", podIP.String()+"/32")
+		return err == nil && strings.TrimSpace(string(out)) == "", nil
+	})
+	if err != nil {
+		t.Errorf("the route to %s stays on node1 after the pod was deleted: %v", podIP, err)
+	}
 }

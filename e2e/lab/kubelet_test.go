@@ -26,18 +26,27 @@ func TestKubeletConfig(t *testing.T) {
 	}
 }
 
-// TestKubeletScript: every tunable the kubelet checks is bind-mounted in
-// its mount namespace before it starts.
-func TestKubeletScript(t *testing.T) {
-	s := kubeletScript("/d")
+// TestNodeMountScript: /proc is kept from the host before every tunable
+// the kubelet checks is bind-mounted, /var/log is the node's, and the
+// first failure stops the script.
+func TestNodeMountScript(t *testing.T) {
+	s := nodeMountScript("/d")
+	slave := strings.Index(s, "mount --make-rslave /proc\n")
+	if slave < 0 {
+		t.Errorf("script does not make /proc a slave:\n%s", s)
+	}
 	for k := range kubeletTunables {
 		want := "mount --bind /d/sysctl/" + strings.ReplaceAll(k, "/", ".") + " /proc/sys/" + k + "\n"
-		if !strings.Contains(s, want) {
-			t.Errorf("script lacks %q:\n%s", want, s)
+		if i := strings.Index(s, want); i < 0 || i < slave {
+			t.Errorf("script lacks %q after making /proc a slave:\n%s", want, s)
 		}
 	}
+	keep := strings.Index(s, `mount --make-slave "$(findmnt --noheadings --output TARGET --target /var/log)"`)
+	if i := strings.Index(s, "mount --bind /d/log /var/log\n"); i < 0 || keep < 0 || i < keep {
+		t.Errorf("script does not give the node its /var/log after keeping the mount below it from the host:\n%s", s)
+	}
 	if !strings.HasPrefix(s, "#!/bin/sh\n") || !strings.Contains(s, "set -eu\n") || !strings.HasSuffix(s, "exec \"$@\"\n") {
-		t.Errorf("script must stop at the first failed mount and then exec the kubelet:\n%s", s)
+		t.Errorf("script must stop at the first failed mount and then exec containerd:\n%s", s)
 	}
 }
 

@@ -320,6 +320,9 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 		if n.CgroupRoot != "" {
 			errs = append(errs, removeCgroupRoot(n.CgroupRoot))
 		}
+		if n.Containerd != nil {
+			removeEmptyContainerdDirs()
+		}
 	}
 	prefix := st.Name + "-"
 	for i := len(st.Namespaces) - 1; i >= 0; i-- {

@@ -125,7 +125,9 @@ func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
 		return fmt.Errorf("writing containerd config: %w", err)
 	}
 	progress(l.log, "starting containerd on %s", node)
-	argv := []string{"unshare", "--mount", "--propagation", "unchanged", "--", script, bin, "--config", cfg}
+	// The shell named, so that its command line while it runs the script
+	// is a tail of the one recorded (Proc.alive).
+	argv := []string{"unshare", "--mount", "--propagation", "unchanged", "--", "/bin/sh", script, bin, "--config", cfg}
 	p, done, err := startDetached("containerd "+node, n.NetNS, argv, filepath.Join(dir, "containerd.log"), pidFile(dir, "containerd"))
 	if err != nil {
 		return err
@@ -206,14 +208,104 @@ func removeEmptyContainerdDirs() {
 	}
 }
 
-// StopContainerd stops the node's containerd (SIGTERM, SIGKILL after 10 s)
-// and unmounts whatever is still mounted under its directory.
+// removeContainers kills and removes every task and container of the
+// containerd serving on sock, and removes the pod network namespaces its
+// tasks were in: containers outlive containerd, and a pod whose kubelet
+// is gone never gets its sandbox stopped (nor its CNI DEL). Best effort
+// when containerd does not answer; errors are returned.
+func removeContainers(ctx context.Context, sock string) error {
+	ctr := func(args ...string) ([]byte, error) {
+		cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", sock, "--namespace", containerdNamespace}, args...)...)
+		out, err := cmd.Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				err = fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
+			}
+			return out, fmt.Errorf("ctr %s: %w", strings.Join(args, " "), err)
+		}
+		return out, nil
+	}
+	out, err := ctr("tasks", "list")
+	if err != nil {
+		return err
+	}
+	type task struct{ id, pid string }
+	var tasks []task
+	for _, line := range strings.Split(string(out), "\n")[1:] { // TASK PID STATUS
+		if f := strings.Fields(line); len(f) >= 2 {
+			tasks = append(tasks, task{f[0], f[1]})
+		}
+	}
+	// Pod network namespaces: the /run/netns entries a task is in.
+	netnsOf := map[uint64]string{}
+	if entries, err := os.ReadDir(netnsDir); err == nil {
+		for _, e := range entries {
+			var st syscall.Stat_t
+			if strings.HasPrefix(e.Name(), "cni-") && syscall.Stat(filepath.Join(netnsDir, e.Name()), &st) == nil {
+				netnsOf[st.Ino] = filepath.Join(netnsDir, e.Name())
+			}
+		}
+	}
+	var podNetns []string
+	var errs []error
+	for _, t := range tasks {
+		var st syscall.Stat_t
+		if syscall.Stat("/proc/"+t.pid+"/ns/net", &st) == nil && netnsOf[st.Ino] != "" && !slices.Contains(podNetns, netnsOf[st.Ino]) {
+			podNetns = append(podNetns, netnsOf[st.Ino])
+		}
+		// Ignored: a task that already stopped cannot be signalled.
+		_, _ = ctr("tasks", "kill", "--signal", "SIGKILL", "--all", t.id)
+	}
+	// A task is deleted once it has stopped.
+	err = poll(ctx, 50*time.Millisecond, func() (bool, error) {
+		out, err := ctr("tasks", "list")
+		return err == nil && !strings.Contains(string(out), "RUNNING"), nil
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("tasks still running after SIGKILL: %w", err))
+	}
+	// Gone already is success: the CRI plugin deletes the tasks of the
+	// containers it sees exit.
+	notFound := func(err error) bool { return err != nil && strings.Contains(err.Error(), "not found") }
+	for _, t := range tasks {
+		if _, err := ctr("tasks", "delete", t.id); err != nil && !notFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	if out, err := ctr("containers", "list", "--quiet"); err == nil {
+		for _, id := range strings.Fields(string(out)) {
+			if _, err := ctr("containers", "delete", id); err != nil && !notFound(err) {
+				errs = append(errs, err)
+			}
+		}
+	} else {
+		errs = append(errs, err)
+	}
+	for _, p := range podNetns {
+		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmounting pod network namespace %s: %w", p, err))
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// StopContainerd removes the node's containers (removeContainers), stops
+// its containerd (SIGTERM, SIGKILL after 10 s) and unmounts whatever is
+// still mounted under its directory. Stop the kubelet first.
 func (l *Lab) StopContainerd(ctx context.Context, node string) error {
 	n := l.State().node(node)
 	if n == nil {
 		return fmt.Errorf("no node %q", node)
 	}
 	var errs []error
+	if n.Containerd.alive() {
+		errs = append(errs, removeContainers(ctx, l.ContainerdSocket(node)))
+	}
 	if n.Containerd != nil {
 		progress(l.log, "stopping containerd on %s (pid %d)", node, n.Containerd.PID)
 		errs = append(errs, n.Containerd.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(n.Containerd.PID)))

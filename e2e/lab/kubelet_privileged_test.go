@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -203,6 +204,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	api := kubetest.StartWith(t, kubetest.Options{Nodes: []string{"node1"}})
 	_, runContainerdBefore := os.Stat("/run/containerd")
 	_, varLogContainersBefore := os.Stat("/var/log/containers")
+	podNetnsBefore := podNetns(t)
 
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -235,6 +237,12 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 		}
 		if _, err := os.Stat("/var/log/containers"); err == nil && errors.Is(varLogContainersBefore, os.ErrNotExist) {
 			t.Error("the kubelet wrote the host's /var/log/containers")
+		}
+		// The pod left running at Down: its network namespace goes too.
+		for _, ns := range podNetns(t) {
+			if !slices.Contains(podNetnsBefore, ns) {
+				t.Errorf("pod network namespace %s left after Down", ns)
+			}
 		}
 	})
 	node := l.State().node("node1")
@@ -318,4 +326,38 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	if err != nil {
 		t.Errorf("the route to %s stays on node1 after the pod was deleted: %v", podIP, err)
 	}
+
+	// A pod still running at Down: Down removes its containers and
+	// network namespace, so that no process keeps the cgroup root busy.
+	pod.Name = "left"
+	if _, err := api.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		p, err := api.Client.CoreV1().Pods("default").Get(ctx, "left", metav1.GetOptions{})
+		return err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", nil
+	})
+	if err != nil {
+		t.Fatalf("pod left not running: %v", err)
+	}
+	if len(podNetns(t)) == len(podNetnsBefore) {
+		t.Error("no pod network namespace appeared for the running pod: the Down check below would prove nothing")
+	}
+}
+
+// podNetns lists the network namespaces containerd's CRI plugin made
+// (/run/netns/cni-…).
+func podNetns(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir(netnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "cni-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out
 }

@@ -288,6 +288,21 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	}
 	progress(log, "tearing down lab %q", st.Name)
 	var errs []error
+	// Kubelets first, so that nothing starts containers again, then the
+	// containers, which outlive containerd.
+	for _, n := range st.Nodes {
+		if n.Kubelet != nil {
+			if err := n.Kubelet.stop(ctx, syscall.SIGTERM, 10*time.Second, exited[n.Kubelet.PID]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, n := range st.Nodes {
+		if n.Containerd.alive() {
+			progress(log, "removing the containers of %s", n.Name)
+			errs = append(errs, removeContainers(ctx, filepath.Join(dir, n.Name, "containerd", "containerd.sock")))
+		}
+	}
 	var procs []*Proc
 	// Kubelets, then container runtimes (their pods need the agents only
 	// to be torn down, which the lab does by deleting namespaces), then

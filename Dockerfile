@@ -3,9 +3,7 @@
 #
 #   docker build -t tabby:dev .
 #
-# Stage 1 builds static binaries; stage 2 is a slim Debian with the tools
-# the agent execs (iptables, ipset) and the ones an operator wants in
-# `kubectl exec` (ip, conntrack).
+# Stage 1 builds static binaries; stage 2 holds only them.
 
 FROM golang:1.26 AS build
 WORKDIR /src
@@ -32,12 +30,13 @@ ARG CNI_PLUGINS_VERSION=v1.10.0
 RUN GOBIN=/out/cni-plugins go install -trimpath -ldflags "-s -w" \
     github.com/containernetworking/plugins/plugins/meta/portmap@${CNI_PLUGINS_VERSION}
 
-FROM debian:bookworm-slim
-# iptables and ipset: policy and NAT (the agent execs them); iproute2 and
-# conntrack: for debugging from inside the pod.
-RUN apt-get update && \
-    apt-get install -y --no-install-recommends iptables ipset iproute2 conntrack ca-certificates && \
-    rm -rf /var/lib/apt/lists/*
+# The runtime image is the binaries and nothing else, the same files that
+# `make images` (internal/cmd/mkimage) assembles without Docker; a test
+# checks the two agree. The agent programs its firewall through nf_tables
+# over netlink, so it needs no iptables userland; without a shell, debug
+# with `kubectl debug` or from the node (docs/kubernetes-lab.md).
+FROM scratch
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # tabby sits next to tabby-agent: install-cni's default --source-binary.
 COPY --from=build /out/tabby-agent /out/tabby /out/tabbyctl /out/tabby-kube-controllers /usr/local/bin/
 # install-cni's default --plugins-dir.

@@ -11,7 +11,7 @@ TESTFLAGS ?= -count=1 -timeout 20m -p 2
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := -s -w $(if $(VERSION),-X github.com/tabbynet/tabby/internal/version.stamped=$(VERSION))
 
-.PHONY: all build test unit lint deps demo clean kube-bins
+.PHONY: all build test unit lint deps demo clean kube-bins images
 
 all: build
 
@@ -19,19 +19,33 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
+# The node image and the lab's pause image as OCI archives in bin/images,
+# without a container engine (internal/cmd/mkimage; the Dockerfile builds the
+# same node image with Docker): `ctr -n k8s.io images import` loads them.
+# portmap comes from the containernetworking/plugins release go.mod names,
+# installed as the Dockerfile does.
+IMAGE_TAG ?= dev
+images: build
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/ ./internal/cmd/pause ./internal/cmd/mkimage
+	CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install -trimpath -ldflags "-s -w" \
+		github.com/containernetworking/plugins/plugins/meta/portmap@$$($(GO) list -m -f '{{.Version}}' github.com/containernetworking/plugins)
+	$(BIN)/mkimage -bin $(BIN) -tag $(IMAGE_TAG) -out $(BIN)/images
+
 # Every tier: unit (with -race), then as root privileged and end-to-end;
 # ends with which tiers ran and which were skipped, and why
 # (scripts/test-tiers.sh). TIERS="unit" runs only some.
-test: build
+test: build images
 	GO=$(GO) BIN=$(BIN) TESTFLAGS="$(TESTFLAGS)" ./scripts/test-tiers.sh
 
 # Unit tier only (no root needed, no namespaces), with the same report.
 unit:
 	GO=$(GO) BIN=$(BIN) TESTFLAGS="$(TESTFLAGS)" TIERS=unit ./scripts/test-tiers.sh
 
-# kube-apiserver for the Kubernetes test tier (package kube), built once from
-# the module proxy (scripts/kube-build) into /var/cache/tabby/kube/<version>;
-# a no-op when it is there. `make test` does not build it (see README).
+# kube-apiserver, kube-controller-manager, kube-scheduler and kubelet for the
+# Kubernetes test tier and the lab, built once from the module proxy
+# (scripts/kube-build) into /var/cache/tabby/kube/<version>; only the missing
+# ones are built, a no-op when all are there. `make test` does not build them
+# (see README).
 kube-bins:
 	GO=$(GO) ./scripts/kube-bins.sh
 

@@ -288,20 +288,55 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	}
 	progress(log, "tearing down lab %q", st.Name)
 	var errs []error
+	// Kubelets first, so that nothing starts containers again, then the
+	// containers, which outlive containerd.
+	for _, n := range st.Nodes {
+		if n.Kubelet != nil {
+			if err := n.Kubelet.stop(ctx, syscall.SIGTERM, 10*time.Second, exited[n.Kubelet.PID]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, n := range st.Nodes {
+		if n.Containerd.alive() {
+			progress(log, "removing the containers of %s", n.Name)
+			errs = append(errs, removeContainers(ctx, filepath.Join(dir, n.Name, "containerd", "containerd.sock")))
+		}
+	}
 	var procs []*Proc
+	// Kubelets, then container runtimes (their pods need the agents only
+	// to be torn down, which the lab does by deleting namespaces), then
+	// agents (a graceful exit needs nothing from etcd), then etcd.
+	for _, n := range st.Nodes {
+		if n.Kubelet != nil {
+			procs = append(procs, n.Kubelet)
+		}
+	}
+	for _, n := range st.Nodes {
+		if n.Containerd != nil {
+			procs = append(procs, n.Containerd)
+		}
+	}
 	for _, n := range st.Nodes {
 		if n.Agent != nil {
 			procs = append(procs, n.Agent)
 		}
 	}
 	procs = append(procs, st.etcdProcs()...)
-	// Agents first (a graceful exit needs nothing from etcd), then etcd.
 	for _, p := range procs {
 		if p.alive() {
 			progress(log, "stopping %s (pid %d)", p.Role, p.PID)
 		}
 		if err := p.stop(ctx, syscall.SIGTERM, 5*time.Second, exited[p.PID]); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, n := range st.Nodes {
+		if n.CgroupRoot != "" {
+			errs = append(errs, removeCgroupRoot(n.CgroupRoot))
+		}
+		if n.Containerd != nil {
+			removeEmptyContainerdDirs()
 		}
 	}
 	prefix := st.Name + "-"
@@ -319,6 +354,9 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 			errs = append(errs, err)
 		}
 	}
+	// Nothing mounted may remain below the directory about to be removed
+	// (containerd's snapshots, and later a kubelet's volumes).
+	errs = append(errs, unmountUnder(dir))
 	errs = append(errs, lk.unlock())
 	if err := errors.Join(errs...); err != nil {
 		// Keep the state so that another down can retry.

@@ -44,6 +44,12 @@ func (l *Lab) RemoveNode(ctx context.Context, name string) error {
 		return fmt.Errorf("no node %q", name)
 	}
 	var errs []error
+	if err := l.StopKubelet(ctx, name); err != nil {
+		errs = append(errs, err)
+	}
+	if err := l.StopContainerd(ctx, name); err != nil {
+		errs = append(errs, err)
+	}
 	if err := l.StopAgent(ctx, name, syscall.SIGTERM); err != nil {
 		errs = append(errs, err)
 	}

@@ -27,6 +27,9 @@ func startDetached(role, nsName string, argv []string, logPath, pidPath string) 
 		return nil, nil, fmt.Errorf("starting %s: %w", role, err)
 	}
 	defer logf.Close()
+	if err := markInheritedCloseOnExec(); err != nil {
+		return nil, nil, fmt.Errorf("starting %s: %w", role, err)
+	}
 	cmd := exec.Command(full[0], full[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -49,6 +52,25 @@ func startDetached(role, nsName string, argv []string, logPath, pidPath string) 
 		}
 	}
 	return p, ch, nil
+}
+
+// markInheritedCloseOnExec sets close-on-exec on every descriptor of this
+// process above standard error. Go opens its own with it, but the ones this
+// process inherited without it (a CI harness's or a shell's pipe) would
+// otherwise be inherited in turn by every process the lab starts, which
+// outlive this one: whoever waits for that pipe to close would wait for the
+// lab's processes too.
+func markInheritedCloseOnExec() error {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("listing open descriptors: %w", err)
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+	return nil
 }
 
 // procStartTime returns field 22 of /proc/<pid>/stat (start time in clock
@@ -82,7 +104,8 @@ func procStat(pid int) ([]string, error) {
 
 // alive reports whether pid is still the process p describes: running (not
 // a zombie), started at the recorded time, with a command line that is what
-// we started (before or after nsenter exec'd the program).
+// we started or a tail of it (after nsenter and the like exec'd the next
+// program).
 func (p *Proc) alive() bool {
 	if p == nil || p.PID <= 0 {
 		return false
@@ -102,8 +125,13 @@ func (p *Proc) alive() bool {
 	if slices.Equal(args, p.Argv) {
 		return true
 	}
-	if i := slices.Index(p.Argv, "--"); i >= 0 && slices.Equal(args, p.Argv[i+1:]) {
-		return true
+	// A chain of programs that exec the next (nsenter, unshare, a
+	// script's exec "$@") shows a tail of the command line as started;
+	// the start time above is what tells a reused pid.
+	for i := 1; i < len(p.Argv); i++ {
+		if slices.Equal(args, p.Argv[i:]) {
+			return true
+		}
 	}
 	return false
 }

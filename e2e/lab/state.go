@@ -119,6 +119,12 @@ type NodeState struct {
 	// IP6 is the node's IPv6 fabric address in a dual-stack lab.
 	IP6   netip.Prefix `json:"ip6,omitzero"`
 	Agent *Proc        `json:"agent,omitempty"`
+	// Containerd is the node's containerd, when the lab started one.
+	Containerd *Proc `json:"containerd,omitempty"`
+	// Kubelet is the node's kubelet, and CgroupRoot its cgroup root
+	// (recorded before it is created), when the lab started one.
+	Kubelet    *Proc  `json:"kubelet,omitempty"`
+	CgroupRoot string `json:"cgroupRoot,omitempty"`
 }
 
 // PodState is one pod: a network namespace wired up by the CNI plugins.

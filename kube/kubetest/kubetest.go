@@ -32,25 +32,61 @@ import (
 // checks that the two agree).
 const Version = "v1.37.2"
 
+// Binaries are the Kubernetes commands `make kube-bins` builds into the
+// cache (scripts/kube-bins.sh; a test checks the two agree).
+var Binaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
+
 // Binary returns the kube-apiserver to run: $TABBY_KUBE_APISERVER, else
 // the cache that `make kube-bins` fills.
 func Binary() string {
 	if p := os.Getenv("TABBY_KUBE_APISERVER"); p != "" {
 		return p
 	}
+	return BinaryPath("kube-apiserver")
+}
+
+// BinaryPath is where `make kube-bins` puts the named command:
+// $KUBE_CACHE (default /var/cache/tabby/kube)/<Version>/<name>.
+func BinaryPath(name string) string {
 	root := os.Getenv("KUBE_CACHE")
 	if root == "" {
 		root = "/var/cache/tabby/kube"
 	}
-	return filepath.Join(root, Version, "kube-apiserver")
+	return filepath.Join(root, Version, name)
+}
+
+// Require returns the paths of the named commands, by name, or skips the
+// test (and returns nil) with a message naming each one that is not built
+// and how to build it.
+func Require(t testing.TB, names ...string) map[string]string {
+	t.Helper()
+	paths := map[string]string{}
+	var missing []string
+	for _, n := range names {
+		p := BinaryPath(n)
+		if n == "kube-apiserver" {
+			p = Binary()
+		}
+		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			missing = append(missing, p)
+			continue
+		}
+		paths[n] = p
+	}
+	if len(missing) > 0 {
+		t.Skipf("Kubernetes %s not built (%s): run `make kube-bins` (once; see docs/kubernetes-lab.md for how long)", Version, strings.Join(missing, ", "))
+		return nil
+	}
+	return paths
 }
 
 // APIServer is a running kube-apiserver.
 type APIServer struct {
 	// Config authenticates as a cluster admin (group system:masters).
 	Config *rest.Config
-	// Tokens holds the static tokens: "admin", and "controllers" for the
-	// user "tabby-kube-controllers" (no group: RBAC decides).
+	// Tokens holds the static tokens: "admin", "controllers" for the
+	// user "tabby-kube-controllers" (no group: RBAC decides), and
+	// "node:<name>" for each of Options.Nodes.
 	Tokens map[string]string
 	Client kubernetes.Interface
 	URL    string
@@ -78,9 +114,23 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// Options configure StartWith.
+type Options struct {
+	// Nodes get a token each, "node:<name>", for the user
+	// system:node:<name> in the group system:nodes, which the Node
+	// authorizer serves: what a kubelet registering <name> needs.
+	Nodes []string
+}
+
 // Start runs kube-apiserver until the test ends, or skips the test (with
 // the reason printed) when the binary is not built.
 func Start(t testing.TB) *APIServer {
+	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *APIServer {
 	t.Helper()
 	bin := Binary()
 	if _, err := os.Stat(bin); err != nil {
@@ -99,6 +149,11 @@ func Start(t testing.TB) *APIServer {
 	tokens := map[string]string{"admin": rand.Text(), "controllers": rand.Text()}
 	tokenFile := filepath.Join(dir, "tokens.csv")
 	csv := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,tabby-kube-controllers,tkc-uid\n", tokens["admin"], tokens["controllers"])
+	for _, n := range o.Nodes {
+		tok := rand.Text()
+		tokens["node:"+n] = tok
+		csv += fmt.Sprintf("%s,system:node:%s,node-%s-uid,\"system:nodes\"\n", tok, n, n)
+	}
 	if err := os.WriteFile(tokenFile, []byte(csv), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +167,8 @@ func Start(t testing.TB) *APIServer {
 		"--secure-port="+strconv.Itoa(port),
 		"--cert-dir="+filepath.Join(dir, "certs"),
 		"--token-auth-file="+tokenFile,
-		"--authorization-mode=RBAC",
+		// Node: kubelets (system:nodes) get what their node needs.
+		"--authorization-mode=Node,RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+saKey,
 		"--service-account-signing-key-file="+saKey,

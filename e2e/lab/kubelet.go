@@ -1,0 +1,448 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A lab node's kubelet runs in the node's network namespace and in its
+// mount namespace, containerd's (StartContainerd first; see
+// nodeMountScript), keeps its files under <node dir>/kubelet and its pods'
+// cgroups under a cgroup root of its own in every cgroup v1 hierarchy: it
+// changes nothing of the host.
+
+// KubeletOptions say how a node's kubelet reaches its API server.
+type KubeletOptions struct {
+	// Server is the API server's URL as seen from the node's network
+	// namespace, e.g. https://127.0.0.1:6443 through ListenIn.
+	Server string
+	// Token authenticates the kubelet as system:node:<node> (group
+	// system:nodes).
+	Token string
+}
+
+// KubeletDir is the node kubelet's root directory and configuration.
+func (l *Lab) KubeletDir(node string) string { return filepath.Join(l.nodeDir(node), "kubelet") }
+
+// kubeletCgroupRoot is the node's kubelet's cgroup root: one per lab node,
+// so that labs and nodes never share pods' cgroups.
+func kubeletCgroupRoot(lab, node string) string { return "/tabby-lab-" + lab + "-" + node }
+
+// cgroupV1Root is where the cgroup v1 hierarchies are mounted.
+const cgroupV1Root = "/sys/fs/cgroup"
+
+// cgroupHierarchies lists the mounted cgroup hierarchies' directories:
+// the v1 ones (cpu, memory, systemd, …) and, on a hybrid host, the unified
+// one, where runc creates the same paths.
+func cgroupHierarchies() ([]string, error) {
+	var statfs unix.Statfs_t
+	if err := unix.Statfs(cgroupV1Root, &statfs); err != nil {
+		return nil, err
+	}
+	if statfs.Type == unix.CGROUP2_SUPER_MAGIC {
+		return nil, errors.New("this host has cgroup v2 only; the lab's kubelet setup is for v1 or hybrid hosts")
+	}
+	entries, err := os.ReadDir(cgroupV1Root)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		p := filepath.Join(cgroupV1Root, e.Name())
+		var st unix.Statfs_t
+		if !e.IsDir() || unix.Statfs(p, &st) != nil || (st.Type != unix.CGROUP_SUPER_MAGIC && st.Type != unix.CGROUP2_SUPER_MAGIC) {
+			continue
+		}
+		if slices.Contains(out, p) {
+			continue
+		}
+		// cpu,cpuacct style links point at one hierarchy: keep one.
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// makeCgroupRoot creates the cgroup root in every v1 hierarchy, with
+// cpuset's cpus and mems copied from the parent (a cpuset cgroup without
+// them takes no children).
+func makeCgroupRoot(root string) error {
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		return err
+	}
+	for _, h := range hs {
+		d := filepath.Join(h, root)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("creating cgroup %s: %w", d, err)
+		}
+		if _, err := os.Stat(filepath.Join(h, "cpuset.cpus")); err != nil || filepath.Base(h) != "cpuset" {
+			continue
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			b, err := os.ReadFile(filepath.Join(h, f))
+			if err == nil {
+				err = os.WriteFile(filepath.Join(d, f), b, 0o644)
+			}
+			if err != nil {
+				return fmt.Errorf("setting %s of %s: %w", f, d, err)
+			}
+		}
+	}
+	return nil
+}
+
+// removeCgroupRoot removes the cgroup root and everything the kubelet made
+// below it, deepest first, in every hierarchy. A cgroup that still holds a
+// process cannot be removed: that is an error (a pod outlived teardown).
+func removeCgroupRoot(root string) error {
+	if root == "" || root == "/" || !strings.HasPrefix(root, "/tabby-lab-") {
+		return fmt.Errorf("refusing to remove cgroup %q: not a lab's", root)
+	}
+	hs, err := cgroupHierarchies()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, h := range hs {
+		top := filepath.Join(h, root)
+		var dirs []string
+		err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		slices.Reverse(dirs)
+		for _, d := range dirs {
+			if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", d, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// kubeletTunables are the kernel settings the kubelet checks at start
+// (pkg/kubelet/cm setupKernelTunables) with the values it wants. They are
+// not per network namespace: a kubelet allowed to would set them for the
+// whole host (kernel.panic_on_oops=1 among them).
+var kubeletTunables = map[string]string{
+	"vm/overcommit_memory":      "1",
+	"vm/panic_on_oom":           "0",
+	"kernel/panic":              "10",
+	"kernel/panic_on_oops":      "1",
+	"kernel/keys/root_maxkeys":  "1000000",
+	"kernel/keys/root_maxbytes": "25000000",
+}
+
+// nodeMountScript sets up the node's mount namespace (the caller runs it
+// under `unshare --mount --propagation unchanged`, so that /run/netns stays
+// shared with the host) and execs its arguments (containerd):
+//   - the mounts holding /proc and /var/log are made slaves, so that what
+//     is mounted on them here never reaches the host;
+//   - each tunable the kubelet checks is a bind mount of a file holding the
+//     value it wants. With protectKernelDefaults the kubelet finds them as
+//     it wants and changes nothing; were a bind mount missing, it would
+//     stop with an error instead of writing the host's;
+//   - /var/log is the node's (the kubelet writes /var/log/containers).
+func nodeMountScript(dir string) string {
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\n# Written by the Tabby lab: the mount namespace of one lab node.\nset -eu\n")
+	b.WriteString("mount --make-rslave /proc\n")
+	b.WriteString("mount --make-slave \"$(findmnt --noheadings --output TARGET --target /var/log)\"\n")
+	keys := make([]string, 0, len(kubeletTunables))
+	for k := range kubeletTunables {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "mount --bind %s /proc/sys/%s\n", filepath.Join(dir, "sysctl", strings.ReplaceAll(k, "/", ".")), k)
+	}
+	fmt.Fprintf(&b, "mount --bind %s /var/log\n", filepath.Join(dir, "log"))
+	b.WriteString("exec \"$@\"\n")
+	return b.String()
+}
+
+// writeNodeMounts writes the node's mount script and the files it binds,
+// under <node dir>/mounts, and returns the script's path.
+func (l *Lab) writeNodeMounts(node string) (string, error) {
+	dir := filepath.Join(l.nodeDir(node), "mounts")
+	for _, d := range []string{"sysctl", "log"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return "", fmt.Errorf("creating node mount directories: %w", err)
+		}
+	}
+	for k, v := range kubeletTunables {
+		if err := os.WriteFile(filepath.Join(dir, "sysctl", strings.ReplaceAll(k, "/", ".")), []byte(v+"\n"), 0o644); err != nil {
+			return "", err
+		}
+	}
+	script := filepath.Join(dir, "mounts.sh")
+	if err := os.WriteFile(script, []byte(nodeMountScript(dir)), 0o755); err != nil {
+		return "", fmt.Errorf("writing node mount script: %w", err)
+	}
+	return script, nil
+}
+
+// kubeletConfig is the node kubelet's KubeletConfiguration.
+func kubeletConfig(dir, containerdSocket, cgroupRoot string) string {
+	return `# Written by the Tabby lab: the kubelet of one lab node.
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This host mounts cgroup v1 (hybrid); the kubelet refuses v1 by default.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: ` + cgroupRoot + `
+cgroupsPerQOS: true
+containerRuntimeEndpoint: unix://` + containerdSocket + `
+podLogsDir: ` + filepath.Join(dir, "pod-logs") + `
+resolvConf: ` + filepath.Join(dir, "resolv.conf") + `
+protectKernelDefaults: true
+failSwapOn: false
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+# Many kubelets share one disk: no disk-pressure evictions or image GC.
+evictionHard:
+  memory.available: "0%"
+  nodefs.available: "0%"
+  imagefs.available: "0%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusUpdateFrequency: 4s
+syncFrequency: 10s
+`
+}
+
+// kubeconfig is a kubeconfig for the kubelet: the server (its certificate
+// unchecked: the lab's API server makes its own) and the node's token.
+func kubeconfig(server, token string) string {
+	return `apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: ` + server + `
+    insecure-skip-tls-verify: true
+users:
+- name: kubelet
+  user:
+    token: ` + token + `
+contexts:
+- name: lab
+  context:
+    cluster: lab
+    user: kubelet
+current-context: lab
+`
+}
+
+// StartKubelet starts the node's kubelet (kubelet from the Kubernetes
+// binaries cache; see kube/kubetest.Require) registering the node under
+// its lab name. Teardown stops it and removes its cgroups and directory.
+func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o KubeletOptions) error {
+	st := l.State()
+	n := st.node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	if !n.Containerd.alive() {
+		return fmt.Errorf("the kubelet of %s needs the node's containerd: start it first", node)
+	}
+	if n.Kubelet.alive() {
+		return fmt.Errorf("the kubelet of %s is running (pid %d)", node, n.Kubelet.PID)
+	}
+	dir := l.KubeletDir(node)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating kubelet directory: %w", err)
+	}
+	files := map[string]string{
+		"config.yaml": kubeletConfig(dir, l.ContainerdSocket(node), kubeletCgroupRoot(st.Name, node)),
+		"kubeconfig":  kubeconfig(o.Server, o.Token),
+		"resolv.conf": "", // no DNS: the lab reaches nothing outside
+	}
+	for name, content := range files {
+		mode := os.FileMode(0o644)
+		if name == "kubeconfig" {
+			mode = 0o600
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), mode); err != nil {
+			return fmt.Errorf("writing kubelet %s: %w", name, err)
+		}
+	}
+	// Recorded before it exists, so that Teardown removes it whatever
+	// happens next.
+	cgroupRoot := kubeletCgroupRoot(st.Name, node)
+	if err := l.update(func(s *State) error {
+		if n := s.node(node); n != nil {
+			n.CgroupRoot = cgroupRoot
+			return nil
+		}
+		return fmt.Errorf("node %q vanished while starting its kubelet", node)
+	}); err != nil {
+		return err
+	}
+	if err := makeCgroupRoot(cgroupRoot); err != nil {
+		return err
+	}
+	// In the node's mount namespace, containerd's (see nodeMountScript).
+	argv := []string{"nsenter", fmt.Sprintf("--mount=/proc/%d/ns/mnt", n.Containerd.PID), "--",
+		kubeletBin,
+		"--config=" + filepath.Join(dir, "config.yaml"),
+		"--kubeconfig=" + filepath.Join(dir, "kubeconfig"),
+		"--root-dir=" + filepath.Join(dir, "root"),
+		"--cert-dir=" + filepath.Join(dir, "pki"),
+		"--hostname-override=" + node,
+		"--node-ip=" + n.IP.Addr().String(),
+		"--v=2",
+	}
+	progress(l.log, "starting kubelet on %s (cgroup root %s)", node, cgroupRoot)
+	p, done, err := startDetached("kubelet "+node, n.NetNS, argv, filepath.Join(dir, "kubelet.log"), pidFile(dir, "kubelet"))
+	if err != nil {
+		return err
+	}
+	l.trackExit(p.PID, done)
+	return l.update(func(s *State) error {
+		if n := s.node(node); n != nil {
+			n.Kubelet = p
+			return nil
+		}
+		return fmt.Errorf("node %q vanished while starting its kubelet", node)
+	})
+}
+
+// StopKubelet stops the node's kubelet (SIGTERM, SIGKILL after 10 s) and
+// removes its cgroups.
+func (l *Lab) StopKubelet(ctx context.Context, node string) error {
+	n := l.State().node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	var errs []error
+	if n.Kubelet != nil {
+		progress(l.log, "stopping kubelet on %s (pid %d)", node, n.Kubelet.PID)
+		errs = append(errs, n.Kubelet.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(n.Kubelet.PID)))
+	}
+	if n.CgroupRoot != "" {
+		errs = append(errs, removeCgroupRoot(n.CgroupRoot))
+	}
+	return errors.Join(errs...)
+}
+
+// ListenIn opens a TCP listener on addr inside the lab namespace ns: the
+// socket belongs to that namespace while this process accepts on it, so a
+// process of the lab process's own namespace (a test's API server on
+// 127.0.0.1) can be offered to a node through Proxy.
+func ListenIn(ns, addr string) (net.Listener, error) {
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// A thread whose namespace could not be restored is never
+		// unlocked, so the runtime ends it with the goroutine.
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer orig.Close()
+		target, err := os.Open(NetNSPath(ns))
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("entering %s: %w", ns, err)}
+			return
+		}
+		l, lerr := net.Listen("tcp", addr)
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			if l != nil {
+				l.Close()
+			}
+			ch <- result{err: fmt.Errorf("leaving %s: %w", ns, err)}
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{l, lerr}
+	}()
+	r := <-ch
+	if r.err != nil {
+		return nil, fmt.Errorf("listening on %s in %s: %w", addr, ns, r.err)
+	}
+	return r.l, nil
+}
+
+// Proxy forwards every connection accepted on l to the TCP address target
+// of this process's namespace until l is closed; then it closes the
+// connections it forwards and returns once they are done.
+func Proxy(l net.Listener, target string) error {
+	var (
+		mu    sync.Mutex
+		conns = map[net.Conn]bool{}
+		wg    sync.WaitGroup
+	)
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			mu.Lock()
+			for c := range conns {
+				c.Close()
+			}
+			mu.Unlock()
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		mu.Lock()
+		conns[c] = true
+		mu.Unlock()
+		wg.Go(func() {
+			forward(c, target)
+			mu.Lock()
+			delete(conns, c)
+			mu.Unlock()
+		})
+	}
+}

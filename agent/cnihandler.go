@@ -73,6 +73,11 @@ type cniHandler struct {
 	// other nodes are not lost while its route propagates.
 	advertised func(ctx context.Context, p netip.Prefix) error
 
+	// spareBusy marks the families whose spare-block claim is running
+	// (claimSpare).
+	spareMu   sync.Mutex
+	spareBusy map[int]bool
+
 	addingMu sync.Mutex
 	adding   map[string]bool // host interfaces ADD is working on
 }
@@ -328,7 +333,54 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ips", addrs, "iface", hostIf, "borrowed", asg.Borrowed,
 		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))
+	if handle != "" {
+		h.claimSpare(addrs)
+	}
 	return buildResult(req, addrs, hostIf, st), nil
+}
+
+// spareClaimTimeout bounds a background spare-block claim.
+const spareClaimTimeout = 10 * time.Second
+
+// claimSpare makes sure, in the background, that the node keeps a block
+// with a free address in each family it just assigned from: when the
+// pod took the last one, the next pod would open a block and wait for its
+// route to reach the other nodes — and a packet answered by a node that
+// has not installed it yet is lost. One claim per family at a time; with
+// room left it costs nothing (IPAM's cache answers).
+func (h *cniHandler) claimSpare(addrs []netip.Addr) {
+	for _, a := range addrs {
+		fam := 4
+		if a.Is6() {
+			fam = 6
+		}
+		h.spareMu.Lock()
+		if h.spareBusy == nil {
+			h.spareBusy = map[int]bool{}
+		}
+		busy := h.spareBusy[fam]
+		h.spareBusy[fam] = true
+		h.spareMu.Unlock()
+		if busy {
+			continue
+		}
+		go func() {
+			defer func() {
+				h.spareMu.Lock()
+				h.spareBusy[fam] = false
+				h.spareMu.Unlock()
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), spareClaimTimeout)
+			defer cancel()
+			blk, err := h.ipam.EnsureFreeBlock(ctx, h.node, fam)
+			switch {
+			case err != nil:
+				h.log.Warn("claiming a spare block", "family", fam, "err", err)
+			case blk.IsValid():
+				h.log.Info("claimed a spare block: the node's blocks are full", "block", blk)
+			}
+		}()
+	}
 }
 
 // assignRequests builds the IPAM requests of an ADD, one per family the

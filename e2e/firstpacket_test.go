@@ -19,9 +19,11 @@ import (
 // claimed) and the way back (this pod's) are new routes — and every first
 // ping (one packet, one second to answer) must be answered. Round a uses
 // the lab's pool (/26 blocks): each node's first pod lands in the block its
-// agent claimed at start. Round b swaps in a pool of /30 blocks, so that
-// every other pod of a node opens a new block and its ADD waits until the
-// block is advertised.
+// agent claimed at start. Round b swaps in a pool of /30 blocks: each
+// node's first pod opens a block and its ADD waits until the block is
+// advertised; once a pod fills a block the agent claims the next one in
+// the background (a spare), so later pods land in blocks already
+// advertised.
 func TestFirstPacket(t *testing.T) {
 	l := upLab(t, lab.Options{Name: "e2efp", Nodes: 3})
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

@@ -16,6 +16,32 @@ import (
 // block already or may not claim one (no usable pool, autoAllocateBlocks
 // off, maxBlocksPerHost reached, pools full). Idempotent.
 func (a *Allocator) EnsureBlock(ctx context.Context, node string) (netip.Prefix, error) {
+	return a.ensureBlock(ctx, node, 4, false)
+}
+
+// EnsureFreeBlock claims a block for node when none of its confirmed
+// affine blocks of a usable pool of the family (4 or 6) has a free
+// address: the next pod then lands in a block whose route is already
+// advertised instead of opening one and waiting for the route to reach
+// the other nodes. With the node's blocks cached and one of them not full
+// it costs no etcd request. It returns the block claimed, or the zero
+// prefix.
+func (a *Allocator) EnsureFreeBlock(ctx context.Context, node string, family int) (netip.Prefix, error) {
+	if c := a.cached(node); c != nil {
+		if usable, err := usablePools(c.pools, family, node, c.node.labels, nil); err == nil {
+			for _, b := range c.blocks {
+				if _, ok := poolFor(usable, b.cidr); ok && b.free() > 0 {
+					return netip.Prefix{}, nil
+				}
+			}
+		}
+	}
+	return a.ensureBlock(ctx, node, family, true)
+}
+
+// ensureBlock claims a block of family for node unless it has a confirmed
+// affine block of a usable pool (with a free address, when needFree).
+func (a *Allocator) ensureBlock(ctx context.Context, node string, family int, needFree bool) (netip.Prefix, error) {
 	lock := a.nodeLock(node)
 	lock.Lock()
 	defer lock.Unlock()
@@ -26,7 +52,7 @@ func (a *Allocator) EnsureBlock(ctx context.Context, node string) (netip.Prefix,
 		if err != nil {
 			return err
 		}
-		usable, err := usablePools(st.pools, 4, node, st.node.labels, nil)
+		usable, err := usablePools(st.pools, family, node, st.node.labels, nil)
 		if err != nil {
 			return nil // nothing to claim from (yet): the first ADD will say why
 		}
@@ -37,7 +63,7 @@ func (a *Allocator) EnsureBlock(ctx context.Context, node string) (netip.Prefix,
 		}
 		for _, af := range st.affinities {
 			if b := st.affine[af.block]; b != nil && af.state == affinityConfirmed && b.node == node {
-				if _, ok := poolFor(usable, b.cidr); ok {
+				if _, ok := poolFor(usable, b.cidr); ok && (!needFree || b.free() > 0) {
 					return nil
 				}
 			}

@@ -243,3 +243,40 @@ func TestDualStackAssignRoundTrips(t *testing.T) {
 	}
 	mustCheckClean(t, a)
 }
+
+// EnsureFreeBlock claims a block only when every affine block of the node
+// is full, in the family asked for, and costs no etcd request while one
+// has room (the node's blocks cached).
+func TestEnsureFreeBlock(t *testing.T) {
+	cs := &countingStore{Store: storetest.New(t)}
+	a := newAllocator(cs)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "v4", "10.244.0.0/26", 30)
+	mustCreatePool(t, a, "v6", "fd00:10:244::/120", 124)
+	first, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs.n.Store(0)
+	if blk, err := a.EnsureFreeBlock(ctx, "n1", 4); err != nil || blk.IsValid() || cs.n.Load() != 0 {
+		t.Fatalf("with room left: claimed %v, %v, %d etcd requests; want nothing, none", blk, err, cs.n.Load())
+	}
+	for i := 1; i < 4; i++ { // fill the /30
+		if _, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: fmt.Sprintf("h%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	blk, err := a.EnsureFreeBlock(ctx, "n1", 4)
+	if err != nil || !blk.IsValid() || blk == first.Block || !blk.Addr().Is4() {
+		t.Fatalf("full block: claimed %v, %v; want a second IPv4 block", blk, err)
+	}
+	next, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: "h4"})
+	if err != nil || next.Block != blk || next.NewBlock {
+		t.Errorf("the next pod: %+v, %v; want an address of the spare block %s, not a new block", next, err, blk)
+	}
+	// IPv6: the node has no IPv6 block yet, so one is claimed.
+	if blk6, err := a.EnsureFreeBlock(ctx, "n1", 6); err != nil || !blk6.Addr().Is6() || blk6.Bits() != 124 {
+		t.Errorf("IPv6: claimed %v, %v; want a /124", blk6, err)
+	}
+	mustCheckClean(t, a)
+}

@@ -34,7 +34,11 @@ type Compiler struct {
 	added                  []*endpoint // parsed in this pass
 	chains, nextChains     map[*api.WorkloadEndpoint]*epChains
 	policies, nextPolicies map[policyRef]*policyEntry
-	sets                   map[string]*liveSet
+	// The maps of the pass before the last, kept to be refilled.
+	spareEps      map[*api.WorkloadEndpoint]*epEntry
+	spareChains   map[*api.WorkloadEndpoint]*epChains
+	sparePolicies map[policyRef]*policyEntry
+	sets          map[string]*liveSet
 
 	// The ordered policies of the last pass, and whether this pass has
 	// the same ones (globals; namespaced by namespace).
@@ -106,11 +110,23 @@ func (cc *Compiler) begin(c *compiler) {
 			policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{}}
 	}
 	c.names = cc.names
-	cc.nextEps = make(map[*api.WorkloadEndpoint]*epEntry, len(cc.eps))
-	cc.nextChains = make(map[*api.WorkloadEndpoint]*epChains, len(cc.chains))
-	cc.nextPolicies = make(map[policyRef]*policyEntry, len(cc.policies))
+	// The maps of the pass before last are emptied and refilled: a pass
+	// that changes little then allocates little.
+	cc.nextEps = reuseMap(cc.spareEps, len(cc.eps))
+	cc.nextChains = reuseMap(cc.spareChains, len(cc.chains))
+	cc.nextPolicies = reuseMap(cc.sparePolicies, len(cc.policies))
+	cc.spareEps, cc.spareChains, cc.sparePolicies = nil, nil, nil
 	cc.added = nil
-	cc.emitted = map[policyRef]bool{}
+	cc.emitted = reuseMap(cc.emitted, 0)
+}
+
+// reuseMap returns m emptied, or a new map for n entries when m is nil.
+func reuseMap[K comparable, V any](m map[K]V, n int) map[K]V {
+	if m == nil {
+		return make(map[K]V, n)
+	}
+	clear(m)
+	return m
 }
 
 // endpoint returns w parsed by an earlier pass, nil if it was not.
@@ -178,9 +194,9 @@ func (cc *Compiler) end(c *compiler) {
 	if cc == nil {
 		return
 	}
-	cc.eps, cc.nextEps = cc.nextEps, nil
-	cc.chains, cc.nextChains = cc.nextChains, nil
-	cc.policies, cc.nextPolicies = cc.nextPolicies, nil
+	cc.spareEps, cc.eps, cc.nextEps = cc.eps, cc.nextEps, nil
+	cc.spareChains, cc.chains, cc.nextChains = cc.chains, cc.nextChains, nil
+	cc.sparePolicies, cc.policies, cc.nextPolicies = cc.policies, cc.nextPolicies, nil
 	maps.DeleteFunc(cc.sets, func(name string, s *liveSet) bool { return c.sets[name] != s.set })
 	cc.added = nil
 }

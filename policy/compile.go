@@ -46,8 +46,9 @@ func compile(in Input, cache *Compiler) *Ruleset {
 	// Endpoint chains by kind, each kind in interface order, so that the
 	// list is nearly sorted already (sorting thousands of chains is a
 	// good part of a pass that changes little).
-	var fws, tws, extras []Chain
-	var fromDispatch, toDispatch []DispatchTarget
+	n := len(c.local)
+	fws, tws, extras := make([]Chain, 0, n), make([]Chain, 0, n), []Chain(nil)
+	fromDispatch, toDispatch := make([]DispatchTarget, 0, n), make([]DispatchTarget, 0, n)
 	for _, ep := range c.local {
 		fw, tw, extra := c.endpointChains(ep)
 		fws, tws = append(fws, fw), append(tws, tw)
@@ -88,6 +89,7 @@ func (c *compiler) warnf(format string, args ...any) {
 }
 
 func (c *compiler) parseEndpoints() {
+	c.eps = make([]*endpoint, 0, len(c.in.Endpoints))
 	for _, w := range c.in.Endpoints {
 		if w == nil {
 			continue

@@ -48,6 +48,7 @@ type NFTFirewall struct {
 
 	rec    *nftState // the table as last read and written; nil = read it
 	recGen uint32
+	recVer uint64 // counts the records read (nftChainMemo.recVer)
 	readAt time.Time
 	reads  int
 	memo   nftMemo
@@ -188,6 +189,7 @@ type nftWantChain struct {
 	src    *policy.Chain // regular chains: an element of the state's Chains
 	jumps  []policy.Jump // base chains
 	hashes []string
+	memo   *nftChainMemo // regular chains
 }
 
 // nftMemo remembers, between Applies, each chain's rule hashes and each
@@ -199,7 +201,7 @@ type nftWantChain struct {
 // an Apply did not use are dropped at its end.
 type nftMemo struct {
 	pass   uint64
-	chains map[string]nftChainMemo
+	chains map[string]*nftChainMemo
 	sets   map[string]nftSetMemo
 	// want is the chain list of the last Apply, whose array the next one
 	// refills (nothing keeps the list itself).
@@ -211,6 +213,9 @@ type nftChainMemo struct {
 	table  string
 	rules  []policy.Rule
 	hashes []string
+	// recVer, when it is NFTFirewall.recVer (not 0), says that the
+	// record holds hashes for this chain, so program need not look.
+	recVer uint64
 }
 
 type nftSetMemo struct {
@@ -228,7 +233,7 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 		memo = &nftMemo{}
 	}
 	if memo.chains == nil {
-		memo.chains = make(map[string]nftChainMemo, len(s.Chains))
+		memo.chains = make(map[string]*nftChainMemo, len(s.Chains))
 		memo.sets = make(map[string]nftSetMemo, len(s.Sets)+2)
 	}
 	memo.pass++
@@ -255,20 +260,19 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 		c.hashes = nftRuleHashes(c.name, texts)
 		chains = append(chains, c)
 	}
+	var dispatchNames []string
 	for i := range s.Chains {
 		pc := &s.Chains[i]
 		c := nftWantChain{name: pc.Name, src: pc}
 		// One table holds every chain: a name must not come twice, from
 		// two tables either.
-		if cm, ok := memo.chains[pc.Name]; ok && cm.pass == pass {
-			errs = append(errs, fmt.Errorf("chain %s listed twice", pc.Name))
-			continue
-		}
-		if mm, ok := memo.sets[nftMapName(pc.Name)]; ok && mm.pass == pass {
+		cm := memo.chains[pc.Name]
+		if cm != nil && cm.pass == pass || slices.Contains(dispatchNames, pc.Name) {
 			errs = append(errs, fmt.Errorf("chain %s listed twice", pc.Name))
 			continue
 		}
 		if pc.Dispatch != nil {
+			dispatchNames = append(dispatchNames, pc.Name)
 			c.hashes = nftRuleHashes(c.name, nftDispatchTexts(*pc))
 			name := nftMapName(pc.Name)
 			if mm, ok := memo.sets[name]; ok && mm.pass != pass && mm.st.kind == nftSetVmap && slices.Equal(mm.targets, pc.Dispatch.Targets) {
@@ -288,19 +292,23 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 			chains = append(chains, c)
 			continue
 		}
-		if cm, ok := memo.chains[pc.Name]; ok && cm.pass != pass && cm.table == pc.Table && policy.SameSlice(cm.rules, pc.Rules) {
+		if cm != nil && cm.table == pc.Table && policy.SameSlice(cm.rules, pc.Rules) {
 			c.hashes = cm.hashes
+			cm.pass = pass
 		} else {
 			texts := make([]string, 0, len(pc.Rules))
 			for _, r := range pc.Rules {
 				texts = append(texts, r.String())
 			}
 			c.hashes = nftRuleHashes(c.name, texts)
+			if cm == nil {
+				cm = &nftChainMemo{}
+				memo.chains[pc.Name] = cm
+			}
+			*cm = nftChainMemo{pass: pass, table: pc.Table, rules: pc.Rules, hashes: c.hashes}
 		}
-		if cm, ok := memo.chains[pc.Name]; !ok || cm.pass != pass {
-			usedChains++
-		}
-		memo.chains[pc.Name] = nftChainMemo{pass: pass, table: pc.Table, rules: pc.Rules, hashes: c.hashes}
+		usedChains++
+		c.memo = cm
 		chains = append(chains, c)
 	}
 	for _, ps := range s.Sets {
@@ -348,7 +356,7 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 	if record {
 		memo.want = chains
 		if len(memo.chains) > usedChains {
-			maps.DeleteFunc(memo.chains, func(_ string, m nftChainMemo) bool { return m.pass != pass })
+			maps.DeleteFunc(memo.chains, func(_ string, m *nftChainMemo) bool { return m.pass != pass })
 		}
 		if len(memo.sets) > usedSets {
 			maps.DeleteFunc(memo.sets, func(_ string, m nftSetMemo) bool { return m.pass != pass })
@@ -484,6 +492,7 @@ func (f *NFTFirewall) actual() (*nftState, error) {
 	// A change between reading the generation and the table makes the
 	// generation stale, so the next Apply reads again.
 	f.rec, f.recGen, f.readAt = st, g, time.Now()
+	f.recVer++
 	return st, nil
 }
 
@@ -497,13 +506,25 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 	// checks), so that stale chains are looked for only when there are.
 	status := slices.Grow(f.status[:0], len(chains))
 	found := 0
+	recVer := f.recVer
+	if actual != f.rec {
+		recVer = 0
+	}
 	for _, ch := range chains {
+		if ch.memo != nil && recVer != 0 && ch.memo.recVer == recVer {
+			status = append(status, nftChainSame)
+			found++
+			continue
+		}
 		old, ok := actual.chains[ch.name]
 		switch {
 		case !ok:
 			status = append(status, nftChainMissing)
 		case slices.Equal(old, ch.hashes):
 			status = append(status, nftChainSame)
+			if ch.memo != nil {
+				ch.memo.recVer = recVer
+			}
 			found++
 		default:
 			status = append(status, nftChainDiffers)
@@ -675,6 +696,9 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 	// Chains not written have equal hashes already.
 	for _, i := range written {
 		actual.chains[chains[i].name] = chains[i].hashes
+		if m := chains[i].memo; m != nil {
+			m.recVer = recVer
+		}
 	}
 	for _, name := range stale {
 		delete(actual.chains, name)

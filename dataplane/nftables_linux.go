@@ -175,6 +175,16 @@ type nftSetState struct {
 	// elems maps a member's key to its kernel elements (a range's start
 	// and end) and, in a verdict map, its target chain.
 	elems map[string]nftMember
+	// delta, when set, says how elems differs from another state's, so
+	// that changing the kernel from that state needs no full comparison.
+	delta *nftSetDelta
+}
+
+// nftSetDelta: the state is from's minus del plus add (keys, sorted); a key
+// whose member changed is in both.
+type nftSetDelta struct {
+	from     *nftSetState
+	del, add []string
 }
 
 type nftMember struct {
@@ -280,10 +290,15 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 				mm.pass = pass
 				memo.sets[name] = mm
 			} else {
-				m := &nftSetState{kind: nftSetVmap, elems: make(map[string]nftMember, len(pc.Dispatch.Targets))}
-				for _, t := range pc.Dispatch.Targets {
-					m.elems[t.Iface] = nftMember{chain: t.Chain, els: []nftables.SetElement{{Key: ifnameKey(t.Iface),
-						VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t.Chain}}}}
+				var m *nftSetState
+				if ok && mm.st.kind == nftSetVmap {
+					m = vmapDelta(mm.st, mm.targets, pc.Dispatch.Targets)
+				}
+				if m == nil {
+					m = &nftSetState{kind: nftSetVmap, elems: make(map[string]nftMember, len(pc.Dispatch.Targets))}
+					for _, t := range pc.Dispatch.Targets {
+						m.elems[t.Iface] = vmapMember(t)
+					}
 				}
 				sets[name] = m
 				memo.sets[name] = nftSetMemo{pass: pass, targets: slices.Clone(pc.Dispatch.Targets), st: m}
@@ -363,6 +378,58 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 		}
 	}
 	return chains, sets, errors.Join(errs...)
+}
+
+func vmapMember(t policy.DispatchTarget) nftMember {
+	return nftMember{chain: t.Chain, els: []nftables.SetElement{{Key: ifnameKey(t.Iface),
+		VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t.Chain}}}}
+}
+
+// vmapDelta returns the verdict map of targets as a change of old, the map
+// of oldTargets: a copy of old's elements with the targets that came, went
+// or changed, found by walking both lists in interface order. It returns
+// nil when a list is not sorted by interface and unique.
+func vmapDelta(old *nftSetState, oldTargets, targets []policy.DispatchTarget) *nftSetState {
+	d := &nftSetDelta{from: old}
+	i, j := 0, 0
+	for i < len(oldTargets) || j < len(targets) {
+		if i > 0 && i < len(oldTargets) && oldTargets[i-1].Iface >= oldTargets[i].Iface ||
+			j > 0 && j < len(targets) && targets[j-1].Iface >= targets[j].Iface {
+			return nil
+		}
+		switch {
+		case j == len(targets) || i < len(oldTargets) && oldTargets[i].Iface < targets[j].Iface:
+			d.del = append(d.del, oldTargets[i].Iface)
+			i++
+		case i == len(oldTargets) || targets[j].Iface < oldTargets[i].Iface:
+			d.add = append(d.add, targets[j].Iface)
+			j++
+		default:
+			if oldTargets[i].Chain != targets[j].Chain {
+				d.del = append(d.del, oldTargets[i].Iface)
+				d.add = append(d.add, targets[j].Iface)
+			}
+			i++
+			j++
+		}
+	}
+	old.delta = nil // no chain of states back to the first
+	m := &nftSetState{kind: nftSetVmap, elems: maps.Clone(old.elems), delta: d}
+	if m.elems == nil {
+		m.elems = map[string]nftMember{}
+	}
+	for _, k := range d.del {
+		delete(m.elems, k)
+	}
+	for _, t := range targets {
+		if _, ok := m.elems[t.Iface]; !ok {
+			m.elems[t.Iface] = vmapMember(t)
+		}
+	}
+	if len(m.elems) != len(targets) {
+		return nil // old's elements were not oldTargets'
+	}
+	return m
 }
 
 // read returns the table as the kernel holds it.
@@ -728,6 +795,19 @@ func (f *NFTFirewall) changeMembers(name string, want, cur *nftSetState, st *App
 	}
 	s := nftSetTemplate(f.table, name, want.kind)
 	var del, add []nftables.SetElement
+	if d := want.delta; d != nil && d.from == cur {
+		for _, k := range d.del {
+			del = append(del, cur.elems[k].els...)
+			if _, ok := want.elems[k]; !ok {
+				st.MembersRemoved++
+			}
+		}
+		for _, k := range d.add {
+			add = append(add, want.elems[k].els...)
+			st.MembersAdded++
+		}
+		return append(f.elements(s, del, true), f.elements(s, add, false)...)
+	}
 	for _, k := range slices.Sorted(maps.Keys(cur.elems)) {
 		w, ok := want.elems[k]
 		if !ok || w.chain != cur.elems[k].chain {

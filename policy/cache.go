@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -38,7 +39,10 @@ type Compiler struct {
 	spareEps      map[*api.WorkloadEndpoint]*epEntry
 	spareChains   map[*api.WorkloadEndpoint]*epChains
 	sparePolicies map[policyRef]*policyEntry
-	sets          map[string]*liveSet
+	// The last pass's endpoints sorted by name and its policed ones by
+	// interface, when their keys were unique (else nil).
+	sortedEps, sortedLocal []*endpoint
+	sets                   map[string]*liveSet
 
 	// The ordered policies of the last pass, and whether this pass has
 	// the same ones (globals; namespaced by namespace).
@@ -151,6 +155,66 @@ func (cc *Compiler) storeEndpoint(w *api.WorkloadEndpoint, ep *endpoint, warning
 	}
 	cc.nextEps[w] = &epEntry{ep: ep, warnings: slices.Clone(warnings)}
 	cc.added = append(cc.added, ep)
+}
+
+// sorted returns eps (this pass's endpoints, or its policed ones)
+// sorted by key. When the last pass's sorted list, *last, had unique keys,
+// the list is that one without the endpoints that went, merged with the
+// ones parsed in this pass: no sort of the whole list. The result is used
+// only when its keys are unique too and it holds as many endpoints as eps,
+// so that it is the order sorting gives. *last becomes the result when its
+// keys are unique, else nil.
+func (cc *Compiler) sorted(eps []*endpoint, policed bool, key func(*endpoint) string) []*endpoint {
+	cmpKey := func(a, b *endpoint) int { return cmp.Compare(key(a), key(b)) }
+	if cc == nil {
+		slices.SortFunc(eps, cmpKey)
+		return eps
+	}
+	last := &cc.sortedEps
+	if policed {
+		last = &cc.sortedLocal
+	}
+	if *last != nil {
+		var added []*endpoint
+		for _, e := range cc.added {
+			if !policed || e.policed {
+				added = append(added, e)
+			}
+		}
+		slices.SortFunc(added, cmpKey)
+		out := make([]*endpoint, 0, len(eps))
+		for _, e := range *last {
+			if n := cc.nextEps[e.wep]; n == nil || n.ep != e {
+				continue // gone
+			}
+			for len(added) > 0 && key(added[0]) < key(e) {
+				out = append(out, added[0])
+				added = added[1:]
+			}
+			out = append(out, e)
+		}
+		out = append(out, added...)
+		if len(out) == len(eps) && uniqueSorted(out, key) {
+			*last = out
+			return out
+		}
+	}
+	slices.SortFunc(eps, cmpKey)
+	*last = nil
+	if uniqueSorted(eps, key) {
+		*last = eps
+	}
+	return eps
+}
+
+// uniqueSorted reports whether eps's keys are strictly increasing.
+func uniqueSorted(eps []*endpoint, key func(*endpoint) string) bool {
+	for i := 1; i < len(eps); i++ {
+		if key(eps[i-1]) >= key(eps[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // prepare runs once the endpoints are parsed and the policies ordered: it

@@ -107,8 +107,10 @@ func (c *compiler) parseEndpoints() {
 			c.local = append(c.local, ep)
 		}
 	}
-	slices.SortFunc(c.eps, func(a, b *endpoint) int { return cmp.Compare(a.name, b.name) })
-	slices.SortFunc(c.local, func(a, b *endpoint) int { return cmp.Compare(a.iface, b.iface) })
+	byName := func(e *endpoint) string { return e.name }
+	byIface := func(e *endpoint) string { return e.iface }
+	c.eps = c.cache.sorted(c.eps, false, byName)
+	c.local = c.cache.sorted(c.local, true, byIface)
 	// Two endpoints claiming one interface: keep the first by name, so that
 	// each interface has one chain.
 	c.local = slices.CompactFunc(c.local, func(a, b *endpoint) bool {

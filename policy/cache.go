@@ -234,11 +234,7 @@ func (cc *Compiler) prepare(c *compiler) {
 		s.update(removed, cc.added)
 	}
 	cc.globalsSame = slices.Equal(cc.gnps, c.gnps)
-	nps := map[string][]*api.NetworkPolicy{}
-	for _, p := range c.nps {
-		ns := npNamespace(p)
-		nps[ns] = append(nps[ns], p)
-	}
+	nps := c.npsByNs
 	cc.nsChanged = map[string]bool{}
 	for ns, ps := range nps {
 		if !slices.Equal(ps, cc.nps[ns]) {

@@ -18,6 +18,7 @@ type compiler struct {
 	local    []*endpoint // this node's, by interface
 	gnps     []*api.GlobalNetworkPolicy
 	nps      []*api.NetworkPolicy
+	npsByNs  map[string][]*api.NetworkPolicy // nps by namespace, in order
 	sets     map[string]*Set
 	chains   map[string]Chain // policy chains emitted so far, by name
 	warnings []string
@@ -207,6 +208,17 @@ func (c *compiler) orderPolicies() {
 	slices.SortStableFunc(c.nps, func(x, y *api.NetworkPolicy) int {
 		return cmp.Or(cmp.Compare(npNamespace(x), npNamespace(y)), cmp.Compare(x.Metadata.Name, y.Metadata.Name))
 	})
+	// Each namespace's policies are a run of the sorted list.
+	c.npsByNs = map[string][]*api.NetworkPolicy{}
+	for i := 0; i < len(c.nps); {
+		ns := npNamespace(c.nps[i])
+		j := i + 1
+		for j < len(c.nps) && npNamespace(c.nps[j]) == ns {
+			j++
+		}
+		c.npsByNs[ns] = c.nps[i:j:j]
+		i = j
+	}
 }
 
 func npNamespace(p *api.NetworkPolicy) string {
@@ -244,10 +256,7 @@ func (c *compiler) policiesFor(ep *endpoint, dir direction) (global, namespaced 
 			*c.refs = append(*c.refs, policyRef{g: g, dir: dir})
 		}
 	}
-	for _, p := range c.nps {
-		if npNamespace(p) != ep.namespace {
-			continue
-		}
+	for _, p := range c.npsByNs[ep.namespace] {
 		in, eg := p.AppliesTo()
 		if (dir == ingress && !in) || (dir == egress && !eg) {
 			continue

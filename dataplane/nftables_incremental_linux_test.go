@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tabbynet/tabby/dataplane"
@@ -74,5 +75,32 @@ func TestPrivilegedNFTablesIncrementalEqualsKernel(t *testing.T) {
 		if st, err := f.Apply(ctx, *comp.Compile(in)); err != nil || st.Changed() {
 			t.Fatalf("step %d (%s): a second pass changed %+v (%v)", step, what, st, err)
 		}
+	}
+}
+
+// TestPrivilegedNFTablesChainNameTwice: one nftables table holds the
+// chains of both model tables, so a filter and a nat chain of one name
+// are refused (iptables would accept them) before anything is written.
+func TestPrivilegedNFTablesChainNameTwice(t *testing.T) {
+	skipUnlessPrivileged(t)
+	ctx := context.Background()
+	ns := newNetNS(t, "w16bdup")
+	f, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: ns.Path})
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(func() { _ = f.Remove(ctx); _ = f.Close() })
+	st := testState("10.244.1.7/32", false)
+	if err := dataplane.ValidateFirewallState(st); err != nil {
+		t.Fatal(err)
+	}
+	dup := st.Chains[len(st.Chains)-1]
+	dup.Table = map[string]string{policy.TableFilter: policy.TableNAT, policy.TableNAT: policy.TableFilter}[dup.Table]
+	st.Chains = append(slices.Clone(st.Chains), dup)
+	if _, err := f.Apply(ctx, st); err == nil || !strings.Contains(err.Error(), "listed twice") {
+		t.Fatalf("Apply of chain %s in both tables: %v, want an error naming it listed twice", dup.Name, err)
+	}
+	if has, err := f.HasTable(); err != nil || has {
+		t.Fatalf("table written after a refused Apply (%v, %v)", has, err)
 	}
 }

@@ -1,9 +1,11 @@
 package dataplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tabbynet/tabby/policy"
@@ -83,15 +85,29 @@ type Firewall interface {
 func ValidateFirewallState(s FirewallState) error {
 	var bad []string
 	type key struct{ table, name string }
-	seen := make(map[key]bool, len(s.Chains))
-	for _, c := range s.Chains {
+	// The compiler lists chains sorted by table and name: then no chain
+	// comes twice, and the map is not needed.
+	sorted := slices.IsSortedFunc(s.Chains, func(a, b policy.Chain) int {
+		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Name, b.Name))
+	})
+	var seen map[key]bool
+	if !sorted {
+		seen = make(map[key]bool, len(s.Chains))
+	}
+	for i, c := range s.Chains {
 		if !strings.HasPrefix(c.Name, FirewallPrefix) || len(c.Name) > policy.MaxChainName {
 			bad = append(bad, fmt.Sprintf("chain %q: not a tabby chain name (prefix %q, at most %d characters)", c.Name, FirewallPrefix, policy.MaxChainName))
 		}
-		if k := (key{c.Table, c.Name}); seen[k] {
-			bad = append(bad, fmt.Sprintf("chain %s/%s listed twice", c.Table, c.Name))
+		if sorted {
+			if i > 0 && s.Chains[i-1].Table == c.Table && s.Chains[i-1].Name == c.Name {
+				bad = append(bad, fmt.Sprintf("chain %s/%s listed twice", c.Table, c.Name))
+			}
+		} else {
+			if k := (key{c.Table, c.Name}); seen[k] {
+				bad = append(bad, fmt.Sprintf("chain %s/%s listed twice", c.Table, c.Name))
+			}
+			seen[key{c.Table, c.Name}] = true
 		}
-		seen[key{c.Table, c.Name}] = true
 		if c.Dispatch != nil && len(c.Rules) > 0 {
 			bad = append(bad, fmt.Sprintf("chain %s: a dispatch chain with rules", c.Name))
 		}

@@ -48,10 +48,21 @@ type NFTFirewall struct {
 
 	rec    *nftState // the table as last read and written; nil = read it
 	recGen uint32
+	recVer uint64 // counts the records read (nftChainMemo.recVer)
 	readAt time.Time
 	reads  int
 	memo   nftMemo
+	status []nftChainStatus // program's per-chain scratch, reused
 }
+
+// nftChainStatus is where a wanted chain stands in the kernel's table.
+type nftChainStatus uint8
+
+const (
+	nftChainMissing nftChainStatus = iota
+	nftChainSame                   // same rule hashes
+	nftChainDiffers
+)
 
 var _ Firewall = (*NFTFirewall)(nil)
 
@@ -164,6 +175,16 @@ type nftSetState struct {
 	// elems maps a member's key to its kernel elements (a range's start
 	// and end) and, in a verdict map, its target chain.
 	elems map[string]nftMember
+	// delta, when set, says how elems differs from another state's, so
+	// that changing the kernel from that state needs no full comparison.
+	delta *nftSetDelta
+}
+
+// nftSetDelta: the state is from's minus del plus add (keys, sorted); a key
+// whose member changed is in both.
+type nftSetDelta struct {
+	from     *nftSetState
+	del, add []string
 }
 
 type nftMember struct {
@@ -175,46 +196,61 @@ type nftMember struct {
 type nftWantChain struct {
 	name   string
 	base   *nftBase
-	src    policy.Chain  // regular chains
+	src    *policy.Chain // regular chains: an element of the state's Chains
 	jumps  []policy.Jump // base chains
-	texts  []string
 	hashes []string
+	memo   *nftChainMemo // regular chains
 }
 
 // nftMemo remembers, between Applies, each chain's rule hashes and each
 // set's elements with the model they were computed from. A chain or set
 // whose rules or members are the very slices of the last Apply (a
 // policy.Compiler shares what did not change) is not rendered or hashed
-// again; the state passed to Apply must not be modified afterwards.
+// again; the state passed to Apply must not be modified afterwards. It is
+// updated in place: entries carry the pass that last used them, and those
+// an Apply did not use are dropped at its end.
 type nftMemo struct {
-	chains map[string]nftChainMemo
+	pass   uint64
+	chains map[string]*nftChainMemo
 	sets   map[string]nftSetMemo
+	// want is the chain list of the last Apply, whose array the next one
+	// refills (nothing keeps the list itself).
+	want []nftWantChain
 }
 
 type nftChainMemo struct {
+	pass   uint64
 	table  string
 	rules  []policy.Rule
 	hashes []string
+	// recVer, when it is NFTFirewall.recVer (not 0), says that the
+	// record holds hashes for this chain, so program need not look.
+	recVer uint64
 }
 
 type nftSetMemo struct {
+	pass    uint64
 	src     policy.Set
 	targets []policy.DispatchTarget // verdict maps: a copy of the targets
 	st      *nftSetState
 }
 
 // desiredNFT computes the desired chains and sets. With memo it reuses and
-// then replaces memo's content.
+// updates memo's content; without, it computes everything.
 func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nftSetState, error) {
-	var next *nftMemo
-	if memo != nil {
-		next = &nftMemo{chains: make(map[string]nftChainMemo, len(s.Chains)), sets: make(map[string]nftSetMemo, len(s.Sets)+2)}
-		defer func() { *memo = *next }()
-	} else {
+	record := memo != nil
+	if !record {
 		memo = &nftMemo{}
 	}
-	var chains []nftWantChain
-	sets := map[string]*nftSetState{}
+	if memo.chains == nil {
+		memo.chains = make(map[string]*nftChainMemo, len(s.Chains))
+		memo.sets = make(map[string]nftSetMemo, len(s.Sets)+2)
+	}
+	memo.pass++
+	pass := memo.pass
+	usedChains, usedSets := 0, 0
+	chains := slices.Grow(memo.want[:0], len(s.Chains)+len(nftBases))
+	sets := make(map[string]*nftSetState, len(s.Sets)+2)
 	var errs []error
 	byBase := map[string][]policy.Jump{}
 	for _, j := range s.Jumps {
@@ -227,51 +263,76 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 	for _, from := range slices.Sorted(maps.Keys(byBase)) {
 		b := nftBases[from]
 		c := nftWantChain{name: b.name, base: &b, jumps: byBase[from]}
+		texts := make([]string, 0, len(c.jumps))
 		for _, j := range c.jumps {
-			c.texts = append(c.texts, "jump "+j.To)
+			texts = append(texts, "jump "+j.To)
 		}
-		c.hashes = nftRuleHashes(c.name, c.texts)
+		c.hashes = nftRuleHashes(c.name, texts)
 		chains = append(chains, c)
 	}
-	for _, pc := range s.Chains {
+	var dispatchNames []string
+	for i := range s.Chains {
+		pc := &s.Chains[i]
 		c := nftWantChain{name: pc.Name, src: pc}
+		// One table holds every chain: a name must not come twice, from
+		// two tables either.
+		cm := memo.chains[pc.Name]
+		if cm != nil && cm.pass == pass || slices.Contains(dispatchNames, pc.Name) {
+			errs = append(errs, fmt.Errorf("chain %s listed twice", pc.Name))
+			continue
+		}
 		if pc.Dispatch != nil {
-			c.texts = nftDispatchTexts(pc)
+			dispatchNames = append(dispatchNames, pc.Name)
+			c.hashes = nftRuleHashes(c.name, nftDispatchTexts(*pc))
 			name := nftMapName(pc.Name)
-			if mm, ok := memo.sets[name]; ok && slices.Equal(mm.targets, pc.Dispatch.Targets) {
+			if mm, ok := memo.sets[name]; ok && mm.pass != pass && mm.st.kind == nftSetVmap && slices.Equal(mm.targets, pc.Dispatch.Targets) {
 				sets[name] = mm.st
+				mm.pass = pass
+				memo.sets[name] = mm
 			} else {
-				m := &nftSetState{kind: nftSetVmap, elems: map[string]nftMember{}}
-				for _, t := range pc.Dispatch.Targets {
-					m.elems[t.Iface] = nftMember{chain: t.Chain, els: []nftables.SetElement{{Key: ifnameKey(t.Iface),
-						VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t.Chain}}}}
+				var m *nftSetState
+				if ok && mm.st.kind == nftSetVmap {
+					m = vmapDelta(mm.st, mm.targets, pc.Dispatch.Targets)
+				}
+				if m == nil {
+					m = &nftSetState{kind: nftSetVmap, elems: make(map[string]nftMember, len(pc.Dispatch.Targets))}
+					for _, t := range pc.Dispatch.Targets {
+						m.elems[t.Iface] = vmapMember(t)
+					}
 				}
 				sets[name] = m
+				memo.sets[name] = nftSetMemo{pass: pass, targets: slices.Clone(pc.Dispatch.Targets), st: m}
 			}
-			if next != nil {
-				next.sets[name] = nftSetMemo{targets: slices.Clone(pc.Dispatch.Targets), st: sets[name]}
-			}
-			c.hashes = nftRuleHashes(c.name, c.texts)
-		} else if cm, ok := memo.chains[pc.Name]; ok && cm.table == pc.Table && policy.SameSlice(cm.rules, pc.Rules) {
+			usedSets++
+			chains = append(chains, c)
+			continue
+		}
+		if cm != nil && cm.table == pc.Table && policy.SameSlice(cm.rules, pc.Rules) {
 			c.hashes = cm.hashes
+			cm.pass = pass
 		} else {
+			texts := make([]string, 0, len(pc.Rules))
 			for _, r := range pc.Rules {
-				c.texts = append(c.texts, r.String())
+				texts = append(texts, r.String())
 			}
-			c.hashes = nftRuleHashes(c.name, c.texts)
+			c.hashes = nftRuleHashes(c.name, texts)
+			if cm == nil {
+				cm = &nftChainMemo{}
+				memo.chains[pc.Name] = cm
+			}
+			*cm = nftChainMemo{pass: pass, table: pc.Table, rules: pc.Rules, hashes: c.hashes}
 		}
-		if next != nil && pc.Dispatch == nil {
-			next.chains[pc.Name] = nftChainMemo{table: pc.Table, rules: pc.Rules, hashes: c.hashes}
-		}
+		usedChains++
+		c.memo = cm
 		chains = append(chains, c)
 	}
 	for _, ps := range s.Sets {
-		if sm, ok := memo.sets[ps.Name]; ok && sm.src.Type == ps.Type && sm.src.AddrFamily() == ps.AddrFamily() &&
+		if sm, ok := memo.sets[ps.Name]; ok && sm.pass != pass && sm.st.kind != nftSetVmap && sm.src.Type == ps.Type && sm.src.AddrFamily() == ps.AddrFamily() &&
 			policy.SameSlice(sm.src.Nets, ps.Nets) && policy.SameSlice(sm.src.AddrPorts, ps.AddrPorts) {
 			sets[ps.Name] = sm.st
-			if next != nil {
-				next.sets[ps.Name] = sm
-			}
+			sm.pass = pass
+			memo.sets[ps.Name] = sm
+			usedSets++
 			continue
 		}
 		kind, err := nftSetKindOf(ps)
@@ -301,11 +362,74 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 			st.elems[string(k)] = nftMember{els: []nftables.SetElement{{Key: k}}}
 		}
 		sets[ps.Name] = st
-		if next != nil {
-			next.sets[ps.Name] = nftSetMemo{src: ps, st: st}
+		if sm, ok := memo.sets[ps.Name]; !ok || sm.pass != pass {
+			usedSets++
+		}
+		memo.sets[ps.Name] = nftSetMemo{pass: pass, src: ps, st: st}
+	}
+	clear(chains[len(chains):cap(chains)]) // no references left from a longer list
+	if record {
+		memo.want = chains
+		if len(memo.chains) > usedChains {
+			maps.DeleteFunc(memo.chains, func(_ string, m *nftChainMemo) bool { return m.pass != pass })
+		}
+		if len(memo.sets) > usedSets {
+			maps.DeleteFunc(memo.sets, func(_ string, m nftSetMemo) bool { return m.pass != pass })
 		}
 	}
 	return chains, sets, errors.Join(errs...)
+}
+
+func vmapMember(t policy.DispatchTarget) nftMember {
+	return nftMember{chain: t.Chain, els: []nftables.SetElement{{Key: ifnameKey(t.Iface),
+		VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: t.Chain}}}}
+}
+
+// vmapDelta returns the verdict map of targets as a change of old, the map
+// of oldTargets: a copy of old's elements with the targets that came, went
+// or changed, found by walking both lists in interface order. It returns
+// nil when a list is not sorted by interface and unique.
+func vmapDelta(old *nftSetState, oldTargets, targets []policy.DispatchTarget) *nftSetState {
+	d := &nftSetDelta{from: old}
+	i, j := 0, 0
+	for i < len(oldTargets) || j < len(targets) {
+		if i > 0 && i < len(oldTargets) && oldTargets[i-1].Iface >= oldTargets[i].Iface ||
+			j > 0 && j < len(targets) && targets[j-1].Iface >= targets[j].Iface {
+			return nil
+		}
+		switch {
+		case j == len(targets) || i < len(oldTargets) && oldTargets[i].Iface < targets[j].Iface:
+			d.del = append(d.del, oldTargets[i].Iface)
+			i++
+		case i == len(oldTargets) || targets[j].Iface < oldTargets[i].Iface:
+			d.add = append(d.add, targets[j].Iface)
+			j++
+		default:
+			if oldTargets[i].Chain != targets[j].Chain {
+				d.del = append(d.del, oldTargets[i].Iface)
+				d.add = append(d.add, targets[j].Iface)
+			}
+			i++
+			j++
+		}
+	}
+	old.delta = nil // no chain of states back to the first
+	m := &nftSetState{kind: nftSetVmap, elems: maps.Clone(old.elems), delta: d}
+	if m.elems == nil {
+		m.elems = map[string]nftMember{}
+	}
+	for _, k := range d.del {
+		delete(m.elems, k)
+	}
+	for _, t := range targets {
+		if _, ok := m.elems[t.Iface]; !ok {
+			m.elems[t.Iface] = vmapMember(t)
+		}
+	}
+	if len(m.elems) != len(targets) {
+		return nil // old's elements were not oldTargets'
+	}
+	return m
 }
 
 // read returns the table as the kernel holds it.
@@ -435,6 +559,7 @@ func (f *NFTFirewall) actual() (*nftState, error) {
 	// A change between reading the generation and the table makes the
 	// generation stale, so the next Apply reads again.
 	f.rec, f.recGen, f.readAt = st, g, time.Now()
+	f.recVer++
 	return st, nil
 }
 
@@ -443,10 +568,41 @@ func (f *NFTFirewall) actual() (*nftState, error) {
 func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[string]*nftSetState) (ApplyStats, error) {
 	var st ApplyStats
 	c, t := f.conn, f.table
+	// Where each chain stands in the kernel, looked up once; found counts
+	// the wanted chains the table has (names are unique, desiredNFT
+	// checks), so that stale chains are looked for only when there are.
+	status := slices.Grow(f.status[:0], len(chains))
+	found := 0
+	recVer := f.recVer
+	if actual != f.rec {
+		recVer = 0
+	}
+	for _, ch := range chains {
+		if ch.memo != nil && recVer != 0 && ch.memo.recVer == recVer {
+			status = append(status, nftChainSame)
+			found++
+			continue
+		}
+		old, ok := actual.chains[ch.name]
+		switch {
+		case !ok:
+			status = append(status, nftChainMissing)
+		case slices.Equal(old, ch.hashes):
+			status = append(status, nftChainSame)
+			if ch.memo != nil {
+				ch.memo.recVer = recVer
+			}
+			found++
+		default:
+			status = append(status, nftChainDiffers)
+			found++
+		}
+	}
+	f.status = status
 	// Render the rules to be written once before queuing anything, so
 	// that an unrenderable rule fails the Apply with nothing sent.
-	for _, ch := range chains {
-		if old, ok := actual.chains[ch.name]; (ok && slices.Equal(old, ch.hashes)) || ch.base != nil || ch.src.Dispatch != nil {
+	for i, ch := range chains {
+		if status[i] == nftChainSame || ch.base != nil || ch.src.Dispatch != nil {
 			continue
 		}
 		for _, r := range ch.src.Rules {
@@ -457,10 +613,6 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 	}
 	if !actual.exists {
 		c.AddTable(t)
-	}
-	wantChain := map[string]bool{}
-	for _, ch := range chains {
-		wantChain[ch.name] = true
 	}
 	setObj := func(name string, kind nftSetKind) *nftables.Set { return nftSetTemplate(t, name, kind) }
 	var errs []error
@@ -497,8 +649,8 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 
 	// 2. Chains: create the missing ones (so that jumps and map elements
 	// find them), then create the verdict maps and change their elements.
-	for _, ch := range chains {
-		if _, ok := actual.chains[ch.name]; ok {
+	for i, ch := range chains {
+		if status[i] != nftChainMissing {
 			continue
 		}
 		nc := &nftables.Chain{Name: ch.name, Table: t}
@@ -523,12 +675,14 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 	// chains in the last part.
 	flushes := 0
 	pending := 0
-	for _, ch := range chains {
-		if old, ok := actual.chains[ch.name]; ok && slices.Equal(old, ch.hashes) {
+	var written []int
+	for i, ch := range chains {
+		if status[i] == nftChainSame {
 			continue
 		}
+		written = append(written, i)
 		nc := &nftables.Chain{Name: ch.name, Table: t}
-		if _, ok := actual.chains[ch.name]; ok {
+		if status[i] == nftChainDiffers {
 			c.FlushChain(nc)
 		}
 		if err := f.addRules(nc, ch); err != nil {
@@ -563,12 +717,18 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 	// 4. Stale state: flush stale chains (dropping their references), then
 	// delete stale maps and sets, then the chains.
 	var stale []string
-	for name := range actual.chains {
-		if !wantChain[name] {
-			stale = append(stale, name)
+	if found < len(actual.chains) {
+		wantChain := make(map[string]bool, len(chains))
+		for _, ch := range chains {
+			wantChain[ch.name] = true
 		}
+		for name := range actual.chains {
+			if !wantChain[name] {
+				stale = append(stale, name)
+			}
+		}
+		slices.Sort(stale)
 	}
-	slices.Sort(stale)
 	for _, name := range stale {
 		c.FlushChain(&nftables.Chain{Name: name, Table: t})
 	}
@@ -598,17 +758,24 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 	if err := c.Flush(); err != nil {
 		return ApplyStats{}, fmt.Errorf("nftables batch: %w", err)
 	}
-	// The record is now the desired state, at the generation this batch
-	// made, provided nobody committed in between.
-	rec := &nftState{exists: true, chains: map[string][]string{}, sets: sets}
-	for _, ch := range chains {
-		rec.chains[ch.name] = ch.hashes
+	// The record (actual is f.rec) becomes the desired state, at the
+	// generation this batch made, provided nobody committed in between.
+	// Chains not written have equal hashes already.
+	for _, i := range written {
+		actual.chains[chains[i].name] = chains[i].hashes
+		if m := chains[i].memo; m != nil {
+			m.recVer = recVer
+		}
 	}
+	for _, name := range stale {
+		delete(actual.chains, name)
+	}
+	actual.exists, actual.sets = true, sets
 	g, err := f.gen.id()
-	if err != nil || f.rec == nil || g != f.recGen+1+uint32(flushes) {
+	if err != nil || f.rec != actual || g != f.recGen+1+uint32(flushes) {
 		f.rec = nil // read again next time
 	} else {
-		f.rec, f.recGen = rec, g
+		f.recGen = g
 	}
 	return st, nil
 }
@@ -628,6 +795,19 @@ func (f *NFTFirewall) changeMembers(name string, want, cur *nftSetState, st *App
 	}
 	s := nftSetTemplate(f.table, name, want.kind)
 	var del, add []nftables.SetElement
+	if d := want.delta; d != nil && d.from == cur {
+		for _, k := range d.del {
+			del = append(del, cur.elems[k].els...)
+			if _, ok := want.elems[k]; !ok {
+				st.MembersRemoved++
+			}
+		}
+		for _, k := range d.add {
+			add = append(add, want.elems[k].els...)
+			st.MembersAdded++
+		}
+		return append(f.elements(s, del, true), f.elements(s, add, false)...)
+	}
 	for _, k := range slices.Sorted(maps.Keys(cur.elems)) {
 		w, ok := want.elems[k]
 		if !ok || w.chain != cur.elems[k].chain {
@@ -679,8 +859,8 @@ func (f *NFTFirewall) addRules(nc *nftables.Chain, ch nftWantChain) error {
 		for _, j := range ch.jumps {
 			exprs = append(exprs, []expr.Any{&expr.Verdict{Kind: expr.VerdictJump, Chain: j.To}})
 		}
-	case ch.src.Dispatch != nil:
-		exprs = nftDispatchExprs(ch.src)
+	case ch.src != nil && ch.src.Dispatch != nil:
+		exprs = nftDispatchExprs(*ch.src)
 	default:
 		for _, r := range ch.src.Rules {
 			ex, anon, err := nftRuleExprs(f.table, r)

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -34,6 +35,13 @@ type Compiler struct {
 	added                  []*endpoint // parsed in this pass
 	chains, nextChains     map[*api.WorkloadEndpoint]*epChains
 	policies, nextPolicies map[policyRef]*policyEntry
+	// The maps of the pass before the last, kept to be refilled.
+	spareEps      map[*api.WorkloadEndpoint]*epEntry
+	spareChains   map[*api.WorkloadEndpoint]*epChains
+	sparePolicies map[policyRef]*policyEntry
+	// The last pass's endpoints sorted by name and its policed ones by
+	// interface, when their keys were unique (else nil).
+	sortedEps, sortedLocal []*endpoint
 	sets                   map[string]*liveSet
 
 	// The ordered policies of the last pass, and whether this pass has
@@ -106,11 +114,23 @@ func (cc *Compiler) begin(c *compiler) {
 			policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{}}
 	}
 	c.names = cc.names
-	cc.nextEps = make(map[*api.WorkloadEndpoint]*epEntry, len(cc.eps))
-	cc.nextChains = make(map[*api.WorkloadEndpoint]*epChains, len(cc.chains))
-	cc.nextPolicies = make(map[policyRef]*policyEntry, len(cc.policies))
+	// The maps of the pass before last are emptied and refilled: a pass
+	// that changes little then allocates little.
+	cc.nextEps = reuseMap(cc.spareEps, len(cc.eps))
+	cc.nextChains = reuseMap(cc.spareChains, len(cc.chains))
+	cc.nextPolicies = reuseMap(cc.sparePolicies, len(cc.policies))
+	cc.spareEps, cc.spareChains, cc.sparePolicies = nil, nil, nil
 	cc.added = nil
-	cc.emitted = map[policyRef]bool{}
+	cc.emitted = reuseMap(cc.emitted, 0)
+}
+
+// reuseMap returns m emptied, or a new map for n entries when m is nil.
+func reuseMap[K comparable, V any](m map[K]V, n int) map[K]V {
+	if m == nil {
+		return make(map[K]V, n)
+	}
+	clear(m)
+	return m
 }
 
 // endpoint returns w parsed by an earlier pass, nil if it was not.
@@ -137,6 +157,66 @@ func (cc *Compiler) storeEndpoint(w *api.WorkloadEndpoint, ep *endpoint, warning
 	cc.added = append(cc.added, ep)
 }
 
+// sorted returns eps (this pass's endpoints, or its policed ones)
+// sorted by key. When the last pass's sorted list, *last, had unique keys,
+// the list is that one without the endpoints that went, merged with the
+// ones parsed in this pass: no sort of the whole list. The result is used
+// only when its keys are unique too and it holds as many endpoints as eps,
+// so that it is the order sorting gives. *last becomes the result when its
+// keys are unique, else nil.
+func (cc *Compiler) sorted(eps []*endpoint, policed bool, key func(*endpoint) string) []*endpoint {
+	cmpKey := func(a, b *endpoint) int { return cmp.Compare(key(a), key(b)) }
+	if cc == nil {
+		slices.SortFunc(eps, cmpKey)
+		return eps
+	}
+	last := &cc.sortedEps
+	if policed {
+		last = &cc.sortedLocal
+	}
+	if *last != nil {
+		var added []*endpoint
+		for _, e := range cc.added {
+			if !policed || e.policed {
+				added = append(added, e)
+			}
+		}
+		slices.SortFunc(added, cmpKey)
+		out := make([]*endpoint, 0, len(eps))
+		for _, e := range *last {
+			if n := cc.nextEps[e.wep]; n == nil || n.ep != e {
+				continue // gone
+			}
+			for len(added) > 0 && key(added[0]) < key(e) {
+				out = append(out, added[0])
+				added = added[1:]
+			}
+			out = append(out, e)
+		}
+		out = append(out, added...)
+		if len(out) == len(eps) && uniqueSorted(out, key) {
+			*last = out
+			return out
+		}
+	}
+	slices.SortFunc(eps, cmpKey)
+	*last = nil
+	if uniqueSorted(eps, key) {
+		*last = eps
+	}
+	return eps
+}
+
+// uniqueSorted reports whether eps's keys are strictly increasing.
+func uniqueSorted(eps []*endpoint, key func(*endpoint) string) bool {
+	for i := 1; i < len(eps); i++ {
+		if key(eps[i-1]) >= key(eps[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 // prepare runs once the endpoints are parsed and the policies ordered: it
 // updates the live sets with the endpoints that came and went, and notes
 // which endpoints' policies are unchanged.
@@ -154,11 +234,7 @@ func (cc *Compiler) prepare(c *compiler) {
 		s.update(removed, cc.added)
 	}
 	cc.globalsSame = slices.Equal(cc.gnps, c.gnps)
-	nps := map[string][]*api.NetworkPolicy{}
-	for _, p := range c.nps {
-		ns := npNamespace(p)
-		nps[ns] = append(nps[ns], p)
-	}
+	nps := c.npsByNs
 	cc.nsChanged = map[string]bool{}
 	for ns, ps := range nps {
 		if !slices.Equal(ps, cc.nps[ns]) {
@@ -178,9 +254,9 @@ func (cc *Compiler) end(c *compiler) {
 	if cc == nil {
 		return
 	}
-	cc.eps, cc.nextEps = cc.nextEps, nil
-	cc.chains, cc.nextChains = cc.nextChains, nil
-	cc.policies, cc.nextPolicies = cc.nextPolicies, nil
+	cc.spareEps, cc.eps, cc.nextEps = cc.eps, cc.nextEps, nil
+	cc.spareChains, cc.chains, cc.nextChains = cc.chains, cc.nextChains, nil
+	cc.sparePolicies, cc.policies, cc.nextPolicies = cc.policies, cc.nextPolicies, nil
 	maps.DeleteFunc(cc.sets, func(name string, s *liveSet) bool { return c.sets[name] != s.set })
 	cc.added = nil
 }

@@ -112,7 +112,20 @@ func mutate(r *rand.Rand, in *Input, next *int) string {
 		in.Endpoints = slices.Delete(slices.Clone(in.Endpoints), i, i+1)
 		return "pod removed"
 	case k <= 1:
-		in.Endpoints = append(slices.Clone(in.Endpoints), newEP())
+		w := newEP()
+		if len(in.Endpoints) > 0 && pick(5) == 0 {
+			// Another object with a name or an interface already taken.
+			o := in.Endpoints[pick(len(in.Endpoints))]
+			if pick(2) == 0 {
+				w.Spec.Node, w.Spec.InterfaceName = o.Spec.Node, o.Spec.InterfaceName
+				in.Endpoints = append(slices.Clone(in.Endpoints), w)
+				return "pod added on a taken interface"
+			}
+			w.Metadata.Name, w.Metadata.Namespace = o.Metadata.Name, o.Metadata.Namespace
+			in.Endpoints = append(slices.Clone(in.Endpoints), w)
+			return "pod added with a taken name"
+		}
+		in.Endpoints = append(slices.Clone(in.Endpoints), w)
 		return "pod added"
 	case k == 2:
 		i := pick(len(in.Endpoints))

@@ -18,6 +18,7 @@ type compiler struct {
 	local    []*endpoint // this node's, by interface
 	gnps     []*api.GlobalNetworkPolicy
 	nps      []*api.NetworkPolicy
+	npsByNs  map[string][]*api.NetworkPolicy // nps by namespace, in order
 	sets     map[string]*Set
 	chains   map[string]Chain // policy chains emitted so far, by name
 	warnings []string
@@ -46,8 +47,9 @@ func compile(in Input, cache *Compiler) *Ruleset {
 	// Endpoint chains by kind, each kind in interface order, so that the
 	// list is nearly sorted already (sorting thousands of chains is a
 	// good part of a pass that changes little).
-	var fws, tws, extras []Chain
-	var fromDispatch, toDispatch []DispatchTarget
+	n := len(c.local)
+	fws, tws, extras := make([]Chain, 0, n), make([]Chain, 0, n), []Chain(nil)
+	fromDispatch, toDispatch := make([]DispatchTarget, 0, n), make([]DispatchTarget, 0, n)
 	for _, ep := range c.local {
 		fw, tw, extra := c.endpointChains(ep)
 		fws, tws = append(fws, fw), append(tws, tw)
@@ -88,6 +90,7 @@ func (c *compiler) warnf(format string, args ...any) {
 }
 
 func (c *compiler) parseEndpoints() {
+	c.eps = make([]*endpoint, 0, len(c.in.Endpoints))
 	for _, w := range c.in.Endpoints {
 		if w == nil {
 			continue
@@ -105,8 +108,10 @@ func (c *compiler) parseEndpoints() {
 			c.local = append(c.local, ep)
 		}
 	}
-	slices.SortFunc(c.eps, func(a, b *endpoint) int { return cmp.Compare(a.name, b.name) })
-	slices.SortFunc(c.local, func(a, b *endpoint) int { return cmp.Compare(a.iface, b.iface) })
+	byName := func(e *endpoint) string { return e.name }
+	byIface := func(e *endpoint) string { return e.iface }
+	c.eps = c.cache.sorted(c.eps, false, byName)
+	c.local = c.cache.sorted(c.local, true, byIface)
 	// Two endpoints claiming one interface: keep the first by name, so that
 	// each interface has one chain.
 	c.local = slices.CompactFunc(c.local, func(a, b *endpoint) bool {
@@ -203,6 +208,17 @@ func (c *compiler) orderPolicies() {
 	slices.SortStableFunc(c.nps, func(x, y *api.NetworkPolicy) int {
 		return cmp.Or(cmp.Compare(npNamespace(x), npNamespace(y)), cmp.Compare(x.Metadata.Name, y.Metadata.Name))
 	})
+	// Each namespace's policies are a run of the sorted list.
+	c.npsByNs = map[string][]*api.NetworkPolicy{}
+	for i := 0; i < len(c.nps); {
+		ns := npNamespace(c.nps[i])
+		j := i + 1
+		for j < len(c.nps) && npNamespace(c.nps[j]) == ns {
+			j++
+		}
+		c.npsByNs[ns] = c.nps[i:j:j]
+		i = j
+	}
 }
 
 func npNamespace(p *api.NetworkPolicy) string {
@@ -240,10 +256,7 @@ func (c *compiler) policiesFor(ep *endpoint, dir direction) (global, namespaced 
 			*c.refs = append(*c.refs, policyRef{g: g, dir: dir})
 		}
 	}
-	for _, p := range c.nps {
-		if npNamespace(p) != ep.namespace {
-			continue
-		}
+	for _, p := range c.npsByNs[ep.namespace] {
 		in, eg := p.AppliesTo()
 		if (dir == ingress && !in) || (dir == egress && !eg) {
 			continue

@@ -175,12 +175,14 @@ func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
 const cniPluginDir = "/usr/lib/cni"
 
 // linkCNIPlugins fills the node containerd's CNI plugin directory: tabby
-// from the lab's binaries, and Debian's plugins (loopback, which
+// from the lab's binaries when the lab runs agents, and Debian's plugins (loopback, which
 // containerd's CRI plugin runs for every pod's lo, portmap, bridge,
 // host-local…) when installed.
 func (l *Lab) linkCNIPlugins(st *State, dst string) error {
 	links := map[string]string{}
-	if st.BinDir != "" {
+	// Without lab agents the plugin is install-cni's to copy (the
+	// DaemonSet's), as on an operator's node.
+	if st.BinDir != "" && !st.NoAgents {
 		links[binCNI] = filepath.Join(st.BinDir, binCNI)
 	}
 	if entries, err := os.ReadDir(cniPluginDir); err == nil {

@@ -243,7 +243,8 @@ const netnsDirMount = "/run/netns"
 //     an overlay whose writes go to a tmpfs of the node. An overlay hides
 //     the mounts below its directory: /run/netns, under /run, is moved back
 //     on top of it (still in the host's peer group, so the namespaces
-//     containerd mounts there reach the host).
+//     containerd mounts there reach the host);
+//   - the node's / is made shared (a peer group of the node's own).
 func nodeMountScript(dir string, hostPaths []nodeHostPath) string {
 	var b strings.Builder
 	b.WriteString("#!/bin/sh\n# Written by the Tabby lab: the mount namespace of one lab node.\nset -eu\n")
@@ -283,6 +284,15 @@ func nodeMountScript(dir string, hostPaths []nodeHostPath) string {
 			fmt.Fprintf(&b, "mount --make-slave \"$(findmnt --noheadings --output TARGET --target %s)\"\n", hp.Target)
 		}
 		fmt.Fprintf(&b, "mount --bind %s %s\n", hp.Src, hp.Target)
+	}
+	if len(hostPaths) > 0 {
+		// Last, once nothing more is mounted here for the node: its root
+		// shared, in a peer group of its own (the host's root is private
+		// on a lab host), as on a systemd node. containerd refuses
+		// HostToContainer propagation (the DaemonSet's /var/run/netns)
+		// from a mount that is neither shared nor slave, and it finds
+		// /var/run/netns on / (it does not resolve /var/run).
+		b.WriteString("mount --make-shared /\n")
 	}
 	b.WriteString("exec \"$@\"\n")
 	return b.String()

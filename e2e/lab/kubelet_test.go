@@ -104,6 +104,9 @@ func TestNodeHostPaths(t *testing.T) {
 	if ovl < 0 || rbind < 0 || move < 0 || !(rbind < ovl && ovl < move) || !strings.Contains(s[move-30:move], "mount --move") {
 		t.Errorf("/run/netns is not kept across the overlay on /run:\n%s", s)
 	}
+	if !strings.HasSuffix(s, "mount --make-shared /\nexec \"$@\"\n") {
+		t.Errorf("the node's / is not made shared last (containerd's HostToContainer check):\n%s", s)
+	}
 	for _, hp := range hps {
 		bind := strings.Index(s, "mount --bind "+hp.Src+" "+hp.Target+"\n")
 		if bind < 0 {

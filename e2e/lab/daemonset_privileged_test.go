@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,9 +76,12 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The control plane's controllers: DaemonSets, Deployments and their
-	// ReplicaSets, garbage collection; the scheduler places the pods.
+	// ReplicaSets, garbage collection, and node lifecycle, which lifts the
+	// not-ready taint a node registers with once it is Ready (the
+	// DaemonSet tolerates it, other pods wait); the scheduler places the
+	// pods.
 	kcm := exec.Command(bins["kube-controller-manager"], "--kubeconfig="+kubeconfigPath, "--leader-elect=false", "--secure-port=0",
-		"--controllers=daemonset-controller,deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller",
+		"--controllers=daemonset-controller,deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,node-lifecycle-controller",
 		"--allocate-node-cidrs=false", "--v=1")
 	kcmExited := kubetest.StartDaemon(t, "kube-controller-manager", kcm, filepath.Join(work, "kube-controller-manager.log"), nil)
 	sched := exec.Command(bins["kube-scheduler"], "--kubeconfig="+kubeconfigPath, "--leader-elect=false", "--secure-port=0", "--v=1")
@@ -242,7 +246,128 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		}
 		t.Fatalf("nodes not Ready with Tabby deployed: %v", err)
 	}
+
+	// Workloads through Kubernetes only: a Deployment spread over the
+	// nodes, pods on the pause image; addresses from Tabby's pool; every
+	// pod reaches a pod on each other node.
+	deployment := filepath.Join(work, "web.yaml")
+	if err := os.WriteFile(deployment, []byte(webDeployment), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	created := time.Now()
+	kubectl("apply", "-f", deployment)
+	var pods []corev1.Pod
+	err = poll(rctx, 250*time.Millisecond, func() (bool, error) {
+		list, err := api.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			return false, nil
+		}
+		pods = pods[:0]
+		for _, p := range list.Items {
+			if p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == webReplicas, nil
+	})
+	if err != nil {
+		t.Fatalf("%d of %d web pods Running with an address: %v\n%s\n%s", len(pods), webReplicas, err, kubectl("get", "pods", "-o", "wide"),
+			kubectl("get", "pods", "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status.conditions}{\"\\n\"}{end}"))
+	}
+	t.Logf("%d web pods Running with addresses %v after kubectl apply", webReplicas, time.Since(created).Round(time.Millisecond))
+	byNode := map[string][]netip.Addr{}
+	for _, p := range pods {
+		ip, err := netip.ParseAddr(p.Status.PodIP)
+		if err != nil || !netip.MustParsePrefix(PodPool).Contains(ip) {
+			t.Errorf("pod %s address %q is not from Tabby's pool %s", p.Name, p.Status.PodIP, PodPool)
+			continue
+		}
+		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], ip)
+	}
+	if len(byNode) != daemonSetNodes {
+		t.Errorf("web pods on %d nodes, want %d: %v", len(byNode), daemonSetNodes, byNode)
+	}
+	netnsOf := podNetnsByAddr(t)
+	var failed, tried int
+	for _, from := range nodes {
+		for _, to := range nodes {
+			if from == to || len(byNode[from]) == 0 || len(byNode[to]) == 0 {
+				continue
+			}
+			src, dst := byNode[from][0], byNode[to][0]
+			ns, ok := netnsOf[src]
+			if !ok {
+				t.Errorf("no pod network namespace holds %s", src)
+				continue
+			}
+			tried++
+			out, err := exec.CommandContext(ctx, "nsenter", "--net="+filepath.Join(netnsDir, ns), "--", "ping", "-c", "1", "-W", "3", dst.String()).CombinedOutput()
+			if err != nil {
+				failed++
+				t.Errorf("pod %s on %s → pod %s on %s: %v\n%s", src, from, dst, to, err, out)
+			}
+		}
+	}
+	t.Logf("ping matrix: %d of %d pod pairs across nodes answered", tried-failed, tried)
 	t.Log(kubectl("get", "nodes,pods", "-A", "-o", "wide"))
+}
+
+// webReplicas is the size of TestPrivilegedDaemonSet's Deployment.
+const webReplicas = 6
+
+// webDeployment spreads pause pods evenly over the nodes.
+const webDeployment = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: default
+spec:
+  replicas: 6
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 1
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: kubernetes.io/hostname
+          whenUnsatisfiable: DoNotSchedule
+          labelSelector:
+            matchLabels:
+              app: web
+      containers:
+        - name: pause
+          image: registry.k8s.io/pause:3.10
+          imagePullPolicy: Never
+`
+
+// podNetnsByAddr maps each IPv4 address of a pod network namespace
+// (/run/netns/cni-…) to the namespace's name.
+func podNetnsByAddr(t *testing.T) map[netip.Addr]string {
+	t.Helper()
+	out := map[netip.Addr]string{}
+	for _, ns := range podNetns(t) {
+		b, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr", "show", "scope", "global").Output()
+		if err != nil {
+			continue // another lab's, gone meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			for i := 0; i+1 < len(f); i++ {
+				if f[i] == "inet" {
+					if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+						out[p.Addr()] = ns
+					}
+				}
+			}
+		}
+	}
+	return out
 }
 
 // nodeReady reports the node's Ready condition and its message.

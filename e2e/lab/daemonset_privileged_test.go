@@ -309,6 +309,42 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		}
 	}
 	t.Logf("ping matrix: %d of %d pod pairs across nodes answered", tried-failed, tried)
+
+	// kubectl delete pod: the agent of its node releases the address (the
+	// CNI DEL removes the pod's route); the ReplicaSet's new pod gets one.
+	var victim corev1.Pod
+	for _, p := range pods {
+		if p.Spec.NodeName == "node1" {
+			victim = p
+		}
+	}
+	if victim.Name == "" {
+		t.Fatal("no web pod on node1")
+	}
+	kubectl("delete", "pod", victim.Name, "--wait=true")
+	err = poll(rctx, 100*time.Millisecond, func() (bool, error) {
+		out, err := l.Exec(ctx, "node1", "ip", "route", "show", victim.Status.PodIP+"/32")
+		return err == nil && strings.TrimSpace(string(out)) == "", nil
+	})
+	if err != nil {
+		t.Errorf("the route to %s stays on node1 after kubectl delete pod %s: %v", victim.Status.PodIP, victim.Name, err)
+	}
+	err = poll(rctx, 250*time.Millisecond, func() (bool, error) {
+		list, err := api.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			return false, nil
+		}
+		n := 0
+		for _, p := range list.Items {
+			if p.Name != victim.Name && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				n++
+			}
+		}
+		return n == webReplicas, nil
+	})
+	if err != nil {
+		t.Errorf("the Deployment did not get back to %d pods with addresses: %v", webReplicas, err)
+	}
 	t.Log(kubectl("get", "nodes,pods", "-A", "-o", "wide"))
 }
 

@@ -49,9 +49,16 @@ func (l *Lab) ContainerdSocket(node string) string {
 	return filepath.Join(l.ContainerdDir(node), "containerd.sock")
 }
 
+// nodeCNIBinDir is the node's CNI plugin directory, its /opt/cni/bin.
+func (l *Lab) nodeCNIBinDir(node string) string {
+	return filepath.Join(l.ContainerdDir(node), "cni/bin")
+}
+
 // containerdConfig is the config.toml of a containerd whose files all live
-// under dir, reading CNI configurations from confDir.
-func containerdConfig(dir, confDir string) string {
+// under dir. Its CRI plugin reads the standard CNI directories,
+// /opt/cni/bin and /etc/cni/net.d, which in the node's mount namespace
+// are the node's (nodeHostPaths).
+func containerdConfig(dir string) string {
 	q := func(p string) string { return fmt.Sprintf("%q", filepath.Join(dir, p)) }
 	return `# Written by the Tabby lab: a containerd of one lab node.
 version = 2
@@ -76,8 +83,8 @@ oom_score = 0
   # score at or above containerd's own.
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = ` + q("cni/bin") + `
-    conf_dir = "` + confDir + `"
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
@@ -116,12 +123,12 @@ func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
 	if err := l.linkCNIPlugins(st, filepath.Join(dir, "cni/bin")); err != nil {
 		return err
 	}
-	script, err := l.writeNodeMounts(node)
+	script, err := l.writeNodeMounts(node, l.nodeCNIBinDir(node), filepath.Dir(l.conflistPath(node)))
 	if err != nil {
 		return err
 	}
 	cfg := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(cfg, []byte(containerdConfig(dir, filepath.Dir(l.conflistPath(node)))), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(containerdConfig(dir)), 0o644); err != nil {
 		return fmt.Errorf("writing containerd config: %w", err)
 	}
 	progress(l.log, "starting containerd on %s", node)
@@ -168,12 +175,14 @@ func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
 const cniPluginDir = "/usr/lib/cni"
 
 // linkCNIPlugins fills the node containerd's CNI plugin directory: tabby
-// from the lab's binaries, and Debian's plugins (loopback, which
+// from the lab's binaries when the lab runs agents, and Debian's plugins (loopback, which
 // containerd's CRI plugin runs for every pod's lo, portmap, bridge,
 // host-local…) when installed.
 func (l *Lab) linkCNIPlugins(st *State, dst string) error {
 	links := map[string]string{}
-	if st.BinDir != "" {
+	// Without lab agents the plugin is install-cni's to copy (the
+	// DaemonSet's), as on an operator's node.
+	if st.BinDir != "" && !st.NoAgents {
 		links[binCNI] = filepath.Join(st.BinDir, binCNI)
 	}
 	if entries, err := os.ReadDir(cniPluginDir); err == nil {

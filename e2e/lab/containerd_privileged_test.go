@@ -160,27 +160,34 @@ func TestPrivilegedContainerd(t *testing.T) {
 }
 
 // TestContainerdConfig: every path of a node's containerd is under the
-// node's directory, and its sandbox image is the pause image the lab builds.
+// node's directory but the CNI directories, which are the standard ones
+// (the node's own in its mount namespace: nodeHostPaths), and its sandbox
+// image is the pause image the lab builds.
 func TestContainerdConfig(t *testing.T) {
 	dir := "/run/tabby-lab/x/node1/containerd"
-	cfg := containerdConfig(dir, "/run/tabby-lab/x/node1/net.d")
+	cfg := containerdConfig(dir)
 	n := 0
 	for _, line := range strings.Split(cfg, "\n") {
 		_, v, ok := strings.Cut(line, "= ")
 		if !ok || !strings.HasPrefix(v, `"/`) {
 			continue
 		}
-		n++
 		p, err := strconv.Unquote(v)
+		if err == nil && (p == "/opt/cni/bin" || p == "/etc/cni/net.d") {
+			continue
+		}
+		n++
 		if err != nil || !strings.HasPrefix(p, filepath.Dir(dir)+"/") {
 			t.Errorf("%s: not under %s", strings.TrimSpace(line), dir)
 		}
 	}
-	if n != 8 {
-		t.Errorf("%d paths in the config, want 8 (root, state, 2 sockets, opt, 2 CNI, runc):\n%s", n, cfg)
+	if n != 6 {
+		t.Errorf("%d paths in the config besides the CNI directories, want 6 (root, state, 2 sockets, opt, runc):\n%s", n, cfg)
 	}
-	if !strings.Contains(cfg, `conf_dir = "/run/tabby-lab/x/node1/net.d"`) {
-		t.Errorf("CNI configurations are not read from the node's net.d:\n%s", cfg)
+	for _, want := range []string{`conf_dir = "/etc/cni/net.d"`, `bin_dir = "/opt/cni/bin"`} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("config lacks %s (the DaemonSet's host paths):\n%s", want, cfg)
+		}
 	}
 	if !strings.Contains(cfg, `sandbox_image = "`+image.PauseName+`"`) {
 		t.Errorf("sandbox image is not %s:\n%s", image.PauseName, cfg)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -160,6 +161,74 @@ var kubeletTunables = map[string]string{
 	"kernel/keys/root_maxbytes": "25000000",
 }
 
+// nodeHostPath is a host path a pod of the node mounts (the DaemonSet's
+// hostPath volumes): in the node's mount namespace it is a bind mount of
+// Src, a directory of the node, so that kubelets sharing one host never
+// share it.
+type nodeHostPath struct {
+	// Target is the path as the node sees it, symbolic links of the host
+	// resolved (/var/run/tabby is /run/tabby, /lib/modules
+	// /usr/lib/modules).
+	Target string
+	// Src is the node's directory bound there.
+	Src string
+	// Cover is the deepest directory above Target the host has, when the
+	// host lacks Target: the node's mount namespace lays an overlay over it
+	// (the host's files read through, anything created goes to a tmpfs of
+	// the node), so that Target's mount point is never made on the host.
+	Cover string
+}
+
+// nodeHostPaths are the host paths of the manifests' DaemonSet
+// (manifests/tabby-etcd.yaml), each the node's own: the CNI plugin and
+// configuration directories (containerd's CRI plugin reads the standard
+// ones, where install-cni writes), the agent's sockets and state, and the
+// kernel modules the agent mounts read-only (none here: nftables over
+// netlink loads nothing). /var/run/netns stays the host's: pod namespaces
+// must reach the lab. exists says whether the host has a path (os.Stat in
+// writeNodeMounts; a stub in tests).
+func nodeHostPaths(nodeDir, cniBin, cniConf string, resolve func(string) string, exists func(string) bool) []nodeHostPath {
+	host := filepath.Join(nodeDir, "host")
+	want := []nodeHostPath{
+		{Target: "/opt/cni/bin", Src: cniBin},
+		{Target: "/etc/cni/net.d", Src: cniConf},
+		{Target: "/var/run/tabby", Src: filepath.Join(host, "run-tabby")},
+		{Target: "/var/lib/tabby", Src: filepath.Join(host, "var-lib-tabby")},
+		{Target: "/lib/modules", Src: filepath.Join(host, "lib-modules")},
+	}
+	for i := range want {
+		hp := &want[i]
+		// Resolve the links in the parent: /var/run → /run, /lib → usr/lib.
+		hp.Target = filepath.Join(resolve(filepath.Dir(hp.Target)), filepath.Base(hp.Target))
+		if exists(hp.Target) {
+			continue
+		}
+		for c := filepath.Dir(hp.Target); ; c = filepath.Dir(c) {
+			if exists(c) || c == "/" {
+				hp.Cover = c
+				break
+			}
+		}
+	}
+	return want
+}
+
+// resolveHostPath resolves the symbolic links of p's longest existing
+// prefix on the host.
+func resolveHostPath(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	if d := filepath.Dir(p); d != p {
+		return filepath.Join(resolveHostPath(d), filepath.Base(p))
+	}
+	return p
+}
+
+// netnsDirMount is the host's pod network namespaces' directory, a shared
+// mount that the node's mount namespace keeps.
+const netnsDirMount = "/run/netns"
+
 // nodeMountScript sets up the node's mount namespace (the caller runs it
 // under `unshare --mount --propagation unchanged`, so that /run/netns stays
 // shared with the host) and execs its arguments (containerd):
@@ -169,8 +238,14 @@ var kubeletTunables = map[string]string{
 //     value it wants. With protectKernelDefaults the kubelet finds them as
 //     it wants and changes nothing; were a bind mount missing, it would
 //     stop with an error instead of writing the host's;
-//   - /var/log is the node's (the kubelet writes /var/log/containers).
-func nodeMountScript(dir string) string {
+//   - /var/log is the node's (the kubelet writes /var/log/containers);
+//   - each of hostPaths is the node's directory; a missing one's Cover gets
+//     an overlay whose writes go to a tmpfs of the node. An overlay hides
+//     the mounts below its directory: /run/netns, under /run, is moved back
+//     on top of it (still in the host's peer group, so the namespaces
+//     containerd mounts there reach the host);
+//   - the node's / is made shared (a peer group of the node's own).
+func nodeMountScript(dir string, hostPaths []nodeHostPath) string {
 	var b strings.Builder
 	b.WriteString("#!/bin/sh\n# Written by the Tabby lab: the mount namespace of one lab node.\nset -eu\n")
 	b.WriteString("mount --make-rslave /proc\n")
@@ -184,13 +259,49 @@ func nodeMountScript(dir string) string {
 		fmt.Fprintf(&b, "mount --bind %s /proc/sys/%s\n", filepath.Join(dir, "sysctl", strings.ReplaceAll(k, "/", ".")), k)
 	}
 	fmt.Fprintf(&b, "mount --bind %s /var/log\n", filepath.Join(dir, "log"))
+	var covered []string
+	for _, hp := range hostPaths {
+		if hp.Cover == "" || slices.Contains(covered, hp.Cover) {
+			continue
+		}
+		c := filepath.Join(dir, "cover", strconv.Itoa(len(covered)))
+		covered = append(covered, hp.Cover)
+		fmt.Fprintf(&b, "mount --make-slave \"$(findmnt --noheadings --output TARGET --target %s)\"\n", hp.Cover)
+		fmt.Fprintf(&b, "mkdir -p %s\nmount -t tmpfs -o mode=0755 tabby-node %s\nmkdir %s/upper %s/work\n", c, c, c, c)
+		keep := strings.HasPrefix(netnsDirMount, hp.Cover+"/")
+		if keep {
+			fmt.Fprintf(&b, "mkdir %s/netns\nmount --rbind %s %s/netns\n", c, netnsDirMount, c)
+		}
+		fmt.Fprintf(&b, "mount -t overlay -o lowerdir=%s,upperdir=%s/upper,workdir=%s/work tabby-node %s\n", hp.Cover, c, c, hp.Cover)
+		if keep {
+			fmt.Fprintf(&b, "mount --move %s/netns %s\n", c, netnsDirMount)
+		}
+	}
+	for _, hp := range hostPaths {
+		if hp.Cover != "" {
+			fmt.Fprintf(&b, "mkdir -p %s\n", hp.Target)
+		} else {
+			fmt.Fprintf(&b, "mount --make-slave \"$(findmnt --noheadings --output TARGET --target %s)\"\n", hp.Target)
+		}
+		fmt.Fprintf(&b, "mount --bind %s %s\n", hp.Src, hp.Target)
+	}
+	if len(hostPaths) > 0 {
+		// Last, once nothing more is mounted here for the node: its root
+		// shared, in a peer group of its own (the host's root is private
+		// on a lab host), as on a systemd node. containerd refuses
+		// HostToContainer propagation (the DaemonSet's /var/run/netns)
+		// from a mount that is neither shared nor slave, and it finds
+		// /var/run/netns on / (it does not resolve /var/run).
+		b.WriteString("mount --make-shared /\n")
+	}
 	b.WriteString("exec \"$@\"\n")
 	return b.String()
 }
 
 // writeNodeMounts writes the node's mount script and the files it binds,
-// under <node dir>/mounts, and returns the script's path.
-func (l *Lab) writeNodeMounts(node string) (string, error) {
+// under <node dir>/mounts, makes the node's host path directories, and
+// returns the script's path.
+func (l *Lab) writeNodeMounts(node, cniBin, cniConf string) (string, error) {
 	dir := filepath.Join(l.nodeDir(node), "mounts")
 	for _, d := range []string{"sysctl", "log"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -202,11 +313,32 @@ func (l *Lab) writeNodeMounts(node string) (string, error) {
 			return "", err
 		}
 	}
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	hps := nodeHostPaths(l.nodeDir(node), cniBin, cniConf, resolveHostPath, exists)
+	for _, hp := range hps {
+		if err := os.MkdirAll(hp.Src, 0o755); err != nil {
+			return "", fmt.Errorf("creating node host path directory: %w", err)
+		}
+	}
 	script := filepath.Join(dir, "mounts.sh")
-	if err := os.WriteFile(script, []byte(nodeMountScript(dir)), 0o755); err != nil {
+	if err := os.WriteFile(script, []byte(nodeMountScript(dir, hps)), 0o755); err != nil {
 		return "", fmt.Errorf("writing node mount script: %w", err)
 	}
 	return script, nil
+}
+
+// NodeHostDir is the node's directory that is bound at a host path p of
+// the DaemonSet (/var/run/tabby, /var/lib/tabby, …; links resolved as on
+// the host) in the node's mount namespace; "" when p is none of them.
+func (l *Lab) NodeHostDir(node, p string) string {
+	exists := func(string) bool { return true }
+	p = filepath.Join(resolveHostPath(filepath.Dir(p)), filepath.Base(p))
+	for _, hp := range nodeHostPaths(l.nodeDir(node), l.nodeCNIBinDir(node), filepath.Dir(l.conflistPath(node)), resolveHostPath, exists) {
+		if hp.Target == p {
+			return hp.Src
+		}
+	}
+	return ""
 }
 
 // kubeletConfig is the node kubelet's KubeletConfiguration.

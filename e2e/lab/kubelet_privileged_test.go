@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -202,6 +203,10 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 		t.Skipf("cgroups: %v", err)
 	}
 	api := kubetest.StartWith(t, kubetest.Options{Nodes: []string{"node1"}})
+	hostPathsBefore := map[string]error{}
+	for _, p := range daemonSetHostPaths {
+		_, hostPathsBefore[p] = os.Stat(p)
+	}
 	_, runContainerdBefore := os.Stat("/run/containerd")
 	_, varLogContainersBefore := os.Stat("/var/log/containers")
 	podNetnsBefore := podNetns(t)
@@ -238,6 +243,11 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 		if _, err := os.Stat("/var/log/containers"); err == nil && errors.Is(varLogContainersBefore, os.ErrNotExist) {
 			t.Error("the kubelet wrote the host's /var/log/containers")
 		}
+		for _, p := range daemonSetHostPaths {
+			if _, err := os.Stat(p); err == nil && errors.Is(hostPathsBefore[p], os.ErrNotExist) {
+				t.Errorf("the lab made the host's %s", p)
+			}
+		}
 		// The pod left running at Down: its network namespace goes too.
 		for _, ns := range podNetns(t) {
 			if !slices.Contains(podNetnsBefore, ns) {
@@ -264,6 +274,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	if err := l.ImportImages(ctx, "node1", pause); err != nil {
 		t.Fatal(err)
 	}
+	checkNodeHostPaths(t, l, "node1")
 	if err := l.StartKubelet(ctx, "node1", bins["kubelet"], KubeletOptions{Server: "https://127.0.0.1:6443", Token: api.Tokens["node:node1"]}); err != nil {
 		t.Fatalf("StartKubelet: %v\n%s", err, log.String())
 	}
@@ -340,8 +351,54 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pod left not running: %v", err)
 	}
-	if len(podNetns(t)) == len(podNetnsBefore) {
+	newNetns := false
+	for _, ns := range podNetns(t) {
+		newNetns = newNetns || !slices.Contains(podNetnsBefore, ns)
+	}
+	if !newNetns {
 		t.Error("no pod network namespace appeared for the running pod: the Down check below would prove nothing")
+	}
+}
+
+// daemonSetHostPaths are the host paths manifests/tabby-etcd.yaml's
+// DaemonSet mounts, but /var/run/netns (the host's, shared) and
+// /run/xtables.lock (a file: FileOrCreate under the node's /run).
+var daemonSetHostPaths = []string{"/opt/cni/bin", "/etc/cni/net.d", "/var/run/tabby", "/var/lib/tabby", "/lib/modules"}
+
+// checkNodeHostPaths: in the node's mount namespace (containerd's, which
+// the kubelet joins) each DaemonSet host path is the node's directory: a
+// file written there from the host is seen there, the standard CNI
+// directories hold the node's plugins and conflist, and the host's own
+// paths do not show it.
+func checkNodeHostPaths(t *testing.T, l *Lab, node string) {
+	t.Helper()
+	root := fmt.Sprintf("/proc/%d/root", l.State().node(node).Containerd.PID)
+	for _, p := range daemonSetHostPaths {
+		dir := l.NodeHostDir(node, p)
+		if dir == "" {
+			t.Errorf("%s is not a host path of the node", p)
+			continue
+		}
+		probe := "k15b-probe-" + node
+		if err := os.WriteFile(filepath.Join(dir, probe), []byte(p), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// Links resolved here: an absolute one under /proc/<pid>/root
+		// would lead back to this process's root.
+		if b, err := os.ReadFile(filepath.Join(root, resolveHostPath(p), probe)); err != nil || string(b) != p {
+			t.Errorf("%s in %s's mount namespace is not %s: %q, %v", p, node, dir, b, err)
+		}
+		if _, err := os.Stat(filepath.Join(p, probe)); err == nil {
+			t.Errorf("the host's %s shows %s's file", p, node)
+		}
+		if err := os.Remove(filepath.Join(dir, probe)); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, f := range []string{"/opt/cni/bin/loopback", "/opt/cni/bin/tabby", "/etc/cni/net.d/10-tabby.conflist"} {
+		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
+			t.Errorf("%s's %s: %v", node, f, err)
+		}
 	}
 }
 

@@ -30,7 +30,7 @@ func TestKubeletConfig(t *testing.T) {
 // the kubelet checks is bind-mounted, /var/log is the node's, and the
 // first failure stops the script.
 func TestNodeMountScript(t *testing.T) {
-	s := nodeMountScript("/d")
+	s := nodeMountScript("/d", nil)
 	slave := strings.Index(s, "mount --make-rslave /proc\n")
 	if slave < 0 {
 		t.Errorf("script does not make /proc a slave:\n%s", s)
@@ -47,6 +47,76 @@ func TestNodeMountScript(t *testing.T) {
 	}
 	if !strings.HasPrefix(s, "#!/bin/sh\n") || !strings.Contains(s, "set -eu\n") || !strings.HasSuffix(s, "exec \"$@\"\n") {
 		t.Errorf("script must stop at the first failed mount and then exec containerd:\n%s", s)
+	}
+}
+
+// TestNodeHostPaths: every host path of the DaemonSet is a directory of
+// the node in its mount namespace, links resolved; a path the host lacks
+// is reached through an overlay on its deepest existing parent, never made
+// on the host; /run/netns survives an overlay on /run.
+func TestNodeHostPaths(t *testing.T) {
+	links := map[string]string{"/var/run": "/run", "/lib": "/usr/lib"}
+	resolve := func(p string) string {
+		if r, ok := links[p]; ok {
+			return r
+		}
+		return p
+	}
+	host := map[string]bool{"/": true, "/run": true, "/usr": true, "/usr/lib": true, "/opt": true, "/etc": true, "/etc/cni": true, "/etc/cni/net.d": true, "/var": true, "/var/lib": true}
+	hps := nodeHostPaths("/n", "/n/bin", "/n/net.d", resolve, func(p string) bool { return host[p] })
+	want := map[string]nodeHostPath{
+		"/opt/cni/bin":     {Src: "/n/bin", Cover: "/opt"},
+		"/etc/cni/net.d":   {Src: "/n/net.d"},
+		"/run/tabby":       {Src: "/n/host/run-tabby", Cover: "/run"},
+		"/var/lib/tabby":   {Src: "/n/host/var-lib-tabby", Cover: "/var/lib"},
+		"/usr/lib/modules": {Src: "/n/host/lib-modules", Cover: "/usr/lib"},
+	}
+	if len(hps) != len(want) {
+		t.Fatalf("host paths %+v, want %d", hps, len(want))
+	}
+	for _, hp := range hps {
+		w, ok := want[hp.Target]
+		if !ok || hp.Src != w.Src || hp.Cover != w.Cover {
+			t.Errorf("host path %+v, want %+v", hp, w)
+		}
+	}
+	s := nodeMountScript("/d", hps)
+	for _, line := range strings.Split(s, "\n") {
+		if strings.HasPrefix(line, "mkdir") && !strings.Contains(line, " /d/") {
+			// Only under a cover or the node's directory.
+			for _, f := range strings.Fields(line)[1:] {
+				if f == "-p" {
+					continue
+				}
+				ok := strings.HasPrefix(f, "/d/")
+				for _, hp := range hps {
+					ok = ok || (hp.Cover != "" && f == hp.Target)
+				}
+				if !ok {
+					t.Errorf("script makes %s outside a cover: %q", f, line)
+				}
+			}
+		}
+	}
+	ovl := strings.Index(s, "tabby-node /run\n")
+	rbind := strings.Index(s, "mount --rbind /run/netns ")
+	move := strings.Index(s, "/netns /run/netns\n")
+	if ovl < 0 || rbind < 0 || move < 0 || !(rbind < ovl && ovl < move) || !strings.Contains(s[move-30:move], "mount --move") {
+		t.Errorf("/run/netns is not kept across the overlay on /run:\n%s", s)
+	}
+	if !strings.HasSuffix(s, "mount --make-shared /\nexec \"$@\"\n") {
+		t.Errorf("the node's / is not made shared last (containerd's HostToContainer check):\n%s", s)
+	}
+	for _, hp := range hps {
+		bind := strings.Index(s, "mount --bind "+hp.Src+" "+hp.Target+"\n")
+		if bind < 0 {
+			t.Errorf("script does not bind %s at %s:\n%s", hp.Src, hp.Target, s)
+		}
+		if hp.Cover != "" {
+			if c := strings.Index(s, "tabby-node "+hp.Cover+"\n"); c < 0 || c > bind {
+				t.Errorf("%s bound before the overlay on %s:\n%s", hp.Target, hp.Cover, s)
+			}
+		}
 	}
 }
 

@@ -305,22 +305,6 @@ func protoNumber(p string) (byte, error) {
 	return 0, fmt.Errorf("protocol %q: not tcp, udp, sctp, icmp or icmpv6", p)
 }
 
-func protoName(n byte) string {
-	switch n {
-	case unix.IPPROTO_TCP:
-		return "tcp"
-	case unix.IPPROTO_UDP:
-		return "udp"
-	case unix.IPPROTO_SCTP:
-		return "sctp"
-	case unix.IPPROTO_ICMP:
-		return "icmp"
-	case unix.IPPROTO_ICMPV6:
-		return "icmpv6"
-	}
-	return fmt.Sprint(n)
-}
-
 // portElements are the interval elements of port ranges: a start, and an
 // end one past the range unless it reaches 65535.
 func portElements(ports []policy.PortRange) []nftables.SetElement {

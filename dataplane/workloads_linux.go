@@ -57,16 +57,6 @@ func (w *NetlinkWorkloads) Close() error {
 	return err
 }
 
-// nodeHandle opens a netlink handle in the node namespace.
-func (w *NetlinkWorkloads) nodeHandle() (*netlink.Handle, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.nodeNS.IsOpen() {
-		return nil, errClosed
-	}
-	return newHandleAt(w.nodeNS)
-}
-
 // nodeNSDup returns a copy of the node namespace handle that the caller must
 // close, so that Close cannot pull it away under a running call.
 func (w *NetlinkWorkloads) nodeNSDup() (netns.NsHandle, error) {

@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -43,6 +44,14 @@ func newRootCmd() *cobra.Command {
 	cfg.Etcd.CertFile = env("TABBY_ETCD_CERT_FILE", "")
 	cfg.Etcd.KeyFile = env("TABBY_ETCD_KEY_FILE", "")
 	logLevel := env("TABBY_LOG_LEVEL", "info")
+	var envErr error
+	if v := env("TABBY_NODE_GC_GRACE", ""); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			envErr = fmt.Errorf("TABBY_NODE_GC_GRACE: %w", err)
+		}
+		cfg.NodeGCGrace = d
+	}
 
 	cmd := &cobra.Command{
 		Use:           "tabby-agent",
@@ -51,6 +60,9 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if envErr != nil && !cmd.Flags().Changed("node-gc-grace") {
+				return envErr
+			}
 			var lvl slog.Level
 			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level: %w", err)
@@ -81,7 +93,7 @@ func newRootCmd() *cobra.Command {
 	f.StringVar(&cfg.EndpointToHostAction, "endpoint-to-host-action", env("TABBY_ENDPOINT_TO_HOST_ACTION", cfg.EndpointToHostAction), "what pod traffic to this node meets after the pod's egress policy: Drop, Accept or Return (to the node's own INPUT rules); etcd and the GoBGP API stay unreachable (env TABBY_ENDPOINT_TO_HOST_ACTION)")
 	f.StringVar(&cfg.FirewallBackend, "firewall-backend", env("TABBY_FIREWALL_BACKEND", cfg.FirewallBackend), "auto (nftables where the kernel has it), nftables or iptables (env TABBY_FIREWALL_BACKEND)")
 	f.DurationVar(&cfg.ResyncInterval, "resync-interval", cfg.ResyncInterval, "period of full reconcile passes")
-	f.DurationVar(&cfg.NodeGCGrace, "node-gc-grace", cfg.NodeGCGrace, "how long a node must be gone (no Node record, no liveness record) before its endpoints, addresses and blocks are released (1s to 24h; default 5m)")
+	f.DurationVar(&cfg.NodeGCGrace, "node-gc-grace", cfg.NodeGCGrace, "how long a node must be gone (no Node record, no liveness record) before its endpoints, addresses and blocks are released (1s to 24h; env TABBY_NODE_GC_GRACE)")
 	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
 	cmd.AddCommand(newInstallCNICmd(), newCleanupCmd())
 	return cmd

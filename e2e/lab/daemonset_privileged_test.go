@@ -12,29 +12,52 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/image"
+	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube/kubetest"
 )
 
 // daemonSetNodes is how many kubelet nodes TestPrivilegedDaemonSet runs.
 const daemonSetNodes = 3
 
+// kubeClient is an admin client of the lab's API server.
+func kubeClient(t *testing.T, l *Lab) *kubernetes.Clientset {
+	t.Helper()
+	caFile, certFile, keyFile := l.AdminCredentials()
+	kc, err := kubernetes.NewForConfig(&rest.Config{Host: APIServerURL(), Dial: l.KubeDial(), QPS: 100, Burst: 200,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
 // TestPrivilegedDaemonSet: Tabby deployed as manifests/README.md tells an
-// operator, on three lab nodes sharing one control plane (kube-apiserver,
-// kube-controller-manager, kube-scheduler). Each node runs containerd and a
-// kubelet; the images are imported with `ctr -n k8s.io images import`; the
-// README's plain-HTTP variant is applied with kubectl (empty Secret, the
-// etcd endpoint set with the README's sed, the TLS file keys emptied).
-// The DaemonSet's install-cni writes the conflist and the plugin into each
-// node's CNI directories, the agents come up Ready, every node reports
-// Ready (NetworkReady), and a pod per node gets an address from Tabby's
-// pool that the other nodes reach.
+// operator, on three lab nodes of a Kubernetes cluster of the lab's own
+// (StartKubernetes: kube-apiserver, kube-controller-manager and
+// kube-scheduler on the fabric; containerd and a kubelet per node, images
+// imported with `ctr -n k8s.io images import`), with kubectl only
+// (DeployTabby: the README's plain-HTTP variant of tabby-etcd.yaml and
+// tabby-kube-controllers.yaml). Then, through Kubernetes only: a
+// Deployment spread over the nodes gets addresses from Tabby's pool and
+// every node's pods reach the others'; a NetworkPolicy applied with kubectl
+// (tabby-kube-controllers carries it to etcd) drops pings and its deletion
+// lets them through; kubectl delete pod releases the address; a rolling
+// update of the DaemonSet to a new image tag loses no packet of
+// continuous cross-node pings; a drained, powered-off and deleted node's
+// blocks are released.
 func TestPrivilegedDaemonSet(t *testing.T) {
 	skipUnlessRoot(t)
 	bins := kubetest.Require(t, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
@@ -48,9 +71,9 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 			t.Skipf("image archive missing (%v): run `make images`", err)
 		}
 	}
-	for _, b := range []string{"containerd", "ctr", "unshare", "findmnt", "kubectl"} {
+	for _, b := range []string{"containerd", "ctr", "unshare", "findmnt", "kubectl", "ping"} {
 		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("%s not installed (apt-get install containerd util-linux kubectl): %v", b, err)
+			t.Skipf("%s not installed (apt-get install containerd util-linux kubectl iputils-ping): %v", b, err)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(cniPluginDir, "loopback")); err != nil {
@@ -68,31 +91,18 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		_, hostPathsBefore[p] = os.Stat(p)
 	}
 	podNetnsBefore := podNetns(t)
-
-	api := kubetest.StartWith(t, kubetest.Options{Nodes: nodes})
-	work := t.TempDir()
-	kubeconfigPath := filepath.Join(work, "admin.kubeconfig")
-	if err := os.WriteFile(kubeconfigPath, []byte(kubeconfig(api.URL, api.Tokens["admin"])), 0o600); err != nil {
+	// The image of the rolling update: the same files under a new tag.
+	v2 := filepath.Join(t.TempDir(), "tabby-v2.oci.tar")
+	if err := image.Write(v2, image.Tabby("v2"), binDir); err != nil {
 		t.Fatal(err)
 	}
-	// The control plane's controllers: DaemonSets, Deployments and their
-	// ReplicaSets, garbage collection, and node lifecycle, which lifts the
-	// not-ready taint a node registers with once it is Ready (the
-	// DaemonSet tolerates it, other pods wait); the scheduler places the
-	// pods.
-	kcm := exec.Command(bins["kube-controller-manager"], "--kubeconfig="+kubeconfigPath, "--leader-elect=false", "--secure-port=0",
-		"--controllers=daemonset-controller,deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,node-lifecycle-controller",
-		"--allocate-node-cidrs=false", "--v=1")
-	kcmExited := kubetest.StartDaemon(t, "kube-controller-manager", kcm, filepath.Join(work, "kube-controller-manager.log"), nil)
-	sched := exec.Command(bins["kube-scheduler"], "--kubeconfig="+kubeconfigPath, "--leader-elect=false", "--secure-port=0", "--v=1")
-	schedExited := kubetest.StartDaemon(t, "kube-scheduler", sched, filepath.Join(work, "kube-scheduler.log"), nil)
 
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)
 	}
 	name, runDir := "k15b"+hex.EncodeToString(b[:]), t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
 	l, err := Up(ctx, Options{Name: name, Nodes: daemonSetNodes, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: &log})
@@ -101,13 +111,13 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
+			t.Logf("lab log:\n%s", log.String())
+			for _, f := range []string{"kube/kube-apiserver.log", "kube/kube-controller-manager.log"} {
+				t.Logf("%s (tail):\n%s", f, logTail(filepath.Join(runDir, name, f)))
+			}
 			for _, n := range nodes {
 				for _, f := range []string{"containerd/containerd.log", "kubelet/kubelet.log"} {
-					b, _ := os.ReadFile(filepath.Join(runDir, name, n, f))
-					if len(b) > 4000 {
-						b = b[len(b)-4000:]
-					}
-					t.Logf("%s/%s (tail):\n%s", n, f, b)
+					t.Logf("%s/%s (tail):\n%s", n, f, logTail(filepath.Join(runDir, name, n, f)))
 				}
 			}
 		}
@@ -125,97 +135,37 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 			}
 		}
 	})
-	for _, n := range nodes {
-		ln, err := ListenIn(l.State().node(n).NetNS, "127.0.0.1:6443")
-		if err != nil {
-			t.Fatal(err)
-		}
-		proxied := make(chan error, 1)
-		go func() { proxied <- Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
-		t.Cleanup(func() {
-			ln.Close()
-			if err := <-proxied; err != nil {
-				t.Errorf("proxy: %v", err)
-			}
-		})
-		// An operator's node has no CNI configuration before Tabby's
-		// install-cni writes one; the lab wrote one for its own agents.
-		if err := os.Remove(l.conflistPath(n)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Fatal(err)
-		}
-		if err := l.StartContainerd(ctx, n); err != nil {
-			t.Fatalf("StartContainerd %s: %v\n%s", n, err, log.String())
-		}
-		// manifests/README.md, "Build the image": ctr -n k8s.io images import.
-		if err := l.ImportImages(ctx, n, archives...); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.StartKubelet(ctx, n, bins["kubelet"], KubeletOptions{Server: "https://127.0.0.1:6443", Token: api.Tokens["node:"+n]}); err != nil {
-			t.Fatalf("StartKubelet %s: %v\n%s", n, err, log.String())
-		}
+	if err := l.StartKubernetes(ctx, KubeOptions{Binaries: KubeBinaries(bins), Images: append(archives, v2)}); err != nil {
+		t.Fatalf("StartKubernetes: %v", err)
 	}
-	err = poll(ctx, 200*time.Millisecond, func() (bool, error) {
-		list, err := api.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		return err == nil && len(list.Items) == daemonSetNodes, nil
-	})
-	if err != nil {
-		t.Fatalf("%d nodes not registered: %v", daemonSetNodes, err)
-	}
+	kc := kubeClient(t, l)
 	for _, n := range nodes {
-		if ready, msg := nodeReady(ctx, t, api, n); ready {
+		if ready, msg := nodeReady(ctx, kc, n); ready {
 			t.Errorf("%s Ready before Tabby is deployed: %s", n, msg)
 		}
 	}
-
-	// manifests/README.md, "Configure", plain HTTP; then "Apply and check".
-	manifest, err := os.ReadFile(filepath.Join("..", "..", "manifests", "tabby-etcd.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	applied := filepath.Join(work, "tabby-etcd.yaml")
-	if err := os.WriteFile(applied, plainHTTPManifest(t, manifest, strings.Join(l.State().EtcdEndpoints(), ",")), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	kubectl := func(args ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", kubeconfigPath}, args...)...)
-		out, err := cmd.CombinedOutput()
+		out, err := l.Kubectl(ctx, args...)
 		if err != nil {
-			t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+			t.Fatal(err)
 		}
 		return string(out)
 	}
-	kubectl("create", "namespace", "tabby-system")
-	kubectl("-n", "tabby-system", "create", "secret", "generic", "tabby-etcd-secrets")
+
+	// manifests/README.md: configure (plain HTTP), apply, check.
 	applyStart := time.Now()
-	t.Log(kubectl("apply", "-f", applied))
-	rctx, rcancel := context.WithTimeout(ctx, 4*time.Minute)
-	defer rcancel()
-	err = poll(rctx, 500*time.Millisecond, func() (bool, error) {
-		select {
-		case err := <-kcmExited:
-			return false, fmt.Errorf("kube-controller-manager exited: %v", err)
-		case err := <-schedExited:
-			return false, fmt.Errorf("kube-scheduler exited: %v", err)
-		default:
-		}
-		ds, err := api.Client.AppsV1().DaemonSets("tabby-system").Get(ctx, "tabby-node", metav1.GetOptions{})
-		return err == nil && ds.Status.DesiredNumberScheduled == daemonSetNodes && ds.Status.NumberReady == daemonSetNodes, nil
-	})
+	err = l.DeployTabby(ctx, DeployOptions{ManifestDir: filepath.Join("..", "..", "manifests"), NodeGCGrace: "10s"})
 	if err != nil {
-		pods, _ := api.Client.CoreV1().Pods("tabby-system").List(ctx, metav1.ListOptions{})
+		pods, _ := kc.CoreV1().Pods("tabby-system").List(ctx, metav1.ListOptions{})
 		for _, p := range pods.Items {
 			t.Logf("pod %s on %s: %s %+v", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.ContainerStatuses)
-			out, _ := exec.Command("kubectl", "--kubeconfig", kubeconfigPath, "-n", "tabby-system", "logs", "--all-containers", p.Name).CombinedOutput()
-			if len(out) > 3000 {
-				out = out[len(out)-3000:]
-			}
+			out, _ := l.Kubectl(ctx, "-n", "tabby-system", "logs", "--all-containers", "--tail=40", p.Name)
 			t.Logf("logs of %s:\n%s", p.Name, out)
 		}
-		t.Fatalf("DaemonSet tabby-node not ready on %d nodes: %v", daemonSetNodes, err)
+		t.Fatalf("DeployTabby: %v", err)
 	}
-	t.Logf("DaemonSet tabby-node ready on %d nodes %v after kubectl apply", daemonSetNodes, time.Since(applyStart).Round(time.Millisecond))
-
+	t.Logf("Tabby ready (DaemonSet on %d nodes, controllers available, nodes Ready) %v after kubectl apply", daemonSetNodes, time.Since(applyStart).Round(time.Millisecond))
 	for _, n := range nodes {
 		// install-cni wrote the plugin and the conflist into the node's
 		// directories (the lab put neither there: no lab agents).
@@ -231,84 +181,53 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 			t.Errorf("%s: the agent's CNI socket is not in the node's /var/run/tabby: %v", n, err)
 		}
 	}
-	err = poll(rctx, 500*time.Millisecond, func() (bool, error) {
-		for _, n := range nodes {
-			if ready, _ := nodeReady(ctx, t, api, n); !ready {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		for _, n := range nodes {
-			_, msg := nodeReady(ctx, t, api, n)
-			t.Logf("%s: %s", n, msg)
-		}
-		t.Fatalf("nodes not Ready with Tabby deployed: %v", err)
-	}
 
 	// Workloads through Kubernetes only: a Deployment spread over the
 	// nodes, pods on the pause image; addresses from Tabby's pool; every
 	// pod reaches a pod on each other node.
-	deployment := filepath.Join(work, "web.yaml")
+	deployment := filepath.Join(t.TempDir(), "web.yaml")
 	if err := os.WriteFile(deployment, []byte(webDeployment), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	created := time.Now()
 	kubectl("apply", "-f", deployment)
-	var pods []corev1.Pod
-	err = poll(rctx, 250*time.Millisecond, func() (bool, error) {
-		list, err := api.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
-		if err != nil {
-			return false, nil
-		}
-		pods = pods[:0]
-		for _, p := range list.Items {
-			if p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
-				pods = append(pods, p)
-			}
-		}
-		return len(pods) == webReplicas, nil
-	})
-	if err != nil {
-		t.Fatalf("%d of %d web pods Running with an address: %v\n%s\n%s", len(pods), webReplicas, err, kubectl("get", "pods", "-o", "wide"),
-			kubectl("get", "pods", "-o", "jsonpath={range .items[*]}{.metadata.name}: {.status.conditions}{\"\\n\"}{end}"))
-	}
+	pods := waitWebPods(ctx, t, kc, l, webReplicas, "")
 	t.Logf("%d web pods Running with addresses %v after kubectl apply", webReplicas, time.Since(created).Round(time.Millisecond))
-	byNode := map[string][]netip.Addr{}
-	for _, p := range pods {
-		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if err != nil || !netip.MustParsePrefix(PodPool).Contains(ip) {
-			t.Errorf("pod %s address %q is not from Tabby's pool %s", p.Name, p.Status.PodIP, PodPool)
-			continue
-		}
-		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], ip)
-	}
+	byNode := podsByNode(t, pods)
 	if len(byNode) != daemonSetNodes {
 		t.Errorf("web pods on %d nodes, want %d: %v", len(byNode), daemonSetNodes, byNode)
 	}
-	netnsOf := podNetnsByAddr(t)
-	var failed, tried int
-	for _, from := range nodes {
-		for _, to := range nodes {
-			if from == to || len(byNode[from]) == 0 || len(byNode[to]) == 0 {
-				continue
-			}
-			src, dst := byNode[from][0], byNode[to][0]
-			ns, ok := netnsOf[src]
-			if !ok {
-				t.Errorf("no pod network namespace holds %s", src)
-				continue
-			}
-			tried++
-			out, err := exec.CommandContext(ctx, "nsenter", "--net="+filepath.Join(netnsDir, ns), "--", "ping", "-c", "1", "-W", "3", dst.String()).CombinedOutput()
-			if err != nil {
-				failed++
-				t.Errorf("pod %s on %s → pod %s on %s: %v\n%s", src, from, dst, to, err, out)
-			}
-		}
+	pairs := crossNodePairs(t, nodes, byNode)
+	if failed := pingPairs(ctx, t, pairs, 3); len(failed) > 0 {
+		t.Errorf("ping matrix: %d of %d pod pairs across nodes do not answer: %v", len(failed), len(pairs), failed)
+	} else {
+		t.Logf("ping matrix: %d of %d pod pairs across nodes answered", len(pairs), len(pairs))
 	}
-	t.Logf("ping matrix: %d of %d pod pairs across nodes answered", tried-failed, tried)
+
+	// A Kubernetes NetworkPolicy, applied with kubectl: the controllers
+	// write it to etcd, the agents drop the pings; deleted, they pass.
+	policy := filepath.Join(t.TempDir(), "deny.yaml")
+	if err := os.WriteFile(policy, []byte(webDenyIngress), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	probe := pairs[0]
+	applied := time.Now()
+	kubectl("apply", "-f", policy)
+	err = poll(ctx, 50*time.Millisecond, func() (bool, error) { return len(pingPairs(ctx, t, []podPair{probe}, 1)) == 1, nil })
+	if err != nil {
+		t.Fatalf("pings still answered after the NetworkPolicy: %v", err)
+	}
+	t.Logf("NetworkPolicy applied with kubectl → pings dropped: %v", time.Since(applied).Round(time.Millisecond))
+	if answered := len(pairs) - len(pingPairs(ctx, t, pairs, 1)); answered > 0 {
+		t.Errorf("%d pod pairs still answer pings under an ingress-denying NetworkPolicy", answered)
+	}
+	deleted := time.Now()
+	kubectl("delete", "-f", policy)
+	err = poll(ctx, 50*time.Millisecond, func() (bool, error) { return len(pingPairs(ctx, t, []podPair{probe}, 1)) == 0, nil })
+	if err != nil {
+		t.Fatalf("pings still dropped after the NetworkPolicy's deletion: %v", err)
+	}
+	t.Logf("NetworkPolicy deleted → pings answered: %v", time.Since(deleted).Round(time.Millisecond))
 
 	// kubectl delete pod: the agent of its node releases the address (the
 	// CNI DEL removes the pod's route); the ReplicaSet's new pod gets one.
@@ -322,31 +241,270 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		t.Fatal("no web pod on node1")
 	}
 	kubectl("delete", "pod", victim.Name, "--wait=true")
-	err = poll(rctx, 100*time.Millisecond, func() (bool, error) {
+	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		out, err := l.Exec(ctx, "node1", "ip", "route", "show", victim.Status.PodIP+"/32")
 		return err == nil && strings.TrimSpace(string(out)) == "", nil
 	})
 	if err != nil {
 		t.Errorf("the route to %s stays on node1 after kubectl delete pod %s: %v", victim.Status.PodIP, victim.Name, err)
 	}
-	err = poll(rctx, 250*time.Millisecond, func() (bool, error) {
-		list, err := api.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
-		if err != nil {
-			return false, nil
+	pods = waitWebPods(ctx, t, kc, l, webReplicas, victim.Name)
+
+	// A rolling update of the DaemonSet to a new image tag while every
+	// node's pod pings a pod on the next node: not one packet lost.
+	byNode = podsByNode(t, pods)
+	var pingers []*seqPinger
+	for _, p := range crossNodePairs(t, nodes, byNode) {
+		if p.from == nodes[0] && p.to == nodes[1] || p.from == nodes[1] && p.to == nodes[2] || p.from == nodes[2] && p.to == nodes[0] {
+			pingers = append(pingers, startSeqPinger(t, p))
 		}
-		n := 0
-		for _, p := range list.Items {
-			if p.Name != victim.Name && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
-				n++
-			}
+	}
+	if len(pingers) != daemonSetNodes {
+		t.Fatalf("%d pingers, want %d", len(pingers), daemonSetNodes)
+	}
+	time.Sleep(time.Second)
+	rollStart := time.Now()
+	kubectl("-n", "tabby-system", "set", "image", "daemonset/tabby-node", "tabby-node=tabby:v2", "install-cni=tabby:v2")
+	kubectl("-n", "tabby-system", "rollout", "status", "daemonset/tabby-node", "--timeout=6m")
+	rolled := time.Since(rollStart)
+	time.Sleep(2 * time.Second)
+	var sent, lost int
+	for _, p := range pingers {
+		s, lostSeqs := p.stop(t)
+		sent += s
+		lost += len(lostSeqs)
+		if len(lostSeqs) > 0 {
+			t.Errorf("%s → %s: %d of %d pings lost during the rolling update (icmp_seq %v)", p.pair.from, p.pair.to, len(lostSeqs), s, lostSeqs)
 		}
-		return n == webReplicas, nil
+	}
+	t.Logf("DaemonSet rolling update to tabby:v2 on %d nodes took %v: %d of %d pings lost", daemonSetNodes, rolled.Round(time.Millisecond), lost, sent)
+	agents, err := kc.CoreV1().Pods("tabby-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tabby-node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range agents.Items {
+		if img := p.Spec.Containers[0].Image; img != "tabby:v2" {
+			t.Errorf("agent pod %s runs %s after the rolling update", p.Name, img)
+		}
+	}
+
+	// Drain node3, power it off, delete its Node: the controllers delete
+	// its Tabby Node, and after the grace (10 s here) the other agents
+	// release its blocks.
+	gone := nodes[len(nodes)-1]
+	al := ipam.New(l.Store())
+	if left, err := nodeBlocks(ctx, al, gone); err != nil || len(left) == 0 {
+		t.Fatalf("%s holds no block before the drain (%v): the check below would prove nothing", gone, err)
+	}
+	kubectl("drain", gone, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--grace-period=1", "--timeout=120s")
+	pods = waitWebPods(ctx, t, kc, l, webReplicas, "")
+	for _, p := range pods {
+		if p.Spec.NodeName == gone {
+			t.Errorf("web pod %s still on drained %s", p.Name, gone)
+		}
+	}
+	if err := l.PowerOffKubeNode(ctx, gone); err != nil {
+		t.Fatalf("powering off %s: %v", gone, err)
+	}
+	deletedNode := time.Now()
+	kubectl("delete", "node", gone)
+	err = poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		left, err := nodeBlocks(ctx, al, gone)
+		return err == nil && len(left) == 0, nil
 	})
 	if err != nil {
-		t.Errorf("the Deployment did not get back to %d pods with addresses: %v", webReplicas, err)
+		left, _ := nodeBlocks(ctx, al, gone)
+		t.Fatalf("%s's blocks %v not released after its Node was deleted: %v", gone, left, err)
+	}
+	t.Logf("kubectl delete node %s → its blocks released %v later (node GC grace 10 s)", gone, time.Since(deletedNode).Round(time.Millisecond))
+	if _, err := l.Store().Get(ctx, api.KindNode, "", gone); err == nil {
+		t.Errorf("Tabby Node %s still in etcd", gone)
 	}
 	t.Log(kubectl("get", "nodes,pods", "-A", "-o", "wide"))
 }
+
+// nodeBlocks lists the blocks affine to node.
+func nodeBlocks(ctx context.Context, al *ipam.Allocator, node string) ([]netip.Prefix, error) {
+	blocks, err := al.Blocks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, b := range blocks {
+		if b.Affinity == node {
+			out = append(out, b.CIDR)
+		}
+	}
+	return out, nil
+}
+
+// waitWebPods waits until n web pods other than skip are Running with an
+// address, and returns them.
+func waitWebPods(ctx context.Context, t *testing.T, kc kubernetes.Interface, l *Lab, n int, skip string) []corev1.Pod {
+	t.Helper()
+	var pods []corev1.Pod
+	err := poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		list, err := kc.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+		if err != nil {
+			return false, nil
+		}
+		pods = pods[:0]
+		for _, p := range list.Items {
+			if p.Name != skip && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" {
+				pods = append(pods, p)
+			}
+		}
+		return len(pods) == n, nil
+	})
+	if err != nil {
+		out, _ := l.Kubectl(ctx, "get", "pods", "-o", "wide")
+		t.Fatalf("%d of %d web pods Running with an address: %v\n%s", len(pods), n, err, out)
+	}
+	return pods
+}
+
+// podsByNode groups the pods' addresses by node; every address must be
+// from Tabby's pool.
+func podsByNode(t *testing.T, pods []corev1.Pod) map[string][]netip.Addr {
+	t.Helper()
+	byNode := map[string][]netip.Addr{}
+	for _, p := range pods {
+		ip, err := netip.ParseAddr(p.Status.PodIP)
+		if err != nil || !netip.MustParsePrefix(PodPool).Contains(ip) {
+			t.Errorf("pod %s address %q is not from Tabby's pool %s", p.Name, p.Status.PodIP, PodPool)
+			continue
+		}
+		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], ip)
+	}
+	return byNode
+}
+
+// podPair is a pod (its network namespace and address) on one node and a
+// pod address on another.
+type podPair struct {
+	from, to string
+	netns    string
+	src, dst netip.Addr
+}
+
+func (p podPair) String() string { return fmt.Sprintf("%s(%s)→%s(%s)", p.src, p.from, p.dst, p.to) }
+
+// crossNodePairs pairs each node's first pod with each other node's first.
+func crossNodePairs(t *testing.T, nodes []string, byNode map[string][]netip.Addr) []podPair {
+	t.Helper()
+	netnsOf := map[netip.Addr]string{}
+	var pairs []podPair
+	for _, from := range nodes {
+		for _, to := range nodes {
+			if from == to || len(byNode[from]) == 0 || len(byNode[to]) == 0 {
+				continue
+			}
+			if len(netnsOf) == 0 {
+				netnsOf = podNetnsByAddr(t)
+			}
+			src := byNode[from][0]
+			pairs = append(pairs, podPair{from: from, to: to, netns: netnsOf[src], src: src, dst: byNode[to][0]})
+		}
+	}
+	return pairs
+}
+
+// pingPairs pings once per pair (timeout in seconds) and returns the
+// pairs that got no answer.
+func pingPairs(ctx context.Context, t *testing.T, pairs []podPair, timeout int) []podPair {
+	t.Helper()
+	var failed []podPair
+	for _, p := range pairs {
+		if p.netns == "" {
+			t.Errorf("no pod network namespace holds %s", p.src)
+			failed = append(failed, p)
+			continue
+		}
+		err := exec.CommandContext(ctx, "nsenter", "--net="+filepath.Join(netnsDir, p.netns), "--",
+			"ping", "-n", "-c", "1", "-W", strconv.Itoa(timeout), p.dst.String()).Run()
+		if err != nil {
+			failed = append(failed, p)
+		}
+	}
+	return failed
+}
+
+// seqPinger pings every 20 ms from a pod's namespace and records which
+// echo sequence numbers were answered.
+type seqPinger struct {
+	pair podPair
+	cmd  *exec.Cmd
+	out  *bytes.Buffer
+	done chan struct{} // closed once ping has exited
+}
+
+func startSeqPinger(t *testing.T, p podPair) *seqPinger {
+	t.Helper()
+	sp := &seqPinger{pair: p, out: &bytes.Buffer{}, done: make(chan struct{})}
+	sp.cmd = exec.Command("nsenter", "--net="+filepath.Join(netnsDir, p.netns), "--", "ping", "-n", "-i", "0.02", "-W", "1", p.dst.String())
+	sp.cmd.Stdout = sp.out
+	if err := sp.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		_ = sp.cmd.Wait() // ping exits 1 when an echo went unanswered: the output says which
+		close(sp.done)
+	}()
+	t.Cleanup(func() {
+		_ = sp.cmd.Process.Kill()
+		<-sp.done
+	})
+	return sp
+}
+
+// stop ends the pinger and returns how many echoes were answered or lost
+// and which sequence numbers were lost: those up to the last answered one
+// without an answer (the ones after it were still in flight).
+func (sp *seqPinger) stop(t *testing.T) (sent int, lost []int) {
+	t.Helper()
+	_ = sp.cmd.Process.Signal(syscall.SIGINT)
+	<-sp.done
+	answered := map[int]bool{}
+	last := 0
+	for _, line := range strings.Split(sp.out.String(), "\n") {
+		i := strings.Index(line, "icmp_seq=")
+		if i < 0 || !strings.Contains(line, "bytes from") {
+			continue
+		}
+		f := strings.Fields(line[i+len("icmp_seq="):])
+		if len(f) == 0 {
+			continue
+		}
+		seq, err := strconv.Atoi(f[0])
+		if err != nil {
+			continue
+		}
+		answered[seq] = true
+		last = max(last, seq)
+	}
+	if last == 0 {
+		t.Errorf("%v: no echo answered at all", sp.pair)
+	}
+	for seq := 1; seq <= last; seq++ {
+		if !answered[seq] {
+			lost = append(lost, seq)
+		}
+	}
+	return last, lost
+}
+
+// webDenyIngress denies every ingress to the web pods.
+const webDenyIngress = `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: web-deny-ingress
+  namespace: default
+spec:
+  podSelector:
+    matchLabels:
+      app: web
+  policyTypes: [Ingress]
+`
 
 // webReplicas is the size of TestPrivilegedDaemonSet's Deployment.
 const webReplicas = 6
@@ -373,6 +531,8 @@ spec:
         - maxSkew: 1
           topologyKey: kubernetes.io/hostname
           whenUnsatisfiable: DoNotSchedule
+          # A cordoned (drained) node is no domain to spread over.
+          nodeTaintsPolicy: Honor
           labelSelector:
             matchLabels:
               app: web
@@ -407,9 +567,8 @@ func podNetnsByAddr(t *testing.T) map[netip.Addr]string {
 }
 
 // nodeReady reports the node's Ready condition and its message.
-func nodeReady(ctx context.Context, t *testing.T, api *kubetest.APIServer, node string) (bool, string) {
-	t.Helper()
-	n, err := api.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+func nodeReady(ctx context.Context, kc kubernetes.Interface, node string) (bool, string) {
+	n, err := kc.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		return false, err.Error()
 	}
@@ -419,31 +578,4 @@ func nodeReady(ctx context.Context, t *testing.T, api *kubetest.APIServer, node 
 		}
 	}
 	return false, "no Ready condition"
-}
-
-// plainHTTPManifest is manifests/tabby-etcd.yaml as the README's plain
-// HTTP variant makes it: the endpoint placeholder replaced (the README's
-// sed), the TLS file keys of the ConfigMap set to "".
-func plainHTTPManifest(t *testing.T, manifest []byte, endpoints string) []byte {
-	t.Helper()
-	const placeholder = "https://<ETCD_IP>:<ETCD_PORT>"
-	if !bytes.Contains(manifest, []byte(placeholder)) {
-		t.Fatalf("manifests/tabby-etcd.yaml has no %s for the README's sed", placeholder)
-	}
-	out := bytes.ReplaceAll(manifest, []byte(placeholder), []byte(endpoints))
-	for _, k := range []string{"etcd_ca", "etcd_cert", "etcd_key"} {
-		var n int
-		lines := strings.Split(string(out), "\n")
-		for i, line := range lines {
-			if strings.HasPrefix(strings.TrimSpace(line), k+": ") && strings.Contains(line, "/tabby-secrets/") {
-				lines[i] = line[:strings.Index(line, k+": ")] + k + `: ""`
-				n++
-			}
-		}
-		if n != 1 {
-			t.Fatalf("manifests/tabby-etcd.yaml: %d ConfigMap lines %s with a /tabby-secrets path, want 1", n, k)
-		}
-		out = []byte(strings.Join(lines, "\n"))
-	}
-	return out
 }

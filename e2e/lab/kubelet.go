@@ -24,7 +24,9 @@ import (
 // cgroups under a cgroup root of its own in every cgroup v1 hierarchy: it
 // changes nothing of the host.
 
-// KubeletOptions say how a node's kubelet reaches its API server.
+// KubeletOptions say how a node's kubelet reaches its API server. The
+// zero value registers it with the lab's own control plane
+// (StartControlPlane), with a client certificate of the lab's CA.
 type KubeletOptions struct {
 	// Server is the API server's URL as seen from the node's network
 	// namespace, e.g. https://127.0.0.1:6443 through ListenIn.
@@ -341,8 +343,16 @@ func (l *Lab) NodeHostDir(node, p string) string {
 	return ""
 }
 
-// kubeletConfig is the node kubelet's KubeletConfiguration.
-func kubeletConfig(dir, containerdSocket, cgroupRoot string) string {
+// kubeletConfig is the node kubelet's KubeletConfiguration. With a
+// clientCAFile the kubelet authenticates its clients (the API server,
+// for logs and exec) by their certificates; without one nobody.
+func kubeletConfig(dir, containerdSocket, cgroupRoot, clientCAFile string) string {
+	x509 := ""
+	if clientCAFile != "" {
+		x509 = `
+  x509:
+    clientCAFile: ` + clientCAFile
+	}
 	return `# Written by the Tabby lab: the kubelet of one lab node.
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -360,7 +370,7 @@ authentication:
   anonymous:
     enabled: false
   webhook:
-    enabled: false
+    enabled: false` + x509 + `
 authorization:
   mode: AlwaysAllow
 readOnlyPort: 0
@@ -420,9 +430,16 @@ func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o Kubel
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating kubelet directory: %w", err)
 	}
+	kc, clientCA := kubeconfig(o.Server, o.Token), ""
+	if o.Server == "" {
+		var err error
+		if kc, clientCA, err = l.kubeletCredentials(node); err != nil {
+			return err
+		}
+	}
 	files := map[string]string{
-		"config.yaml": kubeletConfig(dir, l.ContainerdSocket(node), kubeletCgroupRoot(st.Name, node)),
-		"kubeconfig":  kubeconfig(o.Server, o.Token),
+		"config.yaml": kubeletConfig(dir, l.ContainerdSocket(node), kubeletCgroupRoot(st.Name, node), clientCA),
+		"kubeconfig":  kc,
 		"resolv.conf": "", // no DNS: the lab reaches nothing outside
 	}
 	for name, content := range files {
@@ -476,21 +493,31 @@ func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o Kubel
 }
 
 // StopKubelet stops the node's kubelet (SIGTERM, SIGKILL after 10 s) and
-// removes its cgroups.
+// removes its cgroups (which fails while pods' containers are in them).
 func (l *Lab) StopKubelet(ctx context.Context, node string) error {
+	if err := l.stopKubeletProc(ctx, node); err != nil {
+		return err
+	}
+	return l.removeKubeletCgroups(node)
+}
+
+func (l *Lab) stopKubeletProc(ctx context.Context, node string) error {
 	n := l.State().node(node)
 	if n == nil {
 		return fmt.Errorf("no node %q", node)
 	}
-	var errs []error
-	if n.Kubelet != nil {
-		progress(l.log, "stopping kubelet on %s (pid %d)", node, n.Kubelet.PID)
-		errs = append(errs, n.Kubelet.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(n.Kubelet.PID)))
+	if n.Kubelet == nil {
+		return nil
 	}
-	if n.CgroupRoot != "" {
-		errs = append(errs, removeCgroupRoot(n.CgroupRoot))
+	progress(l.log, "stopping kubelet on %s (pid %d)", node, n.Kubelet.PID)
+	return n.Kubelet.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(n.Kubelet.PID))
+}
+
+func (l *Lab) removeKubeletCgroups(node string) error {
+	if n := l.State().node(node); n != nil && n.CgroupRoot != "" {
+		return removeCgroupRoot(n.CgroupRoot)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // ListenIn opens a TCP listener on addr inside the lab namespace ns: the
@@ -498,50 +525,74 @@ func (l *Lab) StopKubelet(ctx context.Context, node string) error {
 // process of the lab process's own namespace (a test's API server on
 // 127.0.0.1) can be offered to a node through Proxy.
 func ListenIn(ns, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
+	var l net.Listener
+	err := inNetNS(ns, func() (err error) {
+		l, err = net.Listen("tcp", addr)
+		return err
+	})
+	if err != nil {
+		if l != nil {
+			l.Close()
+		}
+		return nil, fmt.Errorf("listening on %s in %s: %w", addr, ns, err)
 	}
-	ch := make(chan result, 1)
+	return l, nil
+}
+
+// DialIn connects to addr from inside the lab namespace ns; the
+// connection is this process's, so its clients need no route into the lab.
+func DialIn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := inNetNS(ns, func() (err error) {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	if err != nil {
+		if c != nil {
+			c.Close()
+		}
+		return nil, fmt.Errorf("dialing %s in %s: %w", addr, ns, err)
+	}
+	return c, nil
+}
+
+// inNetNS runs fn on a thread of its own inside the network namespace ns.
+// Sockets fn makes stay in ns; the thread goes back to its namespace, or,
+// when it cannot, is never unlocked, so that the runtime ends it with the
+// goroutine.
+func inNetNS(ns string, fn func() error) error {
+	ch := make(chan error, 1)
 	go func() {
-		// A thread whose namespace could not be restored is never
-		// unlocked, so the runtime ends it with the goroutine.
 		runtime.LockOSThread()
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: err}
+			ch <- err
 			return
 		}
 		defer orig.Close()
 		target, err := os.Open(NetNSPath(ns))
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: err}
+			ch <- err
 			return
 		}
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("entering %s: %w", ns, err)}
+			ch <- fmt.Errorf("entering %s: %w", ns, err)
 			return
 		}
-		l, lerr := net.Listen("tcp", addr)
+		ferr := fn()
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			if l != nil {
-				l.Close()
-			}
-			ch <- result{err: fmt.Errorf("leaving %s: %w", ns, err)}
+			ch <- errors.Join(ferr, fmt.Errorf("leaving %s: %w", ns, err))
 			return
 		}
 		runtime.UnlockOSThread()
-		ch <- result{l, lerr}
+		ch <- ferr
 	}()
-	r := <-ch
-	if r.err != nil {
-		return nil, fmt.Errorf("listening on %s in %s: %w", addr, ns, r.err)
-	}
-	return r.l, nil
+	return <-ch
 }
 
 // Proxy forwards every connection accepted on l to the TCP address target

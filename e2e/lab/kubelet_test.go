@@ -9,7 +9,14 @@ import (
 // and inside its node.
 func TestKubeletConfig(t *testing.T) {
 	dir := "/run/tabby-lab/x/node1/kubelet"
-	cfg := kubeletConfig(dir, "/run/tabby-lab/x/node1/containerd/containerd.sock", kubeletCgroupRoot("x", "node1"))
+	cfg := kubeletConfig(dir, "/run/tabby-lab/x/node1/containerd/containerd.sock", kubeletCgroupRoot("x", "node1"), "")
+	if strings.Contains(cfg, "x509") {
+		t.Errorf("kubelet config without a client CA has x509 authentication:\n%s", cfg)
+	}
+	withCA := kubeletConfig(dir, "/s", "/r", "/run/tabby-lab/x/kube/ca.crt")
+	if !strings.Contains(withCA, "  webhook:\n    enabled: false\n  x509:\n    clientCAFile: /run/tabby-lab/x/kube/ca.crt\nauthorization:") {
+		t.Errorf("kubelet config with a client CA:\n%s", withCA)
+	}
 	for _, want := range []string{
 		"failCgroupV1: false\n",
 		"cgroupDriver: cgroupfs\n",

@@ -306,7 +306,8 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	var procs []*Proc
 	// Kubelets, then container runtimes (their pods need the agents only
 	// to be torn down, which the lab does by deleting namespaces), then
-	// agents (a graceful exit needs nothing from etcd), then etcd.
+	// agents (a graceful exit needs nothing from etcd), then the
+	// Kubernetes control plane, then etcd.
 	for _, n := range st.Nodes {
 		if n.Kubelet != nil {
 			procs = append(procs, n.Kubelet)
@@ -322,6 +323,7 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 			procs = append(procs, n.Agent)
 		}
 	}
+	procs = append(procs, st.Kube.procs()...)
 	procs = append(procs, st.etcdProcs()...)
 	for _, p := range procs {
 		if p.alive() {

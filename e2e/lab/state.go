@@ -43,9 +43,11 @@ type State struct {
 	Namespaces []string `json:"namespaces"`
 	// Etcd lists the members of the lab's etcd cluster, recorded before
 	// any is started.
-	Etcd  []EtcdMember `json:"etcdMembers"`
-	Nodes []NodeState  `json:"nodes"`
-	Pods  []PodState   `json:"pods"`
+	Etcd []EtcdMember `json:"etcdMembers"`
+	// Kube is the Kubernetes control plane, once StartControlPlane ran.
+	Kube  *ControlPlane `json:"kube,omitempty"`
+	Nodes []NodeState   `json:"nodes"`
+	Pods  []PodState    `json:"pods"`
 }
 
 // EtcdMember is one member of the lab's etcd cluster: a `tabby-lab etcd`

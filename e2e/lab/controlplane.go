@@ -1,0 +1,492 @@
+package lab
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The lab's Kubernetes control plane lives in the control-plane namespace
+// (<lab>-etcd) next to etcd: kube-apiserver serves on the first etcd
+// member's address (198.18.0.2:6443), so the kubelets and the pods of every
+// node reach it across the fabric, and keeps its objects in the lab's etcd
+// under /registry (Tabby's keys are under /tabby: the two share one etcd,
+// as a Tabby on a kubeadm control plane's etcd would).
+// kube-controller-manager and kube-scheduler run beside it. The lab is the
+// cluster's certificate authority: it issues the API server's serving
+// certificate and a client certificate for every user (admin, each kubelet),
+// all under <lab dir>/kube.
+
+// ControlPlane is the lab's Kubernetes control plane, once started.
+type ControlPlane struct {
+	APIServer         *Proc `json:"apiserver,omitempty"`
+	ControllerManager *Proc `json:"controllerManager,omitempty"`
+	Scheduler         *Proc `json:"scheduler,omitempty"`
+}
+
+func (c *ControlPlane) procs() []*Proc {
+	if c == nil {
+		return nil
+	}
+	var ps []*Proc
+	// Controllers before the API server they talk to.
+	for _, p := range []*Proc{c.ControllerManager, c.Scheduler, c.APIServer} {
+		if p != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+const (
+	// apiServerPort is kube-apiserver's port on apiServerAddr.
+	apiServerPort = 6443
+	// ServiceCIDR is the cluster's Service range. Nothing routes to it:
+	// the lab runs no kube-proxy, and the one client that needs the API
+	// server from a pod (tabby-kube-controllers) is pointed at its address
+	// through the kubernetes-services-endpoint ConfigMap.
+	ServiceCIDR = "10.96.0.0/16"
+	// kubeDirName holds the control plane's files inside the lab directory.
+	kubeDirName = "kube"
+)
+
+// apiServerAddr is where kube-apiserver listens: the control-plane
+// namespace's first address.
+var apiServerAddr = etcdAddr
+
+// APIServerURL is the lab API server's URL on the fabric.
+func APIServerURL() string {
+	return "https://" + netip.AddrPortFrom(apiServerAddr, apiServerPort).String()
+}
+
+// KubeControllers are the kube-controller-manager controllers the lab
+// runs: what Deployments, DaemonSets, node lifecycle (the not-ready taint,
+// evictions), pod garbage collection and service account tokens need.
+var KubeControllers = []string{
+	"daemonset-controller", "deployment-controller", "replicaset-controller", "garbage-collector-controller",
+	"namespace-controller", "node-lifecycle-controller", "taint-eviction-controller", "pod-garbage-collector-controller",
+	"serviceaccount-controller", "root-ca-certificate-publisher-controller", "disruption-controller",
+}
+
+// KubeBinaries names the Kubernetes commands by name (kube-apiserver,
+// kube-controller-manager, kube-scheduler, kubelet): kube/kubetest's
+// Require or BinaryPath give them.
+type KubeBinaries map[string]string
+
+func (b KubeBinaries) need(names ...string) error {
+	var missing []string
+	for _, n := range names {
+		if fi, err := os.Stat(b[n]); b[n] == "" || err != nil || fi.IsDir() {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("kubernetes binaries missing: %s (run `make kube-bins`)", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func (l *Lab) kubeDir() string { return filepath.Join(l.dir, kubeDirName) }
+
+// AdminKubeconfig is the path of a kubeconfig for the cluster's admin
+// (group system:masters), valid inside the control-plane namespace and
+// any node's (see Kubectl).
+func (l *Lab) AdminKubeconfig() string { return filepath.Join(l.kubeDir(), "admin.kubeconfig") }
+
+// labCA is the lab cluster's certificate authority.
+type labCA struct {
+	cert    *x509.Certificate
+	key     *ecdsa.PrivateKey
+	certPEM []byte
+}
+
+func newKey() (*ecdsa.PrivateKey, []byte, error) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	der, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return nil, nil, err
+	}
+	return k, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+func serial() (*big.Int, error) {
+	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+}
+
+// createCA makes a self-signed CA for the lab.
+func createCA(name string) (*labCA, []byte, error) {
+	key, keyPEM, err := newKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: sn, Subject: pkix.Name{CommonName: "tabby-lab " + name + " CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(1, 0, 0),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &labCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, keyPEM, nil
+}
+
+// loadCA reads the CA that StartControlPlane wrote.
+func loadCA(dir string) (*labCA, error) {
+	certPEM, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(dir, "ca.key"))
+	if err != nil {
+		return nil, err
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, fmt.Errorf("%s: no PEM in ca.crt or ca.key", dir)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	return &labCA{cert: cert, key: key, certPEM: certPEM}, nil
+}
+
+// issue signs a certificate for subject: a client certificate when ips and
+// dns are empty, else a serving certificate for them.
+func (ca *labCA) issue(subject pkix.Name, ips []net.IP, dns []string) (certPEM, keyPEM []byte, err error) {
+	key, keyPEM, err := newKey()
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: sn, Subject: subject,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(1, 0, 0),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	if len(ips) > 0 || len(dns) > 0 {
+		tmpl.IPAddresses, tmpl.DNSNames = ips, dns
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM, nil
+}
+
+// certKubeconfig is a kubeconfig for server, checked against the CA,
+// authenticating with a client certificate.
+func certKubeconfig(server string, caPEM, certPEM, keyPEM []byte) string {
+	b64 := base64.StdEncoding.EncodeToString
+	return `apiVersion: v1
+kind: Config
+clusters:
+- name: lab
+  cluster:
+    server: ` + server + `
+    certificate-authority-data: ` + b64(caPEM) + `
+users:
+- name: user
+  user:
+    client-certificate-data: ` + b64(certPEM) + `
+    client-key-data: ` + b64(keyPEM) + `
+contexts:
+- name: lab
+  context:
+    cluster: lab
+    user: user
+current-context: lab
+`
+}
+
+// writeFiles writes name → content into dir, keys (*.key, *kubeconfig)
+// readable by root only.
+func writeFiles(dir string, files map[string][]byte) error {
+	for name, content := range files {
+		mode := os.FileMode(0o644)
+		if strings.HasSuffix(name, ".key") || strings.HasSuffix(name, "kubeconfig") {
+			mode = 0o600
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), content, mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// StartControlPlane starts kube-apiserver, kube-controller-manager and
+// kube-scheduler in the control-plane namespace (see ControlPlane) and
+// waits until the API server is ready. Teardown stops them after the
+// nodes' kubelets and containers, before etcd.
+func (l *Lab) StartControlPlane(ctx context.Context, bins KubeBinaries) error {
+	if err := bins.need("kube-apiserver", "kube-controller-manager", "kube-scheduler"); err != nil {
+		return err
+	}
+	st := l.State()
+	if st.Kube != nil && st.Kube.APIServer.alive() {
+		return fmt.Errorf("the control plane is running (kube-apiserver pid %d)", st.Kube.APIServer.PID)
+	}
+	dir := l.kubeDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	ca, caKey, err := createCA(st.Name)
+	if err != nil {
+		return fmt.Errorf("creating the lab CA: %w", err)
+	}
+	serving, servingKey, err := ca.issue(pkix.Name{CommonName: "kube-apiserver"},
+		[]net.IP{apiServerAddr.AsSlice(), net.ParseIP("10.96.0.1"), net.ParseIP("127.0.0.1")},
+		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"})
+	if err != nil {
+		return err
+	}
+	admin, adminKey, err := ca.issue(pkix.Name{CommonName: "lab-admin", Organization: []string{"system:masters"}}, nil, nil)
+	if err != nil {
+		return err
+	}
+	// What the API server presents to kubelets (logs, exec): a client of
+	// the group system:masters, which the kubelets' x509 authentication
+	// accepts (their authorization allows every authenticated client).
+	kubeletClient, kubeletClientKey, err := ca.issue(pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}, nil, nil)
+	if err != nil {
+		return err
+	}
+	_, saKey, err := newKey()
+	if err != nil {
+		return err
+	}
+	if err := writeFiles(dir, map[string][]byte{
+		"ca.crt": ca.certPEM, "ca.key": caKey,
+		"apiserver.crt": serving, "apiserver.key": servingKey,
+		"apiserver-kubelet-client.crt": kubeletClient, "apiserver-kubelet-client.key": kubeletClientKey,
+		"sa.key":    saKey,
+		"admin.crt": admin, "admin.key": adminKey,
+		"admin.kubeconfig": []byte(certKubeconfig(APIServerURL(), ca.certPEM, admin, adminKey)),
+	}); err != nil {
+		return fmt.Errorf("writing the control plane's files: %w", err)
+	}
+	if err := l.update(func(s *State) error {
+		if s.Kube == nil {
+			s.Kube = &ControlPlane{}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	f := func(name string) string { return filepath.Join(dir, name) }
+	apiserver := []string{bins["kube-apiserver"],
+		"--etcd-servers=" + strings.Join(st.EtcdEndpoints(), ","),
+		"--etcd-prefix=/registry",
+		"--bind-address=" + apiServerAddr.String(),
+		"--advertise-address=" + apiServerAddr.String(),
+		"--secure-port=" + strconv.Itoa(apiServerPort),
+		"--tls-cert-file=" + f("apiserver.crt"), "--tls-private-key-file=" + f("apiserver.key"),
+		"--client-ca-file=" + f("ca.crt"),
+		"--kubelet-client-certificate=" + f("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + f("apiserver-kubelet-client.key"),
+		"--authorization-mode=Node,RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + f("sa.key"),
+		"--service-account-signing-key-file=" + f("sa.key"),
+		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--allow-privileged=true",
+		// One API server: no lease-based endpoint reconciliation to run,
+		// and no priority-and-fairness bookkeeping on a 2-core machine.
+		"--endpoint-reconciler-type=none",
+		"--enable-priority-and-fairness=false",
+		"--v=1",
+	}
+	p, done, err := startDetached("kube-apiserver", st.etcdNS(), apiserver, f("kube-apiserver.log"), pidFile(dir, "kube-apiserver"))
+	if err != nil {
+		return err
+	}
+	l.trackExit(p.PID, done)
+	if err := l.update(func(s *State) error { s.Kube.APIServer = p; return nil }); err != nil {
+		return err
+	}
+	progress(l.log, "starting kube-apiserver at %s", APIServerURL())
+	hc, err := l.adminHTTPClient()
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	err = poll(wctx, 250*time.Millisecond, func() (bool, error) {
+		if !p.alive() {
+			return false, fmt.Errorf("kube-apiserver exited:\n%s", logTail(p.Log))
+		}
+		return apiServerReady(wctx, hc), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for kube-apiserver: %w", err)
+	}
+	kcm := []string{bins["kube-controller-manager"],
+		"--kubeconfig=" + l.AdminKubeconfig(),
+		"--controllers=" + strings.Join(KubeControllers, ","),
+		"--root-ca-file=" + f("ca.crt"),
+		"--service-account-private-key-file=" + f("sa.key"),
+		// Tabby's IPAM gives pods their addresses, not node CIDRs.
+		"--allocate-node-cidrs=false",
+		"--leader-elect=false", "--secure-port=0", "--v=1",
+	}
+	if p, done, err = startDetached("kube-controller-manager", st.etcdNS(), kcm, f("kube-controller-manager.log"), pidFile(dir, "kube-controller-manager")); err != nil {
+		return err
+	}
+	l.trackExit(p.PID, done)
+	if err := l.update(func(s *State) error { s.Kube.ControllerManager = p; return nil }); err != nil {
+		return err
+	}
+	sched := []string{bins["kube-scheduler"], "--kubeconfig=" + l.AdminKubeconfig(), "--leader-elect=false", "--secure-port=0", "--v=1"}
+	if p, done, err = startDetached("kube-scheduler", st.etcdNS(), sched, f("kube-scheduler.log"), pidFile(dir, "kube-scheduler")); err != nil {
+		return err
+	}
+	l.trackExit(p.PID, done)
+	return l.update(func(s *State) error { s.Kube.Scheduler = p; return nil })
+}
+
+// ControlPlaneRunning reports whether every control-plane process lives,
+// naming the first that does not.
+func (l *Lab) ControlPlaneRunning() error {
+	st := l.State()
+	if st.Kube == nil {
+		return errors.New("no control plane: start it first")
+	}
+	for _, p := range []*Proc{st.Kube.APIServer, st.Kube.ControllerManager, st.Kube.Scheduler} {
+		if p == nil {
+			return errors.New("control plane not fully started")
+		}
+		if !p.alive() {
+			return fmt.Errorf("%s (pid %d) exited:\n%s", p.Role, p.PID, logTail(p.Log))
+		}
+	}
+	return nil
+}
+
+// AdminCredentials are the files of the admin's client certificate and
+// key and of the CA that signed the API server's certificate.
+func (l *Lab) AdminCredentials() (caFile, certFile, keyFile string) {
+	d := l.kubeDir()
+	return filepath.Join(d, "ca.crt"), filepath.Join(d, "admin.crt"), filepath.Join(d, "admin.key")
+}
+
+// KubeDial dials addr inside the control-plane namespace: Kubernetes
+// clients of this process (which has no route to the fabric) reach the API
+// server through it.
+func (l *Lab) KubeDial() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	ns := l.State().etcdNS()
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return DialIn(ctx, ns, network, addr)
+	}
+}
+
+// adminHTTPClient is an HTTP client of the API server as the admin.
+func (l *Lab) adminHTTPClient() (*http.Client, error) {
+	caFile, certFile, keyFile := l.AdminCredentials()
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, err
+	}
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("%s: no certificate", caFile)
+	}
+	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext:     l.KubeDial(),
+		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}},
+	}}, nil
+}
+
+// apiServerReady asks the API server's /readyz.
+func apiServerReady(ctx context.Context, hc *http.Client) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, APIServerURL()+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Kubectl runs kubectl as the cluster's admin, inside the control-plane
+// namespace, and returns its combined output.
+func (l *Lab) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
+	argv := append([]string{"--net=" + NetNSPath(l.State().etcdNS()), "--", "kubectl", "--kubeconfig", l.AdminKubeconfig()}, args...)
+	out, err := exec.CommandContext(ctx, "nsenter", argv...).CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return out, nil
+}
+
+// kubeletCredentials issues node's kubelet a client certificate
+// (system:node:<node> in system:nodes, what the Node authorizer serves)
+// and returns its kubeconfig and the CA file for its own x509
+// authentication.
+func (l *Lab) kubeletCredentials(node string) (kubeconfig string, caFile string, err error) {
+	ca, err := loadCA(l.kubeDir())
+	if err != nil {
+		return "", "", fmt.Errorf("no control plane to register %s with: %w", node, err)
+	}
+	cert, key, err := ca.issue(pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}, nil, nil)
+	if err != nil {
+		return "", "", err
+	}
+	return certKubeconfig(APIServerURL(), ca.certPEM, cert, key), filepath.Join(l.kubeDir(), "ca.crt"), nil
+}
+
+// stopControlPlane stops the control plane's processes.
+func (l *Lab) stopControlPlane(ctx context.Context) error {
+	var errs []error
+	for _, p := range l.State().Kube.procs() {
+		errs = append(errs, p.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(p.PID)))
+	}
+	return errors.Join(errs...)
+}

@@ -11,7 +11,7 @@ TESTFLAGS ?= -count=1 -timeout 20m -p 2
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := -s -w $(if $(VERSION),-X github.com/tabbynet/tabby/internal/version.stamped=$(VERSION))
 
-.PHONY: all build test unit lint deps demo clean kube-bins images
+.PHONY: all build test unit lint deps demo demo-k8s clean kube-bins images
 
 all: build
 
@@ -59,6 +59,13 @@ deps:
 
 demo: deps build
 	$(BIN)/tabby-lab demo $(DEMOFLAGS)
+
+# The same on Kubernetes: a control plane and a kubelet per lab node, Tabby
+# deployed from manifests/ with kubectl, a Deployment's pods pinging each
+# other. Builds the Kubernetes binaries first when they are not cached (long
+# the first time: see docs/kubernetes-lab.md).
+demo-k8s: deps build images kube-bins
+	$(BIN)/tabby-lab demo --kubernetes --bin-dir $(BIN) --manifests $(CURDIR)/manifests $(DEMOFLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/internal/version"
+	"github.com/tabbynet/tabby/kube/kubebins"
 )
 
 func main() {
@@ -57,7 +58,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.name, "name", lab.DefaultName, "lab name, the prefix of its namespaces")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", lab.DefaultRunDir, "directory holding one directory per lab")
-	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), cniCmd())
+	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), cniCmd())
 	return root
 }
 
@@ -71,6 +72,9 @@ type upOptions struct {
 	ipv6Only         bool
 	agentArgs        []string
 	converge         time.Duration
+	// Kubernetes (--kubernetes): where the manifests and the images are.
+	kubernetes             bool
+	manifestDir, imagesDir string
 }
 
 func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
@@ -83,6 +87,39 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().BoolVar(&u.ipv6Only, "ipv6", false, "like --dual-stack, but every pod gets an IPv6 address only (the underlay keeps IPv4 for etcd and the BGP sessions, which carry IPv6)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
+	c.Flags().BoolVar(&u.kubernetes, "kubernetes", false, "make the lab a Kubernetes cluster (control plane, containerd and a kubelet per node; needs `make kube-bins images`) and deploy Tabby from the manifests with kubectl, instead of starting agents itself")
+	c.Flags().StringVar(&u.manifestDir, "manifests", "manifests", "with --kubernetes: the directory of tabby-etcd.yaml and tabby-kube-controllers.yaml")
+	c.Flags().StringVar(&u.imagesDir, "images", "", "with --kubernetes: the directory of tabby.oci.tar and pause.oci.tar (default <bin-dir>/images, from `make images`)")
+}
+
+// kubeOptions finds what --kubernetes needs: the Kubernetes binaries, the
+// image archives and the manifests.
+func (u *upOptions) kubeOptions(o lab.Options) (lab.KubeOptions, error) {
+	bins, err := kubebins.Find(kubebins.Names...)
+	if err != nil {
+		return lab.KubeOptions{}, err
+	}
+	dir := u.imagesDir
+	if dir == "" {
+		if o.BinDir == "" {
+			return lab.KubeOptions{}, errors.New("--kubernetes: no --images directory and no --bin-dir to find it in (run `make images`)")
+		}
+		dir = filepath.Join(o.BinDir, "images")
+	}
+	ko := lab.KubeOptions{Binaries: lab.KubeBinaries(bins)}
+	for _, f := range []string{"pause.oci.tar", "tabby.oci.tar"} {
+		p := filepath.Join(dir, f)
+		if _, err := os.Stat(p); err != nil {
+			return lab.KubeOptions{}, fmt.Errorf("--kubernetes: image archive %v (run `make images`)", err)
+		}
+		ko.Images = append(ko.Images, p)
+	}
+	for _, f := range []string{"tabby-etcd.yaml", "tabby-kube-controllers.yaml"} {
+		if _, err := os.Stat(filepath.Join(u.manifestDir, f)); err != nil {
+			return lab.KubeOptions{}, fmt.Errorf("--kubernetes: manifest %v (run from the repository or pass --manifests)", err)
+		}
+	}
+	return ko, nil
 }
 
 func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
@@ -117,6 +154,9 @@ func upCmd(g *globalFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if u.kubernetes {
+				return upKubernetes(c.Context(), u, o)
+			}
 			// A lab whose sessions did not come up stays for a look.
 			o.KeepUnconverged = true
 			l, err := lab.Up(c.Context(), o)
@@ -132,6 +172,53 @@ func upCmd(g *globalFlags) *cobra.Command {
 	}
 	u.register(c, 3, 0)
 	c.Flags().BoolVar(&u.noAgents, "no-agents", false, "only the fabric, ToR, etcd and node namespaces")
+	return c
+}
+
+// upKubernetes brings up a lab without agents, makes it a Kubernetes
+// cluster and deploys Tabby from the manifests; on failure the lab is
+// left for a look, as a lab whose BGP sessions did not come up.
+func upKubernetes(ctx context.Context, u *upOptions, o lab.Options) error {
+	ko, err := u.kubeOptions(o)
+	if err != nil {
+		return err
+	}
+	o.NoAgents, o.PodsPerNode = true, 0
+	l, err := lab.Up(ctx, o)
+	if err != nil {
+		return err
+	}
+	if err := l.StartKubernetes(ctx, ko); err != nil {
+		return fmt.Errorf("lab %q is up but Kubernetes is NOT: %w\n`tabby-lab --name %s down` removes it", o.Name, err, o.Name)
+	}
+	if err := l.DeployTabby(ctx, lab.DeployOptions{ManifestDir: u.manifestDir}); err != nil {
+		return fmt.Errorf("lab %q: Kubernetes is up but Tabby is NOT ready: %w\nlook with `tabby-lab --name %s kubectl -- -n tabby-system get pods`", o.Name, err, o.Name)
+	}
+	fmt.Printf("\nKubernetes with Tabby is up: `tabby-lab --name %s kubectl -- get nodes -o wide`\n", o.Name)
+	return nil
+}
+
+func kubectlCmd(g *globalFlags) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "kubectl -- [ARG...]",
+		Short: "Run kubectl as the cluster's admin against a lab made with --kubernetes",
+		RunE: func(c *cobra.Command, args []string) error {
+			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			if err != nil {
+				return err
+			}
+			if len(args) > 0 && args[0] == "--" {
+				args = args[1:]
+			}
+			out, err := l.Kubectl(c.Context(), args...)
+			os.Stdout.Write(out)
+			if err != nil {
+				return &exitError{code: 1}
+			}
+			return nil
+		},
+	}
+	c.Flags().SetInterspersed(false)
 	return c
 }
 
@@ -294,6 +381,13 @@ func demoCmd(g *globalFlags) *cobra.Command {
 			o, err := u.options(g)
 			if err != nil {
 				return err
+			}
+			if u.kubernetes {
+				ko, err := u.kubeOptions(o)
+				if err != nil {
+					return err
+				}
+				return lab.DemoKubernetes(c.Context(), o, ko, u.manifestDir, keep, os.Stdout)
 			}
 			return lab.Demo(c.Context(), o, keep, os.Stdout)
 		},

@@ -23,6 +23,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tabbynet/tabby/kube/kubebins"
 )
 
 // The lab's Kubernetes control plane lives in the control-plane namespace
@@ -455,10 +459,19 @@ func apiServerReady(ctx context.Context, hc *http.Client) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// Kubectl runs kubectl as the cluster's admin, inside the control-plane
-// namespace, and returns its combined output.
+// kubectlPath is the kubectl of `make kube-bins` (the cluster's release),
+// else the one on PATH.
+func kubectlPath() string {
+	if p := kubebins.Path("kubectl"); unix.Access(p, unix.X_OK) == nil {
+		return p
+	}
+	return "kubectl"
+}
+
+// Kubectl runs kubectl (kubectlPath) as the cluster's admin, inside the
+// control-plane namespace, and returns its combined output.
 func (l *Lab) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
-	argv := append([]string{"--net=" + NetNSPath(l.State().etcdNS()), "--", "kubectl", "--kubeconfig", l.AdminKubeconfig()}, args...)
+	argv := append([]string{"--net=" + NetNSPath(l.State().etcdNS()), "--", kubectlPath(), "--kubeconfig", l.AdminKubeconfig()}, args...)
 	out, err := exec.CommandContext(ctx, "nsenter", argv...).CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)

@@ -60,7 +60,7 @@ func kubeClient(t *testing.T, l *Lab) *kubernetes.Clientset {
 // blocks are released.
 func TestPrivilegedDaemonSet(t *testing.T) {
 	skipUnlessRoot(t)
-	bins := kubetest.Require(t, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+	bins := kubetest.Require(t, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
 	binDir := os.Getenv("TABBY_BIN")
 	if binDir == "" {
 		t.Skip("TABBY_BIN is not set: run `make images` and set TABBY_BIN=$PWD/bin")
@@ -71,9 +71,9 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 			t.Skipf("image archive missing (%v): run `make images`", err)
 		}
 	}
-	for _, b := range []string{"containerd", "ctr", "unshare", "findmnt", "kubectl", "ping"} {
+	for _, b := range []string{"containerd", "ctr", "unshare", "findmnt", "ping"} {
 		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("%s not installed (apt-get install containerd util-linux kubectl iputils-ping): %v", b, err)
+			t.Skipf("%s not installed (apt-get install containerd util-linux iputils-ping): %v", b, err)
 		}
 	}
 	if _, err := os.Stat(filepath.Join(cniPluginDir, "loopback")); err != nil {
@@ -507,63 +507,19 @@ spec:
 `
 
 // webReplicas is the size of TestPrivilegedDaemonSet's Deployment.
-const webReplicas = 6
+const webReplicas = DemoReplicas
 
 // webDeployment spreads pause pods evenly over the nodes.
-const webDeployment = `apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: web
-  namespace: default
-spec:
-  replicas: 6
-  selector:
-    matchLabels:
-      app: web
-  template:
-    metadata:
-      labels:
-        app: web
-    spec:
-      automountServiceAccountToken: false
-      terminationGracePeriodSeconds: 1
-      topologySpreadConstraints:
-        - maxSkew: 1
-          topologyKey: kubernetes.io/hostname
-          whenUnsatisfiable: DoNotSchedule
-          # A cordoned (drained) node is no domain to spread over.
-          nodeTaintsPolicy: Honor
-          labelSelector:
-            matchLabels:
-              app: web
-      containers:
-        - name: pause
-          image: registry.k8s.io/pause:3.10
-          imagePullPolicy: Never
-`
+const webDeployment = DemoDeployment
 
-// podNetnsByAddr maps each IPv4 address of a pod network namespace
-// (/run/netns/cni-…) to the namespace's name.
+// podNetnsByAddr is PodNetnsByAddr for a test.
 func podNetnsByAddr(t *testing.T) map[netip.Addr]string {
 	t.Helper()
-	out := map[netip.Addr]string{}
-	for _, ns := range podNetns(t) {
-		b, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr", "show", "scope", "global").Output()
-		if err != nil {
-			continue // another lab's, gone meanwhile
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			f := strings.Fields(line)
-			for i := 0; i+1 < len(f); i++ {
-				if f[i] == "inet" {
-					if p, err := netip.ParsePrefix(f[i+1]); err == nil {
-						out[p.Addr()] = ns
-					}
-				}
-			}
-		}
+	m, err := PodNetnsByAddr()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return m
 }
 
 // nodeReady reports the node's Ready condition and its message.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"time"
@@ -94,7 +95,8 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 	w.Write(out)
 
 	section(w, "ping matrix (ping -c1 -W1 from each pod)")
-	if failed := pingMatrix(ctx, l, st.Pods, w); failed > 0 {
+	ping := func(from PodState, to netip.Addr) error { return l.Ping(ctx, from.Name, to) }
+	if failed := pingMatrix(st.Pods, ping, w); failed > 0 {
 		return fmt.Errorf("%d pings failed", failed)
 	}
 	fmt.Fprintln(w, "\nall pods reach each other")
@@ -107,7 +109,7 @@ func section(w io.Writer, title string) {
 
 // pingMatrix pings every pod from every other pod, prints a table and
 // returns how many pings failed.
-func pingMatrix(ctx context.Context, l *Lab, pods []PodState, w io.Writer) int {
+func pingMatrix(pods []PodState, ping func(from PodState, to netip.Addr) error, w io.Writer) int {
 	width := 6
 	for _, p := range pods {
 		width = max(width, len(p.Name)+2)
@@ -124,7 +126,7 @@ func pingMatrix(ctx context.Context, l *Lab, pods []PodState, w io.Writer) int {
 			mark := "-"
 			if to.Name != from.Name {
 				mark = "ok"
-				if err := l.Ping(ctx, from.Name, to.IPs[0].Addr()); err != nil {
+				if err := ping(from, to.IPs[0].Addr()); err != nil {
 					mark = "FAIL"
 					failed++
 				}

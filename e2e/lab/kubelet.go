@@ -247,7 +247,7 @@ const netnsDirMount = "/run/netns"
 //     on top of it (still in the host's peer group, so the namespaces
 //     containerd mounts there reach the host);
 //   - the node's / is made shared (a peer group of the node's own).
-func nodeMountScript(dir string, hostPaths []nodeHostPath) string {
+func nodeMountScript(dir string, hostPaths []nodeHostPath, keep []string) string {
 	var b strings.Builder
 	b.WriteString("#!/bin/sh\n# Written by the Tabby lab: the mount namespace of one lab node.\nset -eu\n")
 	b.WriteString("mount --make-rslave /proc\n")
@@ -270,13 +270,20 @@ func nodeMountScript(dir string, hostPaths []nodeHostPath) string {
 		covered = append(covered, hp.Cover)
 		fmt.Fprintf(&b, "mount --make-slave \"$(findmnt --noheadings --output TARGET --target %s)\"\n", hp.Cover)
 		fmt.Fprintf(&b, "mkdir -p %s\nmount -t tmpfs -o mode=0755 tabby-node %s\nmkdir %s/upper %s/work\n", c, c, c, c)
-		keep := strings.HasPrefix(netnsDirMount, hp.Cover+"/")
-		if keep {
-			fmt.Fprintf(&b, "mkdir %s/netns\nmount --rbind %s %s/netns\n", c, netnsDirMount, c)
+		// What lies under the covered directory and must stay the host's
+		// (the pods' network namespaces, the lab's own directory): a
+		// descriptor opened before the overlay still names it, and a bind
+		// of it goes back on top.
+		var kept []string
+		for _, k := range keep {
+			if strings.HasPrefix(k, hp.Cover+"/") {
+				fmt.Fprintf(&b, "exec %d<%s\n", 3+len(kept), k)
+				kept = append(kept, k)
+			}
 		}
 		fmt.Fprintf(&b, "mount -t overlay -o lowerdir=%s,upperdir=%s/upper,workdir=%s/work tabby-node %s\n", hp.Cover, c, c, hp.Cover)
-		if keep {
-			fmt.Fprintf(&b, "mount --move %s/netns %s\n", c, netnsDirMount)
+		for i, k := range kept {
+			fmt.Fprintf(&b, "mount --no-canonicalize --rbind /proc/self/fd/%d %s\nexec %d<&-\n", 3+i, k, 3+i)
 		}
 	}
 	for _, hp := range hostPaths {
@@ -323,7 +330,10 @@ func (l *Lab) writeNodeMounts(node, cniBin, cniConf string) (string, error) {
 		}
 	}
 	script := filepath.Join(dir, "mounts.sh")
-	if err := os.WriteFile(script, []byte(nodeMountScript(dir, hps)), 0o755); err != nil {
+	// The lab's directory may lie under a covered one (/run/tabby-lab):
+	// the node's processes must see the host's, where the lab looks.
+	keep := []string{netnsDirMount, resolveHostPath(l.dir)}
+	if err := os.WriteFile(script, []byte(nodeMountScript(dir, hps, keep)), 0o755); err != nil {
 		return "", fmt.Errorf("writing node mount script: %w", err)
 	}
 	return script, nil

@@ -402,19 +402,12 @@ func checkNodeHostPaths(t *testing.T, l *Lab, node string) {
 	}
 }
 
-// podNetns lists the network namespaces containerd's CRI plugin made
-// (/run/netns/cni-…).
+// podNetns is PodNetns for a test.
 func podNetns(t *testing.T) []string {
 	t.Helper()
-	entries, err := os.ReadDir(netnsDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	nss, err := PodNetns()
+	if err != nil {
 		t.Fatal(err)
 	}
-	var out []string
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "cni-") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
+	return nss
 }

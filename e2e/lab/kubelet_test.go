@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -37,7 +38,7 @@ func TestKubeletConfig(t *testing.T) {
 // the kubelet checks is bind-mounted, /var/log is the node's, and the
 // first failure stops the script.
 func TestNodeMountScript(t *testing.T) {
-	s := nodeMountScript("/d", nil)
+	s := nodeMountScript("/d", nil, nil)
 	slave := strings.Index(s, "mount --make-rslave /proc\n")
 	if slave < 0 {
 		t.Errorf("script does not make /proc a slave:\n%s", s)
@@ -87,7 +88,7 @@ func TestNodeHostPaths(t *testing.T) {
 			t.Errorf("host path %+v, want %+v", hp, w)
 		}
 	}
-	s := nodeMountScript("/d", hps)
+	s := nodeMountScript("/d", hps, []string{"/run/netns", "/run/tabby-lab/x", "/srv/elsewhere"})
 	for _, line := range strings.Split(s, "\n") {
 		if strings.HasPrefix(line, "mkdir") && !strings.Contains(line, " /d/") {
 			// Only under a cover or the node's directory.
@@ -106,10 +107,15 @@ func TestNodeHostPaths(t *testing.T) {
 		}
 	}
 	ovl := strings.Index(s, "tabby-node /run\n")
-	rbind := strings.Index(s, "mount --rbind /run/netns ")
-	move := strings.Index(s, "/netns /run/netns\n")
-	if ovl < 0 || rbind < 0 || move < 0 || !(rbind < ovl && ovl < move) || !strings.Contains(s[move-30:move], "mount --move") {
-		t.Errorf("/run/netns is not kept across the overlay on /run:\n%s", s)
+	for fd, k := range []string{"/run/netns", "/run/tabby-lab/x"} {
+		open := strings.Index(s, fmt.Sprintf("exec %d<%s\n", 3+fd, k))
+		back := strings.Index(s, fmt.Sprintf("mount --no-canonicalize --rbind /proc/self/fd/%d %s\n", 3+fd, k))
+		if ovl < 0 || open < 0 || back < 0 || !(open < ovl && ovl < back) {
+			t.Errorf("%s is not kept across the overlay on /run:\n%s", k, s)
+		}
+	}
+	if strings.Contains(s, "/srv/elsewhere") {
+		t.Errorf("a path under no cover is re-bound:\n%s", s)
 	}
 	if !strings.HasSuffix(s, "mount --make-shared /\nexec \"$@\"\n") {
 		t.Errorf("the node's / is not made shared last (containerd's HostToContainer check):\n%s", s)

@@ -26,55 +26,31 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/kube/kubebins"
 )
 
-// Version is the Kubernetes release scripts/kube-build builds (a test
-// checks that the two agree).
-const Version = "v1.37.2"
+// Version is the Kubernetes release the tests run (kubebins.Version).
+const Version = kubebins.Version
 
-// Binaries are the Kubernetes commands `make kube-bins` builds into the
-// cache (scripts/kube-bins.sh; a test checks the two agree).
-var Binaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
+// Binaries are the Kubernetes commands `make kube-bins` builds.
+var Binaries = kubebins.Names
 
 // Binary returns the kube-apiserver to run: $TABBY_KUBE_APISERVER, else
 // the cache that `make kube-bins` fills.
-func Binary() string {
-	if p := os.Getenv("TABBY_KUBE_APISERVER"); p != "" {
-		return p
-	}
-	return BinaryPath("kube-apiserver")
-}
+func Binary() string { return kubebins.Path("kube-apiserver") }
 
-// BinaryPath is where `make kube-bins` puts the named command:
-// $KUBE_CACHE (default /var/cache/tabby/kube)/<Version>/<name>.
-func BinaryPath(name string) string {
-	root := os.Getenv("KUBE_CACHE")
-	if root == "" {
-		root = "/var/cache/tabby/kube"
-	}
-	return filepath.Join(root, Version, name)
-}
+// BinaryPath is where `make kube-bins` puts the named command (see
+// kubebins.Path).
+func BinaryPath(name string) string { return kubebins.Path(name) }
 
 // Require returns the paths of the named commands, by name, or skips the
 // test (and returns nil) with a message naming each one that is not built
 // and how to build it.
 func Require(t testing.TB, names ...string) map[string]string {
 	t.Helper()
-	paths := map[string]string{}
-	var missing []string
-	for _, n := range names {
-		p := BinaryPath(n)
-		if n == "kube-apiserver" {
-			p = Binary()
-		}
-		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			missing = append(missing, p)
-			continue
-		}
-		paths[n] = p
-	}
-	if len(missing) > 0 {
-		t.Skipf("Kubernetes %s not built (%s): run `make kube-bins` (once; see docs/kubernetes-lab.md for how long)", Version, strings.Join(missing, ", "))
+	paths, err := kubebins.Find(names...)
+	if err != nil {
+		t.Skipf("%s", err)
 		return nil
 	}
 	return paths

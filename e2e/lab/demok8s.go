@@ -1,0 +1,200 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// DemoReplicas is the size of DemoDeployment.
+const DemoReplicas = 6
+
+// DemoDeployment spreads pause pods evenly over the nodes (a cordoned node
+// is no domain to spread over).
+const DemoDeployment = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  namespace: default
+spec:
+  replicas: 6
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 1
+      topologySpreadConstraints:
+        - maxSkew: 1
+          topologyKey: kubernetes.io/hostname
+          whenUnsatisfiable: DoNotSchedule
+          nodeTaintsPolicy: Honor
+          labelSelector:
+            matchLabels:
+              app: web
+      containers:
+        - name: pause
+          image: registry.k8s.io/pause:3.10
+          imagePullPolicy: Never
+`
+
+// DemoKubernetes makes the lab (3 nodes unless o says otherwise, no lab
+// agents) a Kubernetes cluster (StartKubernetes), deploys Tabby from the
+// manifests with kubectl (DeployTabby), applies DemoDeployment, and shows
+// `kubectl get nodes,pods -o wide` and a ping matrix between the pods.
+// Unless keep, it tears the lab down again. Any failed step or ping is an
+// error.
+func DemoKubernetes(ctx context.Context, o Options, ko KubeOptions, manifestDir string, keep bool, w io.Writer) (err error) {
+	if o.Nodes == 0 {
+		o.Nodes = 3
+	}
+	o.NoAgents, o.PodsPerNode = true, 0
+	if o.Log == nil {
+		o.Log = w
+	}
+	l, err := Up(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if keep {
+			flags := "--name " + l.Name()
+			if runDir := filepath.Dir(l.Dir()); runDir != DefaultRunDir {
+				flags += " --run-dir " + runDir
+			}
+			fmt.Fprintf(w, "\nthe cluster stays up; try `tabby-lab %s kubectl -- get pods -A -o wide` and `tabby-lab %s down`\n", flags, flags)
+			return
+		}
+		err = errors.Join(err, l.Down())
+	}()
+	section(w, "Kubernetes: control plane on the fabric, containerd and a kubelet per node")
+	if err := l.StartKubernetes(ctx, ko); err != nil {
+		return err
+	}
+	out, err := l.Kubectl(ctx, "get", "nodes", "-o", "wide")
+	if err != nil {
+		return err
+	}
+	w.Write(out)
+	section(w, "Tabby from manifests/ (kubectl apply, as manifests/README.md says)")
+	start := time.Now()
+	if err := l.DeployTabby(ctx, DeployOptions{ManifestDir: manifestDir}); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "Tabby ready on every node %v after kubectl apply\n", time.Since(start).Round(100*time.Millisecond))
+	section(w, fmt.Sprintf("a Deployment of %d pods over the nodes", DemoReplicas))
+	path := filepath.Join(l.kubeDir(), "web.yaml")
+	if err := os.WriteFile(path, []byte(DemoDeployment), 0o644); err != nil {
+		return err
+	}
+	if _, err := l.Kubectl(ctx, "apply", "-f", path); err != nil {
+		return err
+	}
+	if _, err := l.Kubectl(ctx, "rollout", "status", "deployment/web", "--timeout=3m"); err != nil {
+		return err
+	}
+	out, err = l.Kubectl(ctx, "get", "nodes,pods", "-A", "-o", "wide")
+	if err != nil {
+		return err
+	}
+	w.Write(out)
+	pods, err := l.KubePods(ctx, "default", "app=web")
+	if err != nil {
+		return err
+	}
+	section(w, "ping matrix (ping -c1 -W1 from each pod's network namespace)")
+	ping := func(from PodState, to netip.Addr) error {
+		return exec.CommandContext(ctx, "nsenter", "--net="+NetNSPath(from.NetNS), "--", "ping", "-c1", "-W1", "-n", to.String()).Run()
+	}
+	if failed := pingMatrix(pods, ping, w); failed > 0 {
+		return fmt.Errorf("%d pings failed", failed)
+	}
+	fmt.Fprintln(w, "\nall pods reach each other")
+	return nil
+}
+
+// KubePods lists the Running pods of namespace matching selector that have
+// an address, as PodStates: name, node, address and the network namespace
+// (/run/netns/cni-…) the runtime made for it.
+func (l *Lab) KubePods(ctx context.Context, namespace, selector string) ([]PodState, error) {
+	out, err := l.Kubectl(ctx, "-n", namespace, "get", "pods", "-l", selector, "--field-selector=status.phase=Running",
+		"-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP}{"\n"}{end}`)
+	if err != nil {
+		return nil, err
+	}
+	netnsOf, err := PodNetnsByAddr()
+	if err != nil {
+		return nil, err
+	}
+	var pods []PodState
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		ip, err := netip.ParseAddr(f[2])
+		if err != nil {
+			return nil, fmt.Errorf("pod %s: address %q: %w", f[0], f[2], err)
+		}
+		ns, ok := netnsOf[ip]
+		if !ok {
+			return nil, fmt.Errorf("pod %s: no network namespace holds %s", f[0], ip)
+		}
+		pods = append(pods, PodState{Name: f[0], Namespace: namespace, Node: f[1], NetNS: ns, IPs: []netip.Prefix{netip.PrefixFrom(ip, ip.BitLen())}})
+	}
+	return pods, nil
+}
+
+// PodNetns lists the network namespaces a container runtime's CNI
+// handling made (/run/netns/cni-…).
+func PodNetns() ([]string, error) {
+	entries, err := os.ReadDir(netnsDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "cni-") {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// PodNetnsByAddr maps each IPv4 address of a runtime's pod network
+// namespace to the namespace's name.
+func PodNetnsByAddr() (map[netip.Addr]string, error) {
+	nss, err := PodNetns()
+	if err != nil {
+		return nil, err
+	}
+	out := map[netip.Addr]string{}
+	for _, ns := range nss {
+		b, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr", "show", "scope", "global").Output()
+		if err != nil {
+			continue // another lab's, gone meanwhile
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			for i := 0; i+1 < len(f); i++ {
+				if f[i] == "inet" {
+					if p, err := netip.ParsePrefix(f[i+1]); err == nil {
+						out[p.Addr()] = ns
+					}
+				}
+			}
+		}
+	}
+	return out, nil
+}

@@ -135,26 +135,30 @@ func newKey() (*ecdsa.PrivateKey, []byte, error) {
 	return k, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
 }
 
-func serial() (*big.Int, error) {
-	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+// newCert makes a key and a certificate for it from tmpl (serial and
+// validity filled in), signed by parent's key, or self-signed when parent
+// is nil.
+func newCert(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (der []byte, key *ecdsa.PrivateKey, keyPEM []byte, err error) {
+	if key, keyPEM, err = newKey(); err != nil {
+		return nil, nil, nil, err
+	}
+	if tmpl.SerialNumber, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120)); err != nil {
+		return nil, nil, nil, err
+	}
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().AddDate(1, 0, 0)
+	if parent == nil {
+		parent, parentKey = tmpl, key
+	}
+	der, err = x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, parentKey)
+	return der, key, keyPEM, err
 }
 
 // createCA makes a self-signed CA for the lab.
 func createCA(name string) (*labCA, []byte, error) {
-	key, keyPEM, err := newKey()
-	if err != nil {
-		return nil, nil, err
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: sn, Subject: pkix.Name{CommonName: "tabby-lab " + name + " CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(1, 0, 0),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	der, key, keyPEM, err := newCert(&x509.Certificate{
+		Subject: pkix.Name{CommonName: "tabby-lab " + name + " CA"},
+		IsCA:    true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}, nil, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -194,25 +198,13 @@ func loadCA(dir string) (*labCA, error) {
 // issue signs a certificate for subject: a client certificate when ips and
 // dns are empty, else a serving certificate for them.
 func (ca *labCA) issue(subject pkix.Name, ips []net.IP, dns []string) (certPEM, keyPEM []byte, err error) {
-	key, keyPEM, err := newKey()
-	if err != nil {
-		return nil, nil, err
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: sn, Subject: subject,
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(1, 0, 0),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	tmpl := &x509.Certificate{Subject: subject, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if len(ips) > 0 || len(dns) > 0 {
 		tmpl.IPAddresses, tmpl.DNSNames = ips, dns
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	der, _, keyPEM, err := newCert(tmpl, ca.cert, ca.key)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -223,25 +215,8 @@ func (ca *labCA) issue(subject pkix.Name, ips []net.IP, dns []string) (certPEM, 
 // authenticating with a client certificate.
 func certKubeconfig(server string, caPEM, certPEM, keyPEM []byte) string {
 	b64 := base64.StdEncoding.EncodeToString
-	return `apiVersion: v1
-kind: Config
-clusters:
-- name: lab
-  cluster:
-    server: ` + server + `
-    certificate-authority-data: ` + b64(caPEM) + `
-users:
-- name: user
-  user:
-    client-certificate-data: ` + b64(certPEM) + `
-    client-key-data: ` + b64(keyPEM) + `
-contexts:
-- name: lab
-  context:
-    cluster: lab
-    user: user
-current-context: lab
-`
+	return kubeconfigWith(server, "certificate-authority-data: "+b64(caPEM),
+		"client-certificate-data: "+b64(certPEM)+"\n    client-key-data: "+b64(keyPEM))
 }
 
 // writeFiles writes name → content into dir, keys (*.key, *kubeconfig)

@@ -35,10 +35,7 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 	}
 	defer func() {
 		if keep {
-			flags := "--name " + l.Name()
-			if runDir := filepath.Dir(l.Dir()); runDir != DefaultRunDir {
-				flags += " --run-dir " + runDir
-			}
+			flags := l.cliFlags()
 			fmt.Fprintf(w, "\nthe lab stays up; try `tabby-lab %s status`, `tabby-lab %s exec node1 -- ip route` and `tabby-lab %s down`\n", flags, flags, flags)
 			return
 		}
@@ -101,6 +98,15 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 	}
 	fmt.Fprintln(w, "\nall pods reach each other")
 	return nil
+}
+
+// cliFlags are the tabby-lab flags that name this lab.
+func (l *Lab) cliFlags() string {
+	flags := "--name " + l.Name()
+	if runDir := filepath.Dir(l.Dir()); runDir != DefaultRunDir {
+		flags += " --run-dir " + runDir
+	}
+	return flags
 }
 
 func section(w io.Writer, title string) {

@@ -69,10 +69,7 @@ func DemoKubernetes(ctx context.Context, o Options, ko KubeOptions, manifestDir 
 	}
 	defer func() {
 		if keep {
-			flags := "--name " + l.Name()
-			if runDir := filepath.Dir(l.Dir()); runDir != DefaultRunDir {
-				flags += " --run-dir " + runDir
-			}
+			flags := l.cliFlags()
 			fmt.Fprintf(w, "\nthe cluster stays up; try `tabby-lab %s kubectl -- get pods -A -o wide` and `tabby-lab %s down`\n", flags, flags)
 			return
 		}

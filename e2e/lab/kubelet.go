@@ -401,22 +401,28 @@ syncFrequency: 10s
 // kubeconfig is a kubeconfig for the kubelet: the server (its certificate
 // unchecked: the lab's API server makes its own) and the node's token.
 func kubeconfig(server, token string) string {
+	return kubeconfigWith(server, "insecure-skip-tls-verify: true", "token: "+token)
+}
+
+// kubeconfigWith is a kubeconfig of one cluster (server and how its
+// certificate is checked) and one user (how it authenticates).
+func kubeconfigWith(server, clusterTLS, userAuth string) string {
 	return `apiVersion: v1
 kind: Config
 clusters:
 - name: lab
   cluster:
     server: ` + server + `
-    insecure-skip-tls-verify: true
+    ` + clusterTLS + `
 users:
-- name: kubelet
+- name: user
   user:
-    token: ` + token + `
+    ` + userAuth + `
 contexts:
 - name: lab
   context:
     cluster: lab
-    user: kubelet
+    user: user
 current-context: lab
 `
 }

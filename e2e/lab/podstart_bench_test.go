@@ -200,6 +200,8 @@ type podStartBench struct {
 //	ref-p50-ms, ref-p99-ms       the same for the reference
 //	x-ref-p50, x-ref-p99         Tabby / reference
 //	tabby-cni-add-p50-ms         the agents' CNI ADD (log "CNI request done") in Tabby's rounds
+//	tabby-sandbox-p50-ms         containerd's RunPodSandbox (runc starts the sandbox, the
+//	ref-sandbox-p50-ms           CNI plugins run), from its log, all rounds pooled
 //
 // The creation timestamp the API server stores has a resolution of a
 // second, so the start is the test's clock just before the Create call.
@@ -251,6 +253,7 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 		from, to time.Time
 	}
 	var results []roundResult
+	sandbox := map[string][]time.Duration{} // containerd's RunPodSandbox, per configuration
 	b.Run(fmt.Sprintf("pods=%d/nodes=%d", pods, podStartNodes), func(b *testing.B) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
@@ -282,9 +285,17 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 					}
 					agents = fmt.Sprintf("; agents' CNI ADD n=%d p50 %v max %v", len(adds), quantile(adds, 0.5).Round(time.Millisecond), slices.Max(append(adds, 0)).Round(time.Millisecond))
 				}
-				b.Logf("round %d %-5s: %d pods, p50 %v, p99 %v, min %v, slowest %s; load %s%s", k, cfg, len(lat),
+				sandboxes := s.sandboxTimes(b)
+				var sb []time.Duration
+				for _, n := range s.names(cfg, k) {
+					if d, ok := sandboxes[n]; ok {
+						sb = append(sb, d)
+					}
+				}
+				sandbox[cfg] = append(sandbox[cfg], sb...)
+				b.Logf("round %d %-5s: %d pods, p50 %v, p99 %v, min %v, slowest %s; load %s; RunPodSandbox n=%d p50 %v max %v%s", k, cfg, len(lat),
 					r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), slices.Min(lat).Round(time.Millisecond),
-					s.names(cfg, k)[slowest], loadAvg(), agents)
+					s.names(cfg, k)[slowest], loadAvg(), len(sb), quantile(sb, 0.5).Round(time.Millisecond), slices.Max(append(sb, 0)).Round(time.Millisecond), agents)
 			}
 		}
 		var p50, p99 = map[string][]time.Duration{}, map[string][]time.Duration{}
@@ -304,6 +315,8 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 			b.ReportMetric(float64(med(p99["tabby"]))/float64(r), "x-ref-p99")
 		}
 		b.ReportMetric(float64(len(p50["tabby"])), "rounds")
+		b.ReportMetric(ms(quantile(sandbox["tabby"], 0.5)), "tabby-sandbox-p50-ms")
+		b.ReportMetric(ms(quantile(sandbox["ref"], 0.5)), "ref-sandbox-p50-ms")
 		// The agents' share: their CNI ADDs during Tabby's rounds.
 		var adds []time.Duration
 		for _, a := range s.cniAdds(b) {
@@ -822,4 +835,39 @@ func podStartNodeReady(ctx context.Context, c kubernetes.Interface, node string)
 		}
 	}
 	return false, "no Ready condition"
+}
+
+var (
+	runSandboxStart = regexp.MustCompile(`^time="(\S+)" level=info msg="RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),.*\}"$`)
+	runSandboxDone  = regexp.MustCompile(`^time="(\S+)" level=info msg="RunPodSandbox for &PodSandboxMetadata\{Name:([^,]+),.*\} returns sandbox id`)
+)
+
+// sandboxTimes reads the nodes' containerd logs for how long each pod's
+// RunPodSandbox took (the first attempt), by pod name.
+func (s *podStartBench) sandboxTimes(b *testing.B) map[string]time.Duration {
+	start, out := map[string]time.Time{}, map[string]time.Duration{}
+	for _, n := range s.nodes {
+		f, err := os.Open(s.l.State().node(n).Containerd.Log)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if m := runSandboxDone.FindStringSubmatch(line); m != nil {
+				if t, err := time.Parse(time.RFC3339Nano, m[1]); err == nil && !start[m[2]].IsZero() {
+					if _, seen := out[m[2]]; !seen {
+						out[m[2]] = t.Sub(start[m[2]])
+					}
+				}
+			} else if m := runSandboxStart.FindStringSubmatch(line); m != nil {
+				if t, err := time.Parse(time.RFC3339Nano, m[1]); err == nil && start[m[2]].IsZero() {
+					start[m[2]] = t
+				}
+			}
+		}
+		f.Close()
+	}
+	return out
 }

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/tabbynet/tabby/internal/image"
+	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube/kubetest"
 )
 
@@ -49,10 +50,18 @@ const (
 	refNetName = "ref-bridge"
 )
 
-// refSubnet is node i's (1-based) reference subnet: 10.244.250.0/24,
-// .251, .252, far above the blocks Tabby's IPAM hands out first.
-func refSubnet(i int) netip.Prefix {
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(249 + i), 0}), 24)
+// refSubnets picks a /24 of the pod pool per node for the reference, from
+// 10.244.250.0/24 down, none overlapping a block Tabby's IPAM claimed
+// (the agents claim their first block at start, anywhere in the pool).
+func refSubnets(blocks []ipam.BlockInfo, n int) []netip.Prefix {
+	var out []netip.Prefix
+	for x := 250; x >= 128 && len(out) < n; x-- {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(x), 0}), 24)
+		if !slices.ContainsFunc(blocks, func(b ipam.BlockInfo) bool { return b.CIDR.Overlaps(p) }) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // refConflist is the reference network: Debian's bridge plugin on a
@@ -180,6 +189,8 @@ type podStartBench struct {
 	// netns are the network namespaces the pods of this lab ran in
 	// (recordNetns), which must be gone after Down.
 	netns map[string]bool
+	// refSubnets are the nodes' reference subnets, in node order.
+	refSubnets []netip.Prefix
 }
 
 // BenchmarkPrivilegedPodStart (issue 15): pod start latency through the
@@ -188,8 +199,9 @@ type podStartBench struct {
 // lab nodes (10 each, spec.nodeName set: no scheduler), each node running
 // containerd and a kubelet and Tabby's lab agent. The reference, in the
 // same run and on the same nodes: Debian's bridge + host-local conflist
-// (a subnet per node from 10.244.250.0/24 on), which containerd picks up
-// when it is written before the Tabby conflist in the nodes'
+// (a /24 per node from 10.244.250.0/24 down, clear of Tabby's blocks),
+// which containerd picks up when it is written before the Tabby conflist
+// in the nodes'
 // /etc/cni/net.d. A round creates the 30 pods, waits until all are
 // Running with an address, deletes them and waits until they are gone;
 // Tabby and reference rounds alternate, the order rotating. Each b.N
@@ -416,6 +428,19 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 		s.logs = append(s.logs, st.Kubelet.Log, st.Agent.Log)
 	}
 
+	blocks, err := ipam.New(l.Store()).Blocks(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if s.refSubnets = refSubnets(blocks, len(nodes)); len(s.refSubnets) < len(nodes) {
+		b.Fatalf("no %d /24s in 10.244.128.0/17 free of Tabby's blocks %v", len(nodes), blocks)
+	}
+	var claimed []netip.Prefix
+	for _, bl := range blocks {
+		claimed = append(claimed, bl.CIDR)
+	}
+	b.Logf("reference subnets %v; Tabby's blocks %v", s.refSubnets, claimed)
+
 	// The informer: every pod of the benchmark, from now on.
 	informer := cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", "default",
 		func(o *metav1.ListOptions) { o.LabelSelector = podStartLabel + "=podstart" }),
@@ -491,17 +516,34 @@ func (s *podStartBench) refDataDir(node string) string {
 	return filepath.Join(s.l.nodeDir(node), "ref-ipam")
 }
 
-// podStartExpected reports whether ip is what cfg gives a pod on node i (1-based).
-func podStartExpected(cfg string, i int, ip netip.Addr) bool {
+// expected reports whether ip is what cfg gives a pod on node i (0-based).
+func (s *podStartBench) expected(cfg string, i int, ip netip.Addr) bool {
 	if cfg == "ref" {
-		return refSubnet(i).Contains(ip)
+		return s.refSubnets[i].Contains(ip)
 	}
-	for j := 1; j <= podStartNodes; j++ {
-		if refSubnet(j).Contains(ip) {
+	for _, p := range s.refSubnets {
+		if p.Contains(ip) {
 			return false
 		}
 	}
 	return netip.MustParsePrefix(PodPool).Contains(ip)
+}
+
+// checkRefSubnets fails when Tabby's IPAM claimed a block overlapping a
+// reference subnet since they were picked.
+func (s *podStartBench) checkRefSubnets(ctx context.Context) error {
+	blocks, err := ipam.New(s.l.Store()).Blocks(ctx)
+	if err != nil {
+		return err
+	}
+	for _, b := range blocks {
+		for _, p := range s.refSubnets {
+			if b.CIDR.Overlaps(p) {
+				return fmt.Errorf("Tabby's IPAM claimed %s (node %q), inside the reference subnet %s", b.CIDR, b.Affinity, p)
+			}
+		}
+	}
+	return nil
 }
 
 // use makes cfg ("tabby" or "ref") the nodes' pod network: the reference
@@ -510,6 +552,9 @@ func podStartExpected(cfg string, i int, ip netip.Addr) bool {
 // its CNI configuration asynchronously: a probe that got the other one is
 // deleted and tried again).
 func (s *podStartBench) use(ctx context.Context, b *testing.B, cfg string, round int) error {
+	if err := s.checkRefSubnets(ctx); err != nil {
+		return err
+	}
 	for i, n := range s.nodes {
 		p := filepath.Join(filepath.Dir(s.l.conflistPath(n)), refConflistName)
 		if cfg == "tabby" {
@@ -523,7 +568,7 @@ func (s *podStartBench) use(ctx context.Context, b *testing.B, cfg string, round
 		}
 		// Written aside and renamed: containerd must never read half a file.
 		tmp := p + ".tmp"
-		if err := os.WriteFile(tmp, refConflist(s.bridge, refSubnet(i+1), s.refDataDir(n), s.portmap), 0o644); err != nil {
+		if err := os.WriteFile(tmp, refConflist(s.bridge, s.refSubnets[i], s.refDataDir(n), s.portmap), 0o644); err != nil {
 			return err
 		}
 		if err := os.Rename(tmp, p); err != nil {
@@ -543,7 +588,7 @@ func (s *podStartBench) use(ctx context.Context, b *testing.B, cfg string, round
 		wrong := ""
 		s.watch.mu.Lock()
 		for i, name := range names {
-			if ip := s.watch.pods[name].ip; !podStartExpected(cfg, i+1, ip) {
+			if ip := s.watch.pods[name].ip; !s.expected(cfg, i, ip) {
 				wrong += fmt.Sprintf(" %s on %s got %s;", name, s.nodes[i], ip)
 			}
 		}
@@ -700,7 +745,7 @@ func (s *podStartBench) round(ctx context.Context, b *testing.B, cfg string, rou
 	s.watch.mu.Lock()
 	var wrong []string
 	for i, name := range names {
-		if ip := s.watch.pods[name].ip; !podStartExpected(cfg, i%len(s.nodes)+1, ip) {
+		if ip := s.watch.pods[name].ip; !s.expected(cfg, i%len(s.nodes), ip) {
 			wrong = append(wrong, fmt.Sprintf("%s: %s", name, ip))
 		}
 	}

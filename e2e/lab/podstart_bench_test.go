@@ -214,6 +214,8 @@ type podStartBench struct {
 //	tabby-cni-add-p50-ms         the agents' CNI ADD (log "CNI request done") in Tabby's rounds
 //	tabby-sandbox-p50-ms         containerd's RunPodSandbox (runc starts the sandbox, the
 //	ref-sandbox-p50-ms           CNI plugins run), from its log, all rounds pooled
+//	tabby-agents-cpu-ms/pod      the three agents' CPU time (user + system) during a round,
+//	ref-agents-cpu-ms/pod        per pod started and deleted (in the reference's rounds: idle)
 //
 // The creation timestamp the API server stores has a resolution of a
 // second, so the start is the test's clock just before the Create call.
@@ -265,7 +267,8 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 		from, to time.Time
 	}
 	var results []roundResult
-	sandbox := map[string][]time.Duration{} // containerd's RunPodSandbox, per configuration
+	sandbox := map[string][]time.Duration{}                     // containerd's RunPodSandbox, per configuration
+	agentCPU, agentPods := map[string]int64{}, map[string]int{} // the agents' CPU ticks in each configuration's rounds
 	b.Run(fmt.Sprintf("pods=%d/nodes=%d", pods, podStartNodes), func(b *testing.B) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
@@ -279,11 +282,14 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 				if err := s.use(ctx, b, cfg, k); err != nil {
 					b.Fatal(err)
 				}
-				from := time.Now()
+				from, cpu0 := time.Now(), s.agentsCPU(b)
 				lat, err := s.round(ctx, b, cfg, k)
 				if err != nil {
 					b.Fatal(err)
 				}
+				cpu := s.agentsCPU(b) - cpu0
+				agentCPU[cfg] += cpu
+				agentPods[cfg] += len(lat)
 				r := roundResult{cfg: cfg, p50: quantile(lat, 0.5), p99: quantile(lat, 0.99), from: from, to: time.Now()}
 				results = append(results, r)
 				slowest := slices.Index(lat, slices.Max(lat))
@@ -305,9 +311,10 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 					}
 				}
 				sandbox[cfg] = append(sandbox[cfg], sb...)
-				b.Logf("round %d %-5s: %d pods, p50 %v, p99 %v, min %v, slowest %s; load %s; RunPodSandbox n=%d p50 %v max %v%s", k, cfg, len(lat),
+				b.Logf("round %d %-5s: %d pods, p50 %v, p99 %v, min %v, slowest %s; load %s; RunPodSandbox n=%d p50 %v max %v; agents' CPU %d ms%s", k, cfg, len(lat),
 					r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), slices.Min(lat).Round(time.Millisecond),
-					s.names(cfg, k)[slowest], loadAvg(), len(sb), quantile(sb, 0.5).Round(time.Millisecond), slices.Max(append(sb, 0)).Round(time.Millisecond), agents)
+					s.names(cfg, k)[slowest], loadAvg(), len(sb), quantile(sb, 0.5).Round(time.Millisecond), slices.Max(append(sb, 0)).Round(time.Millisecond),
+					cpu*1000/clockTicks, agents)
 			}
 		}
 		var p50, p99 = map[string][]time.Duration{}, map[string][]time.Duration{}
@@ -329,6 +336,11 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 		b.ReportMetric(float64(len(p50["tabby"])), "rounds")
 		b.ReportMetric(ms(quantile(sandbox["tabby"], 0.5)), "tabby-sandbox-p50-ms")
 		b.ReportMetric(ms(quantile(sandbox["ref"], 0.5)), "ref-sandbox-p50-ms")
+		for _, cfg := range []string{"tabby", "ref"} {
+			if agentPods[cfg] > 0 {
+				b.ReportMetric(float64(agentCPU[cfg])*1000/clockTicks/float64(agentPods[cfg]), cfg+"-agents-cpu-ms/pod")
+			}
+		}
 		// The agents' share: their CNI ADDs during Tabby's rounds.
 		var adds []time.Duration
 		for _, a := range s.cniAdds(b) {
@@ -915,4 +927,26 @@ func (s *podStartBench) sandboxTimes(b *testing.B) map[string]time.Duration {
 		f.Close()
 	}
 	return out
+}
+
+// clockTicks is USER_HZ, 100 on every Linux this runs on.
+const clockTicks = 100
+
+// agentsCPU is the agents' CPU time so far (user + system), in clock ticks.
+func (s *podStartBench) agentsCPU(b *testing.B) int64 {
+	var sum int64
+	for _, n := range s.nodes {
+		f, err := procStat(s.l.State().node(n).Agent.PID)
+		if err != nil || len(f) < 13 {
+			b.Fatalf("the agent of %s: %v", n, err)
+		}
+		// f[0] is field 3 (state): utime is field 14, stime 15.
+		u, err1 := strconv.ParseInt(f[11], 10, 64)
+		st, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			b.Fatalf("the agent of %s: /proc stat fields %q %q", n, f[11], f[12])
+		}
+		sum += u + st
+	}
+	return sum
 }

@@ -154,7 +154,7 @@ func (l *Lab) StartContainerd(ctx context.Context, node string) (err error) {
 	sock := l.ContainerdSocket(node)
 	err = poll(wctx, 50*time.Millisecond, func() (bool, error) {
 		if !p.alive() {
-			return false, fmt.Errorf("containerd on %s exited: %s", node, logTail(p.Log))
+			return false, fmt.Errorf("containerd on %s exited (%s): %s", node, p.describe(), logTail(p.Log))
 		}
 		c, err := net.Dial("unix", sock)
 		if err != nil {

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -90,7 +89,19 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	for _, p := range daemonSetHostPaths {
 		_, hostPathsBefore[p] = os.Stat(p)
 	}
-	podNetnsBefore := podNetns(t)
+	// The namespaces of this lab's pods, recorded while they run: each
+	// must be gone after Down (other labs may run meanwhile).
+	ownNetns := map[string]bool{}
+	recordNetns := func(ctx context.Context, l *Lab) {
+		t.Helper()
+		nss, err := l.KubePodNetns(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ns := range nss {
+			ownNetns[ns] = true
+		}
+	}
 	// The image of the rolling update: the same files under a new tag.
 	v2 := filepath.Join(t.TempDir(), "tabby-v2.oci.tar")
 	if err := image.Write(v2, image.Tabby("v2"), binDir); err != nil {
@@ -129,8 +140,8 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 				t.Errorf("the lab made the host's %s", p)
 			}
 		}
-		for _, ns := range podNetns(t) {
-			if !slices.Contains(podNetnsBefore, ns) {
+		for ns := range ownNetns {
+			if _, err := os.Stat(filepath.Join(netnsDir, ns)); err == nil {
 				t.Errorf("pod network namespace %s left after Down", ns)
 			}
 		}
@@ -192,6 +203,10 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	created := time.Now()
 	kubectl("apply", "-f", deployment)
 	pods := waitWebPods(ctx, t, kc, l, webReplicas, "")
+	recordNetns(ctx, l)
+	if len(ownNetns) < webReplicas {
+		t.Fatalf("%d pod network namespaces hold a task of the lab's containerds, want at least %d: the check after Down would prove little", len(ownNetns), webReplicas)
+	}
 	t.Logf("%d web pods Running with addresses %v after kubectl apply", webReplicas, time.Since(created).Round(time.Millisecond))
 	byNode := podsByNode(t, pods)
 	if len(byNode) != daemonSetNodes {
@@ -298,6 +313,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	}
 	kubectl("drain", gone, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--grace-period=1", "--timeout=120s")
 	pods = waitWebPods(ctx, t, kc, l, webReplicas, "")
+	recordNetns(ctx, l)
 	for _, p := range pods {
 		if p.Spec.NodeName == gone {
 			t.Errorf("web pod %s still on drained %s", p.Name, gone)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -190,6 +191,52 @@ func PodNetnsByAddr() (map[netip.Addr]string, error) {
 						out[p.Addr()] = ns
 					}
 				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// KubePodNetns lists the runtime's pod network namespaces
+// (/run/netns/cni-…) that hold a task of this lab's containerds: the
+// lab's own pods', whatever other labs run at the same time.
+func (l *Lab) KubePodNetns(ctx context.Context) ([]string, error) {
+	type key struct{ dev, ino uint64 }
+	id := func(path string) (key, bool) {
+		var st syscall.Stat_t
+		if err := syscall.Stat(path, &st); err != nil {
+			return key{}, false
+		}
+		return key{st.Dev, st.Ino}, true
+	}
+	nss, err := PodNetns()
+	if err != nil {
+		return nil, err
+	}
+	byID := map[key]string{}
+	for _, ns := range nss {
+		if k, ok := id(filepath.Join(netnsDir, ns)); ok {
+			byID[k] = ns
+		}
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range l.State().Nodes {
+		if !n.Containerd.alive() {
+			continue
+		}
+		tasks, err := l.Ctr(ctx, n.Name, "tasks", "ls")
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(string(tasks), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			if k, ok := id("/proc/" + f[1] + "/ns/net"); ok && byID[k] != "" && !seen[byID[k]] {
+				seen[byID[k]] = true
+				out = append(out, byID[k])
 			}
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,7 +208,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	}
 	_, runContainerdBefore := os.Stat("/run/containerd")
 	_, varLogContainersBefore := os.Stat("/var/log/containers")
-	podNetnsBefore := podNetns(t)
+	var ownNetns []string // the lab's pods', recorded while they run
 
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -249,8 +248,8 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 			}
 		}
 		// The pod left running at Down: its network namespace goes too.
-		for _, ns := range podNetns(t) {
-			if !slices.Contains(podNetnsBefore, ns) {
+		for _, ns := range ownNetns {
+			if _, err := os.Stat(filepath.Join(netnsDir, ns)); err == nil {
 				t.Errorf("pod network namespace %s left after Down", ns)
 			}
 		}
@@ -351,12 +350,11 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pod left not running: %v", err)
 	}
-	newNetns := false
-	for _, ns := range podNetns(t) {
-		newNetns = newNetns || !slices.Contains(podNetnsBefore, ns)
+	if ownNetns, err = l.KubePodNetns(ctx); err != nil {
+		t.Fatal(err)
 	}
-	if !newNetns {
-		t.Error("no pod network namespace appeared for the running pod: the Down check below would prove nothing")
+	if len(ownNetns) == 0 {
+		t.Error("no pod network namespace holds the running pod's task: the Down check would prove nothing")
 	}
 }
 
@@ -400,14 +398,4 @@ func checkNodeHostPaths(t *testing.T, l *Lab, node string) {
 			t.Errorf("%s's %s: %v", node, f, err)
 		}
 	}
-}
-
-// podNetns is PodNetns for a test.
-func podNetns(t *testing.T) []string {
-	t.Helper()
-	nss, err := PodNetns()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nss
 }

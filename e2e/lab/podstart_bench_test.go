@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -493,7 +492,7 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 			return false, err
 		}
 		for _, n := range nodes {
-			if ready, _ := podStartNodeReady(ctx, client, n); !ready {
+			if ready, _ := nodeReady(ctx, client, n); !ready {
 				return false, nil
 			}
 		}
@@ -501,7 +500,7 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 	})
 	if err != nil {
 		for _, n := range nodes {
-			_, msg := podStartNodeReady(ctx, client, n)
+			_, msg := nodeReady(ctx, client, n)
 			b.Logf("%s: %s", n, msg)
 		}
 		b.Fatalf("nodes not Ready: %v", err)
@@ -830,68 +829,20 @@ func loadAvg() string {
 	return "?"
 }
 
-// recordNetns adds the network namespaces (/run/netns/cni-…) holding a
-// task of the nodes' containerds to s.netns.
+// recordNetns adds the network namespaces holding a task of the nodes'
+// containerds to s.netns.
 func (s *podStartBench) recordNetns(ctx context.Context) error {
-	type key struct{ dev, ino uint64 }
-	id := func(path string) (key, bool) {
-		var st syscall.Stat_t
-		if err := syscall.Stat(path, &st); err != nil {
-			return key{}, false
-		}
-		return key{st.Dev, st.Ino}, true
+	nss, err := s.l.KubePodNetns(ctx)
+	if err != nil {
+		return err
 	}
-	byID := map[key]string{}
-	for _, ns := range podNetnsNames() {
-		if k, ok := id(filepath.Join(netnsDir, ns)); ok {
-			byID[k] = ns
-		}
-	}
-	for _, n := range s.nodes {
-		out, err := s.l.Ctr(ctx, n, "tasks", "ls")
-		if err != nil {
-			return err
-		}
-		for _, line := range strings.Split(string(out), "\n")[1:] {
-			f := strings.Fields(line)
-			if len(f) < 2 {
-				continue
-			}
-			if k, ok := id("/proc/" + f[1] + "/ns/net"); ok && byID[k] != "" {
-				s.netns[byID[k]] = true
-			}
-		}
+	for _, ns := range nss {
+		s.netns[ns] = true
 	}
 	if len(s.netns) == 0 {
 		return errors.New("no task of the nodes' containerds runs in a pod network namespace: the check after Down would prove nothing")
 	}
 	return nil
-}
-
-// podNetnsNames lists /run/netns/cni-… (containerd's CRI plugin's).
-func podNetnsNames() []string {
-	entries, _ := os.ReadDir(netnsDir)
-	var out []string
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "cni-") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
-}
-
-// podStartNodeReady reports the node's Ready condition and its message.
-func podStartNodeReady(ctx context.Context, c kubernetes.Interface, node string) (bool, string) {
-	n, err := c.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		return false, err.Error()
-	}
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue, c.Message
-		}
-	}
-	return false, "no Ready condition"
 }
 
 var (

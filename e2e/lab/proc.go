@@ -121,6 +121,12 @@ func (p *Proc) alive() bool {
 	if err != nil {
 		return false
 	}
+	if len(b) == 0 {
+		// Still empty after readCmdline's retries: the process is in the
+		// middle of an exec on a loaded machine (a kernel thread has no
+		// command line, but never our pid). Its start time matched.
+		return true
+	}
 	args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 	if slices.Equal(args, p.Argv) {
 		return true
@@ -140,6 +146,29 @@ func (p *Proc) alive() bool {
 // execve the command line is empty for a moment (exec.Cmd.Start returns
 // when the close-on-exec pipe closes, before the new program's arguments
 // are in place), so an empty one is read again for a little while.
+// describe says what /proc shows of the process, for an error message.
+func (p *Proc) describe() string {
+	if p == nil {
+		return "no process"
+	}
+	fields, err := procStat(p.PID)
+	if err != nil {
+		return fmt.Sprintf("pid %d: %v", p.PID, err)
+	}
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+	state := "?"
+	if len(fields) > 0 {
+		state = fields[0]
+	}
+	return fmt.Sprintf("pid %d: state %s, start time %v (recorded %d), command line %q", p.PID, state,
+		func() string {
+			if len(fields) > 19 {
+				return fields[19]
+			}
+			return "?"
+		}(), p.StartTime, strings.ReplaceAll(string(b), "\x00", " "))
+}
+
 func readCmdline(pid int) ([]byte, error) {
 	path := fmt.Sprintf("/proc/%d/cmdline", pid)
 	for range 100 {

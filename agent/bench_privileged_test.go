@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -69,6 +71,7 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 		}
 		cases = append(cases, newAddDelCase(b, c.name, e.nodePath, newTimedExec(e.binDir), e.conflistChain(b, "1.0.0", false), steps))
 	}
+	requireStatic(b, filepath.Join(cases[0].x.path[0], "tabby"))
 	_, nodePath := newNetNS(b, "tabby-bref")
 	conf, err := json.Marshal(map[string]any{
 		"cniVersion": "1.0.0", "name": "ref",
@@ -102,6 +105,24 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 	b.StopTimer()
 	for _, c := range cases {
 		c.report(b, ref)
+	}
+}
+
+// requireStatic fails the benchmark when the plugin at path is linked
+// dynamically (a build with cgo, e.g. a plain go build): the shipped one is
+// static (CGO_ENABLED=0 in the Makefile and the image), and the dynamic
+// loader would add about a millisecond to every exec that it does not pay.
+func requireStatic(b *testing.B, path string) {
+	b.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		b.Fatalf("reading the plugin: %v", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b.Fatalf("%s is linked dynamically; build it as shipped (make build, or CGO_ENABLED=0 go build) and point TABBY_BIN at it", path)
+		}
 	}
 }
 

@@ -296,7 +296,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	go func() {
 		var r epResult
 		var rev int64
-		rev, r.err = h.putEndpoint(ctx, wep)
+		rev, r.err = h.putEndpoint(ctx, wep, !readPrior)
 		r.stored, r.took = r.err == nil, time.Since(t1)
 		if r.err == nil && h.policySync != nil {
 			pctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
@@ -568,11 +568,20 @@ func containerMAC(containerID, ifName string) string {
 
 // putEndpoint creates or replaces the endpoint and returns the revision
 // that holds it. A stale endpoint of an earlier sandbox of the same pod is
-// replaced.
-func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint) (int64, error) {
+// replaced. For a new attachment (fresh) the endpoint is most likely not
+// there: one create, one etcd round trip, instead of Apply's read and
+// write; only if it exists after all does Apply replace it.
+func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint, fresh bool) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	obj, err := h.store.Apply(ctx, wep)
+	var obj api.Object
+	err := datastore.ErrExists
+	if fresh {
+		obj, err = h.store.Create(ctx, wep)
+	}
+	if errors.Is(err, datastore.ErrExists) {
+		obj, err = h.store.Apply(ctx, wep)
+	}
 	if err != nil {
 		return 0, err
 	}

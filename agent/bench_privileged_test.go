@@ -45,7 +45,8 @@ import (
 // between the plugin process closing its stdout (exiting) and being
 // reaped. For Tabby it also reports where an ADD's time goes
 // (medians): before-ms from the call until the agent starts the request
-// (libcni, exec of the plugin, its connection), ipam-ms, wire-ms from the
+// (libcni, exec of the plugin, its connection), ipam-ms, prep-ms (the veth
+// pair made meanwhile, from the same start), wire-ms from the
 // address until the agent answers (the longer of the veth work and the
 // endpoint write plus its policy pass; veth-ms and put-ms are the two
 // alone), after-ms until libcni returns.
@@ -161,8 +162,8 @@ type stepLog struct {
 }
 
 type addedRecord struct {
-	assigned, at, done        time.Time
-	ipam, dataplane, endpoint time.Duration
+	assigned, at, done                 time.Time
+	ipam, prepare, dataplane, endpoint time.Duration
 }
 
 func (s *stepLog) fault(step string) error {
@@ -218,6 +219,8 @@ func (s *stepLog) Handle(_ context.Context, r slog.Record) error {
 		switch a.Key {
 		case "ipam":
 			s.added.ipam = a.Value.Duration()
+		case "prepare":
+			s.added.prepare = a.Value.Duration()
 		case "dataplane":
 			s.added.dataplane = a.Value.Duration()
 		case "endpoint":
@@ -239,8 +242,8 @@ type addDelCase struct {
 	steps    *stepLog // nil for the reference
 	pods     []string
 
-	adds, dels, reaps                      []time.Duration
-	before, ipam, wire, after, veth, write []time.Duration
+	adds, dels, reaps                            []time.Duration
+	before, ipam, prep, wire, after, veth, write []time.Duration
 }
 
 func newAddDelCase(b *testing.B, name, nodePath string, x *timedExec, list *libcni.NetworkConfigList, steps *stepLog) *addDelCase {
@@ -270,6 +273,7 @@ func (c *addDelCase) addDel(ctx context.Context, b *testing.B, i int) error {
 			if r, ok := c.steps.take(); ok {
 				c.before = append(c.before, r.began().Sub(start))
 				c.ipam = append(c.ipam, r.ipam)
+				c.prep = append(c.prep, r.prepare)
 				c.wire = append(c.wire, r.at.Sub(r.assigned))
 				c.after = append(c.after, end.Sub(r.at))
 				c.veth = append(c.veth, r.dataplane)
@@ -303,6 +307,7 @@ func (c *addDelCase) report(b *testing.B, ref *addDelCase) {
 	if len(c.before) > 0 {
 		metric(ms(quantile(c.before, 0.5)), "before-ms")
 		metric(ms(quantile(c.ipam, 0.5)), "ipam-ms")
+		metric(ms(quantile(c.prep, 0.5)), "prep-ms")
 		metric(ms(quantile(c.wire, 0.5)), "wire-ms")
 		metric(ms(quantile(c.after, 0.5)), "after-ms")
 		metric(ms(quantile(c.veth, 0.5)), "veth-ms")

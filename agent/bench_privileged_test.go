@@ -48,8 +48,8 @@ import (
 // (libcni, exec of the plugin, its connection), ipam-ms, prep-ms (the veth
 // pair made meanwhile, from the same start), wire-ms from the
 // address until the agent answers (the longer of the veth work and the
-// endpoint write plus its policy pass; veth-ms and put-ms are the two
-// alone), after-ms until libcni returns.
+// endpoint write plus its policy pass; veth-ms, put-ms and pol-ms are the
+// three alone), after-ms until libcni returns.
 //
 //	go test -run '^$' -bench PrivilegedCNIAddDel -benchtime 100x ./agent
 func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
@@ -162,8 +162,8 @@ type stepLog struct {
 }
 
 type addedRecord struct {
-	assigned, at, done                 time.Time
-	ipam, prepare, dataplane, endpoint time.Duration
+	assigned, at, done                         time.Time
+	ipam, prepare, dataplane, endpoint, policy time.Duration
 }
 
 func (s *stepLog) fault(step string) error {
@@ -225,6 +225,8 @@ func (s *stepLog) Handle(_ context.Context, r slog.Record) error {
 			s.added.dataplane = a.Value.Duration()
 		case "endpoint":
 			s.added.endpoint = a.Value.Duration()
+		case "policy":
+			s.added.policy = a.Value.Duration()
 		}
 		return true
 	})
@@ -242,8 +244,8 @@ type addDelCase struct {
 	steps    *stepLog // nil for the reference
 	pods     []string
 
-	adds, dels, reaps                            []time.Duration
-	before, ipam, prep, wire, after, veth, write []time.Duration
+	adds, dels, reaps                                 []time.Duration
+	before, ipam, prep, wire, after, veth, write, pol []time.Duration
 }
 
 func newAddDelCase(b *testing.B, name, nodePath string, x *timedExec, list *libcni.NetworkConfigList, steps *stepLog) *addDelCase {
@@ -278,6 +280,7 @@ func (c *addDelCase) addDel(ctx context.Context, b *testing.B, i int) error {
 				c.after = append(c.after, end.Sub(r.at))
 				c.veth = append(c.veth, r.dataplane)
 				c.write = append(c.write, r.endpoint)
+				c.pol = append(c.pol, r.policy)
 				if os.Getenv("TABBY_BENCH_SLOW") != "" && end.Sub(start) > 25*time.Millisecond {
 					b.Log(c.name, r.explain(i, start, end, c.x))
 				}
@@ -312,6 +315,7 @@ func (c *addDelCase) report(b *testing.B, ref *addDelCase) {
 		metric(ms(quantile(c.after, 0.5)), "after-ms")
 		metric(ms(quantile(c.veth, 0.5)), "veth-ms")
 		metric(ms(quantile(c.write, 0.5)), "put-ms")
+		metric(ms(quantile(c.pol, 0.5)), "pol-ms")
 	}
 }
 

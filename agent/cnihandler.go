@@ -290,7 +290,8 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		stored bool
 		err    error
 		polErr error
-		took   time.Duration
+		took   time.Duration // the write
+		pol    time.Duration // then the policy pass
 	}
 	epc := make(chan epResult, 1)
 	go func() {
@@ -302,6 +303,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 			pctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 			r.polErr = h.policySync(pctx, wep, rev)
 			cancel()
+			r.pol = time.Since(t1) - r.took
 		}
 		epc <- r
 	}()
@@ -365,7 +367,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ips", addrs, "iface", hostIf, "borrowed", asg.Borrowed,
 		"ipam", t1.Sub(t0).Round(time.Microsecond), "prepare", prep.took.Round(time.Microsecond),
-		"dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))
+		"dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond), "policy", ep.pol.Round(time.Microsecond))
 	if handle != "" {
 		h.claimSpare(addrs)
 	}

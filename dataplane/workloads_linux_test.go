@@ -530,6 +530,41 @@ func BenchmarkPrivilegedSetup(b *testing.B) {
 			b.StartTimer()
 		}
 	})
+	// The same work in the agent's two steps: Prepare (while IPAM runs)
+	// and Complete (once the address is known), each timed alone.
+	for _, step := range []string{"prepare", "complete"} {
+		b.Run(step, func(b *testing.B) {
+			_, w := workloadNode(b)
+			pod := newNetNS(b, "pod")
+			spec := podSpec(pod, "default/bench", "10.244.2.1/32")
+			spec.SkipHostRoutes = true
+			links := spec
+			links.Addrs = nil
+			for b.Loop() {
+				if step == "complete" {
+					b.StopTimer()
+				}
+				p, err := w.Prepare(ctx, links)
+				if err != nil || !p.Created {
+					b.Fatalf("Prepare = %+v, %v", p, err)
+				}
+				if step == "complete" {
+					b.StartTimer()
+				}
+				if step == "prepare" {
+					b.StopTimer()
+				}
+				if _, err := w.Complete(ctx, spec, p); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := w.Teardown(ctx, spec); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
+	}
 	b.Run("again", func(b *testing.B) {
 		node, w := workloadNode(b)
 		var batch strings.Builder

@@ -3,6 +3,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -43,10 +45,11 @@ import (
 // between the plugin process closing its stdout (exiting) and being
 // reaped. For Tabby it also reports where an ADD's time goes
 // (medians): before-ms from the call until the agent starts the request
-// (libcni, exec of the plugin, its connection), ipam-ms, wire-ms from the
+// (libcni, exec of the plugin, its connection), ipam-ms, prep-ms (the veth
+// pair made meanwhile, from the same start), wire-ms from the
 // address until the agent answers (the longer of the veth work and the
-// endpoint write plus its policy pass; veth-ms and put-ms are the two
-// alone), after-ms until libcni returns.
+// endpoint write plus its policy pass; veth-ms, put-ms and pol-ms are the
+// three alone), after-ms until libcni returns.
 //
 //	go test -run '^$' -bench PrivilegedCNIAddDel -benchtime 100x ./agent
 func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
@@ -69,6 +72,7 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 		}
 		cases = append(cases, newAddDelCase(b, c.name, e.nodePath, newTimedExec(e.binDir), e.conflistChain(b, "1.0.0", false), steps))
 	}
+	requireStatic(b, filepath.Join(cases[0].x.path[0], "tabby"))
 	_, nodePath := newNetNS(b, "tabby-bref")
 	conf, err := json.Marshal(map[string]any{
 		"cniVersion": "1.0.0", "name": "ref",
@@ -102,6 +106,24 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 	b.StopTimer()
 	for _, c := range cases {
 		c.report(b, ref)
+	}
+}
+
+// requireStatic fails the benchmark when the plugin at path is linked
+// dynamically (a build with cgo, e.g. a plain go build): the shipped one is
+// static (CGO_ENABLED=0 in the Makefile and the image), and the dynamic
+// loader would add about a millisecond to every exec that it does not pay.
+func requireStatic(b *testing.B, path string) {
+	b.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		b.Fatalf("reading the plugin: %v", err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b.Fatalf("%s is linked dynamically; build it as shipped (make build, or CGO_ENABLED=0 go build) and point TABBY_BIN at it", path)
+		}
 	}
 }
 
@@ -140,8 +162,8 @@ type stepLog struct {
 }
 
 type addedRecord struct {
-	assigned, at, done        time.Time
-	ipam, dataplane, endpoint time.Duration
+	assigned, at, done                         time.Time
+	ipam, prepare, dataplane, endpoint, policy time.Duration
 }
 
 func (s *stepLog) fault(step string) error {
@@ -197,10 +219,14 @@ func (s *stepLog) Handle(_ context.Context, r slog.Record) error {
 		switch a.Key {
 		case "ipam":
 			s.added.ipam = a.Value.Duration()
+		case "prepare":
+			s.added.prepare = a.Value.Duration()
 		case "dataplane":
 			s.added.dataplane = a.Value.Duration()
 		case "endpoint":
 			s.added.endpoint = a.Value.Duration()
+		case "policy":
+			s.added.policy = a.Value.Duration()
 		}
 		return true
 	})
@@ -218,8 +244,8 @@ type addDelCase struct {
 	steps    *stepLog // nil for the reference
 	pods     []string
 
-	adds, dels, reaps                      []time.Duration
-	before, ipam, wire, after, veth, write []time.Duration
+	adds, dels, reaps                                 []time.Duration
+	before, ipam, prep, wire, after, veth, write, pol []time.Duration
 }
 
 func newAddDelCase(b *testing.B, name, nodePath string, x *timedExec, list *libcni.NetworkConfigList, steps *stepLog) *addDelCase {
@@ -249,10 +275,12 @@ func (c *addDelCase) addDel(ctx context.Context, b *testing.B, i int) error {
 			if r, ok := c.steps.take(); ok {
 				c.before = append(c.before, r.began().Sub(start))
 				c.ipam = append(c.ipam, r.ipam)
+				c.prep = append(c.prep, r.prepare)
 				c.wire = append(c.wire, r.at.Sub(r.assigned))
 				c.after = append(c.after, end.Sub(r.at))
 				c.veth = append(c.veth, r.dataplane)
 				c.write = append(c.write, r.endpoint)
+				c.pol = append(c.pol, r.policy)
 				if os.Getenv("TABBY_BENCH_SLOW") != "" && end.Sub(start) > 25*time.Millisecond {
 					b.Log(c.name, r.explain(i, start, end, c.x))
 				}
@@ -282,10 +310,12 @@ func (c *addDelCase) report(b *testing.B, ref *addDelCase) {
 	if len(c.before) > 0 {
 		metric(ms(quantile(c.before, 0.5)), "before-ms")
 		metric(ms(quantile(c.ipam, 0.5)), "ipam-ms")
+		metric(ms(quantile(c.prep, 0.5)), "prep-ms")
 		metric(ms(quantile(c.wire, 0.5)), "wire-ms")
 		metric(ms(quantile(c.after, 0.5)), "after-ms")
 		metric(ms(quantile(c.veth, 0.5)), "veth-ms")
 		metric(ms(quantile(c.write, 0.5)), "put-ms")
+		metric(ms(quantile(c.pol, 0.5)), "pol-ms")
 	}
 }
 

@@ -138,12 +138,52 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	}()
 
 	// 1. The addresses: one of each family the network asks for, under
-	// one handle.
+	// one handle. Meanwhile the veth pair is made (Prepare), when there
+	// is none yet: what it needs of the address is added once IPAM has
+	// answered (Complete). ADD returns only after Prepare has, and a
+	// pair it made goes on the undo stack, so a failure of either side
+	// undoes both.
 	t0 := time.Now()
 	reqs, info, err := h.assignRequests(ctx, w, req, conf, args, handle)
 	if err != nil {
 		return nil, err
 	}
+	mac := args.MAC
+	if mac == "" {
+		mac = containerMAC(req.ContainerID, req.IfName)
+	}
+	spec := dataplane.WorkloadSpec{
+		NetNS:          req.Netns,
+		IfName:         req.IfName,
+		HostIfName:     hostIf,
+		MTU:            conf.MTU,
+		MAC:            mac,
+		SkipHostRoutes: true,
+	}
+	type prepResult struct {
+		p    dataplane.Prepared
+		err  error
+		took time.Duration
+	}
+	prepc := make(chan prepResult, 1)
+	go func(spec dataplane.WorkloadSpec) {
+		p, err := h.wl.Prepare(ctx, spec)
+		prepc <- prepResult{p, err, time.Since(t0)}
+	}(spec) // a copy: the addresses are added to spec meanwhile
+	var prep *prepResult
+	waitPrepared := func() *prepResult {
+		if prep == nil {
+			r := <-prepc
+			prep = &r
+			if r.err == nil && r.p.Created {
+				undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
+			}
+		}
+		return prep
+	}
+	// On every return, after the steps below pushed theirs and before the
+	// undo stack runs (deferred earlier, so it runs later).
+	defer waitPrepared()
 	// A repeated ADD of a live attachment must leave it as it was when it
 	// fails: only a successful ADD replaces, only DEL removes. What it
 	// finds already there is therefore never pushed on the undo stack.
@@ -233,19 +273,7 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 	// ADD costs the longer of the two, not the sum. Policy rules match the
 	// host interface by name, so they can be programmed while the
 	// interface is still being made.
-	mac := args.MAC
-	if mac == "" {
-		mac = containerMAC(req.ContainerID, req.IfName)
-	}
-	spec := dataplane.WorkloadSpec{
-		NetNS:          req.Netns,
-		IfName:         req.IfName,
-		HostIfName:     hostIf,
-		Addrs:          prefixes,
-		MTU:            conf.MTU,
-		MAC:            mac,
-		SkipHostRoutes: true,
-	}
+	spec.Addrs = prefixes
 	t1 := time.Now()
 	wep := buildEndpoint(h.node, w, handle, addrs, hostIf, mac, args.Labels)
 	wep.Spec.NamespaceLabels = info.nsLabels
@@ -262,25 +290,31 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		stored bool
 		err    error
 		polErr error
-		took   time.Duration
+		took   time.Duration // the write
+		pol    time.Duration // then the policy pass
 	}
 	epc := make(chan epResult, 1)
 	go func() {
 		var r epResult
 		var rev int64
-		rev, r.err = h.putEndpoint(ctx, wep)
+		rev, r.err = h.putEndpoint(ctx, wep, !readPrior)
 		r.stored, r.took = r.err == nil, time.Since(t1)
 		if r.err == nil && h.policySync != nil {
 			pctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 			r.polErr = h.policySync(pctx, wep, rev)
 			cancel()
+			r.pol = time.Since(t1) - r.took
 		}
 		epc <- r
 	}()
-	st, setupErr := h.wl.Setup(ctx, spec)
+	var st dataplane.WorkloadStatus
+	setupErr := waitPrepared().err
+	if setupErr == nil {
+		st, setupErr = h.wl.Complete(ctx, spec, prep.p)
+	}
 	var routeErr error
 	if setupErr == nil {
-		if !st.Existed {
+		if !st.Existed && !prep.p.Created {
 			undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
 		}
 		routeErr = h.routes.Wire(hostIf, dataplane.HostRoutes(spec))
@@ -332,7 +366,8 @@ func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetCon
 		h.log.Info("waited for the pod's route to be advertised", "prefixes", advPrefixes, "waited", time.Since(tAdv).Round(time.Microsecond))
 	}
 	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ips", addrs, "iface", hostIf, "borrowed", asg.Borrowed,
-		"ipam", t1.Sub(t0).Round(time.Microsecond), "dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond))
+		"ipam", t1.Sub(t0).Round(time.Microsecond), "prepare", prep.took.Round(time.Microsecond),
+		"dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond), "policy", ep.pol.Round(time.Microsecond))
 	if handle != "" {
 		h.claimSpare(addrs)
 	}
@@ -535,11 +570,20 @@ func containerMAC(containerID, ifName string) string {
 
 // putEndpoint creates or replaces the endpoint and returns the revision
 // that holds it. A stale endpoint of an earlier sandbox of the same pod is
-// replaced.
-func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint) (int64, error) {
+// replaced. For a new attachment (fresh) the endpoint is most likely not
+// there: one create, one etcd round trip, instead of Apply's read and
+// write; only if it exists after all does Apply replace it.
+func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint, fresh bool) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	obj, err := h.store.Apply(ctx, wep)
+	var obj api.Object
+	err := datastore.ErrExists
+	if fresh {
+		obj, err = h.store.Create(ctx, wep)
+	}
+	if errors.Is(err, datastore.ErrExists) {
+		obj, err = h.store.Apply(ctx, wep)
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -140,13 +142,18 @@ func TestCNIAddRepeatDel(t *testing.T) {
 
 func TestCNIAddRollbackAtEveryStep(t *testing.T) {
 	ctx := context.Background()
-	for _, step := range []string{"assign", "dataplane-setup", "dataplane", "endpoint"} {
+	for _, step := range []string{"assign", "dataplane-setup", "dataplane-prepare", "dataplane-complete", "dataplane", "endpoint"} {
 		t.Run(step, func(t *testing.T) {
 			e := newHandlerEnv(t)
 			injected := fmt.Errorf("injected failure after %s", step)
-			if step == "dataplane-setup" {
+			switch step {
+			case "dataplane-setup":
 				e.wl.SetFail("Setup", injected)
-			} else {
+			case "dataplane-prepare":
+				e.wl.SetFail("Prepare", injected)
+			case "dataplane-complete":
+				e.wl.SetFail("Complete", injected)
+			default:
 				e.h.fault = func(s string) error {
 					if s == step {
 						return injected
@@ -164,6 +171,9 @@ func TestCNIAddRollbackAtEveryStep(t *testing.T) {
 			if s := e.routes.String(); s != "" {
 				t.Errorf("routes left:\n%s", s)
 			}
+			if s := e.wl.String(); s != "" {
+				t.Errorf("links left:\n%s", s)
+			}
 			addrs, err := e.h.ipam.AddressesByHandle(ctx, ipamHandle(conf.Name, req.ContainerID))
 			if err != nil || len(addrs) != 0 {
 				t.Errorf("addresses left: %v %v", addrs, err)
@@ -177,11 +187,42 @@ func TestCNIAddRollbackAtEveryStep(t *testing.T) {
 			}
 			// The failure gone, the same ADD works.
 			e.h.fault = nil
-			e.wl.SetFail("Setup", nil)
+			for _, op := range []string{"Setup", "Prepare", "Complete"} {
+				e.wl.SetFail(op, nil)
+			}
 			if _, err := e.h.Add(ctx, req, conf, args); err != nil {
 				t.Errorf("ADD after the failure: %v", err)
 			}
 		})
+	}
+}
+
+// TestCNIAddIPAMFailureRemovesPreparedPair: the veth pair is made while
+// IPAM works; when IPAM then fails, the pair goes and nothing else is left.
+func TestCNIAddIPAMFailureRemovesPreparedPair(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	req, conf, args := addReq("c1")
+	args.IPs = []netip.Addr{netip.MustParseAddr("10.99.0.5")} // in no pool
+	if _, err := e.h.Add(ctx, req, conf, args); err == nil {
+		t.Fatal("ADD of an address in no pool succeeded")
+	}
+	host := newWorkloadID(req, args).hostIfName()
+	if d := cmp.Diff([]string{"prepare " + host, "teardown " + host}, e.wl.Ops()); d != "" {
+		t.Errorf("dataplane calls (-want +got):\n%s", d)
+	}
+	if s := e.wl.String(); s != "" {
+		t.Errorf("links left:\n%s", s)
+	}
+	if n := len(e.endpoints(t)); n != 0 {
+		t.Errorf("%d endpoints left", n)
+	}
+	rep, err := e.h.ipam.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Errorf("ipam check: %+v", rep)
 	}
 }
 

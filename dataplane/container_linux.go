@@ -31,15 +31,20 @@ func (c *workloadCall) ensureContainerLink(cont netlink.Link, fresh bool) error 
 	if err := ensureUp(c.cont, cont); err != nil {
 		return err
 	}
-	lo, err := c.cont.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("looking up lo: %w", err)
-	}
-	if err := ensureUp(c.cont, lo); err != nil {
+	if err := c.ensureLoUp(); err != nil {
 		return err
 	}
 	// The routes need the link up (it is now) and only its index.
 	return c.ensureContainerRoutes(cont, fresh)
+}
+
+// ensureLoUp sets the container's loopback interface up.
+func (c *workloadCall) ensureLoUp() error {
+	lo, err := c.cont.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("looking up lo: %w", err)
+	}
+	return ensureUp(c.cont, lo)
 }
 
 // ensureAddrs makes the IPv4 and global IPv6 addresses of cont exactly

@@ -88,6 +88,16 @@ type WorkloadStatus struct {
 	Existed bool
 }
 
+// Prepared is what Prepare made ahead of a workload's addresses.
+type Prepared struct {
+	// Created: Prepare made a new pair, which the caller owns (it must
+	// Complete it or tear it down). False: it changed nothing.
+	Created          bool
+	HostIfIndex      int
+	ContainerIfIndex int
+	ContainerMAC     string
+}
+
 // Workloads creates and removes workload interfaces. Implementations are safe
 // for concurrent use on different workloads; callers serialise calls for the
 // same workload.
@@ -95,6 +105,21 @@ type Workloads interface {
 	// Setup wires the workload; it is idempotent and replaces a stale host
 	// link of the same name. On failure it removes what it created.
 	Setup(ctx context.Context, spec WorkloadSpec) (WorkloadStatus, error)
+	// Prepare does the part of Setup that needs no address, so that it
+	// can run while the addresses are being assigned (spec.Addrs may be
+	// empty): when neither end of the workload's pair exists, it creates
+	// the pair with its names, MTU and MACs, the host end's settings and
+	// the host end up, and the container's lo up; the container end stays
+	// down, without addresses or routes. When either end exists it
+	// changes nothing (Created false) and Complete does all of Setup, as
+	// it does for a repeated or stale pair. On failure it removes what it
+	// created.
+	Prepare(ctx context.Context, spec WorkloadSpec) (Prepared, error)
+	// Complete finishes a workload Prepare began, spec now with its
+	// addresses: for a pair Prepare created, the addresses, the container
+	// end up and its routes (and the host end's IPv6 settings); otherwise
+	// it is Setup. On failure it removes a pair Prepare created.
+	Complete(ctx context.Context, spec WorkloadSpec, p Prepared) (WorkloadStatus, error)
 	// Teardown removes the workload's links and host routes; a missing
 	// netns, link or route is success.
 	Teardown(ctx context.Context, spec WorkloadSpec) error
@@ -143,6 +168,15 @@ func (s WorkloadSpec) EffectiveMTU() int {
 
 // Validate reports every problem with the spec.
 func (s WorkloadSpec) Validate() error {
+	return s.validate(true)
+}
+
+// ValidateLinks is Validate without the addresses (Prepare's spec).
+func (s WorkloadSpec) ValidateLinks() error {
+	return s.validate(false)
+}
+
+func (s WorkloadSpec) validate(withAddrs bool) error {
 	var errs []error
 	if s.IfName == "" {
 		errs = append(errs, errors.New("container interface name is empty"))
@@ -157,7 +191,7 @@ func (s WorkloadSpec) Validate() error {
 	if s.NetNS == "" {
 		errs = append(errs, errors.New("netns path is empty"))
 	}
-	if len(s.Addrs) == 0 {
+	if withAddrs && len(s.Addrs) == 0 {
 		errs = append(errs, errors.New("no addresses"))
 	}
 	seen := map[netip.Prefix]bool{}

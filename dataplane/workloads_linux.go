@@ -192,20 +192,7 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 	// order if the call fails. err is the named result, so a failure
 	// returned from any step below is seen here.
 	var undo []func() error
-	defer func() {
-		if err == nil {
-			return
-		}
-		var uerrs []error
-		for i := len(undo) - 1; i >= 0; i-- {
-			if uerr := undo[i](); uerr != nil {
-				uerrs = append(uerrs, uerr)
-			}
-		}
-		if len(uerrs) > 0 {
-			err = errors.Join(err, fmt.Errorf("rolling back: %w", errors.Join(uerrs...)))
-		}
-	}()
+	defer rollback(&undo, &err)
 
 	host, cont, existed, err := c.ensurePair(&undo)
 	if err != nil {
@@ -237,6 +224,140 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 	return st, nil
 }
 
+// rollback runs the inverse of each change, last first, when *err is set,
+// and adds what failed of it to *err.
+func rollback(undo *[]func() error, err *error) {
+	if *err == nil {
+		return
+	}
+	var uerrs []error
+	for i := len(*undo) - 1; i >= 0; i-- {
+		if uerr := (*undo)[i](); uerr != nil {
+			uerrs = append(uerrs, uerr)
+		}
+	}
+	if len(uerrs) > 0 {
+		*err = errors.Join(*err, fmt.Errorf("rolling back: %w", errors.Join(uerrs...)))
+	}
+}
+
+// Prepare implements Workloads. A new pair costs its creation, the host
+// end's settings and lo up here; Complete then adds two or three requests
+// for the addresses, the container end up and its routes.
+func (w *NetlinkWorkloads) Prepare(ctx context.Context, spec WorkloadSpec) (_ Prepared, err error) {
+	if err := spec.ValidateLinks(); err != nil {
+		return Prepared{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Prepared{}, fmt.Errorf("preparing %s: %w", spec.HostIfName, err)
+	}
+	c, contGone, err := w.open(spec)
+	if err != nil {
+		return Prepared{}, fmt.Errorf("preparing %s: %w", spec.HostIfName, err)
+	}
+	defer c.close()
+	if contGone {
+		return Prepared{}, fmt.Errorf("preparing %s: netns %s does not exist", spec.HostIfName, spec.NetNS)
+	}
+	host, err := linkByName(c.node, spec.HostIfName)
+	if err != nil {
+		return Prepared{}, fmt.Errorf("preparing %s: looking up %s: %w", spec.HostIfName, spec.HostIfName, err)
+	}
+	cont, err := linkByName(c.cont, spec.IfName)
+	if err != nil {
+		return Prepared{}, fmt.Errorf("preparing %s: looking up %s in %s: %w", spec.HostIfName, spec.IfName, spec.NetNS, err)
+	}
+	if host != nil || cont != nil {
+		return Prepared{}, nil // a repeat or a stale link: Setup's work, once the addresses are known
+	}
+	var undo []func() error
+	defer rollback(&undo, &err)
+	host, cont, err = c.createPair(&undo)
+	if err != nil {
+		return Prepared{}, fmt.Errorf("preparing %s: %w", spec.HostIfName, err)
+	}
+	if err := c.ensureHostLink(host, true); err != nil { // spec has no IPv6 address yet: IPv4 settings only
+		return Prepared{}, fmt.Errorf("preparing %s: configuring host interface: %w", spec.HostIfName, err)
+	}
+	if err := c.ensureLoUp(); err != nil {
+		return Prepared{}, fmt.Errorf("preparing %s: %w", spec.HostIfName, err)
+	}
+	st := c.status(host, cont)
+	return Prepared{Created: true, HostIfIndex: st.HostIfIndex, ContainerIfIndex: st.ContainerIfIndex, ContainerMAC: st.ContainerMAC}, nil
+}
+
+// Complete implements Workloads.
+func (w *NetlinkWorkloads) Complete(ctx context.Context, spec WorkloadSpec, p Prepared) (_ WorkloadStatus, err error) {
+	if !p.Created {
+		return w.Setup(ctx, spec)
+	}
+	var undo []func() error
+	defer rollback(&undo, &err)
+	// Whatever fails below, the pair Prepare made goes: the ADD fails.
+	undo = append(undo, func() error { return w.deleteHostLink(spec) })
+	if err := spec.Validate(); err != nil {
+		return WorkloadStatus{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+	}
+	c, contGone, err := w.open(spec)
+	if err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+	}
+	defer c.close()
+	if contGone {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: netns %s does not exist", spec.HostIfName, spec.NetNS)
+	}
+	// The links as Prepare left them; requests need only their indexes.
+	host := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: spec.HostIfName, Index: p.HostIfIndex, Flags: net.FlagUp}}
+	cont := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: spec.IfName, Index: p.ContainerIfIndex}}
+	if spec.HasIPv6() {
+		// Before the container end is up, so that the host end's
+		// link-local address is not tentative.
+		if err := c.ensureHostIPv6(host, true); err != nil {
+			return WorkloadStatus{}, fmt.Errorf("setting up %s: configuring host interface: %w", spec.HostIfName, err)
+		}
+	}
+	if err := c.ensureAddrs(cont, true); err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: configuring container interface: %w", spec.HostIfName, err)
+	}
+	if err := ensureUp(c.cont, cont); err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: configuring container interface: %w", spec.HostIfName, err)
+	}
+	if err := c.ensureContainerRoutes(cont, true); err != nil {
+		return WorkloadStatus{}, fmt.Errorf("setting up %s: configuring container interface: %w", spec.HostIfName, err)
+	}
+	if !spec.SkipHostRoutes {
+		if err := c.ensureHostRoutes(host, false, &undo); err != nil {
+			return WorkloadStatus{}, fmt.Errorf("setting up %s: adding host routes: %w", spec.HostIfName, err)
+		}
+	}
+	return WorkloadStatus{HostIfIndex: p.HostIfIndex, HostMAC: hostHWAddr.String(), ContainerIfIndex: p.ContainerIfIndex, ContainerMAC: p.ContainerMAC}, nil
+}
+
+// deleteHostLink deletes the workload's host link (and with it its peer
+// and its routes) if it exists.
+func (w *NetlinkWorkloads) deleteHostLink(spec WorkloadSpec) error {
+	c, _, err := w.open(WorkloadSpec{HostIfName: spec.HostIfName})
+	if err != nil {
+		return fmt.Errorf("deleting %s: %w", spec.HostIfName, err)
+	}
+	defer c.close()
+	return c.deleteHostLink()
+}
+
+func (c *workloadCall) deleteHostLink() error {
+	l, err := linkByName(c.node, c.spec.HostIfName)
+	if err != nil || l == nil {
+		return err
+	}
+	if err := c.node.LinkDel(l); err != nil && !isNotFound(err) {
+		return fmt.Errorf("deleting %s: %w", c.spec.HostIfName, err)
+	}
+	return nil
+}
+
 // ensurePair returns the host and container ends of the workload's veth,
 // creating the pair if needed; existed says it was there already. A new
 // pair is made with the host end up and is not read back: LinkAdd looks up
@@ -256,8 +377,6 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 	if host != nil {
 		// Stale: left by an earlier sandbox, its peer elsewhere. Deleting
 		// one end of a veth deletes both, and the routes through it.
-	}
-	if host != nil {
 		if err := c.node.LinkDel(host); err != nil && !isNotFound(err) {
 			return nil, nil, false, fmt.Errorf("deleting stale %s: %w", spec.HostIfName, err)
 		}
@@ -269,7 +388,14 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 		return nil, nil, false, fmt.Errorf("interface %s already exists in netns %s and is not the peer of %s",
 			spec.IfName, spec.NetNS, spec.HostIfName)
 	}
+	host, cont, err = c.createPair(undo)
+	return host, cont, false, err
+}
 
+// createPair creates the workload's veth pair, the host end up, and
+// returns both ends.
+func (c *workloadCall) createPair(undo *[]func() error) (host, cont netlink.Link, err error) {
+	spec := c.spec
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = spec.HostIfName
 	attrs.MTU = spec.EffectiveMTU()
@@ -286,25 +412,16 @@ func (c *workloadCall) ensurePair(undo *[]func() error) (host, cont netlink.Link
 		veth.PeerHardwareAddr, _ = net.ParseMAC(spec.MAC) // validated
 	}
 	if err := c.node.LinkAdd(veth); err != nil {
-		return nil, nil, false, fmt.Errorf("creating veth %s/%s: %w", spec.HostIfName, spec.IfName, err)
+		return nil, nil, fmt.Errorf("creating veth %s/%s: %w", spec.HostIfName, spec.IfName, err)
 	}
-	*undo = append(*undo, func() error {
-		l, err := linkByName(c.node, spec.HostIfName)
-		if err != nil || l == nil {
-			return err
-		}
-		if err := c.node.LinkDel(l); err != nil && !isNotFound(err) {
-			return fmt.Errorf("deleting %s: %w", spec.HostIfName, err)
-		}
-		return nil
-	})
+	*undo = append(*undo, c.deleteHostLink)
 	if veth.Attrs().Index == 0 {
-		return nil, nil, false, fmt.Errorf("creating veth %s/%s: new host end not found", spec.HostIfName, spec.IfName)
+		return nil, nil, fmt.Errorf("creating veth %s/%s: new host end not found", spec.HostIfName, spec.IfName)
 	}
 	if cont, err = c.cont.LinkByName(spec.IfName); err != nil {
-		return nil, nil, false, fmt.Errorf("looking up new %s in %s: %w", spec.IfName, spec.NetNS, err)
+		return nil, nil, fmt.Errorf("looking up new %s in %s: %w", spec.IfName, spec.NetNS, err)
 	}
-	return veth, cont, false, nil
+	return veth, cont, nil
 }
 
 // ensureLinkAttrs sets MTU and MAC (if mac is not nil) where they differ.

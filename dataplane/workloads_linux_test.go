@@ -530,6 +530,41 @@ func BenchmarkPrivilegedSetup(b *testing.B) {
 			b.StartTimer()
 		}
 	})
+	// The same work in the agent's two steps: Prepare (while IPAM runs)
+	// and Complete (once the address is known), each timed alone.
+	for _, step := range []string{"prepare", "complete"} {
+		b.Run(step, func(b *testing.B) {
+			_, w := workloadNode(b)
+			pod := newNetNS(b, "pod")
+			spec := podSpec(pod, "default/bench", "10.244.2.1/32")
+			spec.SkipHostRoutes = true
+			links := spec
+			links.Addrs = nil
+			for b.Loop() {
+				if step == "complete" {
+					b.StopTimer()
+				}
+				p, err := w.Prepare(ctx, links)
+				if err != nil || !p.Created {
+					b.Fatalf("Prepare = %+v, %v", p, err)
+				}
+				if step == "complete" {
+					b.StartTimer()
+				}
+				if step == "prepare" {
+					b.StopTimer()
+				}
+				if _, err := w.Complete(ctx, spec, p); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := w.Teardown(ctx, spec); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
+	}
 	b.Run("again", func(b *testing.B) {
 		node, w := workloadNode(b)
 		var batch strings.Builder
@@ -593,4 +628,123 @@ func TestPrivilegedWorkloadAddressChange(t *testing.T) {
 func sameLinks(st dataplane.WorkloadStatus) dataplane.WorkloadStatus {
 	st.Existed = false
 	return st
+}
+
+// TestPrivilegedWorkloadPrepareComplete: a pair made in two steps, the
+// addresses known only for the second (the agent's ADD, Prepare running
+// while IPAM assigns), ends as Setup makes it, IPv4 and dual-stack.
+// Prepare leaves an existing or a stale pair to Complete (Setup), and a
+// failed Complete removes the pair Prepare made.
+func TestPrivilegedWorkloadPrepareComplete(t *testing.T) {
+	skipUnlessPrivileged(t)
+	node, w := workloadNode(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		id    string
+		addrs []string
+	}{{"default/pc4", []string{"10.244.0.60/32"}}, {"default/pc6", []string{"10.244.0.61/32", "fd00:10:244::61/128"}}} {
+		pod := newNetNS(t, "pod")
+		spec := podSpec(pod, c.id, c.addrs...)
+		spec.MTU = 1400
+		spec.MAC = "0a:58:0a:f4:00:3c"
+		links := spec
+		links.Addrs = nil
+		p, err := w.Prepare(ctx, links)
+		if err != nil || !p.Created {
+			t.Fatalf("%s: Prepare = %+v, %v; want a new pair", c.id, p, err)
+		}
+		// Prepared: the host end up with its settings, the container end
+		// down without addresses, lo up.
+		if out := run(t, "ip", "-n", node.Name, "link", "show", spec.HostIfName); !strings.Contains(out, ",UP") || !strings.Contains(out, "mtu 1400") {
+			t.Errorf("%s: prepared host end:\n%s", c.id, out)
+		}
+		if out := run(t, "ip", "-n", pod.Name, "addr", "show", "eth0"); strings.Contains(out, ",UP") || strings.Contains(out, "inet") ||
+			!strings.Contains(out, "link/ether "+spec.MAC) || !strings.Contains(out, "mtu 1400") {
+			t.Errorf("%s: prepared container end:\n%s", c.id, out)
+		}
+		if out := run(t, "ip", "-n", pod.Name, "link", "show", "lo"); !strings.Contains(out, "LOOPBACK,UP") {
+			t.Errorf("%s: lo not up after Prepare:\n%s", c.id, out)
+		}
+		if got := sysctlIn(t, node, "net.ipv4.conf."+spec.HostIfName+".proxy_arp"); got != "1" {
+			t.Errorf("%s: proxy_arp = %s after Prepare, want 1", c.id, got)
+		}
+
+		st, err := w.Complete(ctx, spec, p)
+		if err != nil {
+			t.Fatalf("%s: Complete: %v", c.id, err)
+		}
+		if want := (dataplane.WorkloadStatus{HostIfIndex: p.HostIfIndex, HostMAC: dataplane.HostMAC, ContainerIfIndex: p.ContainerIfIndex, ContainerMAC: spec.MAC}); st != want {
+			t.Errorf("%s: Complete status = %+v, want %+v", c.id, st, want)
+		}
+		if err := w.Check(ctx, spec); err != nil {
+			t.Errorf("%s: Check after Complete: %v", c.id, err)
+		}
+		if out := run(t, "ip", "-n", pod.Name, "addr", "show", "eth0"); !strings.Contains(out, ",UP") || !strings.Contains(out, "inet "+c.addrs[0]+" scope global eth0") {
+			t.Errorf("%s: completed container end:\n%s", c.id, out)
+		}
+		if out := run(t, "ip", "-n", pod.Name, "route", "show"); !strings.Contains(out, "default via 169.254.1.1 dev eth0") || !strings.Contains(out, "169.254.1.1 dev eth0 scope link") {
+			t.Errorf("%s: container routes:\n%s", c.id, out)
+		}
+		if len(c.addrs) > 1 {
+			if out := run(t, "ip", "-6", "-n", pod.Name, "route", "show", "default"); !strings.Contains(out, "default via "+dataplane.GatewayAddr6.String()+" dev eth0") {
+				t.Errorf("%s: container IPv6 default route:\n%s", c.id, out)
+			}
+			if out := run(t, "ip", "-6", "-n", node.Name, "addr", "show", "dev", spec.HostIfName); !strings.Contains(out, dataplane.GatewayAddr6.String()+"/64") {
+				t.Errorf("%s: host end lacks the IPv6 gateway:\n%s", c.id, out)
+			}
+			if got := sysctlIn(t, node, "net.ipv6.conf."+spec.HostIfName+".accept_dad"); got != "0" {
+				t.Errorf("%s: accept_dad = %s on the host end, want 0", c.id, got)
+			}
+		}
+
+		// A pair that is there: Prepare changes nothing and Complete is Setup.
+		before := snapshot(t, node, pod)
+		p2, err := w.Prepare(ctx, links)
+		if err != nil || p2.Created {
+			t.Errorf("%s: Prepare of an existing pair = %+v, %v; want nothing created", c.id, p2, err)
+		}
+		if st2, err := w.Complete(ctx, spec, p2); err != nil || !st2.Existed || sameLinks(st2) != st {
+			t.Errorf("%s: Complete of an existing pair = %+v, %v; want %+v, existed", c.id, st2, err, st)
+		}
+		if diff := cmp.Diff(before, snapshot(t, node, pod)); diff != "" {
+			t.Errorf("%s: Prepare and Complete of an existing pair changed the namespaces (-before +after):\n%s", c.id, diff)
+		}
+	}
+
+	// A stale host link of an earlier sandbox: Prepare leaves it, Setup
+	// (Complete) replaces it.
+	oldPod, pod := newNetNS(t, "oldpod"), newNetNS(t, "pod")
+	spec := podSpec(pod, "default/pcs", "10.244.0.62/32")
+	run(t, "ip", "-n", node.Name, "link", "add", spec.HostIfName, "type", "veth", "peer", "name", "eth0", "netns", oldPod.Name)
+	p, err := w.Prepare(ctx, spec)
+	if err != nil || p.Created {
+		t.Errorf("Prepare with a stale host link = %+v, %v; want nothing created", p, err)
+	}
+	if out := run(t, "ip", "-n", oldPod.Name, "link", "show"); !strings.Contains(out, "eth0") {
+		t.Errorf("Prepare removed the stale link:\n%s", out)
+	}
+	if _, err := w.Complete(ctx, spec, p); err != nil {
+		t.Fatalf("Complete over a stale link: %v", err)
+	}
+	if err := w.Check(ctx, spec); err != nil {
+		t.Errorf("Check after replacing the stale link: %v", err)
+	}
+
+	// A failed Complete removes the pair Prepare made.
+	pod = newNetNS(t, "pod")
+	spec = podSpec(pod, "default/pcf", "10.244.0.63/32")
+	if p, err = w.Prepare(ctx, spec); err != nil || !p.Created {
+		t.Fatalf("Prepare = %+v, %v; want a new pair", p, err)
+	}
+	bad := spec
+	bad.Addrs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}
+	if _, err := w.Complete(ctx, bad, p); err == nil {
+		t.Fatal("Complete with a /24 succeeded")
+	}
+	if out := run(t, "ip", "-n", node.Name, "link", "show"); strings.Contains(out, spec.HostIfName) {
+		t.Errorf("host link left after a failed Complete:\n%s", out)
+	}
+	if out := run(t, "ip", "-n", pod.Name, "link", "show"); strings.Contains(out, "eth0") {
+		t.Errorf("eth0 left in the pod after a failed Complete:\n%s", out)
+	}
 }

@@ -28,6 +28,8 @@ type Workloads struct {
 type workload struct {
 	spec   dataplane.WorkloadSpec
 	status dataplane.WorkloadStatus
+	// prepared: made by Prepare, not yet completed (no addresses).
+	prepared bool
 }
 
 var _ dataplane.Workloads = (*Workloads)(nil)
@@ -79,6 +81,23 @@ func (w *Workloads) Setup(ctx context.Context, spec dataplane.WorkloadSpec) (_ d
 		}
 	}
 
+	st := w.newStatusLocked(spec)
+	w.links[spec.HostIfName] = &workload{spec: spec, status: st}
+	defer func() {
+		if err != nil {
+			w.removeLocked(spec.HostIfName)
+		}
+	}()
+	if err := w.hostRoutesLocked(spec); err != nil {
+		return dataplane.WorkloadStatus{}, err
+	}
+	w.ops = append(w.ops, "setup "+spec.HostIfName)
+	return st, nil
+}
+
+// newStatusLocked numbers a new pair's ends and gives the container end
+// its MAC.
+func (w *Workloads) newStatusLocked(spec dataplane.WorkloadSpec) dataplane.WorkloadStatus {
 	st := dataplane.WorkloadStatus{
 		HostIfIndex:      w.nextIndex,
 		HostMAC:          dataplane.HostMAC,
@@ -90,24 +109,98 @@ func (w *Workloads) Setup(ctx context.Context, spec dataplane.WorkloadSpec) (_ d
 		sum := sha1.Sum([]byte(spec.NetNS + "/" + spec.IfName))
 		st.ContainerMAC = net.HardwareAddr{0x0a, sum[0], sum[1], sum[2], sum[3], sum[4]}.String()
 	} else {
-		hw, _ := net.ParseMAC(spec.MAC) // validated above
+		hw, _ := net.ParseMAC(spec.MAC) // validated
 		st.ContainerMAC = hw.String()
 	}
-	w.links[spec.HostIfName] = &workload{spec: spec, status: st}
+	return st
+}
+
+func (w *Workloads) hostRoutesLocked(spec dataplane.WorkloadSpec) error {
+	if w.routes == nil || spec.SkipHostRoutes {
+		return nil
+	}
+	for _, rt := range dataplane.HostRoutes(spec) {
+		if err := w.routes.Replace(rt); err != nil {
+			return fmt.Errorf("adding host route %v: %w", rt, err)
+		}
+	}
+	return nil
+}
+
+// Prepare implements dataplane.Workloads: a new pair, without addresses,
+// when neither end exists. An injected failure of "Setup" fails it when it
+// would create one (the kernel work of Setup starts here), as does one of
+// "Prepare" always.
+func (w *Workloads) Prepare(ctx context.Context, spec dataplane.WorkloadSpec) (dataplane.Prepared, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.fail("Prepare", spec.HostIfName); err != nil {
+		return dataplane.Prepared{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return dataplane.Prepared{}, err
+	}
+	if err := spec.ValidateLinks(); err != nil {
+		return dataplane.Prepared{}, err
+	}
+	if _, ok := w.links[spec.HostIfName]; ok {
+		return dataplane.Prepared{}, nil
+	}
+	for _, other := range w.links {
+		if other.spec.NetNS == spec.NetNS && other.spec.IfName == spec.IfName {
+			return dataplane.Prepared{}, nil
+		}
+	}
+	if err := w.fail("Setup", spec.HostIfName); err != nil {
+		return dataplane.Prepared{}, err
+	}
+	spec = cloneSpec(spec)
+	spec.Addrs = nil
+	st := w.newStatusLocked(spec)
+	w.links[spec.HostIfName] = &workload{spec: spec, status: st, prepared: true}
+	w.ops = append(w.ops, "prepare "+spec.HostIfName)
+	return dataplane.Prepared{Created: true, HostIfIndex: st.HostIfIndex, ContainerIfIndex: st.ContainerIfIndex, ContainerMAC: st.ContainerMAC}, nil
+}
+
+// Complete implements dataplane.Workloads. Injected failures of "Complete"
+// and "Setup" fail it, and the prepared pair is removed.
+func (w *Workloads) Complete(ctx context.Context, spec dataplane.WorkloadSpec, p dataplane.Prepared) (_ dataplane.WorkloadStatus, err error) {
+	if !p.Created {
+		return w.Setup(ctx, spec)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	defer func() {
 		if err != nil {
 			w.removeLocked(spec.HostIfName)
 		}
 	}()
-	if w.routes != nil && !spec.SkipHostRoutes {
-		for _, rt := range dataplane.HostRoutes(spec) {
-			if err := w.routes.Replace(rt); err != nil {
-				return dataplane.WorkloadStatus{}, fmt.Errorf("adding host route %v: %w", rt, err)
-			}
+	for _, op := range []string{"Complete", "Setup"} {
+		if err := w.fail(op, spec.HostIfName); err != nil {
+			return dataplane.WorkloadStatus{}, err
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return dataplane.WorkloadStatus{}, err
+	}
+	if err := spec.Validate(); err != nil {
+		return dataplane.WorkloadStatus{}, err
+	}
+	wl, ok := w.links[spec.HostIfName]
+	switch {
+	case !ok:
+		return dataplane.WorkloadStatus{}, fmt.Errorf("completing %s: the link is gone", spec.HostIfName)
+	case !wl.prepared || wl.status.HostIfIndex != p.HostIfIndex:
+		return dataplane.WorkloadStatus{}, fmt.Errorf("completing %s: not the pair Prepare made", spec.HostIfName)
+	case wl.spec.NetNS != spec.NetNS || wl.spec.IfName != spec.IfName || wl.spec.EffectiveMTU() != spec.EffectiveMTU() || normMAC(wl.spec.MAC) != normMAC(spec.MAC):
+		return dataplane.WorkloadStatus{}, fmt.Errorf("completing %s: the spec's links differ from Prepare's", spec.HostIfName)
+	}
+	wl.spec, wl.prepared = cloneSpec(spec), false
+	if err := w.hostRoutesLocked(spec); err != nil {
+		return dataplane.WorkloadStatus{}, err
+	}
 	w.ops = append(w.ops, "setup "+spec.HostIfName)
-	return st, nil
+	return wl.status, nil
 }
 
 // Teardown implements dataplane.Workloads; a missing workload is success.
@@ -207,8 +300,9 @@ func (w *Workloads) Specs() []dataplane.WorkloadSpec {
 	return out
 }
 
-// Ops returns the Setup and Teardown calls that changed state, oldest first,
-// as "setup <host if>" and "teardown <host if>".
+// Ops returns the Setup, Prepare, Complete and Teardown calls that changed
+// state, oldest first, as "setup <host if>" (a Setup or a Complete),
+// "prepare <host if>" and "teardown <host if>".
 func (w *Workloads) Ops() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()

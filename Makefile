@@ -41,8 +41,8 @@ test: build images
 unit:
 	GO=$(GO) BIN=$(BIN) TESTFLAGS="$(TESTFLAGS)" TIERS=unit ./scripts/test-tiers.sh
 
-# kube-apiserver, kube-controller-manager, kube-scheduler and kubelet for the
-# Kubernetes test tier and the lab, built once from the module proxy
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl
+# for the Kubernetes test tier and the lab, built once from the module proxy
 # (scripts/kube-build) into /var/cache/tabby/kube/<version>; only the missing
 # ones are built, a no-op when all are there. `make test` does not build them
 # (see README).

@@ -165,6 +165,23 @@ func (c *workloadCall) isPair(host, cont netlink.Link) bool {
 
 var hostHWAddr, _ = net.ParseMAC(HostMAC)
 
+// openLive is open for a call that needs the pod's namespace: it fails,
+// naming verb, when ctx is done or the namespace is gone.
+func (w *NetlinkWorkloads) openLive(ctx context.Context, spec WorkloadSpec, verb string) (*workloadCall, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", verb, spec.HostIfName, err)
+	}
+	c, contGone, err := w.open(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", verb, spec.HostIfName, err)
+	}
+	if contGone {
+		c.close()
+		return nil, fmt.Errorf("%s %s: netns %s does not exist", verb, spec.HostIfName, spec.NetNS)
+	}
+	return c, nil
+}
+
 // Setup implements Workloads.
 //
 // It creates the veth pair (or keeps a pair that is already right), then
@@ -176,17 +193,11 @@ func (w *NetlinkWorkloads) Setup(ctx context.Context, spec WorkloadSpec) (_ Work
 	if err := spec.Validate(); err != nil {
 		return WorkloadStatus{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
-	}
-	c, contGone, err := w.open(spec)
+	c, err := w.openLive(ctx, spec, "setting up")
 	if err != nil {
-		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+		return WorkloadStatus{}, err
 	}
 	defer c.close()
-	if contGone {
-		return WorkloadStatus{}, fmt.Errorf("setting up %s: netns %s does not exist", spec.HostIfName, spec.NetNS)
-	}
 
 	// undo holds the inverse of each change this call made, run in reverse
 	// order if the call fails. err is the named result, so a failure
@@ -248,17 +259,11 @@ func (w *NetlinkWorkloads) Prepare(ctx context.Context, spec WorkloadSpec) (_ Pr
 	if err := spec.ValidateLinks(); err != nil {
 		return Prepared{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return Prepared{}, fmt.Errorf("preparing %s: %w", spec.HostIfName, err)
-	}
-	c, contGone, err := w.open(spec)
+	c, err := w.openLive(ctx, spec, "preparing")
 	if err != nil {
-		return Prepared{}, fmt.Errorf("preparing %s: %w", spec.HostIfName, err)
+		return Prepared{}, err
 	}
 	defer c.close()
-	if contGone {
-		return Prepared{}, fmt.Errorf("preparing %s: netns %s does not exist", spec.HostIfName, spec.NetNS)
-	}
 	host, err := linkByName(c.node, spec.HostIfName)
 	if err != nil {
 		return Prepared{}, fmt.Errorf("preparing %s: looking up %s: %w", spec.HostIfName, spec.HostIfName, err)
@@ -298,17 +303,11 @@ func (w *NetlinkWorkloads) Complete(ctx context.Context, spec WorkloadSpec, p Pr
 	if err := spec.Validate(); err != nil {
 		return WorkloadStatus{}, err
 	}
-	if err := ctx.Err(); err != nil {
-		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
-	}
-	c, contGone, err := w.open(spec)
+	c, err := w.openLive(ctx, spec, "setting up")
 	if err != nil {
-		return WorkloadStatus{}, fmt.Errorf("setting up %s: %w", spec.HostIfName, err)
+		return WorkloadStatus{}, err
 	}
 	defer c.close()
-	if contGone {
-		return WorkloadStatus{}, fmt.Errorf("setting up %s: netns %s does not exist", spec.HostIfName, spec.NetNS)
-	}
 	// The links as Prepare left them; requests need only their indexes.
 	host := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: spec.HostIfName, Index: p.HostIfIndex, Flags: net.FlagUp}}
 	cont := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: spec.IfName, Index: p.ContainerIfIndex}}

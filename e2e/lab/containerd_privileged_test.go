@@ -3,8 +3,6 @@ package lab
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
 	"os/exec"
@@ -63,11 +61,7 @@ func TestPrivilegedContainerd(t *testing.T) {
 			t.Skipf("image archive missing (%v): run `make images`", err)
 		}
 	}
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	name, runDir := "k15"+hex.EncodeToString(b[:]), t.TempDir()
+	name, runDir := labName(t, "k15"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

@@ -3,8 +3,6 @@ package lab
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -58,29 +56,8 @@ func kubeClient(t *testing.T, l *Lab) *kubernetes.Clientset {
 // continuous cross-node pings; a drained, powered-off and deleted node's
 // blocks are released.
 func TestPrivilegedDaemonSet(t *testing.T) {
-	skipUnlessRoot(t)
+	binDir, archives := requireKubeletHost(t, []string{"pause.oci.tar", "tabby.oci.tar"}, []string{"ping"}, nil)
 	bins := kubetest.Require(t, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
-	binDir := os.Getenv("TABBY_BIN")
-	if binDir == "" {
-		t.Skip("TABBY_BIN is not set: run `make images` and set TABBY_BIN=$PWD/bin")
-	}
-	archives := []string{filepath.Join(binDir, "images", "pause.oci.tar"), filepath.Join(binDir, "images", "tabby.oci.tar")}
-	for _, a := range archives {
-		if _, err := os.Stat(a); err != nil {
-			t.Skipf("image archive missing (%v): run `make images`", err)
-		}
-	}
-	for _, b := range []string{"containerd", "ctr", "unshare", "findmnt", "ping"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("%s not installed (apt-get install containerd util-linux iputils-ping): %v", b, err)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(cniPluginDir, "loopback")); err != nil {
-		t.Skipf("containerd's CRI needs the loopback plugin (apt-get install containernetworking-plugins): %v", err)
-	}
-	if _, err := cgroupHierarchies(); err != nil {
-		t.Skipf("cgroups: %v", err)
-	}
 	var nodes []string
 	for i := 1; i <= daemonSetNodes; i++ {
 		nodes = append(nodes, nodeName(i))
@@ -108,11 +85,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	name, runDir := "k15b"+hex.EncodeToString(b[:]), t.TempDir()
+	name, runDir := labName(t, "k15b"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

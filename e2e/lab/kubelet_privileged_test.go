@@ -3,8 +3,6 @@ package lab
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -57,11 +55,7 @@ func TestPrivilegedKubelet(t *testing.T) {
 	before := hostTunables(t)
 	api := kubetest.StartWith(t, kubetest.Options{Nodes: []string{"node1"}})
 
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	name, runDir := "k15"+hex.EncodeToString(b[:]), t.TempDir()
+	name, runDir := labName(t, "k15"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
@@ -180,27 +174,9 @@ func equalMaps(a, b map[string]string) bool {
 // reaches across the fabric; deleting the pod through the API releases
 // the address (the CNI DEL removes its route).
 func TestPrivilegedKubeletPod(t *testing.T) {
-	skipUnlessRoot(t)
+	binDir, archives := requireKubeletHost(t, []string{"pause.oci.tar"}, nil, nil)
+	pause := archives[0]
 	bins := kubetest.Require(t, "kube-apiserver", "kubelet")
-	binDir := os.Getenv("TABBY_BIN")
-	if binDir == "" {
-		t.Skip("TABBY_BIN is not set: run `make images` and set TABBY_BIN=$PWD/bin")
-	}
-	pause := filepath.Join(binDir, "images", "pause.oci.tar")
-	if _, err := os.Stat(pause); err != nil {
-		t.Skipf("image archive missing (%v): run `make images`", err)
-	}
-	for _, b := range []string{"containerd", "ctr", "unshare", "findmnt"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("%s not installed (apt-get install containerd util-linux): %v", b, err)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(cniPluginDir, "loopback")); err != nil {
-		t.Skipf("containerd's CRI needs the loopback plugin (apt-get install containernetworking-plugins): %v", err)
-	}
-	if _, err := cgroupHierarchies(); err != nil {
-		t.Skipf("cgroups: %v", err)
-	}
 	api := kubetest.StartWith(t, kubetest.Options{Nodes: []string{"node1"}})
 	hostPathsBefore := map[string]error{}
 	for _, p := range daemonSetHostPaths {
@@ -210,11 +186,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	_, varLogContainersBefore := os.Stat("/var/log/containers")
 	var ownNetns []string // the lab's pods', recorded while they run
 
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	name, runDir := "k15"+hex.EncodeToString(b[:]), t.TempDir()
+	name, runDir := labName(t, "k15"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

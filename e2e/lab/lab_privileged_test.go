@@ -18,7 +18,7 @@ import (
 
 // skipUnlessRoot skips privileged tests when not root or when the unit tier
 // was asked for.
-func skipUnlessRoot(t *testing.T) {
+func skipUnlessRoot(t testing.TB) {
 	t.Helper()
 	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
 		t.Skip("TABBY_SKIP_PRIVILEGED is set: skipping a test that needs root and network namespaces")
@@ -31,11 +31,54 @@ func skipUnlessRoot(t *testing.T) {
 // uniqueName is a lab name no other test uses at the same time.
 func uniqueName(t *testing.T) string {
 	t.Helper()
+	return labName(t, "tl")
+}
+
+// labName is prefix and six random hex digits: a lab name no other test
+// uses at the same time.
+func labName(tb testing.TB, prefix string) string {
+	tb.Helper()
 	var b [3]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	return "tl" + hex.EncodeToString(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// requireKubeletHost skips tb unless this host can run lab kubelets and
+// their pods: root, TABBY_BIN holding the named image archives (in
+// images/, from `make images`), containerd and the commands the lab runs
+// it with plus extra ones, Debian's loopback plugin (containerd's CRI runs
+// it for every pod) plus the named plugins, and cgroups. It returns
+// TABBY_BIN and the archives' paths.
+func requireKubeletHost(tb testing.TB, archives, commands, plugins []string) (binDir string, paths []string) {
+	tb.Helper()
+	skipUnlessRoot(tb)
+	binDir = os.Getenv("TABBY_BIN")
+	if binDir == "" {
+		tb.Skip("TABBY_BIN is not set: run `make build images` and set TABBY_BIN=$PWD/bin")
+	}
+	for _, a := range archives {
+		p := filepath.Join(binDir, "images", a)
+		if _, err := os.Stat(p); err != nil {
+			tb.Skipf("image archive missing (%v): run `make images`", err)
+		}
+		paths = append(paths, p)
+	}
+	for _, c := range append([]string{"containerd", "ctr", "unshare", "findmnt"}, commands...) {
+		if _, err := exec.LookPath(c); err != nil {
+			tb.Skipf("%s not installed (apt-get install containerd util-linux iputils-ping): %v", c, err)
+		}
+	}
+	for _, p := range append([]string{"loopback"}, plugins...) {
+		if _, err := os.Stat(filepath.Join(cniPluginDir, p)); err != nil {
+			tb.Skipf("Debian's %s CNI plugin is needed (apt-get install containernetworking-plugins): %v", p, err)
+		}
+	}
+	if _, err := cgroupHierarchies(); err != nil {
+		tb.Skipf("cgroups: %v", err)
+	}
+	return binDir, paths
 }
 
 var (

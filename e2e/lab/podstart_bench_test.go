@@ -4,14 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -222,34 +219,9 @@ type podStartBench struct {
 //
 //	TABBY_BIN=$PWD/bin go test -run '^$' -bench PodStart -benchtime 2x -timeout 30m ./e2e/lab   # as root
 func BenchmarkPrivilegedPodStart(b *testing.B) {
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		b.Skip("TABBY_SKIP_PRIVILEGED is set: skipping a benchmark that needs root and network namespaces")
-	}
-	if os.Geteuid() != 0 {
-		b.Skip("not root: skipping a benchmark that creates network namespaces")
-	}
+	binDir, archives := requireKubeletHost(b, []string{"pause.oci.tar"}, nil, []string{"bridge", "host-local"})
+	pause := archives[0]
 	bins := kubetest.Require(b, "kube-apiserver", "kubelet")
-	binDir := os.Getenv("TABBY_BIN")
-	if binDir == "" {
-		b.Skip("TABBY_BIN is not set: run `make build images` and set TABBY_BIN=$PWD/bin")
-	}
-	pause := filepath.Join(binDir, "images", "pause.oci.tar")
-	if _, err := os.Stat(pause); err != nil {
-		b.Skipf("image archive missing (%v): run `make images`", err)
-	}
-	for _, c := range []string{"containerd", "ctr", "unshare", "findmnt"} {
-		if _, err := exec.LookPath(c); err != nil {
-			b.Skipf("%s not installed (apt-get install containerd util-linux): %v", c, err)
-		}
-	}
-	for _, p := range []string{"loopback", "bridge", "host-local"} {
-		if _, err := os.Stat(filepath.Join(cniPluginDir, p)); err != nil {
-			b.Skipf("the CRI and the reference need Debian's %s plugin (apt-get install containernetworking-plugins): %v", p, err)
-		}
-	}
-	if _, err := cgroupHierarchies(); err != nil {
-		b.Skipf("cgroups: %v", err)
-	}
 	pods := podStartPods
 	if s := os.Getenv("TABBY_PODSTART_PODS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -374,11 +346,7 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 		b.Fatal(err)
 	}
 
-	var rnd [3]byte
-	if _, err := rand.Read(rnd[:]); err != nil {
-		b.Fatal(err)
-	}
-	name, runDir := "h15p"+hex.EncodeToString(rnd[:]), b.TempDir()
+	name, runDir := labName(b, "h15p"), b.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

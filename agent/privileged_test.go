@@ -71,6 +71,7 @@ type nodeEnv struct {
 	store          *datastore.Store
 	agent          *Agent
 	cni            *libcni.CNIConfig
+	cniCacheDir    string
 	sock           string
 	binDir         string
 	fault          func(string) error
@@ -209,7 +210,8 @@ func newNodeEnvWith(t testing.TB, opts nodeEnvOptions) *nodeEnv {
 		time.Sleep(20 * time.Millisecond)
 	}
 	e.binDir = buildPlugin(t)
-	e.cni = libcni.NewCNIConfigWithCacheDir([]string{e.binDir, "/usr/lib/cni"}, t.TempDir(), nil)
+	e.cniCacheDir = t.TempDir()
+	e.cni = libcni.NewCNIConfigWithCacheDir([]string{e.binDir, "/usr/lib/cni"}, e.cniCacheDir, nil)
 	return e
 }
 
@@ -414,12 +416,19 @@ func TestPrivilegedRollbackAtEveryStep(t *testing.T) {
 func TestPrivilegedConcurrentAdds(t *testing.T) {
 	e := newNodeEnv(t)
 	ctx := context.Background()
-	list := e.conflist(t, "1.0.0")
 	const n = 50
+	// A CNIConfig and a configuration list each, as concurrent runtime
+	// calls have: a CNIConfig finds its executor lazily, unsynchronised
+	// (libcni v1.3.1's ensureExec, seen by -race), and every one shares
+	// the result cache directory, as a runtime's do.
+	clients := make([]*libcni.CNIConfig, n)
+	lists := make([]*libcni.NetworkConfigList, n)
 	rts := make([]*libcni.RuntimeConf, n)
 	for i := range n {
 		_, path := newNetNS(t, "tabby-ap")
 		rts[i] = podRT(fmt.Sprintf("ctr-conc-%d", i), path, fmt.Sprintf("conc-%d", i))
+		lists[i] = e.conflist(t, "1.0.0")
+		clients[i] = libcni.NewCNIConfigWithCacheDir(e.cni.Path, e.cniCacheDir, nil)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -428,7 +437,7 @@ func TestPrivilegedConcurrentAdds(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := e.cni.AddNetworkList(ctx, list, rts[i])
+			res, err := clients[i].AddNetworkList(ctx, lists[i], rts[i])
 			if err != nil {
 				errs[i] = err
 				return
@@ -455,7 +464,7 @@ func TestPrivilegedConcurrentAdds(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := e.cni.DelNetworkList(ctx, list, rts[i]); err != nil {
+			if err := clients[i].DelNetworkList(ctx, lists[i], rts[i]); err != nil {
 				t.Errorf("DEL %d: %v", i, err)
 			}
 		}()

@@ -304,6 +304,10 @@ func (l *Lab) StartControlPlane(ctx context.Context, bins KubeBinaries) error {
 		"--client-ca-file=" + f("ca.crt"),
 		"--kubelet-client-certificate=" + f("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key=" + f("apiserver-kubelet-client.key"),
+		// Kubelets by their fabric address: a node's name resolves
+		// nowhere in the lab (and a lookup would go to the host's
+		// resolver, outside it).
+		"--kubelet-preferred-address-types=InternalIP",
 		"--authorization-mode=Node,RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + f("sa.key"),

@@ -150,6 +150,21 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		t.Fatalf("DeployTabby: %v", err)
 	}
 	t.Logf("Tabby ready (DaemonSet on %d nodes, controllers available, nodes Ready) %v after kubectl apply", daemonSetNodes, time.Since(applyStart).Round(time.Millisecond))
+	ctrl, err := kc.CoreV1().Pods("tabby-system").List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=tabby-kube-controllers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctrlNodes := map[string]bool{}
+	for _, p := range ctrl.Items {
+		ctrlNodes[p.Spec.NodeName] = true
+	}
+	t.Logf("tabby-kube-controllers: %d replicas on %d nodes", len(ctrl.Items), len(ctrlNodes))
+	// kubectl logs goes through the API server to the kubelet.
+	if out, err := l.Kubectl(ctx, "-n", "tabby-system", "logs", "deployment/tabby-kube-controllers", "--tail=5"); err != nil {
+		t.Errorf("kubectl logs of the controllers: %v", err)
+	} else {
+		t.Logf("kubectl logs deployment/tabby-kube-controllers --tail=5:\n%s", out)
+	}
 	for _, n := range nodes {
 		// install-cni wrote the plugin and the conflist into the node's
 		// directories (the lab put neither there: no lab agents).

@@ -81,8 +81,9 @@ type DeployOptions struct {
 // the namespace and an empty Secret tabby-etcd-secrets, tabby-etcd.yaml
 // with the lab's etcd endpoints, the ConfigMap kubernetes-services-endpoint
 // naming the API server's address (the lab runs no kube-proxy), and
-// tabby-kube-controllers.yaml. It waits until the DaemonSet is ready on
-// every node, the controllers are available and every node is Ready.
+// tabby-kube-controllers.yaml, in the README's order: the controllers once
+// the DaemonSet is ready and every node Ready. It returns once the
+// controllers are available.
 func (l *Lab) DeployTabby(ctx context.Context, o DeployOptions) error {
 	if o.Timeout == 0 {
 		o.Timeout = 4 * time.Minute
@@ -109,31 +110,27 @@ func (l *Lab) DeployTabby(ctx context.Context, o DeployOptions) error {
 	if err := os.WriteFile(servicesEndpoint, []byte(servicesEndpointConfigMap()), 0o644); err != nil {
 		return err
 	}
-	steps := [][]string{
-		{"create", "namespace", "tabby-system"},
-		{"-n", "tabby-system", "create", "secret", "generic", "tabby-etcd-secrets"},
-		{"apply", "-f", applied},
-		{"apply", "-f", servicesEndpoint},
-		{"apply", "-f", filepath.Join(o.ManifestDir, "tabby-kube-controllers.yaml")},
-	}
-	for _, args := range steps {
-		out, err := l.Kubectl(ctx, args...)
-		if err != nil {
-			return err
-		}
-		progress(l.log, "kubectl %s: %s", strings.Join(args, " "), bytes.TrimSpace(out))
-	}
 	wctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	timeout := fmt.Sprintf("--timeout=%ds", int(o.Timeout.Seconds()))
+	// The README's order: the agents, ready on every node (the nodes
+	// Ready, so that the controllers' replicas can spread), then the
+	// controllers.
 	for _, args := range [][]string{
+		{"create", "namespace", "tabby-system"},
+		{"-n", "tabby-system", "create", "secret", "generic", "tabby-etcd-secrets"},
+		{"apply", "-f", applied},
 		{"-n", "tabby-system", "rollout", "status", "daemonset/tabby-node", timeout},
-		{"-n", "tabby-system", "rollout", "status", "deployment/tabby-kube-controllers", timeout},
 		{"wait", "--for=condition=Ready", "node", "--all", timeout},
+		{"apply", "-f", servicesEndpoint},
+		{"apply", "-f", filepath.Join(o.ManifestDir, "tabby-kube-controllers.yaml")},
+		{"-n", "tabby-system", "rollout", "status", "deployment/tabby-kube-controllers", timeout},
 	} {
-		if _, err := l.Kubectl(wctx, args...); err != nil {
-			return fmt.Errorf("Tabby not ready: %w", err)
+		out, err := l.Kubectl(wctx, args...)
+		if err != nil {
+			return fmt.Errorf("deploying Tabby: %w", err)
 		}
+		progress(l.log, "kubectl %s: %s", strings.Join(args, " "), bytes.TrimSpace(out))
 	}
 	progress(l.log, "Tabby is deployed: DaemonSet ready, controllers available, every node Ready")
 	return nil

@@ -95,8 +95,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 // kubeOptions finds what --kubernetes needs: the Kubernetes binaries, the
 // image archives and the manifests.
 func (u *upOptions) kubeOptions(o lab.Options) (lab.KubeOptions, error) {
-	bins, err := kubebins.Find(kubebins.Names...)
-	if err != nil {
+	if _, err := kubebins.Find(kubebins.Names...); err != nil {
 		return lab.KubeOptions{}, err
 	}
 	dir := u.imagesDir
@@ -106,7 +105,7 @@ func (u *upOptions) kubeOptions(o lab.Options) (lab.KubeOptions, error) {
 		}
 		dir = filepath.Join(o.BinDir, "images")
 	}
-	ko := lab.KubeOptions{Binaries: lab.KubeBinaries(bins)}
+	var ko lab.KubeOptions
 	for _, f := range []string{"pause.oci.tar", "tabby.oci.tar"} {
 		p := filepath.Join(dir, f)
 		if _, err := os.Stat(p); err != nil {

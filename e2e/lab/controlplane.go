@@ -5,7 +5,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
@@ -14,14 +13,12 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -89,24 +86,6 @@ var KubeControllers = []string{
 	"daemonset-controller", "deployment-controller", "replicaset-controller", "garbage-collector-controller",
 	"namespace-controller", "node-lifecycle-controller", "taint-eviction-controller", "pod-garbage-collector-controller",
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller", "disruption-controller",
-}
-
-// KubeBinaries names the Kubernetes commands by name (kube-apiserver,
-// kube-controller-manager, kube-scheduler, kubelet): kube/kubetest's
-// Require or BinaryPath give them.
-type KubeBinaries map[string]string
-
-func (b KubeBinaries) need(names ...string) error {
-	var missing []string
-	for _, n := range names {
-		if fi, err := os.Stat(b[n]); b[n] == "" || err != nil || fi.IsDir() {
-			missing = append(missing, n)
-		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("kubernetes binaries missing: %s (run `make kube-bins`)", strings.Join(missing, ", "))
-	}
-	return nil
 }
 
 func (l *Lab) kubeDir() string { return filepath.Join(l.dir, kubeDirName) }
@@ -238,8 +217,9 @@ func writeFiles(dir string, files map[string][]byte) error {
 // kube-scheduler in the control-plane namespace (see ControlPlane) and
 // waits until the API server is ready. Teardown stops them after the
 // nodes' kubelets and containers, before etcd.
-func (l *Lab) StartControlPlane(ctx context.Context, bins KubeBinaries) error {
-	if err := bins.need("kube-apiserver", "kube-controller-manager", "kube-scheduler"); err != nil {
+func (l *Lab) StartControlPlane(ctx context.Context) error {
+	bins, err := kubebins.Find("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+	if err != nil {
 		return err
 	}
 	st := l.State()
@@ -329,17 +309,14 @@ func (l *Lab) StartControlPlane(ctx context.Context, bins KubeBinaries) error {
 		return err
 	}
 	progress(l.log, "starting kube-apiserver at %s", APIServerURL())
-	hc, err := l.adminHTTPClient()
-	if err != nil {
-		return err
-	}
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	err = poll(wctx, 250*time.Millisecond, func() (bool, error) {
 		if !p.alive() {
 			return false, fmt.Errorf("kube-apiserver exited:\n%s", logTail(p.Log))
 		}
-		return apiServerReady(wctx, hc), nil
+		out, err := l.Kubectl(wctx, "get", "--raw", "/readyz")
+		return err == nil && strings.TrimSpace(string(out)) == "ok", nil
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for kube-apiserver: %w", err)
@@ -403,41 +380,6 @@ func (l *Lab) KubeDial() func(ctx context.Context, network, addr string) (net.Co
 	}
 }
 
-// adminHTTPClient is an HTTP client of the API server as the admin.
-func (l *Lab) adminHTTPClient() (*http.Client, error) {
-	caFile, certFile, keyFile := l.AdminCredentials()
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, err
-	}
-	caPEM, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("%s: no certificate", caFile)
-	}
-	return &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext:     l.KubeDial(),
-		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}},
-	}}, nil
-}
-
-// apiServerReady asks the API server's /readyz.
-func apiServerReady(ctx context.Context, hc *http.Client) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, APIServerURL()+"/readyz", nil)
-	if err != nil {
-		return false
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
 // kubectlPath is the kubectl of `make kube-bins` (the cluster's release),
 // else the one on PATH.
 func kubectlPath() string {
@@ -472,13 +414,4 @@ func (l *Lab) kubeletCredentials(node string) (kubeconfig string, caFile string,
 		return "", "", err
 	}
 	return certKubeconfig(APIServerURL(), ca.certPEM, cert, key), filepath.Join(l.kubeDir(), "ca.crt"), nil
-}
-
-// stopControlPlane stops the control plane's processes.
-func (l *Lab) stopControlPlane(ctx context.Context) error {
-	var errs []error
-	for _, p := range l.State().Kube.procs() {
-		errs = append(errs, p.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(p.PID)))
-	}
-	return errors.Join(errs...)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/internal/image"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/kube/kubebins"
 	"github.com/tabbynet/tabby/kube/kubetest"
 )
 
@@ -57,7 +58,7 @@ func kubeClient(t *testing.T, l *Lab) *kubernetes.Clientset {
 // blocks are released.
 func TestPrivilegedDaemonSet(t *testing.T) {
 	binDir, archives := requireKubeletHost(t, []string{"pause.oci.tar", "tabby.oci.tar"}, []string{"ping"}, nil)
-	bins := kubetest.Require(t, "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
+	kubetest.Require(t, kubebins.Names...)
 	var nodes []string
 	for i := 1; i <= daemonSetNodes; i++ {
 		nodes = append(nodes, nodeName(i))
@@ -119,7 +120,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 			}
 		}
 	})
-	if err := l.StartKubernetes(ctx, KubeOptions{Binaries: KubeBinaries(bins), Images: append(archives, v2)}); err != nil {
+	if err := l.StartKubernetes(ctx, KubeOptions{Images: append(archives, v2)}); err != nil {
 		t.Fatalf("StartKubernetes: %v", err)
 	}
 	kc := kubeClient(t, l)

@@ -9,12 +9,12 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/tabbynet/tabby/kube/kubebins"
 )
 
 // KubeOptions configure StartKubernetes.
 type KubeOptions struct {
-	// Binaries are the four Kubernetes commands (see KubeBinaries).
-	Binaries KubeBinaries
 	// Images are OCI archives imported into every node's containerd (the
 	// pause image and Tabby's, from `make images`).
 	Images []string
@@ -27,10 +27,11 @@ type KubeOptions struct {
 // nodes have no CNI configuration, as an operator's nodes before a network
 // plugin is deployed (DeployTabby).
 func (l *Lab) StartKubernetes(ctx context.Context, o KubeOptions) error {
-	if err := o.Binaries.need("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"); err != nil {
+	bins, err := kubebins.Find("kubelet")
+	if err != nil {
 		return err
 	}
-	if err := l.StartControlPlane(ctx, o.Binaries); err != nil {
+	if err := l.StartControlPlane(ctx); err != nil {
 		return err
 	}
 	st := l.State()
@@ -46,13 +47,13 @@ func (l *Lab) StartKubernetes(ctx context.Context, o KubeOptions) error {
 		if err := l.ImportImages(ctx, n.Name, o.Images...); err != nil {
 			return fmt.Errorf("images on %s: %w", n.Name, err)
 		}
-		if err := l.StartKubelet(ctx, n.Name, o.Binaries["kubelet"], KubeletOptions{}); err != nil {
+		if err := l.StartKubelet(ctx, n.Name, bins["kubelet"], KubeletOptions{}); err != nil {
 			return fmt.Errorf("kubelet on %s: %w", n.Name, err)
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	err := poll(wctx, 250*time.Millisecond, func() (bool, error) {
+	err = poll(wctx, 250*time.Millisecond, func() (bool, error) {
 		if err := l.ControlPlaneRunning(); err != nil {
 			return false, err
 		}

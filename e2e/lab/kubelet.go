@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 )
 
@@ -573,42 +573,10 @@ func DialIn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
 	return c, nil
 }
 
-// inNetNS runs fn on a thread of its own inside the network namespace ns.
-// Sockets fn makes stay in ns; the thread goes back to its namespace, or,
-// when it cannot, is never unlocked, so that the runtime ends it with the
-// goroutine.
-func inNetNS(ns string, fn func() error) error {
-	ch := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- err
-			return
-		}
-		defer orig.Close()
-		target, err := os.Open(NetNSPath(ns))
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- err
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			ch <- fmt.Errorf("entering %s: %w", ns, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- errors.Join(ferr, fmt.Errorf("leaving %s: %w", ns, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		ch <- ferr
-	}()
-	return <-ch
+// inNetNS runs fn on a locked thread inside the lab namespace ns
+// (pkg/ns): sockets fn makes stay in ns.
+func inNetNS(name string, fn func() error) error {
+	return ns.WithNetNSPath(NetNSPath(name), func(ns.NetNS) error { return fn() })
 }
 
 // Proxy forwards every connection accepted on l to the TCP address target

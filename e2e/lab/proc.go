@@ -155,18 +155,13 @@ func (p *Proc) describe() string {
 	if err != nil {
 		return fmt.Sprintf("pid %d: %v", p.PID, err)
 	}
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
-	state := "?"
-	if len(fields) > 0 {
-		state = fields[0]
+	state, start := "?", "?"
+	if len(fields) > 19 {
+		state, start = fields[0], fields[19]
 	}
-	return fmt.Sprintf("pid %d: state %s, start time %v (recorded %d), command line %q", p.PID, state,
-		func() string {
-			if len(fields) > 19 {
-				return fields[19]
-			}
-			return "?"
-		}(), p.StartTime, strings.ReplaceAll(string(b), "\x00", " "))
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+	return fmt.Sprintf("pid %d: state %s, start time %s (recorded %d), command line %q", p.PID, state, start, p.StartTime,
+		strings.ReplaceAll(string(b), "\x00", " "))
 }
 
 func readCmdline(pid int) ([]byte, error) {

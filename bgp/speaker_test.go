@@ -238,9 +238,21 @@ func TestSpeakerConfigErrors(t *testing.T) {
 	if err := sp.Stop(true); err != nil {
 		t.Errorf("Stop: %v", err)
 	}
-	// A route set published before Stop may still be buffered: the
-	// channel must close after it.
-	for range sp.Routes() {
+	// Stop closes Routes before it returns; a route set published before
+	// Stop may still be buffered ahead of the close (the channel holds
+	// one).
+	for i := 0; ; i++ {
+		select {
+		case _, open := <-sp.Routes():
+			if !open {
+				return
+			}
+			if i > 0 {
+				t.Fatal("Routes held more than the one buffered set after Stop")
+			}
+		default:
+			t.Fatal("Routes channel open after Stop")
+		}
 	}
 }
 

@@ -38,8 +38,10 @@ func TestLabCA(t *testing.T) {
 	if err := writeFiles(dir, map[string][]byte{"ca.crt": ca.certPEM, "ca.key": keyPEM}); err != nil {
 		t.Fatal(err)
 	}
-	if fi, err := os.Stat(filepath.Join(dir, "ca.key")); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("ca.key mode %v (%v), want 0600", fi.Mode().Perm(), err)
+	if fi, err := os.Stat(filepath.Join(dir, "ca.key")); err != nil {
+		t.Error(err)
+	} else if fi.Mode().Perm() != 0o600 {
+		t.Errorf("ca.key mode %v, want 0600", fi.Mode().Perm())
 	}
 	loaded, err := loadCA(dir)
 	if err != nil {

@@ -186,17 +186,17 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	// nodes, pods on the pause image; addresses from Tabby's pool; every
 	// pod reaches a pod on each other node.
 	deployment := filepath.Join(t.TempDir(), "web.yaml")
-	if err := os.WriteFile(deployment, []byte(webDeployment), 0o644); err != nil {
+	if err := os.WriteFile(deployment, []byte(DemoDeployment), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	created := time.Now()
 	kubectl("apply", "-f", deployment)
-	pods := waitWebPods(ctx, t, kc, l, webReplicas, "")
+	pods := waitWebPods(ctx, t, kc, l, DemoReplicas, "")
 	recordNetns(ctx, l)
-	if len(ownNetns) < webReplicas {
-		t.Fatalf("%d pod network namespaces hold a task of the lab's containerds, want at least %d: the check after Down would prove little", len(ownNetns), webReplicas)
+	if len(ownNetns) < DemoReplicas {
+		t.Fatalf("%d pod network namespaces hold a task of the lab's containerds, want at least %d: the check after Down would prove little", len(ownNetns), DemoReplicas)
 	}
-	t.Logf("%d web pods Running with addresses %v after kubectl apply", webReplicas, time.Since(created).Round(time.Millisecond))
+	t.Logf("%d web pods Running with addresses %v after kubectl apply", DemoReplicas, time.Since(created).Round(time.Millisecond))
 	byNode := podsByNode(t, pods)
 	if len(byNode) != daemonSetNodes {
 		t.Errorf("web pods on %d nodes, want %d: %v", len(byNode), daemonSetNodes, byNode)
@@ -252,7 +252,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	if err != nil {
 		t.Errorf("the route to %s stays on node1 after kubectl delete pod %s: %v", victim.Status.PodIP, victim.Name, err)
 	}
-	pods = waitWebPods(ctx, t, kc, l, webReplicas, victim.Name)
+	pods = waitWebPods(ctx, t, kc, l, DemoReplicas, victim.Name)
 
 	// A rolling update of the DaemonSet to a new image tag while every
 	// node's pod pings a pod on the next node: not one packet lost.
@@ -301,7 +301,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		t.Fatalf("%s holds no block before the drain (%v): the check below would prove nothing", gone, err)
 	}
 	kubectl("drain", gone, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--grace-period=1", "--timeout=120s")
-	pods = waitWebPods(ctx, t, kc, l, webReplicas, "")
+	pods = waitWebPods(ctx, t, kc, l, DemoReplicas, "")
 	recordNetns(ctx, l)
 	for _, p := range pods {
 		if p.Spec.NodeName == gone {
@@ -462,40 +462,41 @@ func startSeqPinger(t *testing.T, p podPair) *seqPinger {
 	return sp
 }
 
-// stop ends the pinger and returns how many echoes were answered or lost
-// and which sequence numbers were lost: those up to the last answered one
-// without an answer (the ones after it were still in flight).
+// stop ends the pinger and returns how many echoes it sent and which
+// sequence numbers went unanswered: every one but the last sent (which
+// may still have been in flight), from ping's own count of what it sent.
 func (sp *seqPinger) stop(t *testing.T) (sent int, lost []int) {
 	t.Helper()
 	_ = sp.cmd.Process.Signal(syscall.SIGINT)
 	<-sp.done
 	answered := map[int]bool{}
-	last := 0
+	sent = -1
 	for _, line := range strings.Split(sp.out.String(), "\n") {
+		if f := strings.Fields(line); len(f) > 3 && f[1] == "packets" && f[2] == "transmitted," {
+			sent, _ = strconv.Atoi(f[0])
+		}
 		i := strings.Index(line, "icmp_seq=")
 		if i < 0 || !strings.Contains(line, "bytes from") {
 			continue
 		}
-		f := strings.Fields(line[i+len("icmp_seq="):])
-		if len(f) == 0 {
-			continue
+		if f := strings.Fields(line[i+len("icmp_seq="):]); len(f) > 0 {
+			if seq, err := strconv.Atoi(f[0]); err == nil {
+				answered[seq] = true
+			}
 		}
-		seq, err := strconv.Atoi(f[0])
-		if err != nil {
-			continue
-		}
-		answered[seq] = true
-		last = max(last, seq)
 	}
-	if last == 0 {
+	if sent < 0 {
+		t.Fatalf("%v: no summary from ping:\n%s", sp.pair, sp.out.String())
+	}
+	if len(answered) == 0 {
 		t.Errorf("%v: no echo answered at all", sp.pair)
 	}
-	for seq := 1; seq <= last; seq++ {
+	for seq := 1; seq < sent; seq++ {
 		if !answered[seq] {
 			lost = append(lost, seq)
 		}
 	}
-	return last, lost
+	return sent, lost
 }
 
 // webDenyIngress denies every ingress to the web pods.
@@ -510,12 +511,6 @@ spec:
       app: web
   policyTypes: [Ingress]
 `
-
-// webReplicas is the size of TestPrivilegedDaemonSet's Deployment.
-const webReplicas = DemoReplicas
-
-// webDeployment spreads pause pods evenly over the nodes.
-const webDeployment = DemoDeployment
 
 // podNetnsByAddr is PodNetnsByAddr for a test.
 func podNetnsByAddr(t *testing.T) map[netip.Addr]string {

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // BenchmarkPrivilegedBlockPropagation measures how long a block claimed by

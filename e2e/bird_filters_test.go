@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // birdFiltersConf: BIRD as the ToR (AS 65001) announcing two prefixes, of which

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // The ToR's IPv6 side in TestPrivilegedBIRDIPv6: its fabric address in a

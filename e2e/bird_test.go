@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // The ToR's BGP identity in TestPrivilegedBIRDInterop. The ToR namespace of

@@ -18,8 +18,8 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // churnOpsEnv sets how many pod operations (each one CNI ADD or one CNI DEL

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // TestMeshCluster runs the mesh scenarios on one 3-node lab, in order: the

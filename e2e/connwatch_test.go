@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // connWatch tells when a policy change takes effect on real packets: a

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // BenchmarkPrivilegedPodAddCost measures what one pod ADD costs the

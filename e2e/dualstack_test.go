@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // TestDualStack: a dual-stack lab of three nodes, each with an IPv6 fabric

@@ -1,5 +1,5 @@
 // Package e2e holds Tabby's end-to-end tests: real agents, the real CNI
-// plugin and etcd in a network-namespace lab (package e2e/lab). They need
+// plugin and etcd in a network-namespace lab (package lab). They need
 // root and skip with a message otherwise.
 package e2e
 
@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 const runDir = "/run/tabby-e2e"

@@ -17,8 +17,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // TestEtcdMemberLoss runs the lab on a 3-member etcd cluster, as users

@@ -9,8 +9,8 @@ import (
 
 	"github.com/tabbynet/tabby/agent"
 	"github.com/tabbynet/tabby/api"
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // TestFirstPacket: new pods each ping a pod on another node as soon as

@@ -23,10 +23,10 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube"
 	"github.com/tabbynet/tabby/kube/kubetest"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // The Kubernetes lab: short graces so that the GC paths finish in seconds.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 const w19Listener = `

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // The policy tests run this test binary inside pod and ToR namespaces as a

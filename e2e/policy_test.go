@@ -15,7 +15,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 	"github.com/tabbynet/tabby/policy"
 )
 

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // TestRollingRestart restarts every agent of a 4-node lab in turn, the

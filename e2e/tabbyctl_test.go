@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // tabbyctl runs tabbyctl against the lab's etcd: the one in $TABBY_BIN, or

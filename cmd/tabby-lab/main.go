@@ -1,7 +1,7 @@
 // Command tabby-lab builds a Tabby cluster out of network namespaces on one
 // machine (as root): a fabric bridge, a top-of-rack router, etcd, nodes
 // running tabby-agent and pods wired up by the CNI plugin. See package
-// github.com/tabbynet/tabby/e2e/lab.
+// github.com/tabbynet/tabby/lab (and lab/kube for --kubernetes).
 package main
 
 import (
@@ -19,9 +19,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tabbynet/tabby/e2e/lab"
 	"github.com/tabbynet/tabby/internal/version"
 	"github.com/tabbynet/tabby/kube/kubebins"
+	"github.com/tabbynet/tabby/lab"
+	"github.com/tabbynet/tabby/lab/kube"
 )
 
 func main() {
@@ -94,28 +95,28 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 
 // kubeOptions finds what --kubernetes needs: the Kubernetes binaries, the
 // image archives and the manifests.
-func (u *upOptions) kubeOptions(o lab.Options) (lab.KubeOptions, error) {
+func (u *upOptions) kubeOptions(o lab.Options) (kube.KubeOptions, error) {
 	if _, err := kubebins.Find(kubebins.Names...); err != nil {
-		return lab.KubeOptions{}, err
+		return kube.KubeOptions{}, err
 	}
 	dir := u.imagesDir
 	if dir == "" {
 		if o.BinDir == "" {
-			return lab.KubeOptions{}, errors.New("--kubernetes: no --images directory and no --bin-dir to find it in (run `make images`)")
+			return kube.KubeOptions{}, errors.New("--kubernetes: no --images directory and no --bin-dir to find it in (run `make images`)")
 		}
 		dir = filepath.Join(o.BinDir, "images")
 	}
-	var ko lab.KubeOptions
+	var ko kube.KubeOptions
 	for _, f := range []string{"pause.oci.tar", "tabby.oci.tar"} {
 		p := filepath.Join(dir, f)
 		if _, err := os.Stat(p); err != nil {
-			return lab.KubeOptions{}, fmt.Errorf("--kubernetes: image archive %v (run `make images`)", err)
+			return kube.KubeOptions{}, fmt.Errorf("--kubernetes: image archive %v (run `make images`)", err)
 		}
 		ko.Images = append(ko.Images, p)
 	}
 	for _, f := range []string{"tabby-etcd.yaml", "tabby-kube-controllers.yaml"} {
 		if _, err := os.Stat(filepath.Join(u.manifestDir, f)); err != nil {
-			return lab.KubeOptions{}, fmt.Errorf("--kubernetes: manifest %v (run from the repository or pass --manifests)", err)
+			return kube.KubeOptions{}, fmt.Errorf("--kubernetes: manifest %v (run from the repository or pass --manifests)", err)
 		}
 	}
 	return ko, nil
@@ -183,14 +184,15 @@ func upKubernetes(ctx context.Context, u *upOptions, o lab.Options) error {
 		return err
 	}
 	o.NoAgents, o.PodsPerNode = true, 0
-	l, err := lab.Up(ctx, o)
+	base, err := lab.Up(ctx, o)
 	if err != nil {
 		return err
 	}
+	l := kube.New(base)
 	if err := l.StartKubernetes(ctx, ko); err != nil {
 		return fmt.Errorf("lab %q is up but Kubernetes is NOT: %w\n`tabby-lab --name %s down` removes it", o.Name, err, o.Name)
 	}
-	if err := l.DeployTabby(ctx, lab.DeployOptions{ManifestDir: u.manifestDir}); err != nil {
+	if err := l.DeployTabby(ctx, kube.DeployOptions{ManifestDir: u.manifestDir}); err != nil {
 		return fmt.Errorf("lab %q: Kubernetes is up but Tabby is NOT ready: %w\nlook with `tabby-lab --name %s kubectl -- -n tabby-system get pods`", o.Name, err, o.Name)
 	}
 	fmt.Printf("\nKubernetes with Tabby is up: `tabby-lab --name %s kubectl -- get nodes -o wide`\n", o.Name)
@@ -202,10 +204,11 @@ func kubectlCmd(g *globalFlags) *cobra.Command {
 		Use:   "kubectl -- [ARG...]",
 		Short: "Run kubectl as the cluster's admin against a lab made with --kubernetes",
 		RunE: func(c *cobra.Command, args []string) error {
-			l, err := lab.Open(g.runDir, g.name, os.Stdout)
+			base, err := lab.Open(g.runDir, g.name, os.Stdout)
 			if err != nil {
 				return err
 			}
+			l := kube.New(base)
 			if len(args) > 0 && args[0] == "--" {
 				args = args[1:]
 			}
@@ -386,7 +389,7 @@ func demoCmd(g *globalFlags) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return lab.DemoKubernetes(c.Context(), o, ko, u.manifestDir, keep, os.Stdout)
+				return kube.DemoKubernetes(c.Context(), o, ko, u.manifestDir, keep, os.Stdout)
 			}
 			return lab.Demo(c.Context(), o, keep, os.Stdout)
 		},

@@ -157,7 +157,7 @@ type Proc struct {
 	Log       string   `json:"log"`
 }
 
-func (s *State) node(name string) *NodeState {
+func (s *State) Node(name string) *NodeState {
 	for i := range s.Nodes {
 		if s.Nodes[i].Name == name {
 			return &s.Nodes[i]

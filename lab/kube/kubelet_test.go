@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"fmt"
@@ -129,15 +129,6 @@ func TestNodeHostPaths(t *testing.T) {
 			if c := strings.Index(s, "tabby-node "+hp.Cover+"\n"); c < 0 || c > bind {
 				t.Errorf("%s bound before the overlay on %s:\n%s", hp.Target, hp.Cover, s)
 			}
-		}
-	}
-}
-
-// TestRemoveCgroupRootRefuses: only a lab's cgroup root is ever removed.
-func TestRemoveCgroupRootRefuses(t *testing.T) {
-	for _, root := range []string{"", "/", "/kubepods", "/system.slice", "tabby-lab-x"} {
-		if err := removeCgroupRoot(root); err == nil || !strings.Contains(err.Error(), "refusing") {
-			t.Errorf("removeCgroupRoot(%q) = %v, want a refusal", root, err)
 		}
 	}
 }

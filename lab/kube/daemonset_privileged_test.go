@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"bytes"
@@ -25,13 +25,14 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube/kubebins"
 	"github.com/tabbynet/tabby/kube/kubetest"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // daemonSetNodes is how many kubelet nodes TestPrivilegedDaemonSet runs.
 const daemonSetNodes = 3
 
 // kubeClient is an admin client of the lab's API server.
-func kubeClient(t *testing.T, l *Lab) *kubernetes.Clientset {
+func kubeClient(t *testing.T, l *Cluster) *kubernetes.Clientset {
 	t.Helper()
 	caFile, certFile, keyFile := l.AdminCredentials()
 	kc, err := kubernetes.NewForConfig(&rest.Config{Host: APIServerURL(), Dial: l.KubeDial(), QPS: 100, Burst: 200,
@@ -61,7 +62,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	kubetest.Require(t, kubebins.Names...)
 	var nodes []string
 	for i := 1; i <= daemonSetNodes; i++ {
-		nodes = append(nodes, nodeName(i))
+		nodes = append(nodes, lab.NodeName(i))
 	}
 	hostPathsBefore := map[string]error{}
 	for _, p := range daemonSetHostPaths {
@@ -70,7 +71,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	// The namespaces of this lab's pods, recorded while they run: each
 	// must be gone after Down (other labs may run meanwhile).
 	ownNetns := map[string]bool{}
-	recordNetns := func(ctx context.Context, l *Lab) {
+	recordNetns := func(ctx context.Context, l *Cluster) {
 		t.Helper()
 		nss, err := l.KubePodNetns(ctx)
 		if err != nil {
@@ -90,10 +91,11 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
-	l, err := Up(ctx, Options{Name: name, Nodes: daemonSetNodes, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: &log})
+	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: daemonSetNodes, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: &log})
 	if err != nil {
 		t.Fatalf("Up: %v\n%s", err, log.String())
 	}
+	l := New(base)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("lab log:\n%s", log.String())
@@ -115,7 +117,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 			}
 		}
 		for ns := range ownNetns {
-			if _, err := os.Stat(filepath.Join(netnsDir, ns)); err == nil {
+			if _, err := os.Stat(filepath.Join(lab.NetNSDir, ns)); err == nil {
 				t.Errorf("pod network namespace %s left after Down", ns)
 			}
 		}
@@ -169,12 +171,12 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	for _, n := range nodes {
 		// install-cni wrote the plugin and the conflist into the node's
 		// directories (the lab put neither there: no lab agents).
-		if _, err := os.Stat(filepath.Join(l.nodeCNIBinDir(n), binCNI)); err != nil {
+		if _, err := os.Stat(filepath.Join(l.nodeCNIBinDir(n), lab.BinCNI)); err != nil {
 			t.Errorf("%s: install-cni did not write the plugin: %v", n, err)
-		} else if fi, _ := os.Lstat(filepath.Join(l.nodeCNIBinDir(n), binCNI)); fi.Mode()&os.ModeSymlink != 0 {
-			t.Errorf("%s: %s is the lab's link, not install-cni's copy", n, binCNI)
+		} else if fi, _ := os.Lstat(filepath.Join(l.nodeCNIBinDir(n), lab.BinCNI)); fi.Mode()&os.ModeSymlink != 0 {
+			t.Errorf("%s: %s is the lab's link, not install-cni's copy", n, lab.BinCNI)
 		}
-		if b, err := os.ReadFile(l.conflistPath(n)); err != nil || !strings.Contains(string(b), "/var/run/tabby/cni.sock") {
+		if b, err := os.ReadFile(l.ConflistPath(n)); err != nil || !strings.Contains(string(b), "/var/run/tabby/cni.sock") {
 			t.Errorf("%s: install-cni's conflist: %v\n%s", n, err, b)
 		}
 		if _, err := os.Stat(filepath.Join(l.NodeHostDir(n, "/var/run/tabby"), "cni.sock")); err != nil {
@@ -217,7 +219,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	probe := pairs[0]
 	applied := time.Now()
 	kubectl("apply", "-f", policy)
-	err = poll(ctx, 50*time.Millisecond, func() (bool, error) { return len(pingPairs(ctx, t, []podPair{probe}, 1)) == 1, nil })
+	err = lab.Poll(ctx, 50*time.Millisecond, func() (bool, error) { return len(pingPairs(ctx, t, []podPair{probe}, 1)) == 1, nil })
 	if err != nil {
 		t.Fatalf("pings still answered after the NetworkPolicy: %v", err)
 	}
@@ -227,7 +229,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	}
 	deleted := time.Now()
 	kubectl("delete", "-f", policy)
-	err = poll(ctx, 50*time.Millisecond, func() (bool, error) { return len(pingPairs(ctx, t, []podPair{probe}, 1)) == 0, nil })
+	err = lab.Poll(ctx, 50*time.Millisecond, func() (bool, error) { return len(pingPairs(ctx, t, []podPair{probe}, 1)) == 0, nil })
 	if err != nil {
 		t.Fatalf("pings still dropped after the NetworkPolicy's deletion: %v", err)
 	}
@@ -245,7 +247,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		t.Fatal("no web pod on node1")
 	}
 	kubectl("delete", "pod", victim.Name, "--wait=true")
-	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
+	err = lab.Poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		out, err := l.Exec(ctx, "node1", "ip", "route", "show", victim.Status.PodIP+"/32")
 		return err == nil && strings.TrimSpace(string(out)) == "", nil
 	})
@@ -313,7 +315,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	}
 	deletedNode := time.Now()
 	kubectl("delete", "node", gone)
-	err = poll(ctx, 250*time.Millisecond, func() (bool, error) {
+	err = lab.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
 		left, err := nodeBlocks(ctx, al, gone)
 		return err == nil && len(left) == 0, nil
 	})
@@ -345,10 +347,10 @@ func nodeBlocks(ctx context.Context, al *ipam.Allocator, node string) ([]netip.P
 
 // waitWebPods waits until n web pods other than skip are Running with an
 // address, and returns them.
-func waitWebPods(ctx context.Context, t *testing.T, kc kubernetes.Interface, l *Lab, n int, skip string) []corev1.Pod {
+func waitWebPods(ctx context.Context, t *testing.T, kc kubernetes.Interface, l *Cluster, n int, skip string) []corev1.Pod {
 	t.Helper()
 	var pods []corev1.Pod
-	err := poll(ctx, 250*time.Millisecond, func() (bool, error) {
+	err := lab.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
 		list, err := kc.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
 		if err != nil {
 			return false, nil
@@ -375,8 +377,8 @@ func podsByNode(t *testing.T, pods []corev1.Pod) map[string][]netip.Addr {
 	byNode := map[string][]netip.Addr{}
 	for _, p := range pods {
 		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if err != nil || !netip.MustParsePrefix(PodPool).Contains(ip) {
-			t.Errorf("pod %s address %q is not from Tabby's pool %s", p.Name, p.Status.PodIP, PodPool)
+		if err != nil || !netip.MustParsePrefix(lab.PodPool).Contains(ip) {
+			t.Errorf("pod %s address %q is not from Tabby's pool %s", p.Name, p.Status.PodIP, lab.PodPool)
 			continue
 		}
 		byNode[p.Spec.NodeName] = append(byNode[p.Spec.NodeName], ip)
@@ -425,7 +427,7 @@ func pingPairs(ctx context.Context, t *testing.T, pairs []podPair, timeout int) 
 			failed = append(failed, p)
 			continue
 		}
-		err := exec.CommandContext(ctx, "nsenter", "--net="+filepath.Join(netnsDir, p.netns), "--",
+		err := exec.CommandContext(ctx, "nsenter", "--net="+filepath.Join(lab.NetNSDir, p.netns), "--",
 			"ping", "-n", "-c", "1", "-W", strconv.Itoa(timeout), p.dst.String()).Run()
 		if err != nil {
 			failed = append(failed, p)
@@ -446,7 +448,7 @@ type seqPinger struct {
 func startSeqPinger(t *testing.T, p podPair) *seqPinger {
 	t.Helper()
 	sp := &seqPinger{pair: p, out: &bytes.Buffer{}, done: make(chan struct{})}
-	sp.cmd = exec.Command("nsenter", "--net="+filepath.Join(netnsDir, p.netns), "--", "ping", "-n", "-i", "0.02", "-W", "1", p.dst.String())
+	sp.cmd = exec.Command("nsenter", "--net="+filepath.Join(lab.NetNSDir, p.netns), "--", "ping", "-n", "-i", "0.02", "-W", "1", p.dst.String())
 	sp.cmd.Stdout = sp.out
 	if err := sp.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"bufio"
@@ -27,6 +27,7 @@ import (
 	"github.com/tabbynet/tabby/internal/image"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube/kubetest"
+	"github.com/tabbynet/tabby/lab"
 )
 
 const (
@@ -174,7 +175,7 @@ func (w *podWatch) wait(ctx context.Context, alive func() error, cond func(map[s
 
 // podStartBench is the lab BenchmarkPrivilegedPodStart measures on.
 type podStartBench struct {
-	l       *Lab
+	l       *Cluster
 	client  kubernetes.Interface
 	watch   *podWatch
 	nodes   []string
@@ -217,7 +218,7 @@ type podStartBench struct {
 // second, so the start is the test's clock just before the Create call.
 // TABBY_PODSTART_PODS changes the pod count (a multiple of 3).
 //
-//	TABBY_BIN=$PWD/bin go test -run '^$' -bench PodStart -benchtime 2x -timeout 30m ./e2e/lab   # as root
+//	TABBY_BIN=$PWD/bin go test -run '^$' -bench PodStart -benchtime 2x -timeout 30m ./lab/kube   # as root
 func BenchmarkPrivilegedPodStart(b *testing.B) {
 	binDir, archives := requireKubeletHost(b, []string{"pause.oci.tar"}, nil, []string{"bridge", "host-local"})
 	pause := archives[0]
@@ -334,7 +335,7 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *podStartBench {
 	var nodes []string
 	for i := 1; i <= podStartNodes; i++ {
-		nodes = append(nodes, nodeName(i))
+		nodes = append(nodes, lab.NodeName(i))
 	}
 	api := kubetest.StartWith(b, kubetest.Options{Nodes: nodes})
 	// 30 pods created at once: client-go's default rate limit (5/s)
@@ -350,11 +351,12 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
-	l, err := Up(ctx, Options{Name: name, Nodes: podStartNodes, RunDir: runDir, BinDir: binDir, Log: &log})
+	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: podStartNodes, RunDir: runDir, BinDir: binDir, Log: &log})
 	if err != nil {
 		b.Fatalf("Up: %v\n%s", err, log.String())
 	}
-	s := &podStartBench{l: l, client: client, nodes: nodes, bridge: "br-" + name, portmap: pluginDir("portmap") != "", pods: pods,
+	l := New(base)
+	s := &podStartBench{l: l, client: client, nodes: nodes, bridge: "br-" + name, portmap: lab.PluginDir("portmap") != "", pods: pods,
 		netns: map[string]bool{},
 		watch: &podWatch{pods: map[string]*podSeen{}, notify: make(chan struct{}, 1)}}
 	b.Cleanup(func() {
@@ -376,18 +378,18 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 		// Only the namespaces of this lab's pods: other labs (other
 		// tests running at the same time) make and remove their own.
 		for ns := range s.netns {
-			if _, err := os.Stat(filepath.Join(netnsDir, ns)); err == nil {
+			if _, err := os.Stat(filepath.Join(lab.NetNSDir, ns)); err == nil {
 				b.Errorf("pod network namespace %s left after Down", ns)
 			}
 		}
 	})
 	for _, n := range nodes {
-		ln, err := ListenIn(l.State().node(n).NetNS, "127.0.0.1:6443")
+		ln, err := lab.ListenIn(l.State().Node(n).NetNS, "127.0.0.1:6443")
 		if err != nil {
 			b.Fatal(err)
 		}
 		proxied := make(chan error, 1)
-		go func() { proxied <- Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
+		go func() { proxied <- lab.Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
 		b.Cleanup(func() {
 			ln.Close()
 			if err := <-proxied; err != nil {
@@ -403,7 +405,7 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 		if err := l.StartKubelet(ctx, n, kubelet, KubeletOptions{Server: "https://127.0.0.1:6443", Token: api.Tokens["node:"+n]}); err != nil {
 			b.Fatalf("StartKubelet %s: %v\n%s", n, err, log.String())
 		}
-		st := l.State().node(n)
+		st := l.State().Node(n)
 		s.logs = append(s.logs, st.Kubelet.Log, st.Agent.Log)
 	}
 
@@ -444,7 +446,7 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 			b.Errorf("deleting the benchmark's pods: %v", err)
 			return
 		}
-		err := poll(dctx, 250*time.Millisecond, func() (bool, error) {
+		err := lab.Poll(dctx, 250*time.Millisecond, func() (bool, error) {
 			list, err := client.CoreV1().Pods("default").List(dctx, sel)
 			return err == nil && len(list.Items) == 0, nil
 		})
@@ -455,7 +457,7 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		b.Fatal("the pod informer did not sync")
 	}
-	err = poll(ctx, 250*time.Millisecond, func() (bool, error) {
+	err = lab.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
 		if err := s.alive(); err != nil {
 			return false, err
 		}
@@ -479,11 +481,11 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 // alive fails when a kubelet or containerd exited.
 func (s *podStartBench) alive() error {
 	for _, n := range s.nodes {
-		st := s.l.State().node(n)
-		if !st.Kubelet.alive() {
+		st := s.l.State().Node(n)
+		if !st.Kubelet.Alive() {
 			return fmt.Errorf("the kubelet of %s exited: %s", n, logTail(st.Kubelet.Log))
 		}
-		if !st.Containerd.alive() {
+		if !st.Containerd.Alive() {
 			return fmt.Errorf("the containerd of %s exited: %s", n, logTail(st.Containerd.Log))
 		}
 	}
@@ -492,7 +494,7 @@ func (s *podStartBench) alive() error {
 
 // refDataDir is host-local's directory on the node (its leases).
 func (s *podStartBench) refDataDir(node string) string {
-	return filepath.Join(s.l.nodeDir(node), "ref-ipam")
+	return filepath.Join(s.l.NodeDir(node), "ref-ipam")
 }
 
 // expected reports whether ip is what cfg gives a pod on node i (0-based).
@@ -505,7 +507,7 @@ func (s *podStartBench) expected(cfg string, i int, ip netip.Addr) bool {
 			return false
 		}
 	}
-	return netip.MustParsePrefix(PodPool).Contains(ip)
+	return netip.MustParsePrefix(lab.PodPool).Contains(ip)
 }
 
 // checkRefSubnets fails when Tabby's IPAM claimed a block overlapping a
@@ -535,7 +537,7 @@ func (s *podStartBench) use(ctx context.Context, b *testing.B, cfg string, round
 		return err
 	}
 	for i, n := range s.nodes {
-		p := filepath.Join(filepath.Dir(s.l.conflistPath(n)), refConflistName)
+		p := filepath.Join(filepath.Dir(s.l.ConflistPath(n)), refConflistName)
 		if cfg == "tabby" {
 			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
@@ -697,7 +699,7 @@ func (s *podStartBench) deleteAndWait(ctx context.Context, cfg string, names []s
 	if cfg != "ref" {
 		return nil
 	}
-	return poll(wctx, 100*time.Millisecond, func() (bool, error) {
+	return lab.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
 		for _, n := range s.nodes {
 			entries, err := os.ReadDir(filepath.Join(s.refDataDir(n), refNetName))
 			if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -754,7 +756,7 @@ var cniAddDone = regexp.MustCompile(`^time=(\S+) .*msg="CNI request done" .*cmd=
 func (s *podStartBench) cniAdds(b *testing.B) []cniAdd {
 	var out []cniAdd
 	for _, n := range s.nodes {
-		f, err := os.Open(s.l.State().node(n).Agent.Log)
+		f, err := os.Open(s.l.State().Node(n).Agent.Log)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -823,7 +825,7 @@ var (
 func (s *podStartBench) sandboxTimes(b *testing.B) map[string]time.Duration {
 	start, out := map[string]time.Time{}, map[string]time.Duration{}
 	for _, n := range s.nodes {
-		f, err := os.Open(s.l.State().node(n).Containerd.Log)
+		f, err := os.Open(s.l.State().Node(n).Containerd.Log)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -855,7 +857,7 @@ const clockTicks = 100
 func (s *podStartBench) agentsCPU(b *testing.B) int64 {
 	var sum int64
 	for _, n := range s.nodes {
-		f, err := procStat(s.l.State().node(n).Agent.PID)
+		f, err := lab.ProcStat(s.l.State().Node(n).Agent.PID)
 		if err != nil || len(f) < 13 {
 			b.Fatalf("the agent of %s: %v", n, err)
 		}

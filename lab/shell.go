@@ -14,11 +14,14 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 )
 
-// netnsDir is where `ip netns add` puts its namespace files.
-const netnsDir = "/run/netns"
+// NetNSDir is where `ip netns add` puts its namespace files.
+const NetNSDir = "/run/netns"
 
 // NetNSPath is the file of the named network namespace.
-func NetNSPath(name string) string { return filepath.Join(netnsDir, name) }
+func NetNSPath(name string) string { return filepath.Join(NetNSDir, name) }
+
+// Progress writes one progress line to the lab's log.
+func (l *Lab) Progress(format string, args ...any) { progress(l.log, format, args...) }
 
 // progress writes one progress line.
 func progress(w io.Writer, format string, args ...any) {

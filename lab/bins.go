@@ -16,9 +16,9 @@ const modulePath = "github.com/tabbynet/tabby"
 
 // Binaries of the lab.
 const (
-	binAgent = "tabby-agent"
-	binCNI   = "tabby"
-	binLab   = "tabby-lab"
+	BinAgent = "tabby-agent"
+	BinCNI   = "tabby"
+	BinLab   = "tabby-lab"
 )
 
 // resolveBinaries fills BinDir and LabBinary: from the options, from
@@ -29,14 +29,14 @@ func resolveBinaries(ctx context.Context, o *Options, buildDir string) error {
 	}
 	need := []string{}
 	if o.LabBinary == "" {
-		need = append(need, binLab)
+		need = append(need, BinLab)
 	}
 	if !o.NoAgents {
-		need = append(need, binAgent, binCNI)
+		need = append(need, BinAgent, BinCNI)
 	}
 	if o.BinDir == "" {
 		if len(need) > 0 {
-			if err := buildCommands(ctx, buildDir, need, o.Log); err != nil {
+			if err := BuildCommands(ctx, buildDir, need, o.Log); err != nil {
 				return err
 			}
 		}
@@ -49,14 +49,14 @@ func resolveBinaries(ctx context.Context, o *Options, buildDir string) error {
 		}
 	}
 	if o.LabBinary == "" {
-		o.LabBinary = filepath.Join(o.BinDir, binLab)
+		o.LabBinary = filepath.Join(o.BinDir, BinLab)
 	}
 	return errors.Join(errs...)
 }
 
-// buildCommands builds ./cmd/<name> for each name into dir, from the module
+// BuildCommands builds ./cmd/<name> for each name into dir, from the module
 // containing the working directory.
-func buildCommands(ctx context.Context, dir string, names []string, log io.Writer) error {
+func BuildCommands(ctx context.Context, dir string, names []string, log io.Writer) error {
 	root, err := moduleRoot()
 	if err != nil {
 		return fmt.Errorf("building %s: %w; pass a directory with the binaries (--bin-dir or TABBY_BIN)", strings.Join(names, ", "), err)

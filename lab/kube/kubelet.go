@@ -1,21 +1,15 @@
-package lab
+package kube
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
-	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-	"golang.org/x/sys/unix"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // A lab node's kubelet runs in the node's network namespace and in its
@@ -36,55 +30,15 @@ type KubeletOptions struct {
 	Token string
 }
 
-// KubeletDir is the node kubelet's root directory and configuration.
-func (l *Lab) KubeletDir(node string) string { return filepath.Join(l.nodeDir(node), "kubelet") }
-
 // kubeletCgroupRoot is the node's kubelet's cgroup root: one per lab node,
 // so that labs and nodes never share pods' cgroups.
 func kubeletCgroupRoot(lab, node string) string { return "/tabby-lab-" + lab + "-" + node }
-
-// cgroupV1Root is where the cgroup v1 hierarchies are mounted.
-const cgroupV1Root = "/sys/fs/cgroup"
-
-// cgroupHierarchies lists the mounted cgroup hierarchies' directories:
-// the v1 ones (cpu, memory, systemd, …) and, on a hybrid host, the unified
-// one, where runc creates the same paths.
-func cgroupHierarchies() ([]string, error) {
-	var statfs unix.Statfs_t
-	if err := unix.Statfs(cgroupV1Root, &statfs); err != nil {
-		return nil, err
-	}
-	if statfs.Type == unix.CGROUP2_SUPER_MAGIC {
-		return nil, errors.New("this host has cgroup v2 only; the lab's kubelet setup is for v1 or hybrid hosts")
-	}
-	entries, err := os.ReadDir(cgroupV1Root)
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, e := range entries {
-		p := filepath.Join(cgroupV1Root, e.Name())
-		var st unix.Statfs_t
-		if !e.IsDir() || unix.Statfs(p, &st) != nil || (st.Type != unix.CGROUP_SUPER_MAGIC && st.Type != unix.CGROUP2_SUPER_MAGIC) {
-			continue
-		}
-		if slices.Contains(out, p) {
-			continue
-		}
-		// cpu,cpuacct style links point at one hierarchy: keep one.
-		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
 
 // makeCgroupRoot creates the cgroup root in every v1 hierarchy, with
 // cpuset's cpus and mems copied from the parent (a cpuset cgroup without
 // them takes no children).
 func makeCgroupRoot(root string) error {
-	hs, err := cgroupHierarchies()
+	hs, err := lab.CgroupHierarchies()
 	if err != nil {
 		return err
 	}
@@ -107,47 +61,6 @@ func makeCgroupRoot(root string) error {
 		}
 	}
 	return nil
-}
-
-// removeCgroupRoot removes the cgroup root and everything the kubelet made
-// below it, deepest first, in every hierarchy. A cgroup that still holds a
-// process cannot be removed: that is an error (a pod outlived teardown).
-func removeCgroupRoot(root string) error {
-	if root == "" || root == "/" || !strings.HasPrefix(root, "/tabby-lab-") {
-		return fmt.Errorf("refusing to remove cgroup %q: not a lab's", root)
-	}
-	hs, err := cgroupHierarchies()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, h := range hs {
-		top := filepath.Join(h, root)
-		var dirs []string
-		err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		slices.Reverse(dirs)
-		for _, d := range dirs {
-			if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", d, err))
-			}
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // kubeletTunables are the kernel settings the kubelet checks at start
@@ -310,8 +223,8 @@ func nodeMountScript(dir string, hostPaths []nodeHostPath, keep []string) string
 // writeNodeMounts writes the node's mount script and the files it binds,
 // under <node dir>/mounts, makes the node's host path directories, and
 // returns the script's path.
-func (l *Lab) writeNodeMounts(node, cniBin, cniConf string) (string, error) {
-	dir := filepath.Join(l.nodeDir(node), "mounts")
+func (l *Cluster) writeNodeMounts(node, cniBin, cniConf string) (string, error) {
+	dir := filepath.Join(l.NodeDir(node), "mounts")
 	for _, d := range []string{"sysctl", "log"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return "", fmt.Errorf("creating node mount directories: %w", err)
@@ -323,7 +236,7 @@ func (l *Lab) writeNodeMounts(node, cniBin, cniConf string) (string, error) {
 		}
 	}
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
-	hps := nodeHostPaths(l.nodeDir(node), cniBin, cniConf, resolveHostPath, exists)
+	hps := nodeHostPaths(l.NodeDir(node), cniBin, cniConf, resolveHostPath, exists)
 	for _, hp := range hps {
 		if err := os.MkdirAll(hp.Src, 0o755); err != nil {
 			return "", fmt.Errorf("creating node host path directory: %w", err)
@@ -332,7 +245,7 @@ func (l *Lab) writeNodeMounts(node, cniBin, cniConf string) (string, error) {
 	script := filepath.Join(dir, "mounts.sh")
 	// The lab's directory may lie under a covered one (/run/tabby-lab):
 	// the node's processes must see the host's, where the lab looks.
-	keep := []string{netnsDirMount, resolveHostPath(l.dir)}
+	keep := []string{netnsDirMount, resolveHostPath(l.Dir())}
 	if err := os.WriteFile(script, []byte(nodeMountScript(dir, hps, keep)), 0o755); err != nil {
 		return "", fmt.Errorf("writing node mount script: %w", err)
 	}
@@ -342,10 +255,10 @@ func (l *Lab) writeNodeMounts(node, cniBin, cniConf string) (string, error) {
 // NodeHostDir is the node's directory that is bound at a host path p of
 // the DaemonSet (/var/run/tabby, /var/lib/tabby, …; links resolved as on
 // the host) in the node's mount namespace; "" when p is none of them.
-func (l *Lab) NodeHostDir(node, p string) string {
+func (l *Cluster) NodeHostDir(node, p string) string {
 	exists := func(string) bool { return true }
 	p = filepath.Join(resolveHostPath(filepath.Dir(p)), filepath.Base(p))
-	for _, hp := range nodeHostPaths(l.nodeDir(node), l.nodeCNIBinDir(node), filepath.Dir(l.conflistPath(node)), resolveHostPath, exists) {
+	for _, hp := range nodeHostPaths(l.NodeDir(node), l.nodeCNIBinDir(node), filepath.Dir(l.ConflistPath(node)), resolveHostPath, exists) {
 		if hp.Target == p {
 			return hp.Src
 		}
@@ -430,16 +343,16 @@ current-context: lab
 // StartKubelet starts the node's kubelet (kubelet from the Kubernetes
 // binaries cache; see kube/kubetest.Require) registering the node under
 // its lab name. Teardown stops it and removes its cgroups and directory.
-func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o KubeletOptions) error {
+func (l *Cluster) StartKubelet(ctx context.Context, node, kubeletBin string, o KubeletOptions) error {
 	st := l.State()
-	n := st.node(node)
+	n := st.Node(node)
 	if n == nil {
 		return fmt.Errorf("no node %q", node)
 	}
-	if !n.Containerd.alive() {
+	if !n.Containerd.Alive() {
 		return fmt.Errorf("the kubelet of %s needs the node's containerd: start it first", node)
 	}
-	if n.Kubelet.alive() {
+	if n.Kubelet.Alive() {
 		return fmt.Errorf("the kubelet of %s is running (pid %d)", node, n.Kubelet.PID)
 	}
 	dir := l.KubeletDir(node)
@@ -470,8 +383,8 @@ func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o Kubel
 	// Recorded before it exists, so that Teardown removes it whatever
 	// happens next.
 	cgroupRoot := kubeletCgroupRoot(st.Name, node)
-	if err := l.update(func(s *State) error {
-		if n := s.node(node); n != nil {
+	if err := l.Update(func(s *lab.State) error {
+		if n := s.Node(node); n != nil {
 			n.CgroupRoot = cgroupRoot
 			return nil
 		}
@@ -493,123 +406,16 @@ func (l *Lab) StartKubelet(ctx context.Context, node, kubeletBin string, o Kubel
 		"--node-ip=" + n.IP.Addr().String(),
 		"--v=2",
 	}
-	progress(l.log, "starting kubelet on %s (cgroup root %s)", node, cgroupRoot)
-	p, done, err := startDetached("kubelet "+node, n.NetNS, argv, filepath.Join(dir, "kubelet.log"), pidFile(dir, "kubelet"))
+	l.Progress("starting kubelet on %s (cgroup root %s)", node, cgroupRoot)
+	p, _, err := l.StartDetached("kubelet "+node, n.NetNS, argv, filepath.Join(dir, "kubelet.log"), lab.PIDFile(dir, "kubelet"))
 	if err != nil {
 		return err
 	}
-	l.trackExit(p.PID, done)
-	return l.update(func(s *State) error {
-		if n := s.node(node); n != nil {
+	return l.Update(func(s *lab.State) error {
+		if n := s.Node(node); n != nil {
 			n.Kubelet = p
 			return nil
 		}
 		return fmt.Errorf("node %q vanished while starting its kubelet", node)
 	})
-}
-
-// StopKubelet stops the node's kubelet (SIGTERM, SIGKILL after 10 s) and
-// removes its cgroups (which fails while pods' containers are in them).
-func (l *Lab) StopKubelet(ctx context.Context, node string) error {
-	if err := l.stopKubeletProc(ctx, node); err != nil {
-		return err
-	}
-	return l.removeKubeletCgroups(node)
-}
-
-func (l *Lab) stopKubeletProc(ctx context.Context, node string) error {
-	n := l.State().node(node)
-	if n == nil {
-		return fmt.Errorf("no node %q", node)
-	}
-	if n.Kubelet == nil {
-		return nil
-	}
-	progress(l.log, "stopping kubelet on %s (pid %d)", node, n.Kubelet.PID)
-	return n.Kubelet.stop(ctx, syscall.SIGTERM, 10*time.Second, l.exitChan(n.Kubelet.PID))
-}
-
-func (l *Lab) removeKubeletCgroups(node string) error {
-	if n := l.State().node(node); n != nil && n.CgroupRoot != "" {
-		return removeCgroupRoot(n.CgroupRoot)
-	}
-	return nil
-}
-
-// ListenIn opens a TCP listener on addr inside the lab namespace ns: the
-// socket belongs to that namespace while this process accepts on it, so a
-// process of the lab process's own namespace (a test's API server on
-// 127.0.0.1) can be offered to a node through Proxy.
-func ListenIn(ns, addr string) (net.Listener, error) {
-	var l net.Listener
-	err := inNetNS(ns, func() (err error) {
-		l, err = net.Listen("tcp", addr)
-		return err
-	})
-	if err != nil {
-		if l != nil {
-			l.Close()
-		}
-		return nil, fmt.Errorf("listening on %s in %s: %w", addr, ns, err)
-	}
-	return l, nil
-}
-
-// DialIn connects to addr from inside the lab namespace ns; the
-// connection is this process's, so its clients need no route into the lab.
-func DialIn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := inNetNS(ns, func() (err error) {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, network, addr)
-		return err
-	})
-	if err != nil {
-		if c != nil {
-			c.Close()
-		}
-		return nil, fmt.Errorf("dialing %s in %s: %w", addr, ns, err)
-	}
-	return c, nil
-}
-
-// inNetNS runs fn on a locked thread inside the lab namespace ns
-// (pkg/ns): sockets fn makes stay in ns.
-func inNetNS(name string, fn func() error) error {
-	return ns.WithNetNSPath(NetNSPath(name), func(ns.NetNS) error { return fn() })
-}
-
-// Proxy forwards every connection accepted on l to the TCP address target
-// of this process's namespace until l is closed; then it closes the
-// connections it forwards and returns once they are done.
-func Proxy(l net.Listener, target string) error {
-	var (
-		mu    sync.Mutex
-		conns = map[net.Conn]bool{}
-		wg    sync.WaitGroup
-	)
-	defer wg.Wait()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			mu.Lock()
-			for c := range conns {
-				c.Close()
-			}
-			mu.Unlock()
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return err
-		}
-		mu.Lock()
-		conns[c] = true
-		mu.Unlock()
-		wg.Go(func() {
-			forward(c, target)
-			mu.Lock()
-			delete(conns, c)
-			mu.Unlock()
-		})
-	}
 }

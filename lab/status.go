@@ -25,7 +25,7 @@ func (l *Lab) WriteStatus(ctx context.Context, w io.Writer) error {
 			agent = "agent " + procState(n.Agent)
 		}
 		fmt.Fprintf(w, "%s  %s  netns %s  %s\n", n.Name, n.IP, n.NetNS, agent)
-		if st.NoAgents || !n.Agent.alive() {
+		if st.NoAgents || !n.Agent.Alive() {
 			fmt.Fprintln(w)
 			continue
 		}
@@ -63,7 +63,7 @@ func procState(p *Proc) string {
 	switch {
 	case p == nil:
 		return "not started"
-	case p.alive():
+	case p.Alive():
 		return fmt.Sprintf("running, pid %d", p.PID)
 	default:
 		return fmt.Sprintf("not running (was pid %d)", p.PID)

@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/internal/image"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // fdTargets maps each open descriptor of pid to what it refers to
@@ -65,10 +66,11 @@ func TestPrivilegedContainerd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
-	l, err := Up(ctx, Options{Name: name, Nodes: 1, RunDir: runDir, NoAgents: true, LabBinary: labBinary(t), Log: &log})
+	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: 1, RunDir: runDir, NoAgents: true, LabBinary: labBinary(t), Log: &log})
 	if err != nil {
 		t.Fatalf("Up: %v\n%s", err, log.String())
 	}
+	l := New(base)
 	down := false
 	t.Cleanup(func() {
 		if !down {
@@ -82,12 +84,12 @@ func TestPrivilegedContainerd(t *testing.T) {
 	if err := l.StartContainerd(ctx, "node1"); err != nil {
 		t.Fatalf("StartContainerd: %v\n%s", err, log.String())
 	}
-	p := l.State().node("node1").Containerd
-	if p == nil || !p.alive() {
+	p := l.State().Node("node1").Containerd
+	if p == nil || !p.Alive() {
 		t.Fatalf("containerd not recorded or not running: %+v", p)
 	}
 	// In the node's network namespace.
-	nodeNS, err := os.Stat(NetNSPath(l.State().node("node1").NetNS))
+	nodeNS, err := os.Stat(lab.NetNSPath(l.State().Node("node1").NetNS))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +143,8 @@ func TestPrivilegedContainerd(t *testing.T) {
 	if err := l.Down(); err != nil {
 		t.Fatalf("Down: %v\n%s", err, log.String())
 	}
-	assertGone(t, name, labDir, []*Proc{p})
-	if mps, err := mountsUnder(runDir); err != nil || len(mps) > 0 {
+	assertGone(t, name, labDir, []*lab.Proc{p})
+	if mps, err := lab.MountsUnder(runDir); err != nil || len(mps) > 0 {
 		t.Errorf("mounts left under %s: %v (%v)", runDir, mps, err)
 	}
 	if _, err := os.Stat("/run/containerd"); errors.Is(runContainerdBefore, os.ErrNotExist) && err == nil {

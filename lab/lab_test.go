@@ -54,7 +54,7 @@ func TestOptionsValidate(t *testing.T) {
 }
 
 func TestNodeAddressing(t *testing.T) {
-	got := []string{nodePrefix(firstNodeHost).String(), nodePrefix(firstNodeHost + 9).String(), nodeName(4), podName(2, 3),
+	got := []string{nodePrefix(firstNodeHost).String(), nodePrefix(firstNodeHost + 9).String(), NodeName(4), podName(2, 3),
 		nodePrefix6(firstNodeHost).String(), nodePrefix6(maxNodeHost).String()}
 	want := []string{"198.18.0.11/24", "198.18.0.20/24", "node4", "n2p3", "2001:db8::b/64", "2001:db8::fe/64"}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -107,7 +107,7 @@ func TestExpectedPeers(t *testing.T) {
 	nodes := func(n int) []NodeState {
 		var s []NodeState
 		for i := 1; i <= n; i++ {
-			s = append(s, NodeState{Name: nodeName(i)})
+			s = append(s, NodeState{Name: NodeName(i)})
 		}
 		return s
 	}
@@ -212,7 +212,7 @@ func TestProcAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &Proc{Role: "sleeper", PID: cmd.Process.Pid, Argv: []string{"nsenter", "--net=/run/netns/x", "--", "sleep", "30"}, StartTime: st}
-	if !p.alive() {
+	if !p.Alive() {
 		t.Fatal("alive() = false for the running process (command line after nsenter exec'd)")
 	}
 	for name, q := range map[string]*Proc{
@@ -220,14 +220,14 @@ func TestProcAlive(t *testing.T) {
 		"other start time":   {PID: p.PID, Argv: p.Argv, StartTime: st + 1},
 		"no pid":             {Argv: p.Argv},
 	} {
-		if q.alive() {
+		if q.Alive() {
 			t.Errorf("%s: alive() = true", name)
 		}
 	}
-	if err := p.stop(t.Context(), syscall.SIGTERM, 5*time.Second, done); err != nil {
+	if err := p.Stop(t.Context(), syscall.SIGTERM, 5*time.Second, done); err != nil {
 		t.Fatal(err)
 	}
-	if p.alive() {
+	if p.Alive() {
 		t.Error("alive() = true after stop")
 	}
 }
@@ -254,5 +254,14 @@ func TestStateRoundTrip(t *testing.T) {
 	got.removeNamespace("lab-fabric")
 	if diff := cmp.Diff([]string{"lab-node1", "lab-pod-p"}, got.Namespaces); diff != "" {
 		t.Errorf("namespaces (-want +got):\n%s", diff)
+	}
+}
+
+// TestRemoveCgroupRootRefuses: only a lab's cgroup root is ever removed.
+func TestRemoveCgroupRootRefuses(t *testing.T) {
+	for _, root := range []string{"", "/", "/kubepods", "/system.slice", "tabby-lab-x"} {
+		if err := removeCgroupRoot(root); err == nil || !strings.Contains(err.Error(), "refusing") {
+			t.Errorf("removeCgroupRoot(%q) = %v, want a refusal", root, err)
+		}
 	}
 }

@@ -23,30 +23,32 @@ import (
 )
 
 // Files of a node in its directory.
-func (l *Lab) cniSocket(node string) string    { return filepath.Join(l.nodeDir(node), "cni.sock") }
-func (l *Lab) statusSocket(node string) string { return filepath.Join(l.nodeDir(node), "status.sock") }
-func (l *Lab) conflistPath(node string) string {
-	return filepath.Join(l.nodeDir(node), "net.d", "10-tabby.conflist")
+func (l *Lab) cniSocket(node string) string    { return filepath.Join(l.NodeDir(node), "cni.sock") }
+func (l *Lab) statusSocket(node string) string { return filepath.Join(l.NodeDir(node), "status.sock") }
+func (l *Lab) ConflistPath(node string) string {
+	return filepath.Join(l.NodeDir(node), "net.d", "10-tabby.conflist")
 }
 
 // conflistPath6 is the node's IPv6-only network configuration (labs with
 // an IPv6 underlay).
 func (l *Lab) conflistPath6(node string) string {
-	return filepath.Join(l.nodeDir(node), "net.d", "ipv6-only", "10-tabby.conflist")
+	return filepath.Join(l.NodeDir(node), "net.d", "ipv6-only", "10-tabby.conflist")
 }
 
 func (l *Lab) podConflistPath(node string, p *PodState) string {
 	if p.IPv6Only {
 		return l.conflistPath6(node)
 	}
-	return l.conflistPath(node)
+	return l.ConflistPath(node)
 }
 
 // portmapDirs are where Debian's CNI plugins live; the lab adds portmap to
 // the chain when one of them has it.
 var portmapDirs = []string{"/usr/lib/cni", "/opt/cni/bin"}
 
-func pluginDir(name string) string {
+// PluginDir is the directory holding the CNI plugin name among
+// portmapDirs, or "" when none has it.
+func PluginDir(name string) string {
 	for _, d := range portmapDirs {
 		if fi, err := os.Stat(filepath.Join(d, name)); err == nil && !fi.IsDir() {
 			return d
@@ -60,16 +62,16 @@ func (l *Lab) writeConflist(node string) error {
 	// Rendered the way tabby-agent install-cni renders a node's: the same
 	// template, unless this host lacks the portmap plugin it chains.
 	tmpl := installcni.DefaultTemplate
-	if pluginDir("portmap") == "" {
+	if PluginDir("portmap") == "" {
 		tmpl = tabbyOnlyTemplate
 	}
 	b, _, err := installcni.Render(tmpl, 1500, l.cniSocket(node))
 	if err != nil {
 		return fmt.Errorf("writing CNI configuration: %w", err)
 	}
-	files := map[string][]byte{l.conflistPath(node): b}
+	files := map[string][]byte{l.ConflistPath(node): b}
 	if l.State().DualStack {
-		if files[l.conflistPath(node)], err = withFamilies(b, true, true); err != nil {
+		if files[l.ConflistPath(node)], err = withFamilies(b, true, true); err != nil {
 			return fmt.Errorf("writing CNI configuration: %w", err)
 		}
 		if files[l.conflistPath6(node)], err = withFamilies(b, false, true); err != nil {
@@ -97,9 +99,9 @@ const tabbyOnlyTemplate = `{
 
 // agentArgv is the agent's command line for a node.
 func (l *Lab) agentArgv(st *State, n *NodeState) []string {
-	d := l.nodeDir(n.Name)
+	d := l.NodeDir(n.Name)
 	argv := []string{
-		filepath.Join(st.BinDir, binAgent),
+		filepath.Join(st.BinDir, BinAgent),
 		"--node-name", n.Name,
 		"--node-ip", n.IP.String(),
 		"--etcd-endpoints", strings.Join(st.EtcdEndpoints(), ","),
@@ -119,25 +121,25 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 // after StopAgent). It does not wait for the agent to serve.
 func (l *Lab) StartAgent(ctx context.Context, node string) error {
 	st := l.State()
-	n := st.node(node)
+	n := st.Node(node)
 	if n == nil {
 		return fmt.Errorf("no node %q", node)
 	}
-	if n.Agent.alive() {
+	if n.Agent.Alive() {
 		return fmt.Errorf("the agent of %s is running (pid %d)", node, n.Agent.PID)
 	}
-	d := l.nodeDir(node)
+	d := l.NodeDir(node)
 	if err := os.MkdirAll(filepath.Join(d, "state"), 0o755); err != nil {
 		return fmt.Errorf("creating agent state directory: %w", err)
 	}
 	progress(l.log, "starting tabby-agent on %s (%s)", node, n.IP)
-	p, done, err := startDetached("agent "+node, n.NetNS, l.agentArgv(st, n), filepath.Join(d, "agent.log"), pidFile(d, "agent"))
+	p, done, err := startDetached("agent "+node, n.NetNS, l.agentArgv(st, n), filepath.Join(d, "agent.log"), PIDFile(d, "agent"))
 	if err != nil {
 		return err
 	}
 	l.trackExit(p.PID, done)
-	return l.update(func(s *State) error {
-		if n := s.node(node); n != nil {
+	return l.Update(func(s *State) error {
+		if n := s.Node(node); n != nil {
 			n.Agent = p
 			return nil
 		}
@@ -148,7 +150,7 @@ func (l *Lab) StartAgent(ctx context.Context, node string) error {
 // StopAgent sends sig to the node's agent and waits until it exited
 // (SIGKILL after 10 s). SIGTERM is the agent's graceful exit.
 func (l *Lab) StopAgent(ctx context.Context, node string, sig syscall.Signal) error {
-	n := l.State().node(node)
+	n := l.State().Node(node)
 	if n == nil {
 		return fmt.Errorf("no node %q", node)
 	}
@@ -156,20 +158,20 @@ func (l *Lab) StopAgent(ctx context.Context, node string, sig syscall.Signal) er
 		return nil
 	}
 	progress(l.log, "stopping tabby-agent on %s (pid %d, %v)", node, n.Agent.PID, sig)
-	return n.Agent.stop(ctx, sig, 10*time.Second, l.exitChan(n.Agent.PID))
+	return n.Agent.Stop(ctx, sig, 10*time.Second, l.exitChan(n.Agent.PID))
 }
 
 // waitAgentServing waits until the node's agent answers on its status
 // socket and has its CNI socket.
 func (l *Lab) waitAgentServing(ctx context.Context, node string) error {
-	n := l.State().node(node)
+	n := l.State().Node(node)
 	if n == nil {
 		return fmt.Errorf("no node %q", node)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
-		if !n.Agent.alive() {
+	err := Poll(ctx, 100*time.Millisecond, func() (bool, error) {
+		if !n.Agent.Alive() {
 			return false, fmt.Errorf("the agent of %s exited; see %s", node, n.Agent.Log)
 		}
 		if _, err := os.Stat(l.cniSocket(node)); err != nil {
@@ -248,9 +250,9 @@ func (l *Lab) configureRouteReflectors(ctx context.Context, k int) error {
 	}}
 	st := l.State()
 	for i := 1; i <= k; i++ {
-		n := st.node(nodeName(i))
+		n := st.Node(NodeName(i))
 		if n == nil {
-			return fmt.Errorf("no node %q", nodeName(i))
+			return fmt.Errorf("no node %q", NodeName(i))
 		}
 		objs = append(objs, &api.Node{
 			Metadata: api.ObjectMeta{Name: n.Name, Labels: map[string]string{"route-reflector": "true"}},
@@ -305,7 +307,7 @@ func (l *Lab) WaitEstablished(ctx context.Context) error {
 	st := l.State()
 	want := expectedPeers(st)
 	var problem error
-	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+	err := Poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		var errs []error
 		for _, n := range st.Nodes {
 			s, err := l.NodeStatus(ctx, n.Name)
@@ -340,7 +342,7 @@ func (l *Lab) WaitEstablished(ctx context.Context) error {
 func (l *Lab) WaitRoutes(ctx context.Context) error {
 	st := l.State()
 	var problem error
-	err := poll(ctx, 200*time.Millisecond, func() (bool, error) {
+	err := Poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		var errs []error
 		blocks := map[string][]string{}
 		for _, n := range st.Nodes {

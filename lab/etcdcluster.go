@@ -19,7 +19,7 @@ func (l *Lab) StartEtcd(ctx context.Context) error {
 	st := l.State()
 	var started []string
 	for _, m := range st.Etcd {
-		if m.Proc.alive() {
+		if m.Proc.Alive() {
 			continue
 		}
 		// Members of a cluster start together: each waits for a quorum.
@@ -38,7 +38,7 @@ func (l *Lab) StartEtcd(ctx context.Context) error {
 			return err
 		}
 	}
-	err := poll(wctx, 100*time.Millisecond, func() (bool, error) {
+	err := Poll(wctx, 100*time.Millisecond, func() (bool, error) {
 		s, err := l.connect(wctx)
 		if err != nil {
 			return false, nil
@@ -72,7 +72,7 @@ func (l *Lab) StopEtcdMember(ctx context.Context, name string, sig syscall.Signa
 		return nil
 	}
 	progress(l.log, "stopping etcd member %s (pid %d, %v)", name, m.Proc.PID, sig)
-	return m.Proc.stop(ctx, sig, 10*time.Second, l.exitChan(m.Proc.PID))
+	return m.Proc.Stop(ctx, sig, 10*time.Second, l.exitChan(m.Proc.PID))
 }
 
 // StartEtcdMember starts one stopped etcd member again on its data and
@@ -83,7 +83,7 @@ func (l *Lab) StartEtcdMember(ctx context.Context, name string) error {
 	if m == nil {
 		return fmt.Errorf("no etcd member %q", name)
 	}
-	if m.Proc.alive() {
+	if m.Proc.Alive() {
 		return fmt.Errorf("etcd member %s is running (pid %d)", name, m.Proc.PID)
 	}
 	if err := l.startEtcdMember(st, *m); err != nil {
@@ -108,13 +108,13 @@ func (l *Lab) startEtcdMember(st *State, m EtcdMember) error {
 		}
 		argv = append(argv, "--name", m.Name, "--peer-url", m.peerURL(), "--initial-cluster", strings.Join(cluster, ","))
 	}
-	progress(l.log, "starting etcd member %s in %s at %s", m.Name, st.etcdNS(), m.ClientURL())
-	p, done, err := startDetached(m.Name, st.etcdNS(), argv, filepath.Join(l.dir, m.Name+".log"), pidFile(l.dir, m.Name))
+	progress(l.log, "starting etcd member %s in %s at %s", m.Name, st.EtcdNS(), m.ClientURL())
+	p, done, err := startDetached(m.Name, st.EtcdNS(), argv, filepath.Join(l.dir, m.Name+".log"), PIDFile(l.dir, m.Name))
 	if err != nil {
 		return err
 	}
 	l.trackExit(p.PID, done)
-	return l.update(func(s *State) error {
+	return l.Update(func(s *State) error {
 		if sm := s.etcdMember(m.Name); sm != nil {
 			sm.Proc = p
 			return nil
@@ -132,7 +132,7 @@ func (l *Lab) waitEtcdMember(ctx context.Context, name string) error {
 	}
 	done := l.exitChan(m.Proc.PID)
 	sock := l.EtcdSocket(name)
-	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
+	err := Poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		select {
 		case <-done:
 			return false, fmt.Errorf("etcd member %s exited; see %s", name, m.Proc.Log)

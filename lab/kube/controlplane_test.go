@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"crypto/x509"

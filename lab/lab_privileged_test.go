@@ -45,42 +45,6 @@ func labName(tb testing.TB, prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-// requireKubeletHost skips tb unless this host can run lab kubelets and
-// their pods: root, TABBY_BIN holding the named image archives (in
-// images/, from `make images`), containerd and the commands the lab runs
-// it with plus extra ones, Debian's loopback plugin (containerd's CRI runs
-// it for every pod) plus the named plugins, and cgroups. It returns
-// TABBY_BIN and the archives' paths.
-func requireKubeletHost(tb testing.TB, archives, commands, plugins []string) (binDir string, paths []string) {
-	tb.Helper()
-	skipUnlessRoot(tb)
-	binDir = os.Getenv("TABBY_BIN")
-	if binDir == "" {
-		tb.Skip("TABBY_BIN is not set: run `make build images` and set TABBY_BIN=$PWD/bin")
-	}
-	for _, a := range archives {
-		p := filepath.Join(binDir, "images", a)
-		if _, err := os.Stat(p); err != nil {
-			tb.Skipf("image archive missing (%v): run `make images`", err)
-		}
-		paths = append(paths, p)
-	}
-	for _, c := range append([]string{"containerd", "ctr", "unshare", "findmnt"}, commands...) {
-		if _, err := exec.LookPath(c); err != nil {
-			tb.Skipf("%s not installed (apt-get install containerd util-linux iputils-ping): %v", c, err)
-		}
-	}
-	for _, p := range append([]string{"loopback"}, plugins...) {
-		if _, err := os.Stat(filepath.Join(cniPluginDir, p)); err != nil {
-			tb.Skipf("Debian's %s CNI plugin is needed (apt-get install containernetworking-plugins): %v", p, err)
-		}
-	}
-	if _, err := cgroupHierarchies(); err != nil {
-		tb.Skipf("cgroups: %v", err)
-	}
-	return binDir, paths
-}
-
 var (
 	buildOnce sync.Once
 	builtDir  string
@@ -92,18 +56,18 @@ var (
 func labBinary(t *testing.T) string {
 	t.Helper()
 	if d := os.Getenv("TABBY_BIN"); d != "" {
-		return filepath.Join(d, binLab)
+		return filepath.Join(d, BinLab)
 	}
 	buildOnce.Do(func() {
 		builtDir, buildErr = os.MkdirTemp("", "tabby-lab-test-bin-")
 		if buildErr == nil {
-			buildErr = buildCommands(context.Background(), builtDir, []string{binLab}, nil)
+			buildErr = BuildCommands(context.Background(), builtDir, []string{BinLab}, nil)
 		}
 	})
 	if buildErr != nil {
 		t.Fatalf("building tabby-lab: %v", buildErr)
 	}
-	return filepath.Join(builtDir, binLab)
+	return filepath.Join(builtDir, BinLab)
 }
 
 func TestMain(m *testing.M) {
@@ -117,7 +81,7 @@ func TestMain(m *testing.M) {
 // labNamespaces lists the namespaces in /run/netns that start with name-.
 func labNamespaces(t *testing.T, name string) []string {
 	t.Helper()
-	entries, err := os.ReadDir(netnsDir)
+	entries, err := os.ReadDir(NetNSDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
@@ -138,7 +102,7 @@ func assertGone(t *testing.T, name, dir string, procs []*Proc) {
 		t.Errorf("namespaces left after down: %v", ns)
 	}
 	for _, p := range procs {
-		if p.alive() {
+		if p.Alive() {
 			t.Errorf("%s (pid %d) still running after down", p.Role, p.PID)
 		}
 	}
@@ -270,7 +234,7 @@ func TestPrivilegedEtcdRestart(t *testing.T) {
 	if err := l.StopEtcd(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if old.alive() {
+	if old.Alive() {
 		t.Fatalf("etcd pid %d alive after StopEtcd", old.PID)
 	}
 	if err := l.StartEtcd(ctx); err != nil {
@@ -305,7 +269,7 @@ func TestPrivilegedTeardownAfterCrash(t *testing.T) {
 	}
 	// Crash once etcd runs and the first node namespace is being made.
 	var st *State
-	err := poll(ctx, 5*time.Millisecond, func() (bool, error) {
+	err := Poll(ctx, 5*time.Millisecond, func() (bool, error) {
 		s, err := loadState(dir)
 		if err != nil {
 			return false, nil
@@ -321,7 +285,7 @@ func TestPrivilegedTeardownAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = up.Wait()
-	if etcd := st.etcdProcs()[0]; !etcd.alive() {
+	if etcd := st.etcdProcs()[0]; !etcd.Alive() {
 		t.Fatalf("etcd (pid %d) not running after up crashed: nothing to clean up\n%s", etcd.PID, out.String())
 	}
 	if len(labNamespaces(t, name)) == 0 {

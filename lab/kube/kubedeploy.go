@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/kube/kubebins"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // KubeOptions configure StartKubernetes.
@@ -26,7 +27,7 @@ type KubeOptions struct {
 // returns once every node is registered. In a lab without agents the
 // nodes have no CNI configuration, as an operator's nodes before a network
 // plugin is deployed (DeployTabby).
-func (l *Lab) StartKubernetes(ctx context.Context, o KubeOptions) error {
+func (l *Cluster) StartKubernetes(ctx context.Context, o KubeOptions) error {
 	bins, err := kubebins.Find("kubelet")
 	if err != nil {
 		return err
@@ -37,7 +38,7 @@ func (l *Lab) StartKubernetes(ctx context.Context, o KubeOptions) error {
 	st := l.State()
 	for _, n := range st.Nodes {
 		if st.NoAgents {
-			if err := os.Remove(l.conflistPath(n.Name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := os.Remove(l.ConflistPath(n.Name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
 		}
@@ -53,7 +54,7 @@ func (l *Lab) StartKubernetes(ctx context.Context, o KubeOptions) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	err = poll(wctx, 250*time.Millisecond, func() (bool, error) {
+	err = lab.Poll(wctx, 250*time.Millisecond, func() (bool, error) {
 		if err := l.ControlPlaneRunning(); err != nil {
 			return false, err
 		}
@@ -63,7 +64,7 @@ func (l *Lab) StartKubernetes(ctx context.Context, o KubeOptions) error {
 	if err != nil {
 		return fmt.Errorf("waiting for %d nodes to register: %w", len(st.Nodes), err)
 	}
-	progress(l.log, "Kubernetes is up: %d nodes registered with %s", len(st.Nodes), APIServerURL())
+	l.Progress("Kubernetes is up: %d nodes registered with %s", len(st.Nodes), APIServerURL())
 	return nil
 }
 
@@ -85,7 +86,7 @@ type DeployOptions struct {
 // tabby-kube-controllers.yaml, in the README's order: the controllers once
 // the DaemonSet is ready and every node Ready. It returns once the
 // controllers are available.
-func (l *Lab) DeployTabby(ctx context.Context, o DeployOptions) error {
+func (l *Cluster) DeployTabby(ctx context.Context, o DeployOptions) error {
 	if o.Timeout == 0 {
 		o.Timeout = 4 * time.Minute
 	}
@@ -131,9 +132,9 @@ func (l *Lab) DeployTabby(ctx context.Context, o DeployOptions) error {
 		if err != nil {
 			return fmt.Errorf("deploying Tabby: %w", err)
 		}
-		progress(l.log, "kubectl %s: %s", strings.Join(args, " "), bytes.TrimSpace(out))
+		l.Progress("kubectl %s: %s", strings.Join(args, " "), bytes.TrimSpace(out))
 	}
-	progress(l.log, "Tabby is deployed: DaemonSet ready, controllers available, every node Ready")
+	l.Progress("Tabby is deployed: DaemonSet ready, controllers available, every node Ready")
 	return nil
 }
 
@@ -195,22 +196,4 @@ func setConfigMapValue(manifest []byte, key, value string) ([]byte, error) {
 		return nil, fmt.Errorf("manifest: %d ConfigMap lines for %s, want 1", n, key)
 	}
 	return []byte(strings.Join(lines, "\n")), nil
-}
-
-// PowerOffKubeNode stops what a node runs for Kubernetes as a power cut
-// would: its kubelet, every container (SIGKILL: the agent too) and
-// containerd. The node's namespace and the Kubernetes Node stay.
-func (l *Lab) PowerOffKubeNode(ctx context.Context, node string) error {
-	if l.State().node(node) == nil {
-		return fmt.Errorf("no node %q", node)
-	}
-	// The kubelet first (nothing restarts the containers), then the
-	// containers, which outlive containerd, then containerd; the pods'
-	// cgroups can go once their processes are gone.
-	errs := []error{l.stopKubeletProc(ctx, node)}
-	if l.State().node(node).Containerd.alive() {
-		errs = append(errs, removeContainers(ctx, l.ContainerdSocket(node)))
-	}
-	errs = append(errs, l.StopContainerd(ctx, node), l.removeKubeletCgroups(node))
-	return errors.Join(errs...)
 }

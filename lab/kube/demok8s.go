@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/tabbynet/tabby/lab"
 )
 
 // DemoReplicas is the size of DemoDeployment.
@@ -56,7 +58,7 @@ spec:
 // `kubectl get nodes,pods -o wide` and a ping matrix between the pods.
 // Unless keep, it tears the lab down again. Any failed step or ping is an
 // error.
-func DemoKubernetes(ctx context.Context, o Options, ko KubeOptions, manifestDir string, keep bool, w io.Writer) (err error) {
+func DemoKubernetes(ctx context.Context, o lab.Options, ko KubeOptions, manifestDir string, keep bool, w io.Writer) (err error) {
 	if o.Nodes == 0 {
 		o.Nodes = 3
 	}
@@ -64,19 +66,20 @@ func DemoKubernetes(ctx context.Context, o Options, ko KubeOptions, manifestDir 
 	if o.Log == nil {
 		o.Log = w
 	}
-	l, err := Up(ctx, o)
+	base, err := lab.Up(ctx, o)
 	if err != nil {
 		return err
 	}
+	l := New(base)
 	defer func() {
 		if keep {
-			flags := l.cliFlags()
+			flags := l.CLIFlags()
 			fmt.Fprintf(w, "\nthe cluster stays up; try `tabby-lab %s kubectl -- get pods -A -o wide` and `tabby-lab %s down`\n", flags, flags)
 			return
 		}
 		err = errors.Join(err, l.Down())
 	}()
-	section(w, "Kubernetes: control plane on the fabric, containerd and a kubelet per node")
+	lab.Section(w, "Kubernetes: control plane on the fabric, containerd and a kubelet per node")
 	if err := l.StartKubernetes(ctx, ko); err != nil {
 		return err
 	}
@@ -85,13 +88,13 @@ func DemoKubernetes(ctx context.Context, o Options, ko KubeOptions, manifestDir 
 		return err
 	}
 	w.Write(out)
-	section(w, "Tabby from manifests/ (kubectl apply, as manifests/README.md says)")
+	lab.Section(w, "Tabby from manifests/ (kubectl apply, as manifests/README.md says)")
 	start := time.Now()
 	if err := l.DeployTabby(ctx, DeployOptions{ManifestDir: manifestDir}); err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "Tabby ready on every node %v after kubectl apply\n", time.Since(start).Round(100*time.Millisecond))
-	section(w, fmt.Sprintf("a Deployment of %d pods over the nodes", DemoReplicas))
+	lab.Section(w, fmt.Sprintf("a Deployment of %d pods over the nodes", DemoReplicas))
 	path := filepath.Join(l.kubeDir(), "web.yaml")
 	if err := os.WriteFile(path, []byte(DemoDeployment), 0o644); err != nil {
 		return err
@@ -111,11 +114,11 @@ func DemoKubernetes(ctx context.Context, o Options, ko KubeOptions, manifestDir 
 	if err != nil {
 		return err
 	}
-	section(w, "ping matrix (ping -c1 -W1 from each pod's network namespace)")
-	ping := func(from PodState, to netip.Addr) error {
-		return exec.CommandContext(ctx, "nsenter", "--net="+NetNSPath(from.NetNS), "--", "ping", "-c1", "-W1", "-n", to.String()).Run()
+	lab.Section(w, "ping matrix (ping -c1 -W1 from each pod's network namespace)")
+	ping := func(from lab.PodState, to netip.Addr) error {
+		return exec.CommandContext(ctx, "nsenter", "--net="+lab.NetNSPath(from.NetNS), "--", "ping", "-c1", "-W1", "-n", to.String()).Run()
 	}
-	if failed := pingMatrix(pods, ping, w); failed > 0 {
+	if failed := lab.PingMatrix(pods, ping, w); failed > 0 {
 		return fmt.Errorf("%d pings failed", failed)
 	}
 	fmt.Fprintln(w, "\nall pods reach each other")
@@ -125,7 +128,7 @@ func DemoKubernetes(ctx context.Context, o Options, ko KubeOptions, manifestDir 
 // KubePods lists the Running pods of namespace matching selector that have
 // an address, as PodStates: name, node, address and the network namespace
 // (/run/netns/cni-…) the runtime made for it.
-func (l *Lab) KubePods(ctx context.Context, namespace, selector string) ([]PodState, error) {
+func (l *Cluster) KubePods(ctx context.Context, namespace, selector string) ([]lab.PodState, error) {
 	out, err := l.Kubectl(ctx, "-n", namespace, "get", "pods", "-l", selector, "--field-selector=status.phase=Running",
 		"-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP}{"\n"}{end}`)
 	if err != nil {
@@ -135,7 +138,7 @@ func (l *Lab) KubePods(ctx context.Context, namespace, selector string) ([]PodSt
 	if err != nil {
 		return nil, err
 	}
-	var pods []PodState
+	var pods []lab.PodState
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)
 		if len(f) != 3 {
@@ -149,7 +152,7 @@ func (l *Lab) KubePods(ctx context.Context, namespace, selector string) ([]PodSt
 		if !ok {
 			return nil, fmt.Errorf("pod %s: no network namespace holds %s", f[0], ip)
 		}
-		pods = append(pods, PodState{Name: f[0], Namespace: namespace, Node: f[1], NetNS: ns, IPs: []netip.Prefix{netip.PrefixFrom(ip, ip.BitLen())}})
+		pods = append(pods, lab.PodState{Name: f[0], Namespace: namespace, Node: f[1], NetNS: ns, IPs: []netip.Prefix{netip.PrefixFrom(ip, ip.BitLen())}})
 	}
 	return pods, nil
 }
@@ -157,7 +160,7 @@ func (l *Lab) KubePods(ctx context.Context, namespace, selector string) ([]PodSt
 // PodNetns lists the network namespaces a container runtime's CNI
 // handling made (/run/netns/cni-…).
 func PodNetns() ([]string, error) {
-	entries, err := os.ReadDir(netnsDir)
+	entries, err := os.ReadDir(lab.NetNSDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -200,7 +203,7 @@ func PodNetnsByAddr() (map[netip.Addr]string, error) {
 // KubePodNetns lists the runtime's pod network namespaces
 // (/run/netns/cni-…) that hold a task of this lab's containerds: the
 // lab's own pods', whatever other labs run at the same time.
-func (l *Lab) KubePodNetns(ctx context.Context) ([]string, error) {
+func (l *Cluster) KubePodNetns(ctx context.Context) ([]string, error) {
 	type key struct{ dev, ino uint64 }
 	id := func(path string) (key, bool) {
 		var st syscall.Stat_t
@@ -215,14 +218,14 @@ func (l *Lab) KubePodNetns(ctx context.Context) ([]string, error) {
 	}
 	byID := map[key]string{}
 	for _, ns := range nss {
-		if k, ok := id(filepath.Join(netnsDir, ns)); ok {
+		if k, ok := id(filepath.Join(lab.NetNSDir, ns)); ok {
 			byID[k] = ns
 		}
 	}
 	seen := map[string]bool{}
 	var out []string
 	for _, n := range l.State().Nodes {
-		if !n.Containerd.alive() {
+		if !n.Containerd.Alive() {
 			continue
 		}
 		tasks, err := l.Ctr(ctx, n.Name, "tasks", "ls")

@@ -35,14 +35,14 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 	}
 	defer func() {
 		if keep {
-			flags := l.cliFlags()
+			flags := l.CLIFlags()
 			fmt.Fprintf(w, "\nthe lab stays up; try `tabby-lab %s status`, `tabby-lab %s exec node1 -- ip route` and `tabby-lab %s down`\n", flags, flags, flags)
 			return
 		}
 		err = errors.Join(err, l.Down())
 	}()
 
-	section(w, "waiting for BGP sessions and routes")
+	Section(w, "waiting for BGP sessions and routes")
 	wctx, cancel := context.WithTimeout(ctx, 120*time.Second)
 	defer cancel()
 	if err := l.WaitEstablished(wctx); err != nil {
@@ -54,7 +54,7 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 	fmt.Fprintln(w, "every session established, every block routed")
 
 	st := l.State()
-	section(w, "BGP sessions (tabby-agent status socket, GET /status)")
+	Section(w, "BGP sessions (tabby-agent status socket, GET /status)")
 	for _, n := range st.Nodes {
 		s, err := l.NodeStatus(ctx, n.Name)
 		if err != nil {
@@ -76,7 +76,7 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 		return fmt.Errorf("ping from %s to %s (%s): %w", pod.Name, other.Name, other.IPs[0].Addr(), err)
 	}
 	for _, c := range [][]string{{"ip", "addr"}, {"ip", "route"}, {"ip", "neigh"}} {
-		section(w, fmt.Sprintf("pod %s on %s: %s", pod.Name, pod.Node, strings.Join(c, " ")))
+		Section(w, fmt.Sprintf("pod %s on %s: %s", pod.Name, pod.Node, strings.Join(c, " ")))
 		out, err := l.Exec(ctx, pod.Name, c...)
 		if err != nil {
 			return err
@@ -84,24 +84,24 @@ func Demo(ctx context.Context, o Options, keep bool, w io.Writer) (err error) {
 		w.Write(out)
 	}
 	node := st.Nodes[0]
-	section(w, fmt.Sprintf("node %s: ip route (proto 80: workloads and blackholes, proto 81: learned over BGP)", node.Name))
+	Section(w, fmt.Sprintf("node %s: ip route (proto 80: workloads and blackholes, proto 81: learned over BGP)", node.Name))
 	out, err := l.Exec(ctx, node.Name, "ip", "route")
 	if err != nil {
 		return err
 	}
 	w.Write(out)
 
-	section(w, "ping matrix (ping -c1 -W1 from each pod)")
+	Section(w, "ping matrix (ping -c1 -W1 from each pod)")
 	ping := func(from PodState, to netip.Addr) error { return l.Ping(ctx, from.Name, to) }
-	if failed := pingMatrix(st.Pods, ping, w); failed > 0 {
+	if failed := PingMatrix(st.Pods, ping, w); failed > 0 {
 		return fmt.Errorf("%d pings failed", failed)
 	}
 	fmt.Fprintln(w, "\nall pods reach each other")
 	return nil
 }
 
-// cliFlags are the tabby-lab flags that name this lab.
-func (l *Lab) cliFlags() string {
+// CLIFlags are the tabby-lab flags that name this lab.
+func (l *Lab) CLIFlags() string {
 	flags := "--name " + l.Name()
 	if runDir := filepath.Dir(l.Dir()); runDir != DefaultRunDir {
 		flags += " --run-dir " + runDir
@@ -109,13 +109,14 @@ func (l *Lab) cliFlags() string {
 	return flags
 }
 
-func section(w io.Writer, title string) {
+// Section prints a demo section's title.
+func Section(w io.Writer, title string) {
 	fmt.Fprintf(w, "\n=== %s\n", title)
 }
 
-// pingMatrix pings every pod from every other pod, prints a table and
+// PingMatrix pings every pod from every other pod, prints a table and
 // returns how many pings failed.
-func pingMatrix(pods []PodState, ping func(from PodState, to netip.Addr) error, w io.Writer) int {
+func PingMatrix(pods []PodState, ping func(from PodState, to netip.Addr) error, w io.Writer) int {
 	width := 6
 	for _, p := range pods {
 		width = max(width, len(p.Name)+2)

@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"bytes"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/tabbynet/tabby/internal/image"
 	"github.com/tabbynet/tabby/kube/kubetest"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // hostTunables reads the kernel settings the kubelet checks, as the host
@@ -49,7 +50,7 @@ func TestPrivilegedKubelet(t *testing.T) {
 			t.Skipf("%s not installed (apt-get install containerd util-linux): %v", b, err)
 		}
 	}
-	if _, err := cgroupHierarchies(); err != nil {
+	if _, err := lab.CgroupHierarchies(); err != nil {
 		t.Skipf("cgroups: %v", err)
 	}
 	before := hostTunables(t)
@@ -59,10 +60,11 @@ func TestPrivilegedKubelet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
-	l, err := Up(ctx, Options{Name: name, Nodes: 1, RunDir: runDir, NoAgents: true, LabBinary: labBinary(t), Log: &log})
+	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: 1, RunDir: runDir, NoAgents: true, LabBinary: labBinary(t), Log: &log})
 	if err != nil {
 		t.Fatalf("Up: %v\n%s", err, log.String())
 	}
+	l := New(base)
 	down := false
 	t.Cleanup(func() {
 		if !down {
@@ -71,13 +73,13 @@ func TestPrivilegedKubelet(t *testing.T) {
 			}
 		}
 	})
-	node := l.State().node("node1")
-	ln, err := ListenIn(node.NetNS, "127.0.0.1:6443")
+	node := l.State().Node("node1")
+	ln, err := lab.ListenIn(node.NetNS, "127.0.0.1:6443")
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxied := make(chan error, 1)
-	go func() { proxied <- Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
+	go func() { proxied <- lab.Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
 	t.Cleanup(func() {
 		ln.Close()
 		if err := <-proxied; err != nil {
@@ -92,12 +94,12 @@ func TestPrivilegedKubelet(t *testing.T) {
 	if err := l.StartKubelet(ctx, "node1", bins["kubelet"], KubeletOptions{Server: "https://127.0.0.1:6443", Token: api.Tokens["node:node1"]}); err != nil {
 		t.Fatalf("StartKubelet: %v\n%s", err, log.String())
 	}
-	kubeletProc := l.State().node("node1").Kubelet
+	kubeletProc := l.State().Node("node1").Kubelet
 	logTailOnFail := func() string { return logTail(kubeletProc.Log) }
 
 	var n *corev1.Node
-	err = poll(ctx, 200*time.Millisecond, func() (bool, error) {
-		if !kubeletProc.alive() {
+	err = lab.Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		if !kubeletProc.Alive() {
 			return false, os.ErrProcessDone
 		}
 		n, err = api.Client.CoreV1().Nodes().Get(ctx, "node1", metav1.GetOptions{})
@@ -128,7 +130,7 @@ func TestPrivilegedKubelet(t *testing.T) {
 		}
 	}
 	cgroupRoot := kubeletCgroupRoot(name, "node1")
-	if _, err := os.Stat(filepath.Join(cgroupV1Root, "memory", cgroupRoot, "kubepods")); err != nil {
+	if _, err := os.Stat(filepath.Join(lab.CgroupV1Root, "memory", cgroupRoot, "kubepods")); err != nil {
 		t.Errorf("the kubelet's pods cgroup: %v", err)
 	}
 	if diff := hostTunables(t); !equalMaps(before, diff) {
@@ -140,8 +142,8 @@ func TestPrivilegedKubelet(t *testing.T) {
 	if err := l.Down(); err != nil {
 		t.Fatalf("Down: %v\n%s", err, log.String())
 	}
-	assertGone(t, name, labDir, []*Proc{kubeletProc})
-	hs, err := cgroupHierarchies()
+	assertGone(t, name, labDir, []*lab.Proc{kubeletProc})
+	hs, err := lab.CgroupHierarchies()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,10 +192,11 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
-	l, err := Up(ctx, Options{Name: name, Nodes: 2, PodsPerNode: 1, RunDir: runDir, BinDir: binDir, Log: &log})
+	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: 2, PodsPerNode: 1, RunDir: runDir, BinDir: binDir, Log: &log})
 	if err != nil {
 		t.Fatalf("Up: %v\n%s", err, log.String())
 	}
+	l := New(base)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, f := range []string{"node1/agent.log", "node1/containerd/containerd.log", "node1/kubelet/kubelet.log"} {
@@ -221,18 +224,18 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 		}
 		// The pod left running at Down: its network namespace goes too.
 		for _, ns := range ownNetns {
-			if _, err := os.Stat(filepath.Join(netnsDir, ns)); err == nil {
+			if _, err := os.Stat(filepath.Join(lab.NetNSDir, ns)); err == nil {
 				t.Errorf("pod network namespace %s left after Down", ns)
 			}
 		}
 	})
-	node := l.State().node("node1")
-	ln, err := ListenIn(node.NetNS, "127.0.0.1:6443")
+	node := l.State().Node("node1")
+	ln, err := lab.ListenIn(node.NetNS, "127.0.0.1:6443")
 	if err != nil {
 		t.Fatal(err)
 	}
 	proxied := make(chan error, 1)
-	go func() { proxied <- Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
+	go func() { proxied <- lab.Proxy(ln, strings.TrimPrefix(api.URL, "https://")) }()
 	t.Cleanup(func() {
 		ln.Close()
 		if err := <-proxied; err != nil {
@@ -249,7 +252,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	if err := l.StartKubelet(ctx, "node1", bins["kubelet"], KubeletOptions{Server: "https://127.0.0.1:6443", Token: api.Tokens["node:node1"]}); err != nil {
 		t.Fatalf("StartKubelet: %v\n%s", err, log.String())
 	}
-	kubelet := l.State().node("node1").Kubelet
+	kubelet := l.State().Node("node1").Kubelet
 
 	no := false
 	one := int64(1)
@@ -269,8 +272,8 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	var podIP netip.Addr
 	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer wcancel()
-	err = poll(wctx, 100*time.Millisecond, func() (bool, error) {
-		if !kubelet.alive() {
+	err = lab.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		if !kubelet.Alive() {
 			return false, errors.New("the kubelet exited")
 		}
 		p, err := api.Client.CoreV1().Pods("default").Get(ctx, "web", metav1.GetOptions{})
@@ -285,8 +288,8 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 		t.Fatalf("pod web not running with an address: %v\nstatus: %+v", err, p.Status)
 	}
 	t.Logf("pod web Running with %s %v after it was created", podIP, time.Since(created).Round(time.Millisecond))
-	if !netip.MustParsePrefix(PodPool).Contains(podIP) {
-		t.Errorf("pod address %s is not from the lab's pool %s", podIP, PodPool)
+	if !netip.MustParsePrefix(lab.PodPool).Contains(podIP) {
+		t.Errorf("pod address %s is not from the lab's pool %s", podIP, lab.PodPool)
 	}
 	var from string
 	for _, p := range l.State().Pods {
@@ -301,7 +304,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	if err := api.Client.CoreV1().Pods("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
+	err = lab.Poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		out, err := l.Exec(ctx, "node1", "ip", "route", "show", podIP.String()+"/32")
 		return err == nil && strings.TrimSpace(string(out)) == "", nil
 	})
@@ -315,7 +318,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	if _, err := api.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = poll(wctx, 100*time.Millisecond, func() (bool, error) {
+	err = lab.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
 		p, err := api.Client.CoreV1().Pods("default").Get(ctx, "left", metav1.GetOptions{})
 		return err == nil && p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", nil
 	})
@@ -340,9 +343,9 @@ var daemonSetHostPaths = []string{"/opt/cni/bin", "/etc/cni/net.d", "/var/run/ta
 // file written there from the host is seen there, the standard CNI
 // directories hold the node's plugins and conflist, and the host's own
 // paths do not show it.
-func checkNodeHostPaths(t *testing.T, l *Lab, node string) {
+func checkNodeHostPaths(t *testing.T, l *Cluster, node string) {
 	t.Helper()
-	root := fmt.Sprintf("/proc/%d/root", l.State().node(node).Containerd.PID)
+	root := fmt.Sprintf("/proc/%d/root", l.State().Node(node).Containerd.PID)
 	for _, p := range daemonSetHostPaths {
 		dir := l.NodeHostDir(node, p)
 		if dir == "" {

@@ -54,6 +54,19 @@ func startDetached(role, nsName string, argv []string, logPath, pidPath string) 
 	return p, ch, nil
 }
 
+// StartDetached starts argv inside the network namespace nsName as
+// startDetached does and remembers, for as long as this process lives,
+// when it exits (Down and the Stop* methods wait for that instead of
+// polling /proc). Record p in the State (Update) so that teardown stops it.
+func (l *Lab) StartDetached(role, nsName string, argv []string, logPath, pidPath string) (p *Proc, done <-chan struct{}, err error) {
+	p, done, err = startDetached(role, nsName, argv, logPath, pidPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	l.trackExit(p.PID, done)
+	return p, done, nil
+}
+
 // markInheritedCloseOnExec sets close-on-exec on every descriptor of this
 // process above standard error. Go opens its own with it, but the ones this
 // process inherited without it (a CI harness's or a shell's pipe) would
@@ -76,7 +89,7 @@ func markInheritedCloseOnExec() error {
 // procStartTime returns field 22 of /proc/<pid>/stat (start time in clock
 // ticks since boot).
 func procStartTime(pid int) (uint64, error) {
-	fields, err := procStat(pid)
+	fields, err := ProcStat(pid)
 	if err != nil {
 		return 0, err
 	}
@@ -88,9 +101,9 @@ func procStartTime(pid int) (uint64, error) {
 	return strconv.ParseUint(fields[19], 10, 64)
 }
 
-// procStat returns the fields of /proc/<pid>/stat after the command name,
+// ProcStat returns the fields of /proc/<pid>/stat after the command name,
 // starting with the state.
-func procStat(pid int) ([]string, error) {
+func ProcStat(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return nil, err
@@ -106,11 +119,11 @@ func procStat(pid int) ([]string, error) {
 // a zombie), started at the recorded time, with a command line that is what
 // we started or a tail of it (after nsenter and the like exec'd the next
 // program).
-func (p *Proc) alive() bool {
+func (p *Proc) Alive() bool {
 	if p == nil || p.PID <= 0 {
 		return false
 	}
-	fields, err := procStat(p.PID)
+	fields, err := ProcStat(p.PID)
 	if err != nil || len(fields) < 20 || fields[0] == "Z" || fields[0] == "X" {
 		return false
 	}
@@ -146,12 +159,12 @@ func (p *Proc) alive() bool {
 // execve the command line is empty for a moment (exec.Cmd.Start returns
 // when the close-on-exec pipe closes, before the new program's arguments
 // are in place), so an empty one is read again for a little while.
-// describe says what /proc shows of the process, for an error message.
-func (p *Proc) describe() string {
+// Describe says what /proc shows of the process, for an error message.
+func (p *Proc) Describe() string {
 	if p == nil {
 		return "no process"
 	}
-	fields, err := procStat(p.PID)
+	fields, err := ProcStat(p.PID)
 	if err != nil {
 		return fmt.Sprintf("pid %d: %v", p.PID, err)
 	}
@@ -179,8 +192,8 @@ func readCmdline(pid int) ([]byte, error) {
 // stop sends sig to the process if it is still ours, waits up to grace for
 // it to exit and then kills it. done may be nil (the process was started by
 // another lab process); then /proc is polled.
-func (p *Proc) stop(ctx context.Context, sig syscall.Signal, grace time.Duration, done <-chan struct{}) error {
-	if !p.alive() {
+func (p *Proc) Stop(ctx context.Context, sig syscall.Signal, grace time.Duration, done <-chan struct{}) error {
+	if !p.Alive() {
 		return nil
 	}
 	if err := syscall.Kill(p.PID, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
@@ -189,7 +202,7 @@ func (p *Proc) stop(ctx context.Context, sig syscall.Signal, grace time.Duration
 	if p.waitGone(ctx, grace, done) {
 		return nil
 	}
-	if p.alive() {
+	if p.Alive() {
 		if err := syscall.Kill(p.PID, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("killing %s (pid %d): %w", p.Role, p.PID, err)
 		}
@@ -213,7 +226,7 @@ func (p *Proc) waitGone(ctx context.Context, timeout time.Duration, done <-chan 
 				return true
 			default:
 			}
-		} else if !p.alive() {
+		} else if !p.Alive() {
 			return true
 		}
 		select {
@@ -226,5 +239,5 @@ func (p *Proc) waitGone(ctx context.Context, timeout time.Duration, done <-chan 
 	}
 }
 
-// pidFile is where a role's pid file lives in dir.
-func pidFile(dir, role string) string { return filepath.Join(dir, role+".pid") }
+// PIDFile is where a role's pid file lives in dir.
+func PIDFile(dir, role string) string { return filepath.Join(dir, role+".pid") }

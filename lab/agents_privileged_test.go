@@ -108,11 +108,11 @@ func TestPrivilegedAgents(t *testing.T) {
 	})
 
 	t.Run("agent restart", func(t *testing.T) {
-		old := l.State().node("node1").Agent
+		old := l.State().Node("node1").Agent
 		if err := l.StopAgent(ctx, "node1", syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		if old.alive() {
+		if old.Alive() {
 			t.Fatal("agent still alive after StopAgent")
 		}
 		if err := l.StartAgent(ctx, "node1"); err != nil {

@@ -39,7 +39,7 @@ func (l *Lab) AddNode(ctx context.Context, name string) error {
 // away), deletes its Node resource from etcd and its namespace.
 func (l *Lab) RemoveNode(ctx context.Context, name string) error {
 	st := l.State()
-	n := st.node(name)
+	n := st.Node(name)
 	if n == nil {
 		return fmt.Errorf("no node %q", name)
 	}
@@ -78,14 +78,14 @@ func (l *Lab) RemoveNode(ctx context.Context, name string) error {
 		return fmt.Errorf("removing node %s: %w", name, err)
 	}
 	progress(l.log, "removed node %s", name)
-	if err := l.update(func(s *State) error {
+	if err := l.Update(func(s *State) error {
 		s.Nodes = slices.DeleteFunc(s.Nodes, func(x NodeState) bool { return x.Name == name })
 		s.Pods = slices.DeleteFunc(s.Pods, func(p PodState) bool { return slices.Contains(pods, p.Name) })
 		return nil
 	}); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(l.nodeDir(name)); err != nil {
+	if err := os.RemoveAll(l.NodeDir(name)); err != nil {
 		return fmt.Errorf("removing node directory: %w", err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package lab
+package kube
 
 import (
 	"context"
@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tabbynet/tabby/kube/kubebins"
+	"github.com/tabbynet/tabby/lab"
 )
 
 // The lab's Kubernetes control plane lives in the control-plane namespace
@@ -36,27 +37,6 @@ import (
 // cluster's certificate authority: it issues the API server's serving
 // certificate and a client certificate for every user (admin, each kubelet),
 // all under <lab dir>/kube.
-
-// ControlPlane is the lab's Kubernetes control plane, once started.
-type ControlPlane struct {
-	APIServer         *Proc `json:"apiserver,omitempty"`
-	ControllerManager *Proc `json:"controllerManager,omitempty"`
-	Scheduler         *Proc `json:"scheduler,omitempty"`
-}
-
-func (c *ControlPlane) procs() []*Proc {
-	if c == nil {
-		return nil
-	}
-	var ps []*Proc
-	// Controllers before the API server they talk to.
-	for _, p := range []*Proc{c.ControllerManager, c.Scheduler, c.APIServer} {
-		if p != nil {
-			ps = append(ps, p)
-		}
-	}
-	return ps
-}
 
 const (
 	// apiServerPort is kube-apiserver's port on apiServerAddr.
@@ -72,7 +52,7 @@ const (
 
 // apiServerAddr is where kube-apiserver listens: the control-plane
 // namespace's first address.
-var apiServerAddr = etcdAddr
+var apiServerAddr = lab.ControlPlaneAddr()
 
 // APIServerURL is the lab API server's URL on the fabric.
 func APIServerURL() string {
@@ -88,12 +68,12 @@ var KubeControllers = []string{
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller", "disruption-controller",
 }
 
-func (l *Lab) kubeDir() string { return filepath.Join(l.dir, kubeDirName) }
+func (l *Cluster) kubeDir() string { return filepath.Join(l.Dir(), kubeDirName) }
 
 // AdminKubeconfig is the path of a kubeconfig for the cluster's admin
 // (group system:masters), valid inside the control-plane namespace and
 // any node's (see Kubectl).
-func (l *Lab) AdminKubeconfig() string { return filepath.Join(l.kubeDir(), "admin.kubeconfig") }
+func (l *Cluster) AdminKubeconfig() string { return filepath.Join(l.kubeDir(), "admin.kubeconfig") }
 
 // labCA is the lab cluster's certificate authority.
 type labCA struct {
@@ -217,13 +197,13 @@ func writeFiles(dir string, files map[string][]byte) error {
 // kube-scheduler in the control-plane namespace (see ControlPlane) and
 // waits until the API server is ready. Teardown stops them after the
 // nodes' kubelets and containers, before etcd.
-func (l *Lab) StartControlPlane(ctx context.Context) error {
+func (l *Cluster) StartControlPlane(ctx context.Context) error {
 	bins, err := kubebins.Find("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 	if err != nil {
 		return err
 	}
 	st := l.State()
-	if st.Kube != nil && st.Kube.APIServer.alive() {
+	if st.Kube != nil && st.Kube.APIServer.Alive() {
 		return fmt.Errorf("the control plane is running (kube-apiserver pid %d)", st.Kube.APIServer.PID)
 	}
 	dir := l.kubeDir()
@@ -265,9 +245,9 @@ func (l *Lab) StartControlPlane(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("writing the control plane's files: %w", err)
 	}
-	if err := l.update(func(s *State) error {
+	if err := l.Update(func(s *lab.State) error {
 		if s.Kube == nil {
-			s.Kube = &ControlPlane{}
+			s.Kube = &lab.ControlPlane{}
 		}
 		return nil
 	}); err != nil {
@@ -300,19 +280,18 @@ func (l *Lab) StartControlPlane(ctx context.Context) error {
 		"--enable-priority-and-fairness=false",
 		"--v=1",
 	}
-	p, done, err := startDetached("kube-apiserver", st.etcdNS(), apiserver, f("kube-apiserver.log"), pidFile(dir, "kube-apiserver"))
+	p, _, err := l.StartDetached("kube-apiserver", st.EtcdNS(), apiserver, f("kube-apiserver.log"), lab.PIDFile(dir, "kube-apiserver"))
 	if err != nil {
 		return err
 	}
-	l.trackExit(p.PID, done)
-	if err := l.update(func(s *State) error { s.Kube.APIServer = p; return nil }); err != nil {
+	if err := l.Update(func(s *lab.State) error { s.Kube.APIServer = p; return nil }); err != nil {
 		return err
 	}
-	progress(l.log, "starting kube-apiserver at %s", APIServerURL())
+	l.Progress("starting kube-apiserver at %s", APIServerURL())
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	err = poll(wctx, 250*time.Millisecond, func() (bool, error) {
-		if !p.alive() {
+	err = lab.Poll(wctx, 250*time.Millisecond, func() (bool, error) {
+		if !p.Alive() {
 			return false, fmt.Errorf("kube-apiserver exited:\n%s", logTail(p.Log))
 		}
 		out, err := l.Kubectl(wctx, "get", "--raw", "/readyz")
@@ -330,33 +309,31 @@ func (l *Lab) StartControlPlane(ctx context.Context) error {
 		"--allocate-node-cidrs=false",
 		"--leader-elect=false", "--secure-port=0", "--v=1",
 	}
-	if p, done, err = startDetached("kube-controller-manager", st.etcdNS(), kcm, f("kube-controller-manager.log"), pidFile(dir, "kube-controller-manager")); err != nil {
+	if p, _, err = l.StartDetached("kube-controller-manager", st.EtcdNS(), kcm, f("kube-controller-manager.log"), lab.PIDFile(dir, "kube-controller-manager")); err != nil {
 		return err
 	}
-	l.trackExit(p.PID, done)
-	if err := l.update(func(s *State) error { s.Kube.ControllerManager = p; return nil }); err != nil {
+	if err := l.Update(func(s *lab.State) error { s.Kube.ControllerManager = p; return nil }); err != nil {
 		return err
 	}
 	sched := []string{bins["kube-scheduler"], "--kubeconfig=" + l.AdminKubeconfig(), "--leader-elect=false", "--secure-port=0", "--v=1"}
-	if p, done, err = startDetached("kube-scheduler", st.etcdNS(), sched, f("kube-scheduler.log"), pidFile(dir, "kube-scheduler")); err != nil {
+	if p, _, err = l.StartDetached("kube-scheduler", st.EtcdNS(), sched, f("kube-scheduler.log"), lab.PIDFile(dir, "kube-scheduler")); err != nil {
 		return err
 	}
-	l.trackExit(p.PID, done)
-	return l.update(func(s *State) error { s.Kube.Scheduler = p; return nil })
+	return l.Update(func(s *lab.State) error { s.Kube.Scheduler = p; return nil })
 }
 
 // ControlPlaneRunning reports whether every control-plane process lives,
 // naming the first that does not.
-func (l *Lab) ControlPlaneRunning() error {
+func (l *Cluster) ControlPlaneRunning() error {
 	st := l.State()
 	if st.Kube == nil {
 		return errors.New("no control plane: start it first")
 	}
-	for _, p := range []*Proc{st.Kube.APIServer, st.Kube.ControllerManager, st.Kube.Scheduler} {
+	for _, p := range []*lab.Proc{st.Kube.APIServer, st.Kube.ControllerManager, st.Kube.Scheduler} {
 		if p == nil {
 			return errors.New("control plane not fully started")
 		}
-		if !p.alive() {
+		if !p.Alive() {
 			return fmt.Errorf("%s (pid %d) exited:\n%s", p.Role, p.PID, logTail(p.Log))
 		}
 	}
@@ -365,7 +342,7 @@ func (l *Lab) ControlPlaneRunning() error {
 
 // AdminCredentials are the files of the admin's client certificate and
 // key and of the CA that signed the API server's certificate.
-func (l *Lab) AdminCredentials() (caFile, certFile, keyFile string) {
+func (l *Cluster) AdminCredentials() (caFile, certFile, keyFile string) {
 	d := l.kubeDir()
 	return filepath.Join(d, "ca.crt"), filepath.Join(d, "admin.crt"), filepath.Join(d, "admin.key")
 }
@@ -373,10 +350,10 @@ func (l *Lab) AdminCredentials() (caFile, certFile, keyFile string) {
 // KubeDial dials addr inside the control-plane namespace: Kubernetes
 // clients of this process (which has no route to the fabric) reach the API
 // server through it.
-func (l *Lab) KubeDial() func(ctx context.Context, network, addr string) (net.Conn, error) {
-	ns := l.State().etcdNS()
+func (l *Cluster) KubeDial() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	ns := l.State().EtcdNS()
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return DialIn(ctx, ns, network, addr)
+		return lab.DialIn(ctx, ns, network, addr)
 	}
 }
 
@@ -391,8 +368,8 @@ func kubectlPath() string {
 
 // Kubectl runs kubectl (kubectlPath) as the cluster's admin, inside the
 // control-plane namespace, and returns its combined output.
-func (l *Lab) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
-	argv := append([]string{"--net=" + NetNSPath(l.State().etcdNS()), "--", kubectlPath(), "--kubeconfig", l.AdminKubeconfig()}, args...)
+func (l *Cluster) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
+	argv := append([]string{"--net=" + lab.NetNSPath(l.State().EtcdNS()), "--", kubectlPath(), "--kubeconfig", l.AdminKubeconfig()}, args...)
 	out, err := exec.CommandContext(ctx, "nsenter", argv...).CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
@@ -404,7 +381,7 @@ func (l *Lab) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
 // (system:node:<node> in system:nodes, what the Node authorizer serves)
 // and returns its kubeconfig and the CA file for its own x509
 // authentication.
-func (l *Lab) kubeletCredentials(node string) (kubeconfig string, caFile string, err error) {
+func (l *Cluster) kubeletCredentials(node string) (kubeconfig string, caFile string, err error) {
 	ca, err := loadCA(l.kubeDir())
 	if err != nil {
 		return "", "", fmt.Errorf("no control plane to register %s with: %w", node, err)

@@ -14,7 +14,9 @@
 // A lab records everything it creates in <RunDir>/<Name>/state.json before
 // creating it, so Teardown removes a lab also after the process that made it
 // died. The command tabby-lab is a thin shell around this package; the
-// end-to-end tests use it directly.
+// end-to-end tests (package e2e) use it directly. Package lab/kube adds
+// Kubernetes to a lab; what it starts is recorded in the same State, and
+// this package's Down and Teardown remove it (kubeparts.go).
 //
 // Sizes: all namespaces share the host's IPv4 neighbour table (gc_thresh3,
 // 1024 entries by default) and a full mesh holds one entry per ordered pair
@@ -94,7 +96,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := resolveBinaries(ctx, &o, filepath.Join(dir, "bin")); err != nil {
 		return nil, err
 	}
-	if err := l.update(func(s *State) error {
+	if err := l.Update(func(s *State) error {
 		s.BinDir, s.LabBinary = o.BinDir, o.LabBinary
 		return nil
 	}); err != nil {
@@ -107,7 +109,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 		return nil, err
 	}
 	for i := 1; i <= o.Nodes; i++ {
-		if err := l.addNodeNamespace(ctx, nodeName(i)); err != nil {
+		if err := l.addNodeNamespace(ctx, NodeName(i)); err != nil {
 			return nil, err
 		}
 	}
@@ -121,12 +123,12 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 		}
 	}
 	for i := 1; i <= o.Nodes; i++ {
-		if err := l.StartAgent(ctx, nodeName(i)); err != nil {
+		if err := l.StartAgent(ctx, NodeName(i)); err != nil {
 			return nil, err
 		}
 	}
 	for i := 1; i <= o.Nodes; i++ {
-		if err := l.waitAgentServing(ctx, nodeName(i)); err != nil {
+		if err := l.waitAgentServing(ctx, NodeName(i)); err != nil {
 			return nil, err
 		}
 	}
@@ -139,7 +141,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 	for i := 1; i <= o.Nodes; i++ {
 		for j := 1; j <= o.PodsPerNode; j++ {
-			if _, err := l.AddPod(ctx, nodeName(i), podName(i, j), PodOptions{}); err != nil {
+			if _, err := l.AddPod(ctx, NodeName(i), podName(i, j), PodOptions{}); err != nil {
 				return nil, err
 			}
 		}
@@ -219,9 +221,9 @@ func (l *Lab) State() *State {
 	return l.st
 }
 
-// update applies fn to a fresh copy of the state under the directory lock
+// Update applies fn to a fresh copy of the state under the directory lock
 // and saves it.
-func (l *Lab) update(fn func(*State) error) error {
+func (l *Lab) Update(fn func(*State) error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	lk, err := lockDir(l.dir)
@@ -292,15 +294,15 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	// containers, which outlive containerd.
 	for _, n := range st.Nodes {
 		if n.Kubelet != nil {
-			if err := n.Kubelet.stop(ctx, syscall.SIGTERM, 10*time.Second, exited[n.Kubelet.PID]); err != nil {
+			if err := n.Kubelet.Stop(ctx, syscall.SIGTERM, 10*time.Second, exited[n.Kubelet.PID]); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	for _, n := range st.Nodes {
-		if n.Containerd.alive() {
+		if n.Containerd.Alive() {
 			progress(log, "removing the containers of %s", n.Name)
-			errs = append(errs, removeContainers(ctx, filepath.Join(dir, n.Name, "containerd", "containerd.sock")))
+			errs = append(errs, RemoveContainers(ctx, filepath.Join(dir, n.Name, "containerd", "containerd.sock")))
 		}
 	}
 	var procs []*Proc
@@ -326,10 +328,10 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	procs = append(procs, st.Kube.procs()...)
 	procs = append(procs, st.etcdProcs()...)
 	for _, p := range procs {
-		if p.alive() {
+		if p.Alive() {
 			progress(log, "stopping %s (pid %d)", p.Role, p.PID)
 		}
-		if err := p.stop(ctx, syscall.SIGTERM, 5*time.Second, exited[p.PID]); err != nil {
+		if err := p.Stop(ctx, syscall.SIGTERM, 5*time.Second, exited[p.PID]); err != nil {
 			errs = append(errs, err)
 		}
 	}

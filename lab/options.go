@@ -159,8 +159,8 @@ func (o *Options) Validate() error {
 	return errors.Join(errs...)
 }
 
-// nodeName is the name of the i-th node (1-based).
-func nodeName(i int) string { return fmt.Sprintf("node%d", i) }
+// NodeName is the name of the i-th node (1-based).
+func NodeName(i int) string { return fmt.Sprintf("node%d", i) }
 
 // podName is the name of the j-th pod (1-based) Up adds to node i.
 func podName(i, j int) string { return fmt.Sprintf("n%dp%d", i, j) }

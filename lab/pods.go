@@ -43,11 +43,11 @@ func (l *Lab) AddPod(ctx context.Context, node, name string, o PodOptions) (_ *P
 		return nil, err
 	}
 	var pod PodState
-	err = l.update(func(s *State) error {
+	err = l.Update(func(s *State) error {
 		if s.NoAgents {
 			return errors.New("the lab runs no agents: pods cannot be added")
 		}
-		if s.node(node) == nil {
+		if s.Node(node) == nil {
 			return fmt.Errorf("no node %q", node)
 		}
 		if s.pod(name) != nil {
@@ -89,7 +89,7 @@ func (l *Lab) AddPod(ctx context.Context, node, name string, o PodOptions) (_ *P
 		return nil, fmt.Errorf("CNI ADD for %s returned no address: %s", name, out)
 	}
 	pod.IPs = ips
-	err = l.update(func(s *State) error {
+	err = l.Update(func(s *State) error {
 		p := s.pod(name)
 		if p == nil {
 			return fmt.Errorf("pod %q vanished while being added", name)
@@ -112,7 +112,7 @@ func (l *Lab) DelPod(ctx context.Context, name string) error {
 		return fmt.Errorf("no pod %q", name)
 	}
 	var errs []error
-	if l.State().node(p.Node) != nil {
+	if l.State().Node(p.Node) != nil {
 		progress(l.log, "CNI DEL %s/%s on %s", p.Namespace, name, p.Node)
 		if _, err := l.cni(ctx, "del", p); err != nil {
 			errs = append(errs, err)
@@ -124,7 +124,7 @@ func (l *Lab) DelPod(ctx context.Context, name string) error {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return l.update(func(s *State) error {
+	return l.Update(func(s *State) error {
 		s.Pods = slices.DeleteFunc(s.Pods, func(q PodState) bool { return q.Name == name })
 		return nil
 	})
@@ -133,12 +133,12 @@ func (l *Lab) DelPod(ctx context.Context, name string) error {
 // cni runs `tabby-lab cni <cmd>` for the pod inside its node's namespace.
 func (l *Lab) cni(ctx context.Context, cmd string, p *PodState) ([]byte, error) {
 	st := l.State()
-	n := st.node(p.Node)
+	n := st.Node(p.Node)
 	if n == nil {
 		return nil, fmt.Errorf("no node %q", p.Node)
 	}
 	paths := []string{st.BinDir}
-	if d := pluginDir("portmap"); d != "" {
+	if d := PluginDir("portmap"); d != "" {
 		paths = append(paths, d)
 	}
 	argv := []string{st.LabBinary, "cni", cmd,
@@ -147,7 +147,7 @@ func (l *Lab) cni(ctx context.Context, cmd string, p *PodState) ([]byte, error) 
 		"--container-id", p.ContainerID,
 		"--ifname", p.IfName,
 		"--cni-path", strings.Join(paths, ":"),
-		"--cache-dir", filepath.Join(l.nodeDir(n.Name), "cni-cache"),
+		"--cache-dir", filepath.Join(l.NodeDir(n.Name), "cni-cache"),
 		"--args", cniArgs(p),
 	}
 	if len(p.Labels) > 0 {
@@ -226,9 +226,9 @@ func (l *Lab) ResolveNetNS(target string) (string, error) {
 	case "tor":
 		return st.torNS(), nil
 	case "etcd":
-		return st.etcdNS(), nil
+		return st.EtcdNS(), nil
 	}
-	if n := st.node(target); n != nil {
+	if n := st.Node(target); n != nil {
 		return n.NetNS, nil
 	}
 	if p := st.pod(target); p != nil {

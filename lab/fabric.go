@@ -10,10 +10,15 @@ import (
 	"time"
 )
 
-// Namespace names of the lab's infrastructure.
+// Namespace names of the lab's infrastructure (EtcdNS also holds the
+// Kubernetes control plane that lab/kube starts).
 func (s *State) fabricNS() string { return s.Name + "-fabric" }
 func (s *State) torNS() string    { return s.Name + "-tor" }
-func (s *State) etcdNS() string   { return s.Name + "-etcd" }
+func (s *State) EtcdNS() string   { return s.Name + "-etcd" }
+
+// ControlPlaneAddr is the etcd namespace's first address, where lab/kube
+// runs the Kubernetes API server (the first etcd member serves there too).
+func ControlPlaneAddr() netip.Addr { return etcdAddr }
 
 // newNamespace records the namespace in the state and then creates it, so
 // that a crash in between leaves nothing unrecorded.
@@ -23,14 +28,14 @@ func (l *Lab) newNamespace(ctx context.Context, ns string) error {
 	if netnsExists(ns) {
 		return fmt.Errorf("namespace %s exists already (not made by this lab)", ns)
 	}
-	if err := l.update(func(s *State) error { s.addNamespace(ns); return nil }); err != nil {
+	if err := l.Update(func(s *State) error { s.addNamespace(ns); return nil }); err != nil {
 		return err
 	}
 	progress(l.log, "creating namespace %s", ns)
 	if err := ip(ctx, "netns", "add", ns); err != nil {
 		// `ip netns add` removes what it made when it fails; a namespace
 		// there now was made by someone else in between.
-		return errors.Join(err, l.update(func(s *State) error { s.removeNamespace(ns); return nil }))
+		return errors.Join(err, l.Update(func(s *State) error { s.removeNamespace(ns); return nil }))
 	}
 	return ip(ctx, "-n", ns, "link", "set", "lo", "up")
 }
@@ -43,7 +48,7 @@ func (l *Lab) deleteNamespace(ctx context.Context, ns string) error {
 			return err
 		}
 	}
-	return l.update(func(s *State) error { s.removeNamespace(ns); return nil })
+	return l.Update(func(s *State) error { s.removeNamespace(ns); return nil })
 }
 
 // makeFabric creates the fabric (bridge br0), the ToR router and the
@@ -81,7 +86,7 @@ func (l *Lab) makeFabric(ctx context.Context) error {
 			return err
 		}
 	}
-	etcd := st.etcdNS()
+	etcd := st.EtcdNS()
 	if err := l.newNamespace(ctx, etcd); err != nil {
 		return err
 	}
@@ -124,8 +129,8 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 		return fmt.Errorf("node name %q: want 1-13 characters [a-z0-9-], starting with a letter", name)
 	}
 	var node NodeState
-	err := l.update(func(s *State) error {
-		if s.node(name) != nil {
+	err := l.Update(func(s *State) error {
+		if s.Node(name) != nil {
 			return fmt.Errorf("node %q exists", name)
 		}
 		used := map[netip.Addr]bool{}
@@ -147,7 +152,7 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(l.nodeDir(name), 0o755); err != nil {
+	if err := os.MkdirAll(l.NodeDir(name), 0o755); err != nil {
 		return fmt.Errorf("creating node directory: %w", err)
 	}
 	if err := l.newNamespace(ctx, node.NetNS); err != nil {
@@ -176,7 +181,9 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 	return l.writeConflist(name)
 }
 
-func (l *Lab) nodeDir(name string) string { return filepath.Join(l.dir, name) }
+// NodeDir is the directory of the node's files (its agent's sockets, logs,
+// configuration, and what lab/kube runs on it).
+func (l *Lab) NodeDir(name string) string { return filepath.Join(l.dir, name) }
 
 func (l *Lab) trackExit(pid int, done <-chan struct{}) {
 	l.mu.Lock()
@@ -190,10 +197,10 @@ func (l *Lab) exitChan(pid int) <-chan struct{} {
 	return l.exited[pid]
 }
 
-// poll calls cond every interval until it reports done or an error, or ctx
+// Poll calls cond every interval until it reports done or an error, or ctx
 // ends; the last condition error is not kept, so cond reports fatal errors
 // only.
-func poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
+func Poll(ctx context.Context, interval time.Duration, cond func() (bool, error)) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

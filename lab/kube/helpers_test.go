@@ -1,0 +1,131 @@
+package kube
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/tabbynet/tabby/lab"
+)
+
+// skipUnlessRoot skips privileged tests when not root or when the unit tier
+// was asked for.
+func skipUnlessRoot(t testing.TB) {
+	t.Helper()
+	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
+		t.Skip("TABBY_SKIP_PRIVILEGED is set: skipping a test that needs root and network namespaces")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("not root: skipping a test that creates network namespaces")
+	}
+}
+
+// labName is prefix and six random hex digits: a lab name no other test
+// uses at the same time.
+func labName(tb testing.TB, prefix string) string {
+	tb.Helper()
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		tb.Fatal(err)
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+var (
+	buildOnce sync.Once
+	builtDir  string
+	buildErr  error
+)
+
+// labBinary is a tabby-lab built once per test run ($TABBY_BIN/tabby-lab
+// when set).
+func labBinary(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv("TABBY_BIN"); d != "" {
+		return filepath.Join(d, lab.BinLab)
+	}
+	buildOnce.Do(func() {
+		builtDir, buildErr = os.MkdirTemp("", "tabby-lab-test-bin-")
+		if buildErr == nil {
+			buildErr = lab.BuildCommands(context.Background(), builtDir, []string{lab.BinLab}, nil)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("building tabby-lab: %v", buildErr)
+	}
+	return filepath.Join(builtDir, lab.BinLab)
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtDir != "" {
+		os.RemoveAll(builtDir)
+	}
+	os.Exit(code)
+}
+
+// assertGone checks that nothing of the lab is left: namespaces, processes,
+// directory.
+func assertGone(t *testing.T, name, dir string, procs []*lab.Proc) {
+	t.Helper()
+	entries, err := os.ReadDir(lab.NetNSDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), name+"-") {
+			t.Errorf("namespace %s left after down", e.Name())
+		}
+	}
+	for _, p := range procs {
+		if p.Alive() {
+			t.Errorf("%s (pid %d) still running after down", p.Role, p.PID)
+		}
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("lab directory %s left after down (stat: %v)", dir, err)
+	}
+}
+
+// requireKubeletHost skips tb unless this host can run lab kubelets and
+// their pods: root, TABBY_BIN holding the named image archives (in
+// images/, from `make images`), containerd and the commands the lab runs
+// it with plus extra ones, Debian's loopback plugin (containerd's CRI runs
+// it for every pod) plus the named plugins, and cgroups. It returns
+// TABBY_BIN and the archives' paths.
+func requireKubeletHost(tb testing.TB, archives, commands, plugins []string) (binDir string, paths []string) {
+	tb.Helper()
+	skipUnlessRoot(tb)
+	binDir = os.Getenv("TABBY_BIN")
+	if binDir == "" {
+		tb.Skip("TABBY_BIN is not set: run `make build images` and set TABBY_BIN=$PWD/bin")
+	}
+	for _, a := range archives {
+		p := filepath.Join(binDir, "images", a)
+		if _, err := os.Stat(p); err != nil {
+			tb.Skipf("image archive missing (%v): run `make images`", err)
+		}
+		paths = append(paths, p)
+	}
+	for _, c := range append([]string{"containerd", "ctr", "unshare", "findmnt"}, commands...) {
+		if _, err := exec.LookPath(c); err != nil {
+			tb.Skipf("%s not installed (apt-get install containerd util-linux iputils-ping): %v", c, err)
+		}
+	}
+	for _, p := range append([]string{"loopback"}, plugins...) {
+		if _, err := os.Stat(filepath.Join(cniPluginDir, p)); err != nil {
+			tb.Skipf("Debian's %s CNI plugin is needed (apt-get install containernetworking-plugins): %v", p, err)
+		}
+	}
+	if _, err := lab.CgroupHierarchies(); err != nil {
+		tb.Skipf("cgroups: %v", err)
+	}
+	return binDir, paths
+}

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // BenchmarkPrivilegedCNIAddDel measures CNI ADD and DEL latency of Tabby and,
@@ -53,7 +53,7 @@ import (
 //
 //	go test -run '^$' -bench PrivilegedCNIAddDel -benchtime 100x ./agent
 func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
-	requireRoot(b)
+	testkit.RequirePrivileged(b)
 	if _, err := os.Stat("/usr/lib/cni/ptp"); err != nil {
 		b.Skip("reference plugins not installed (Debian package containernetworking-plugins)")
 	}
@@ -73,7 +73,7 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 		cases = append(cases, newAddDelCase(b, c.name, e.nodePath, newTimedExec(e.binDir), e.conflistChain(b, "1.0.0", false), steps))
 	}
 	requireStatic(b, filepath.Join(cases[0].x.path[0], "tabby"))
-	_, nodePath := newNetNS(b, "tabby-bref")
+	nodePath := testkit.NewNetNS(b, "tabby-bref").Path
 	conf, err := json.Marshal(map[string]any{
 		"cniVersion": "1.0.0", "name": "ref",
 		"plugins": []map[string]any{{
@@ -252,7 +252,7 @@ func newAddDelCase(b *testing.B, name, nodePath string, x *timedExec, list *libc
 	c := &addDelCase{name: name, nodePath: nodePath, x: x, list: list, steps: steps,
 		cfg: libcni.NewCNIConfigWithCacheDir(x.path, b.TempDir(), x)}
 	for range b.N {
-		_, pod := newNetNS(b, "tabby-bp")
+		pod := testkit.NewNetNS(b, "tabby-bp").Path
 		c.pods = append(c.pods, pod)
 	}
 	return c
@@ -297,35 +297,26 @@ func (c *addDelCase) addDel(ctx context.Context, b *testing.B, i int) error {
 
 func (c *addDelCase) report(b *testing.B, ref *addDelCase) {
 	metric := func(v float64, unit string) { b.ReportMetric(v, c.name+"-"+unit) }
-	metric(ms(quantile(c.adds, 0.5)), "add-p50-ms")
-	metric(ms(quantile(c.adds, 0.99)), "add-p99-ms")
-	metric(ms(quantile(c.dels, 0.5)), "del-p50-ms")
-	metric(ms(quantile(c.dels, 0.99)), "del-p99-ms")
-	metric(ms(quantile(c.reaps, 0.99)), "reap-p99-ms")
+	metric(ms(testkit.Quantile(c.adds, 0.5)), "add-p50-ms")
+	metric(ms(testkit.Quantile(c.adds, 0.99)), "add-p99-ms")
+	metric(ms(testkit.Quantile(c.dels, 0.5)), "del-p50-ms")
+	metric(ms(testkit.Quantile(c.dels, 0.99)), "del-p99-ms")
+	metric(ms(testkit.Quantile(c.reaps, 0.99)), "reap-p99-ms")
 	if c == ref {
 		return
 	}
-	metric(ms(quantile(c.adds, 0.5))/ms(quantile(ref.adds, 0.5)), "add-p50/ref")
-	metric(ms(quantile(c.adds, 0.99))/ms(quantile(ref.adds, 0.99)), "add-p99/ref")
+	metric(ms(testkit.Quantile(c.adds, 0.5))/ms(testkit.Quantile(ref.adds, 0.5)), "add-p50/ref")
+	metric(ms(testkit.Quantile(c.adds, 0.99))/ms(testkit.Quantile(ref.adds, 0.99)), "add-p99/ref")
 	if len(c.before) > 0 {
-		metric(ms(quantile(c.before, 0.5)), "before-ms")
-		metric(ms(quantile(c.ipam, 0.5)), "ipam-ms")
-		metric(ms(quantile(c.prep, 0.5)), "prep-ms")
-		metric(ms(quantile(c.wire, 0.5)), "wire-ms")
-		metric(ms(quantile(c.after, 0.5)), "after-ms")
-		metric(ms(quantile(c.veth, 0.5)), "veth-ms")
-		metric(ms(quantile(c.write, 0.5)), "put-ms")
-		metric(ms(quantile(c.pol, 0.5)), "pol-ms")
+		metric(ms(testkit.Quantile(c.before, 0.5)), "before-ms")
+		metric(ms(testkit.Quantile(c.ipam, 0.5)), "ipam-ms")
+		metric(ms(testkit.Quantile(c.prep, 0.5)), "prep-ms")
+		metric(ms(testkit.Quantile(c.wire, 0.5)), "wire-ms")
+		metric(ms(testkit.Quantile(c.after, 0.5)), "after-ms")
+		metric(ms(testkit.Quantile(c.veth, 0.5)), "veth-ms")
+		metric(ms(testkit.Quantile(c.write, 0.5)), "put-ms")
+		metric(ms(testkit.Quantile(c.pol, 0.5)), "pol-ms")
 	}
-}
-
-func quantile(ds []time.Duration, q float64) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

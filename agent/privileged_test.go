@@ -24,17 +24,8 @@ import (
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
-
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("privileged test skipped: needs root for network namespaces")
-	}
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		t.Skip("privileged test skipped: TABBY_SKIP_PRIVILEGED is set")
-	}
-}
 
 func run(t testing.TB, argv ...string) string {
 	t.Helper()
@@ -48,19 +39,6 @@ func run(t testing.TB, argv ...string) string {
 var nsSeq struct {
 	sync.Mutex
 	n int
-}
-
-// newNetNS makes a named network namespace removed at the end of the test.
-func newNetNS(t testing.TB, prefix string) (name, path string) {
-	t.Helper()
-	nsSeq.Lock()
-	nsSeq.n++
-	name = fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), nsSeq.n)
-	nsSeq.Unlock()
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
-	run(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return name, "/run/netns/" + name
 }
 
 // nodeEnv is one agent wiring pods in a node namespace of its own, with
@@ -119,9 +97,10 @@ func newNodeEnv(t testing.TB) *nodeEnv {
 
 func newNodeEnvWith(t testing.TB, opts nodeEnvOptions) *nodeEnv {
 	t.Helper()
-	requireRoot(t)
+	testkit.RequirePrivileged(t)
 	e := &nodeEnv{}
-	e.node, e.nodePath = newNetNS(t, "tabby-at")
+	nodeNS := testkit.NewNetNS(t, "tabby-at")
+	e.node, e.nodePath = nodeNS.Name, nodeNS.Path
 	// An uplink inside the node namespace, so that the node has a route
 	// covering 169.254.1.1 (proxy ARP needs one); nothing leaves it.
 	run(t, "ip", "-n", e.node, "link", "add", "up0", "type", "veth", "peer", "name", "up1")
@@ -286,7 +265,8 @@ func TestPrivilegedCNIEveryVersion(t *testing.T) {
 	ctx := context.Background()
 	for i, ver := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(ver, func(t *testing.T) {
-			pod, podPath := newNetNS(t, "tabby-ap")
+			podNS := testkit.NewNetNS(t, "tabby-ap")
+			pod, podPath := podNS.Name, podNS.Path
 			rt := podRT(fmt.Sprintf("ctr-%d", i), podPath, "pod"+ver)
 			list := e.conflist(t, ver)
 			res, err := e.cni.AddNetworkList(ctx, list, rt)
@@ -340,8 +320,10 @@ func TestPrivilegedPodsTalkAndDelWithoutNetns(t *testing.T) {
 	e := newNodeEnv(t)
 	ctx := context.Background()
 	list := e.conflist(t, "1.0.0")
-	p1, p1Path := newNetNS(t, "tabby-ap")
-	p2, p2Path := newNetNS(t, "tabby-ap")
+	p1NS := testkit.NewNetNS(t, "tabby-ap")
+	p1, p1Path := p1NS.Name, p1NS.Path
+	p2NS := testkit.NewNetNS(t, "tabby-ap")
+	p2, p2Path := p2NS.Name, p2NS.Path
 	rt1, rt2 := podRT("ctr-a", p1Path, "a"), podRT("ctr-b", p2Path, "b")
 	r1, err := e.cni.AddNetworkList(ctx, list, rt1)
 	if err != nil {
@@ -378,7 +360,7 @@ func TestPrivilegedRollbackAtEveryStep(t *testing.T) {
 	list := e.conflist(t, "1.0.0")
 	for _, step := range []string{"assign", "dataplane", "endpoint"} {
 		t.Run(step, func(t *testing.T) {
-			_, path := newNetNS(t, "tabby-ap")
+			path := testkit.NewNetNS(t, "tabby-ap").Path
 			rt := podRT("ctr-"+step, path, "rb-"+step)
 			e.setFault(func(s string) error {
 				if s == step {
@@ -425,7 +407,7 @@ func TestPrivilegedConcurrentAdds(t *testing.T) {
 	lists := make([]*libcni.NetworkConfigList, n)
 	rts := make([]*libcni.RuntimeConf, n)
 	for i := range n {
-		_, path := newNetNS(t, "tabby-ap")
+		path := testkit.NewNetNS(t, "tabby-ap").Path
 		rts[i] = podRT(fmt.Sprintf("ctr-conc-%d", i), path, fmt.Sprintf("conc-%d", i))
 		lists[i] = e.conflist(t, "1.0.0")
 		clients[i] = libcni.NewCNIConfigWithCacheDir(e.cni.Path, e.cniCacheDir, nil)

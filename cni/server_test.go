@@ -12,10 +12,12 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 func TestServerSocketPermissions(t *testing.T) {
@@ -136,10 +138,10 @@ func TestServerGracefulShutdown(t *testing.T) {
 	<-entered
 	cancel()
 	// The listener goes away at once …
-	waitFor(t, "the socket to be removed", func() bool {
+	testkit.Eventually(t, 10*time.Second, "the socket to be removed", testkit.Cond(func() bool {
 		_, err := os.Lstat(path)
 		return errors.Is(err, fs.ErrNotExist)
-	})
+	}))
 	if _, err := runShim(context.Background(), "DEL", "c2", "", netconf(t, "1.0.0", path, nil)); err == nil {
 		t.Error("a new request was accepted after shutdown began")
 	}
@@ -195,7 +197,7 @@ func TestServerSerialisesPerContainer(t *testing.T) {
 	first := <-entered
 	go func() { _, err := runShim(context.Background(), "DEL", "same", "", stdin); errs <- err }()
 	// The second request is at the lock, not in the handler.
-	waitFor(t, "the second request to wait for the lock", func() bool { return srv.locks.waiters("same") == 2 })
+	testkit.Eventually(t, 10*time.Second, "the second request to wait for the lock", testkit.Cond(func() bool { return srv.locks.waiters("same") == 2 }))
 	select {
 	case cmd := <-entered:
 		t.Fatalf("%s entered the handler while %s was running", cmd, first)
@@ -293,7 +295,7 @@ func TestKeyedLocksSerialisePerKey(t *testing.T) {
 	if first := <-got; first != "other" {
 		t.Fatalf("%s key ran while cali1 was held", first)
 	}
-	waitFor(t, "the second holder of cali1 to wait", func() bool { return k.waiters("cali1") == 2 })
+	testkit.Eventually(t, 10*time.Second, "the second holder of cali1 to wait", testkit.Cond(func() bool { return k.waiters("cali1") == 2 }))
 	select {
 	case s := <-got:
 		t.Fatalf("%s key ran while cali1 was held", s)
@@ -303,5 +305,5 @@ func TestKeyedLocksSerialisePerKey(t *testing.T) {
 	if s := <-got; s != "same" {
 		t.Fatalf("got %s", s)
 	}
-	waitFor(t, "every lock entry to go", func() bool { return k.waiters("cali1") == 0 && k.waiters("cali2") == 0 })
+	testkit.Eventually(t, 10*time.Second, "every lock entry to go", testkit.Cond(func() bool { return k.waiters("cali1") == 0 && k.waiters("cali2") == 0 }))
 }

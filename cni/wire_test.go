@@ -16,6 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/google/go-cmp/cmp"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 func TestWireResultInRequestedVersion(t *testing.T) {
@@ -303,11 +304,11 @@ func TestWireObserverAndDeadline(t *testing.T) {
 	if d := time.Since(start); d < 850*time.Millisecond || d > 5*time.Second {
 		t.Errorf("DEL took %s, want about the 1 s timeout", d)
 	}
-	waitFor(t, "observer to see DEL", func() bool {
+	testkit.Eventually(t, 10*time.Second, "observer to see DEL", testkit.Cond(func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(seen) == 2
-	})
+	}))
 	mu.Lock()
 	defer mu.Unlock()
 	if diff := cmp.Diff([]obs{{"ADD", 0}, {"DEL", 11}}, seen); diff != "" {

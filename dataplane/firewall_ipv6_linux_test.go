@@ -15,6 +15,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -40,7 +41,7 @@ import (
 //     with the node's address when the pool has natOutgoing, with the
 //     pod's without.
 func TestPrivilegedFirewallIPv6(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	t.Run("nftables", func(t *testing.T) { testFirewallIPv6(t, "nftables") })
 	// One iptables mode (both render the same; the nft one keeps clear of
 	// the machine-wide xtables lock).
@@ -62,7 +63,7 @@ func testFirewallIPv6(t *testing.T, backend string) {
 	// The world: a namespace behind a veth, 2001:db8:17::1 on the node,
 	// 2001:db8:17::2 outside (documentation range, inside the test's
 	// namespaces). It is also the IPv4 uplink proxy ARP needs.
-	ext := newNetNS(t, "p17ext")
+	ext := testkit.NewNetNS(t, "tbdp-p17ext")
 	run(t, "ip", "-n", node.Name, "link", "add", "p17up", "type", "veth", "peer", "name", "p17upp", "netns", ext.Name)
 	run(t, "ip", "-n", node.Name, "link", "set", "p17up", "up")
 	run(t, "ip", "-n", ext.Name, "link", "set", "p17upp", "up")
@@ -72,7 +73,7 @@ func testFirewallIPv6(t *testing.T, backend string) {
 	run(t, "ip", "-n", ext.Name, "-6", "addr", "add", "2001:db8:17::2/64", "dev", "p17upp", "nodad")
 	run(t, "ip", "-n", node.Name, "route", "add", "default", "via", "198.18.17.2")
 
-	client, server := newNetNS(t, "p17cli"), newNetNS(t, "p17srv")
+	client, server := testkit.NewNetNS(t, "tbdp-p17cli"), testkit.NewNetNS(t, "tbdp-p17srv")
 	cspec := podSpec(client, "p17-client", "10.244.17.1/32", "fd00:10:244:17::1/128")
 	sspec := podSpec(server, "p17-server", "10.244.17.2/32", "fd00:10:244:17::2/128")
 	setup(t, wl, cspec)
@@ -357,7 +358,7 @@ func withoutND(t *testing.T, rs *policy.Ruleset) *policy.Ruleset {
 
 // serveTCP answers "ok" to every connection on addr inside ns until the
 // test ends.
-func serveTCP(t *testing.T, n testNetNS, addr string) {
+func serveTCP(t *testing.T, n testkit.NetNS, addr string) {
 	t.Helper()
 	var l net.Listener
 	if err := ns.WithNetNSPath(n.Path, func(ns.NetNS) error {
@@ -381,7 +382,7 @@ func serveTCP(t *testing.T, n testNetNS, addr string) {
 }
 
 // okFrom reports whether a TCP connection from n to addr gets "ok".
-func okFrom(t *testing.T, n testNetNS, addr string, timeout time.Duration) bool {
+func okFrom(t *testing.T, n testkit.NetNS, addr string, timeout time.Duration) bool {
 	t.Helper()
 	ok := false
 	if err := ns.WithNetNSPath(n.Path, func(ns.NetNS) error {
@@ -408,7 +409,7 @@ type udpSink struct {
 	cond chan struct{}
 }
 
-func listenUDP(t *testing.T, n testNetNS, addr string) *udpSink {
+func listenUDP(t *testing.T, n testkit.NetNS, addr string) *udpSink {
 	t.Helper()
 	var c net.PacketConn
 	if err := ns.WithNetNSPath(n.Path, func(ns.NetNS) error {

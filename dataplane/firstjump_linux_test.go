@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -27,12 +28,12 @@ func jumpState() dataplane.FirewallState {
 // other tool's rules in place. Before the fix the jump stayed below the
 // ACCEPT, and pod traffic passed without policy.
 func TestPrivilegedIPTablesJumpsStayFirst(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	for _, backend := range backends(t) {
 		t.Run(backend, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			ns := newNetNS(t, "jump")
+			ns := testkit.NewNetNS(t, "tbdp-jump")
 			ipt := "iptables-" + backend
 			// The record is trusted for 100 ms, then the kernel is read
 			// again: the agent's periodic check, shortened.
@@ -100,13 +101,13 @@ func TestPrivilegedIPTablesJumpsStayFirst(t *testing.T) {
 // Tabby's own base chains, which the next Apply removes (any change bumps
 // the ruleset generation, so it reads the table again).
 func TestPrivilegedNFTablesBaseChainsStayOurs(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	if _, err := exec.LookPath("nft"); err != nil {
 		t.Skip("privileged test skipped: the nft CLI (used to tamper) is not installed")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns := newNetNS(t, "nftjump")
+	ns := testkit.NewNetNS(t, "tbdp-nftjump")
 	f := newNFT(t, ns, time.Hour)
 	if _, err := f.Apply(ctx, jumpState()); err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -35,7 +36,7 @@ import (
 //
 // and reports the medians and the ratios 500 / 2 (1.0: no growth).
 func BenchmarkPrivilegedForward(b *testing.B) {
-	skipUnlessPrivileged(b)
+	testkit.RequirePrivileged(b, "ip")
 	ctx := context.Background()
 	node, _, client, server, cspec, sspec := twoPods(b, "w16f")
 	srv := startForwardServer(b, server)
@@ -134,7 +135,7 @@ const (
 // deniedPort checks that the server's policy is in force: a SYN to a port
 // it does not admit is dropped (a timeout), where without policy the
 // server's kernel would refuse it at once.
-func deniedPort(client testNetNS, addr string) error {
+func deniedPort(client testkit.NetNS, addr string) error {
 	c, err := dialIn(client, addr, forwardPort+3)
 	if err == nil {
 		c.Close()
@@ -149,7 +150,7 @@ func deniedPort(client testNetNS, addr string) error {
 // startForwardServer listens in the server pod: it discards what the
 // stream port receives, echoes each byte on the rr port and answers one
 // byte per connection on the crr port.
-func startForwardServer(b *testing.B, server testNetNS) string {
+func startForwardServer(b *testing.B, server testkit.NetNS) string {
 	b.Helper()
 	const addr = "10.244.20.2"
 	var ls []net.Listener
@@ -190,11 +191,11 @@ func startForwardServer(b *testing.B, server testNetNS) string {
 
 type forwardTest struct {
 	name, unit string
-	run        func(client testNetNS, addr string, d time.Duration) (float64, error)
+	run        func(client testkit.NetNS, addr string, d time.Duration) (float64, error)
 }
 
 var forwardTests = []forwardTest{
-	{"stream", "MB/s", func(client testNetNS, addr string, d time.Duration) (float64, error) {
+	{"stream", "MB/s", func(client testkit.NetNS, addr string, d time.Duration) (float64, error) {
 		c, err := dialIn(client, addr, forwardPort)
 		if err != nil {
 			return 0, err
@@ -212,7 +213,7 @@ var forwardTests = []forwardTest{
 		}
 		return float64(n) / time.Since(start).Seconds() / 1e6, nil
 	}},
-	{"rr", "rt/s", func(client testNetNS, addr string, d time.Duration) (float64, error) {
+	{"rr", "rt/s", func(client testkit.NetNS, addr string, d time.Duration) (float64, error) {
 		c, err := dialIn(client, addr, forwardPort+1)
 		if err != nil {
 			return 0, err
@@ -232,7 +233,7 @@ var forwardTests = []forwardTest{
 		}
 		return float64(n) / time.Since(start).Seconds(), nil
 	}},
-	{"crr", "conn/s", func(client testNetNS, addr string, d time.Duration) (float64, error) {
+	{"crr", "conn/s", func(client testkit.NetNS, addr string, d time.Duration) (float64, error) {
 		var n atomic.Int64
 		start := time.Now()
 		err := ns.WithNetNSPath(client.Path, func(ns.NetNS) error {
@@ -256,7 +257,7 @@ var forwardTests = []forwardTest{
 }
 
 // dialIn connects from inside the client pod; the socket stays there.
-func dialIn(client testNetNS, addr string, port int) (net.Conn, error) {
+func dialIn(client testkit.NetNS, addr string, port int) (net.Conn, error) {
 	var c net.Conn
 	err := ns.WithNetNSPath(client.Path, func(ns.NetNS) error {
 		var err error

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -83,11 +84,11 @@ func totalRules(rs *policy.Ruleset) int {
 // delivers them. Between kernel reads (FirewallConfig.Resync) Apply diffs
 // against its record of what it wrote.
 func BenchmarkPrivilegedPolicyApply(b *testing.B) {
-	skipUnlessPrivileged(b)
+	testkit.RequirePrivileged(b, "ip")
 	for _, backend := range []string{"nftables", "iptables-" + dataplane.BackendNFT, "iptables-" + dataplane.BackendLegacy} {
 		b.Run(backend, func(b *testing.B) {
 			ctx := context.Background()
-			ns := newNetNS(b, "w16bench")
+			ns := testkit.NewNetNS(b, "tbdp-w16bench")
 			var f dataplane.Firewall
 			var err error
 			if mode, ok := strings.CutPrefix(backend, "iptables-"); ok {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -30,13 +31,13 @@ func backends(t *testing.T) []string {
 }
 
 // inNS runs a command inside the namespace (nsenter: no /sys remount).
-func inNS(t *testing.T, ns testNetNS, argv ...string) string {
+func inNS(t *testing.T, ns testkit.NetNS, argv ...string) string {
 	t.Helper()
 	return run(t, "nsenter", append([]string{"--net=" + ns.Path, "--"}, argv...)...)
 }
 
 func TestPrivilegedFirewall(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	for _, backend := range backends(t) {
 		t.Run(backend, func(t *testing.T) { testFirewall(t, backend) })
 	}
@@ -45,7 +46,7 @@ func TestPrivilegedFirewall(t *testing.T) {
 func testFirewall(t *testing.T, backend string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns := newNetNS(t, "fw")
+	ns := testkit.NewNetNS(t, "tbdp-fw")
 	ipt := "iptables-" + backend
 	// Someone else's chain, jump and set, which must survive everything.
 	inNS(t, ns, ipt, "-w", "-N", "KUBE-FOO")

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // Dual-stack and IPv6-only workloads on one node: each gets its /128 with
@@ -16,7 +17,7 @@ import (
 // ping answered; a repeated Setup changes nothing; CHECK passes; Teardown
 // leaves no route.
 func TestPrivilegedWorkloadIPv6(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	if _, err := exec.LookPath("ping"); err != nil {
 		t.Skip("ping not installed")
 	}
@@ -26,7 +27,7 @@ func TestPrivilegedWorkloadIPv6(t *testing.T) {
 	run(t, "ip", "-n", node.Name, "link", "set", "up6p", "up")
 	run(t, "ip", "-n", node.Name, "route", "add", "default", "dev", "up6")
 
-	pod1, pod2, pod3 := newNetNS(t, "ds1"), newNetNS(t, "ds2"), newNetNS(t, "v6only")
+	pod1, pod2, pod3 := testkit.NewNetNS(t, "tbdp-ds1"), testkit.NewNetNS(t, "tbdp-ds2"), testkit.NewNetNS(t, "tbdp-v6only")
 	specs := []dataplane.WorkloadSpec{
 		podSpec(pod1, "default/ds1", "10.244.30.1/32", "fd00:10:244::1/128"),
 		podSpec(pod2, "default/ds2", "10.244.30.2/32", "fd00:10:244::2/128"),
@@ -65,7 +66,7 @@ func TestPrivilegedWorkloadIPv6(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		from testNetNS
+		from testkit.NetNS
 		to   string
 	}{
 		{pod1, "fd00:10:244::2"}, {pod2, "fd00:10:244::3"}, {pod3, "fd00:10:244::1"},

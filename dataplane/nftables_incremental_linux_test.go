@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -20,9 +21,9 @@ import (
 // computed from scratch (Diff reads the kernel and renders without the
 // memo). It guards the memo's and the record's in-place updates.
 func TestPrivilegedNFTablesIncrementalEqualsKernel(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	ctx := context.Background()
-	ns := newNetNS(t, "w16binc")
+	ns := testkit.NewNetNS(t, "tbdp-w16binc")
 	f, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: ns.Path})
 	if err != nil {
 		t.Skip(err)
@@ -82,9 +83,9 @@ func TestPrivilegedNFTablesIncrementalEqualsKernel(t *testing.T) {
 // chains of both model tables, so a filter and a nat chain of one name
 // are refused (iptables would accept them) before anything is written.
 func TestPrivilegedNFTablesChainNameTwice(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	ctx := context.Background()
-	ns := newNetNS(t, "w16bdup")
+	ns := testkit.NewNetNS(t, "tbdp-w16bdup")
 	f, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: ns.Path})
 	if err != nil {
 		t.Skip(err)

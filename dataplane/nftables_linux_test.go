@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
-func newNFT(t *testing.T, ns testNetNS, resync time.Duration) *dataplane.NFTFirewall {
+func newNFT(t *testing.T, ns testkit.NetNS, resync time.Duration) *dataplane.NFTFirewall {
 	t.Helper()
 	f, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: ns.Path, Resync: resync})
 	if err != nil {
@@ -27,7 +28,7 @@ func newNFT(t *testing.T, ns testNetNS, resync time.Duration) *dataplane.NFTFire
 
 // nftList prints the namespace's Tabby table with the nft CLI, when
 // installed (only tests use it).
-func nftList(t *testing.T, ns testNetNS) string {
+func nftList(t *testing.T, ns testkit.NetNS) string {
 	t.Helper()
 	if _, err := exec.LookPath("nft"); err != nil {
 		return ""
@@ -37,10 +38,10 @@ func nftList(t *testing.T, ns testNetNS) string {
 }
 
 func TestPrivilegedNFTables(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ns := newNetNS(t, "nft")
+	ns := testkit.NewNetNS(t, "tbdp-nft")
 	f := newNFT(t, ns, -1)
 
 	st, err := f.Apply(ctx, testState("10.244.1.7/32", false))

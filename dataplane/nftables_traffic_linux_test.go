@@ -11,6 +11,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -22,7 +23,7 @@ import (
 // drops it; changed back, it passes again. Every step is applied by a
 // long-lived Compiler and checked against the kernel.
 func TestPrivilegedNFTablesTraffic(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	node, _, client, server, cspec, sspec := twoPods(t, "w16")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -20,13 +21,13 @@ import (
 // iptables backend's Apply is the control: the watch must see its
 // processes.
 func TestPrivilegedNFTablesStartsNoProcess(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	w := newProcWatch(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
 	if _, err := exec.LookPath("iptables-restore"); err == nil {
-		ipns := newNetNS(t, "w16ipt")
+		ipns := testkit.NewNetNS(t, "tbdp-w16ipt")
 		ipt, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: ipns.Path})
 		if err != nil {
 			t.Fatal(err)
@@ -68,7 +69,7 @@ func TestPrivilegedNFTablesStartsNoProcess(t *testing.T) {
 	apply("first apply")
 
 	// A pod's ADD: its veth pair and routes, then the pass with its endpoint.
-	pod := newNetNS(t, "w16pod")
+	pod := testkit.NewNetNS(t, "tbdp-w16pod")
 	spec := podSpec(pod, "w16-noexec", "10.244.9.9/32")
 	n := w.count(t, func() {
 		setup(t, wl, spec)

@@ -8,14 +8,15 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // routeNode makes a "node" namespace with an uplink eth0 in 198.18.0.0/24
 // (its peer eth1 stays in the same namespace, so nothing leaves it) and two
 // foreign routes, and returns Routes acting in it.
-func routeNode(t *testing.T) (testNetNS, *dataplane.NetlinkRoutes) {
+func routeNode(t *testing.T) (testkit.NetNS, *dataplane.NetlinkRoutes) {
 	t.Helper()
-	node := newNetNS(t, "node")
+	node := testkit.NewNetNS(t, "tbdp-node")
 	run(t, "ip", "-n", node.Name, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1")
 	run(t, "ip", "-n", node.Name, "addr", "add", "198.18.0.1/24", "dev", "eth0")
 	run(t, "ip", "-n", node.Name, "link", "set", "eth0", "up")
@@ -39,7 +40,7 @@ func listStrings(t *testing.T, r dataplane.Routes, proto int) []string {
 	return routeStrings(rs)
 }
 
-func foreignRoutesIntact(t *testing.T, node testNetNS) {
+func foreignRoutesIntact(t *testing.T, node testkit.NetNS) {
 	t.Helper()
 	out := run(t, "ip", "-n", node.Name, "route", "show")
 	for _, want := range []string{
@@ -54,7 +55,7 @@ func foreignRoutesIntact(t *testing.T, node testNetNS) {
 }
 
 func TestPrivilegedRoutesReplaceListDelete(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, r := routeNode(t)
 	run(t, "ip", "-n", node.Name, "link", "add", "cali1", "type", "veth", "peer", "name", "calipeer1")
 	run(t, "ip", "-n", node.Name, "link", "set", "cali1", "up")
@@ -145,7 +146,7 @@ func TestPrivilegedRoutesReplaceListDelete(t *testing.T) {
 }
 
 func TestPrivilegedSyncRoutes(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, r := routeNode(t)
 	run(t, "ip", "-n", node.Name, "route", "add", "blackhole", "10.244.9.0/26", "proto", "80")
 	run(t, "ip", "-n", node.Name, "route", "add", "10.244.8.0/26", "via", "198.18.0.8", "proto", "81")
@@ -196,7 +197,7 @@ func TestPrivilegedSyncRoutes(t *testing.T) {
 // 0) is foreign to Replace and Delete as an IPv4 one is: a learned ::/0
 // or block must not overwrite a node's own default route or static route.
 func TestPrivilegedRoutesForeignIPv6(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, r := routeNode(t)
 	run(t, "ip", "-n", node.Name, "-6", "addr", "add", "2001:db8::b/64", "dev", "eth0", "nodad")
 	run(t, "ip", "-n", node.Name, "-6", "route", "add", "default", "via", "2001:db8::1", "dev", "eth0")

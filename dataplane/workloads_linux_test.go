@@ -15,12 +15,13 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // workloadNode makes a node namespace with forwarding on and Workloads for it.
-func workloadNode(t testing.TB) (testNetNS, *dataplane.NetlinkWorkloads) {
+func workloadNode(t testing.TB) (testkit.NetNS, *dataplane.NetlinkWorkloads) {
 	t.Helper()
-	node := newNetNS(t, "node")
+	node := testkit.NewNetNS(t, "tbdp-node")
 	if err := dataplane.EnsureNodeSysctls(node.Path); err != nil {
 		t.Fatalf("EnsureNodeSysctls: %v", err)
 	}
@@ -36,7 +37,7 @@ func workloadNode(t testing.TB) (testNetNS, *dataplane.NetlinkWorkloads) {
 	return node, w
 }
 
-func podSpec(pod testNetNS, id string, addrs ...string) dataplane.WorkloadSpec {
+func podSpec(pod testkit.NetNS, id string, addrs ...string) dataplane.WorkloadSpec {
 	s := dataplane.WorkloadSpec{NetNS: pod.Path, IfName: "eth0", HostIfName: dataplane.HostIfName(id)}
 	for _, a := range addrs {
 		s.Addrs = append(s.Addrs, netip.MustParsePrefix(a))
@@ -54,7 +55,7 @@ func setup(t testing.TB, w dataplane.Workloads, spec dataplane.WorkloadSpec) dat
 }
 
 // handleIn opens a netlink handle inside a test namespace.
-func handleIn(t *testing.T, ns testNetNS) *netlink.Handle {
+func handleIn(t *testing.T, ns testkit.NetNS) *netlink.Handle {
 	t.Helper()
 	nsh, err := netns.GetFromPath(ns.Path)
 	if err != nil {
@@ -72,7 +73,7 @@ func handleIn(t *testing.T, ns testNetNS) *netlink.Handle {
 // snapshot is everything Setup may change, as ip prints it. IPv6 is left
 // out: its link-local addresses finish duplicate address detection on their
 // own time.
-func snapshot(t *testing.T, node, pod testNetNS) string {
+func snapshot(t *testing.T, node, pod testkit.NetNS) string {
 	t.Helper()
 	var b strings.Builder
 	for _, args := range [][]string{
@@ -107,9 +108,9 @@ func TestHostIfName(t *testing.T) {
 }
 
 func TestPrivilegedWorkloadSetup(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
-	pod := newNetNS(t, "pod")
+	pod := testkit.NewNetNS(t, "tbdp-pod")
 	spec := podSpec(pod, "default/web-1", "10.244.0.5/32")
 	spec.MTU = 1400
 	spec.MAC = "0a:58:0a:f4:00:05"
@@ -190,7 +191,7 @@ func TestPrivilegedWorkloadSetup(t *testing.T) {
 }
 
 func TestPrivilegedWorkloadPing(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	if _, err := exec.LookPath("ping"); err != nil {
 		t.Skip("ping not installed")
 	}
@@ -204,13 +205,13 @@ func TestPrivilegedWorkloadPing(t *testing.T) {
 	run(t, "ip", "-n", node.Name, "link", "set", "eth1", "up")
 	run(t, "ip", "-n", node.Name, "route", "add", "default", "via", "198.18.0.2")
 
-	pod1, pod2 := newNetNS(t, "pod1"), newNetNS(t, "pod2")
+	pod1, pod2 := testkit.NewNetNS(t, "tbdp-pod1"), testkit.NewNetNS(t, "tbdp-pod2")
 	spec1 := podSpec(pod1, "default/a", "10.244.0.5/32")
 	spec2 := podSpec(pod2, "default/b", "10.244.0.6/32", "10.244.0.7/32")
 	setup(t, w, spec1)
 	setup(t, w, spec2)
 	for _, c := range []struct {
-		from testNetNS
+		from testkit.NetNS
 		to   string
 	}{{pod1, "10.244.0.6"}, {pod1, "10.244.0.7"}, {pod2, "10.244.0.5"}} {
 		if out, err := exec.Command("ip", "netns", "exec", c.from.Name, "ping", "-c1", "-W1", c.to).CombinedOutput(); err != nil {
@@ -220,9 +221,9 @@ func TestPrivilegedWorkloadPing(t *testing.T) {
 }
 
 func TestPrivilegedWorkloadStaleLinkReplaced(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
-	oldPod, pod := newNetNS(t, "oldpod"), newNetNS(t, "pod")
+	oldPod, pod := testkit.NewNetNS(t, "tbdp-oldpod"), testkit.NewNetNS(t, "tbdp-pod")
 	spec := podSpec(pod, "default/db-0", "10.244.0.9/32")
 	// An earlier sandbox of the same workload left its host link behind,
 	// and another interface holds a proto 80 route for the same /32.
@@ -248,9 +249,9 @@ func TestPrivilegedWorkloadStaleLinkReplaced(t *testing.T) {
 }
 
 func TestPrivilegedWorkloadTeardown(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
-	pod := newNetNS(t, "pod")
+	pod := testkit.NewNetNS(t, "tbdp-pod")
 	spec := podSpec(pod, "default/job-1", "10.244.0.20/32")
 	ctx := context.Background()
 	setup(t, w, spec)
@@ -280,7 +281,7 @@ func TestPrivilegedWorkloadTeardown(t *testing.T) {
 	}
 }
 
-func assertGone(t *testing.T, node testNetNS, spec dataplane.WorkloadSpec) {
+func assertGone(t *testing.T, node testkit.NetNS, spec dataplane.WorkloadSpec) {
 	t.Helper()
 	if out := run(t, "ip", "-n", node.Name, "link", "show"); strings.Contains(out, spec.HostIfName) {
 		t.Errorf("host link %s left:\n%s", spec.HostIfName, out)
@@ -291,9 +292,9 @@ func assertGone(t *testing.T, node testNetNS, spec dataplane.WorkloadSpec) {
 }
 
 func TestPrivilegedWorkloadCheck(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
-	pod := newNetNS(t, "pod")
+	pod := testkit.NewNetNS(t, "tbdp-pod")
 	spec := podSpec(pod, "default/chk", "10.244.0.30/32", "10.244.0.31/32")
 	ctx := context.Background()
 	setup(t, w, spec)
@@ -331,9 +332,9 @@ func TestPrivilegedWorkloadCheck(t *testing.T) {
 }
 
 func TestPrivilegedWorkloadRollback(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
-	pod := newNetNS(t, "pod")
+	pod := testkit.NewNetNS(t, "tbdp-pod")
 	spec := podSpec(pod, "default/rb", "10.244.0.40/32", "10.244.0.41/32")
 	// A foreign route for the second address makes Setup fail after it
 	// created the veth pair, addresses and the first host route.
@@ -367,9 +368,9 @@ func TestPrivilegedWorkloadRollback(t *testing.T) {
 }
 
 func TestPrivilegedWorkloadSetupErrors(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
-	pod := newNetNS(t, "pod")
+	pod := testkit.NewNetNS(t, "tbdp-pod")
 	ctx := context.Background()
 
 	// The container interface exists and is not ours: refuse, touch nothing.
@@ -385,7 +386,7 @@ func TestPrivilegedWorkloadSetupErrors(t *testing.T) {
 		t.Errorf("host link left:\n%s", out)
 	}
 
-	missing := podSpec(testNetNS{Path: "/run/netns/tbdp-does-not-exist"}, "default/y", "10.244.0.51/32")
+	missing := podSpec(testkit.NetNS{Path: "/run/netns/tbdp-does-not-exist"}, "default/y", "10.244.0.51/32")
 	if _, err := w.Setup(ctx, missing); err == nil {
 		t.Error("Setup with a missing netns succeeded")
 	}
@@ -406,12 +407,12 @@ func TestPrivilegedWorkloadSetupErrors(t *testing.T) {
 }
 
 func TestPrivilegedWorkloadsConcurrent(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
 	const n = 6
 	specs := make([]dataplane.WorkloadSpec, n)
 	for i := range specs {
-		specs[i] = podSpec(newNetNS(t, fmt.Sprintf("pod%d", i)), fmt.Sprintf("default/p%d", i), fmt.Sprintf("10.244.1.%d/32", i+1))
+		specs[i] = podSpec(testkit.NewNetNS(t, "tbdp-"+fmt.Sprintf("pod%d", i)), fmt.Sprintf("default/p%d", i), fmt.Sprintf("10.244.1.%d/32", i+1))
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, n)
@@ -444,8 +445,8 @@ func TestPrivilegedWorkloadsConcurrent(t *testing.T) {
 }
 
 func TestPrivilegedEnsureNodeSysctls(t *testing.T) {
-	skipUnlessPrivileged(t)
-	node := newNetNS(t, "node")
+	testkit.RequirePrivileged(t, "ip")
+	node := testkit.NewNetNS(t, "tbdp-node")
 	run(t, "nsenter", "--net="+node.Path, "sh", "-c", "echo 0 > /proc/sys/net/ipv4/ip_forward")
 	if err := dataplane.EnsureNodeSysctls(node.Path); err != nil {
 		t.Fatal(err)
@@ -459,9 +460,9 @@ func TestPrivilegedEnsureNodeSysctls(t *testing.T) {
 }
 
 func BenchmarkPrivilegedSetupTeardown(b *testing.B) {
-	skipUnlessPrivileged(b)
+	testkit.RequirePrivileged(b, "ip")
 	_, w := workloadNode(b)
-	pod := newNetNS(b, "pod")
+	pod := testkit.NewNetNS(b, "tbdp-pod")
 	spec := podSpec(pod, "default/bench", "10.244.2.1/32")
 	ctx := context.Background()
 	for b.Loop() {
@@ -477,8 +478,8 @@ func BenchmarkPrivilegedSetupTeardown(b *testing.B) {
 // TestPrivilegedHostIfSettingsOverNetlink: the netlink requests Setup
 // uses set exactly what the /proc/sys files show.
 func TestPrivilegedHostIfSettingsOverNetlink(t *testing.T) {
-	skipUnlessPrivileged(t)
-	node := newNetNS(t, "node")
+	testkit.RequirePrivileged(t, "ip")
+	node := testkit.NewNetNS(t, "tbdp-node")
 	run(t, "ip", "-n", node.Name, "link", "add", "cali-a", "type", "veth", "peer", "name", "cali-b")
 	before := map[string]string{}
 	for _, k := range []string{"conf.cali-a.proxy_arp", "neigh.cali-a.proxy_delay", "conf.cali-b.proxy_arp", "neigh.cali-b.proxy_delay"} {
@@ -512,11 +513,11 @@ func TestPrivilegedHostIfSettingsOverNetlink(t *testing.T) {
 // workload routes: the re-setup a retried ADD makes). Teardown is outside
 // the timer.
 func BenchmarkPrivilegedSetup(b *testing.B) {
-	skipUnlessPrivileged(b)
+	testkit.RequirePrivileged(b, "ip")
 	ctx := context.Background()
 	b.Run("new", func(b *testing.B) {
 		_, w := workloadNode(b)
-		pod := newNetNS(b, "pod")
+		pod := testkit.NewNetNS(b, "tbdp-pod")
 		spec := podSpec(pod, "default/bench", "10.244.2.1/32")
 		spec.SkipHostRoutes = true
 		for b.Loop() {
@@ -535,7 +536,7 @@ func BenchmarkPrivilegedSetup(b *testing.B) {
 	for _, step := range []string{"prepare", "complete"} {
 		b.Run(step, func(b *testing.B) {
 			_, w := workloadNode(b)
-			pod := newNetNS(b, "pod")
+			pod := testkit.NewNetNS(b, "tbdp-pod")
 			spec := podSpec(pod, "default/bench", "10.244.2.1/32")
 			spec.SkipHostRoutes = true
 			links := spec
@@ -579,7 +580,7 @@ func BenchmarkPrivilegedSetup(b *testing.B) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.Fatalf("adding routes: %v\n%s", err, out)
 		}
-		pod := newNetNS(b, "pod")
+		pod := testkit.NewNetNS(b, "tbdp-pod")
 		spec := podSpec(pod, "default/bench", "10.244.2.1/32")
 		if _, err := w.Setup(ctx, spec); err != nil {
 			b.Fatal(err)
@@ -593,9 +594,9 @@ func BenchmarkPrivilegedSetup(b *testing.B) {
 }
 
 func TestPrivilegedWorkloadAddressChange(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
-	pod := newNetNS(t, "pod")
+	pod := testkit.NewNetNS(t, "tbdp-pod")
 	ctx := context.Background()
 	old := podSpec(pod, "default/mv", "10.244.0.60/32", "10.244.0.61/32")
 	st := setup(t, w, old)
@@ -636,14 +637,14 @@ func sameLinks(st dataplane.WorkloadStatus) dataplane.WorkloadStatus {
 // Prepare leaves an existing or a stale pair to Complete (Setup), and a
 // failed Complete removes the pair Prepare made.
 func TestPrivilegedWorkloadPrepareComplete(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip")
 	node, w := workloadNode(t)
 	ctx := context.Background()
 	for _, c := range []struct {
 		id    string
 		addrs []string
 	}{{"default/pc4", []string{"10.244.0.60/32"}}, {"default/pc6", []string{"10.244.0.61/32", "fd00:10:244::61/128"}}} {
-		pod := newNetNS(t, "pod")
+		pod := testkit.NewNetNS(t, "tbdp-pod")
 		spec := podSpec(pod, c.id, c.addrs...)
 		spec.MTU = 1400
 		spec.MAC = "0a:58:0a:f4:00:3c"
@@ -713,7 +714,7 @@ func TestPrivilegedWorkloadPrepareComplete(t *testing.T) {
 
 	// A stale host link of an earlier sandbox: Prepare leaves it, Setup
 	// (Complete) replaces it.
-	oldPod, pod := newNetNS(t, "oldpod"), newNetNS(t, "pod")
+	oldPod, pod := testkit.NewNetNS(t, "tbdp-oldpod"), testkit.NewNetNS(t, "tbdp-pod")
 	spec := podSpec(pod, "default/pcs", "10.244.0.62/32")
 	run(t, "ip", "-n", node.Name, "link", "add", spec.HostIfName, "type", "veth", "peer", "name", "eth0", "netns", oldPod.Name)
 	p, err := w.Prepare(ctx, spec)
@@ -731,7 +732,7 @@ func TestPrivilegedWorkloadPrepareComplete(t *testing.T) {
 	}
 
 	// A failed Complete removes the pair Prepare made.
-	pod = newNetNS(t, "pod")
+	pod = testkit.NewNetNS(t, "tbdp-pod")
 	spec = podSpec(pod, "default/pcf", "10.244.0.63/32")
 	if p, err = w.Prepare(ctx, spec); err != nil || !p.Created {
 		t.Fatalf("Prepare = %+v, %v; want a new pair", p, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube"
 	"github.com/tabbynet/tabby/kube/kubetest"
@@ -58,19 +59,16 @@ func startControllers(t *testing.T, cfg kube.Config, kc kubernetes.Interface, st
 	return stop
 }
 
+// eventually is testkit.EventuallyEvery (every 20 ms) for a condition that
+// says what it saw when it does not hold yet.
 func eventually(t *testing.T, what string, within time.Duration, ok func() (bool, string)) time.Duration {
 	t.Helper()
-	start := time.Now()
-	var last string
-	for time.Since(start) < within {
-		var done bool
-		if done, last = ok(); done {
-			return time.Since(start)
+	return testkit.EventuallyEvery(t, within, 20*time.Millisecond, what, func() error {
+		if done, last := ok(); !done {
+			return errors.New(last)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %s (last: %s)", what, within, last)
-	return 0
+		return nil
+	})
 }
 
 func record[T any](store *datastore.Store, key string) (*T, error) {

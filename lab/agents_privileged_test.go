@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // TestPrivilegedAgents runs the lab with real agents and pods: sessions,
@@ -18,7 +19,7 @@ import (
 // It needs the binaries in $TABBY_BIN (make test sets it) so that it does
 // not spend the package's time budget on building them.
 func TestPrivilegedAgents(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	bin := os.Getenv("TABBY_BIN")
 	if bin == "" {
 		t.Skip("TABBY_BIN is not set: skipping the lab test with agents (make test sets it to bin/)")

@@ -14,19 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// skipUnlessRoot skips privileged tests when not root or when the unit tier
-// was asked for.
-func skipUnlessRoot(t testing.TB) {
-	t.Helper()
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		t.Skip("TABBY_SKIP_PRIVILEGED is set: skipping a test that needs root and network namespaces")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("not root: skipping a test that creates network namespaces")
-	}
-}
+	"github.com/tabbynet/tabby/internal/testkit"
+)
 
 // uniqueName is a lab name no other test uses at the same time.
 func uniqueName(t *testing.T) string {
@@ -135,7 +125,7 @@ func upNoAgents(t *testing.T, nodes int) (*Lab, string, string) {
 }
 
 func TestPrivilegedFabric(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	l, name, runDir := upNoAgents(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -223,7 +213,7 @@ func TestPrivilegedFabric(t *testing.T) {
 }
 
 func TestPrivilegedEtcdRestart(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	l, _, _ := upNoAgents(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -249,7 +239,7 @@ func TestPrivilegedEtcdRestart(t *testing.T) {
 // TestPrivilegedTeardownAfterCrash kills `tabby-lab up` half way and checks
 // that `tabby-lab down` removes what it had made from the state alone.
 func TestPrivilegedTeardownAfterCrash(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	bin := labBinary(t)
 	name, runDir := uniqueName(t), t.TempDir()
 	dir := filepath.Join(runDir, name)
@@ -301,7 +291,7 @@ func TestPrivilegedTeardownAfterCrash(t *testing.T) {
 // TestPrivilegedTeardownWithoutDown drops a Lab without calling Down and
 // removes it from its state directory, as `tabby-lab down` does.
 func TestPrivilegedTeardownWithoutDown(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	l, name, runDir := upNoAgents(t, 2)
 	st := l.State()
 	// The process that made the lab is gone as far as Teardown knows: it
@@ -319,7 +309,7 @@ func TestPrivilegedTeardownWithoutDown(t *testing.T) {
 // exists already makes Up fail, and the clean-up after the failure leaves
 // that namespace alone.
 func TestPrivilegedForeignNamespace(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	bin := labBinary(t)
 	name, runDir := uniqueName(t), t.TempDir()
 	foreign := name + "-node1"

@@ -13,6 +13,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 	"github.com/tabbynet/tabby/syncer/syncertest"
@@ -73,17 +74,6 @@ func nodeFilter(node string) func(syncer.Update) bool {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func TestViewFollowsEtcd(t *testing.T) {
 	st := storetest.New(t)
 	ctx := context.Background()
@@ -105,7 +95,7 @@ func TestViewFollowsEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a's block in the view", func() bool { bs := v.BlocksOf("a"); return len(bs) == 1 && bs[0].Confirmed })
+	testkit.Eventually(t, 10*time.Second, "a's block in the view", testkit.Cond(func() bool { bs := v.BlocksOf("a"); return len(bs) == 1 && bs[0].Confirmed }))
 	want := []ipam.BlockInfo{{CIDR: netip.MustParsePrefix("10.244.0.0/30"), Pool: "p", Affinity: "a", Confirmed: true}}
 	if diff := cmp.Diff(want, v.BlocksOf("a"), cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
 		t.Errorf("BlocksOf(a) (-want +got):\n%s", diff)
@@ -122,7 +112,7 @@ func TestViewFollowsEtcd(t *testing.T) {
 	if _, err := al.Assign(ctx, ipam.AssignRequest{Node: "a", Handle: "h2", Attrs: ipam.Attributes{Node: "a"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the second assign's revision", func() bool { return v.Revision() > r })
+	testkit.Eventually(t, 10*time.Second, "the second assign's revision", testkit.Cond(func() bool { return v.Revision() > r }))
 	if got := v.Stats().Updates; got != before {
 		t.Errorf("an allocation in the node's own block made %d updates, want 0", got-before)
 	}
@@ -131,7 +121,7 @@ func TestViewFollowsEtcd(t *testing.T) {
 	if _, err := al.Assign(ctx, ipam.AssignRequest{Node: "b", Handle: "h3", Attrs: ipam.Attributes{Node: "b"}}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "b's borrowed address", func() bool { return len(v.BorrowedBy("b")) == 1 })
+	testkit.Eventually(t, 10*time.Second, "b's borrowed address", testkit.Cond(func() bool { return len(v.BorrowedBy("b")) == 1 }))
 	if got := v.BorrowedBy("b")[0]; got.BlockNode != "a" || !got.Block.Contains(got.Addr) {
 		t.Errorf("BorrowedBy(b) = %+v", got)
 	}
@@ -144,7 +134,7 @@ func TestViewFollowsEtcd(t *testing.T) {
 	if err := v.WaitRevision(ctx, r1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "both endpoints", func() bool { return len(v.Endpoints()) == 2 })
+	testkit.Eventually(t, 10*time.Second, "both endpoints", testkit.Cond(func() bool { return len(v.Endpoints()) == 2 }))
 	if got := v.EndpointsOn("a"); len(got) != 1 || got[0].Metadata.Name != "pa" {
 		t.Errorf("EndpointsOn(a) = %v", got)
 	}
@@ -163,7 +153,7 @@ func TestViewFollowsEtcd(t *testing.T) {
 	if err := st.Delete(ctx, api.KindNode, "", "b", ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "node b's deletion", func() bool { _, ok := v.Node("b"); return !ok })
+	testkit.Eventually(t, 10*time.Second, "node b's deletion", testkit.Cond(func() bool { _, ok := v.Node("b"); return !ok }))
 	if v.NodeRecordExists("b") || !v.NodeRecordExists("a") {
 		t.Errorf("NodeRecordExists: b %v (want false), a %v (want true)", v.NodeRecordExists("b"), v.NodeRecordExists("a"))
 	}
@@ -210,7 +200,7 @@ func TestResyncReportsDifferences(t *testing.T) {
 		kv(t, node("y"), 15), kv(t, node("keep"), 5), kv(t, node("z"), 16),
 		{Key: "resources/nodes/broken", Value: []byte("{"), ModRevision: 17},
 	}}
-	waitFor(t, "the second resync", func() bool { return v.Revision() == 20 })
+	testkit.Eventually(t, 10*time.Second, "the second resync", testkit.Cond(func() bool { return v.Revision() == 20 }))
 	ups, _ := sub.Take()
 	got := map[string]string{}
 	for _, u := range ups {

@@ -3,9 +3,11 @@ package syncer_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -22,13 +24,13 @@ func TestUnreadableBlockStaysInView(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := start(t, st)
-	waitFor(t, "a's block", func() bool { return len(v.BlocksOf("a")) == 1 })
+	testkit.Eventually(t, 10*time.Second, "a's block", testkit.Cond(func() bool { return len(v.BlocksOf("a")) == 1 }))
 
 	key := ipam.BlocksPrefix + asg.Block.Addr().String() + "-26"
 	if _, err := st.PutKV(ctx, key, []byte("{not json"), 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the block listed as unreadable", func() bool { return len(v.UnreadableBlocks()) == 1 })
+	testkit.Eventually(t, 10*time.Second, "the block listed as unreadable", testkit.Cond(func() bool { return len(v.UnreadableBlocks()) == 1 }))
 	if bs := v.BlocksOf("a"); len(bs) != 1 || bs[0].CIDR != asg.Block || !bs[0].Confirmed {
 		t.Errorf("running view: BlocksOf(a) = %+v, want %s kept", bs, asg.Block)
 	}
@@ -45,7 +47,7 @@ func TestUnreadableBlockStaysInView(t *testing.T) {
 	if err := st.DeleteKV(ctx, key, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the block gone", func() bool { return len(v.BlocksOf("a")) == 0 })
+	testkit.Eventually(t, 10*time.Second, "the block gone", testkit.Cond(func() bool { return len(v.BlocksOf("a")) == 0 }))
 }
 
 // Records written around Tabby's validation never reach the kernel: an

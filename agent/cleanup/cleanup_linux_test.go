@@ -2,8 +2,6 @@ package cleanup
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -18,23 +16,9 @@ import (
 	"github.com/tabbynet/tabby/agent/installcni"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/policy"
 )
-
-func skipUnlessPrivileged(t *testing.T) {
-	t.Helper()
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		t.Skip("privileged test skipped: TABBY_SKIP_PRIVILEGED is set")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("privileged test skipped: needs root to create network namespaces")
-	}
-	for _, bin := range []string{"ip", "nsenter", "ipset"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("privileged test skipped: %s not installed", bin)
-		}
-	}
-}
 
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
@@ -43,22 +27,6 @@ func run(t *testing.T, name string, args ...string) string {
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-// newNetNS makes a named network namespace removed when the test ends.
-func newNetNS(t *testing.T, role string) (name, path string) {
-	t.Helper()
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name = "tbcl-" + role + "-" + hex.EncodeToString(b)
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", name, err, out)
-		}
-	})
-	run(t, "ip", "-n", name, "link", "set", "lo", "up")
-	return name, filepath.Join("/run/netns", name)
 }
 
 // backends lists the iptables backends installed here.
@@ -135,10 +103,11 @@ func snapshot(t *testing.T, ns, path string) []string {
 // the CNI files and the state directory), runs Cleanup, and diffs the
 // namespace against how it was before: nothing may remain.
 func TestPrivilegedCleanup(t *testing.T) {
-	skipUnlessPrivileged(t)
+	testkit.RequirePrivileged(t, "ip", "nsenter", "ipset")
 	ctx := context.Background()
-	node, nodePath := newNetNS(t, "node")
-	_, podPath := newNetNS(t, "pod")
+	nodeNS := testkit.NewNetNS(t, "tbcl-node")
+	node, nodePath := nodeNS.Name, nodeNS.Path
+	podPath := testkit.NewNetNS(t, "tbcl-pod").Path
 	// The node's own uplink is not Tabby's and stays (a veth pair: no dummy module here).
 	run(t, "ip", "-n", node, "link", "add", "eth0", "type", "veth", "peer", "name", "uplink")
 	run(t, "ip", "-n", node, "link", "set", "uplink", "up")

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // sh runs a command and fails the test on error.
@@ -25,12 +26,7 @@ func sh(t *testing.T, args ...string) {
 // and the block's blackhole) and checks explain --live --netns against it
 // with the real ip command.
 func TestPrivilegedExplainLive(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("privileged test skipped: not root")
-	}
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		t.Skip("privileged test skipped: TABBY_SKIP_PRIVILEGED is set")
-	}
+	testkit.RequirePrivileged(t)
 	h := newHarness(t)
 	if _, err := h.run(ipamCluster, "apply", "-f", "-"); err != nil {
 		t.Fatal(err)

@@ -9,7 +9,9 @@
 // RequirePrivileged, so that the unit tier (TABBY_SKIP_PRIVILEGED=1, or not
 // root) skips it with a message saying why, and `go test -run
 // '^TestPrivileged'` over the packages that have such tests is the
-// privileged tier (scripts/test-tiers.sh). No other test needs root.
+// privileged tier (scripts/test-tiers.sh). No other test outside e2e/ needs
+// root; e2e/'s tests all do and are a tier of their own (they start with
+// RequirePrivileged too).
 package testkit
 
 import (

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/internal/image"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -46,7 +47,7 @@ func fdTargets(t *testing.T, pid int) map[int]string {
 // images` wrote, and leaves nothing behind on Down: no process, no mount,
 // no directory (so no images), no namespace.
 func TestPrivilegedContainerd(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	for _, b := range []string{"containerd", "ctr"} {
 		if _, err := exec.LookPath(b); err != nil {
 			t.Skipf("%s not installed (apt-get install containerd): %v", b, err)

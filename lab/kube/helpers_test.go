@@ -12,20 +12,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
-
-// skipUnlessRoot skips privileged tests when not root or when the unit tier
-// was asked for.
-func skipUnlessRoot(t testing.TB) {
-	t.Helper()
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		t.Skip("TABBY_SKIP_PRIVILEGED is set: skipping a test that needs root and network namespaces")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("not root: skipping a test that creates network namespaces")
-	}
-}
 
 // labName is prefix and six random hex digits: a lab name no other test
 // uses at the same time.
@@ -102,7 +91,7 @@ func assertGone(t *testing.T, name, dir string, procs []*lab.Proc) {
 // TABBY_BIN and the archives' paths.
 func requireKubeletHost(tb testing.TB, archives, commands, plugins []string) (binDir string, paths []string) {
 	tb.Helper()
-	skipUnlessRoot(tb)
+	testkit.RequirePrivileged(tb)
 	binDir = os.Getenv("TABBY_BIN")
 	if binDir == "" {
 		tb.Skip("TABBY_BIN is not set: run `make build images` and set TABBY_BIN=$PWD/bin")

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tabbynet/tabby/internal/image"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/kube/kubetest"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -43,7 +44,7 @@ func hostTunables(t *testing.T) map[string]string {
 // Proxy; the host's kernel settings stay as they were; Down leaves no
 // process, cgroup or directory.
 func TestPrivilegedKubelet(t *testing.T) {
-	skipUnlessRoot(t)
+	testkit.RequirePrivileged(t)
 	bins := kubetest.Require(t, "kube-apiserver", "kubelet")
 	for _, b := range []string{"containerd", "ctr", "unshare"} {
 		if _, err := exec.LookPath(b); err != nil {

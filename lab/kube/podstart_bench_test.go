@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/tabbynet/tabby/internal/image"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube/kubetest"
 	"github.com/tabbynet/tabby/lab"
@@ -262,7 +263,7 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 				cpu := s.agentsCPU(b) - cpu0
 				agentCPU[cfg] += cpu
 				agentPods[cfg] += len(lat)
-				r := roundResult{cfg: cfg, p50: quantile(lat, 0.5), p99: quantile(lat, 0.99), from: from, to: time.Now()}
+				r := roundResult{cfg: cfg, p50: testkit.Quantile(lat, 0.5), p99: testkit.Quantile(lat, 0.99), from: from, to: time.Now()}
 				results = append(results, r)
 				slowest := slices.Index(lat, slices.Max(lat))
 				agents := ""
@@ -273,7 +274,7 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 							adds = append(adds, a.took)
 						}
 					}
-					agents = fmt.Sprintf("; agents' CNI ADD n=%d p50 %v max %v", len(adds), quantile(adds, 0.5).Round(time.Millisecond), slices.Max(append(adds, 0)).Round(time.Millisecond))
+					agents = fmt.Sprintf("; agents' CNI ADD n=%d p50 %v max %v", len(adds), testkit.Quantile(adds, 0.5).Round(time.Millisecond), slices.Max(append(adds, 0)).Round(time.Millisecond))
 				}
 				sandboxes := s.sandboxTimes(b)
 				var sb []time.Duration
@@ -285,7 +286,7 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 				sandbox[cfg] = append(sandbox[cfg], sb...)
 				b.Logf("round %d %-5s: %d pods, p50 %v, p99 %v, min %v, slowest %s; load %s; RunPodSandbox n=%d p50 %v max %v; agents' CPU %d ms%s", k, cfg, len(lat),
 					r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), slices.Min(lat).Round(time.Millisecond),
-					s.names(cfg, k)[slowest], loadAvg(), len(sb), quantile(sb, 0.5).Round(time.Millisecond), slices.Max(append(sb, 0)).Round(time.Millisecond),
+					s.names(cfg, k)[slowest], loadAvg(), len(sb), testkit.Quantile(sb, 0.5).Round(time.Millisecond), slices.Max(append(sb, 0)).Round(time.Millisecond),
 					cpu*1000/clockTicks, agents)
 			}
 		}
@@ -294,7 +295,7 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 			p50[r.cfg] = append(p50[r.cfg], r.p50)
 			p99[r.cfg] = append(p99[r.cfg], r.p99)
 		}
-		med := func(ds []time.Duration) time.Duration { return quantile(ds, 0.5) }
+		med := func(ds []time.Duration) time.Duration { return testkit.Quantile(ds, 0.5) }
 		b.ReportMetric(ms(med(p50["tabby"])), "tabby-p50-ms")
 		b.ReportMetric(ms(med(p99["tabby"])), "tabby-p99-ms")
 		b.ReportMetric(ms(med(p50["ref"])), "ref-p50-ms")
@@ -306,8 +307,8 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 			b.ReportMetric(float64(med(p99["tabby"]))/float64(r), "x-ref-p99")
 		}
 		b.ReportMetric(float64(len(p50["tabby"])), "rounds")
-		b.ReportMetric(ms(quantile(sandbox["tabby"], 0.5)), "tabby-sandbox-p50-ms")
-		b.ReportMetric(ms(quantile(sandbox["ref"], 0.5)), "ref-sandbox-p50-ms")
+		b.ReportMetric(ms(testkit.Quantile(sandbox["tabby"], 0.5)), "tabby-sandbox-p50-ms")
+		b.ReportMetric(ms(testkit.Quantile(sandbox["ref"], 0.5)), "ref-sandbox-p50-ms")
 		for _, cfg := range []string{"tabby", "ref"} {
 			if agentPods[cfg] > 0 {
 				b.ReportMetric(float64(agentCPU[cfg])*1000/clockTicks/float64(agentPods[cfg]), cfg+"-agents-cpu-ms/pod")
@@ -323,8 +324,8 @@ func BenchmarkPrivilegedPodStart(b *testing.B) {
 			}
 		}
 		if len(adds) > 0 {
-			b.ReportMetric(ms(quantile(adds, 0.5)), "tabby-cni-add-p50-ms")
-			b.ReportMetric(ms(quantile(adds, 0.99)), "tabby-cni-add-p99-ms")
+			b.ReportMetric(ms(testkit.Quantile(adds, 0.5)), "tabby-cni-add-p50-ms")
+			b.ReportMetric(ms(testkit.Quantile(adds, 0.99)), "tabby-cni-add-p99-ms")
 		}
 	})
 }
@@ -778,17 +779,6 @@ func (s *podStartBench) cniAdds(b *testing.B) []cniAdd {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// quantile returns the q-quantile (nearest rank) of ds.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
 
 // loadAvg is /proc/loadavg's 1-minute figure.
 func loadAvg() string {

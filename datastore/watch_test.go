@@ -10,6 +10,7 @@ import (
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // next returns the next event, failing the test after a deadline.
@@ -210,17 +211,10 @@ func TestWatchAndCallsSurviveRestart(t *testing.T) {
 	t.Logf("restart took %v", time.Since(t0))
 	t0 = time.Now()
 	// Calls work again once the client has reconnected.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "PutKV after restart", func() error {
 		_, err := s.PutKV(ctx, "r/b", []byte("2"), 0)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("PutKV after restart: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 	t.Logf("reconnect took %v", time.Since(t0))
 	if _, err := writer.PutKV(ctx, "r/a", []byte("3"), 0); err != nil {
 		t.Fatalf("second client after restart: %v", err)

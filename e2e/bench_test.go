@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -53,7 +54,7 @@ import (
 //
 //	TABBY_BIN=$PWD/bin TABBY_BENCH_NODES=20,30,80 go test -run '^$' -bench BlockPropagation -benchtime 20x -timeout 60m ./e2e/
 func BenchmarkPrivilegedBlockPropagation(b *testing.B) {
-	benchRequireRoot(b)
+	testkit.RequirePrivileged(b, "ip", "nsenter")
 	next := 0 // block counter across sub-benchmarks and their runs
 	for _, n := range benchSizes(b, []int{5, 20}) {
 		var bl *benchLab
@@ -127,24 +128,24 @@ func runPropagation(b *testing.B, bl *benchLab, next *int, ref []time.Duration) 
 		local = append(local, res.local.Sub(t0))
 	}
 	b.StopTimer()
-	p50, p50Local := quantile(all, 0.5), quantile(local, 0.5)
+	p50, p50Local := testkit.Quantile(all, 0.5), testkit.Quantile(local, 0.5)
 	b.ReportMetric(ms(p50), "p50-ms")
-	b.ReportMetric(ms(quantile(all, 0.9)), "p90-ms")
-	p99, refP99 := quantile(all, 0.99), quantile(ref, 0.99)
+	b.ReportMetric(ms(testkit.Quantile(all, 0.9)), "p90-ms")
+	p99, refP99 := testkit.Quantile(all, 0.99), testkit.Quantile(ref, 0.99)
 	b.ReportMetric(ms(p99), "p99-ms")
-	b.ReportMetric(ms(quantile(ref, 0.5)), "ref-p50-ms")
+	b.ReportMetric(ms(testkit.Quantile(ref, 0.5)), "ref-p50-ms")
 	b.ReportMetric(ms(refP99), "ref-p99-ms")
 	if refP99 > 0 {
 		b.ReportMetric(float64(p99)/float64(refP99), "x-ref-p99")
 	}
 	b.ReportMetric(ms(slices.Max(all)), "max-ms")
-	b.ReportMetric(ms(quantile(first, 0.5)), "first-p50-ms")
+	b.ReportMetric(ms(testkit.Quantile(first, 0.5)), "first-p50-ms")
 	b.ReportMetric(ms(p50Local), "local-p50-ms")
 	if p50Local > 0 {
 		b.ReportMetric(float64(p50)/float64(p50Local), "x-local")
 	}
-	b.ReportMetric(ms(quantile(assign, 0.5)), "assign-p50-ms")
-	b.ReportMetric(ms(quantile(lead, 0.5)), "watch-lead-p50-ms")
+	b.ReportMetric(ms(testkit.Quantile(assign, 0.5)), "assign-p50-ms")
+	b.ReportMetric(ms(testkit.Quantile(lead, 0.5)), "watch-lead-p50-ms")
 }
 
 func earliest(a, b time.Time) time.Time {
@@ -155,33 +156,6 @@ func earliest(a, b time.Time) time.Time {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// quantile returns the q-quantile (nearest rank) of ds.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
-}
-
-// benchRequireRoot skips a benchmark unless it can build a lab.
-func benchRequireRoot(b *testing.B) {
-	b.Helper()
-	if os.Geteuid() != 0 {
-		b.Skip("benchmark skipped: needs root to create network namespaces")
-	}
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		b.Skip("benchmark skipped: TABBY_SKIP_PRIVILEGED is set")
-	}
-	for _, bin := range []string{"ip", "nsenter"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			b.Skipf("benchmark skipped: %s not installed", bin)
-		}
-	}
-}
 
 // benchLab is a lab with a route monitor in every node.
 type benchLab struct {

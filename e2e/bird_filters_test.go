@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -62,7 +63,7 @@ protocol bgp %s from tabby_node {
 // measures how long BIRD takes to notice each (BFD vs hold time), when BIRD
 // drops node 1's routes and when node 1 drops the ToR's route.
 func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
-	requireRoot(t)
+	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
 	for _, bin := range []string{"bird", "birdc"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("skipped: %s not installed (Debian package bird2)", bin)
@@ -114,7 +115,7 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 		}
 	}
 
-	waitFor(t, 40*time.Second, "both ToR sessions Established, BFD up on node 1", func() error {
+	testkit.EventuallyEvery(t, 40*time.Second, 100*time.Millisecond, "both ToR sessions Established, BFD up on node 1", func() error {
 		var errs []error
 		for _, n := range nodes {
 			s, err := l.NodeStatus(ctx, n.Name)
@@ -143,7 +144,7 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 	}
 
 	t.Run("ImportFilter", func(t *testing.T) {
-		waitFor(t, 20*time.Second, "198.19.77.0/24 in, 198.19.78.0/24 not", func() error {
+		testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "198.19.77.0/24 in, 198.19.78.0/24 not", func() error {
 			var errs []error
 			for _, n := range nodes {
 				out, err := l.Exec(ctx, n.Name, "ip", "-4", "route", "show", "proto", "81")
@@ -165,7 +166,7 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 		}
 		shown := s2.Blocks[0]
 		var all string
-		waitFor(t, 20*time.Second, "BIRD to hold "+shown+" with community (65001,100) and not "+hidden, func() error {
+		testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "BIRD to hold "+shown+" with community (65001,100) and not "+hidden, func() error {
 			out, err := b.c(ctx, "show", "route", "all")
 			if err != nil {
 				return err
@@ -198,7 +199,7 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 		})
 		t.Logf("birdc show route all:\n%s", all)
 		// A node advertising the aggregate drops what no block covers.
-		waitFor(t, 20*time.Second, "node 1's blackhole for the pool", func() error {
+		testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "node 1's blackhole for the pool", func() error {
 			out, err := l.Exec(ctx, n1.Name, "ip", "-4", "route", "show", "proto", "80", "type", "blackhole")
 			if err != nil {
 				return err
@@ -213,7 +214,7 @@ func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
 	t.Run("FailoverBFDvsHoldTime", func(t *testing.T) {
 		// BIRD holds routes from node 1's session (node 2's block, with
 		// node 2 as third-party next hop); the failover removes them.
-		waitFor(t, 20*time.Second, "BIRD to hold routes from "+n1.Name, func() error {
+		testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "BIRD to hold routes from "+n1.Name, func() error {
 			out, err := b.c(ctx, "show", "route", "protocol", n1.Name)
 			if err != nil {
 				return err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -80,7 +81,7 @@ template bgp tabby_node {
 // the filter accepts too) and the foreign prefix no rule matches; a
 // withdrawal leaves every node's kernel.
 func TestPrivilegedBIRDIPv6(t *testing.T) {
-	requireRoot(t)
+	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
 	for _, bin := range []string{"bird", "birdc"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("skipped: %s not installed (Debian package bird2)", bin)
@@ -119,7 +120,7 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 		waitToRSessions(ctx, t, l, nodes, 40*time.Second, "Established with ipv4,ipv6", func(p api.PeerStatus) bool {
 			return p.State == "Established" && strings.Join(p.Families, ",") == "ipv4,ipv6"
 		})
-		waitFor(t, 10*time.Second, "BIRD's sessions with both channels up", func() error {
+		testkit.EventuallyEvery(t, 10*time.Second, 100*time.Millisecond, "BIRD's sessions with both channels up", func() error {
 			var errs []error
 			for _, n := range nodes {
 				out, err := b.c(ctx, "show", "protocols", "all", n.Name)
@@ -162,7 +163,7 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 			}
 		}
 		var table string
-		waitFor(t, 20*time.Second, "BIRD to learn every block from every node via its owner", func() error {
+		testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "BIRD to learn every block from every node via its owner", func() error {
 			out, err := b.c(ctx, "show", "route")
 			if err != nil {
 				return err
@@ -202,7 +203,7 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 				t.Fatalf("pod %s has no IPv6 address: %v", p.Name, p.IPs)
 			}
 			for _, ip := range p.IPs[i : i+1] {
-				waitFor(t, 15*time.Second, "the ToR to reach pod "+p.Name+" at "+ip.Addr().String(), func() error {
+				testkit.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "the ToR to reach pod "+p.Name+" at "+ip.Addr().String(), func() error {
 					out, err := l.Exec(ctx, "tor", "ping", "-c1", "-W1", "-n", ip.Addr().String())
 					if err != nil {
 						return fmt.Errorf("%w: %s", err, out)
@@ -218,7 +219,7 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 		// ToR (no protocol: boot). The agent accepts the ToR's ::/0
 		// (acceptDefault) but must not overwrite the node's own route: it
 		// logs the foreign route and retries.
-		waitFor(t, 20*time.Second, "every node's agent to refuse to overwrite its own IPv6 default route", func() error {
+		testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "every node's agent to refuse to overwrite its own IPv6 default route", func() error {
 			var errs []error
 			for _, n := range nodes {
 				b, err := os.ReadFile(n.Agent.Log)
@@ -251,7 +252,7 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 		// as received (before the import policy) and installed ::/0 and
 		// the filter's prefix, so the same RIB reads saw the two others
 		// and left them out.
-		waitFor(t, 20*time.Second, "every node to install ::/0 and "+torAllowed6+" via "+torAddr6, func() error {
+		testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "every node to install ::/0 and "+torAllowed6+" via "+torAddr6, func() error {
 			var errs []error
 			for _, n := range nodes {
 				s, err := l.NodeStatus(ctx, n.Name)
@@ -289,7 +290,7 @@ func TestPrivilegedBIRDIPv6(t *testing.T) {
 		if out, err := b.c(ctx, "disable", "tor_static6"); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		waitFor(t, 15*time.Second, "every node to remove ::/0 and "+torAllowed6, func() error {
+		testkit.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "every node to remove ::/0 and "+torAllowed6, func() error {
 			var errs []error
 			for _, n := range nodes {
 				if err := nodeDefault6(ctx, l, n, false); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -142,7 +143,7 @@ func runBIRD(t *testing.T, l *lab.Lab, text string) *bird {
 		}
 	})
 	// BIRD is up once its control socket answers.
-	waitFor(t, 20*time.Second, "bird to answer on its control socket", func() error {
+	testkit.EventuallyEvery(t, 20*time.Second, 100*time.Millisecond, "bird to answer on its control socket", func() error {
 		select {
 		case err := <-exited:
 			exited <- err
@@ -166,23 +167,6 @@ func (b *bird) c(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// waitFor polls cond every 100 ms until it returns nil, and fails the test
-// with cond's last error after timeout.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting %s for %s: %v", timeout, what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // TestPrivilegedBIRDInterop runs BIRD 2 as an eBGP top-of-rack router (AS
 // 65001) in the lab's ToR namespace, peers every node with it through a
 // global BGPPeer, and checks both directions: BIRD learns each node's pod
@@ -190,7 +174,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error
 // and the nodes install the ToR's prefix with the agent's BGP protocol
 // number, and remove it when BIRD withdraws it.
 func TestPrivilegedBIRDInterop(t *testing.T) {
-	requireRoot(t)
+	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
 	for _, bin := range []string{"bird", "birdc"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("BIRD interop test skipped: %s not installed (Debian package bird2)", bin)
@@ -223,7 +207,7 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 		waitToRSessions(ctx, t, l, nodes, 30*time.Second, "type global, Established", func(p api.PeerStatus) bool {
 			return p.Type == "global" && p.State == "Established"
 		})
-		waitFor(t, 10*time.Second, "BIRD's sessions", func() error {
+		testkit.EventuallyEvery(t, 10*time.Second, 100*time.Millisecond, "BIRD's sessions", func() error {
 			out, err := b.c(ctx, "show", "protocols")
 			if err != nil {
 				return err
@@ -253,7 +237,7 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 			}
 		}
 		var table string
-		waitFor(t, 15*time.Second, "BIRD to learn every pod block from its owner", func() error {
+		testkit.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "BIRD to learn every pod block from its owner", func() error {
 			out, err := b.c(ctx, "show", "route")
 			if err != nil {
 				return err
@@ -292,7 +276,7 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 		// BIRD put them into the ToR's kernel, and the ToR reaches every pod.
 		for _, p := range l.State().Pods {
 			ip := p.IPs[0].Addr().String()
-			waitFor(t, 10*time.Second, "the ToR to reach pod "+p.Name, func() error {
+			testkit.EventuallyEvery(t, 10*time.Second, 100*time.Millisecond, "the ToR to reach pod "+p.Name, func() error {
 				out, err := l.Exec(ctx, "tor", "ping", "-c1", "-W1", "-n", ip)
 				if err != nil {
 					return fmt.Errorf("%w: %s", err, out)
@@ -311,20 +295,20 @@ func TestPrivilegedBIRDInterop(t *testing.T) {
 	})
 
 	t.Run("NodesInstallToRPrefix", func(t *testing.T) {
-		waitFor(t, 15*time.Second, "every node to install "+torPrefix, func() error {
+		testkit.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "every node to install "+torPrefix, func() error {
 			return nodesHaveRoute(ctx, l, nodes, true)
 		})
 		// BIRD withdraws it; it leaves every kernel, and comes back.
 		if out, err := b.c(ctx, "disable", "tor_static"); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		waitFor(t, 15*time.Second, "every node to remove "+torPrefix, func() error {
+		testkit.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "every node to remove "+torPrefix, func() error {
 			return nodesHaveRoute(ctx, l, nodes, false)
 		})
 		if out, err := b.c(ctx, "enable", "tor_static"); err != nil {
 			t.Fatalf("%v: %s", err, out)
 		}
-		waitFor(t, 15*time.Second, "every node to install "+torPrefix+" again", func() error {
+		testkit.EventuallyEvery(t, 15*time.Second, 100*time.Millisecond, "every node to install "+torPrefix+" again", func() error {
 			return nodesHaveRoute(ctx, l, nodes, true)
 		})
 	})
@@ -463,7 +447,7 @@ func TestParseBIRDOutput(t *testing.T) {
 // ok (described by want), or fails the test after timeout.
 func waitToRSessions(ctx context.Context, t *testing.T, l *lab.Lab, nodes []lab.NodeState, timeout time.Duration, want string, ok func(api.PeerStatus) bool) {
 	t.Helper()
-	waitFor(t, timeout, "every node's ToR session "+want, func() error {
+	testkit.EventuallyEvery(t, timeout, 100*time.Millisecond, "every node's ToR session "+want, func() error {
 		var errs []error
 		for _, n := range nodes {
 			s, err := l.NodeStatus(ctx, n.Name)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -289,31 +290,33 @@ func TestChurnCrash(t *testing.T) {
 
 // retryDel runs DEL for the pod until it succeeds (a minute at most).
 func retryDel(ctx context.Context, l *lab.Lab, pod string) error {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := l.DelPod(ctx, pod)
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(time.Second)
-	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return testkit.Poll(wctx, time.Second, func() error { return l.DelPod(ctx, pod) })
 }
 
 // waitReclaimed waits until etcd holds nothing of node — endpoints,
 // allocations, blocks, its gc record — and returns when it saw that.
 func waitReclaimed(ctx context.Context, l *lab.Lab, node string, timeout time.Duration) (time.Time, error) {
 	al := ipam.New(l.Store())
-	deadline := time.Now().Add(timeout)
-	for {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var seen time.Time
+	err := testkit.Poll(wctx, 200*time.Millisecond, func() error {
 		left, err := nodeLeftovers(ctx, l, al, node)
-		if err == nil && len(left) == 0 {
-			return time.Now(), nil
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("%s not reclaimed within %s: %s (last error %v)", node, timeout, strings.Join(left, ", "), err)
+		if len(left) > 0 {
+			return errors.New(strings.Join(left, ", "))
 		}
-		time.Sleep(200 * time.Millisecond)
+		seen = time.Now()
+		return nil
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s not reclaimed within %s: %w", node, timeout, err)
 	}
+	return seen, nil
 }
 
 // nodeLeftovers lists what etcd still holds of node.

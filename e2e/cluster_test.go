@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -149,17 +150,10 @@ func testEtcdOutage(t *testing.T, l *lab.Lab) {
 	}
 	// Everything recovers without a manual step: a new pod works.
 	var p *lab.PodState
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.EventuallyEvery(t, 60*time.Second, time.Second, "ADD after etcd returned", func() (err error) {
 		p, err = l.AddPod(ctx, "node1", "n1back", lab.PodOptions{})
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Second)
-	}
-	if err != nil {
-		t.Fatalf("ADD after etcd returned: %v", err)
-	}
+		return err
+	})
 	if err := l.Ping(ctx, "n3p1", p.IPs[0].Addr()); err != nil {
 		if err := l.Ping(ctx, "n3p1", p.IPs[0].Addr()); err != nil {
 			t.Errorf("pod added after the outage unreachable: %v", err)
@@ -214,8 +208,7 @@ func testNodeJoinLeave(t *testing.T, l *lab.Lab) {
 		t.Fatal(err)
 	}
 	// Its routes are withdrawn everywhere.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "routes via the removed node withdrawn", func() error {
 		var left []string
 		for _, n := range []string{"node1", "node2", "node3"} {
 			out, err := l.Exec(ctx, n, "ip", "-4", "route", "show", "proto", "81")
@@ -226,14 +219,11 @@ func testNodeJoinLeave(t *testing.T, l *lab.Lab) {
 				left = append(left, n+": "+strings.TrimSpace(string(out)))
 			}
 		}
-		if len(left) == 0 {
-			break
+		if len(left) > 0 {
+			return fmt.Errorf("routes via the removed node remain:\n%s", strings.Join(left, "\n"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("routes via the removed node remain:\n%s", strings.Join(left, "\n"))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	if err := l.WaitEstablished(ctx); err != nil {
 		t.Error(err)
 	}
@@ -371,22 +361,18 @@ func testIdentityChange(t *testing.T, l *lab.Lab) {
 	}
 	// node1 restarts its speaker with the new identity: node2 sees the
 	// session come back up after the change.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	testkit.EventuallyEvery(t, 60*time.Second, 200*time.Millisecond, "node2's session with node1 re-established after the identity change", func() error {
 		st, err := l.NodeStatus(ctx, "node2")
-		if err == nil {
-			for _, p := range st.Peers {
-				if p.Address == "198.18.0.11" && p.State == "Established" && p.Since.After(changed) {
-					goto established
-				}
+		if err != nil {
+			return err
+		}
+		for _, p := range st.Peers {
+			if p.Address == "198.18.0.11" && p.State == "Established" && p.Since.After(changed) {
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node2's session with node1 was not re-established after the identity change: %+v %v", st, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-established:
+		return fmt.Errorf("node2's status: %+v", st)
+	})
 	if err := l.WaitEstablished(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -426,19 +412,15 @@ func testKernelReconcile(t *testing.T, l *lab.Lab) {
 	mustExec("ip", "route", "add", "10.99.0.0/24", "via", "198.18.0.1", "proto", "static")
 	defer func() { _, _ = l.Exec(context.Background(), "node2", "ip", "route", "del", "10.99.0.0/24") }()
 
-	deadline := time.Now().Add(45 * time.Second)
-	for {
+	testkit.EventuallyEvery(t, 45*time.Second, 250*time.Millisecond, "the deleted route restored and the stale one removed", func() error {
 		r := routes()
 		restored := strings.Contains(r, node1Block+" via 198.18.0.11")
 		staleGone := !strings.Contains(r, "10.244.250.0/24")
 		if restored && staleGone {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 45 s: deleted route restored %v, stale route removed %v:\n%s", restored, staleGone, r)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return fmt.Errorf("deleted route restored %v, stale route removed %v:\n%s", restored, staleGone, r)
+	})
 	if r := routes(); !regexp.MustCompile(`(?m)^10\.99\.0\.0/24 via 198\.18\.0\.1 .*proto static`).MatchString(r) {
 		t.Errorf("the foreign route was touched:\n%s", r)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -36,7 +37,7 @@ import (
 //	TABBY_BIN=$PWD/bin TABBY_BENCH_NODES=2,10,30,80 go test -run '^$' \
 //	    -bench PodAddCost -benchtime 20x -timeout 60m ./e2e/
 func BenchmarkPrivilegedPodAddCost(b *testing.B) {
-	benchRequireRoot(b)
+	testkit.RequirePrivileged(b, "ip", "nsenter")
 	sizes := benchSizes(b, []int{2, 10})
 	idle := 10 * time.Second
 	if s := os.Getenv("TABBY_BENCH_IDLE"); s != "" {
@@ -209,7 +210,7 @@ func runAddCost(b *testing.B, l *lab.Lab, idle time.Duration, seq *int) {
 	ownExtra := own - idleRate/float64(nodes)*window
 	tickMS := 1000.0 / clockTicks
 	per := float64(b.N)
-	b.ReportMetric(ms(quantile(lat, 0.5)), "add-p50-ms")
+	b.ReportMetric(ms(testkit.Quantile(lat, 0.5)), "add-p50-ms")
 	b.ReportMetric(extra*tickMS/per, "cpu-ms/add")
 	b.ReportMetric(ownExtra*tickMS/per, "node1-cpu-ms/add")
 	b.ReportMetric((extra-ownExtra)*tickMS/per, "others-cpu-ms/add")

@@ -9,36 +9,20 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
 const runDir = "/run/tabby-e2e"
 
-// requireRoot skips the test unless it can build a lab.
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("end-to-end test skipped: needs root to create network namespaces")
-	}
-	if os.Getenv("TABBY_SKIP_PRIVILEGED") != "" {
-		t.Skip("end-to-end test skipped: TABBY_SKIP_PRIVILEGED is set")
-	}
-	for _, bin := range []string{"ip", "nsenter", "ping"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("end-to-end test skipped: %s not installed", bin)
-		}
-	}
-}
-
 // upLab brings up a lab that is torn down when the test ends, also when it fails.
 func upLab(t *testing.T, o lab.Options) *lab.Lab {
 	t.Helper()
-	requireRoot(t)
+	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
 	o.RunDir = runDir
 	o.BinDir = os.Getenv("TABBY_BIN")
 	o.Log = testWriter{t}

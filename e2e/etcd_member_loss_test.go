@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -141,7 +142,7 @@ func TestEtcdMemberLoss(t *testing.T) {
 		// A dead first endpoint must not cost an ADD a dial timeout: the
 		// client balances over the live members. Generous, for a loaded
 		// machine; BENCHMARKS.md has the figures.
-		up, down := quantile(upAgent, 0.5), quantile(downAgent, 0.5)
+		up, down := testkit.Quantile(upAgent, 0.5), testkit.Quantile(downAgent, 0.5)
 		if down > 2*up+50*time.Millisecond {
 			t.Errorf("median agent ADD with one etcd member down %v, with all up %v: a dead endpoint slows ADDs", down, up)
 		}
@@ -277,6 +278,6 @@ func summary(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "n=0"
 	}
-	return fmt.Sprintf("n=%d p50 %v p90 %v max %v", len(ds), quantile(ds, 0.5).Round(100*time.Microsecond),
-		quantile(ds, 0.9).Round(100*time.Microsecond), slices.Max(ds).Round(100*time.Microsecond))
+	return fmt.Sprintf("n=%d p50 %v p90 %v max %v", len(ds), testkit.Quantile(ds, 0.5).Round(100*time.Microsecond),
+		testkit.Quantile(ds, 0.9).Round(100*time.Microsecond), slices.Max(ds).Round(100*time.Microsecond))
 }

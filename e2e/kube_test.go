@@ -23,6 +23,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube"
 	"github.com/tabbynet/tabby/kube/kubetest"
@@ -66,7 +67,7 @@ type kubeLab struct {
 // back after the controllers' grace, and a deleted Node's blocks are
 // released.
 func TestKubernetes(t *testing.T) {
-	requireRoot(t)
+	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
 	srv := kubetest.Start(t) // skips, saying how to build it, without the binary
 	l := upLab(t, lab.Options{Name: kubeLabName, Nodes: 3,
 		AgentArgs: []string{"--node-gc-grace", kubeNodeGCGrace.String(), "--resync-interval", "3s"}})
@@ -85,7 +86,7 @@ func TestKubernetes(t *testing.T) {
 		}
 	}
 	startKubeControllers(t, l, srv)
-	waitFor(t, kubeDeadline, "the controllers' marker and every Tabby node marked as a Kubernetes node", func() error {
+	testkit.EventuallyEvery(t, kubeDeadline, 100*time.Millisecond, "the controllers' marker and every Tabby node marked as a Kubernetes node", func() error {
 		if _, err := k.store.GetKV(ctx, datastore.KubeMarkerKey); err != nil {
 			return fmt.Errorf("marker: %w", err)
 		}
@@ -193,7 +194,7 @@ func (k *kubeLab) addPod(ctx context.Context, t *testing.T, ns, name, node strin
 	if err != nil {
 		t.Fatalf("creating pod %s/%s: %v", ns, name, err)
 	}
-	waitFor(t, kubeDeadline, "the record of pod "+ns+"/"+name, func() error {
+	testkit.EventuallyEvery(t, kubeDeadline, 100*time.Millisecond, "the record of pod "+ns+"/"+name, func() error {
 		kv, err := k.store.GetKV(ctx, datastore.KubePodKey(ns, name))
 		if err != nil {
 			return err
@@ -313,7 +314,7 @@ func (k *kubeLab) testPolicyLatency(ctx context.Context, t *testing.T, w *connWa
 		if err := nps.Delete(ctx, "gate", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, kubeDeadline, "the translated policy deleted", func() error {
+		testkit.EventuallyEvery(t, kubeDeadline, 100*time.Millisecond, "the translated policy deleted", func() error {
 			_, err := k.store.Get(ctx, api.KindNetworkPolicy, "k14-srv", kube.PolicyName("gate"))
 			if errors.Is(err, datastore.ErrNotFound) {
 				return nil
@@ -342,7 +343,7 @@ func (k *kubeLab) testPolicyLatency(ctx context.Context, t *testing.T, w *connWa
 	// With no policy left, traffic flows.
 	transition(t, w, "no policy: cli -> web allowed", time.Now(), true)
 	pct := func(ds []time.Duration) string {
-		return fmt.Sprintf("p50 %v p99 %v", quantile(ds, 0.5).Round(time.Millisecond), quantile(ds, 0.99).Round(time.Millisecond))
+		return fmt.Sprintf("p50 %v p99 %v", testkit.Quantile(ds, 0.5).Round(time.Millisecond), testkit.Quantile(ds, 0.99).Round(time.Millisecond))
 	}
 	t.Logf("NetworkPolicy API write → packets dropped (n=%d): %s; reference, Tabby policy written to etcd: %s",
 		len(block), pct(block), pct(refBlock))
@@ -365,7 +366,7 @@ func (k *kubeLab) testLabels(ctx context.Context, t *testing.T, w *connWatch) {
 	if _, err := nps.Create(ctx, lock, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, kubeDeadline, "policy lock in etcd", func() error {
+	testkit.EventuallyEvery(t, kubeDeadline, 100*time.Millisecond, "policy lock in etcd", func() error {
 		_, err := k.store.Get(ctx, api.KindNetworkPolicy, "k14-srv", kube.PolicyName("lock"))
 		return err
 	})
@@ -421,7 +422,7 @@ func (k *kubeLab) testLabels(ctx context.Context, t *testing.T, w *connWatch) {
 	transition(t, w, "web isolated, cli neither trusted nor blue: dropped", start, false)
 	// Half the peer (a trusted pod, its namespace not blue) stays out.
 	podLabels("k14-cli", "cli", map[string]any{"role": "trusted"})
-	waitFor(t, kubeDeadline, "the endpoint of cli labelled role=trusted", func() error {
+	testkit.EventuallyEvery(t, kubeDeadline, 100*time.Millisecond, "the endpoint of cli labelled role=trusted", func() error {
 		if w := k.endpointOf(ctx, t, "k14-cli", "cli"); w == nil || w.Metadata.Labels["role"] != "trusted" {
 			return errors.New("not yet")
 		}
@@ -460,7 +461,7 @@ func (k *kubeLab) testAddressGC(ctx context.Context, t *testing.T) {
 	if err := k.kc.CoreV1().Pods("k14-cli").Delete(ctx, "lost", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, kubeAddrGCGrace+kubeDeadline, "the address of the deleted pod released", func() error {
+	testkit.EventuallyEvery(t, kubeAddrGCGrace+kubeDeadline, 100*time.Millisecond, "the address of the deleted pod released", func() error {
 		a, held, err := al.Lookup(ctx, addr)
 		switch {
 		case err != nil:
@@ -517,7 +518,7 @@ func (k *kubeLab) testNodeDeleted(ctx context.Context, t *testing.T) {
 	if err := k.kc.CoreV1().Nodes().Delete(ctx, "node3", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, kubeDeadline, "the Tabby node node3 deleted", func() error {
+	testkit.EventuallyEvery(t, kubeDeadline, 100*time.Millisecond, "the Tabby node node3 deleted", func() error {
 		_, err := k.store.Get(ctx, api.KindNode, "", "node3")
 		if errors.Is(err, datastore.ErrNotFound) {
 			return nil
@@ -525,7 +526,7 @@ func (k *kubeLab) testNodeDeleted(ctx context.Context, t *testing.T) {
 		return fmt.Errorf("still there (%v)", err)
 	})
 	tabbyGone := time.Since(start)
-	waitFor(t, kubeNodeGCGrace+kubeDeadline, "node3's blocks and addresses released", func() error {
+	testkit.EventuallyEvery(t, kubeNodeGCGrace+kubeDeadline, 100*time.Millisecond, "node3's blocks and addresses released", func() error {
 		blocks, err := al.Blocks(ctx)
 		if err != nil {
 			return err
@@ -550,7 +551,7 @@ func (k *kubeLab) testNodeDeleted(ctx context.Context, t *testing.T) {
 	if released < kubeNodeGCGrace {
 		t.Errorf("node3 released %v after its Node was deleted, before the grace of %v", released, kubeNodeGCGrace)
 	}
-	waitFor(t, kubeDeadline, "node1's route to node3's block withdrawn", func() error {
+	testkit.EventuallyEvery(t, kubeDeadline, 100*time.Millisecond, "node1's route to node3's block withdrawn", func() error {
 		if nodeHasRouteTo(ctx, t, k.l, "node1", block) {
 			return fmt.Errorf("node1 still routes %s", block)
 		}

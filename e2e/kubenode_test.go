@@ -15,6 +15,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube"
 	"github.com/tabbynet/tabby/kube/kubetest"
@@ -31,7 +32,7 @@ import (
 // freed under a running agent, which would hand it out twice); once that
 // agent stops, the node is released. docs/agent.md describes this gap.
 func TestKubeNodeDeletion(t *testing.T) {
-	requireRoot(t)
+	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
 	srv := kubetest.Start(t) // skips when kube-apiserver is not built
 	l := upLab(t, lab.Options{Name: "c19kube", Nodes: 3, PodsPerNode: 1, AgentArgs: []string{"--node-gc-grace", churnGrace.String()}})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
@@ -65,7 +66,7 @@ func TestKubeNodeDeletion(t *testing.T) {
 		}
 	}()
 	for _, n := range []string{"node2", "node3"} {
-		waitFor(t, 30*time.Second, "the Tabby node "+n+" marked as the Kubernetes node's", func() error {
+		testkit.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the Tabby node "+n+" marked as the Kubernetes node's", func() error {
 			tn, err := datastore.GetAs[*api.Node](ctx, l.Store(), api.KindNode, "", n)
 			if err == nil && tn.Metadata.Annotations[api.AnnotationKubeNode] != n {
 				err = fmt.Errorf("annotations %v", tn.Metadata.Annotations)
@@ -91,7 +92,7 @@ func TestKubeNodeDeletion(t *testing.T) {
 	if err := kc.CoreV1().Nodes().Delete(ctx, "node3", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the controllers to delete the Tabby node node3", func() error {
+	testkit.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the controllers to delete the Tabby node node3", func() error {
 		if _, err := l.Store().Get(ctx, api.KindNode, "", "node3"); !errors.Is(err, datastore.ErrNotFound) {
 			return fmt.Errorf("still there (err %v)", err)
 		}
@@ -107,7 +108,7 @@ func TestKubeNodeDeletion(t *testing.T) {
 	if err := kc.CoreV1().Nodes().Delete(ctx, "node2", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the controllers to delete the Tabby node node2", func() error {
+	testkit.EventuallyEvery(t, 30*time.Second, 100*time.Millisecond, "the controllers to delete the Tabby node node2", func() error {
 		if _, err := l.Store().Get(ctx, api.KindNode, "", "node2"); !errors.Is(err, datastore.ErrNotFound) {
 			return fmt.Errorf("still there (err %v)", err)
 		}

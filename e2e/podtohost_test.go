@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -64,13 +65,9 @@ func TestPodToHost(t *testing.T) {
 				_, err := l.Exec(ctx, target, "python3", "-c", w19Connect, nodeIP, port)
 				return err
 			}
-			deadline := time.Now().Add(10 * time.Second)
-			for connect(node.Name, "8080") != nil {
-				if time.Now().After(deadline) {
-					t.Fatal("the test listener does not answer on the node itself")
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
+			testkit.EventuallyEvery(t, 10*time.Second, 50*time.Millisecond, "the test listener to answer on the node itself", func() error {
+				return connect(node.Name, "8080")
+			})
 			p, err := l.AddPod(ctx, node.Name, "w19-pod", lab.PodOptions{})
 			if err != nil {
 				t.Fatal(err)

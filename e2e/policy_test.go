@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 	"github.com/tabbynet/tabby/policy"
 )
@@ -337,17 +339,16 @@ func checkCases(ctx context.Context, t *testing.T, l *lab.Lab, ips map[string]ne
 // same number of rules, and the same ipset members.
 func waitPolicyConverged(ctx context.Context, t *testing.T, l *lab.Lab) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testkit.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "policy to converge", func() error {
 		diff, err := policyDiff(ctx, t, l)
-		if err == nil && diff == "" {
-			return
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("policy did not converge within 30s: %v%s", err, diff)
+		if diff != "" {
+			return errors.New(diff)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -120,8 +122,9 @@ func waitPeerDown(ctx context.Context, l *lab.Lab, nodes []string, down string, 
 			addr = n.IP.Addr().String()
 		}
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := testkit.Poll(wctx, 100*time.Millisecond, func() error {
 		var up []string
 		for _, n := range nodes {
 			if n == down {
@@ -138,35 +141,35 @@ func waitPeerDown(ctx context.Context, l *lab.Lab, nodes []string, down string, 
 				}
 			}
 		}
-		if len(up) == 0 {
-			return nil
+		if len(up) > 0 {
+			return errors.New(strings.Join(up, "; "))
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the sessions to %s did not go down within %v: %s", down, timeout, strings.Join(up, "; "))
-		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("the sessions to %s did not go down within %v: %w", down, timeout, err)
 	}
+	return nil
 }
 
 // waitReady polls the node's /readyz until it answers 200.
 func waitReady(ctx context.Context, l *lab.Lab, node string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := testkit.Poll(wctx, 100*time.Millisecond, func() error {
 		code, body, err := l.AgentGet(ctx, node, "/readyz")
-		if err == nil && code == http.StatusOK {
-			return nil
-		}
 		if err != nil {
-			last = err.Error()
-		} else {
-			last = fmt.Sprintf("%d %s", code, strings.TrimSpace(string(body)))
+			return err
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready within %v: %s", timeout, last)
+		if code != http.StatusOK {
+			return fmt.Errorf("%d %s", code, strings.TrimSpace(string(body)))
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("not ready within %v: %w", timeout, err)
 	}
+	return nil
 }
 
 // readinessWatch polls every node's /readyz and records, for each node,

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -33,17 +35,6 @@ func procField(pid int, name string) string {
 		}
 	}
 	return ""
-}
-
-// poll calls cond until it holds, failing the test after a minute.
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(time.Minute); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // TestExitsOnSignal: pause runs until SIGTERM or SIGINT and then exits 0
@@ -86,7 +77,7 @@ func TestReap(t *testing.T) {
 		pids = append(pids, cmd.Process.Pid)
 	}
 	for _, pid := range pids {
-		poll(t, "a zombie", func() bool { return strings.HasPrefix(procField(pid, "State"), "Z") })
+		testkit.Eventually(t, time.Minute, "a zombie", testkit.Cond(func() bool { return strings.HasPrefix(procField(pid, "State"), "Z") }))
 	}
 	reap()
 	for _, pid := range pids {

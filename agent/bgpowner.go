@@ -79,7 +79,7 @@ func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel
 // configuration, peers and filters, pools (DisableBGPExport, communities),
 // this node's blocks and
 // claims, and blocks that lend this node addresses.
-func (b *bgpOwner) affects(u syncer.Update) bool {
+func (b *bgpOwner) affects(u syncer.AnyUpdate) bool {
 	switch u.Kind {
 	case api.KindNode, api.KindBGPConfiguration, api.KindBGPPeer, api.KindBGPFilter, api.KindIPPool:
 		return true

@@ -63,7 +63,7 @@ type gcRecord struct {
 
 func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, grace time.Duration, log *slog.Logger) *nodeGC {
 	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now, grace: grace, due: make(chan struct{}, 1)}
-	g.sub = view.Subscribe("nodegc", func(u syncer.Update) bool {
+	g.sub = view.Subscribe("nodegc", func(u syncer.AnyUpdate) bool {
 		// A node came or went, or a gc record changed (its grace, which
 		// any agent may have started, arms the timer).
 		return (u.Kind == api.KindNode && (u.Old == nil || u.New == nil)) || u.Kind == syncer.KindNodeGC

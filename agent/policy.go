@@ -61,7 +61,7 @@ func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log
 // policy exists, other nodes' endpoints (they are members of the sets the
 // policies' selectors make). Without policies another node's pod cannot
 // change this node's rules, so it costs nothing here.
-func (p *policyOwner) affects(u syncer.Update) bool {
+func (p *policyOwner) affects(u syncer.AnyUpdate) bool {
 	switch u.Kind {
 	case api.KindNetworkPolicy, api.KindGlobalNetworkPolicy, api.KindIPPool:
 		return true

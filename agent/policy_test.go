@@ -233,8 +233,8 @@ func TestPolicyOwnerIgnoresRemotePodsWithoutPolicies(t *testing.T) {
 	p := newPolicyOwner("node1", startView(t, store), &fake.Firewall{}, quietLog())
 	local := testWEP("node1", "default", "a", "cali00000000aa", "10.244.0.5", nil)
 	remote := testWEP("node2", "default", "b", "cali00000000bb", "10.244.1.5", nil)
-	up := func(w *api.WorkloadEndpoint) syncer.Update {
-		return syncer.Update{Kind: api.KindWorkloadEndpoint, New: w}
+	up := func(w *api.WorkloadEndpoint) syncer.AnyUpdate {
+		return syncer.AnyUpdate{Kind: api.KindWorkloadEndpoint, New: w}
 	}
 	if !p.affects(up(local)) {
 		t.Error("this node's pod did not wake the policy owner")

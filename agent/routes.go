@@ -56,7 +56,7 @@ func newRouteOwner(node string, view *syncer.Syncer, kernel dataplane.Routes, lo
 
 // affects takes this node's endpoints, blocks, block claims and borrowed
 // addresses, and pools (aggregates, see aggregateBlackholes).
-func (r *routeOwner) affects(u syncer.Update) bool {
+func (r *routeOwner) affects(u syncer.AnyUpdate) bool {
 	if u.Kind == api.KindIPPool {
 		return true
 	}

@@ -150,7 +150,7 @@ func (c *controller) run(ctx context.Context) error {
 	if err := c.putMarker(ctx); err != nil {
 		return err
 	}
-	sub := c.view.Subscribe("kube-controllers", func(u syncer.Update) bool {
+	sub := c.view.Subscribe("kube-controllers", func(u syncer.AnyUpdate) bool {
 		return u.Kind == api.KindWorkloadEndpoint || u.Kind == api.KindNode
 	})
 	c.indexEndpoints(nil, true)
@@ -220,7 +220,7 @@ func (c *controller) processNext(ctx context.Context) bool {
 // indexEndpoints folds endpoint updates into epByPod and queues the pods
 // whose endpoints changed, so that an endpoint an agent just wrote gets
 // the pod's current labels even if they changed during its ADD.
-func (c *controller) indexEndpoints(ups []syncer.Update, all bool) {
+func (c *controller) indexEndpoints(ups []syncer.AnyUpdate, all bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	add := func(w *api.WorkloadEndpoint) {

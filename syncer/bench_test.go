@@ -19,7 +19,7 @@ func BenchmarkRemotePodAdd(b *testing.B) {
 	s := New(nil, slog.New(slog.DiscardHandler))
 	s.apply(datastore.Event{Type: datastore.EventResync, Revision: 1})
 	for range 4 {
-		s.Subscribe("other-node-owner", func(u Update) bool {
+		s.Subscribe("other-node-owner", func(u AnyUpdate) bool {
 			w, ok := u.New.(*api.WorkloadEndpoint)
 			return ok && w.Spec.Node == "node2"
 		})

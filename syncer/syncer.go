@@ -5,11 +5,14 @@
 // blocks (by affine node, with the addresses other nodes borrowed) and
 // affinities. Nothing that reads the view touches etcd.
 //
-// Consumers subscribe with a filter and are woken only by the updates that
-// pass it, each update carrying the old and new value of one key. A pod
-// added on another node therefore costs a consumer nothing unless it asked
-// for other nodes' endpoints; a pod added in its own node's block does not
-// even produce a block update (see ipam.BlockSummary).
+// Consumers subscribe with typed filters (On) and are woken only by the
+// updates that pass them. A consumer that recomputes from the view uses a
+// wake-only Signal (Notify), which keeps nothing; one that folds changes
+// in takes typed updates, Update[T] with the old and new value of one key,
+// from a Feed (Watch). A pod added on another node therefore costs a
+// consumer nothing unless it asked for other nodes' endpoints; a pod added
+// in its own node's block does not even produce a block update (see
+// ipam.BlockSummary).
 //
 // Values handed out are shared with the view: treat them as read-only.
 // A Syncer is safe for concurrent use.
@@ -38,10 +41,11 @@ const (
 	KindNodeGC = "NodeGC"
 )
 
-// Update is one key's change. Old is nil for a creation, New nil for a
-// deletion; both are set for a modification. An update whose value did
-// not change in a way the view represents is never sent.
-type Update struct {
+// AnyUpdate is one key's change, untyped. Old is nil for a creation, New
+// nil for a deletion; both are set for a modification.
+//
+// Deprecated: use a typed subscription (Notify, Watch) and Update[T].
+type AnyUpdate struct {
 	Kind     string
 	Key      string
 	Old, New any
@@ -64,7 +68,7 @@ type Syncer struct {
 	synced bool
 	// waiters are woken whenever rev moves or the view syncs.
 	waiters chan struct{}
-	subs    []*Subscription
+	subs    []subscriber
 	stats   Stats
 }
 
@@ -105,7 +109,7 @@ func relevant(key string) bool {
 // apply folds one watch event into the view and wakes the subscribers
 // whose filter takes any of the resulting updates.
 func (s *Syncer) apply(ev datastore.Event) {
-	var ups []Update
+	var ups []change
 	s.mu.Lock()
 	wasSynced := s.synced
 	s.stats.Events++
@@ -210,20 +214,15 @@ func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
 // WaitSynced blocks until the initial list has been applied or ctx ends.
 func (s *Syncer) WaitSynced(ctx context.Context) error { return s.WaitRevision(ctx, 0) }
 
-// Subscribe registers a consumer. filter sees every update (it must be
-// fast; it may read the view, which already holds the update); nil takes
-// all. The subscription is
-// kicked once when the view first syncs, so a consumer's first pass sees
-// a complete view.
-func (s *Syncer) Subscribe(name string, filter func(Update) bool) *Subscription {
+// Subscribe registers a consumer of untyped updates. filter sees every
+// update (it must be fast; it may read the view, which already holds the
+// update); nil takes all. The subscription is kicked once when the view
+// first syncs, so a consumer's first pass sees a complete view.
+//
+// Deprecated: use Notify (wake-only) or Watch (typed updates).
+func (s *Syncer) Subscribe(name string, filter func(AnyUpdate) bool) *Subscription {
 	sub := &Subscription{name: name, filter: filter, kick: make(chan struct{}, 1)}
-	s.mu.Lock()
-	s.subs = append(s.subs, sub)
-	synced := s.synced
-	s.mu.Unlock()
-	if synced {
-		sub.wake()
-	}
+	s.register(sub)
 	return sub
 }
 
@@ -234,11 +233,11 @@ const maxPending = 4096
 // Subscription is one consumer's interest in the view.
 type Subscription struct {
 	name   string
-	filter func(Update) bool
+	filter func(AnyUpdate) bool
 	kick   chan struct{}
 
 	mu       sync.Mutex
-	pending  []Update
+	pending  []AnyUpdate
 	overflow bool
 	matched  int64
 }
@@ -251,7 +250,7 @@ func (sub *Subscription) C() <-chan struct{} { return sub.kick }
 // arrived than were kept (or after a resync of the whole view): the
 // consumer should recompute everything, which a level-based consumer does
 // anyway.
-func (sub *Subscription) Take() (ups []Update, all bool) {
+func (sub *Subscription) Take() (ups []AnyUpdate, all bool) {
 	sub.mu.Lock()
 	defer sub.mu.Unlock()
 	ups, all = sub.pending, sub.overflow
@@ -273,10 +272,34 @@ func (sub *Subscription) wake() {
 	}
 }
 
-func (sub *Subscription) offer(ups []Update) {
+func (sub *Subscription) retained() int {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	return len(sub.pending)
+}
+
+// untyped is a change as the deprecated Subscription hands it out: IPAM
+// values and node GC records by value.
+func untyped(c change) AnyUpdate {
+	deref := func(v any) any {
+		switch x := v.(type) {
+		case *ipam.BlockSummary:
+			return *x
+		case *ipam.Affinity:
+			return *x
+		case *datastore.KV:
+			return *x
+		}
+		return v
+	}
+	return AnyUpdate{Kind: c.kind, Key: c.key, Old: deref(c.old), New: deref(c.new), Revision: c.rev}
+}
+
+func (sub *Subscription) offer(cs []change) {
 	n := 0
 	sub.mu.Lock()
-	for _, u := range ups {
+	for _, c := range cs {
+		u := untyped(c)
 		if sub.filter != nil && !sub.filter(u) {
 			continue
 		}

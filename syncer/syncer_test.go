@@ -51,8 +51,8 @@ func wep(node, name, addr string) *api.WorkloadEndpoint {
 
 // nodeFilter takes what a node's route owner needs: its endpoints and the
 // blocks and claims affine to it.
-func nodeFilter(node string) func(syncer.Update) bool {
-	return func(u syncer.Update) bool {
+func nodeFilter(node string) func(syncer.AnyUpdate) bool {
+	return func(u syncer.AnyUpdate) bool {
 		for _, v := range []any{u.Old, u.New} {
 			switch x := v.(type) {
 			case *api.WorkloadEndpoint:

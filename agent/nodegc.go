@@ -43,7 +43,7 @@ type nodeGC struct {
 	store *datastore.Store
 	ipam  *ipam.Allocator
 	log   *slog.Logger
-	sub   *syncer.Subscription
+	sub   *syncer.Signal
 	now   func() time.Time
 	// grace is Config.NodeGCGrace.
 	grace time.Duration
@@ -63,11 +63,11 @@ type gcRecord struct {
 
 func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, grace time.Duration, log *slog.Logger) *nodeGC {
 	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now, grace: grace, due: make(chan struct{}, 1)}
-	g.sub = view.Subscribe("nodegc", func(u syncer.AnyUpdate) bool {
-		// A node came or went, or a gc record changed (its grace, which
-		// any agent may have started, arms the timer).
-		return (u.Kind == api.KindNode && (u.Old == nil || u.New == nil)) || u.Kind == syncer.KindNodeGC
-	})
+	// A node came or went, or a gc record changed (its grace, which any
+	// agent may have started, arms the timer).
+	g.sub = view.Notify("nodegc",
+		syncer.On(func(u syncer.Update[api.Node]) bool { return u.Old == nil || u.New == nil }),
+		syncer.On[datastore.KV](nil))
 	return g
 }
 

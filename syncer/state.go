@@ -61,12 +61,12 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 	switch {
 	case strings.HasPrefix(kv.Key, ipam.BlocksPrefix):
 		b, err := ipam.DecodeBlockSummary(kv.Key, kv.Value)
-		return KindBlock, &b, err
+		return kindBlock, &b, err
 	case strings.HasPrefix(kv.Key, ipam.AffinitiesPrefix):
 		a, err := ipam.DecodeAffinity(kv.Key, kv.Value)
-		return KindAffinity, &a, err
+		return kindAffinity, &a, err
 	case strings.HasPrefix(kv.Key, datastore.NodeGCPrefix):
-		return KindNodeGC, &kv, nil
+		return kindNodeGC, &kv, nil
 	}
 	obj, err := datastore.DecodeResource(kv)
 	if err != nil {
@@ -151,7 +151,7 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
 // pods in it still need their node's blackhole route and advertisement.
 // Only a deletion of the key removes it.
 func (st *state) putUnreadableBlock(kv datastore.KV) (change, bool) {
-	if old, had := st.items[kv.Key]; had && old.kind == KindBlock {
+	if old, had := st.items[kv.Key]; had && old.kind == kindBlock {
 		return change{}, false
 	}
 	cidr, err := ipam.ParseBlockKey(kv.Key)
@@ -165,12 +165,12 @@ func (st *state) putUnreadableBlock(kv datastore.KV) (change, bool) {
 			break
 		}
 	}
-	c := change{kind: KindBlock, key: kv.Key, new: &sum, rev: kv.ModRevision}
+	c := change{kind: kindBlock, key: kv.Key, new: &sum, rev: kv.ModRevision}
 	if old, had := st.items[kv.Key]; had {
 		st.unindex(kv.Key, old)
 		c.old = old.val
 	}
-	it := item{kind: KindBlock, val: &sum, rev: kv.ModRevision}
+	it := item{kind: kindBlock, val: &sum, rev: kv.ModRevision}
 	st.items[kv.Key] = it
 	st.index(kv.Key, it)
 	return c, true

@@ -30,27 +30,13 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// Kinds of update besides the api kinds (api.KindNode, …).
+// The view's kinds besides the api kinds (api.KindNode, …); consumers name
+// a kind by its value type (see Value).
 const (
-	// KindBlock updates carry ipam.BlockSummary values.
-	KindBlock = "Block"
-	// KindAffinity updates carry ipam.Affinity values.
-	KindAffinity = "Affinity"
-	// KindNodeGC updates carry the datastore.KV of a node GC record
-	// (gc/nodes/<node>), which node GC decodes itself.
-	KindNodeGC = "NodeGC"
+	kindBlock    = "Block"    // ipam.BlockSummary
+	kindAffinity = "Affinity" // ipam.Affinity
+	kindNodeGC   = "NodeGC"   // datastore.KV of gc/nodes/<node>, which node GC decodes itself
 )
-
-// AnyUpdate is one key's change, untyped. Old is nil for a creation, New
-// nil for a deletion; both are set for a modification.
-//
-// Deprecated: use a typed subscription (Notify, Watch) and Update[T].
-type AnyUpdate struct {
-	Kind     string
-	Key      string
-	Old, New any
-	Revision int64
-}
 
 // Source is where the view's events come from: datastore.Store.Watch.
 type Source interface {
@@ -214,108 +200,9 @@ func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
 // WaitSynced blocks until the initial list has been applied or ctx ends.
 func (s *Syncer) WaitSynced(ctx context.Context) error { return s.WaitRevision(ctx, 0) }
 
-// Subscribe registers a consumer of untyped updates. filter sees every
-// update (it must be fast; it may read the view, which already holds the
-// update); nil takes all. The subscription is kicked once when the view
-// first syncs, so a consumer's first pass sees a complete view.
-//
-// Deprecated: use Notify (wake-only) or Watch (typed updates).
-func (s *Syncer) Subscribe(name string, filter func(AnyUpdate) bool) *Subscription {
-	sub := &Subscription{name: name, filter: filter, kick: make(chan struct{}, 1)}
-	s.register(sub)
-	return sub
-}
-
-// maxPending bounds the updates a subscription keeps between two Takes;
-// beyond it the consumer is told to treat everything as changed.
+// maxPending bounds the updates a Feed keeps between two Takes; beyond it
+// the consumer is told to treat everything as changed.
 const maxPending = 4096
-
-// Subscription is one consumer's interest in the view.
-type Subscription struct {
-	name   string
-	filter func(AnyUpdate) bool
-	kick   chan struct{}
-
-	mu       sync.Mutex
-	pending  []AnyUpdate
-	overflow bool
-	matched  int64
-}
-
-// C is signalled (never blocking, coalescing) when updates for this
-// consumer arrived.
-func (sub *Subscription) C() <-chan struct{} { return sub.kick }
-
-// Take returns the updates since the last Take. all is true when more
-// arrived than were kept (or after a resync of the whole view): the
-// consumer should recompute everything, which a level-based consumer does
-// anyway.
-func (sub *Subscription) Take() (ups []AnyUpdate, all bool) {
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	ups, all = sub.pending, sub.overflow
-	sub.pending, sub.overflow = nil, false
-	return ups, all
-}
-
-// Matched returns how many updates passed the filter so far.
-func (sub *Subscription) Matched() int64 {
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	return sub.matched
-}
-
-func (sub *Subscription) wake() {
-	select {
-	case sub.kick <- struct{}{}:
-	default:
-	}
-}
-
-func (sub *Subscription) retained() int {
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	return len(sub.pending)
-}
-
-// untyped is a change as the deprecated Subscription hands it out: IPAM
-// values and node GC records by value.
-func untyped(c change) AnyUpdate {
-	deref := func(v any) any {
-		switch x := v.(type) {
-		case *ipam.BlockSummary:
-			return *x
-		case *ipam.Affinity:
-			return *x
-		case *datastore.KV:
-			return *x
-		}
-		return v
-	}
-	return AnyUpdate{Kind: c.kind, Key: c.key, Old: deref(c.old), New: deref(c.new), Revision: c.rev}
-}
-
-func (sub *Subscription) offer(cs []change) {
-	n := 0
-	sub.mu.Lock()
-	for _, c := range cs {
-		u := untyped(c)
-		if sub.filter != nil && !sub.filter(u) {
-			continue
-		}
-		n++
-		if len(sub.pending) < maxPending {
-			sub.pending = append(sub.pending, u)
-		} else {
-			sub.overflow = true
-		}
-	}
-	sub.matched += int64(n)
-	sub.mu.Unlock()
-	if n > 0 {
-		sub.wake()
-	}
-}
 
 // sortedValues returns a map's values ordered by key.
 func sortedValues[V any](m map[string]V) []V {

@@ -38,11 +38,11 @@ func kindOf[T Value]() string {
 	case *api.GlobalNetworkPolicy:
 		return api.KindGlobalNetworkPolicy
 	case *ipam.BlockSummary:
-		return KindBlock
+		return kindBlock
 	case *ipam.Affinity:
-		return KindAffinity
+		return kindAffinity
 	default: // *datastore.KV, the constraint allows nothing else
-		return KindNodeGC
+		return kindNodeGC
 	}
 }
 

@@ -261,14 +261,14 @@ func (g *nodeGC) release(ctx context.Context, n string, rec datastore.KV) error 
 // endpointsOf returns the node's endpoints as etcd has them (the view's
 // may lag): listing every endpoint costs one read, once per dead node.
 func (g *nodeGC) endpointsOf(ctx context.Context, n string) []*api.WorkloadEndpoint {
-	objs, _, err := g.store.List(ctx, api.KindWorkloadEndpoint, "")
+	all, _, err := datastore.ListAs[*api.WorkloadEndpoint](ctx, g.store, api.KindWorkloadEndpoint, "")
 	if err != nil {
 		g.log.Warn("listing endpoints for node gc; using the view's", "err", err)
 		return g.view.EndpointsOn(n)
 	}
 	var out []*api.WorkloadEndpoint
-	for _, o := range objs {
-		if w, ok := o.(*api.WorkloadEndpoint); ok && w.Spec.Node == n {
+	for _, w := range all {
+		if w.Spec.Node == n {
 			out = append(out, w)
 		}
 	}

@@ -20,6 +20,7 @@ package syncer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -74,13 +75,21 @@ func New(src Source, log *slog.Logger) *Syncer {
 	return &Syncer{src: src, log: log, st: newState(), waiters: make(chan struct{})}
 }
 
-// Run watches the whole Tabby prefix until ctx ends. The first event is a
-// full list; after it the view reports Synced.
+// ErrWatchEnded is Run's error when the source's watch ends while ctx
+// lives (the datastore was closed): the view no longer follows etcd.
+var ErrWatchEnded = errors.New("the cluster view's watch ended")
+
+// Run watches the whole Tabby prefix until ctx ends, and returns ctx's
+// error then, or ErrWatchEnded if the watch ends first: it never returns
+// nil. The first event is a full list; after it the view reports Synced.
 func (s *Syncer) Run(ctx context.Context) error {
 	for ev := range s.src.Watch(ctx, "", 0) {
 		s.apply(ev)
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return ErrWatchEnded
 }
 
 // relevant says whether a key is part of the view. Handles and status

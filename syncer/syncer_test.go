@@ -3,6 +3,7 @@ package syncer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -224,5 +225,27 @@ func TestResyncReportsDifferences(t *testing.T) {
 	}
 	if _, ok := v.Node("broken"); ok {
 		t.Error("a record that does not decode is in the view")
+	}
+}
+
+// endedSource is a watch that ends at once, as a closed store's does.
+type endedSource struct{}
+
+func (endedSource) Watch(context.Context, string, int64) <-chan datastore.Event {
+	ch := make(chan datastore.Event)
+	close(ch)
+	return ch
+}
+
+// TestRunReportsAnEndedWatch: a view whose watch ends while it should run
+// says so instead of returning nil.
+func TestRunReportsAnEndedWatch(t *testing.T) {
+	if err := syncer.New(endedSource{}, nil).Run(t.Context()); !errors.Is(err, syncer.ErrWatchEnded) {
+		t.Errorf("Run = %v, want %v", err, syncer.ErrWatchEnded)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := syncer.New(endedSource{}, nil).Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run after ctx ended = %v, want %v", err, context.Canceled)
 	}
 }

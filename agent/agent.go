@@ -153,15 +153,21 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.lease.grant(ctx); err != nil {
 		return err
 	}
-	defer a.lease.revoke()
+	defer a.lease.revoke(ctx)
 
-	// The view: everything below reads the cluster from it.
+	// The view: everything below reads the cluster from it. It runs in the
+	// agent's errgroup, so its error ends the agent; a return before the
+	// group's Wait below stops it and waits for it.
 	a.view = syncer.New(a.store, a.log.With("component", "view"))
-	vctx, stopView := context.WithCancel(ctx)
-	viewDone := make(chan struct{})
-	go func() { defer close(viewDone); _ = a.view.Run(vctx) }()
-	defer func() { stopView(); <-viewDone }()
-	if err := a.view.WaitSynced(ctx); err != nil {
+	rctx, stop := context.WithCancel(ctx)
+	g, gctx := errgroup.WithContext(rctx)
+	defer func() { stop(); _ = g.Wait() }()
+	g.Go(func() error { return a.view.Run(gctx) })
+	if err := a.view.WaitSynced(gctx); err != nil {
+		stop()
+		if verr := g.Wait(); verr != nil && !errors.Is(verr, context.Canceled) {
+			err = verr
+		}
 		return fmt.Errorf("listing the cluster: %w", err)
 	}
 	a.metrics.watchStore(a.store, a.view)
@@ -209,6 +215,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		observe:       a.metrics.observeCNI,
 		observeAssign: a.metrics.observeAssign,
 		fault:         a.deps.CNIFault,
+		runCtx:        gctx,
 	}
 	if a.policy != nil {
 		a.handler.policySync = a.policy.syncFor
@@ -218,7 +225,6 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	close(a.wired)
 
 	every := a.cfg.ResyncInterval
-	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		a.cniListening.Store(true)
 		defer a.cniListening.Store(false)

@@ -40,7 +40,7 @@ type bgpOwner struct {
 	newSpeaker func() bgp.Speaker
 	started    time.Time
 	settle     time.Duration
-	sub        *syncer.Subscription
+	sub        *syncer.Signal
 	kick       chan struct{}
 
 	// learnedMu serialises syncs of the learned routes in the kernel.
@@ -71,7 +71,7 @@ type bgpOwner struct {
 func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel dataplane.Routes, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
 	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, kernel: kernel, speaker: sp, newSpeaker: newSpeaker,
 		settle: settle, metrics: m, log: log, started: time.Now(), kick: make(chan struct{}, 1)}
-	b.sub = view.Subscribe("bgp", b.affects)
+	b.sub = view.Notify("bgp", b.affects()...)
 	return b
 }
 
@@ -79,24 +79,13 @@ func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel
 // configuration, peers and filters, pools (DisableBGPExport, communities),
 // this node's blocks and
 // claims, and blocks that lend this node addresses.
-func (b *bgpOwner) affects(u syncer.Update) bool {
-	switch u.Kind {
-	case api.KindNode, api.KindBGPConfiguration, api.KindBGPPeer, api.KindBGPFilter, api.KindIPPool:
-		return true
+func (b *bgpOwner) affects() []syncer.Filter {
+	return []syncer.Filter{
+		syncer.On[api.Node](nil), syncer.On[api.BGPConfiguration](nil), syncer.On[api.BGPPeer](nil),
+		syncer.On[api.BGPFilter](nil), syncer.On[api.IPPool](nil),
+		syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOfOrLendingTo(b.node)) }),
+		syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf(b.node)) }),
 	}
-	for _, v := range []any{u.Old, u.New} {
-		switch x := v.(type) {
-		case ipam.BlockSummary:
-			if x.Affinity == b.node || slices.ContainsFunc(x.Borrowed, func(a ipam.BorrowedAddr) bool { return a.Node == b.node }) {
-				return true
-			}
-		case ipam.Affinity:
-			if x.Node == b.node {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func (b *bgpOwner) loop(every time.Duration) loop {

@@ -73,6 +73,9 @@ type cniHandler struct {
 	// other nodes are not lost while its route propagates.
 	advertised func(ctx context.Context, p netip.Prefix) error
 
+	// runCtx is the agent's run context: a spare-block claim outlives its
+	// request, not the agent.
+	runCtx context.Context
 	// spareBusy marks the families whose spare-block claim is running
 	// (claimSpare).
 	spareMu   sync.Mutex
@@ -405,7 +408,7 @@ func (h *cniHandler) claimSpare(addrs []netip.Addr) {
 				h.spareBusy[fam] = false
 				h.spareMu.Unlock()
 			}()
-			ctx, cancel := context.WithTimeout(context.Background(), spareClaimTimeout)
+			ctx, cancel := context.WithTimeout(h.runCtx, spareClaimTimeout)
 			defer cancel()
 			blk, err := h.ipam.EnsureFreeBlock(ctx, h.node, fam)
 			switch {

@@ -48,6 +48,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 		view:   v,
 		routes: newRouteOwner("node1", v, routes, testLogger()),
 		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		runCtx: t.Context(),
 	}
 	return &handlerEnv{h: h, store: store, view: v, wl: wl, routes: routes}
 }

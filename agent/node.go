@@ -203,9 +203,10 @@ func (l *leaseHolder) keep(ctx context.Context) {
 }
 
 // revoke ends the lease, deleting the node's liveness and status records:
-// a node stopped on purpose leaves at once instead of after the TTL.
-func (l *leaseHolder) revoke() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+// a node stopped on purpose leaves at once instead of after the TTL. It
+// runs as the agent stops: ctx's values are kept, its end is not.
+func (l *leaseHolder) revoke(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if err := l.store.RevokeLease(ctx, l.current()); err != nil {
 		l.log.Warn("revoking the node's liveness lease; its records expire with it", "err", err)

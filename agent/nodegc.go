@@ -43,7 +43,7 @@ type nodeGC struct {
 	store *datastore.Store
 	ipam  *ipam.Allocator
 	log   *slog.Logger
-	sub   *syncer.Subscription
+	sub   *syncer.Signal
 	now   func() time.Time
 	// grace is Config.NodeGCGrace.
 	grace time.Duration
@@ -63,11 +63,11 @@ type gcRecord struct {
 
 func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, grace time.Duration, log *slog.Logger) *nodeGC {
 	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now, grace: grace, due: make(chan struct{}, 1)}
-	g.sub = view.Subscribe("nodegc", func(u syncer.Update) bool {
-		// A node came or went, or a gc record changed (its grace, which
-		// any agent may have started, arms the timer).
-		return (u.Kind == api.KindNode && (u.Old == nil || u.New == nil)) || u.Kind == syncer.KindNodeGC
-	})
+	// A node came or went, or a gc record changed (its grace, which any
+	// agent may have started, arms the timer).
+	g.sub = view.Notify("nodegc",
+		syncer.On(func(u syncer.Update[api.Node]) bool { return u.Old == nil || u.New == nil }),
+		syncer.On[datastore.KV](nil))
 	return g
 }
 
@@ -261,14 +261,14 @@ func (g *nodeGC) release(ctx context.Context, n string, rec datastore.KV) error 
 // endpointsOf returns the node's endpoints as etcd has them (the view's
 // may lag): listing every endpoint costs one read, once per dead node.
 func (g *nodeGC) endpointsOf(ctx context.Context, n string) []*api.WorkloadEndpoint {
-	objs, _, err := g.store.List(ctx, api.KindWorkloadEndpoint, "")
+	all, _, err := datastore.ListAs[*api.WorkloadEndpoint](ctx, g.store, api.KindWorkloadEndpoint, "")
 	if err != nil {
 		g.log.Warn("listing endpoints for node gc; using the view's", "err", err)
 		return g.view.EndpointsOn(n)
 	}
 	var out []*api.WorkloadEndpoint
-	for _, o := range objs {
-		if w, ok := o.(*api.WorkloadEndpoint); ok && w.Spec.Node == n {
+	for _, w := range all {
+		if w.Spec.Node == n {
 			out = append(out, w)
 		}
 	}

@@ -26,7 +26,7 @@ type policyOwner struct {
 	view *syncer.Syncer
 	fw   dataplane.Firewall
 	log  *slog.Logger
-	sub  *syncer.Subscription
+	sub  *syncer.Signal
 	kick chan struct{}
 
 	requested sync.Mutex // guards reqGen
@@ -53,27 +53,18 @@ type policyOwner struct {
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
-	p.sub = view.Subscribe("policy", p.affects)
+	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
+		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint))
 	return p
 }
 
-// affects takes policies, pools, this node's endpoints and, while any
-// policy exists, other nodes' endpoints (they are members of the sets the
-// policies' selectors make). Without policies another node's pod cannot
-// change this node's rules, so it costs nothing here.
-func (p *policyOwner) affects(u syncer.Update) bool {
-	switch u.Kind {
-	case api.KindNetworkPolicy, api.KindGlobalNetworkPolicy, api.KindIPPool:
-		return true
-	case api.KindWorkloadEndpoint:
-		for _, v := range []any{u.Old, u.New} {
-			if w, ok := v.(*api.WorkloadEndpoint); ok && w.Spec.Node == p.node {
-				return true
-			}
-		}
-		return p.view.PolicyCount() > 0
-	}
-	return false
+// The policy owner wakes on policies, pools and the endpoints
+// affectsEndpoint takes: this node's and, while any policy exists, other
+// nodes' (they are members of the sets the policies' selectors make).
+// Without policies another node's pod cannot change this node's rules, so
+// it costs nothing here.
+func (p *policyOwner) affectsEndpoint(u syncer.Update[api.WorkloadEndpoint]) bool {
+	return u.Either(endpointOn(p.node)) || p.view.PolicyCount() > 0
 }
 
 // loop runs passes on view changes and, applying in full, every resync

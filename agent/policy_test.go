@@ -233,13 +233,13 @@ func TestPolicyOwnerIgnoresRemotePodsWithoutPolicies(t *testing.T) {
 	p := newPolicyOwner("node1", startView(t, store), &fake.Firewall{}, quietLog())
 	local := testWEP("node1", "default", "a", "cali00000000aa", "10.244.0.5", nil)
 	remote := testWEP("node2", "default", "b", "cali00000000bb", "10.244.1.5", nil)
-	up := func(w *api.WorkloadEndpoint) syncer.Update {
-		return syncer.Update{Kind: api.KindWorkloadEndpoint, New: w}
+	up := func(w *api.WorkloadEndpoint) syncer.Update[api.WorkloadEndpoint] {
+		return syncer.Update[api.WorkloadEndpoint]{New: w}
 	}
-	if !p.affects(up(local)) {
+	if !p.affectsEndpoint(up(local)) {
 		t.Error("this node's pod did not wake the policy owner")
 	}
-	if p.affects(up(remote)) {
+	if p.affectsEndpoint(up(remote)) {
 		t.Error("another node's pod woke the policy owner although no policy exists")
 	}
 	mustCreate(t, store, &api.GlobalNetworkPolicy{Metadata: api.ObjectMeta{Name: "g"}, Spec: api.GlobalNetworkPolicySpec{Selector: &api.LabelSelector{}}})
@@ -250,7 +250,7 @@ func TestPolicyOwnerIgnoresRemotePodsWithoutPolicies(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if !p.affects(up(remote)) {
+	if !p.affectsEndpoint(up(remote)) {
 		t.Error("another node's pod did not wake the policy owner although a policy exists")
 	}
 }

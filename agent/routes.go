@@ -31,7 +31,7 @@ type routeOwner struct {
 	view   *syncer.Syncer
 	kernel dataplane.Routes
 	log    *slog.Logger
-	sub    *syncer.Subscription
+	sub    *syncer.Signal
 	kick   chan struct{}
 
 	// mu serialises passes with Wire, so that a pass never deletes a route
@@ -50,33 +50,19 @@ type wiringEntry struct {
 
 func newRouteOwner(node string, view *syncer.Syncer, kernel dataplane.Routes, log *slog.Logger) *routeOwner {
 	r := &routeOwner{node: node, view: view, kernel: kernel, log: log, kick: make(chan struct{}, 1), wiring: map[string]wiringEntry{}}
-	r.sub = view.Subscribe("routes", r.affects)
+	r.sub = view.Notify("routes", r.affects()...)
 	return r
 }
 
 // affects takes this node's endpoints, blocks, block claims and borrowed
 // addresses, and pools (aggregates, see aggregateBlackholes).
-func (r *routeOwner) affects(u syncer.Update) bool {
-	if u.Kind == api.KindIPPool {
-		return true
+func (r *routeOwner) affects() []syncer.Filter {
+	return []syncer.Filter{
+		syncer.On[api.IPPool](nil),
+		syncer.On(func(u syncer.Update[api.WorkloadEndpoint]) bool { return u.Either(endpointOn(r.node)) }),
+		syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOfOrLendingTo(r.node)) }),
+		syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf(r.node)) }),
 	}
-	for _, v := range []any{u.Old, u.New} {
-		switch x := v.(type) {
-		case *api.WorkloadEndpoint:
-			if x.Spec.Node == r.node {
-				return true
-			}
-		case ipam.BlockSummary:
-			if x.Affinity == r.node || slices.ContainsFunc(x.Borrowed, func(a ipam.BorrowedAddr) bool { return a.Node == r.node }) {
-				return true
-			}
-		case ipam.Affinity:
-			if x.Node == r.node {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func (r *routeOwner) loop(every time.Duration, m *metrics) loop {

@@ -200,7 +200,8 @@ func (a *Agent) serveStatus(ctx context.Context) error {
 		go func() { errc <- srv.Serve(ln) }()
 	}
 	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	// ctx has ended: shut down under a deadline of its own.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	err := srv.Shutdown(sctx)
 	for range lns {

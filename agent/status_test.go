@@ -59,7 +59,7 @@ func TestStatusRepublishedUnderNewLease(t *testing.T) {
 	waitKV("after the lease was re-granted")
 
 	// Revoking the lease (what a stopping agent does) deletes the record.
-	a.lease.revoke()
+	a.lease.revoke(t.Context())
 	if _, err := store.GetKV(ctx, key); !errors.Is(err, datastore.ErrNotFound) {
 		t.Errorf("status record after the lease was revoked: %v", err)
 	}

@@ -1,10 +1,16 @@
 package agent
 
 import (
+	"errors"
+	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/dataplane/fake"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/storetest"
 	"github.com/tabbynet/tabby/syncer"
 	"github.com/tabbynet/tabby/syncer/syncertest"
 )
@@ -24,4 +30,42 @@ func mustRev(t testing.TB, obj api.Object) int64 {
 		t.Fatalf("resourceVersion %q: %v", obj.GetMeta().ResourceVersion, err)
 	}
 	return rev
+}
+
+// TestAgentReturnsTheViewsError: the cluster view runs in the agent's
+// errgroup. When its watch ends under a running agent (here: the store
+// is closed), the agent stops and returns the view's error.
+func TestAgentReturnsTheViewsError(t *testing.T) {
+	etcd := storetest.Etcd(t)
+	dir := t.TempDir()
+	cfg := Default()
+	cfg.NodeName = "node1"
+	cfg.NodeIP = "198.18.0.11/24"
+	cfg.Etcd = datastore.Config{Endpoints: etcd.Endpoints()}
+	cfg.CNISocket = filepath.Join(dir, "cni.sock")
+	cfg.StatusSocket = ""
+	cfg.HTTPListen = ""
+	cfg.DefaultPoolCIDR = "10.244.0.0/16"
+	routes := fake.NewRoutes()
+	a := New(cfg, testLogger(), Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker()})
+	done := make(chan error, 1)
+	go func() { done <- a.Run(t.Context()) }()
+	select {
+	case <-a.wired:
+	case err := <-done:
+		t.Fatalf("agent stopped: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("agent never came up")
+	}
+	if err := a.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, syncer.ErrWatchEnded) {
+			t.Errorf("agent returned %v, want the view's %v", err, syncer.ErrWatchEnded)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent kept running after its view stopped")
+	}
 }

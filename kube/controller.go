@@ -150,9 +150,8 @@ func (c *controller) run(ctx context.Context) error {
 	if err := c.putMarker(ctx); err != nil {
 		return err
 	}
-	sub := c.view.Subscribe("kube-controllers", func(u syncer.Update) bool {
-		return u.Kind == api.KindWorkloadEndpoint || u.Kind == api.KindNode
-	})
+	eps := syncer.Watch[api.WorkloadEndpoint](c.view, "kube-controllers", nil)
+	nodes := syncer.Watch(c.view, "kube-controllers", func(u syncer.Update[api.Node]) bool { return u.New != nil })
 	c.indexEndpoints(nil, true)
 	c.log.Info("informers and etcd view synced; reconciling")
 
@@ -173,9 +172,12 @@ func (c *controller) run(ctx context.Context) error {
 			return ctx.Err()
 		case err := <-viewErr:
 			return fmt.Errorf("etcd view stopped: %w", err)
-		case <-sub.C():
-			ups, all := sub.Take()
+		case <-eps.C():
+			ups, all := eps.Take()
 			c.indexEndpoints(ups, all)
+		case <-nodes.C():
+			ups, all := nodes.Take()
+			c.queueNodes(ups, all)
 		case <-resync.C:
 			c.sweep()
 		case <-gcTick.C:
@@ -220,7 +222,7 @@ func (c *controller) processNext(ctx context.Context) bool {
 // indexEndpoints folds endpoint updates into epByPod and queues the pods
 // whose endpoints changed, so that an endpoint an agent just wrote gets
 // the pod's current labels even if they changed during its ADD.
-func (c *controller) indexEndpoints(ups []syncer.Update, all bool) {
+func (c *controller) indexEndpoints(ups []syncer.Update[api.WorkloadEndpoint], all bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	add := func(w *api.WorkloadEndpoint) {
@@ -239,6 +241,27 @@ func (c *controller) indexEndpoints(ups []syncer.Update, all bool) {
 		for _, w := range c.view.Endpoints() {
 			add(w)
 		}
+		c.queueNodes(nil, true)
+		return
+	}
+	for _, u := range ups {
+		if w := u.Old; w != nil {
+			pk := w.Metadata.Namespace + "/" + w.Spec.Pod
+			delete(c.epByPod[pk], w.Metadata.Name)
+			if len(c.epByPod[pk]) == 0 {
+				delete(c.epByPod, pk)
+			}
+		}
+		if u.New != nil {
+			add(u.New)
+		}
+	}
+}
+
+// queueNodes queues the nodes written or changed in etcd (all: every node
+// with a Kubernetes name), so that their records follow Kubernetes.
+func (c *controller) queueNodes(ups []syncer.Update[api.Node], all bool) {
+	if all {
 		for _, n := range c.view.Nodes() {
 			if name := n.Metadata.Annotations[api.AnnotationKubeNode]; name != "" {
 				c.queue.Add(key{kind: kindNode, name: name})
@@ -247,23 +270,7 @@ func (c *controller) indexEndpoints(ups []syncer.Update, all bool) {
 		return
 	}
 	for _, u := range ups {
-		switch u.Kind {
-		case api.KindNode:
-			if n, ok := u.New.(*api.Node); ok {
-				c.queue.Add(key{kind: kindNode, name: n.Metadata.Name})
-			}
-		case api.KindWorkloadEndpoint:
-			if w, ok := u.Old.(*api.WorkloadEndpoint); ok {
-				pk := w.Metadata.Namespace + "/" + w.Spec.Pod
-				delete(c.epByPod[pk], w.Metadata.Name)
-				if len(c.epByPod[pk]) == 0 {
-					delete(c.epByPod, pk)
-				}
-			}
-			if w, ok := u.New.(*api.WorkloadEndpoint); ok {
-				add(w)
-			}
-		}
+		c.queue.Add(key{kind: kindNode, name: u.New.Metadata.Name})
 	}
 }
 

@@ -13,16 +13,15 @@ import (
 
 // BenchmarkRemotePodAdd is what another node's pod ADD costs this node's
 // view: the events of its block (an allocation in a block affine to that
-// node: no update) and its endpoint (one update), with the agent's usual
-// subscribers, none of which takes them.
+// node: no update) and its endpoint (one update), with four wake-only
+// subscribers like the agent's owners, none of which takes it.
 func BenchmarkRemotePodAdd(b *testing.B) {
 	s := New(nil, slog.New(slog.DiscardHandler))
 	s.apply(datastore.Event{Type: datastore.EventResync, Revision: 1})
 	for range 4 {
-		s.Subscribe("other-node-owner", func(u Update) bool {
-			w, ok := u.New.(*api.WorkloadEndpoint)
-			return ok && w.Spec.Node == "node2"
-		})
+		s.Notify("other-node-owner", On(func(u Update[api.WorkloadEndpoint]) bool {
+			return u.New != nil && u.New.Spec.Node == "node2"
+		}))
 	}
 	blockKey := "ipam/blocks/10.244.0.0-26"
 	block := func(n int) []byte {

@@ -13,7 +13,9 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// item is one decoded key of the view.
+// item is one decoded key of the view. val is a pointer: an api object
+// as decoded, or a *ipam.BlockSummary, *ipam.Affinity or *datastore.KV,
+// never modified once stored (changes hand it out).
 type item struct {
 	kind string
 	val  any
@@ -59,12 +61,12 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 	switch {
 	case strings.HasPrefix(kv.Key, ipam.BlocksPrefix):
 		b, err := ipam.DecodeBlockSummary(kv.Key, kv.Value)
-		return KindBlock, b, err
+		return kindBlock, &b, err
 	case strings.HasPrefix(kv.Key, ipam.AffinitiesPrefix):
 		a, err := ipam.DecodeAffinity(kv.Key, kv.Value)
-		return KindAffinity, a, err
+		return kindAffinity, &a, err
 	case strings.HasPrefix(kv.Key, datastore.NodeGCPrefix):
-		return KindNodeGC, kv, nil
+		return kindNodeGC, &kv, nil
 	}
 	obj, err := datastore.DecodeResource(kv)
 	if err != nil {
@@ -86,7 +88,8 @@ func validForKernel(obj api.Object) error {
 	if err := obj.Validate(); err != nil {
 		return err
 	}
-	if w, ok := obj.(*api.WorkloadEndpoint); ok {
+	switch w := obj.(type) {
+	case *api.WorkloadEndpoint:
 		if n := w.Spec.InterfaceName; !strings.HasPrefix(n, api.WorkloadIfacePrefix) || len(n) == len(api.WorkloadIfacePrefix) {
 			return fmt.Errorf("spec.interfaceName %q is not a workload interface (%s…)", n, api.WorkloadIfacePrefix)
 		}
@@ -100,16 +103,18 @@ func unchanged(old item, kind string, val any, rev int64) bool {
 		return false
 	}
 	switch o := old.val.(type) {
-	case ipam.BlockSummary:
-		return o.Equal(val.(ipam.BlockSummary))
-	case ipam.Affinity:
-		return o == val.(ipam.Affinity)
+	case *ipam.BlockSummary:
+		n, ok := val.(*ipam.BlockSummary)
+		return ok && o.Equal(*n)
+	case *ipam.Affinity:
+		n, ok := val.(*ipam.Affinity)
+		return ok && *o == *n
 	}
 	return old.rev == rev // an api object: etcd writes only changes
 }
 
 // put stores a key's new record and returns the update, if any.
-func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
+func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
 	kind, val, err := decode(kv)
 	if err != nil {
 		if _, seen := st.bad[kv.Key]; !seen {
@@ -126,7 +131,7 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
 	old, had := st.items[kv.Key]
 	if had && unchanged(old, kind, val, kv.ModRevision) {
 		st.items[kv.Key] = item{kind: kind, val: val, rev: kv.ModRevision}
-		return Update{}, false
+		return change{}, false
 	}
 	if had {
 		st.unindex(kv.Key, old)
@@ -134,20 +139,20 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (Update, bool) {
 	it := item{kind: kind, val: val, rev: kv.ModRevision}
 	st.items[kv.Key] = it
 	st.index(kv.Key, it)
-	u := Update{Kind: kind, Key: kv.Key, New: val, Revision: kv.ModRevision}
+	c := change{kind: kind, key: kv.Key, new: val, rev: kv.ModRevision}
 	if had {
-		u.Old = old.val
+		c.old = old.val
 	}
-	return u, true
+	return c, true
 }
 
 // putUnreadableBlock keeps a block whose record stopped decoding as it
 // was last seen, or, unseen, as its key and its node's claim say: the
 // pods in it still need their node's blackhole route and advertisement.
 // Only a deletion of the key removes it.
-func (st *state) putUnreadableBlock(kv datastore.KV) (Update, bool) {
-	if old, had := st.items[kv.Key]; had && old.kind == KindBlock {
-		return Update{}, false
+func (st *state) putUnreadableBlock(kv datastore.KV) (change, bool) {
+	if old, had := st.items[kv.Key]; had && old.kind == kindBlock {
+		return change{}, false
 	}
 	cidr, err := ipam.ParseBlockKey(kv.Key)
 	if err != nil {
@@ -160,13 +165,15 @@ func (st *state) putUnreadableBlock(kv datastore.KV) (Update, bool) {
 			break
 		}
 	}
+	c := change{kind: kindBlock, key: kv.Key, new: &sum, rev: kv.ModRevision}
 	if old, had := st.items[kv.Key]; had {
 		st.unindex(kv.Key, old)
+		c.old = old.val
 	}
-	it := item{kind: KindBlock, val: sum, rev: kv.ModRevision}
+	it := item{kind: kindBlock, val: &sum, rev: kv.ModRevision}
 	st.items[kv.Key] = it
 	st.index(kv.Key, it)
-	return Update{Kind: KindBlock, Key: kv.Key, New: sum, Revision: kv.ModRevision}, true
+	return c, true
 }
 
 // unreadableBlocks returns the block keys whose record does not decode.
@@ -182,14 +189,14 @@ func (st *state) unreadableBlocks() []string {
 }
 
 // del removes a key and returns the update, if it was in the view.
-func (st *state) del(key string, rev int64) (Update, bool) {
+func (st *state) del(key string, rev int64) (change, bool) {
 	old, had := st.items[key]
 	if !had {
-		return Update{}, false
+		return change{}, false
 	}
 	st.unindex(key, old)
 	delete(st.items, key)
-	return Update{Kind: old.kind, Key: key, Old: old.val, Revision: rev}, true
+	return change{kind: old.kind, key: key, old: old.val, rev: rev}, true
 }
 
 func addTo[K comparable, V any](m map[string]map[K]V, outer string, k K, v V) {
@@ -212,29 +219,29 @@ func removeFrom[K comparable, V any](m map[string]map[K]V, outer string, k K) {
 
 func (st *state) index(key string, it item) {
 	switch v := it.val.(type) {
-	case ipam.BlockSummary:
-		st.blocks[v.CIDR] = v
+	case *ipam.BlockSummary:
+		st.blocks[v.CIDR] = *v
 		if v.Affinity != "" {
-			addTo(st.blocksByNode, v.Affinity, v.CIDR, v)
+			addTo(st.blocksByNode, v.Affinity, v.CIDR, *v)
 		}
 		for _, b := range v.Borrowed {
 			addTo(st.borrowedBy, b.Node, b.Addr, b)
 		}
-	case ipam.Affinity:
-		addTo(st.affinities, v.Node, v.Block, v)
-	case datastore.KV:
-		st.nodeGC[key] = v
+	case *ipam.Affinity:
+		addTo(st.affinities, v.Node, v.Block, *v)
+	case *datastore.KV:
+		st.nodeGC[key] = *v
+	case *api.WorkloadEndpoint:
+		addTo(st.byKind, it.kind, key, api.Object(v))
+		addTo(st.epByNode, v.Spec.Node, key, v)
 	case api.Object:
 		addTo(st.byKind, it.kind, key, v)
-		if w, ok := v.(*api.WorkloadEndpoint); ok {
-			addTo(st.epByNode, w.Spec.Node, key, w)
-		}
 	}
 }
 
 func (st *state) unindex(key string, it item) {
 	switch v := it.val.(type) {
-	case ipam.BlockSummary:
+	case *ipam.BlockSummary:
 		delete(st.blocks, v.CIDR)
 		if v.Affinity != "" {
 			removeFrom(st.blocksByNode, v.Affinity, v.CIDR)
@@ -244,16 +251,22 @@ func (st *state) unindex(key string, it item) {
 				removeFrom(st.borrowedBy, b.Node, b.Addr)
 			}
 		}
-	case ipam.Affinity:
+	case *ipam.Affinity:
 		removeFrom(st.affinities, v.Node, v.Block)
-	case datastore.KV:
+	case *datastore.KV:
 		delete(st.nodeGC, key)
+	case *api.WorkloadEndpoint:
+		removeFrom(st.byKind, it.kind, key)
+		removeFrom(st.epByNode, v.Spec.Node, key)
 	case api.Object:
 		removeFrom(st.byKind, it.kind, key)
-		if w, ok := v.(*api.WorkloadEndpoint); ok {
-			removeFrom(st.epByNode, w.Spec.Node, key)
-		}
 	}
+}
+
+// object returns one object of a kind, if it is there and a T.
+func object[T api.Object](st *state, kind, key string) (T, bool) {
+	t, ok := st.byKind[kind][key].(T)
+	return t, ok
 }
 
 // objects returns the objects of one kind, ordered by key.
@@ -270,8 +283,11 @@ func objects[T api.Object](st *state, kind string) []T {
 
 // poolOf returns the pool holding a block.
 func (st *state) poolOf(cidr netip.Prefix) (*api.IPPool, bool) {
-	for _, o := range st.byKind[api.KindIPPool] {
-		p := o.(*api.IPPool)
+	for key := range st.byKind[api.KindIPPool] {
+		p, ok := object[*api.IPPool](st, api.KindIPPool, key)
+		if !ok {
+			continue
+		}
 		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil && pc.Masked().Overlaps(cidr) && pc.Bits() <= cidr.Bits() {
 			return p, true
 		}

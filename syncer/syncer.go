@@ -5,11 +5,14 @@
 // blocks (by affine node, with the addresses other nodes borrowed) and
 // affinities. Nothing that reads the view touches etcd.
 //
-// Consumers subscribe with a filter and are woken only by the updates that
-// pass it, each update carrying the old and new value of one key. A pod
-// added on another node therefore costs a consumer nothing unless it asked
-// for other nodes' endpoints; a pod added in its own node's block does not
-// even produce a block update (see ipam.BlockSummary).
+// Consumers subscribe with typed filters (On) and are woken only by the
+// updates that pass them. A consumer that recomputes from the view uses a
+// wake-only Signal (Notify), which keeps nothing; one that folds changes
+// in takes typed updates, Update[T] with the old and new value of one key,
+// from a Feed (Watch). A pod added on another node therefore costs a
+// consumer nothing unless it asked for other nodes' endpoints; a pod added
+// in its own node's block does not even produce a block update (see
+// ipam.BlockSummary).
 //
 // Values handed out are shared with the view: treat them as read-only.
 // A Syncer is safe for concurrent use.
@@ -17,6 +20,7 @@ package syncer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -27,26 +31,13 @@ import (
 	"github.com/tabbynet/tabby/ipam"
 )
 
-// Kinds of update besides the api kinds (api.KindNode, …).
+// The view's kinds besides the api kinds (api.KindNode, …); consumers name
+// a kind by its value type (see Value).
 const (
-	// KindBlock updates carry ipam.BlockSummary values.
-	KindBlock = "Block"
-	// KindAffinity updates carry ipam.Affinity values.
-	KindAffinity = "Affinity"
-	// KindNodeGC updates carry the datastore.KV of a node GC record
-	// (gc/nodes/<node>), which node GC decodes itself.
-	KindNodeGC = "NodeGC"
+	kindBlock    = "Block"    // ipam.BlockSummary
+	kindAffinity = "Affinity" // ipam.Affinity
+	kindNodeGC   = "NodeGC"   // datastore.KV of gc/nodes/<node>, which node GC decodes itself
 )
-
-// Update is one key's change. Old is nil for a creation, New nil for a
-// deletion; both are set for a modification. An update whose value did
-// not change in a way the view represents is never sent.
-type Update struct {
-	Kind     string
-	Key      string
-	Old, New any
-	Revision int64
-}
 
 // Source is where the view's events come from: datastore.Store.Watch.
 type Source interface {
@@ -64,7 +55,7 @@ type Syncer struct {
 	synced bool
 	// waiters are woken whenever rev moves or the view syncs.
 	waiters chan struct{}
-	subs    []*Subscription
+	subs    []subscriber
 	stats   Stats
 }
 
@@ -84,13 +75,21 @@ func New(src Source, log *slog.Logger) *Syncer {
 	return &Syncer{src: src, log: log, st: newState(), waiters: make(chan struct{})}
 }
 
-// Run watches the whole Tabby prefix until ctx ends. The first event is a
-// full list; after it the view reports Synced.
+// ErrWatchEnded is Run's error when the source's watch ends while ctx
+// lives (the datastore was closed): the view no longer follows etcd.
+var ErrWatchEnded = errors.New("the cluster view's watch ended")
+
+// Run watches the whole Tabby prefix until ctx ends, and returns ctx's
+// error then, or ErrWatchEnded if the watch ends first: it never returns
+// nil. The first event is a full list; after it the view reports Synced.
 func (s *Syncer) Run(ctx context.Context) error {
 	for ev := range s.src.Watch(ctx, "", 0) {
 		s.apply(ev)
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return ErrWatchEnded
 }
 
 // relevant says whether a key is part of the view. Handles and status
@@ -105,7 +104,7 @@ func relevant(key string) bool {
 // apply folds one watch event into the view and wakes the subscribers
 // whose filter takes any of the resulting updates.
 func (s *Syncer) apply(ev datastore.Event) {
-	var ups []Update
+	var ups []change
 	s.mu.Lock()
 	wasSynced := s.synced
 	s.stats.Events++
@@ -210,89 +209,9 @@ func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
 // WaitSynced blocks until the initial list has been applied or ctx ends.
 func (s *Syncer) WaitSynced(ctx context.Context) error { return s.WaitRevision(ctx, 0) }
 
-// Subscribe registers a consumer. filter sees every update (it must be
-// fast; it may read the view, which already holds the update); nil takes
-// all. The subscription is
-// kicked once when the view first syncs, so a consumer's first pass sees
-// a complete view.
-func (s *Syncer) Subscribe(name string, filter func(Update) bool) *Subscription {
-	sub := &Subscription{name: name, filter: filter, kick: make(chan struct{}, 1)}
-	s.mu.Lock()
-	s.subs = append(s.subs, sub)
-	synced := s.synced
-	s.mu.Unlock()
-	if synced {
-		sub.wake()
-	}
-	return sub
-}
-
-// maxPending bounds the updates a subscription keeps between two Takes;
-// beyond it the consumer is told to treat everything as changed.
+// maxPending bounds the updates a Feed keeps between two Takes; beyond it
+// the consumer is told to treat everything as changed.
 const maxPending = 4096
-
-// Subscription is one consumer's interest in the view.
-type Subscription struct {
-	name   string
-	filter func(Update) bool
-	kick   chan struct{}
-
-	mu       sync.Mutex
-	pending  []Update
-	overflow bool
-	matched  int64
-}
-
-// C is signalled (never blocking, coalescing) when updates for this
-// consumer arrived.
-func (sub *Subscription) C() <-chan struct{} { return sub.kick }
-
-// Take returns the updates since the last Take. all is true when more
-// arrived than were kept (or after a resync of the whole view): the
-// consumer should recompute everything, which a level-based consumer does
-// anyway.
-func (sub *Subscription) Take() (ups []Update, all bool) {
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	ups, all = sub.pending, sub.overflow
-	sub.pending, sub.overflow = nil, false
-	return ups, all
-}
-
-// Matched returns how many updates passed the filter so far.
-func (sub *Subscription) Matched() int64 {
-	sub.mu.Lock()
-	defer sub.mu.Unlock()
-	return sub.matched
-}
-
-func (sub *Subscription) wake() {
-	select {
-	case sub.kick <- struct{}{}:
-	default:
-	}
-}
-
-func (sub *Subscription) offer(ups []Update) {
-	n := 0
-	sub.mu.Lock()
-	for _, u := range ups {
-		if sub.filter != nil && !sub.filter(u) {
-			continue
-		}
-		n++
-		if len(sub.pending) < maxPending {
-			sub.pending = append(sub.pending, u)
-		} else {
-			sub.overflow = true
-		}
-	}
-	sub.matched += int64(n)
-	sub.mu.Unlock()
-	if n > 0 {
-		sub.wake()
-	}
-}
 
 // sortedValues returns a map's values ordered by key.
 func sortedValues[V any](m map[string]V) []V {

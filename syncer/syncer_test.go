@@ -3,6 +3,7 @@ package syncer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -50,27 +51,21 @@ func wep(node, name, addr string) *api.WorkloadEndpoint {
 	}
 }
 
-// nodeFilter takes what a node's route owner needs: its endpoints and the
-// blocks and claims affine to it.
-func nodeFilter(node string) func(syncer.Update) bool {
-	return func(u syncer.Update) bool {
-		for _, v := range []any{u.Old, u.New} {
-			switch x := v.(type) {
-			case *api.WorkloadEndpoint:
-				if x.Spec.Node == node {
-					return true
-				}
-			case ipam.BlockSummary:
-				if x.Affinity == node {
-					return true
-				}
-			case ipam.Affinity:
-				if x.Node == node {
-					return true
-				}
-			}
-		}
-		return false
+// nodeFeeds are what a node's incremental consumer takes: its endpoints
+// and the blocks affine to it.
+type nodeFeeds struct {
+	endpoints *syncer.Feed[api.WorkloadEndpoint]
+	blocks    *syncer.Feed[ipam.BlockSummary]
+}
+
+func watchNode(v *syncer.Syncer, node string) nodeFeeds {
+	return nodeFeeds{
+		endpoints: syncer.Watch(v, node, func(u syncer.Update[api.WorkloadEndpoint]) bool {
+			return u.Either(func(w *api.WorkloadEndpoint) bool { return w.Spec.Node == node })
+		}),
+		blocks: syncer.Watch(v, node, func(u syncer.Update[ipam.BlockSummary]) bool {
+			return u.Either(func(b *ipam.BlockSummary) bool { return b.Affinity == node })
+		}),
 	}
 }
 
@@ -82,10 +77,9 @@ func TestViewFollowsEtcd(t *testing.T) {
 		mustCreate(t, st, &api.Node{Metadata: api.ObjectMeta{Name: n}, Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: "198.18.0.1/24"}}})
 	}
 	v := start(t, st)
-	subA := v.Subscribe("a", nodeFilter("a"))
-	subB := v.Subscribe("b", nodeFilter("b"))
-	<-subA.C() // the first sync kicks every subscriber
-	<-subB.C()
+	subA, subB := watchNode(v, "a"), watchNode(v, "b")
+	<-subA.endpoints.C() // the view has synced: a new subscriber is kicked at once
+	<-subB.blocks.C()
 	if got := len(v.Nodes()); got != 2 {
 		t.Fatalf("Nodes() has %d nodes, want 2", got)
 	}
@@ -100,8 +94,7 @@ func TestViewFollowsEtcd(t *testing.T) {
 	if diff := cmp.Diff(want, v.BlocksOf("a"), cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
 		t.Errorf("BlocksOf(a) (-want +got):\n%s", diff)
 	}
-	ups, _ := subA.Take()
-	if len(ups) == 0 {
+	if ups, _ := subA.blocks.Take(); len(ups) == 0 {
 		t.Error("a's subscription saw no update for its new block")
 	}
 
@@ -127,7 +120,7 @@ func TestViewFollowsEtcd(t *testing.T) {
 	}
 
 	// Endpoints: by node, and a's subscription does not see b's.
-	subA.Take()
+	subA.endpoints.Take()
 	r1 := mustCreate(t, st, wep("a", "pa", asg.Addr.String()))
 	mustCreate(t, st, wep("b", "pb", "10.244.0.2"))
 	r2 := v.Revision()
@@ -139,10 +132,10 @@ func TestViewFollowsEtcd(t *testing.T) {
 		t.Errorf("EndpointsOn(a) = %v", got)
 	}
 	_ = r2
-	ups, _ = subA.Take()
+	ups, _ := subA.endpoints.Take()
 	for _, u := range ups {
-		if w, ok := u.New.(*api.WorkloadEndpoint); ok && w.Spec.Node != "a" {
-			t.Errorf("a's subscription got b's endpoint %s", w.Metadata.Name)
+		if u.New != nil && u.New.Spec.Node != "a" {
+			t.Errorf("a's subscription got b's endpoint %s", u.New.Metadata.Name)
 		}
 	}
 	if len(ups) != 1 {
@@ -193,7 +186,7 @@ func TestResyncReportsDifferences(t *testing.T) {
 		}}
 	}()
 	v := start(t, src)
-	sub := v.Subscribe("all", nil)
+	sub := syncer.Watch[api.Node](v, "all", nil)
 	<-sub.C()
 	sub.Take()
 	src <- datastore.Event{Type: datastore.EventResync, Revision: 20, Snapshot: []datastore.KV{
@@ -222,5 +215,27 @@ func TestResyncReportsDifferences(t *testing.T) {
 	}
 	if _, ok := v.Node("broken"); ok {
 		t.Error("a record that does not decode is in the view")
+	}
+}
+
+// endedSource is a watch that ends at once, as a closed store's does.
+type endedSource struct{}
+
+func (endedSource) Watch(context.Context, string, int64) <-chan datastore.Event {
+	ch := make(chan datastore.Event)
+	close(ch)
+	return ch
+}
+
+// TestRunReportsAnEndedWatch: a view whose watch ends while it should run
+// says so instead of returning nil.
+func TestRunReportsAnEndedWatch(t *testing.T) {
+	if err := syncer.New(endedSource{}, nil).Run(t.Context()); !errors.Is(err, syncer.ErrWatchEnded) {
+		t.Errorf("Run = %v, want %v", err, syncer.ErrWatchEnded)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := syncer.New(endedSource{}, nil).Run(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run after ctx ended = %v, want %v", err, context.Canceled)
 	}
 }

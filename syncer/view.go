@@ -27,8 +27,7 @@ func (s *Syncer) Node(name string) (*api.Node, bool) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	n, ok := s.st.byKind[api.KindNode][key].(*api.Node)
-	return n, ok
+	return object[*api.Node](s.st, api.KindNode, key)
 }
 
 // NodeRecordExists reports whether a Node's key exists, even if its record

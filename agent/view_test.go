@@ -1,7 +1,11 @@
 package agent
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -67,5 +71,64 @@ func TestAgentReturnsTheViewsError(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the agent kept running after its view stopped")
+	}
+}
+
+// TestOwnersPinNothing: the agent's owners only recompute from the view,
+// so however many updates they are woken for, the view keeps none of them
+// (each kept up to 4,096 old and new objects when it held an untyped
+// subscription it never took from). 10,000 writes over 50 live endpoints,
+// four fifths of them this node's.
+func TestOwnersPinNothing(t *testing.T) {
+	const live, updates = 50, 10_000
+	src := make(syncertest.Script)
+	v := syncertest.Start(t, src, quietLog(), false)
+	routes := fake.NewRoutes()
+	ro := newRouteOwner("node1", v, routes, quietLog())
+	bo := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), v, routes, newFakeSpeaker(), nil, 0, nil, quietLog())
+	po := newPolicyOwner("node1", v, &fake.Firewall{}, quietLog())
+	gc := newNodeGC(v, nil, nil, time.Hour, quietLog())
+	src <- datastore.Event{Type: datastore.EventResync, Revision: 1}
+
+	var kvs []datastore.KV
+	for i := range live {
+		node := "node1"
+		if i%5 == 4 {
+			node = "node2"
+		}
+		w := testWEP(node, "default", fmt.Sprintf("web-%d", i), fmt.Sprintf("cali%011x", i), fmt.Sprintf("10.244.0.%d", i+1), nil)
+		key, err := datastore.ResourceKey(api.KindWorkloadEndpoint, w.Metadata.Namespace, w.Metadata.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		val, err := json.Marshal(w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kvs = append(kvs, datastore.KV{Key: key, Value: val})
+	}
+	rev := int64(1)
+	for i := range updates {
+		rev++
+		kv := kvs[i%live]
+		kv.ModRevision = rev
+		src <- datastore.Event{Type: datastore.EventPut, KV: kv, Revision: rev}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := v.WaitRevision(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ro.sub.Matched(), int64(updates*4/5); got != want {
+		t.Errorf("the route owner was offered %d updates, want %d", got, want)
+	}
+	if got, want := po.sub.Matched(), int64(updates*4/5); got != want {
+		t.Errorf("the policy owner was offered %d updates, want %d (no policy: only its node's)", got, want)
+	}
+	if got := bo.sub.Matched() + gc.sub.Matched(); got != 0 {
+		t.Errorf("BGP and node GC were offered %d endpoint updates, want 0", got)
+	}
+	if n := v.Retained(); n != 0 {
+		t.Errorf("the view holds %d updates for the owners, want 0", n)
 	}
 }

@@ -66,7 +66,8 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 		a, err := ipam.DecodeAffinity(kv.Key, kv.Value)
 		return kindAffinity, &a, err
 	case strings.HasPrefix(kv.Key, datastore.NodeGCPrefix):
-		return kindNodeGC, &kv, nil
+		rec := kv // a copy: &kv would move every decoded record's kv to the heap
+		return kindNodeGC, &rec, nil
 	}
 	obj, err := datastore.DecodeResource(kv)
 	if err != nil {

@@ -53,7 +53,7 @@ func (s Static) Watch(ctx context.Context, prefix string, fromRev int64) <-chan 
 // without, the caller sends the list (a Script) and waits itself.
 func Start(tb testing.TB, src syncer.Source, log *slog.Logger, wait bool) *syncer.Syncer {
 	tb.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(tb.Context())
 	v := syncer.New(src, log)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = v.Run(ctx) }()

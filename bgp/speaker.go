@@ -17,6 +17,8 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/config/oc"
 	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v4/pkg/server"
+
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // Timer defaults, tuned for a cluster network where establishment and
@@ -52,27 +54,59 @@ const (
 
 // speaker implements Speaker over an embedded GoBGP server. GoBGP is itself
 // safe for concurrent use; mu serialises our reconcile calls and guards our
-// view of what is configured.
+// view of what is configured. Its fields come in parts, one per concern:
+//   - lifecycle: the GoBGP server, its configuration and identity, start
+//     and stop (speaker.go);
+//   - the configured peers and the sessionTracker that follows their
+//     sessions from GoBGP's events (peers.go, sessions.go);
+//   - the advertiser: the paths we originate (advertiser.go);
+//   - policyState: the import and export policies (policy.go);
+//   - ribState: reading GoBGP's RIB and publishing learned routes
+//     (speaker.go, routes.go);
+//   - bfdState: the BFD watch (bfd.go), under its own lock.
 type speaker struct {
-	log    *slog.Logger
-	routes chan []LearnedRoute
-	dirty  chan struct{}
+	log *slog.Logger
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	lifecycle
+	peers    map[netip.Addr]Peer
+	peersSet bool // SetPeers has been called at least once
+	sessions sessionTracker
+	adv      advertiser
+	policyState
+	ribState
+	bfdState
+}
+
+// lifecycle is the speaker's GoBGP server and identity; mu guards it
+// (muteGoBGP is atomic).
+type lifecycle struct {
 	srv       *server.BgpServer
 	cfg       Config
 	startedAt time.Time
 	stopped   bool
-	peers     map[netip.Addr]Peer
-	peersSet  bool                     // SetPeers has been called at least once
-	since     map[netip.Addr]time.Time // last session state change per peer
-	opening   map[netip.Addr]bool      // peers whose last state was OpenSent or OpenConfirm
-	eor       map[netip.Addr]bool      // peers that sent End-of-RIB since Start
-	info      map[netip.Addr]string    // last disconnect reason per peer
+	cancel    context.CancelFunc
+	done      chan struct{}
+	muteGoBGP atomic.Bool
+}
 
-	// The BFD watch (bfd.go) and the route publisher share these under
-	// bfdMu, never under mu: SetPeers holds mu across GoBGP management
-	// calls, which can wait seconds while GoBGP resets a session.
+// ribState is what the RIB reader and the route publisher share. mu
+// guards changed and resyncAll; the channels need no lock.
+type ribState struct {
+	routes chan []LearnedRoute
+	dirty  chan struct{}
+	// changed collects the prefixes GoBGP reported in best-path events
+	// since routeLoop last read them; resyncAll asks for a full read.
+	changed   map[netip.Prefix]bool
+	resyncAll bool
+	// ribUpdates carries the RIB reader's results to the publisher.
+	ribUpdates chan ribUpdate
+}
+
+// bfdState: the BFD watch (bfd.go) and the route publisher share these
+// under bfdMu, never under mu: SetPeers holds mu across GoBGP management
+// calls, which can wait seconds while GoBGP resets a session.
+type bfdState struct {
 	bfdMu   sync.Mutex
 	bfdCfg  map[netip.Addr]BFD    // effective timers of the peers running BFD
 	bfdDown map[netip.Addr]bool   // silent, per the watch
@@ -81,17 +115,11 @@ type speaker struct {
 	bfdWake chan struct{}
 	// resyncBFD asks the RIB reader for a full read (set by the watch).
 	resyncBFD atomic.Bool
-	// ribUpdates carries the RIB reader's results to the publisher.
-	ribUpdates chan ribUpdate
+}
 
-	// changed collects the prefixes GoBGP reported in best-path events
-	// since routeLoop last read them; resyncAll asks for a full read.
-	changed   map[netip.Prefix]bool
-	resyncAll bool
-	// originated is what SetAdvertised has put into GoBGP (only this
-	// speaker originates paths, so it is the actual state).
-	originated map[netip.Prefix]bool
-	// pools and lastPolicy: see SetPolicy and applyPolicy.
+// policyState is the input of the policies and what is installed; mu
+// guards it. See SetPolicy and applyPolicy.
+type policyState struct {
 	pools         []netip.Prefix
 	communities   []PrefixCommunities
 	aggregates    []Aggregate
@@ -99,10 +127,6 @@ type speaker struct {
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest
 	policyGen     int
-
-	cancel    context.CancelFunc
-	done      chan struct{}
-	muteGoBGP atomic.Bool
 }
 
 // NewSpeaker returns a Speaker backed by an in-process GoBGP server. log may
@@ -112,21 +136,20 @@ func NewSpeaker(log *slog.Logger) Speaker {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &speaker{
-		log:     log,
-		routes:  make(chan []LearnedRoute, 1),
-		dirty:   make(chan struct{}, 1),
-		peers:   map[netip.Addr]Peer{},
-		since:   map[netip.Addr]time.Time{},
-		opening: map[netip.Addr]bool{},
-		eor:     map[netip.Addr]bool{},
-		info:    map[netip.Addr]string{},
-
-		changed:    map[netip.Prefix]bool{},
-		originated: map[netip.Prefix]bool{},
-
-		bfdHeld:    map[netip.Addr]uint64{},
-		bfdWake:    make(chan struct{}, 1),
-		ribUpdates: make(chan ribUpdate),
+		log:      log,
+		peers:    map[netip.Addr]Peer{},
+		sessions: newSessionTracker(),
+		adv:      advertiser{originated: map[netip.Prefix]Advertisement{}},
+		ribState: ribState{
+			routes:     make(chan []LearnedRoute, 1),
+			dirty:      make(chan struct{}, 1),
+			changed:    map[netip.Prefix]bool{},
+			ribUpdates: make(chan ribUpdate),
+		},
+		bfdState: bfdState{
+			bfdHeld: map[netip.Addr]uint64{},
+			bfdWake: make(chan struct{}, 1),
+		},
 	}
 }
 
@@ -320,8 +343,8 @@ const hardStopWait = 3 * time.Second
 func (s *speaker) withdrawAll(srv *server.BgpServer) {
 	s.mu.Lock()
 	var del []*apiutil.Path
-	for p := range s.originated {
-		if path, err := s.localPath(p, true); err == nil {
+	for _, a := range s.adv.originated {
+		if path, err := s.localPath(a, true); err == nil {
 			del = append(del, path)
 		}
 	}
@@ -403,7 +426,7 @@ func (s *speaker) onEOR(p *apiutil.Path, _ time.Time) {
 		return
 	}
 	s.mu.Lock()
-	s.eor[p.PeerAddress] = true
+	s.sessions.sawEOR(p.PeerAddress)
 	s.mu.Unlock()
 	s.markDirty()
 }
@@ -414,19 +437,13 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 	}
 	if ev.Type == apiutil.PEER_EVENT_STATE {
 		a := ev.Peer.State.NeighborAddress
+		st := fsmState(ev.Peer.State.SessionState)
+		var info string
+		if st != session.Established {
+			info = disconnectInfo(ev)
+		}
 		s.mu.Lock()
-		s.since[a] = t
-		switch ev.Peer.State.SessionState {
-		case gobgp.BGP_FSM_OPENSENT, gobgp.BGP_FSM_OPENCONFIRM:
-			s.opening[a] = true
-		default:
-			delete(s.opening, a)
-		}
-		if ev.Peer.State.SessionState == gobgp.BGP_FSM_ESTABLISHED {
-			s.info[a] = ""
-		} else if info := disconnectInfo(ev); info != "" {
-			s.info[a] = info
-		}
+		s.sessions.observe(a, st, t, info)
 		// A session that went down may have left its paths behind as
 		// stale (see readRIB): read everything again.
 		s.resyncAll = true
@@ -597,7 +614,7 @@ func (s *speaker) initialSyncDone() bool {
 		return false
 	}
 	for a := range s.peers {
-		if !s.eor[a] {
+		if !s.sessions.eor[a] {
 			return false
 		}
 	}
@@ -654,7 +671,7 @@ func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
 //     read can still overlap it (a one-byte flag, no torn values);
 //     upstream's fix makes the flag atomic.
 //
-// SetAdvertised no longer reads the RIB at all (see originated).
+// SetAdvertisements no longer reads the RIB at all (see advertiser).
 func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[netip.Prefix][]candidate, error) {
 	s.mu.Lock()
 	srv, asn := s.srv, s.cfg.ASN

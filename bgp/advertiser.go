@@ -54,27 +54,29 @@ func sameAttrs(a, b Advertisement) bool {
 // one entry per prefix: the communities of every entry for a prefix,
 // sorted and without duplicates. It is pure and leaves ads unchanged.
 func MergeAdvertisements(ads []Advertisement) []Advertisement {
-	index := map[netip.Prefix]int{}
+	sorted := make([]Advertisement, len(ads))
+	for i, a := range ads {
+		sorted[i] = Advertisement{Prefix: a.Prefix.Masked(), Communities: a.Communities, LargeCommunities: a.LargeCommunities}
+	}
+	slices.SortStableFunc(sorted, func(a, b Advertisement) int { return a.Prefix.Compare(b.Prefix) })
 	var out []Advertisement
-	for _, a := range ads {
-		p := a.Prefix.Masked()
-		i, ok := index[p]
-		if !ok {
-			i = len(out)
-			index[p] = i
-			out = append(out, Advertisement{Prefix: p})
+	for i := 0; i < len(sorted); {
+		j := i + 1
+		for j < len(sorted) && sorted[j].Prefix == sorted[i].Prefix {
+			j++
 		}
-		out[i].Communities = append(out[i].Communities, a.Communities...)
-		out[i].LargeCommunities = append(out[i].LargeCommunities, a.LargeCommunities...)
+		m := Advertisement{Prefix: sorted[i].Prefix}
+		for _, a := range sorted[i:j] {
+			m.Communities = append(m.Communities, a.Communities...)
+			m.LargeCommunities = append(m.LargeCommunities, a.LargeCommunities...)
+		}
+		slices.Sort(m.Communities)
+		m.Communities = slices.Compact(m.Communities)
+		slices.SortFunc(m.LargeCommunities, compareLarge)
+		m.LargeCommunities = slices.Compact(m.LargeCommunities)
+		out = append(out, m)
+		i = j
 	}
-	for i := range out {
-		a := &out[i]
-		slices.Sort(a.Communities)
-		a.Communities = slices.Compact(a.Communities)
-		slices.SortFunc(a.LargeCommunities, compareLarge)
-		a.LargeCommunities = slices.Compact(a.LargeCommunities)
-	}
-	slices.SortFunc(out, func(a, b Advertisement) int { return a.Prefix.Compare(b.Prefix) })
 	return out
 }
 

@@ -54,9 +54,7 @@ type PodBlocks struct{}
 func (PodBlocks) Name() string { return "pod-blocks" }
 
 // Advertisements implements AdvertisementSource.
-func (PodBlocks) Advertisements(v SourceView) []Advertisement {
-	return AdvertisementsOf(DesiredAdvertisements(v.Affine, nil))
-}
+func (PodBlocks) Advertisements(v SourceView) []Advertisement { return exported(v.Affine) }
 
 // BorrowedAddrs advertises the addresses this node borrowed from other
 // nodes' blocks (/32, /128), when their pool allows BGP export: the more
@@ -67,8 +65,18 @@ type BorrowedAddrs struct{}
 func (BorrowedAddrs) Name() string { return "borrowed-addresses" }
 
 // Advertisements implements AdvertisementSource.
-func (BorrowedAddrs) Advertisements(v SourceView) []Advertisement {
-	return AdvertisementsOf(DesiredAdvertisements(nil, v.Borrowed))
+func (BorrowedAddrs) Advertisements(v SourceView) []Advertisement { return exported(v.Borrowed) }
+
+// exported are the blocks whose pool allows BGP export, masked, in order
+// (MergeAdvertisements sorts).
+func exported(blocks []Block) []Advertisement {
+	out := make([]Advertisement, 0, len(blocks))
+	for _, b := range blocks {
+		if !b.DisableBGPExport && b.CIDR.IsValid() {
+			out = append(out, Advertisement{Prefix: b.CIDR.Masked()})
+		}
+	}
+	return out
 }
 
 // PoolAggregateSource advertises a pool's aggregate (IPPool bgpAggregate)
@@ -82,9 +90,12 @@ func (PoolAggregateSource) Name() string { return "pool-aggregates" }
 // Advertisements implements AdvertisementSource.
 func (PoolAggregateSource) Advertisements(v SourceView) []Advertisement {
 	var out []Advertisement
-	for _, p := range AddAggregates(DesiredAdvertisements(v.Affine, v.Borrowed), v.Aggregates) {
-		if slices.ContainsFunc(v.Aggregates, func(a Aggregate) bool { return a.Prefix == p }) {
-			out = append(out, Advertisement{Prefix: p})
+	for _, agg := range v.Aggregates {
+		inside := func(b Block) bool {
+			return !b.DisableBGPExport && b.CIDR.IsValid() && b.CIDR.Bits() > agg.Prefix.Bits() && agg.Prefix.Contains(b.CIDR.Addr())
+		}
+		if slices.ContainsFunc(v.Affine, inside) || slices.ContainsFunc(v.Borrowed, inside) {
+			out = append(out, Advertisement{Prefix: agg.Prefix})
 		}
 	}
 	return out

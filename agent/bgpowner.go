@@ -520,29 +520,38 @@ func (b *bgpOwner) updatePeerStatus(ctx context.Context) bool {
 	b.metrics.setPeers(st)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.peerStatus = st
-	if b.converged {
+	if b.observe(st, time.Now(), !b.lastPass.IsZero(), b.learnedAny) {
+		b.log.Info("bgp converged; stale learned routes will be removed")
+		return true
+	}
+	return false
+}
+
+// observe takes the sessions' states polled at now; passed says the owner
+// has completed a pass, learnedAny that a speaker has delivered a route
+// set. It returns true when BGP has just converged. Called with b.mu held.
+func (s *bgpSessions) observe(st []bgp.PeerStatus, now time.Time, passed, learnedAny bool) bool {
+	s.peerStatus = st
+	if s.converged {
 		return false
 	}
-	allUp := len(b.desiredPeers) > 0 || !b.lastPass.IsZero()
-	est := b.established()
-	for _, p := range b.desiredPeers {
+	allUp := len(s.desiredPeers) > 0 || passed
+	est := s.established()
+	for _, p := range s.desiredPeers {
 		if !est[p.Address] {
 			allUp = false
 		}
 	}
-	now := time.Now()
 	switch {
 	case !allUp:
-		b.allUpSince = time.Time{}
-	case b.allUpSince.IsZero():
-		b.allUpSince = now
+		s.allUpSince = time.Time{}
+	case s.allUpSince.IsZero():
+		s.allUpSince = now
 	}
 	// Until the speaker's first route set (which after a restart waits for
 	// the peers' End-of-RIB) the learned set is empty, not complete.
-	if (b.learnedAny && !b.allUpSince.IsZero() && now.Sub(b.allUpSince) >= convergeHold) || now.Sub(b.started) >= b.settle {
-		b.converged = true
-		b.log.Info("bgp converged; stale learned routes will be removed")
+	if (learnedAny && !s.allUpSince.IsZero() && now.Sub(s.allUpSince) >= convergeHold) || now.Sub(s.started) >= s.settle {
+		s.converged = true
 		return true
 	}
 	return false
@@ -565,15 +574,21 @@ func (s *bgpSessions) established() map[netip.Addr]bool {
 func (b *bgpOwner) ready() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.readiness(!b.lastPass.IsZero())
+}
+
+// readiness is ready's answer; passed says the owner has completed a
+// pass. Called with b.mu held.
+func (s *bgpSessions) readiness(passed bool) error {
 	// Before the first pass the desired peers are not known: "no peers"
 	// would read as "none configured" and a restarted agent would report
 	// ready before opening any session.
-	if b.lastPass.IsZero() {
+	if !passed {
 		return errors.New("BGP peers not configured yet")
 	}
-	est := b.established()
+	est := s.established()
 	cluster := 0
-	for _, p := range b.desiredPeers {
+	for _, p := range s.desiredPeers {
 		if p.Type != bgp.PeerMesh && p.Type != bgp.PeerRR && p.Type != bgp.PeerRRClient {
 			continue // a router outside the cluster
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
 	"github.com/tabbynet/tabby/bgp/session"
@@ -107,4 +108,35 @@ func apiState(st gobgpapi.PeerState_SessionState) session.State {
 	default:
 		return session.Idle
 	}
+}
+
+func (s *speaker) onEOR(p *apiutil.Path, _ time.Time) {
+	if p == nil || !p.PeerAddress.IsValid() {
+		return
+	}
+	s.mu.Lock()
+	s.sessions.sawEOR(p.PeerAddress)
+	s.mu.Unlock()
+	s.markDirty()
+}
+
+func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Time) {
+	if ev == nil {
+		return
+	}
+	if ev.Type == apiutil.PEER_EVENT_STATE {
+		a := ev.Peer.State.NeighborAddress
+		st := fsmState(ev.Peer.State.SessionState)
+		var info string
+		if st != session.Established {
+			info = disconnectInfo(ev)
+		}
+		s.mu.Lock()
+		s.sessions.observe(a, st, t, info)
+		// A session that went down may have left its paths behind as
+		// stale (see readRIB): read everything again.
+		s.resyncAll = true
+		s.mu.Unlock()
+	}
+	s.markDirty()
 }

@@ -58,7 +58,7 @@ func MergeAdvertisements(ads []Advertisement) []Advertisement {
 	for i, a := range ads {
 		sorted[i] = Advertisement{Prefix: a.Prefix.Masked(), Communities: a.Communities, LargeCommunities: a.LargeCommunities}
 	}
-	slices.SortStableFunc(sorted, func(a, b Advertisement) int { return a.Prefix.Compare(b.Prefix) })
+	slices.SortFunc(sorted, func(a, b Advertisement) int { return a.Prefix.Compare(b.Prefix) })
 	var out []Advertisement
 	for i := 0; i < len(sorted); {
 		j := i + 1

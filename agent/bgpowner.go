@@ -13,6 +13,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
@@ -26,51 +27,89 @@ const convergeHold = 3 * time.Second
 // node's BGP identity changes), its peers and advertisements computed from
 // the view, and the kernel's learned routes (protocol RouteProtoBGP, of
 // which it is the one writer), fed straight from the speaker.
+//
+// Its state comes in parts, one per concern, each an embedded struct that
+// mu guards: speakerLife (the speaker and its identity), bgpSessions (the
+// desired peers, their sessions' states, convergence and readiness),
+// bgpAdvertiser (the advertisement sources and what the speaker accepted)
+// and learnedState (the learned routes and what they may not override).
 type bgpOwner struct {
 	node     string
 	nodeAddr netip.Prefix
 	// nodeAddr6 is the node's IPv6 address (invalid without one): with
 	// it BGP carries IPv6 too, and IPv6 blocks, borrowed addresses and
 	// pools are passed to the speaker.
-	nodeAddr6  netip.Prefix
-	view       *syncer.Syncer
-	kernel     dataplane.Routes
-	log        *slog.Logger
-	metrics    *metrics
-	newSpeaker func() bgp.Speaker
-	started    time.Time
-	settle     time.Duration
-	sub        *syncer.Signal
-	kick       chan struct{}
+	nodeAddr6 netip.Prefix
+	view      *syncer.Syncer
+	kernel    dataplane.Routes
+	log       *slog.Logger
+	metrics   *metrics
+	sub       *syncer.Signal
+	kick      chan struct{}
 
 	// learnedMu serialises syncs of the learned routes in the kernel.
 	learnedMu sync.Mutex
 
-	mu           sync.Mutex
-	speaker      bgp.Speaker
-	speakerCfg   bgp.Config
-	desiredPeers []bgp.Peer
-	advertised   []netip.Prefix
-	localBlocks  []netip.Prefix
-	lastPass     time.Time
-	learned      []bgp.LearnedRoute
-	importCtx    bgp.ImportContext // what the last sync protected
-	rejected     []bgp.Rejected
-	learnedAny   bool // a speaker has delivered a route set
-	converged    bool
-	allUpSince   time.Time
-	peerStatus   []bgp.PeerStatus
+	mu sync.Mutex
+	speakerLife
+	bgpSessions
+	bgpAdvertiser
+	learnedState
+	lastPass time.Time
 	// unusableFilters: see warnUnusableFilters.
 	unusableFilters []string
-	// advertisedOK is what the speaker accepted last; advertisedCh is
-	// closed (and replaced) whenever it changes.
+}
+
+// speakerLife is the running speaker and the configuration (identity) it
+// was started with; newSpeaker makes a replacement (nil: an identity
+// change needs an agent restart).
+type speakerLife struct {
+	speaker    bgp.Speaker
+	speakerCfg bgp.Config
+	newSpeaker func() bgp.Speaker
+}
+
+// bgpSessions follows the sessions: the peers the last pass asked for,
+// their states as last polled, and whether BGP has converged since the
+// start (every desired peer Established for convergeHold, or settle
+// passed).
+type bgpSessions struct {
+	started      time.Time
+	settle       time.Duration
+	desiredPeers []bgp.Peer
+	peerStatus   []bgp.PeerStatus
+	allUpSince   time.Time
+	converged    bool
+}
+
+// bgpAdvertiser is what the node advertises: the sources it asks, the
+// prefixes of the last pass (advertised; localBlocks are its affine
+// blocks, for the status) and what the speaker accepted last
+// (advertisedOK; advertisedCh is closed, and replaced, whenever it
+// changes).
+type bgpAdvertiser struct {
+	sources      []bgp.AdvertisementSource
+	advertised   []netip.Prefix
+	localBlocks  []netip.Prefix
 	advertisedOK map[netip.Prefix]bool
 	advertisedCh chan struct{}
 }
 
+// learnedState is the speaker's latest route set and what the last sync
+// of the kernel's learned routes protected.
+type learnedState struct {
+	learned    []bgp.LearnedRoute
+	importCtx  bgp.ImportContext // what the last sync protected
+	rejected   []bgp.Rejected
+	learnedAny bool // a speaker has delivered a route set
+}
+
 func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel dataplane.Routes, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
-	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, kernel: kernel, speaker: sp, newSpeaker: newSpeaker,
-		settle: settle, metrics: m, log: log, started: time.Now(), kick: make(chan struct{}, 1)}
+	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, kernel: kernel, metrics: m, log: log, kick: make(chan struct{}, 1),
+		speakerLife:   speakerLife{speaker: sp, newSpeaker: newSpeaker},
+		bgpSessions:   bgpSessions{started: time.Now(), settle: settle},
+		bgpAdvertiser: bgpAdvertiser{sources: bgp.DefaultSources()},
+	}
 	b.sub = view.Notify("bgp", b.affects()...)
 	return b
 }
@@ -143,43 +182,64 @@ func (b *bgpOwner) current() bgp.Speaker {
 	return b.speaker
 }
 
-// pass reconciles the speaker's peers and advertisements with the view.
+// pass reconciles the speaker with the view, one part after another:
+// its identity (a restart when it changed), the import and export policy,
+// the peers, and the advertisements. Each part keeps going after an
+// earlier one failed.
 func (b *bgpOwner) pass(ctx context.Context) error {
-	nodes := b.view.Nodes()
 	bc := b.view.BGPConfiguration()
-	var errs []error
-	if err := b.ensureSpeakerIdentity(ctx, bc); err != nil {
-		errs = append(errs, err)
-	}
-	sp := b.current()
 	pools := b.view.Pools()
-	aggregates := bgp.PoolAggregates(pools)
-	if err := sp.SetPolicy(ctx, bgp.Policy{Pools: b.families(poolPrefixes(pools)), Communities: bgp.PoolCommunities(pools), Aggregates: aggregates}); err != nil {
-		errs = append(errs, fmt.Errorf("setting the import policy: %w", err))
-	}
-	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
-	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
-	desired := bgp.DesiredPeers(b.node, nodes, bc, bgpPeers, filters)
-	if err := sp.SetPeers(ctx, desired); err != nil {
-		errs = append(errs, fmt.Errorf("setting peers: %w", err))
-	}
-	affine, borrowed := bgpBlocks(b.node, b.blocks(), b.borrowed())
-	adv := bgp.AddAggregates(bgp.DesiredAdvertisements(affine, borrowed), aggregates)
-	advErr := sp.SetAdvertised(ctx, adv)
-	if advErr != nil {
-		errs = append(errs, fmt.Errorf("setting advertisements: %w", advErr))
-	}
-	local := make([]netip.Prefix, 0, len(affine))
-	for _, blk := range affine {
-		local = append(local, blk.CIDR)
-	}
+	idErr := b.ensureSpeakerIdentity(ctx, bc)
+	sp := b.current()
+	polErr := b.reconcilePolicy(ctx, sp, pools)
+	desired, peerErr := b.reconcilePeers(ctx, sp, bc)
+	adv, local, advErr := b.reconcileAdvertisements(ctx, sp, pools)
 	b.mu.Lock()
 	b.desiredPeers, b.advertised, b.localBlocks, b.lastPass = desired, adv, local, time.Now()
 	b.mu.Unlock()
 	if advErr == nil {
 		b.setAdvertisedOK(adv)
 	}
-	return errors.Join(errs...)
+	return errors.Join(idErr, polErr, peerErr, advErr)
+}
+
+// reconcilePolicy gives the speaker the pools (import), their communities
+// and aggregates (export).
+func (b *bgpOwner) reconcilePolicy(ctx context.Context, sp bgp.Speaker, pools []*api.IPPool) error {
+	pol := bgp.Policy{Pools: b.families(poolPrefixes(pools)), Communities: bgp.PoolCommunities(pools), Aggregates: bgp.PoolAggregates(pools)}
+	if err := sp.SetPolicy(ctx, pol); err != nil {
+		return fmt.Errorf("setting the import policy: %w", err)
+	}
+	return nil
+}
+
+// reconcilePeers gives the speaker the peers DesiredPeers computes and
+// returns them.
+func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.BGPConfiguration) ([]bgp.Peer, error) {
+	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
+	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
+	desired := bgp.DesiredPeers(b.node, b.view.Nodes(), bc, bgpPeers, filters)
+	if err := sp.SetPeers(ctx, desired); err != nil {
+		return desired, fmt.Errorf("setting peers: %w", err)
+	}
+	return desired, nil
+}
+
+// reconcileAdvertisements gives the speaker what the advertisement sources
+// want advertised under the view, and returns the advertised prefixes and
+// this node's affine blocks.
+func (b *bgpOwner) reconcileAdvertisements(ctx context.Context, sp bgp.Speaker, pools []*api.IPPool) (adv, local []netip.Prefix, err error) {
+	affine, borrowed := bgpBlocks(b.node, b.blocks(), b.borrowed())
+	v := bgp.SourceView{Affine: affine, Borrowed: borrowed, Aggregates: bgp.PoolAggregates(pools)}
+	ads := bgp.DesiredAdvertisementsFrom(b.sources, v)
+	if err = sp.SetAdvertisements(ctx, ads); err != nil {
+		err = fmt.Errorf("setting advertisements: %w", err)
+	}
+	local = make([]netip.Prefix, 0, len(affine))
+	for _, blk := range affine {
+		local = append(local, blk.CIDR)
+	}
+	return bgp.Prefixes(ads), local, err
 }
 
 // warnUnusableFilters logs, once per change, the BGPFilters that BGPPeers
@@ -449,37 +509,53 @@ func (b *bgpOwner) updatePeerStatus(ctx context.Context) bool {
 	b.metrics.setPeers(st)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.peerStatus = st
-	if b.converged {
-		return false
-	}
-	allUp := len(b.desiredPeers) > 0 || !b.lastPass.IsZero()
-	est := map[netip.Addr]bool{}
-	for _, p := range st {
-		if p.State == "Established" {
-			est[p.Address] = true
-		}
-	}
-	for _, p := range b.desiredPeers {
-		if !est[p.Address] {
-			allUp = false
-		}
-	}
-	now := time.Now()
-	switch {
-	case !allUp:
-		b.allUpSince = time.Time{}
-	case b.allUpSince.IsZero():
-		b.allUpSince = now
-	}
-	// Until the speaker's first route set (which after a restart waits for
-	// the peers' End-of-RIB) the learned set is empty, not complete.
-	if (b.learnedAny && !b.allUpSince.IsZero() && now.Sub(b.allUpSince) >= convergeHold) || now.Sub(b.started) >= b.settle {
-		b.converged = true
+	if b.observe(st, time.Now(), !b.lastPass.IsZero(), b.learnedAny) {
 		b.log.Info("bgp converged; stale learned routes will be removed")
 		return true
 	}
 	return false
+}
+
+// observe takes the sessions' states polled at now; passed says the owner
+// has completed a pass, learnedAny that a speaker has delivered a route
+// set. It returns true when BGP has just converged. Called with b.mu held.
+func (s *bgpSessions) observe(st []bgp.PeerStatus, now time.Time, passed, learnedAny bool) bool {
+	s.peerStatus = st
+	if s.converged {
+		return false
+	}
+	allUp := len(s.desiredPeers) > 0 || passed
+	est := s.established()
+	for _, p := range s.desiredPeers {
+		if !est[p.Address] {
+			allUp = false
+		}
+	}
+	switch {
+	case !allUp:
+		s.allUpSince = time.Time{}
+	case s.allUpSince.IsZero():
+		s.allUpSince = now
+	}
+	// Until the speaker's first route set (which after a restart waits for
+	// the peers' End-of-RIB) the learned set is empty, not complete.
+	if (learnedAny && !s.allUpSince.IsZero() && now.Sub(s.allUpSince) >= convergeHold) || now.Sub(s.started) >= s.settle {
+		s.converged = true
+		return true
+	}
+	return false
+}
+
+// established are the peers whose session was Established when last
+// polled. Called with b.mu held.
+func (s *bgpSessions) established() map[netip.Addr]bool {
+	est := map[netip.Addr]bool{}
+	for _, p := range s.peerStatus {
+		if p.State == session.Established {
+			est[p.Address] = true
+		}
+	}
+	return est
 }
 
 // ready reports an error before the first pass and when cluster peers are
@@ -487,20 +563,21 @@ func (b *bgpOwner) updatePeerStatus(ctx context.Context) bool {
 func (b *bgpOwner) ready() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.readiness(!b.lastPass.IsZero())
+}
+
+// readiness is ready's answer; passed says the owner has completed a
+// pass. Called with b.mu held.
+func (s *bgpSessions) readiness(passed bool) error {
 	// Before the first pass the desired peers are not known: "no peers"
 	// would read as "none configured" and a restarted agent would report
 	// ready before opening any session.
-	if b.lastPass.IsZero() {
+	if !passed {
 		return errors.New("BGP peers not configured yet")
 	}
-	est := map[netip.Addr]bool{}
-	for _, p := range b.peerStatus {
-		if p.State == "Established" {
-			est[p.Address] = true
-		}
-	}
+	est := s.established()
 	cluster := 0
-	for _, p := range b.desiredPeers {
+	for _, p := range s.desiredPeers {
 		if p.Type != bgp.PeerMesh && p.Type != bgp.PeerRR && p.Type != bgp.PeerRRClient {
 			continue // a router outside the cluster
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/syncer/syncertest"
@@ -110,12 +111,12 @@ func TestReadyWithOneClusterPeer(t *testing.T) {
 	up, down := netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("198.18.0.13")
 	tor := netip.MustParseAddr("198.18.0.1")
 	b.desiredPeers = []bgp.Peer{{Address: up, Type: bgp.PeerMesh}, {Address: down, Type: bgp.PeerMesh}, {Address: tor, Type: bgp.PeerGlobal}}
-	b.peerStatus = []bgp.PeerStatus{{Address: up, State: "Established"}, {Address: down, State: "Active"}, {Address: tor, State: "Active"}}
+	b.peerStatus = []bgp.PeerStatus{{Address: up, State: session.Established}, {Address: down, State: session.Active}, {Address: tor, State: session.Active}}
 	if err := b.ready(); err != nil {
 		t.Errorf("one of two cluster peers up: %v", err)
 	}
-	b.peerStatus[0].State = "Idle"
-	b.peerStatus[2].State = "Established" // a ToR alone does not reach the cluster
+	b.peerStatus[0].State = session.Idle
+	b.peerStatus[2].State = session.Established // a ToR alone does not reach the cluster
 	if err := b.ready(); err == nil {
 		t.Error("ready with no cluster peer established")
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // fakeSpeaker records what the agent asks of BGP.
@@ -15,6 +16,7 @@ type fakeSpeaker struct {
 	cfg        bgp.Config
 	peers      []bgp.Peer
 	advertised []netip.Prefix
+	ads        []bgp.Advertisement
 	routes     chan []bgp.LearnedRoute
 	stopped    bool
 	graceful   bool
@@ -38,10 +40,11 @@ func (f *fakeSpeaker) SetPeers(ctx context.Context, peers []bgp.Peer) error {
 	return nil
 }
 
-func (f *fakeSpeaker) SetAdvertised(ctx context.Context, p []netip.Prefix) error {
+func (f *fakeSpeaker) SetAdvertisements(ctx context.Context, ads []bgp.Advertisement) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.advertised = slices.Clone(p)
+	f.advertised = bgp.Prefixes(ads)
+	f.ads = slices.Clone(ads)
 	return nil
 }
 
@@ -63,7 +66,7 @@ func (f *fakeSpeaker) Peers(ctx context.Context) ([]bgp.PeerStatus, error) {
 	defer f.mu.Unlock()
 	var out []bgp.PeerStatus
 	for _, p := range f.peers {
-		out = append(out, bgp.PeerStatus{Address: p.Address, Type: p.Type, State: "Established"})
+		out = append(out, bgp.PeerStatus{Address: p.Address, Type: p.Type, State: session.Established})
 	}
 	return out, nil
 }

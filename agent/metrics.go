@@ -99,7 +99,7 @@ func (m *metrics) setPeers(st []bgp.PeerStatus) {
 	m.peerPrefix.Reset()
 	m.peerBFD.Reset()
 	for _, p := range st {
-		m.peers.WithLabelValues(p.State).Inc()
+		m.peers.WithLabelValues(p.State.String()).Inc()
 		peer := p.Address.String()
 		m.peerPrefix.WithLabelValues(peer, "received").Set(float64(p.Received))
 		m.peerPrefix.WithLabelValues(peer, "limit").Set(float64(p.MaxPrefixes))

@@ -43,7 +43,7 @@ func (a *Agent) Status() api.AgentStatus {
 		if t == "" {
 			t = types[p.Address.String()]
 		}
-		st.Peers = append(st.Peers, api.PeerStatus{Address: p.Address.String(), Type: t, State: p.State, Since: p.Since, Info: p.Info,
+		st.Peers = append(st.Peers, api.PeerStatus{Address: p.Address.String(), Type: t, State: p.State.String(), Since: p.Since, Info: p.Info,
 			PrefixLimitExceeded: p.PrefixLimitExceeded, Received: p.Received, MaxPrefixes: p.MaxPrefixes, BFD: p.BFD, Families: p.Families})
 	}
 	for _, p := range b.localBlocks {

@@ -136,13 +136,13 @@ func TestPoolAggregatesExport(t *testing.T) {
 	if want := []netip.Prefix{aggA, blockA, aggB, blockB, blockC}; !slices.Equal(adv, want) {
 		t.Fatalf("n advertises %v, want %v", adv, want)
 	}
-	if err := n.sp.SetAdvertised(ctx, adv); err != nil {
+	if err := n.sp.SetAdvertisements(ctx, AdvertisementsOf(adv)); err != nil {
 		t.Fatal(err)
 	}
 	// m's block in pool b reaches n tagged by m; n passes it on to e
 	// (WithBlocks) and tags it again: e must see each community once.
 	blockBm := p("10.245.1.0/26")
-	if err := m.sp.SetAdvertised(ctx, []netip.Prefix{blockBm}); err != nil {
+	if err := m.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockBm})); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(convergeTimeout)
@@ -216,7 +216,7 @@ func TestNoTransitDespiteExportAccept(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e1.sp.SetAdvertised(ctx, []netip.Prefix{foreign}); err != nil {
+	if err := e1.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{foreign})); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(convergeTimeout)
@@ -226,7 +226,7 @@ func TestNoTransitDespiteExportAccept(t *testing.T) {
 	}
 	// n's own block, advertised after n accepted e1's prefix: once e2 has
 	// it, n has sent e2 everything it was going to send before it.
-	if err := n.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0)}); err != nil {
+	if err := n.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(0)})); err != nil {
 		t.Fatal(err)
 	}
 	got, ok := e2.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return hasRoute(rs, blockOf(0), n.addr) })

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// BenchmarkPropagation measures the time from SetAdvertised on one speaker
+// BenchmarkPropagation measures the time from SetAdvertisements on one speaker
 // of a full mesh to the new prefix appearing in Routes() of every other
 // speaker.
 func BenchmarkPropagation(b *testing.B) {
@@ -26,7 +26,7 @@ func BenchmarkPropagation(b *testing.B) {
 			src := c.nodes[0]
 			for k := 0; b.Loop(); k++ {
 				p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, 128 + byte(k>>8), byte(k)}), 32) // inside the pool: cluster peers import nothing else
-				if err := src.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(0), p}); err != nil {
+				if err := src.sp.SetAdvertisements(context.Background(), AdvertisementsOf([]netip.Prefix{blockOf(0), p})); err != nil {
 					b.Fatal(err)
 				}
 				deadline := time.Now().Add(30 * time.Second)

@@ -70,24 +70,58 @@ func newNodeInfo(n *api.Node, defaultASN uint32) (nodeInfo, bool) {
 // concatenated in the order the BGPPeer lists them. A filter that does not
 // exist or does not validate is left out (UnusableFilters names them).
 func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, peers []*api.BGPPeer, filters []*api.BGPFilter) []Peer {
-	var spec api.BGPConfigurationSpec
+	pl, ok := newPeerPlan(self, nodes, cfg, filters)
+	if !ok {
+		return nil
+	}
+	sorted := slices.Clone(peers)
+	sorted = slices.DeleteFunc(sorted, func(p *api.BGPPeer) bool { return p == nil })
+	slices.SortFunc(sorted, func(a, b *api.BGPPeer) int { return cmp.Compare(a.Metadata.Name, b.Metadata.Name) })
+	for _, bp := range sorted {
+		pl.addBGPPeer(bp)
+	}
+	if pl.spec.NodeToNodeMeshEnabled == nil || *pl.spec.NodeToNodeMeshEnabled {
+		pl.addMesh()
+	}
+	out := make([]Peer, 0, len(pl.result))
+	for _, p := range pl.result {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return a.Address.Compare(b.Address) })
+	return out
+}
+
+// peerPlan is DesiredPeers' work in progress: the inputs it derived and
+// the sessions chosen so far.
+type peerPlan struct {
+	spec            api.BGPConfigurationSpec
+	listenPort      uint16 // 0 for the default port
+	keepalive, hold time.Duration
+	me              nodeInfo
+	others          []nodeInfo // the other nodes with an IPv4 address, by name
+	byAddr          map[netip.Addr]nodeInfo
+	usable          map[string]*api.BGPFilter // see usableFilters
+
+	result   map[netip.Addr]Peer
+	explicit map[netip.Addr]bool // addresses a BGPPeer gave a session
+}
+
+// newPeerPlan derives the plan's inputs; ok is false when self is unknown
+// or has no IPv4 address.
+func newPeerPlan(self string, nodes []*api.Node, cfg *api.BGPConfiguration, filters []*api.BGPFilter) (*peerPlan, bool) {
+	pl := &peerPlan{byAddr: map[netip.Addr]nodeInfo{}, result: map[netip.Addr]Peer{}, explicit: map[netip.Addr]bool{}}
 	if cfg != nil {
-		spec = cfg.Spec
+		pl.spec = cfg.Spec
 	}
 	defaultASN := api.DefaultASNumber
-	if spec.ASNumber != nil {
-		defaultASN = *spec.ASNumber
+	if pl.spec.ASNumber != nil {
+		defaultASN = *pl.spec.ASNumber
 	}
-	var listenPort uint16
-	if spec.ListenPort != nil && *spec.ListenPort != api.DefaultListenPort {
-		listenPort = *spec.ListenPort
+	if lp := pl.spec.ListenPort; lp != nil && *lp != api.DefaultListenPort {
+		pl.listenPort = *lp
 	}
-	keepalive, hold := dur(spec.KeepaliveTime), dur(spec.HoldTime)
-
-	var me nodeInfo
+	pl.keepalive, pl.hold = dur(pl.spec.KeepaliveTime), dur(pl.spec.HoldTime)
 	found := false
-	var others []nodeInfo
-	byAddr := map[netip.Addr]nodeInfo{}
 	for _, n := range nodes {
 		if n == nil {
 			continue
@@ -95,172 +129,176 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 		ni, ok := newNodeInfo(n, defaultASN)
 		if n.Metadata.Name == self {
 			if !ok {
-				return nil
+				return nil, false
 			}
-			me, found = ni, true
+			pl.me, found = ni, true
 			continue
 		}
 		if ok {
-			others = append(others, ni)
-			if _, dup := byAddr[ni.addr]; !dup {
-				byAddr[ni.addr] = ni
+			pl.others = append(pl.others, ni)
+			if _, dup := pl.byAddr[ni.addr]; !dup {
+				pl.byAddr[ni.addr] = ni
 			}
 		}
 	}
-	if !found {
-		return nil
-	}
-	slices.SortFunc(others, func(a, b nodeInfo) int { return cmp.Compare(a.name, b.name) })
+	slices.SortFunc(pl.others, func(a, b nodeInfo) int { return cmp.Compare(a.name, b.name) })
+	pl.usable = usableFilters(filters)
+	return pl, found
+}
 
-	result := map[netip.Addr]Peer{}
-	explicit := map[netip.Addr]bool{}
-	addExplicit := func(p Peer) {
-		if p.Address == me.addr || explicit[p.Address] {
-			return
+// addExplicit adds a BGPPeer's session unless an earlier BGPPeer (by name)
+// has one to the address already, or it is self.
+func (pl *peerPlan) addExplicit(p Peer) {
+	if p.Address == pl.me.addr || pl.explicit[p.Address] {
+		return
+	}
+	pl.explicit[p.Address] = true
+	pl.result[p.Address] = p
+}
+
+// nodePeer is a session to cluster node n, with the reflector relationship
+// between self and n filled in.
+func (pl *peerPlan) nodePeer(n nodeInfo, asn uint32, typ PeerType) Peer {
+	me := pl.me
+	p := Peer{Address: n.addr, ASN: asn, Type: typ, Name: n.name, Port: pl.listenPort, ClusterNode: true}
+	if asn == me.asn {
+		switch {
+		case me.clusterID != "" && n.clusterID != me.clusterID:
+			p.RRClient, p.Type = true, PeerRRClient
+		case n.clusterID != "":
+			p.Type = PeerRR
 		}
-		explicit[p.Address] = true
-		result[p.Address] = p
 	}
+	return p
+}
 
-	// nodePeer fills in the reflector relationship between self and node n.
-	nodePeer := func(n nodeInfo, asn uint32, typ PeerType) Peer {
-		p := Peer{Address: n.addr, ASN: asn, Type: typ, Name: n.name, Port: listenPort, ClusterNode: true}
-		if asn == me.asn {
-			switch {
-			case me.clusterID != "" && n.clusterID != me.clusterID:
-				p.RRClient, p.Type = true, PeerRRClient
-			case n.clusterID != "":
-				p.Type = PeerRR
+// addBGPPeer adds the sessions one BGPPeer gives self.
+func (pl *peerPlan) addBGPPeer(bp *api.BGPPeer) {
+	s := bp.Spec
+	// appliesTo says whether the BGPPeer's node/nodeSelector picks n.
+	appliesTo := func(name string, labels map[string]string) bool {
+		switch {
+		case s.Node != "":
+			return s.Node == name
+		case s.NodeSelector != nil:
+			return s.NodeSelector.Matches(labels)
+		}
+		return true
+	}
+	forward := appliesTo(pl.me.name, pl.me.labels)
+	// A session needs both ends configured: when the peerSelector picks
+	// self, self peers with every node the BGPPeer applies to (as Calico
+	// does for node-to-node BGPPeers).
+	reverse := s.PeerSelector != nil && s.PeerSelector.Matches(pl.me.labels)
+	if reverse {
+		for _, n := range pl.others {
+			if appliesTo(n.name, n.labels) {
+				pl.addExplicit(pl.applySpec(bp, pl.nodePeer(n, n.asn, PeerNode)))
 			}
 		}
-		return p
 	}
-
-	usable := usableFilters(filters)
-	sorted := slices.Clone(peers)
-	sorted = slices.DeleteFunc(sorted, func(p *api.BGPPeer) bool { return p == nil })
-	slices.SortFunc(sorted, func(a, b *api.BGPPeer) int { return cmp.Compare(a.Metadata.Name, b.Metadata.Name) })
-	for _, bp := range sorted {
-		s := bp.Spec
-		global := s.Node == "" && s.NodeSelector == nil
-		// appliesTo says whether the BGPPeer's node/nodeSelector picks n.
-		appliesTo := func(name string, labels map[string]string) bool {
-			switch {
-			case s.Node != "":
-				return s.Node == name
-			case s.NodeSelector != nil:
-				return s.NodeSelector.Matches(labels)
-			}
-			return true
+	if !forward {
+		return
+	}
+	if s.PeerIP != "" {
+		if p, ok := pl.peerIPSession(bp); ok {
+			pl.addExplicit(pl.applySpec(bp, p))
 		}
-		forward := appliesTo(self, me.labels)
-		// A session needs both ends configured: when the peerSelector picks
-		// self, self peers with every node the BGPPeer applies to (as
-		// Calico does for node-to-node BGPPeers).
-		reverse := s.PeerSelector != nil && s.PeerSelector.Matches(me.labels)
-		if !forward && !reverse {
+	}
+	if s.PeerSelector != nil {
+		for _, n := range pl.others {
+			if s.PeerSelector.Matches(n.labels) {
+				pl.addExplicit(pl.applySpec(bp, pl.nodePeer(n, n.asn, PeerNode)))
+			}
+		}
+	}
+}
+
+// peerIPSession is the session to a BGPPeer's peerIP (a cluster node or a
+// router outside the cluster), before its spec is applied; ok is false
+// when the peerIP does not parse.
+func (pl *peerPlan) peerIPSession(bp *api.BGPPeer) (Peer, bool) {
+	s := bp.Spec
+	addr, port, ok := parsePeerIP(s.PeerIP)
+	if !ok {
+		return Peer{}, false
+	}
+	var p Peer
+	if n, isNode := pl.byAddr[addr]; isNode {
+		asn := n.asn
+		if s.ASNumber != 0 {
+			asn = s.ASNumber
+		}
+		p = pl.nodePeer(n, asn, PeerNode)
+	} else {
+		p = Peer{Address: addr, ASN: s.ASNumber, Type: PeerNode, Name: bp.Metadata.Name}
+		if p.ASN == 0 {
+			p.ASN = pl.me.asn
+		}
+		if p.ASN == pl.me.asn && pl.me.clusterID != "" {
+			p.RRClient = true
+		}
+	}
+	if s.Node == "" && s.NodeSelector == nil && p.Type == PeerNode {
+		p.Type = PeerGlobal
+	}
+	if port != 0 {
+		p.Port = port
+	}
+	return p, true
+}
+
+// applySpec sets what a BGPPeer says of every session it makes: password,
+// timers, source address, default route, prefix limit, BFD and filters.
+func (pl *peerPlan) applySpec(bp *api.BGPPeer, p Peer) Peer {
+	s := bp.Spec
+	p.Password = s.Password
+	p.Keepalive, p.Hold = pl.keepalive, pl.hold
+	if s.KeepaliveTime != nil {
+		p.Keepalive = s.KeepaliveTime.Duration
+	}
+	if s.HoldTime != nil {
+		p.Hold = s.HoldTime.Duration
+	}
+	p.RestartTime = dur(s.MaxRestartTime)
+	if s.SourceAddress != api.SourceAddressNone {
+		p.LocalAddress = pl.me.addr
+	}
+	p.AcceptDefault = s.AcceptDefault
+	p.MaxPrefixes = s.MaxPrefixes
+	if b := s.BFD; b != nil && b.Enabled {
+		p.BFD = &BFD{Interval: b.EffectiveInterval(), Multiplier: uint8(min(b.EffectiveMultiplier(), 255))}
+	}
+	for _, name := range s.Filters {
+		if f, ok := pl.usable[name]; ok {
+			// A rule matches routes of its own family only, so the IPv6
+			// rules after the IPv4 ones keep the order within each family.
+			p.Import = append(p.Import, filterRules(f.Spec.ImportV4, false)...)
+			p.Import = append(p.Import, filterRules(f.Spec.ImportV6, true)...)
+			p.Export = append(p.Export, filterRules(f.Spec.ExportV4, false)...)
+			p.Export = append(p.Export, filterRules(f.Spec.ExportV6, true)...)
+		}
+	}
+	return p
+}
+
+// addMesh adds a full-mesh session to every other node no BGPPeer gave
+// one.
+func (pl *peerPlan) addMesh() {
+	spec := pl.spec
+	for _, n := range pl.others {
+		if n.addr == pl.me.addr || pl.explicit[n.addr] {
 			continue
 		}
-		apply := func(p Peer) Peer {
-			p.Password = s.Password
-			p.Keepalive, p.Hold = keepalive, hold
-			if s.KeepaliveTime != nil {
-				p.Keepalive = s.KeepaliveTime.Duration
-			}
-			if s.HoldTime != nil {
-				p.Hold = s.HoldTime.Duration
-			}
-			p.RestartTime = dur(s.MaxRestartTime)
-			if s.SourceAddress != api.SourceAddressNone {
-				p.LocalAddress = me.addr
-			}
-			p.AcceptDefault = s.AcceptDefault
-			p.MaxPrefixes = s.MaxPrefixes
-			if b := s.BFD; b != nil && b.Enabled {
-				p.BFD = &BFD{Interval: b.EffectiveInterval(), Multiplier: uint8(min(b.EffectiveMultiplier(), 255))}
-			}
-			for _, name := range s.Filters {
-				if f, ok := usable[name]; ok {
-					// A rule matches routes of its own family only, so
-					// the IPv6 rules after the IPv4 ones keep the order
-					// within each family.
-					p.Import = append(p.Import, filterRules(f.Spec.ImportV4, false)...)
-					p.Import = append(p.Import, filterRules(f.Spec.ImportV6, true)...)
-					p.Export = append(p.Export, filterRules(f.Spec.ExportV4, false)...)
-					p.Export = append(p.Export, filterRules(f.Spec.ExportV6, true)...)
-				}
-			}
-			return p
-		}
-		if reverse {
-			for _, n := range others {
-				if appliesTo(n.name, n.labels) {
-					addExplicit(apply(nodePeer(n, n.asn, PeerNode)))
-				}
-			}
-		}
-		if !forward {
+		if _, dup := pl.result[n.addr]; dup {
 			continue
 		}
-		if s.PeerIP != "" {
-			addr, port, ok := parsePeerIP(s.PeerIP)
-			if ok {
-				var p Peer
-				if n, isNode := byAddr[addr]; isNode {
-					asn := n.asn
-					if s.ASNumber != 0 {
-						asn = s.ASNumber
-					}
-					p = nodePeer(n, asn, PeerNode)
-				} else {
-					p = Peer{Address: addr, ASN: s.ASNumber, Type: PeerNode, Name: bp.Metadata.Name}
-					if p.ASN == 0 {
-						p.ASN = me.asn
-					}
-					if p.ASN == me.asn && me.clusterID != "" {
-						p.RRClient = true
-					}
-				}
-				if global && p.Type == PeerNode {
-					p.Type = PeerGlobal
-				}
-				if port != 0 {
-					p.Port = port
-				}
-				addExplicit(apply(p))
-			}
-		}
-		if s.PeerSelector != nil {
-			for _, n := range others {
-				if s.PeerSelector.Matches(n.labels) {
-					addExplicit(apply(nodePeer(n, n.asn, PeerNode)))
-				}
-			}
+		pl.result[n.addr] = Peer{
+			Address: n.addr, ASN: n.asn, Type: PeerMesh, Name: n.name, ClusterNode: true,
+			Password: spec.NodeMeshPassword, Keepalive: pl.keepalive, Hold: pl.hold,
+			RestartTime: dur(spec.NodeMeshMaxRestartTime), LocalAddress: pl.me.addr, Port: pl.listenPort,
 		}
 	}
-
-	if spec.NodeToNodeMeshEnabled == nil || *spec.NodeToNodeMeshEnabled {
-		for _, n := range others {
-			if n.addr == me.addr || explicit[n.addr] {
-				continue
-			}
-			if _, dup := result[n.addr]; dup {
-				continue
-			}
-			result[n.addr] = Peer{
-				Address: n.addr, ASN: n.asn, Type: PeerMesh, Name: n.name, ClusterNode: true,
-				Password: spec.NodeMeshPassword, Keepalive: keepalive, Hold: hold,
-				RestartTime: dur(spec.NodeMeshMaxRestartTime), LocalAddress: me.addr, Port: listenPort,
-			}
-		}
-	}
-
-	out := make([]Peer, 0, len(result))
-	for _, p := range result {
-		out = append(out, p)
-	}
-	slices.SortFunc(out, func(a, b Peer) int { return a.Address.Compare(b.Address) })
-	return out
 }
 
 // usableFilters indexes the filters that validate by name.

@@ -160,7 +160,7 @@ func TestExportFiltersAndCommunities(t *testing.T) {
 	}
 	configure()
 	blockA, blockB := netip.MustParsePrefix("10.244.0.0/26"), netip.MustParsePrefix("10.245.0.0/26")
-	if err := n.sp.SetAdvertised(ctx, []netip.Prefix{blockA, blockB}); err != nil {
+	if err := n.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockA, blockB})); err != nil {
 		t.Fatal(err)
 	}
 	waitEstablished(t, n, 1, time.Now().Add(convergeTimeout))

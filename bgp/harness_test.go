@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // Real GoBGP speakers in one process, each on its own loopback address
@@ -217,8 +218,8 @@ func blockOf(i int) netip.Prefix {
 func (c *cluster) advertiseBlocks(tb testing.TB) {
 	tb.Helper()
 	for i, n := range c.nodes {
-		if err := n.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(i)}); err != nil {
-			tb.Fatalf("SetAdvertised on %s: %v", n.name, err)
+		if err := n.sp.SetAdvertisements(context.Background(), AdvertisementsOf([]netip.Prefix{blockOf(i)})); err != nil {
+			tb.Fatalf("SetAdvertisements on %s: %v", n.name, err)
 		}
 	}
 }
@@ -283,7 +284,7 @@ func waitEstablished(tb testing.TB, n *testNode, want int, deadline time.Time) [
 		last = st
 		ok := len(st) == want
 		for _, p := range st {
-			ok = ok && p.State == "Established"
+			ok = ok && p.State == session.Established
 		}
 		if ok {
 			return st
@@ -362,7 +363,7 @@ func (q *quiescer) quiesce(tb testing.TB) {
 	}
 	q.done = true
 	for _, n := range q.nodes {
-		_ = n.sp.SetAdvertised(context.Background(), nil) // a node the test stopped says so; nothing to withdraw
+		_ = n.sp.SetAdvertisements(context.Background(), AdvertisementsOf(nil)) // a node the test stopped says so; nothing to withdraw
 	}
 	// Bounded: routes a graceful stop left stale stay for the restart
 	// time, and that is the test's business.

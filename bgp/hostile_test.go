@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // TestHostilePeers: node n (mesh peer m) peers with two external routers.
@@ -48,10 +49,10 @@ func TestHostilePeers(t *testing.T) {
 	pod := netip.MustParsePrefix("10.244.0.7/32")
 	def := netip.MustParsePrefix("0.0.0.0/0")
 	foreign := netip.MustParsePrefix("203.0.113.0/24")
-	if err := n.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0)}); err != nil {
+	if err := n.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(0)})); err != nil {
 		t.Fatal(err)
 	}
-	if err := e1.sp.SetAdvertised(ctx, []netip.Prefix{pod, def, foreign}); err != nil {
+	if err := e1.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{pod, def, foreign})); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(convergeTimeout)
@@ -97,7 +98,7 @@ func TestHostilePeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range after {
-		if after[i].State != "Established" || !after[i].Since.Equal(before[i].Since) {
+		if after[i].State != session.Established || !after[i].Since.Equal(before[i].Since) {
 			t.Errorf("filter change reset the session: before %+v, after %+v", before[i], after[i])
 		}
 	}
@@ -121,7 +122,7 @@ func TestHostilePeers(t *testing.T) {
 	for i := range 12 {
 		flood = append(flood, netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(i * 8)}), 29))
 	}
-	if err := e1.sp.SetAdvertised(ctx, flood); err != nil {
+	if err := e1.sp.SetAdvertisements(ctx, AdvertisementsOf(flood)); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(convergeTimeout)
@@ -131,7 +132,7 @@ func TestHostilePeers(t *testing.T) {
 			t.Fatal(err)
 		}
 		// GoBGP marks the peer before its session has gone down.
-		if st[1].PrefixLimitExceeded && st[1].State != "Established" {
+		if st[1].PrefixLimitExceeded && st[1].State != session.Established {
 			if st[1].Info == "" || st[1].MaxPrefixes != 10 {
 				t.Errorf("over the limit: %+v, want a reason and the limit", st[1])
 			}

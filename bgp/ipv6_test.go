@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // IPv6 over MP-BGP: the sessions stay between IPv4 (loopback) addresses,
@@ -46,7 +47,7 @@ func waitPeerFamilies(t *testing.T, n *testNode, want map[netip.Addr][]string, d
 		}
 		got := map[netip.Addr][]string{}
 		for _, p := range st {
-			if p.State == "Established" {
+			if p.State == session.Established {
 				got[p.Address] = p.Families
 			}
 		}
@@ -90,12 +91,12 @@ func TestIPv6Mesh(t *testing.T) {
 	borrowed := netip.MustParsePrefix("fd00:10:244::1:7/128")
 	adv := [][]netip.Prefix{{blockOf(0), block6Of(0), borrowed}, {blockOf(1), block6Of(1)}, {blockOf(2)}}
 	for i, n := range nodes {
-		if err := n.sp.SetAdvertised(ctx, adv[i]); err != nil {
-			t.Fatalf("SetAdvertised on %s: %v", n.name, err)
+		if err := n.sp.SetAdvertisements(ctx, AdvertisementsOf(adv[i])); err != nil {
+			t.Fatalf("SetAdvertisements on %s: %v", n.name, err)
 		}
 	}
 	// A speaker without an IPv6 address refuses IPv6 prefixes.
-	if err := nodes[2].sp.SetAdvertised(ctx, []netip.Prefix{blockOf(2), block6Of(2)}); err == nil {
+	if err := nodes[2].sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(2), block6Of(2)})); err == nil {
 		t.Error("n2 (no IPv6 address) accepted an IPv6 prefix")
 	}
 	deadline := time.Now().Add(convergeTimeout)
@@ -117,7 +118,7 @@ func TestIPv6Mesh(t *testing.T) {
 	}
 
 	// n0 withdraws its IPv6 block; n1 drops it and keeps the rest.
-	if err := nodes[0].sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0), borrowed}); err != nil {
+	if err := nodes[0].sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(0), borrowed})); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := nodes[1].watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool {
@@ -172,13 +173,13 @@ func TestHostilePeersIPv6(t *testing.T) {
 	def := netip.MustParsePrefix("::/0")
 	foreign := netip.MustParsePrefix("2001:db8:ffff::/48")
 	outside := netip.MustParsePrefix("fd00:99::/64") // outside every pool
-	if err := n.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0), block6Of(0)}); err != nil {
+	if err := n.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(0), block6Of(0)})); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.sp.SetAdvertised(ctx, []netip.Prefix{block6Of(1), outside}); err != nil {
+	if err := m.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{block6Of(1), outside})); err != nil {
 		t.Fatal(err)
 	}
-	if err := e1.sp.SetAdvertised(ctx, []netip.Prefix{pod, def, foreign}); err != nil {
+	if err := e1.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{pod, def, foreign})); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(convergeTimeout)
@@ -249,7 +250,7 @@ func TestHostilePeersIPv6(t *testing.T) {
 	for i := range 12 {
 		flood = append(flood, netip.PrefixFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0xee, 7: byte(i)}), 64))
 	}
-	if err := e1.sp.SetAdvertised(ctx, flood); err != nil {
+	if err := e1.sp.SetAdvertisements(ctx, AdvertisementsOf(flood)); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(convergeTimeout)
@@ -258,7 +259,7 @@ func TestHostilePeersIPv6(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st[1].PrefixLimitExceeded && st[1].State != "Established" {
+		if st[1].PrefixLimitExceeded && st[1].State != session.Established {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -324,10 +325,10 @@ func TestFiltersIPv6(t *testing.T) {
 	in4 := netip.MustParsePrefix("198.51.100.0/24")        // the IPv4 Equal rule
 	out4 := netip.MustParsePrefix("203.0.113.0/24")        // the IPv4 NotIn rule
 	other6 := block6Of(1)                                  // another of n's IPv6 blocks
-	if err := e.sp.SetAdvertised(ctx, []netip.Prefix{foreign, tooLong, unmatched, in4, out4}); err != nil {
+	if err := e.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{foreign, tooLong, unmatched, in4, out4})); err != nil {
 		t.Fatal(err)
 	}
-	if err := n.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(0), block6Of(0), other6}); err != nil {
+	if err := n.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(0), block6Of(0), other6})); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(convergeTimeout)
@@ -404,13 +405,13 @@ func TestRouteReflectorIPv6(t *testing.T) {
 		}
 	}
 	def, foreign := netip.MustParsePrefix("::/0"), netip.MustParsePrefix("2001:db8:ffff::/48")
-	if err := e.sp.SetAdvertised(ctx, []netip.Prefix{def, foreign}); err != nil {
+	if err := e.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{def, foreign})); err != nil {
 		t.Fatal(err)
 	}
-	if err := c1.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(1), block6Of(1)}); err != nil {
+	if err := c1.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(1), block6Of(1)})); err != nil {
 		t.Fatal(err)
 	}
-	if err := c2.sp.SetAdvertised(ctx, []netip.Prefix{block6Of(2)}); err != nil {
+	if err := c2.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{block6Of(2)})); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(convergeTimeout)
@@ -440,7 +441,7 @@ func TestRouteReflectorIPv6(t *testing.T) {
 		}
 	}
 	// A withdrawal is reflected too.
-	if err := c1.sp.SetAdvertised(ctx, []netip.Prefix{blockOf(1)}); err != nil {
+	if err := c1.sp.SetAdvertisements(ctx, AdvertisementsOf([]netip.Prefix{blockOf(1)})); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := c2.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool {

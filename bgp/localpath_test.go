@@ -9,9 +9,9 @@ import (
 // A path we originate carries the time it was made (GoBGP shows its age
 // from it), not the zero Unix time.
 func TestLocalPathTimestamp(t *testing.T) {
-	s := &speaker{cfg: Config{RouterID: netip.MustParseAddr("198.18.0.11")}}
+	s := &speaker{lifecycle: lifecycle{cfg: Config{RouterID: netip.MustParseAddr("198.18.0.11")}}}
 	before := time.Now().Unix()
-	p, err := s.localPath(netip.MustParsePrefix("10.244.1.0/26"), false)
+	p, err := s.localPath(Advertisement{Prefix: netip.MustParsePrefix("10.244.1.0/26")}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // md5Supported reports whether the kernel accepts a TCP MD5 key on a
@@ -72,7 +73,7 @@ func TestMD5(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(bs) != 1 || bs[0].State == "Established" || bs[0].State == "OpenConfirm" {
+			if len(bs) != 1 || bs[0].State == session.Established || bs[0].State == session.OpenConfirm {
 				t.Fatalf("%s with a mismatched MD5 password: %+v", n.name, bs)
 			}
 			st = append(st, bs...)

@@ -44,7 +44,7 @@ func TestThirdPartyNextHop(t *testing.T) {
 		if err := n.sp.SetPeers(context.Background(), DesiredPeers(n.name, apiNodes, cfg, peers, nil)); err != nil {
 			t.Fatal(err)
 		}
-		if err := n.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(i)}); err != nil {
+		if err := n.sp.SetAdvertisements(context.Background(), AdvertisementsOf([]netip.Prefix{blockOf(i)})); err != nil {
 			t.Fatal(err)
 		}
 		torPeers = append(torPeers, Peer{Address: n.addr, ASN: api.DefaultASNumber, Type: PeerGlobal, Port: port,

@@ -11,7 +11,8 @@ import (
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
-	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
+
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // sessionKey holds the Peer fields that need the session to be re-created
@@ -218,7 +219,7 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 				delete(s.peers, a)
 				continue
 			}
-			s.since[a] = time.Now()
+			s.sessions.created(a, time.Now())
 		case !known || s.keyOf(old) != s.keyOf(p):
 			if err := s.recreatePeer(ctx, p); err != nil {
 				errs = append(errs, err)
@@ -242,9 +243,7 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 			continue
 		}
 		delete(s.peers, a)
-		delete(s.since, a)
-		delete(s.eor, a)
-		delete(s.info, a)
+		s.sessions.forget(a)
 	}
 	s.peersSet = true
 	s.setBFDPeers(s.peers)
@@ -261,8 +260,7 @@ func (s *speaker) recreatePeer(ctx context.Context, p Peer) error {
 		delete(s.peers, p.Address)
 		return fmt.Errorf("re-creating peer %v: adding: %w", p.Address, err)
 	}
-	s.since[p.Address] = time.Now()
-	delete(s.eor, p.Address)
+	s.sessions.created(p.Address, time.Now())
 	return nil
 }
 
@@ -278,13 +276,7 @@ func (s *speaker) resetStuckPeers(ctx context.Context) {
 	}
 	// The session states come from GoBGP's peer events (onPeerEvent): an
 	// idle speaker asks GoBGP nothing here.
-	var stuck []netip.Addr
-	for a := range s.opening {
-		if t, ok := s.since[a]; ok && time.Since(t) > stuckTimeout {
-			stuck = append(stuck, a)
-		}
-	}
-	for _, a := range stuck {
+	for _, a := range s.sessions.stuck(time.Now(), stuckTimeout) {
 		p, ok := s.peers[a]
 		if !ok {
 			continue
@@ -294,110 +286,6 @@ func (s *speaker) resetStuckPeers(ctx context.Context) {
 			s.log.Warn("re-creating stuck BGP session", "peer", a, "err", err)
 		}
 	}
-}
-
-// SetAdvertised implements Speaker. It diffs against the paths it has put
-// into GoBGP (originated): only this speaker originates paths, and reading
-// them back with ListPath would race with GoBGP (see readRIB).
-func (s *speaker) SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error {
-	desired := map[netip.Prefix]bool{}
-	var errs []error
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range prefixes {
-		switch {
-		case !p.IsValid() || p.Addr().Is4In6() || p.Addr().Zone() != "":
-			errs = append(errs, fmt.Errorf("prefix %v: not an IPv4 or IPv6 prefix", p))
-		case p.Addr().Is6() && !s.cfg.RouterID6.IsValid():
-			errs = append(errs, fmt.Errorf("prefix %v: the speaker has no IPv6 address to advertise it with", p))
-		default:
-			desired[p.Masked()] = true
-		}
-	}
-	if s.srv == nil || s.stopped {
-		return errors.New("speaker not running")
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	actual := s.originated
-	var add, del []*apiutil.Path
-	for p := range desired {
-		if !actual[p] {
-			path, err := s.localPath(p, false)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			add = append(add, path)
-		}
-	}
-	for p := range actual {
-		if !desired[p] {
-			path, err := s.localPath(p, true)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			del = append(del, path)
-		}
-	}
-	if len(add) > 0 {
-		resps, err := s.srv.AddPath(apiutil.AddPathRequest{Paths: add})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("advertising %d prefixes: %w", len(add), err))
-		}
-		for i, path := range add {
-			if err == nil && i < len(resps) && resps[i].Error != nil {
-				errs = append(errs, fmt.Errorf("advertising %v: %w", path.Nlri, resps[i].Error))
-				continue
-			}
-			if err == nil {
-				s.originated[path.Nlri.(*gobgp.IPAddrPrefix).Prefix.Masked()] = true
-			}
-		}
-	}
-	if len(del) > 0 {
-		if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: del}); err != nil {
-			errs = append(errs, fmt.Errorf("withdrawing %d prefixes: %w", len(del), err))
-		} else {
-			for _, path := range del {
-				delete(s.originated, path.Nlri.(*gobgp.IPAddrPrefix).Prefix.Masked())
-			}
-		}
-	}
-	s.markDirty()
-	return errors.Join(errs...)
-}
-
-// localPath builds the path we originate for prefix: origin IGP, next hop
-// our router ID (an IPv6 prefix: RouterID6, in MP_REACH_NLRI), timestamped
-// now. Called with s.mu held.
-func (s *speaker) localPath(prefix netip.Prefix, withdraw bool) (*apiutil.Path, error) {
-	nlri, err := gobgp.NewIPAddrPrefix(prefix)
-	if err != nil {
-		return nil, fmt.Errorf("prefix %v: %w", prefix, err)
-	}
-	family := gobgp.RF_IPv4_UC
-	var nh gobgp.PathAttributeInterface
-	if prefix.Addr().Is4() {
-		nh, err = gobgp.NewPathAttributeNextHop(s.cfg.RouterID)
-	} else {
-		family = gobgp.RF_IPv6_UC
-		nh, err = gobgp.NewPathAttributeMpReachNLRI(family, []gobgp.PathNLRI{{NLRI: nlri}}, s.cfg.RouterID6)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("next hop of %v: %w", prefix, err)
-	}
-	return &apiutil.Path{
-		Family:     family,
-		Nlri:       nlri,
-		Attrs:      []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), nh},
-		Withdrawal: withdraw,
-		// GoBGP takes Age as the path's timestamp (Unix seconds): unset,
-		// `gobgp global rib` shows our routes as originated in 1970.
-		Age: time.Now().Unix(),
-	}, nil
 }
 
 // Peers implements Speaker.
@@ -418,14 +306,14 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		if err != nil {
 			return
 		}
-		st := PeerStatus{Address: a, State: "Idle"}
+		st := PeerStatus{Address: a, State: session.Idle}
 		if p.State != nil {
-			st.State = stateName(p.State.SessionState)
+			st.State = apiState(p.State.SessionState)
 			st.PrefixLimitExceeded = p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
 			if p.GetBfd().GetEnabled() {
 				st.BFD = bfdStateName(p.State.GetBfdState().GetSessionState())
 			}
-			if st.State == "Established" {
+			if st.State == session.Established {
 				st.Families = negotiatedFamilies(p.State)
 			}
 		}
@@ -435,7 +323,7 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 			}
 		}
 		if p.Timers != nil && p.Timers.State != nil {
-			if st.State == "Established" && p.Timers.State.Uptime != nil {
+			if st.State == session.Established && p.Timers.State.Uptime != nil {
 				st.Since = p.Timers.State.Uptime.AsTime()
 			} else if p.Timers.State.Downtime != nil {
 				st.Since = p.Timers.State.Downtime.AsTime()
@@ -450,7 +338,7 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 	for i := range out {
 		st := &out[i]
 		st.Type = s.peers[st.Address].Type
-		if t, ok := s.since[st.Address]; ok && t.After(st.Since) {
+		if t, ok := s.sessions.since[st.Address]; ok && t.After(st.Since) {
 			st.Since = t
 		}
 		peer := s.peers[st.Address]
@@ -458,7 +346,7 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		if st.BFD == "" && peer.BFD != nil {
 			st.BFD = "Down"
 		}
-		st.Info = s.info[st.Address]
+		st.Info = s.sessions.info[st.Address]
 		if st.PrefixLimitExceeded && st.Info == "" {
 			st.Info = fmt.Sprintf("max-prefix limit %d exceeded", maxPrefixes(s.peers[st.Address]))
 		}
@@ -512,23 +400,6 @@ func bfdStateName(st gobgpapi.BfdSessionState) string {
 		return "AdminDown"
 	default:
 		return "Down"
-	}
-}
-
-func stateName(st gobgpapi.PeerState_SessionState) string {
-	switch st {
-	case gobgpapi.PeerState_SESSION_STATE_CONNECT:
-		return "Connect"
-	case gobgpapi.PeerState_SESSION_STATE_ACTIVE:
-		return "Active"
-	case gobgpapi.PeerState_SESSION_STATE_OPENSENT:
-		return "OpenSent"
-	case gobgpapi.PeerState_SESSION_STATE_OPENCONFIRM:
-		return "OpenConfirm"
-	case gobgpapi.PeerState_SESSION_STATE_ESTABLISHED:
-		return "Established"
-	default:
-		return "Idle"
 	}
 }
 

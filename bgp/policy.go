@@ -21,7 +21,7 @@ import (
 // for export against the peer it is sent to.
 //
 // Import, first matching statement decides, default reject:
-//  1. our own paths (SetAdvertised) are accepted;
+//  1. our own paths (SetAdvertisements) are accepted;
 //  2. an external peer's prefix inside an IP pool is rejected (pools
 //     come from cluster peers only);
 //  3. an external peer's own import rules (BGPFilters), in order;

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,27 +51,59 @@ const (
 
 // speaker implements Speaker over an embedded GoBGP server. GoBGP is itself
 // safe for concurrent use; mu serialises our reconcile calls and guards our
-// view of what is configured.
+// view of what is configured. Its fields come in parts, one per concern:
+//   - lifecycle: the GoBGP server, its configuration and identity, start
+//     and stop (speaker.go);
+//   - the configured peers and the sessionTracker that follows their
+//     sessions from GoBGP's events (peers.go, sessions.go);
+//   - the advertiser: the paths we originate (advertiser.go);
+//   - policyState: the import and export policies (policy.go);
+//   - ribState: reading GoBGP's RIB and publishing learned routes
+//     (rib.go, routes.go);
+//   - bfdState: the BFD watch (bfd.go), under its own lock.
 type speaker struct {
-	log    *slog.Logger
-	routes chan []LearnedRoute
-	dirty  chan struct{}
+	log *slog.Logger
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	lifecycle
+	peers    map[netip.Addr]Peer
+	peersSet bool // SetPeers has been called at least once
+	sessions sessionTracker
+	adv      advertiser
+	policyState
+	ribState
+	bfdState
+}
+
+// lifecycle is the speaker's GoBGP server and identity; mu guards it
+// (muteGoBGP is atomic).
+type lifecycle struct {
 	srv       *server.BgpServer
 	cfg       Config
 	startedAt time.Time
 	stopped   bool
-	peers     map[netip.Addr]Peer
-	peersSet  bool                     // SetPeers has been called at least once
-	since     map[netip.Addr]time.Time // last session state change per peer
-	opening   map[netip.Addr]bool      // peers whose last state was OpenSent or OpenConfirm
-	eor       map[netip.Addr]bool      // peers that sent End-of-RIB since Start
-	info      map[netip.Addr]string    // last disconnect reason per peer
+	cancel    context.CancelFunc
+	done      chan struct{}
+	muteGoBGP atomic.Bool
+}
 
-	// The BFD watch (bfd.go) and the route publisher share these under
-	// bfdMu, never under mu: SetPeers holds mu across GoBGP management
-	// calls, which can wait seconds while GoBGP resets a session.
+// ribState is what the RIB reader and the route publisher share. mu
+// guards changed and resyncAll; the channels need no lock.
+type ribState struct {
+	routes chan []LearnedRoute
+	dirty  chan struct{}
+	// changed collects the prefixes GoBGP reported in best-path events
+	// since routeLoop last read them; resyncAll asks for a full read.
+	changed   map[netip.Prefix]bool
+	resyncAll bool
+	// ribUpdates carries the RIB reader's results to the publisher.
+	ribUpdates chan ribUpdate
+}
+
+// bfdState: the BFD watch (bfd.go) and the route publisher share these
+// under bfdMu, never under mu: SetPeers holds mu across GoBGP management
+// calls, which can wait seconds while GoBGP resets a session.
+type bfdState struct {
 	bfdMu   sync.Mutex
 	bfdCfg  map[netip.Addr]BFD    // effective timers of the peers running BFD
 	bfdDown map[netip.Addr]bool   // silent, per the watch
@@ -81,17 +112,11 @@ type speaker struct {
 	bfdWake chan struct{}
 	// resyncBFD asks the RIB reader for a full read (set by the watch).
 	resyncBFD atomic.Bool
-	// ribUpdates carries the RIB reader's results to the publisher.
-	ribUpdates chan ribUpdate
+}
 
-	// changed collects the prefixes GoBGP reported in best-path events
-	// since routeLoop last read them; resyncAll asks for a full read.
-	changed   map[netip.Prefix]bool
-	resyncAll bool
-	// originated is what SetAdvertised has put into GoBGP (only this
-	// speaker originates paths, so it is the actual state).
-	originated map[netip.Prefix]bool
-	// pools and lastPolicy: see SetPolicy and applyPolicy.
+// policyState is the input of the policies and what is installed; mu
+// guards it. See SetPolicy and applyPolicy.
+type policyState struct {
 	pools         []netip.Prefix
 	communities   []PrefixCommunities
 	aggregates    []Aggregate
@@ -99,10 +124,6 @@ type speaker struct {
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest
 	policyGen     int
-
-	cancel    context.CancelFunc
-	done      chan struct{}
-	muteGoBGP atomic.Bool
 }
 
 // NewSpeaker returns a Speaker backed by an in-process GoBGP server. log may
@@ -112,21 +133,20 @@ func NewSpeaker(log *slog.Logger) Speaker {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &speaker{
-		log:     log,
-		routes:  make(chan []LearnedRoute, 1),
-		dirty:   make(chan struct{}, 1),
-		peers:   map[netip.Addr]Peer{},
-		since:   map[netip.Addr]time.Time{},
-		opening: map[netip.Addr]bool{},
-		eor:     map[netip.Addr]bool{},
-		info:    map[netip.Addr]string{},
-
-		changed:    map[netip.Prefix]bool{},
-		originated: map[netip.Prefix]bool{},
-
-		bfdHeld:    map[netip.Addr]uint64{},
-		bfdWake:    make(chan struct{}, 1),
-		ribUpdates: make(chan ribUpdate),
+		log:      log,
+		peers:    map[netip.Addr]Peer{},
+		sessions: newSessionTracker(),
+		adv:      advertiser{originated: map[netip.Prefix]Advertisement{}},
+		ribState: ribState{
+			routes:     make(chan []LearnedRoute, 1),
+			dirty:      make(chan struct{}, 1),
+			changed:    map[netip.Prefix]bool{},
+			ribUpdates: make(chan ribUpdate),
+		},
+		bfdState: bfdState{
+			bfdHeld: map[netip.Addr]uint64{},
+			bfdWake: make(chan struct{}, 1),
+		},
 	}
 }
 
@@ -320,8 +340,8 @@ const hardStopWait = 3 * time.Second
 func (s *speaker) withdrawAll(srv *server.BgpServer) {
 	s.mu.Lock()
 	var del []*apiutil.Path
-	for p := range s.originated {
-		if path, err := s.localPath(p, true); err == nil {
+	for _, a := range s.adv.originated {
+		if path, err := s.localPath(a, true); err == nil {
 			del = append(del, path)
 		}
 	}
@@ -365,382 +385,6 @@ func (s *speaker) withdrawAll(srv *server.BgpServer) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// Routes implements Speaker.
-func (s *speaker) Routes() <-chan []LearnedRoute { return s.routes }
-
-func (s *speaker) markDirty() {
-	select {
-	case s.dirty <- struct{}{}:
-	default:
-	}
-}
-
-// onBestPath records which prefixes changed; routeLoop reads only those
-// from the RIB (see readRIB). GoBGP also sends an event, without paths,
-// when only a non-best path changed (an ECMP member); that one costs a
-// full read.
-func (s *speaker) onBestPath(paths []*apiutil.Path, _ time.Time) {
-	s.mu.Lock()
-	if len(paths) == 0 {
-		s.resyncAll = true
-	}
-	for _, p := range paths {
-		if p == nil || (p.Family != gobgp.RF_IPv4_UC && p.Family != gobgp.RF_IPv6_UC) {
-			continue
-		}
-		if nlri, ok := p.Nlri.(*gobgp.IPAddrPrefix); ok {
-			s.changed[nlri.Prefix.Masked()] = true
-		}
-	}
-	s.mu.Unlock()
-	s.markDirty()
-}
-
-func (s *speaker) onEOR(p *apiutil.Path, _ time.Time) {
-	if p == nil || !p.PeerAddress.IsValid() {
-		return
-	}
-	s.mu.Lock()
-	s.eor[p.PeerAddress] = true
-	s.mu.Unlock()
-	s.markDirty()
-}
-
-func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Time) {
-	if ev == nil {
-		return
-	}
-	if ev.Type == apiutil.PEER_EVENT_STATE {
-		a := ev.Peer.State.NeighborAddress
-		s.mu.Lock()
-		s.since[a] = t
-		switch ev.Peer.State.SessionState {
-		case gobgp.BGP_FSM_OPENSENT, gobgp.BGP_FSM_OPENCONFIRM:
-			s.opening[a] = true
-		default:
-			delete(s.opening, a)
-		}
-		if ev.Peer.State.SessionState == gobgp.BGP_FSM_ESTABLISHED {
-			s.info[a] = ""
-		} else if info := disconnectInfo(ev); info != "" {
-			s.info[a] = info
-		}
-		// A session that went down may have left its paths behind as
-		// stale (see readRIB): read everything again.
-		s.resyncAll = true
-		s.mu.Unlock()
-	}
-	s.markDirty()
-}
-
-// ribUpdate is one RIB read: the whole RIB (full) or the paths of the
-// prefixes in changed (a prefix missing from rib has none left).
-type ribUpdate struct {
-	full    bool
-	rib     map[netip.Prefix][]candidate
-	changed map[netip.Prefix]bool
-	self    []netip.Addr // see selfAddrs
-	bfdGen  uint64       // the BFD generation when the read began
-}
-
-// ribLoop reads GoBGP's RIB: after a change only the prefixes GoBGP
-// reported (see onBestPath), periodically and after session changes the
-// whole table, and hands each result to routeLoop. Its reads go through
-// GoBGP's server loop and may wait seconds while GoBGP resets a session;
-// routeLoop does not wait for them.
-func (s *speaker) ribLoop(ctx context.Context) {
-	resync := time.NewTicker(routesResync)
-	defer resync.Stop()
-	stuck := time.NewTicker(stuckCheck)
-	defer stuck.Stop()
-	full := true
-	for first := true; ; first = false {
-		if !first {
-			select {
-			case <-ctx.Done():
-				return
-			case <-s.dirty:
-				if !s.settle(ctx) {
-					return
-				}
-			case <-resync.C:
-				full = true
-			case <-stuck.C:
-				s.resetStuckPeers(ctx)
-				continue
-			}
-		}
-		s.mu.Lock()
-		changed := s.changed
-		s.changed = map[netip.Prefix]bool{}
-		full = full || s.resyncAll || s.resyncBFD.Swap(false)
-		s.resyncAll = false
-		u := ribUpdate{full: full, self: s.selfAddrs()}
-		s.mu.Unlock()
-		s.bfdMu.Lock()
-		u.bfdGen = s.bfdGen
-		s.bfdMu.Unlock()
-		var err error
-		switch {
-		case full:
-			u.rib, err = s.readRIB(ctx, nil)
-		case len(changed) > 0:
-			u.changed = changed
-			u.rib, err = s.readRIB(ctx, changed)
-		}
-		// An update without changes still goes to routeLoop: an
-		// End-of-RIB may have completed the initial sync.
-		if err != nil {
-			s.log.Warn("listing BGP routes", "err", err)
-			// Read everything next time: a partial read may have failed
-			// after GoBGP forgot which prefixes changed.
-			s.mu.Lock()
-			s.resyncAll = true
-			s.mu.Unlock()
-			continue
-		}
-		full = false
-		select {
-		case <-ctx.Done():
-			return
-		case s.ribUpdates <- u:
-		}
-	}
-}
-
-// routeLoop keeps the candidate paths of every prefix (rib) from ribLoop's
-// reads, leaves out the paths of BFD peers the watch found silent
-// (bfdSkip), and publishes each new route set. It never waits on GoBGP:
-// a BFD peer's routes go as soon as the watch sees it silent.
-func (s *speaker) routeLoop(ctx context.Context) {
-	var last []LearnedRoute
-	published, haveRIB := false, false
-	rib := map[netip.Prefix][]candidate{}
-	var self []netip.Addr
-	// After a restart (LocalRestarting) the first set waits for every
-	// peer's End-of-RIB (or DeferralTime), so that the agent does not
-	// flush kernel routes that peers are about to send again.
-	gate := time.NewTimer(DeferralTime)
-	defer gate.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case u := <-s.ribUpdates:
-			self, haveRIB = u.self, true
-			if u.full {
-				rib = u.rib
-				s.releaseBFDHeld(u.bfdGen)
-			} else {
-				for p := range u.changed {
-					if c, ok := u.rib[p]; ok {
-						rib[p] = c
-					} else {
-						delete(rib, p)
-					}
-				}
-			}
-		case <-s.bfdWake:
-		case <-gate.C:
-		}
-		if !haveRIB {
-			continue
-		}
-		routes := selectRoutes(rib, self, s.bfdSkip())
-		if !published && !s.initialSyncDone() {
-			continue
-		}
-		if published && equalRoutes(last, routes) {
-			continue
-		}
-		last, published = routes, true
-		s.log.Debug("publishing learned routes", "routes", len(routes))
-		// Latest wins: replace an unread set rather than block.
-		select {
-		case <-s.routes:
-		default:
-		}
-		s.routes <- routes
-	}
-}
-
-// settle waits for a burst of RIB changes to end (see routesQuiet). It
-// returns false when ctx is done.
-func (s *speaker) settle(ctx context.Context) bool {
-	quiet := time.NewTimer(routesQuiet)
-	defer quiet.Stop()
-	limit := time.NewTimer(routesMaxDelay)
-	defer limit.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-s.dirty:
-			quiet.Reset(routesQuiet)
-		case <-quiet.C:
-			return true
-		case <-limit.C:
-			return true
-		}
-	}
-}
-
-func (s *speaker) initialSyncDone() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.cfg.LocalRestarting || time.Since(s.startedAt) >= DeferralTime {
-		return true
-	}
-	if !s.peersSet {
-		return false
-	}
-	for a := range s.peers {
-		if !s.eor[a] {
-			return false
-		}
-	}
-	return true
-}
-
-// selfAddrs lists our own addresses: paths with one of them as next hop
-// are never learned routes. Called with s.mu held.
-func (s *speaker) selfAddrs() []netip.Addr {
-	self := []netip.Addr{s.cfg.RouterID}
-	if s.cfg.RouterID6.IsValid() {
-		self = append(self, s.cfg.RouterID6)
-	}
-	if s.cfg.ListenAddr.IsValid() {
-		self = append(self, s.cfg.ListenAddr)
-	}
-	for _, p := range s.peers {
-		if p.LocalAddress.IsValid() && !slices.Contains(self, p.LocalAddress) {
-			self = append(self, p.LocalAddress)
-		}
-	}
-	return self
-}
-
-// learnedRoutes reads the whole global RIB and selects the routes to
-// report. Tests use it to look at the RIB directly.
-func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
-	rib, err := s.readRIB(context.Background(), nil)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	self := s.selfAddrs()
-	s.mu.Unlock()
-	return selectRoutes(rib, self, nil), nil
-}
-
-// readRIB returns the candidate paths of the given prefixes (all prefixes
-// when only is nil) from GoBGP's global RIB.
-//
-// GoBGP v4.8.0 races here (osrg/gobgp PR #3658, not released): ListPath
-// converts the paths after its table snapshot, outside GoBGP's lock, and
-// reads each path's stale flag, which a session going down under graceful
-// restart writes from another goroutine (table.Path.MarkStale). We cannot
-// take GoBGP's lock, so we keep the exposure small and ordered instead:
-//   - after a change we read only the prefixes GoBGP reported changing
-//     (onBestPath), not the whole table; the full read runs only at start,
-//     at the periodic resync and after errors;
-//   - right after each read we pass a no-op management call through
-//     GoBGP's server loop (GetBgp): it takes GoBGP's write lock, which
-//     waits for every session goroutine holding the read lock and is
-//     taken before any later one, so our reads happen before every later
-//     stale-flag write. Only a session going down at the very instant of a
-//     read can still overlap it (a one-byte flag, no torn values);
-//     upstream's fix makes the flag atomic.
-//
-// SetAdvertised no longer reads the RIB at all (see originated).
-func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[netip.Prefix][]candidate, error) {
-	s.mu.Lock()
-	srv, asn := s.srv, s.cfg.ASN
-	bfdPeers := map[netip.Addr]bool{}
-	for a, p := range s.peers {
-		if p.BFD != nil {
-			bfdPeers[a] = true
-		}
-	}
-	s.mu.Unlock()
-	var reqs []apiutil.ListPathRequest
-	for _, f := range s.families() {
-		req := apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: f}
-		if only != nil {
-			for p := range only {
-				if p.Addr().Is4() == (f == gobgp.RF_IPv4_UC) {
-					req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
-				}
-			}
-			if len(req.Prefixes) == 0 {
-				continue // an empty list would read the whole table
-			}
-		}
-		reqs = append(reqs, req)
-	}
-	// GoBGP v4.8.0 keeps the paths of a session it closed itself as
-	// graceful-restart stale when the connection's read fails before the
-	// reason is accounted (fsm.go takes a read failure for a peer
-	// restart): a peer shut down for exceeding its max-prefix limit, or
-	// one whose BFD session detected a dead path, would keep its routes for
-	// the restart time. Their paths never count: a flooding peer's routes
-	// go at once, and with BFD a lost session withdraws its routes at once
-	// (BFD is there to fail over fast; graceful restart does not hold
-	// them, see docs/bgp.md).
-	limited := map[netip.Addr]bool{}
-	if err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
-		if p.Conf == nil || p.State == nil {
-			return
-		}
-		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
-		if err != nil {
-			return
-		}
-		pfx := p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
-		// GoBGP's answer omits the BFD settings of a session it reset:
-		// our own configuration says whether the peer runs BFD. The BGP
-		// session outlives a dead path by seconds (GoBGP's reset waits on
-		// the dead connection), the BFD session does not.
-		bfdDown := (bfdPeers[a] || p.GetBfd().GetEnabled()) &&
-			(p.State.SessionState != gobgpapi.PeerState_SESSION_STATE_ESTABLISHED ||
-				p.State.GetBfdState().GetSessionState() != gobgpapi.BfdSessionState_BFD_SESSION_STATE_UP)
-		if pfx || bfdDown {
-			limited[a] = true
-		}
-	}); err != nil {
-		return nil, fmt.Errorf("listing BGP peers: %w", err)
-	}
-	rib := map[netip.Prefix][]candidate{}
-	// ListPath reads the route-selection variables that another server's
-	// StartBgp writes (see servers).
-	var err error
-	servers.RLock()
-	for _, req := range reqs {
-		err = srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
-			for _, p := range paths {
-				if limited[p.PeerAddress] {
-					continue
-				}
-				if prefix, c, ok := candidateFromPath(p, asn); ok && (only == nil || only[prefix]) {
-					rib[prefix] = append(rib[prefix], c)
-				}
-			}
-		})
-		if err != nil {
-			break
-		}
-	}
-	servers.RUnlock()
-	// The barrier described above; run it whatever ListPath returned.
-	if _, berr := srv.GetBgp(ctx, &gobgpapi.GetBgpRequest{}); berr != nil && err == nil {
-		err = fmt.Errorf("synchronising with the BGP server: %w", berr)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return rib, nil
 }
 
 // servers lists the GoBGP servers running in this process.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 const convergeTimeout = 20 * time.Second
@@ -29,8 +30,8 @@ func TestMeshOfFive(t *testing.T) {
 	}
 
 	// Withdraw node 0's block.
-	if err := c.nodes[0].sp.SetAdvertised(context.Background(), nil); err != nil {
-		t.Fatalf("SetAdvertised(nil): %v", err)
+	if err := c.nodes[0].sp.SetAdvertisements(context.Background(), AdvertisementsOf(nil)); err != nil {
+		t.Fatalf("SetAdvertisements(nil): %v", err)
 	}
 	deadline = time.Now().Add(convergeTimeout)
 	for _, n := range c.nodes[1:] {
@@ -93,7 +94,7 @@ func TestECMP(t *testing.T) {
 	c.configure(t, nil, nil)
 	anycast := netip.MustParsePrefix("10.244.99.0/26")
 	for _, n := range c.nodes[:2] {
-		if err := n.sp.SetAdvertised(context.Background(), []netip.Prefix{anycast}); err != nil {
+		if err := n.sp.SetAdvertisements(context.Background(), AdvertisementsOf([]netip.Prefix{anycast})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -110,7 +111,7 @@ func TestECMP(t *testing.T) {
 		t.Errorf("originator learned routes %s (err %v), want none", routesString(rs), err)
 	}
 
-	if err := a.sp.SetAdvertised(context.Background(), nil); err != nil {
+	if err := a.sp.SetAdvertisements(context.Background(), AdvertisementsOf(nil)); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := obs.watch.waitFor(time.Now().Add(convergeTimeout), func(rs []LearnedRoute) bool {
@@ -156,7 +157,7 @@ func TestStop(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(st) == 1 && st[0].State != "Established" {
+				if len(st) == 1 && st[0].State != session.Established {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -229,8 +230,8 @@ func TestSpeakerConfigErrors(t *testing.T) {
 			t.Errorf("SetPeers accepted %+v", p)
 		}
 	}
-	if err := sp.SetAdvertised(context.Background(), []netip.Prefix{netip.MustParsePrefix("fd00::/64")}); err == nil {
-		t.Error("SetAdvertised accepted an IPv6 prefix")
+	if err := sp.SetAdvertisements(context.Background(), AdvertisementsOf([]netip.Prefix{netip.MustParsePrefix("fd00::/64")})); err == nil {
+		t.Error("SetAdvertisements accepted an IPv6 prefix")
 	}
 	if st, err := sp.Peers(context.Background()); err != nil || len(st) != 0 {
 		t.Errorf("Peers after rejected SetPeers = %+v, %v; want none", st, err)
@@ -264,7 +265,7 @@ func waitSessionDown(t *testing.T, n *testNode, deadline time.Time) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st) == 1 && st[0].State != "Established" {
+		if len(st) == 1 && st[0].State != session.Established {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -302,7 +303,7 @@ func TestGracefulRestart(t *testing.T) {
 	if err := again.sp.SetPeers(context.Background(), DesiredPeers(n0.name, c.api, cfg0, nil, nil)); err != nil {
 		t.Fatal(err)
 	}
-	if err := again.sp.SetAdvertised(context.Background(), []netip.Prefix{blockOf(0)}); err != nil {
+	if err := again.sp.SetAdvertisements(context.Background(), AdvertisementsOf([]netip.Prefix{blockOf(0)})); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := again.watch.waitFor(deadline, func(rs []LearnedRoute) bool { return hasRoute(rs, blockOf(1), n1.addr) }); !ok {

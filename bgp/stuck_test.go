@@ -10,6 +10,8 @@ import (
 	"time"
 
 	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
+
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // TestStuckSessionReset: a peer that answers OPEN and then never sends
@@ -46,7 +48,7 @@ func TestStuckSessionReset(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st) == 1 && st[0].State == "OpenConfirm" {
+		if len(st) == 1 && st[0].State == session.OpenConfirm {
 			sawOpenConfirm = true
 		}
 		if time.Now().After(deadline) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // PeerType says why a peering exists. It is informational: it shows up in
@@ -218,7 +219,7 @@ type LearnedRoute struct {
 type PeerStatus struct {
 	Address netip.Addr
 	Type    PeerType
-	State   string    // "Established", "Active", "Connect", "OpenSent", "OpenConfirm", "Idle"
+	State   session.State
 	Since   time.Time // when the session entered its current state, if known
 	Info    string    // e.g. the last error or disconnect reason
 	// PrefixLimitExceeded says the session was shut down because the
@@ -239,7 +240,7 @@ type PeerStatus struct {
 }
 
 // Speaker is a BGP speaker. Its methods are safe for concurrent use.
-// SetPeers and SetAdvertised are level-triggered and idempotent: each call
+// SetPeers and SetAdvertisements are level-triggered and idempotent: each call
 // states the complete desired set and may be repeated with the same value.
 type Speaker interface {
 	// Start starts the speaker. It may be called once.
@@ -247,10 +248,12 @@ type Speaker interface {
 	// SetPeers reconciles the configured peers with peers: it adds
 	// missing ones, updates changed ones and deletes the rest.
 	SetPeers(ctx context.Context, peers []Peer) error
-	// SetAdvertised reconciles the prefixes we originate (next hop =
-	// RouterID, RouterID6 for IPv6 prefixes; origin IGP), withdrawing
-	// those no longer listed. IPv6 prefixes need Config.RouterID6.
-	SetAdvertised(ctx context.Context, prefixes []netip.Prefix) error
+	// SetAdvertisements reconciles the paths we originate (next hop =
+	// RouterID, RouterID6 for IPv6 prefixes; origin IGP; the
+	// advertisement's communities), withdrawing those no longer listed
+	// and re-sending those whose attributes changed. Each prefix may be
+	// listed once. IPv6 prefixes need Config.RouterID6.
+	SetAdvertisements(ctx context.Context, ads []Advertisement) error
 	// SetPolicy replaces the cluster-wide import policy input (pools).
 	// Changes apply to live sessions without resetting them (the
 	// speaker re-applies its policies to what it already received).

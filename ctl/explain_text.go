@@ -132,7 +132,7 @@ func (e *explanation) writeBlock(b *strings.Builder, p addrPath) {
 				}
 			}
 			desc := fmt.Sprintf("%s (%s, %s)", peer.Address, name, peerTypeText(peer.Type))
-			if peer.State == StateEstablished {
+			if isEstablished(peer.State) {
 				up = append(up, desc)
 			} else {
 				down = append(down, desc+": "+peer.State)
@@ -176,7 +176,7 @@ func (e *explanation) remoteNote(other string) string {
 	if st, ok := cl.statuses[e.node]; ok {
 		addr := cl.nodeAddr(other)
 		for _, p := range st.Peers {
-			if a, err := netip.ParseAddr(p.Address); err == nil && a == addr && p.State != StateEstablished {
+			if a, err := netip.ParseAddr(p.Address); err == nil && a == addr && !isEstablished(p.State) {
 				notes = append(notes, fmt.Sprintf("its session with %s is %s", e.node, p.State))
 			}
 		}

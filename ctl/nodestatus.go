@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -18,8 +19,12 @@ import (
 // under a lease, so that a dead agent's status disappears).
 const StatusPrefix = datastore.NodeStatusPrefix
 
-// StateEstablished is the BGP state of a working session.
-const StateEstablished = "Established"
+// isEstablished reports whether a published session state is that of a
+// working session.
+func isEstablished(state string) bool {
+	st, ok := session.Parse(state)
+	return ok && st == session.Established
+}
 
 // NodeStatusOptions are the arguments of node status.
 type NodeStatusOptions struct {
@@ -111,7 +116,7 @@ func (c *Client) NodeStatus(ctx context.Context, out io.Writer, o NodeStatusOpti
 		}
 		for _, p := range st.Peers {
 			sessions++
-			if p.State == StateEstablished {
+			if isEstablished(p.State) {
 				established++
 			}
 		}
@@ -180,7 +185,7 @@ func peerTypeText(t string) string {
 func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	est := 0
 	for _, p := range st.Peers {
-		if p.State == StateEstablished {
+		if isEstablished(p.State) {
 			est++
 		}
 	}

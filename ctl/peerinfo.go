@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // The agent publishes a session's last disconnect reason as the speaker
@@ -71,24 +73,28 @@ func notificationText(detail string) string {
 }
 
 // stateText explains a session state that has no disconnect reason.
-var stateText = map[string]string{
-	"Idle":        "not connecting yet (idle)",
-	"Connect":     "waiting for peer to connect",
-	"Active":      "waiting for peer to connect",
-	"OpenSent":    "connected, waiting for the peer's OPEN",
-	"OpenConfirm": "connected, waiting for the peer's first keepalive",
+var stateText = map[session.State]string{
+	session.Idle:        "not connecting yet (idle)",
+	session.Connect:     "waiting for peer to connect",
+	session.Active:      "waiting for peer to connect",
+	session.OpenSent:    "connected, waiting for the peer's OPEN",
+	session.OpenConfirm: "connected, waiting for the peer's first keepalive",
 }
 
 // PeerInfoText is the INFO column of node status for a session in state
 // with the published info. An Established session shows nothing; an
 // unknown reason is shown as published rather than hidden.
 func PeerInfoText(state, info string) string {
-	if state == StateEstablished {
+	st, known := session.Parse(state)
+	if known && st == session.Established {
 		return ""
 	}
 	info = strings.TrimSpace(info)
 	if info == "" {
-		return stateText[state]
+		if !known {
+			return ""
+		}
+		return stateText[st]
 	}
 	reason, detail, _ := strings.Cut(info, ": ")
 	switch reason {

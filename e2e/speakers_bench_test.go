@@ -12,6 +12,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/bgp/session"
 )
 
 // refSpeakers is the reference of the propagation benchmark: the same BGP
@@ -99,7 +100,7 @@ func startRefSpeakers(b *testing.B, n, rr int) *refSpeakers {
 	for i, sp := range r.sps {
 		for {
 			st, err := sp.Peers(ctx)
-			if err == nil && len(st) > 0 && !slices.ContainsFunc(st, func(p bgp.PeerStatus) bool { return p.State != "Established" }) {
+			if err == nil && len(st) > 0 && !slices.ContainsFunc(st, func(p bgp.PeerStatus) bool { return p.State != session.Established }) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -132,7 +133,7 @@ func (r *refSpeakers) watch(i int, sp bgp.Speaker) {
 func (r *refSpeakers) propagate(p netip.Prefix) (time.Duration, error) {
 	r.adv = append(r.adv, p)
 	start := time.Now()
-	if err := r.sps[0].SetAdvertised(context.Background(), r.adv); err != nil {
+	if err := r.sps[0].SetAdvertisements(context.Background(), bgp.AdvertisementsOf(r.adv)); err != nil {
 		return 0, err
 	}
 	deadline := time.After(30 * time.Second)

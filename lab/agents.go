@@ -19,6 +19,7 @@ import (
 
 	"github.com/tabbynet/tabby/agent/installcni"
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -317,7 +318,7 @@ func (l *Lab) WaitEstablished(ctx context.Context) error {
 			}
 			est := 0
 			for _, p := range s.Peers {
-				if p.State == "Established" {
+				if p.State == session.Established.String() {
 					est++
 				}
 			}

@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/bgp/session"
+)
+
+// The session tracker calls BGP converged once every desired peer has
+// been Established for convergeHold with a route set delivered, or once
+// settle has passed, and not again after that.
+func TestSessionTrackerConverges(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a, c := netip.MustParseAddr("198.18.0.12"), netip.MustParseAddr("198.18.0.13")
+	status := func(sa, sc session.State) []bgp.PeerStatus {
+		return []bgp.PeerStatus{{Address: a, State: sa}, {Address: c, State: sc}}
+	}
+	s := bgpSessions{started: t0, settle: time.Minute, desiredPeers: []bgp.Peer{{Address: a, Type: bgp.PeerMesh}, {Address: c, Type: bgp.PeerGlobal}}}
+	steps := []struct {
+		at         time.Duration
+		st         []bgp.PeerStatus
+		learnedAny bool
+		want       bool
+	}{
+		{0, status(session.Established, session.Active), true, false},
+		{time.Second, status(session.Established, session.Established), false, false},     // all up from here
+		{5 * time.Second, status(session.Established, session.Established), false, false}, // no route set yet
+		{6 * time.Second, status(session.Established, session.OpenConfirm), true, false},  // one went down
+		{7 * time.Second, status(session.Established, session.Established), true, false},  // up again, hold restarts
+		{7*time.Second + convergeHold, status(session.Established, session.Established), true, true},
+		{time.Hour, status(session.Idle, session.Idle), true, false}, // converged stays
+	}
+	for i, st := range steps {
+		if got := s.observe(st.st, t0.Add(st.at), true, st.learnedAny); got != st.want {
+			t.Errorf("step %d (%v): converged now = %v, want %v", i, st.at, got, st.want)
+		}
+	}
+	if !s.converged {
+		t.Error("not converged at the end")
+	}
+
+	late := bgpSessions{started: t0, settle: time.Minute, desiredPeers: []bgp.Peer{{Address: a, Type: bgp.PeerMesh}}}
+	if late.observe(status(session.Active, session.Active), t0.Add(59*time.Second), true, false) {
+		t.Error("converged before settle with its peer down")
+	}
+	if !late.observe(status(session.Active, session.Active), t0.Add(time.Minute), true, false) {
+		t.Error("not converged once settle passed")
+	}
+	if err := late.readiness(true); err == nil {
+		t.Error("ready with its one cluster peer Active")
+	}
+	if err := s.readiness(false); err == nil {
+		t.Error("ready before the first pass")
+	}
+}

@@ -1,0 +1,355 @@
+package bgp
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	gobgpapi "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
+)
+
+// The RIB reader (ribLoop) and the route publisher (routeLoop): the part of
+// the speaker that turns GoBGP's RIB into learned routes (ribState).
+
+// Routes implements Speaker.
+func (s *speaker) Routes() <-chan []LearnedRoute { return s.routes }
+
+func (s *speaker) markDirty() {
+	select {
+	case s.dirty <- struct{}{}:
+	default:
+	}
+}
+
+// onBestPath records which prefixes changed; routeLoop reads only those
+// from the RIB (see readRIB). GoBGP also sends an event, without paths,
+// when only a non-best path changed (an ECMP member); that one costs a
+// full read.
+func (s *speaker) onBestPath(paths []*apiutil.Path, _ time.Time) {
+	s.mu.Lock()
+	if len(paths) == 0 {
+		s.resyncAll = true
+	}
+	for _, p := range paths {
+		if p == nil || (p.Family != gobgp.RF_IPv4_UC && p.Family != gobgp.RF_IPv6_UC) {
+			continue
+		}
+		if nlri, ok := p.Nlri.(*gobgp.IPAddrPrefix); ok {
+			s.changed[nlri.Prefix.Masked()] = true
+		}
+	}
+	s.mu.Unlock()
+	s.markDirty()
+}
+
+// ribUpdate is one RIB read: the whole RIB (full) or the paths of the
+// prefixes in changed (a prefix missing from rib has none left).
+type ribUpdate struct {
+	full    bool
+	rib     map[netip.Prefix][]candidate
+	changed map[netip.Prefix]bool
+	self    []netip.Addr // see selfAddrs
+	bfdGen  uint64       // the BFD generation when the read began
+}
+
+// ribLoop reads GoBGP's RIB: after a change only the prefixes GoBGP
+// reported (see onBestPath), periodically and after session changes the
+// whole table, and hands each result to routeLoop. Its reads go through
+// GoBGP's server loop and may wait seconds while GoBGP resets a session;
+// routeLoop does not wait for them.
+func (s *speaker) ribLoop(ctx context.Context) {
+	resync := time.NewTicker(routesResync)
+	defer resync.Stop()
+	stuck := time.NewTicker(stuckCheck)
+	defer stuck.Stop()
+	full := true
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.dirty:
+				if !s.settle(ctx) {
+					return
+				}
+			case <-resync.C:
+				full = true
+			case <-stuck.C:
+				s.resetStuckPeers(ctx)
+				continue
+			}
+		}
+		s.mu.Lock()
+		changed := s.changed
+		s.changed = map[netip.Prefix]bool{}
+		full = full || s.resyncAll || s.resyncBFD.Swap(false)
+		s.resyncAll = false
+		u := ribUpdate{full: full, self: s.selfAddrs()}
+		s.mu.Unlock()
+		s.bfdMu.Lock()
+		u.bfdGen = s.bfdGen
+		s.bfdMu.Unlock()
+		var err error
+		switch {
+		case full:
+			u.rib, err = s.readRIB(ctx, nil)
+		case len(changed) > 0:
+			u.changed = changed
+			u.rib, err = s.readRIB(ctx, changed)
+		}
+		// An update without changes still goes to routeLoop: an
+		// End-of-RIB may have completed the initial sync.
+		if err != nil {
+			s.log.Warn("listing BGP routes", "err", err)
+			// Read everything next time: a partial read may have failed
+			// after GoBGP forgot which prefixes changed.
+			s.mu.Lock()
+			s.resyncAll = true
+			s.mu.Unlock()
+			continue
+		}
+		full = false
+		select {
+		case <-ctx.Done():
+			return
+		case s.ribUpdates <- u:
+		}
+	}
+}
+
+// routeLoop keeps the candidate paths of every prefix (rib) from ribLoop's
+// reads, leaves out the paths of BFD peers the watch found silent
+// (bfdSkip), and publishes each new route set. It never waits on GoBGP:
+// a BFD peer's routes go as soon as the watch sees it silent.
+func (s *speaker) routeLoop(ctx context.Context) {
+	var last []LearnedRoute
+	published, haveRIB := false, false
+	rib := map[netip.Prefix][]candidate{}
+	var self []netip.Addr
+	// After a restart (LocalRestarting) the first set waits for every
+	// peer's End-of-RIB (or DeferralTime), so that the agent does not
+	// flush kernel routes that peers are about to send again.
+	gate := time.NewTimer(DeferralTime)
+	defer gate.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-s.ribUpdates:
+			self, haveRIB = u.self, true
+			if u.full {
+				rib = u.rib
+				s.releaseBFDHeld(u.bfdGen)
+			} else {
+				for p := range u.changed {
+					if c, ok := u.rib[p]; ok {
+						rib[p] = c
+					} else {
+						delete(rib, p)
+					}
+				}
+			}
+		case <-s.bfdWake:
+		case <-gate.C:
+		}
+		if !haveRIB {
+			continue
+		}
+		routes := selectRoutes(rib, self, s.bfdSkip())
+		if !published && !s.initialSyncDone() {
+			continue
+		}
+		if published && equalRoutes(last, routes) {
+			continue
+		}
+		last, published = routes, true
+		s.log.Debug("publishing learned routes", "routes", len(routes))
+		// Latest wins: replace an unread set rather than block.
+		select {
+		case <-s.routes:
+		default:
+		}
+		s.routes <- routes
+	}
+}
+
+// settle waits for a burst of RIB changes to end (see routesQuiet). It
+// returns false when ctx is done.
+func (s *speaker) settle(ctx context.Context) bool {
+	quiet := time.NewTimer(routesQuiet)
+	defer quiet.Stop()
+	limit := time.NewTimer(routesMaxDelay)
+	defer limit.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.dirty:
+			quiet.Reset(routesQuiet)
+		case <-quiet.C:
+			return true
+		case <-limit.C:
+			return true
+		}
+	}
+}
+
+func (s *speaker) initialSyncDone() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.cfg.LocalRestarting || time.Since(s.startedAt) >= DeferralTime {
+		return true
+	}
+	if !s.peersSet {
+		return false
+	}
+	for a := range s.peers {
+		if !s.sessions.eor[a] {
+			return false
+		}
+	}
+	return true
+}
+
+// selfAddrs lists our own addresses: paths with one of them as next hop
+// are never learned routes. Called with s.mu held.
+func (s *speaker) selfAddrs() []netip.Addr {
+	self := []netip.Addr{s.cfg.RouterID}
+	if s.cfg.RouterID6.IsValid() {
+		self = append(self, s.cfg.RouterID6)
+	}
+	if s.cfg.ListenAddr.IsValid() {
+		self = append(self, s.cfg.ListenAddr)
+	}
+	for _, p := range s.peers {
+		if p.LocalAddress.IsValid() && !slices.Contains(self, p.LocalAddress) {
+			self = append(self, p.LocalAddress)
+		}
+	}
+	return self
+}
+
+// learnedRoutes reads the whole global RIB and selects the routes to
+// report. Tests use it to look at the RIB directly.
+func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
+	rib, err := s.readRIB(context.Background(), nil)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	self := s.selfAddrs()
+	s.mu.Unlock()
+	return selectRoutes(rib, self, nil), nil
+}
+
+// readRIB returns the candidate paths of the given prefixes (all prefixes
+// when only is nil) from GoBGP's global RIB.
+//
+// GoBGP v4.8.0 races here (osrg/gobgp PR #3658, not released): ListPath
+// converts the paths after its table snapshot, outside GoBGP's lock, and
+// reads each path's stale flag, which a session going down under graceful
+// restart writes from another goroutine (table.Path.MarkStale). We cannot
+// take GoBGP's lock, so we keep the exposure small and ordered instead:
+//   - after a change we read only the prefixes GoBGP reported changing
+//     (onBestPath), not the whole table; the full read runs only at start,
+//     at the periodic resync and after errors;
+//   - right after each read we pass a no-op management call through
+//     GoBGP's server loop (GetBgp): it takes GoBGP's write lock, which
+//     waits for every session goroutine holding the read lock and is
+//     taken before any later one, so our reads happen before every later
+//     stale-flag write. Only a session going down at the very instant of a
+//     read can still overlap it (a one-byte flag, no torn values);
+//     upstream's fix makes the flag atomic.
+//
+// SetAdvertisements no longer reads the RIB at all (see advertiser).
+func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[netip.Prefix][]candidate, error) {
+	s.mu.Lock()
+	srv, asn := s.srv, s.cfg.ASN
+	bfdPeers := map[netip.Addr]bool{}
+	for a, p := range s.peers {
+		if p.BFD != nil {
+			bfdPeers[a] = true
+		}
+	}
+	s.mu.Unlock()
+	var reqs []apiutil.ListPathRequest
+	for _, f := range s.families() {
+		req := apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: f}
+		if only != nil {
+			for p := range only {
+				if p.Addr().Is4() == (f == gobgp.RF_IPv4_UC) {
+					req.Prefixes = append(req.Prefixes, &apiutil.LookupPrefix{Prefix: p.String(), LookupOption: apiutil.LOOKUP_EXACT})
+				}
+			}
+			if len(req.Prefixes) == 0 {
+				continue // an empty list would read the whole table
+			}
+		}
+		reqs = append(reqs, req)
+	}
+	// GoBGP v4.8.0 keeps the paths of a session it closed itself as
+	// graceful-restart stale when the connection's read fails before the
+	// reason is accounted (fsm.go takes a read failure for a peer
+	// restart): a peer shut down for exceeding its max-prefix limit, or
+	// one whose BFD session detected a dead path, would keep its routes for
+	// the restart time. Their paths never count: a flooding peer's routes
+	// go at once, and with BFD a lost session withdraws its routes at once
+	// (BFD is there to fail over fast; graceful restart does not hold
+	// them, see docs/bgp.md).
+	limited := map[netip.Addr]bool{}
+	if err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
+		if p.Conf == nil || p.State == nil {
+			return
+		}
+		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
+		if err != nil {
+			return
+		}
+		pfx := p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
+		// GoBGP's answer omits the BFD settings of a session it reset:
+		// our own configuration says whether the peer runs BFD. The BGP
+		// session outlives a dead path by seconds (GoBGP's reset waits on
+		// the dead connection), the BFD session does not.
+		bfdDown := (bfdPeers[a] || p.GetBfd().GetEnabled()) &&
+			(p.State.SessionState != gobgpapi.PeerState_SESSION_STATE_ESTABLISHED ||
+				p.State.GetBfdState().GetSessionState() != gobgpapi.BfdSessionState_BFD_SESSION_STATE_UP)
+		if pfx || bfdDown {
+			limited[a] = true
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("listing BGP peers: %w", err)
+	}
+	rib := map[netip.Prefix][]candidate{}
+	// ListPath reads the route-selection variables that another server's
+	// StartBgp writes (see servers).
+	var err error
+	servers.RLock()
+	for _, req := range reqs {
+		err = srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
+			for _, p := range paths {
+				if limited[p.PeerAddress] {
+					continue
+				}
+				if prefix, c, ok := candidateFromPath(p, asn); ok && (only == nil || only[prefix]) {
+					rib[prefix] = append(rib[prefix], c)
+				}
+			}
+		})
+		if err != nil {
+			break
+		}
+	}
+	servers.RUnlock()
+	// The barrier described above; run it whatever ListPath returned.
+	if _, berr := srv.GetBgp(ctx, &gobgpapi.GetBgpRequest{}); berr != nil && err == nil {
+		err = fmt.Errorf("synchronising with the BGP server: %w", berr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rib, nil
+}

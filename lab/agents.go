@@ -26,6 +26,9 @@ import (
 // Files of a node in its directory.
 func (l *Lab) cniSocket(node string) string    { return filepath.Join(l.NodeDir(node), "cni.sock") }
 func (l *Lab) statusSocket(node string) string { return filepath.Join(l.NodeDir(node), "status.sock") }
+
+// ConflistPath is the node's CNI network configuration, in the directory a
+// runtime on the node (lab/kube's containerd) reads.
 func (l *Lab) ConflistPath(node string) string {
 	return filepath.Join(l.NodeDir(node), "net.d", "10-tabby.conflist")
 }

@@ -3,8 +3,6 @@ package lab
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
 	"os/exec"
@@ -21,18 +19,7 @@ import (
 // uniqueName is a lab name no other test uses at the same time.
 func uniqueName(t *testing.T) string {
 	t.Helper()
-	return labName(t, "tl")
-}
-
-// labName is prefix and six random hex digits: a lab name no other test
-// uses at the same time.
-func labName(tb testing.TB, prefix string) string {
-	tb.Helper()
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatal(err)
-	}
-	return prefix + hex.EncodeToString(b[:])
+	return testkit.UniqueName(t, "tl")
 }
 
 var (

@@ -115,7 +115,7 @@ func ProcStat(pid int) ([]string, error) {
 	return strings.Fields(string(b[i+1:])), nil
 }
 
-// alive reports whether pid is still the process p describes: running (not
+// Alive reports whether pid is still the process p describes: running (not
 // a zombie), started at the recorded time, with a command line that is what
 // we started or a tail of it (after nsenter and the like exec'd the next
 // program).
@@ -155,10 +155,6 @@ func (p *Proc) Alive() bool {
 	return false
 }
 
-// readCmdline reads /proc/<pid>/cmdline. Right after a fork and during an
-// execve the command line is empty for a moment (exec.Cmd.Start returns
-// when the close-on-exec pipe closes, before the new program's arguments
-// are in place), so an empty one is read again for a little while.
 // Describe says what /proc shows of the process, for an error message.
 func (p *Proc) Describe() string {
 	if p == nil {
@@ -177,6 +173,10 @@ func (p *Proc) Describe() string {
 		strings.ReplaceAll(string(b), "\x00", " "))
 }
 
+// readCmdline reads /proc/<pid>/cmdline. Right after a fork and during an
+// execve the command line is empty for a moment (exec.Cmd.Start returns
+// when the close-on-exec pipe closes, before the new program's arguments
+// are in place), so an empty one is read again for a little while.
 func readCmdline(pid int) ([]byte, error) {
 	path := fmt.Sprintf("/proc/%d/cmdline", pid)
 	for range 100 {
@@ -189,7 +189,7 @@ func readCmdline(pid int) ([]byte, error) {
 	return nil, nil
 }
 
-// stop sends sig to the process if it is still ours, waits up to grace for
+// Stop sends sig to the process if it is still ours, waits up to grace for
 // it to exit and then kills it. done may be nil (the process was started by
 // another lab process); then /proc is polled.
 func (p *Proc) Stop(ctx context.Context, sig syscall.Signal, grace time.Duration, done <-chan struct{}) error {

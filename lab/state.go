@@ -157,6 +157,7 @@ type Proc struct {
 	Log       string   `json:"log"`
 }
 
+// Node is the named node's record, or nil.
 func (s *State) Node(name string) *NodeState {
 	for i := range s.Nodes {
 		if s.Nodes[i].Name == name {

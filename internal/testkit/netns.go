@@ -60,3 +60,16 @@ func NewNetNS(tb testing.TB, prefix string) NetNS {
 func (n NetNS) Do(fn func() error) error {
 	return ns.WithNetNSPath(n.Path, func(ns.NetNS) error { return fn() })
 }
+
+// UniqueName is prefix and six random hex digits: a name (of a lab, a
+// namespace, a link) that no other test running at the same time uses. It
+// adds 6 characters, so that a prefix of up to 9 leaves room in a 15-byte
+// interface name.
+func UniqueName(tb testing.TB, prefix string) string {
+	tb.Helper()
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		tb.Fatal(err)
+	}
+	return prefix + hex.EncodeToString(b[:])
+}

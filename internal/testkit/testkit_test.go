@@ -143,3 +143,10 @@ func TestPrivilegedNewNetNS(t *testing.T) {
 		}
 	})
 }
+
+func TestUniqueName(t *testing.T) {
+	a, b := UniqueName(t, "tl"), UniqueName(t, "tl")
+	if len(a) != 8 || !strings.HasPrefix(a, "tl") || a == b {
+		t.Errorf("UniqueName: %q and %q", a, b)
+	}
+}

@@ -63,7 +63,7 @@ func TestPrivilegedContainerd(t *testing.T) {
 			t.Skipf("image archive missing (%v): run `make images`", err)
 		}
 	}
-	name, runDir := labName(t, "k15"), t.TempDir()
+	name, runDir := testkit.UniqueName(t, "k15"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

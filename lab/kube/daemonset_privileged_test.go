@@ -22,6 +22,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/internal/image"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/kube/kubebins"
 	"github.com/tabbynet/tabby/kube/kubetest"
@@ -87,7 +88,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	name, runDir := labName(t, "k15b"), t.TempDir()
+	name, runDir := testkit.UniqueName(t, "k15b"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

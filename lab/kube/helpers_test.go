@@ -2,8 +2,6 @@ package kube
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
 	"os/exec"
@@ -15,17 +13,6 @@ import (
 	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
-
-// labName is prefix and six random hex digits: a lab name no other test
-// uses at the same time.
-func labName(tb testing.TB, prefix string) string {
-	tb.Helper()
-	var b [3]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		tb.Fatal(err)
-	}
-	return prefix + hex.EncodeToString(b[:])
-}
 
 var (
 	buildOnce sync.Once

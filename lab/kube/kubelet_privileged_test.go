@@ -57,7 +57,7 @@ func TestPrivilegedKubelet(t *testing.T) {
 	before := hostTunables(t)
 	api := kubetest.StartWith(t, kubetest.Options{Nodes: []string{"node1"}})
 
-	name, runDir := labName(t, "k15"), t.TempDir()
+	name, runDir := testkit.UniqueName(t, "k15"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
@@ -189,7 +189,7 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	_, varLogContainersBefore := os.Stat("/var/log/containers")
 	var ownNetns []string // the lab's pods', recorded while they run
 
-	name, runDir := labName(t, "k15"), t.TempDir()
+	name, runDir := testkit.UniqueName(t, "k15"), t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

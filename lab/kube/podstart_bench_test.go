@@ -348,7 +348,7 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 		b.Fatal(err)
 	}
 
-	name, runDir := labName(b, "h15p"), b.TempDir()
+	name, runDir := testkit.UniqueName(b, "h15p"), b.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log bytes.Buffer

@@ -113,7 +113,7 @@ func TestCNIAddDualStack(t *testing.T) {
 	if n := len(e.endpoints(t)); n != 1 {
 		t.Errorf("%d endpoints, want only the IPv6-only pod's", n)
 	}
-	rep, err := e.h.ipam.Check(ctx)
+	rep, err := e.alloc.Check(ctx)
 	if err != nil || !rep.OK() {
 		t.Errorf("ipam check: %+v %v", rep, err)
 	}
@@ -180,7 +180,7 @@ func TestCNIAddDualStackAnnotations(t *testing.T) {
 			}
 		})
 	}
-	rep, err := e.h.ipam.Check(ctx)
+	rep, err := e.alloc.Check(ctx)
 	if err != nil || !rep.OK() {
 		t.Errorf("ipam check: %+v %v", rep, err)
 	}

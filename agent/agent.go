@@ -63,8 +63,8 @@ type Deps struct {
 	// number, route-reflector cluster ID) changes at run time; nil means
 	// such a change needs an agent restart.
 	NewSpeaker func() bgp.Speaker
-	// CNIFault, for tests, is called after each step of CNI ADD; an error
-	// fails ADD there.
+	// CNIFault, for tests, is called with the step's name after each step
+	// of a CNI request's plan (docs/agent.md); an error fails the step there.
 	CNIFault func(step string) error
 }
 

@@ -2,15 +2,19 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/ipam"
 )
@@ -271,8 +275,72 @@ func (p *addPlan) logAdded(res *attach.Result) {
 	}
 	assigned, _ := res.Timing("assign")
 	routed, _ := res.Timing("routes")
+	borrowed := len(p.asgs) > 0 && p.asgs[0].Borrowed // the first family's (IPv4 when the network has it)
 	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
-		"borrowed", p.asgs[0].Borrowed, "request", took("request"), "ipam", took("assign"), "prepare", took("prepare"),
+		"borrowed", borrowed, "request", took("request"), "ipam", took("assign"), "prepare", took("prepare"),
 		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
 		"endpoint", took("endpoint"), "policy", took("policy"))
+}
+
+// containerMAC derives a stable, locally administered unicast MAC for a
+// container interface, so that a repeated ADD asks for the same one.
+func containerMAC(containerID, ifName string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	sum[0] = sum[0]&0xfe | 0x02
+	return net.HardwareAddr(sum[:6]).String()
+}
+
+func buildResult(req *cni.Request, addrs []netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
+	idx := 1
+	r := &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: hostIf, Mac: dataplane.HostMAC},
+			{Name: req.IfName, Mac: st.ContainerMAC, Sandbox: req.Netns},
+		},
+	}
+	for _, a := range addrs {
+		gw, zero := dataplane.GatewayAddr, netip.IPv4Unspecified()
+		if a.Is6() {
+			gw, zero = dataplane.GatewayAddr6, netip.IPv6Unspecified()
+		}
+		r.IPs = append(r.IPs, &current.IPConfig{
+			Interface: &idx,
+			Address:   net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
+			Gateway:   gw.AsSlice(),
+		})
+		r.Routes = append(r.Routes, &types.Route{
+			Dst: net.IPNet{IP: zero.AsSlice(), Mask: net.CIDRMask(0, zero.BitLen())},
+			GW:  gw.AsSlice(),
+		})
+	}
+	return r
+}
+
+// buildEndpoint makes the WorkloadEndpoint for a wired pod.
+func buildEndpoint(node string, w workloadID, handle string, addrs []netip.Addr, hostIf, mac string, labels map[string]string) *api.WorkloadEndpoint {
+	nets := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		nets = append(nets, netip.PrefixFrom(a, a.BitLen()).String())
+	}
+	wep := &api.WorkloadEndpoint{
+		Metadata: api.ObjectMeta{
+			Name:      w.endpointName(node),
+			Namespace: w.Namespace,
+			Labels:    labels,
+		},
+		Spec: api.WorkloadEndpointSpec{
+			Node:          node,
+			Orchestrator:  w.Orchestrator,
+			Pod:           w.Pod,
+			ContainerID:   w.ContainerID,
+			Endpoint:      w.Endpoint,
+			InterfaceName: hostIf,
+			MAC:           mac,
+			IPNetworks:    nets,
+			IPAMHandle:    handle,
+		},
+	}
+	wep.SetDefaults()
+	return wep
 }

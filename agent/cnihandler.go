@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -121,10 +119,10 @@ type attachment struct {
 // DEL also take the workload's lock, which close releases.
 func (h *cniHandler) open(ctx context.Context, verb string, req *cni.Request, conf *cni.NetConf, args *cni.Args) (*attachment, error) {
 	switch {
-	case verb != "check" && req.ContainerID == "":
-		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID is required"}
-	case verb == "add" && req.IfName == "":
+	case verb == "add" && (req.ContainerID == "" || req.IfName == ""):
 		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID and CNI_IFNAME are required"}
+	case verb == "del" && req.ContainerID == "":
+		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID is required"}
 	case verb == "add" && req.Netns == "":
 		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS is required for ADD"}
 	}
@@ -348,41 +346,6 @@ func (h *cniHandler) deleteEndpointOf(ctx context.Context, ns, name, containerID
 		return nil
 	}
 	return h.endpoints.Delete(ctx, ns, name, wep.Metadata.ResourceVersion)
-}
-
-// containerMAC derives a stable, locally administered unicast MAC for a
-// container interface, so that a repeated ADD asks for the same one.
-func containerMAC(containerID, ifName string) string {
-	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
-	sum[0] = sum[0]&0xfe | 0x02
-	return net.HardwareAddr(sum[:6]).String()
-}
-
-func buildResult(req *cni.Request, addrs []netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
-	idx := 1
-	r := &current.Result{
-		CNIVersion: current.ImplementedSpecVersion,
-		Interfaces: []*current.Interface{
-			{Name: hostIf, Mac: dataplane.HostMAC},
-			{Name: req.IfName, Mac: st.ContainerMAC, Sandbox: req.Netns},
-		},
-	}
-	for _, a := range addrs {
-		gw, zero := dataplane.GatewayAddr, netip.IPv4Unspecified()
-		if a.Is6() {
-			gw, zero = dataplane.GatewayAddr6, netip.IPv6Unspecified()
-		}
-		r.IPs = append(r.IPs, &current.IPConfig{
-			Interface: &idx,
-			Address:   net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
-			Gateway:   gw.AsSlice(),
-		})
-		r.Routes = append(r.Routes, &types.Route{
-			Dst: net.IPNet{IP: zero.AsSlice(), Mask: net.CIDRMask(0, zero.BitLen())},
-			GW:  gw.AsSlice(),
-		})
-	}
-	return r
 }
 
 // removal is what DEL and GC remove of one attachment. DEL's first step

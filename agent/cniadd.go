@@ -65,7 +65,7 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 // fails: what it finds already there is never undone. docs/agent.md shows
 // this table.
 func (p *addPlan) steps() []attach.Step {
-	req := p.a.req
+	req, wepName := p.a.req, p.a.endpointName(p.h.node)
 	return []attach.Step{
 		{Name: "request", Code: codeDatastore, Msg: "reading the pod's records", Do: p.request},
 		{Name: "assign", After: []string{"request"}, Code: codeIPAM, Msg: "assigning addresses for " + p.a.handle, Do: p.assign, Undo: p.unassign},
@@ -73,8 +73,8 @@ func (p *addPlan) steps() []attach.Step {
 		{Name: "prior", After: []string{"assign"}, Code: codeDatastore, Msg: "reading the endpoint of " + shortID(req.ContainerID), Do: p.readEndpoint},
 		{Name: "complete", After: []string{"prepare", "assign"}, Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.complete, Undo: p.uncomplete},
 		{Name: "routes", After: []string{"complete"}, Code: codeDataplane, Msg: "routing to " + p.a.hostIf, Do: p.wire, Undo: p.unwire},
-		{Name: "endpoint", After: []string{"prior"}, Code: codeDatastore, Msg: "recording endpoint " + p.a.endpointName(p.h.node), Do: p.putEndpoint, Undo: p.unputEndpoint},
-		{Name: "policy", After: []string{"endpoint"}, Code: codeDataplane, Msg: "programming policy for " + p.a.endpointName(p.h.node), Do: p.syncPolicy},
+		{Name: "endpoint", After: []string{"prior"}, Code: codeDatastore, Msg: "recording endpoint " + wepName, Do: p.putEndpoint, Undo: p.unputEndpoint},
+		{Name: "policy", After: []string{"endpoint"}, Code: codeDataplane, Msg: "programming policy for " + wepName, Do: p.syncPolicy},
 		{Name: "advertise", After: []string{"assign"}, Detached: true, Do: p.waitAdvertised},
 	}
 }
@@ -261,7 +261,10 @@ func (p *addPlan) waitAdvertised(ctx context.Context) error {
 	return nil
 }
 
-// logAdded logs a successful ADD with the time of each step.
+// logAdded logs a successful ADD with the time of each step, and as
+// before the plan: ipam, from the start until the addresses were assigned
+// (the pod's records and IPAM), and dataplane, from then until the routes
+// were wired.
 func (p *addPlan) logAdded(res *attach.Result) {
 	h, a := p.h, p.a
 	if p.advErr != nil {
@@ -277,7 +280,7 @@ func (p *addPlan) logAdded(res *attach.Result) {
 	routed, _ := res.Timing("routes")
 	borrowed := len(p.asgs) > 0 && p.asgs[0].Borrowed // the first family's (IPv4 when the network has it)
 	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
-		"borrowed", borrowed, "request", took("request"), "ipam", took("assign"), "prepare", took("prepare"),
+		"borrowed", borrowed, "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
 		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
 		"endpoint", took("endpoint"), "policy", took("policy"))
 }

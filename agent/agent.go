@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -62,8 +63,8 @@ type Deps struct {
 	// number, route-reflector cluster ID) changes at run time; nil means
 	// such a change needs an agent restart.
 	NewSpeaker func() bgp.Speaker
-	// CNIFault, for tests, is called after each step of CNI ADD; an error
-	// fails ADD there.
+	// CNIFault, for tests, is called with the step's name after each step
+	// of a CNI request's plan (docs/agent.md); an error fails the step there.
 	CNIFault func(step string) error
 }
 
@@ -204,23 +205,13 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}
-	a.handler = &cniHandler{
-		node:          a.cfg.NodeName,
-		store:         a.store,
-		ipam:          a.ipam,
-		wl:            a.deps.Workloads,
-		view:          a.view,
-		routes:        a.routes,
-		log:           a.log.With("component", "cni"),
-		observe:       a.metrics.observeCNI,
-		observeAssign: a.metrics.observeAssign,
-		fault:         a.deps.CNIFault,
-		runCtx:        gctx,
-	}
+	a.handler = newCNIHandler(gctx, a.cfg.NodeName, a.store, a.ipam, a.deps.Workloads, a.view, a.routes, a.log.With("component", "cni"))
+	a.handler.observe, a.handler.observeAssign = a.metrics.observeCNI, a.metrics.observeAssign
+	a.handler.runner = attach.Runner{Fault: a.deps.CNIFault, Observe: a.metrics.observeStep}
 	if a.policy != nil {
-		a.handler.policySync = a.policy.syncFor
+		a.handler.policy = attach.PolicyFunc(a.policy.syncFor)
 	}
-	a.handler.advertised = a.bgp.waitAdvertised
+	a.handler.advert = attach.AdvertFunc(a.bgp.waitAdvertised)
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 	close(a.wired)
 

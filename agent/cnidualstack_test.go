@@ -113,7 +113,7 @@ func TestCNIAddDualStack(t *testing.T) {
 	if n := len(e.endpoints(t)); n != 1 {
 		t.Errorf("%d endpoints, want only the IPv6-only pod's", n)
 	}
-	rep, err := e.h.ipam.Check(ctx)
+	rep, err := e.alloc.Check(ctx)
 	if err != nil || !rep.OK() {
 		t.Errorf("ipam check: %+v %v", rep, err)
 	}
@@ -180,8 +180,33 @@ func TestCNIAddDualStackAnnotations(t *testing.T) {
 			}
 		})
 	}
-	rep, err := e.h.ipam.Check(ctx)
+	rep, err := e.alloc.Check(ctx)
 	if err != nil || !rep.OK() {
 		t.Errorf("ipam check: %+v %v", rep, err)
+	}
+}
+
+// When the second family's assignment fails, the first family's address
+// is released with the rest of ADD (it used to stay assigned).
+func TestCNIAddDualStackSecondFamilyFails(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t) // pool1: 10.244.0.0/24, no IPv6 pool
+	req, conf, args := addReq("ds-fail")
+	conf.AssignIPv6 = flex(true)
+	if _, err := e.h.Add(ctx, req, conf, args); err == nil {
+		t.Fatal("ADD of a dual-stack pod without an IPv6 pool succeeded")
+	}
+	if held, err := e.h.ipam.AddressesByHandle(ctx, ipamHandle(conf.Name, req.ContainerID)); err != nil || len(held) != 0 {
+		t.Errorf("the handle holds %v (%v) after the failed ADD", held, err)
+	}
+	if s := e.wl.String(); s != "" {
+		t.Errorf("links left:\n%s", s)
+	}
+	rep, err := e.alloc.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Errorf("ipam check: %+v", rep)
 	}
 }

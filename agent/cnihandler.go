@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -16,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -24,9 +23,9 @@ import (
 	"github.com/tabbynet/tabby/syncer"
 )
 
-// storeCallTimeout bounds each datastore step of a CNI request, so that an
+// storeCallTimeout bounds each datastore call of a CNI request, so that an
 // unreachable etcd fails the request well within the runtime's deadline
-// instead of at it. A healthy step takes milliseconds.
+// instead of at it. A healthy call takes milliseconds.
 const storeCallTimeout = 8 * time.Second
 
 // advertiseWait bounds how long ADD waits for the route of a new block (or
@@ -41,41 +40,45 @@ const (
 	codeDatastore = 102
 )
 
-// cniHandler carries out CNI requests for this node. It is safe for
-// concurrent use; the cni.Server serialises requests per container.
+// cniHandler carries out CNI requests for this node: each verb is a plan of
+// attach steps (addplan.go's table for ADD) run by one attach.Runner. It is
+// safe for concurrent use; the cni.Server serialises requests per
+// container.
 type cniHandler struct {
-	node  string
+	node string
+	// store holds the pods' and namespaces' records (podinfo.go) and the
+	// node's liveness key (STATUS); every call through it is bounded.
 	store *datastore.Store
-	ipam  *ipam.Allocator
-	wl    dataplane.Workloads
+	// ipam and endpoints bound every call with storeCallTimeout.
+	ipam      attach.Addresses
+	endpoints attach.Endpoints
+	wl        dataplane.Workloads
 	// view answers GC's question which endpoints this node has.
 	view *syncer.Syncer
 	// routes installs a new pod's routes (the one writer of them).
-	routes *routeOwner
+	routes attach.HostRoutes
+	// policy, when set, programs the firewall for a new endpoint before
+	// ADD returns, so that a pod never runs without its policy.
+	policy attach.PolicyGate
+	// advert, when set, returns once BGP advertises a prefix: ADD of a pod
+	// in a block claimed for it (or with a borrowed address) waits for it,
+	// at most advertiseWait, so that the pod's first packets to other
+	// nodes are not lost while its route propagates.
+	advert attach.AdvertGate
+	// runner runs the plans; its Fault hook fails a step by name (tests),
+	// its Observe hook times every step (metrics).
+	runner attach.Runner
 	log    *slog.Logger
-	// fault, when set, is called after each step of ADD with the step's
-	// name; a non-nil error aborts ADD there (tests inject failures).
-	fault func(step string) error
+	// life bounds background work (the spare-block claim): the agent's
+	// lifetime.
+	life context.Context
 	// observe records a finished operation (metrics).
 	observe func(op string, d time.Duration, err error)
-	// wlocks serialises requests of one workload across its sandboxes.
-	wlocks cni.KeyedLocks
 	// observeAssign records an IPAM assignment (metrics).
 	observeAssign func(borrowed bool, err error)
-	// policySync, when set, programs the firewall for the endpoint stored
-	// at the given revision before ADD returns, so that a pod never runs
-	// without its policy.
-	policySync func(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error
+	// wlocks serialises requests of one workload across its sandboxes.
+	wlocks cni.KeyedLocks
 
-	// advertised, when set, returns once BGP advertises the prefix: ADD
-	// of a pod in a block claimed for it (or with a borrowed address) waits
-	// for it, at most advertiseWait, so that the pod's first packets to
-	// other nodes are not lost while its route propagates.
-	advertised func(ctx context.Context, p netip.Prefix) error
-
-	// runCtx is the agent's run context: a spare-block claim outlives its
-	// request, not the agent.
-	runCtx context.Context
 	// spareBusy marks the families whose spare-block claim is running
 	// (claimSpare).
 	spareMu   sync.Mutex
@@ -85,296 +88,103 @@ type cniHandler struct {
 	adding   map[string]bool // host interfaces ADD is working on
 }
 
-func (h *cniHandler) step(name string) error {
-	if h.fault == nil {
-		return nil
+// newCNIHandler makes a handler whose datastore and IPAM calls are each
+// bounded by storeCallTimeout; life (the agent's run context) bounds its
+// background work. The optional parts (policy, advert, the runner's hooks, the metrics) are set by the caller.
+func newCNIHandler(life context.Context, node string, store *datastore.Store, alloc attach.Addresses, wl dataplane.Workloads, view *syncer.Syncer, routes attach.HostRoutes, log *slog.Logger) *cniHandler {
+	return &cniHandler{
+		node: node, store: store, wl: wl, view: view, routes: routes, log: log, life: life,
+		ipam:      boundedAddresses{alloc},
+		endpoints: storeEndpoints{store},
 	}
-	return h.fault(name)
 }
 
 func cniErr(code uint, msg string, err error) *types.Error {
 	return &types.Error{Code: code, Msg: msg, Details: err.Error()}
 }
 
-// Add assigns an address, wires the pod, installs its routes, records its
-// endpoint and programs its policy. Each step that changed something
-// pushes its inverse on one undo stack, run in reverse if a later step
-// fails; a repeated ADD returns the same result.
-func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args) (_ *current.Result, err error) {
-	start := time.Now()
-	defer func() { h.done("add", start, err) }()
-	if req.ContainerID == "" || req.IfName == "" {
+// attachment is what every verb derives from a request: the workload, its
+// names and, for ADD and DEL, the workload's lock.
+type attachment struct {
+	req    *cni.Request
+	conf   *cni.NetConf
+	args   *cni.Args
+	w      workloadID
+	handle string // IPAM handle
+	hostIf string
+	unlock func()
+}
+
+// open validates a request of the verb and derives its attachment; ADD and
+// DEL also take the workload's lock, which close releases.
+func (h *cniHandler) open(ctx context.Context, verb string, req *cni.Request, conf *cni.NetConf, args *cni.Args) (*attachment, error) {
+	switch {
+	case verb == "add" && (req.ContainerID == "" || req.IfName == ""):
 		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID and CNI_IFNAME are required"}
-	}
-	if req.Netns == "" {
+	case verb == "del" && req.ContainerID == "":
+		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID is required"}
+	case verb == "add" && req.Netns == "":
 		return nil, &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_NETNS is required for ADD"}
 	}
+	if verb == "del" && req.IfName == "" {
+		req.IfName = "eth0"
+	}
 	w := newWorkloadID(req, args)
-	handle := ipamHandle(conf.Name, req.ContainerID)
-	hostIf := w.hostIfName()
-	unlock, err := h.wlocks.Lock(ctx, hostIf)
+	a := &attachment{req: req, conf: conf, args: args, w: w, handle: ipamHandle(conf.Name, req.ContainerID), hostIf: w.hostIfName(), unlock: func() {}}
+	if verb == "check" {
+		return a, nil
+	}
+	unlock, err := h.wlocks.Lock(ctx, a.hostIf)
 	if err != nil {
 		return nil, cniErr(types.ErrTryAgainLater, "waiting for another request of the same pod", err)
 	}
-	defer unlock()
-	h.setAdding(hostIf, true)
-	defer h.setAdding(hostIf, false)
+	a.unlock = unlock
+	if verb != "add" {
+		return a, nil
+	}
+	h.setAdding(a.hostIf, true)
+	a.unlock = func() { h.setAdding(a.hostIf, false); unlock() }
 	// The host name is 44 bits of a hash: make sure it is not another
 	// workload's, whose link Setup would otherwise take for a stale one.
-	if other := h.interfaceHolder(w, hostIf); other != nil {
+	if other := h.interfaceHolder(w, a.hostIf); other != nil {
+		a.close()
 		return nil, cniErr(codeDataplane, "host interface name collision",
 			fmt.Errorf("%s, the host interface of %s, is already that of endpoint %s/%s (container %s)",
-				hostIf, w.key(), other.Metadata.Namespace, other.Metadata.Name, shortID(other.Spec.ContainerID)))
+				a.hostIf, w.key(), other.Metadata.Namespace, other.Metadata.Name, shortID(other.Spec.ContainerID)))
 	}
+	return a, nil
+}
 
-	var undo undoStack
-	defer func() {
-		if err == nil {
-			return
-		}
-		// Undo with a fresh deadline: the request's may be what failed.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if uerr := undo.run(rctx); uerr != nil {
-			h.log.Error("rolling back failed ADD left state behind", "container", req.ContainerID, "err", uerr)
-		}
-	}()
+func (a *attachment) close() { a.unlock() }
 
-	// 1. The addresses: one of each family the network asks for, under
-	// one handle. Meanwhile the veth pair is made (Prepare), when there
-	// is none yet: what it needs of the address is added once IPAM has
-	// answered (Complete). ADD returns only after Prepare has, and a
-	// pair it made goes on the undo stack, so a failure of either side
-	// undoes both.
-	t0 := time.Now()
-	reqs, info, err := h.assignRequests(ctx, w, req, conf, args, handle)
+// endpointName is the attachment's WorkloadEndpoint name on node.
+func (a *attachment) endpointName(node string) string { return a.w.endpointName(node) }
+
+// Add assigns an address, wires the pod, installs its routes, records its
+// endpoint and programs its policy: the plan addSteps declares. A failed
+// step undoes what the plan did; a repeated ADD returns the same result,
+// and a failed one leaves the live attachment as it was.
+func (h *cniHandler) Add(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args) (_ *current.Result, err error) {
+	start := time.Now()
+	defer func() { h.done("add", start, err) }()
+	a, err := h.open(ctx, "add", req, conf, args)
 	if err != nil {
 		return nil, err
 	}
-	mac := args.MAC
-	if mac == "" {
-		mac = containerMAC(req.ContainerID, req.IfName)
+	defer a.close()
+	p := newAddPlan(h, a)
+	res, err := h.runner.Run(ctx, "add", p.steps())
+	if res.UndoErr != nil {
+		h.log.Error("rolling back failed ADD left state behind", "container", req.ContainerID, "err", res.UndoErr)
 	}
-	spec := dataplane.WorkloadSpec{
-		NetNS:          req.Netns,
-		IfName:         req.IfName,
-		HostIfName:     hostIf,
-		MTU:            conf.MTU,
-		MAC:            mac,
-		SkipHostRoutes: true,
-	}
-	type prepResult struct {
-		p    dataplane.Prepared
-		err  error
-		took time.Duration
-	}
-	prepc := make(chan prepResult, 1)
-	go func(spec dataplane.WorkloadSpec) {
-		p, err := h.wl.Prepare(ctx, spec)
-		prepc <- prepResult{p, err, time.Since(t0)}
-	}(spec) // a copy: the addresses are added to spec meanwhile
-	var prep *prepResult
-	waitPrepared := func() *prepResult {
-		if prep == nil {
-			r := <-prepc
-			prep = &r
-			if r.err == nil && r.p.Created {
-				undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
-			}
-		}
-		return prep
-	}
-	// On every return, after the steps below pushed theirs and before the
-	// undo stack runs (deferred earlier, so it runs later).
-	defer waitPrepared()
-	// A repeated ADD of a live attachment must leave it as it was when it
-	// fails: only a successful ADD replaces, only DEL removes. What it
-	// finds already there is therefore never pushed on the undo stack.
-	// IPAM says whether this is a repeat; only a repeat reads the endpoint
-	// (or every ADD of an address without IPAM, which IPAM knows nothing of).
-	var asgs []ipam.Assignment
-	readPrior := false
-	if info.noIPAM.IsValid() {
-		asgs = []ipam.Assignment{{Addr: info.noIPAM}}
-		handle = ""
-		readPrior = true
-	} else {
-		for _, areq := range reqs {
-			actx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-			a, err := h.ipam.Assign(actx, areq)
-			cancel()
-			if h.observeAssign != nil {
-				h.observeAssign(a.Borrowed, err)
-			}
-			if err != nil {
-				if len(areq.Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
-					return nil, cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv%d_pools %v", conf.Name, areq.Family, areq.Pools), err)
-				}
-				return nil, cniErr(codeIPAM, fmt.Sprintf("assigning an IPv%d address for %s", areq.Family, handle), err)
-			}
-			asgs = append(asgs, a)
-			readPrior = readPrior || a.Existing
-		}
-		if readPrior {
-			for _, a := range asgs {
-				if !a.Existing {
-					addr := a.Addr
-					undo.push("releasing address "+addr.String(), func(ctx context.Context) error { return h.ipam.ReleaseAddrHeldBy(ctx, addr, handle) })
-				}
-			}
-		} else {
-			undo.push("releasing addresses", func(ctx context.Context) error { return h.ipam.ReleaseHandle(ctx, handle) })
-		}
-	}
-	var prior *api.WorkloadEndpoint
-	if readPrior {
-		gctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-		prior, err = h.endpointOf(gctx, w, req.ContainerID)
-		cancel()
-		if err != nil {
-			return nil, cniErr(codeDatastore, "reading the endpoint of "+shortID(req.ContainerID), err)
-		}
-	}
-	if err = h.step("assign"); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	asg := asgs[0] // the first family's address (IPv4 when the network has it), for the log
-	var addrs []netip.Addr
-	var prefixes []netip.Prefix
-	// New routes to advertise, one per family at most: wait for them
-	// alongside the other steps (h.advertised returns at once for a
-	// family BGP does not carry).
-	var advPrefixes []netip.Prefix
-	for _, a := range asgs {
-		addrs = append(addrs, a.Addr)
-		prefixes = append(prefixes, netip.PrefixFrom(a.Addr, a.Addr.BitLen()))
-		switch {
-		case h.advertised == nil || a.Existing:
-		case a.NewBlock:
-			advPrefixes = append(advPrefixes, a.Block)
-		case a.Borrowed:
-			advPrefixes = append(advPrefixes, netip.PrefixFrom(a.Addr, a.Addr.BitLen()))
-		}
+	p.logAdded(&res)
+	if p.handle != "" {
+		h.claimSpare(p.addrs)
 	}
-	advc := make(chan error, 1)
-	if len(advPrefixes) > 0 {
-		go func() {
-			wctx, cancel := context.WithTimeout(ctx, advertiseWait)
-			defer cancel()
-			var errs []error
-			for _, p := range advPrefixes {
-				errs = append(errs, h.advertised(wctx, p))
-			}
-			advc <- errors.Join(errs...)
-		}()
-	} else {
-		advc <- nil
-	}
-
-	// 2. The endpoint record (then its policy) and the interfaces (then
-	// their routes) need only the address, so they are made concurrently:
-	// ADD costs the longer of the two, not the sum. Policy rules match the
-	// host interface by name, so they can be programmed while the
-	// interface is still being made.
-	spec.Addrs = prefixes
-	t1 := time.Now()
-	wep := buildEndpoint(h.node, w, handle, addrs, hostIf, mac, args.Labels)
-	wep.Spec.NamespaceLabels = info.nsLabels
-	wep.Spec.Ports = info.ports
-	wep.Metadata.Annotations = map[string]string{api.AnnotationOrigin: api.OriginAgent}
-	if info.kube {
-		// Its labels come from Kubernetes, and the controllers keep them.
-		wep.Metadata.Annotations[api.AnnotationOrigin] = api.OriginKubernetes
-	}
-	if info.noIPAM.IsValid() {
-		wep.Metadata.Annotations[api.AnnotationNoIPAM] = "true"
-	}
-	type epResult struct {
-		stored bool
-		err    error
-		polErr error
-		took   time.Duration // the write
-		pol    time.Duration // then the policy pass
-	}
-	epc := make(chan epResult, 1)
-	go func() {
-		var r epResult
-		var rev int64
-		rev, r.err = h.putEndpoint(ctx, wep, !readPrior)
-		r.stored, r.took = r.err == nil, time.Since(t1)
-		if r.err == nil && h.policySync != nil {
-			pctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-			r.polErr = h.policySync(pctx, wep, rev)
-			cancel()
-			r.pol = time.Since(t1) - r.took
-		}
-		epc <- r
-	}()
-	var st dataplane.WorkloadStatus
-	setupErr := waitPrepared().err
-	if setupErr == nil {
-		st, setupErr = h.wl.Complete(ctx, spec, prep.p)
-	}
-	var routeErr error
-	if setupErr == nil {
-		if !st.Existed && !prep.p.Created {
-			undo.push("removing interfaces", func(ctx context.Context) error { return h.wl.Teardown(ctx, spec) })
-		}
-		routeErr = h.routes.Wire(hostIf, dataplane.HostRoutes(spec))
-		if !st.Existed {
-			undo.push("withdrawing routes", func(context.Context) error { h.routes.Unwire(hostIf); return nil })
-		}
-	}
-	setupTook := time.Since(t1)
-	ep := <-epc
-	if prior != nil {
-		// The live pod's record: put it back as it was.
-		undo.push("restoring endpoint", func(ctx context.Context) error {
-			_, err := h.store.Apply(ctx, prior)
-			return err
-		})
-	} else if ep.stored {
-		undo.push("removing endpoint", func(ctx context.Context) error {
-			return ignoreNotFound(h.store.Delete(ctx, api.KindWorkloadEndpoint, w.Namespace, wep.Metadata.Name, ""))
-		})
-	} else {
-		// The write failed, but etcd may have committed it (a timeout):
-		// remove the endpoint if it names this container.
-		undo.push("removing endpoint", func(ctx context.Context) error {
-			return h.deleteEndpointOf(ctx, w.Namespace, wep.Metadata.Name, req.ContainerID)
-		})
-	}
-	switch {
-	case setupErr != nil:
-		return nil, cniErr(codeDataplane, "wiring "+req.IfName+" in "+req.Netns, setupErr)
-	case routeErr != nil:
-		return nil, cniErr(codeDataplane, "routing to "+hostIf, routeErr)
-	}
-	if err = h.step("dataplane"); err != nil {
-		return nil, err
-	}
-	if ep.err != nil {
-		return nil, cniErr(codeDatastore, "recording endpoint "+wep.Metadata.Name, ep.err)
-	}
-	if err = h.step("endpoint"); err != nil {
-		return nil, err
-	}
-	if ep.polErr != nil {
-		return nil, cniErr(codeDataplane, "programming policy for "+wep.Metadata.Name, ep.polErr)
-	}
-	tAdv := time.Now()
-	if aerr := <-advc; aerr != nil {
-		h.log.Warn("pod added before its route was advertised", "container", shortID(req.ContainerID), "prefixes", advPrefixes, "err", aerr)
-	} else if len(advPrefixes) > 0 {
-		h.log.Info("waited for the pod's route to be advertised", "prefixes", advPrefixes, "waited", time.Since(tAdv).Round(time.Microsecond))
-	}
-	h.log.Info("workload added", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod, "ips", addrs, "iface", hostIf, "borrowed", asg.Borrowed,
-		"ipam", t1.Sub(t0).Round(time.Microsecond), "prepare", prep.took.Round(time.Microsecond),
-		"dataplane", setupTook.Round(time.Microsecond), "endpoint", ep.took.Round(time.Microsecond), "policy", ep.pol.Round(time.Microsecond))
-	if handle != "" {
-		h.claimSpare(addrs)
-	}
-	return buildResult(req, addrs, hostIf, st), nil
+	return buildResult(req, p.addrs, a.hostIf, p.st), nil
 }
 
 // spareClaimTimeout bounds a background spare-block claim.
@@ -408,7 +218,7 @@ func (h *cniHandler) claimSpare(addrs []netip.Addr) {
 				h.spareBusy[fam] = false
 				h.spareMu.Unlock()
 			}()
-			ctx, cancel := context.WithTimeout(h.runCtx, spareClaimTimeout)
+			ctx, cancel := context.WithTimeout(h.life, spareClaimTimeout)
 			defer cancel()
 			blk, err := h.ipam.EnsureFreeBlock(ctx, h.node, fam)
 			switch {
@@ -467,29 +277,6 @@ func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.
 	return out, info, nil
 }
 
-// undoStack holds the inverse of each step a request completed.
-type undoStack []undoStep
-
-type undoStep struct {
-	what string
-	do   func(context.Context) error
-}
-
-func (u *undoStack) push(what string, do func(context.Context) error) {
-	*u = append(*u, undoStep{what, do})
-}
-
-// run undoes every step, last first, and keeps going after a failure.
-func (u undoStack) run(ctx context.Context) error {
-	var errs []error
-	for i := len(u) - 1; i >= 0; i-- {
-		if err := u[i].do(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", u[i].what, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 func ignoreNotFound(err error) error {
 	if errors.Is(err, datastore.ErrNotFound) {
 		return nil
@@ -530,14 +317,13 @@ func (h *cniHandler) interfaceHolder(w workloadID, hostIf string) *api.WorkloadE
 // endpointOf returns this node's stored endpoint of the workload when it
 // belongs to containerID, else nil.
 func (h *cniHandler) endpointOf(ctx context.Context, w workloadID, containerID string) (*api.WorkloadEndpoint, error) {
-	obj, err := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, w.endpointName(h.node))
-	if errors.Is(err, datastore.ErrNotFound) {
+	wep, err := h.endpoints.Get(ctx, w.Namespace, w.endpointName(h.node))
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
 		return nil, nil
-	}
-	if err != nil {
+	case err != nil:
 		return nil, err
-	}
-	if wep, ok := obj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID == containerID {
+	case wep.Spec.ContainerID == containerID:
 		return wep, nil
 	}
 	return nil, nil
@@ -546,78 +332,62 @@ func (h *cniHandler) endpointOf(ctx context.Context, w workloadID, containerID s
 // deleteEndpointOf deletes the endpoint if it exists and belongs to
 // containerID (compare-and-swap on the revision read).
 func (h *cniHandler) deleteEndpointOf(ctx context.Context, ns, name, containerID string) error {
-	obj, err := h.store.Get(ctx, api.KindWorkloadEndpoint, ns, name)
-	if errors.Is(err, datastore.ErrNotFound) {
+	wep, err := h.endpoints.Get(ctx, ns, name)
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
 		return nil
-	}
-	if err != nil {
+	case err != nil:
 		return err
-	}
-	if wep, ok := obj.(*api.WorkloadEndpoint); !ok || wep.Spec.ContainerID != containerID {
+	case wep.Spec.ContainerID != containerID:
 		return nil
 	}
-	err = h.store.Delete(ctx, api.KindWorkloadEndpoint, ns, name, obj.GetMeta().ResourceVersion)
-	if errors.Is(err, datastore.ErrNotFound) {
-		return nil
-	}
-	return err
+	return h.endpoints.Delete(ctx, ns, name, wep.Metadata.ResourceVersion)
 }
 
-// containerMAC derives a stable, locally administered unicast MAC for a
-// container interface, so that a repeated ADD asks for the same one.
-func containerMAC(containerID, ifName string) string {
-	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
-	sum[0] = sum[0]&0xfe | 0x02
-	return net.HardwareAddr(sum[:6]).String()
+// removal is what DEL and GC remove of one attachment. DEL's first step
+// fills it in from the endpoint it reads; GC knows it from the view.
+type removal struct {
+	spec   dataplane.WorkloadSpec // HostIfName "": leave the host side alone
+	ns     string
+	wep    string // the endpoint's name; "" when the attachment has none
+	rv     string // the endpoint's resource version read
+	handle string
 }
 
-// putEndpoint creates or replaces the endpoint and returns the revision
-// that holds it. A stale endpoint of an earlier sandbox of the same pod is
-// replaced. For a new attachment (fresh) the endpoint is most likely not
-// there: one create, one etcd round trip, instead of Apply's read and
-// write; only if it exists after all does Apply replace it.
-func (h *cniHandler) putEndpoint(ctx context.Context, wep *api.WorkloadEndpoint, fresh bool) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-	defer cancel()
-	var obj api.Object
-	err := datastore.ErrExists
-	if fresh {
-		obj, err = h.store.Create(ctx, wep)
+// removalSteps remove the interfaces, the endpoint and the addresses of an
+// attachment, independently of one another (so concurrently), each once
+// the steps named by after succeeded. A missing piece counts as removed.
+func (h *cniHandler) removalSteps(rm *removal, after ...string) []attach.Step {
+	return []attach.Step{
+		{Name: "teardown", After: after, Code: types.ErrTryAgainLater, Do: func(ctx context.Context) error {
+			if rm.spec.HostIfName == "" {
+				return nil
+			}
+			// The link takes its routes with it; the route owner drops
+			// any it still holds for an ADD that did not finish.
+			err := h.wl.Teardown(ctx, rm.spec)
+			h.routes.Unwire(rm.spec.HostIfName)
+			if err != nil {
+				return fmt.Errorf("removing interfaces: %w", err)
+			}
+			return nil
+		}},
+		{Name: "unrecord", After: after, Code: types.ErrTryAgainLater, Do: func(ctx context.Context) error {
+			if rm.wep == "" {
+				return nil
+			}
+			if err := h.endpoints.Delete(ctx, rm.ns, rm.wep, rm.rv); err != nil {
+				return fmt.Errorf("removing endpoint: %w", err)
+			}
+			return nil
+		}},
+		{Name: "release", After: after, Code: types.ErrTryAgainLater, Do: func(ctx context.Context) error {
+			if err := h.ipam.ReleaseHandle(ctx, rm.handle); err != nil {
+				return fmt.Errorf("releasing addresses of %s: %w", rm.handle, err)
+			}
+			return nil
+		}},
 	}
-	if errors.Is(err, datastore.ErrExists) {
-		obj, err = h.store.Apply(ctx, wep)
-	}
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(obj.GetMeta().ResourceVersion, 10, 64)
-}
-
-func buildResult(req *cni.Request, addrs []netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
-	idx := 1
-	r := &current.Result{
-		CNIVersion: current.ImplementedSpecVersion,
-		Interfaces: []*current.Interface{
-			{Name: hostIf, Mac: dataplane.HostMAC},
-			{Name: req.IfName, Mac: st.ContainerMAC, Sandbox: req.Netns},
-		},
-	}
-	for _, a := range addrs {
-		gw, zero := dataplane.GatewayAddr, netip.IPv4Unspecified()
-		if a.Is6() {
-			gw, zero = dataplane.GatewayAddr6, netip.IPv6Unspecified()
-		}
-		r.IPs = append(r.IPs, &current.IPConfig{
-			Interface: &idx,
-			Address:   net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
-			Gateway:   gw.AsSlice(),
-		})
-		r.Routes = append(r.Routes, &types.Route{
-			Dst: net.IPNet{IP: zero.AsSlice(), Mask: net.CIDRMask(0, zero.BitLen())},
-			GW:  gw.AsSlice(),
-		})
-	}
-	return r
 }
 
 // Del removes the pod's interfaces, endpoint and address. Every missing piece
@@ -625,104 +395,84 @@ func buildResult(req *cni.Request, addrs []netip.Addr, hostIf string, st datapla
 func (h *cniHandler) Del(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args) (err error) {
 	start := time.Now()
 	defer func() { h.done("del", start, err) }()
-	if req.ContainerID == "" {
-		return &types.Error{Code: types.ErrInvalidEnvironmentVariables, Msg: "CNI_CONTAINERID is required"}
-	}
-	if req.IfName == "" {
-		req.IfName = "eth0"
-	}
-	w := newWorkloadID(req, args)
-	handle := ipamHandle(conf.Name, req.ContainerID)
-	var errs []error
 	// Without a datastore DEL cannot finish; fail fast and let the runtime retry.
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-
-	// Deleting the host link takes the pod's side and its routes with it.
-	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName(), SkipHostRoutes: true}
-	unlock, err := h.wlocks.Lock(ctx, spec.HostIfName)
+	a, err := h.open(ctx, "del", req, conf, args)
 	if err != nil {
-		return cniErr(types.ErrTryAgainLater, "waiting for another request of the same pod", err)
+		return err
 	}
-	defer unlock()
-
-	// The endpoint tells whether a newer sandbox of the same pod now owns the
-	// host interface; if so, leave the host side alone. Without an answer
-	// it is not safe to touch the host side: fail and let the runtime retry.
-	wepName := w.endpointName(h.node)
-	obj, gerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName)
-	if legacy, ok := w.legacyEndpointName(h.node); ok && errors.Is(gerr, datastore.ErrNotFound) {
-		// Written by an agent that named endpoints by 12 characters of the
-		// container ID: remove it only if it is this container's.
-		if lobj, lerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, legacy); lerr == nil {
-			if wep, ok := lobj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID == req.ContainerID {
-				wepName, obj, gerr = legacy, lobj, nil
-			}
-		}
-	}
-	ownsEndpoint := true
-	switch {
-	case errors.Is(gerr, datastore.ErrNotFound):
-		ownsEndpoint = false
-	case gerr != nil:
-		return cniErr(types.ErrTryAgainLater, "removing workload "+shortID(req.ContainerID),
-			fmt.Errorf("reading endpoint %s/%s: %w", w.Namespace, wepName, gerr))
-	default:
-		if wep, ok := obj.(*api.WorkloadEndpoint); ok && wep.Spec.ContainerID != req.ContainerID {
-			ownsEndpoint = false
-			spec.HostIfName = ""
-			h.log.Info("DEL of an old sandbox: the pod's interface belongs to a newer one", "container", shortID(req.ContainerID), "current", shortID(wep.Spec.ContainerID))
-		}
-	}
-	// The kernel work and the datastore work are independent: do them
-	// concurrently. When a newer sandbox owns the host interface, the old
-	// pair is already gone: creating the new one deleted the stale link and
-	// with it its peer.
-	var teardownErr error
-	tdDone := make(chan struct{})
-	go func() {
-		defer close(tdDone)
-		if spec.HostIfName != "" {
-			// The link takes its routes with it; the route owner drops any
-			// it still holds for an ADD that did not finish.
-			teardownErr = h.wl.Teardown(ctx, spec)
-			h.routes.Unwire(spec.HostIfName)
-		}
-	}()
-	if ownsEndpoint {
-		rv := obj.GetMeta().ResourceVersion
-		if derr := h.store.Delete(ctx, api.KindWorkloadEndpoint, w.Namespace, wepName, rv); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
-			errs = append(errs, fmt.Errorf("removing endpoint: %w", derr))
-		}
-	}
-	if rerr := h.ipam.ReleaseHandle(ctx, handle); rerr != nil {
-		errs = append(errs, fmt.Errorf("releasing addresses of %s: %w", handle, rerr))
-	}
-	<-tdDone
-	if teardownErr != nil {
-		errs = append(errs, fmt.Errorf("removing interfaces: %w", teardownErr))
-	}
-	if err := errors.Join(errs...); err != nil {
+	defer a.close()
+	// Deleting the host link takes the pod's side and its routes with it.
+	rm := &removal{spec: dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: a.hostIf, SkipHostRoutes: true},
+		ns: a.w.Namespace, handle: a.handle}
+	steps := append([]attach.Step{{Name: "read", Code: types.ErrTryAgainLater, Do: func(ctx context.Context) error { return h.delTarget(ctx, a, rm) }}},
+		h.removalSteps(rm, "read")...)
+	if _, err := h.runner.RunAll(ctx, "del", steps); err != nil {
 		return cniErr(types.ErrTryAgainLater, "removing workload "+shortID(req.ContainerID), err)
 	}
-	h.log.Info("workload deleted", "container", shortID(req.ContainerID), "pod", w.Namespace+"/"+w.Pod)
+	h.log.Info("workload deleted", "container", shortID(req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod)
 	return nil
 }
 
-// Check compares the pod's interfaces, address, routes and endpoint with what
-// ADD made and reports every difference.
+// delTarget reads the endpoint, which tells whether a newer sandbox of the
+// same pod now owns the host interface; if so, DEL leaves the host side
+// alone (creating the new pair deleted the stale link and with it its
+// peer). Without an answer it is not safe to touch the host side: DEL
+// fails and the runtime retries.
+func (h *cniHandler) delTarget(ctx context.Context, a *attachment, rm *removal) error {
+	name := a.endpointName(h.node)
+	wep, err := h.endpoints.Get(ctx, a.w.Namespace, name)
+	if legacy, ok := a.w.legacyEndpointName(h.node); ok && errors.Is(err, datastore.ErrNotFound) {
+		// Written by an agent that named endpoints by 12 characters of the
+		// container ID: remove it only if it is this container's.
+		if lwep, lerr := h.endpoints.Get(ctx, a.w.Namespace, legacy); lerr == nil && lwep.Spec.ContainerID == a.req.ContainerID {
+			name, wep, err = legacy, lwep, nil
+		}
+	}
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading endpoint %s/%s: %w", a.w.Namespace, name, err)
+	case wep.Spec.ContainerID != a.req.ContainerID:
+		rm.spec.HostIfName = ""
+		h.log.Info("DEL of an old sandbox: the pod's interface belongs to a newer one", "container", shortID(a.req.ContainerID), "current", shortID(wep.Spec.ContainerID))
+		return nil
+	}
+	rm.wep, rm.rv = name, wep.Metadata.ResourceVersion
+	return nil
+}
+
+// Check compares the pod's interfaces, addresses, routes and endpoint with
+// what ADD made and reports every difference. The addresses are IPAM's, or
+// for an attachment without IPAM (ipAddrsNoIpam) its endpoint's.
 func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetConf, args *cni.Args, prev *current.Result) (err error) {
 	start := time.Now()
 	defer func() { h.done("check", start, err) }()
-	w := newWorkloadID(req, args)
-	handle := ipamHandle(conf.Name, req.ContainerID)
-	var errs []error
-	addrs, aerr := h.ipam.AddressesByHandle(ctx, handle)
-	if aerr != nil {
-		return cniErr(codeIPAM, "reading addresses of "+handle, aerr)
+	a, err := h.open(ctx, "check", req, conf, args)
+	if err != nil {
+		return err
 	}
-	if len(addrs) == 0 {
-		errs = append(errs, fmt.Errorf("ipam: handle %s holds no address", handle))
+	defer a.close()
+	var errs []error
+	name := a.endpointName(h.node)
+	wep, gerr := h.endpoints.Get(ctx, a.w.Namespace, name)
+	if gerr != nil {
+		errs = append(errs, fmt.Errorf("endpoint %s/%s: %w", a.w.Namespace, name, gerr))
+	}
+	var addrs []netip.Addr
+	if gerr == nil && wep.Metadata.Annotations[api.AnnotationNoIPAM] == "true" {
+		addrs = endpointAddrs(wep)
+	} else {
+		held, aerr := h.ipam.AddressesByHandle(ctx, a.handle)
+		if aerr != nil {
+			return cniErr(codeIPAM, "reading addresses of "+a.handle, aerr)
+		}
+		if len(held) == 0 {
+			errs = append(errs, fmt.Errorf("ipam: handle %s holds no address", a.handle))
+		}
+		addrs = held
 	}
 	var prevAddrs []netip.Addr
 	for _, ipc := range prev.IPs {
@@ -733,27 +483,22 @@ func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetC
 	slices.SortFunc(prevAddrs, netip.Addr.Compare)
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	if !slices.Equal(prevAddrs, addrs) {
-		errs = append(errs, fmt.Errorf("ipam: handle %s holds %v, the previous result says %v", handle, addrs, prevAddrs))
+		errs = append(errs, fmt.Errorf("addresses: the attachment holds %v, the previous result says %v", addrs, prevAddrs))
 	}
-	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: w.hostIfName(), MTU: conf.MTU}
+	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: a.hostIf, MTU: conf.MTU}
 	for _, a := range addrs {
 		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, a.BitLen()))
 	}
 	if cerr := h.wl.Check(ctx, spec); cerr != nil {
 		errs = append(errs, cerr)
 	}
-	obj, gerr := h.store.Get(ctx, api.KindWorkloadEndpoint, w.Namespace, w.endpointName(h.node))
-	switch {
-	case gerr != nil:
-		errs = append(errs, fmt.Errorf("endpoint %s/%s: %w", w.Namespace, w.endpointName(h.node), gerr))
-	default:
-		wep := obj.(*api.WorkloadEndpoint)
+	if gerr == nil {
 		if wep.Spec.ContainerID != req.ContainerID {
 			errs = append(errs, fmt.Errorf("endpoint belongs to container %s", shortID(wep.Spec.ContainerID)))
 		}
 		var want []string
-		for _, a := range addrs {
-			want = append(want, netip.PrefixFrom(a, a.BitLen()).String())
+		for _, p := range spec.Addrs {
+			want = append(want, p.String())
 		}
 		if !slices.Equal(want, wep.Spec.IPNetworks) {
 			errs = append(errs, fmt.Errorf("endpoint has ipNetworks %v, want %v", wep.Spec.IPNetworks, want))
@@ -765,8 +510,21 @@ func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetC
 	return nil
 }
 
+// endpointAddrs are the addresses of an endpoint's ipNetworks.
+func endpointAddrs(wep *api.WorkloadEndpoint) []netip.Addr {
+	var out []netip.Addr
+	for _, n := range wep.Spec.IPNetworks {
+		if p, err := netip.ParsePrefix(n); err == nil {
+			out = append(out, p.Addr())
+		}
+	}
+	return out
+}
+
 // Status reports whether ADD can be served: the datastore must answer.
 func (h *cniHandler) Status(ctx context.Context, conf *cni.NetConf) error {
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
 	if _, err := h.store.GetKV(ctx, datastore.NodeLivenessKey(h.node)); err != nil && !errors.Is(err, datastore.ErrNotFound) {
 		return cniErr(types.ErrPluginNotAvailable, "tabby-agent cannot reach the datastore", err)
 	}
@@ -774,7 +532,7 @@ func (h *cniHandler) Status(ctx context.Context, conf *cni.NetConf) error {
 }
 
 // GC removes this node's attachments of the network that the runtime no
-// longer knows.
+// longer knows, each with DEL's removal steps.
 func (h *cniHandler) GC(ctx context.Context, conf *cni.NetConf, valid []types.GCAttachment) error {
 	keep := map[string]bool{}
 	for _, v := range valid {
@@ -788,18 +546,14 @@ func (h *cniHandler) GC(ctx context.Context, conf *cni.NetConf, valid []types.GC
 		if h.isAdding(wep.Spec.InterfaceName) {
 			continue // being added right now; the runtime's list may lag
 		}
-		if wep.Spec.IPAMHandle != "" && wep.Spec.IPAMHandle != ipamHandle(conf.Name, wep.Spec.ContainerID) {
+		handle := ipamHandle(conf.Name, wep.Spec.ContainerID)
+		if wep.Spec.IPAMHandle != "" && wep.Spec.IPAMHandle != handle {
 			continue // another network's attachment
 		}
-		spec := dataplane.WorkloadSpec{HostIfName: wep.Spec.InterfaceName, SkipHostRoutes: true}
-		if terr := h.wl.Teardown(ctx, spec); terr != nil {
-			errs = append(errs, terr)
-		}
-		if derr := h.store.Delete(ctx, api.KindWorkloadEndpoint, wep.Metadata.Namespace, wep.Metadata.Name, wep.Metadata.ResourceVersion); derr != nil && !errors.Is(derr, datastore.ErrNotFound) {
-			errs = append(errs, derr)
-		}
-		if rerr := h.ipam.ReleaseHandle(ctx, ipamHandle(conf.Name, wep.Spec.ContainerID)); rerr != nil {
-			errs = append(errs, rerr)
+		rm := &removal{spec: dataplane.WorkloadSpec{HostIfName: wep.Spec.InterfaceName, SkipHostRoutes: true},
+			ns: wep.Metadata.Namespace, wep: wep.Metadata.Name, rv: wep.Metadata.ResourceVersion, handle: handle}
+		if _, err := h.runner.RunAll(ctx, "gc", h.removalSteps(rm)); err != nil {
+			errs = append(errs, err)
 		}
 		h.log.Info("gc removed attachment", "container", shortID(wep.Spec.ContainerID), "endpoint", wep.Metadata.Name)
 	}
@@ -813,4 +567,94 @@ func (h *cniHandler) done(op string, start time.Time, err error) {
 	if h.observe != nil {
 		h.observe(op, time.Since(start), err)
 	}
+}
+
+// boundedAddresses bounds each IPAM call by storeCallTimeout.
+type boundedAddresses struct{ a attach.Addresses }
+
+func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, storeCallTimeout)
+}
+
+func (b boundedAddresses) Assign(ctx context.Context, req ipam.AssignRequest) (ipam.Assignment, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	return b.a.Assign(ctx, req)
+}
+
+func (b boundedAddresses) ReleaseHandle(ctx context.Context, handle string) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	return b.a.ReleaseHandle(ctx, handle)
+}
+
+func (b boundedAddresses) ReleaseAddrHeldBy(ctx context.Context, addr netip.Addr, handle string) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	return b.a.ReleaseAddrHeldBy(ctx, addr, handle)
+}
+
+func (b boundedAddresses) AddressesByHandle(ctx context.Context, handle string) ([]netip.Addr, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	return b.a.AddressesByHandle(ctx, handle)
+}
+
+func (b boundedAddresses) EnsureFreeBlock(ctx context.Context, node string, family int) (netip.Prefix, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	return b.a.EnsureFreeBlock(ctx, node, family)
+}
+
+// storeEndpoints are the endpoints in the datastore, each call bounded by
+// storeCallTimeout.
+type storeEndpoints struct{ store *datastore.Store }
+
+func (s storeEndpoints) Get(ctx context.Context, ns, name string) (*api.WorkloadEndpoint, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	obj, err := s.store.Get(ctx, api.KindWorkloadEndpoint, ns, name)
+	if err != nil {
+		return nil, err
+	}
+	wep, ok := obj.(*api.WorkloadEndpoint)
+	if !ok {
+		return nil, fmt.Errorf("endpoint %s/%s: the datastore returned a %T", ns, name, obj)
+	}
+	return wep, nil
+}
+
+// Put creates or replaces the endpoint and returns the revision that holds
+// it. A stale endpoint of an earlier sandbox of the same pod is replaced.
+// For a new attachment (fresh) the endpoint is most likely not there: one
+// create, one etcd round trip, instead of Apply's read and write; only if
+// it exists after all does Apply replace it.
+func (s storeEndpoints) Put(ctx context.Context, wep *api.WorkloadEndpoint, fresh bool) (int64, error) {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	var obj api.Object
+	err := datastore.ErrExists
+	if fresh {
+		obj, err = s.store.Create(ctx, wep)
+	}
+	if errors.Is(err, datastore.ErrExists) {
+		obj, err = s.store.Apply(ctx, wep)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(obj.GetMeta().ResourceVersion, 10, 64)
+}
+
+func (s storeEndpoints) Restore(ctx context.Context, wep *api.WorkloadEndpoint) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	_, err := s.store.Apply(ctx, wep)
+	return err
+}
+
+func (s storeEndpoints) Delete(ctx context.Context, ns, name, rv string) error {
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	return ignoreNotFound(s.store.Delete(ctx, api.KindWorkloadEndpoint, ns, name, rv))
 }

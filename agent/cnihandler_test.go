@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -23,6 +24,7 @@ import (
 
 type handlerEnv struct {
 	h      *cniHandler
+	alloc  *ipam.Allocator
 	store  *datastore.Store
 	view   *syncer.Syncer
 	wl     *fake.Workloads
@@ -40,17 +42,9 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 	routes := fake.NewRoutes()
 	wl := fake.NewWorkloads(routes)
 	v := startView(t, store)
-	h := &cniHandler{
-		node:   "node1",
-		store:  store,
-		ipam:   ipam.New(store),
-		wl:     wl,
-		view:   v,
-		routes: newRouteOwner("node1", v, routes, testLogger()),
-		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		runCtx: t.Context(),
-	}
-	return &handlerEnv{h: h, store: store, view: v, wl: wl, routes: routes}
+	alloc := ipam.New(store)
+	h := newCNIHandler(t.Context(), "node1", store, alloc, wl, v, newRouteOwner("node1", v, routes, testLogger()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return &handlerEnv{h: h, alloc: alloc, store: store, view: v, wl: wl, routes: routes}
 }
 
 func addReq(id string) (*cni.Request, *cni.NetConf, *cni.Args) {
@@ -143,7 +137,7 @@ func TestCNIAddRepeatDel(t *testing.T) {
 
 func TestCNIAddRollbackAtEveryStep(t *testing.T) {
 	ctx := context.Background()
-	for _, step := range []string{"assign", "dataplane-setup", "dataplane-prepare", "dataplane-complete", "dataplane", "endpoint"} {
+	for _, step := range []string{"request", "assign", "prepare", "prior", "dataplane-setup", "dataplane-prepare", "dataplane-complete", "complete", "routes", "endpoint", "policy"} {
 		t.Run(step, func(t *testing.T) {
 			e := newHandlerEnv(t)
 			injected := fmt.Errorf("injected failure after %s", step)
@@ -155,7 +149,7 @@ func TestCNIAddRollbackAtEveryStep(t *testing.T) {
 			case "dataplane-complete":
 				e.wl.SetFail("Complete", injected)
 			default:
-				e.h.fault = func(s string) error {
+				e.h.runner.Fault = func(s string) error {
 					if s == step {
 						return injected
 					}
@@ -179,7 +173,7 @@ func TestCNIAddRollbackAtEveryStep(t *testing.T) {
 			if err != nil || len(addrs) != 0 {
 				t.Errorf("addresses left: %v %v", addrs, err)
 			}
-			rep, err := e.h.ipam.Check(ctx)
+			rep, err := e.alloc.Check(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +181,7 @@ func TestCNIAddRollbackAtEveryStep(t *testing.T) {
 				t.Errorf("ipam check after rollback: %+v", rep)
 			}
 			// The failure gone, the same ADD works.
-			e.h.fault = nil
+			e.h.runner.Fault = nil
 			for _, op := range []string{"Setup", "Prepare", "Complete"} {
 				e.wl.SetFail(op, nil)
 			}
@@ -218,7 +212,7 @@ func TestCNIAddIPAMFailureRemovesPreparedPair(t *testing.T) {
 	if n := len(e.endpoints(t)); n != 0 {
 		t.Errorf("%d endpoints left", n)
 	}
-	rep, err := e.h.ipam.Check(ctx)
+	rep, err := e.alloc.Check(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,3 +258,84 @@ func TestCNIDelWithoutAnything(t *testing.T) {
 }
 
 var _ = errors.New
+
+// CHECK right after a successful ADD finds nothing wrong, for every kind
+// of attachment ADD makes: an address from IPAM, and one without IPAM
+// (ipAddrsNoIpam), which IPAM knows nothing of and the endpoint records.
+func TestCNICheckAfterAddNoIPAM(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	putJSON(t, e.store, datastore.KubeMarkerKey, api.KubeMarker{Identity: "test"})
+	req, conf, args := addReq("noipam")
+	conf.FeatureControl.IPAddrsNoIPAM = true
+	putJSON(t, e.store, datastore.KubeNamespaceKey(args.PodNamespace), api.KubeNamespace{Name: args.PodNamespace})
+	putJSON(t, e.store, datastore.KubePodKey(args.PodNamespace, args.PodName), api.KubePod{Namespace: args.PodNamespace, Name: args.PodName,
+		Annotations: map[string]string{"cni.projectcalico.org/ipAddrsNoIpam": `["10.244.200.9"]`}})
+	res, err := e.h.Add(ctx, req, conf, args)
+	if err != nil {
+		t.Fatalf("ADD: %v (%s)", err, detail(err))
+	}
+	if got := res.IPs[0].Address.IP.String(); got != "10.244.200.9" {
+		t.Fatalf("address %s, want the annotation's", got)
+	}
+	if err := e.h.Check(ctx, req, conf, args, res); err != nil {
+		t.Errorf("CHECK after ADD without IPAM: %v (%s)", err, detail(err))
+	}
+	// A wrong previous result is still a difference.
+	res.IPs[0].Address.IP = netip.MustParseAddr("10.244.200.10").AsSlice()
+	if err := e.h.Check(ctx, req, conf, args, res); err == nil {
+		t.Error("CHECK against a wrong previous result found nothing")
+	}
+	if err := e.h.Del(ctx, req, conf, args); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.endpoints(t)); n != 0 || e.wl.String() != "" || e.routes.String() != "" {
+		t.Errorf("after DEL: %d endpoints, links %q, routes %q", n, e.wl.String(), e.routes.String())
+	}
+}
+
+// deadlineAddrs fails every IPAM call that comes without a deadline.
+type deadlineAddrs struct {
+	attach.Addresses
+	t *testing.T
+}
+
+func (d deadlineAddrs) check(ctx context.Context, call string) {
+	if _, ok := ctx.Deadline(); !ok {
+		d.t.Errorf("IPAM %s without a deadline", call)
+	}
+}
+
+func (d deadlineAddrs) Assign(ctx context.Context, req ipam.AssignRequest) (ipam.Assignment, error) {
+	d.check(ctx, "Assign")
+	return d.Addresses.Assign(ctx, req)
+}
+
+func (d deadlineAddrs) ReleaseHandle(ctx context.Context, handle string) error {
+	d.check(ctx, "ReleaseHandle")
+	return d.Addresses.ReleaseHandle(ctx, handle)
+}
+
+func (d deadlineAddrs) AddressesByHandle(ctx context.Context, handle string) ([]netip.Addr, error) {
+	d.check(ctx, "AddressesByHandle")
+	return d.Addresses.AddressesByHandle(ctx, handle)
+}
+
+// Every IPAM call of every verb is bounded (storeCallTimeout), with no
+// deadline on the request's context.
+func TestCNIIPAMCallsBounded(t *testing.T) {
+	e := newHandlerEnv(t)
+	e.h.ipam = boundedAddresses{deadlineAddrs{e.alloc, t}}
+	ctx := context.Background()
+	req, conf, args := addReq("c1")
+	res, err := e.h.Add(ctx, req, conf, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.h.Check(ctx, req, conf, args, res); err != nil {
+		t.Error(err)
+	}
+	if err := e.h.Del(ctx, req, conf, args); err != nil {
+		t.Error(err)
+	}
+}

@@ -60,7 +60,7 @@ func TestCNIPoolSelection(t *testing.T) {
 	if n := len(e.endpoints(t)); n != 0 {
 		t.Errorf("%d endpoints left", n)
 	}
-	rep, err := e.h.ipam.Check(ctx)
+	rep, err := e.alloc.Check(ctx)
 	if err != nil || !rep.OK() {
 		t.Errorf("ipam check: %+v %v", rep, err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
 )
 
@@ -15,7 +16,7 @@ import (
 // successful ADD replaces, only DEL removes.
 func TestCNIFailedRepeatedAddKeepsLivePod(t *testing.T) {
 	ctx := context.Background()
-	for _, step := range []string{"assign", "dataplane-setup", "dataplane", "endpoint", "policy", "endpoint-write"} {
+	for _, step := range []string{"request", "assign", "prior", "prepare", "dataplane-setup", "complete", "routes", "endpoint", "policy", "policy-gate", "endpoint-write"} {
 		t.Run(step, func(t *testing.T) {
 			e := newHandlerEnv(t)
 			req, conf, args := addReq("c1")
@@ -33,14 +34,14 @@ func TestCNIFailedRepeatedAddKeepsLivePod(t *testing.T) {
 			switch step {
 			case "dataplane-setup":
 				e.wl.SetFail("Setup", injected)
-			case "policy":
-				e.h.policySync = func(context.Context, *api.WorkloadEndpoint, int64) error { return injected }
+			case "policy-gate":
+				e.h.policy = attach.PolicyFunc(func(context.Context, *api.WorkloadEndpoint, int64) error { return injected })
 			case "endpoint-write":
 				// The repeat carries new labels, and fails after writing them.
 				args.Labels = map[string]string{"app": "other"}
-				e.h.policySync = func(context.Context, *api.WorkloadEndpoint, int64) error { return injected }
+				e.h.policy = attach.PolicyFunc(func(context.Context, *api.WorkloadEndpoint, int64) error { return injected })
 			default:
-				e.h.fault = func(s string) error {
+				e.h.runner.Fault = func(s string) error {
 					if s == step {
 						return injected
 					}
@@ -51,7 +52,7 @@ func TestCNIFailedRepeatedAddKeepsLivePod(t *testing.T) {
 				t.Fatal("repeated ADD succeeded despite the injected failure")
 			}
 			e.wl.SetFail("Setup", nil)
-			e.h.fault, e.h.policySync = nil, nil
+			e.h.runner.Fault, e.h.policy = nil, nil
 
 			weps := e.endpoints(t)
 			if len(weps) != 1 {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 )
@@ -24,7 +25,7 @@ func TestCNIAddWaitsForItsRouteToBeAdvertised(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); b.loop(time.Minute).run(ctx) }()
 	defer func() { cancel(); <-done }()
-	e.h.advertised = b.waitAdvertised
+	e.h.advert = attach.AdvertFunc(b.waitAdvertised)
 
 	for i, id := range []string{"first", "second"} {
 		req, conf, args := addReq(id)
@@ -44,7 +45,7 @@ func TestCNIAddWaitsForItsRouteToBeAdvertised(t *testing.T) {
 func TestEnsureBlockBeforeFirstPod(t *testing.T) {
 	ctx := context.Background()
 	e := newHandlerEnv(t)
-	blk, err := e.h.ipam.EnsureBlock(ctx, "node1")
+	blk, err := e.alloc.EnsureBlock(ctx, "node1")
 	if err != nil || !blk.IsValid() {
 		t.Fatalf("EnsureBlock = %v, %v", blk, err)
 	}
@@ -79,7 +80,7 @@ func TestCNIAddDualStackWaitsForBothRoutes(t *testing.T) {
 			done := make(chan struct{})
 			go func() { defer close(done); b.loop(time.Minute).run(ctx) }()
 			defer func() { cancel(); <-done }()
-			e.h.advertised = b.waitAdvertised
+			e.h.advert = attach.AdvertFunc(b.waitAdvertised)
 
 			req, conf, args := addReq("ds")
 			conf.AssignIPv6 = flex(true)

@@ -156,7 +156,7 @@ func TestKubeAddressAnnotationsThroughAPIServer(t *testing.T) {
 			if err != nil || !again.IPs[0].Address.IP.Equal(res.IPs[0].Address.IP) {
 				t.Errorf("repeated ADD: %v, %v", again, err)
 			}
-			rep, err := e.h.ipam.Check(ctx)
+			rep, err := e.alloc.Check(ctx)
 			if err != nil || !rep.OK() {
 				t.Errorf("ipam check with the pod: %+v %v", rep, err)
 			}
@@ -168,7 +168,7 @@ func TestKubeAddressAnnotationsThroughAPIServer(t *testing.T) {
 			}
 		})
 	}
-	rep, err := e.h.ipam.Check(ctx)
+	rep, err := e.alloc.Check(ctx)
 	if err != nil || !rep.OK() || len(rep.Leaks) != 0 {
 		t.Errorf("ipam check at the end: %+v %v", rep, err)
 	}

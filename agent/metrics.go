@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
@@ -17,6 +18,7 @@ type metrics struct {
 	reg          *prometheus.Registry
 	cniOps       *prometheus.CounterVec
 	cniLatency   *prometheus.HistogramVec
+	cniSteps     *prometheus.HistogramVec
 	reconcileErr *prometheus.CounterVec
 	reconcileDur *prometheus.HistogramVec
 	routes       *prometheus.GaugeVec
@@ -36,6 +38,10 @@ func newMetrics() *metrics {
 			Name: "tabby_cni_operation_duration_seconds", Help: "Latency of CNI operations in the agent.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"op"}),
+		cniSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tabby_cni_step_duration_seconds", Help: "Duration of each step of a CNI operation in the agent, by operation, step and result.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 5},
+		}, []string{"op", "step", "result"}),
 		reconcileErr: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tabby_reconcile_errors_total", Help: "Failed reconcile passes, by loop.",
 		}, []string{"loop"}),
@@ -59,7 +65,7 @@ func newMetrics() *metrics {
 			Name: "tabby_ipam_assigns_total", Help: "IPAM address assignments for CNI ADD, by result (ok, borrowed, error).",
 		}, []string{"result"}),
 	}
-	m.reg.MustRegister(m.ipamAssigns, m.cniOps, m.cniLatency, m.reconcileErr, m.reconcileDur, m.routes, m.peers, m.peerPrefix, m.peerBFD,
+	m.reg.MustRegister(m.ipamAssigns, m.cniOps, m.cniLatency, m.cniSteps, m.reconcileErr, m.reconcileDur, m.routes, m.peers, m.peerPrefix, m.peerBFD,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -74,6 +80,11 @@ func result(err error) string {
 func (m *metrics) observeCNI(op string, d time.Duration, err error) {
 	m.cniOps.WithLabelValues(op, result(err)).Inc()
 	m.cniLatency.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// observeStep records one step of a CNI operation (attach.Runner.Observe).
+func (m *metrics) observeStep(op string, t attach.Timing) {
+	m.cniSteps.WithLabelValues(op, t.Name, result(t.Err)).Observe(t.Took().Seconds())
 }
 
 func (m *metrics) observeAssign(borrowed bool, err error) {

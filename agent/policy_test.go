@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/dataplane/fake"
@@ -146,7 +147,7 @@ func TestCNIAddProgramsPolicy(t *testing.T) {
 	ctx := context.Background()
 	e := newHandlerEnv(t)
 	fw := &fake.Firewall{}
-	e.h.policySync = newPolicyOwner("node1", e.view, fw, quietLog()).syncFor
+	e.h.policy = attach.PolicyFunc(newPolicyOwner("node1", e.view, fw, quietLog()).syncFor)
 
 	req, conf, args := addReq("c1")
 	if _, err := e.h.Add(ctx, req, conf, args); err != nil {

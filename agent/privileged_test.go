@@ -358,7 +358,7 @@ func TestPrivilegedRollbackAtEveryStep(t *testing.T) {
 	e := newNodeEnv(t)
 	ctx := context.Background()
 	list := e.conflist(t, "1.0.0")
-	for _, step := range []string{"assign", "dataplane", "endpoint"} {
+	for _, step := range []string{"request", "assign", "prepare", "prior", "complete", "routes", "endpoint", "policy"} {
 		t.Run(step, func(t *testing.T) {
 			path := testkit.NewNetNS(t, "tabby-ap").Path
 			rt := podRT("ctr-"+step, path, "rb-"+step)

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"net/netip"
 	"regexp"
 	"strings"
 
@@ -131,32 +130,4 @@ func (w workloadID) sameWorkload(wep *api.WorkloadEndpoint) bool {
 // ipamHandle is the IPAM handle of a CNI attachment: network name + container ID.
 func ipamHandle(network, containerID string) string {
 	return network + "." + containerID
-}
-
-// buildEndpoint makes the WorkloadEndpoint for a wired pod.
-func buildEndpoint(node string, w workloadID, handle string, addrs []netip.Addr, hostIf, mac string, labels map[string]string) *api.WorkloadEndpoint {
-	nets := make([]string, 0, len(addrs))
-	for _, a := range addrs {
-		nets = append(nets, netip.PrefixFrom(a, a.BitLen()).String())
-	}
-	wep := &api.WorkloadEndpoint{
-		Metadata: api.ObjectMeta{
-			Name:      w.endpointName(node),
-			Namespace: w.Namespace,
-			Labels:    labels,
-		},
-		Spec: api.WorkloadEndpointSpec{
-			Node:          node,
-			Orchestrator:  w.Orchestrator,
-			Pod:           w.Pod,
-			ContainerID:   w.ContainerID,
-			Endpoint:      w.Endpoint,
-			InterfaceName: hostIf,
-			MAC:           mac,
-			IPNetworks:    nets,
-			IPAMHandle:    handle,
-		},
-	}
-	wep.SetDefaults()
-	return wep
 }

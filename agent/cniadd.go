@@ -1,0 +1,349 @@
+package agent
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/tabbynet/tabby/agent/attach"
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
+	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// addPlan is one ADD: its steps and what they hand each other. Each field
+// is written by one step and read only by the steps that come after it.
+type addPlan struct {
+	h *cniHandler
+	a *attachment
+	// spec is the pair as Prepare makes it: no addresses yet.
+	spec dataplane.WorkloadSpec
+
+	reqs []ipam.AssignRequest // request
+	info podInfo              // request
+	// assign: the addresses; handle is "" for an address without IPAM.
+	asgs      []ipam.Assignment
+	addrs     []netip.Addr
+	handle    string
+	readPrior bool                  // a repeat (or no IPAM): the endpoint may be a live pod's
+	prior     *api.WorkloadEndpoint // prior: the live pod's endpoint
+	prep      dataplane.Prepared    // prepare
+	st        dataplane.WorkloadStatus
+	completed bool                  // complete
+	wep       *api.WorkloadEndpoint // endpoint
+	rev       int64
+	stored    bool
+	adv       []netip.Prefix // advertise: the new routes waited for
+	advErr    error
+	advTook   time.Duration
+}
+
+func newAddPlan(h *cniHandler, a *attachment) *addPlan {
+	mac := a.args.MAC
+	if mac == "" {
+		mac = containerMAC(a.req.ContainerID, a.req.IfName)
+	}
+	return &addPlan{h: h, a: a, handle: a.handle, spec: dataplane.WorkloadSpec{
+		NetNS: a.req.Netns, IfName: a.req.IfName, HostIfName: a.hostIf, MTU: a.conf.MTU, MAC: mac, SkipHostRoutes: true,
+	}}
+}
+
+// steps is ADD. The veth pair is prepared while IPAM assigns; the endpoint
+// record (then its policy) and the interfaces' addresses (then their
+// routes) need only the address, so they run concurrently: ADD costs the
+// longer of the two, not the sum. Policy rules match the host interface by
+// name, so they can be programmed while the interface is still being made.
+// A repeated ADD of a live attachment must leave it as it was when it
+// fails: what it finds already there is never undone. docs/agent.md shows
+// this table.
+func (p *addPlan) steps() []attach.Step {
+	req, wepName := p.a.req, p.a.endpointName(p.h.node)
+	return []attach.Step{
+		{Name: "request", Code: codeDatastore, Msg: "reading the pod's records", Do: p.request},
+		{Name: "assign", After: []string{"request"}, Code: codeIPAM, Msg: "assigning addresses for " + p.a.handle, Do: p.assign, Undo: p.unassign},
+		{Name: "prepare", Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.prepare, Undo: p.unprepare},
+		{Name: "prior", After: []string{"assign"}, Code: codeDatastore, Msg: "reading the endpoint of " + shortID(req.ContainerID), Do: p.readEndpoint},
+		{Name: "complete", After: []string{"prepare", "assign"}, Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.complete, Undo: p.uncomplete},
+		{Name: "routes", After: []string{"complete"}, Code: codeDataplane, Msg: "routing to " + p.a.hostIf, Do: p.wire, Undo: p.unwire},
+		{Name: "endpoint", After: []string{"prior"}, Code: codeDatastore, Msg: "recording endpoint " + wepName, Do: p.putEndpoint, Undo: p.unputEndpoint},
+		{Name: "policy", After: []string{"endpoint"}, Code: codeDataplane, Msg: "programming policy for " + wepName, Do: p.syncPolicy},
+		{Name: "advertise", After: []string{"assign"}, Detached: true, Do: p.waitAdvertised},
+	}
+}
+
+// request reads the pod's records (Kubernetes) and builds one IPAM request
+// per family the network assigns.
+func (p *addPlan) request(ctx context.Context) (err error) {
+	p.reqs, p.info, err = p.h.assignRequests(ctx, p.a.w, p.a.req, p.a.conf, p.a.args, p.a.handle)
+	return err
+}
+
+// assign takes one address of each family under one handle. IPAM says
+// whether this is a repeat; only a repeat reads the endpoint (or every ADD
+// of an address without IPAM, which IPAM knows nothing of).
+func (p *addPlan) assign(ctx context.Context) error {
+	defer func() {
+		for _, a := range p.asgs {
+			p.addrs = append(p.addrs, a.Addr)
+		}
+	}()
+	if p.info.noIPAM.IsValid() {
+		p.asgs, p.handle, p.readPrior = []ipam.Assignment{{Addr: p.info.noIPAM}}, "", true
+		return nil
+	}
+	for _, areq := range p.reqs {
+		a, err := p.h.ipam.Assign(ctx, areq)
+		if p.h.observeAssign != nil {
+			p.h.observeAssign(a.Borrowed, err)
+		}
+		if err != nil {
+			if len(areq.Pools) > 0 && errors.Is(err, ipam.ErrNoPool) {
+				return cniErr(types.ErrInvalidNetworkConfig, fmt.Sprintf("network %s: ipv%d_pools %v", p.a.conf.Name, areq.Family, areq.Pools), err)
+			}
+			return cniErr(codeIPAM, fmt.Sprintf("assigning an IPv%d address for %s", areq.Family, p.handle), err)
+		}
+		p.asgs = append(p.asgs, a)
+		p.readPrior = p.readPrior || a.Existing
+	}
+	return nil
+}
+
+// unassign releases what assign took: on a repeat only the addresses that
+// are new, else the handle.
+func (p *addPlan) unassign(ctx context.Context) error {
+	if p.handle == "" || len(p.asgs) == 0 {
+		return nil
+	}
+	if !p.readPrior {
+		return p.h.ipam.ReleaseHandle(ctx, p.handle)
+	}
+	var errs []error
+	for _, a := range p.asgs {
+		if !a.Existing {
+			errs = append(errs, p.h.ipam.ReleaseAddrHeldBy(ctx, a.Addr, p.handle))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// prepare makes the veth pair, when there is none yet, with all that needs
+// no address.
+func (p *addPlan) prepare(ctx context.Context) (err error) {
+	p.prep, err = p.h.wl.Prepare(ctx, p.spec)
+	return err
+}
+
+func (p *addPlan) unprepare(ctx context.Context) error {
+	if !p.prep.Created {
+		return nil
+	}
+	return p.h.wl.Teardown(ctx, p.spec)
+}
+
+func (p *addPlan) readEndpoint(ctx context.Context) (err error) {
+	if p.readPrior {
+		p.prior, err = p.h.endpointOf(ctx, p.a.w, p.a.req.ContainerID)
+	}
+	return err
+}
+
+// withAddrs is the spec with the assigned addresses.
+func (p *addPlan) withAddrs() dataplane.WorkloadSpec {
+	spec := p.spec
+	for _, a := range p.addrs {
+		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return spec
+}
+
+// complete adds the addresses and routes inside the pod (all of Setup for
+// a pair Prepare did not make).
+func (p *addPlan) complete(ctx context.Context) (err error) {
+	p.st, err = p.h.wl.Complete(ctx, p.withAddrs(), p.prep)
+	p.completed = err == nil
+	return err
+}
+
+// uncomplete removes a pair that Complete made (a stale link replaced); one
+// that Prepare made is prepare's to undo, one that was there stays.
+func (p *addPlan) uncomplete(ctx context.Context) error {
+	if !p.completed || p.st.Existed || p.prep.Created {
+		return nil
+	}
+	return p.h.wl.Teardown(ctx, p.spec)
+}
+
+func (p *addPlan) wire(context.Context) error {
+	return p.h.routes.Wire(p.a.hostIf, dataplane.HostRoutes(p.withAddrs()))
+}
+
+func (p *addPlan) unwire(context.Context) error {
+	if !p.st.Existed {
+		p.h.routes.Unwire(p.a.hostIf)
+	}
+	return nil
+}
+
+func (p *addPlan) putEndpoint(ctx context.Context) (err error) {
+	a, h := p.a, p.h
+	wep := buildEndpoint(h.node, a.w, p.handle, p.addrs, a.hostIf, p.spec.MAC, a.args.Labels)
+	wep.Spec.NamespaceLabels = p.info.nsLabels
+	wep.Spec.Ports = p.info.ports
+	wep.Metadata.Annotations = map[string]string{api.AnnotationOrigin: api.OriginAgent}
+	if p.info.kube {
+		// Its labels come from Kubernetes, and the controllers keep them.
+		wep.Metadata.Annotations[api.AnnotationOrigin] = api.OriginKubernetes
+	}
+	if p.info.noIPAM.IsValid() {
+		wep.Metadata.Annotations[api.AnnotationNoIPAM] = "true"
+	}
+	p.wep = wep
+	p.rev, err = h.endpoints.Put(ctx, wep, !p.readPrior)
+	p.stored = err == nil
+	return err
+}
+
+// unputEndpoint puts a live pod's record back as it was, or removes the
+// new one. A write that failed may still have committed (a timeout): then
+// the endpoint goes if it names this container.
+func (p *addPlan) unputEndpoint(ctx context.Context) error {
+	switch {
+	case p.prior != nil:
+		return p.h.endpoints.Restore(ctx, p.prior)
+	case p.stored:
+		return p.h.endpoints.Delete(ctx, p.wep.Metadata.Namespace, p.wep.Metadata.Name, "")
+	default:
+		return p.h.deleteEndpointOf(ctx, p.wep.Metadata.Namespace, p.wep.Metadata.Name, p.a.req.ContainerID)
+	}
+}
+
+func (p *addPlan) syncPolicy(ctx context.Context) error {
+	if p.h.policy == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
+	return p.h.policy.SyncEndpoint(ctx, p.wep, p.rev)
+}
+
+// waitAdvertised waits, at most advertiseWait, until the new routes (one
+// per family at most: a new block, or a borrowed address) are advertised.
+// It never fails ADD: the result is logged.
+func (p *addPlan) waitAdvertised(ctx context.Context) error {
+	for _, a := range p.asgs {
+		switch {
+		case p.h.advert == nil || a.Existing:
+		case a.NewBlock:
+			p.adv = append(p.adv, a.Block)
+		case a.Borrowed:
+			p.adv = append(p.adv, netip.PrefixFrom(a.Addr, a.Addr.BitLen()))
+		}
+	}
+	if len(p.adv) == 0 {
+		return nil
+	}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, advertiseWait)
+	defer cancel()
+	var errs []error
+	for _, pr := range p.adv {
+		errs = append(errs, p.h.advert.Advertised(ctx, pr))
+	}
+	p.advErr, p.advTook = errors.Join(errs...), time.Since(start)
+	return nil
+}
+
+// logAdded logs a successful ADD with the time of each step, and as
+// before the plan: ipam, from the start until the addresses were assigned
+// (the pod's records and IPAM), and dataplane, from then until the routes
+// were wired.
+func (p *addPlan) logAdded(res *attach.Result) {
+	h, a := p.h, p.a
+	if p.advErr != nil {
+		h.log.Warn("pod added before its route was advertised", "container", shortID(a.req.ContainerID), "prefixes", p.adv, "err", p.advErr)
+	} else if len(p.adv) > 0 {
+		h.log.Info("waited for the pod's route to be advertised", "prefixes", p.adv, "waited", p.advTook.Round(time.Microsecond))
+	}
+	took := func(step string) time.Duration {
+		t, _ := res.Timing(step)
+		return t.Took().Round(time.Microsecond)
+	}
+	assigned, _ := res.Timing("assign")
+	routed, _ := res.Timing("routes")
+	borrowed := len(p.asgs) > 0 && p.asgs[0].Borrowed // the first family's (IPv4 when the network has it)
+	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
+		"borrowed", borrowed, "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
+		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
+		"endpoint", took("endpoint"), "policy", took("policy"))
+}
+
+// containerMAC derives a stable, locally administered unicast MAC for a
+// container interface, so that a repeated ADD asks for the same one.
+func containerMAC(containerID, ifName string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	sum[0] = sum[0]&0xfe | 0x02
+	return net.HardwareAddr(sum[:6]).String()
+}
+
+func buildResult(req *cni.Request, addrs []netip.Addr, hostIf string, st dataplane.WorkloadStatus) *current.Result {
+	idx := 1
+	r := &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: hostIf, Mac: dataplane.HostMAC},
+			{Name: req.IfName, Mac: st.ContainerMAC, Sandbox: req.Netns},
+		},
+	}
+	for _, a := range addrs {
+		gw, zero := dataplane.GatewayAddr, netip.IPv4Unspecified()
+		if a.Is6() {
+			gw, zero = dataplane.GatewayAddr6, netip.IPv6Unspecified()
+		}
+		r.IPs = append(r.IPs, &current.IPConfig{
+			Interface: &idx,
+			Address:   net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())},
+			Gateway:   gw.AsSlice(),
+		})
+		r.Routes = append(r.Routes, &types.Route{
+			Dst: net.IPNet{IP: zero.AsSlice(), Mask: net.CIDRMask(0, zero.BitLen())},
+			GW:  gw.AsSlice(),
+		})
+	}
+	return r
+}
+
+// buildEndpoint makes the WorkloadEndpoint for a wired pod.
+func buildEndpoint(node string, w workloadID, handle string, addrs []netip.Addr, hostIf, mac string, labels map[string]string) *api.WorkloadEndpoint {
+	nets := make([]string, 0, len(addrs))
+	for _, a := range addrs {
+		nets = append(nets, netip.PrefixFrom(a, a.BitLen()).String())
+	}
+	wep := &api.WorkloadEndpoint{
+		Metadata: api.ObjectMeta{
+			Name:      w.endpointName(node),
+			Namespace: w.Namespace,
+			Labels:    labels,
+		},
+		Spec: api.WorkloadEndpointSpec{
+			Node:          node,
+			Orchestrator:  w.Orchestrator,
+			Pod:           w.Pod,
+			ContainerID:   w.ContainerID,
+			Endpoint:      w.Endpoint,
+			InterfaceName: hostIf,
+			MAC:           mac,
+			IPNetworks:    nets,
+			IPAMHandle:    handle,
+		},
+	}
+	wep.SetDefaults()
+	return wep
+}

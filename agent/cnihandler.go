@@ -90,7 +90,8 @@ type cniHandler struct {
 
 // newCNIHandler makes a handler whose datastore and IPAM calls are each
 // bounded by storeCallTimeout; life (the agent's run context) bounds its
-// background work. The optional parts (policy, advert, the runner's hooks, the metrics) are set by the caller.
+// background work. The optional parts (policy, advert, the runner's
+// hooks, the metrics) are set by the caller.
 func newCNIHandler(life context.Context, node string, store *datastore.Store, alloc attach.Addresses, wl dataplane.Workloads, view *syncer.Syncer, routes attach.HostRoutes, log *slog.Logger) *cniHandler {
 	return &cniHandler{
 		node: node, store: store, wl: wl, view: view, routes: routes, log: log, life: life,

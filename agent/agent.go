@@ -84,7 +84,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{Firewall: cfg.FirewallBackend})
+	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{Firewall: string(cfg.FirewallBackend)})
 	if err != nil {
 		return fmt.Errorf("setting up the firewall: %w", err)
 	}
@@ -140,9 +140,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return err
 	}
 	a.nodeAddr = addr
-	if a.cfg.NodeIP6 != "" {
-		a.nodeAddr6, _ = netip.ParsePrefix(a.cfg.NodeIP6) // validated
-	}
+	a.nodeAddr6 = a.cfg.NodeIP6
 	node, err := a.registerNode(ctx)
 	if err != nil {
 		return err
@@ -172,18 +170,10 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("listing the cluster: %w", err)
 	}
 	a.metrics.watchStore(a.store, a.view)
-	// The node's first block, before any pod: its route reaches every peer
-	// while the node starts, so a first pod's first packets are not lost.
-	ectx, cancel := context.WithTimeout(ctx, storeCallTimeout)
-	if blk, err := a.ipam.EnsureBlock(ectx, a.cfg.NodeName); err != nil {
-		a.log.Warn("claiming a first address block at start; the first pod will", "err", err)
-	} else if blk.IsValid() {
-		a.log.Info("claimed a first address block", "block", blk)
-	}
-	cancel()
+	a.claimFirstBlock(ctx)
 
 	restarting := a.ownRoutesPresent()
-	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
+	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, addrPortOrEmpty(a.cfg.GoBGPAPI))
 	a.routes = newRouteOwner(a.cfg.NodeName, a.view, a.deps.Routes, a.log.With("component", "routes"))
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.deps.Routes, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
@@ -199,9 +189,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	}
 	a.log.Info("agent started", "node", a.cfg.NodeName, "address", a.nodeAddr, "asn", bcfg.ASN, "restarting", restarting)
 	a.gc = newNodeGC(a.view, a.store, a.ipam, a.cfg.NodeGCGrace, a.log.With("component", "nodegc"))
+	if a.cfg.NodeGCMaxPerPass > 0 { // Run validates; New does not
+		a.gc.maxPerPass = a.cfg.NodeGCMaxPerPass
+	}
 	if a.deps.Firewall != nil {
 		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
-		a.policy.toHost, a.policy.protected = a.cfg.EndpointToHostAction, a.cfg.HostProtectedPorts()
+		a.policy.toHost, a.policy.protected = string(a.cfg.EndpointToHostAction), a.cfg.HostProtectedPorts()
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}
@@ -215,6 +208,28 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 	close(a.wired)
 
+	err = a.runLoops(g, gctx, srv)
+	a.log.Info("agent stopped", "node", a.cfg.NodeName)
+	return err
+}
+
+// claimFirstBlock claims the node's first block, before any pod: its route
+// reaches every peer while the node starts, so a first pod's first packets
+// are not lost. A failure leaves it to the first pod.
+func (a *Agent) claimFirstBlock(ctx context.Context) {
+	ectx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
+	if blk, err := a.ipam.EnsureBlock(ectx, a.cfg.NodeName); err != nil {
+		a.log.Warn("claiming a first address block at start; the first pod will", "err", err)
+	} else if blk.IsValid() {
+		a.log.Info("claimed a first address block", "block", blk)
+	}
+}
+
+// runLoops runs the CNI server, the status API and every owner's loop in
+// the agent's errgroup (where the view already runs) until gctx is done or
+// one fails, then stops the BGP speaker gracefully.
+func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Server) error {
 	every := a.cfg.ResyncInterval
 	g.Go(func() error {
 		a.cniListening.Store(true)
@@ -231,24 +246,19 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.policy != nil {
 		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
 	}
-	err = g.Wait()
+	err := g.Wait()
 	if serr := a.bgp.stop(); serr != nil {
 		err = errors.Join(err, fmt.Errorf("stopping the BGP speaker: %w", serr))
 	}
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
-	a.log.Info("agent stopped", "node", a.cfg.NodeName)
 	return err
 }
 
 func (a *Agent) nodeAddress() (netip.Prefix, error) {
-	if a.cfg.NodeIP != "" {
-		p, err := netip.ParsePrefix(a.cfg.NodeIP)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("node ip %q: %w", a.cfg.NodeIP, err)
-		}
-		return p, nil
+	if a.cfg.NodeIP.IsValid() {
+		return a.cfg.NodeIP, nil
 	}
 	p, err := Autodetect(a.cfg.AutodetectMethod)
 	if err != nil {
@@ -256,6 +266,14 @@ func (a *Agent) nodeAddress() (netip.Prefix, error) {
 	}
 	a.log.Info("autodetected node address", "address", p, "method", a.cfg.AutodetectMethod)
 	return p, nil
+}
+
+// addrPortOrEmpty is ap as "host:port", or "" when it is not set.
+func addrPortOrEmpty(ap netip.AddrPort) string {
+	if !ap.IsValid() {
+		return ""
+	}
+	return ap.String()
 }
 
 // ownRoutesPresent tells a restart from a first start: our blackhole routes

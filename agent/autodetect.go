@@ -63,6 +63,36 @@ func ParseAutodetectMethod(s string) (AutodetectMethod, error) {
 	return m, nil
 }
 
+// String is the method as ParseAutodetectMethod reads it.
+func (m AutodetectMethod) String() string {
+	switch m.Kind {
+	case "", "first-found":
+		return "first-found"
+	case "interface", "skip-interface":
+		if m.Pattern != nil {
+			return m.Kind + "=" + m.Pattern.String()
+		}
+	case "cidr":
+		return m.Kind + "=" + m.CIDR.String()
+	case "can-reach":
+		return m.Kind + "=" + m.Target.String()
+	}
+	return m.Kind
+}
+
+// MarshalText implements encoding.TextMarshaler (flags print it).
+func (m AutodetectMethod) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler with ParseAutodetectMethod.
+func (m *AutodetectMethod) UnmarshalText(b []byte) error {
+	p, err := ParseAutodetectMethod(string(b))
+	if err != nil {
+		return err
+	}
+	*m = p
+	return nil
+}
+
 // SelectAddress picks the node address from ifaces. For can-reach, local is
 // the source address the kernel chose towards the target.
 func SelectAddress(ifaces []Interface, m AutodetectMethod, local netip.Addr) (netip.Prefix, string, error) {
@@ -135,11 +165,7 @@ func HostInterfaces() ([]Interface, error) {
 }
 
 // Autodetect finds the node's IPv4 address with the given method.
-func Autodetect(method string) (netip.Prefix, error) {
-	m, err := ParseAutodetectMethod(method)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
+func Autodetect(m AutodetectMethod) (netip.Prefix, error) {
 	var local netip.Addr
 	if m.Kind == "can-reach" {
 		// A UDP "connection" sends nothing; it only asks the kernel for a route.

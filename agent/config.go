@@ -18,46 +18,119 @@ import (
 	"github.com/tabbynet/tabby/policy"
 )
 
-// Config is the agent's configuration, parsed once from flags and env.
+// Config is the agent's configuration, parsed once from flags and env: no
+// field is a string that is parsed again at run time.
 type Config struct {
 	NodeName string
-	NodeIP   string // CIDR; "" = autodetect
-	// NodeIP6 is the node's IPv6 underlay address as a CIDR, the next hop
-	// of its IPv6 pod routes; "" = the node has no IPv6 underlay (its
-	// pods' IPv6 addresses are reachable on the node only).
-	NodeIP6          string
-	AutodetectMethod string
+	// NodeIP is the node's IPv4 address with its subnet; invalid =
+	// autodetect with AutodetectMethod.
+	NodeIP netip.Prefix
+	// NodeIP6 is the node's IPv6 underlay address with its subnet, the next
+	// hop of its IPv6 pod routes; invalid = the node has no IPv6 underlay
+	// (its pods' IPv6 addresses are reachable on the node only).
+	NodeIP6          netip.Prefix
+	AutodetectMethod AutodetectMethod
 	Etcd             datastore.Config
 	CNISocket        string
 	StatusSocket     string
-	HTTPListen       string // "" = off
+	HTTPListen       netip.AddrPort // invalid = off
 	StateDir         string
-	GoBGPAPI         string // "" = off; loopback only
-	DefaultPoolCIDR  string // "" = do not create a pool
+	GoBGPAPI         netip.AddrPort // invalid = off; loopback only
+	DefaultPoolCIDR  netip.Prefix   // invalid = do not create a pool
 	// DefaultPoolCIDR6 is an IPv6 pool to create when no IPv6 pool exists.
-	DefaultPoolCIDR6 string
+	DefaultPoolCIDR6 netip.Prefix
 	ResyncInterval   time.Duration
 	// LeaseTTL is the liveness lease of the node's status keys.
 	LeaseTTL time.Duration
 	// BGPSettleTime bounds how long stale learned routes are kept after a
 	// start before BGP has converged.
 	BGPSettleTime time.Duration
-	// FirewallBackend is "auto" (nftables where the kernel has it, else
-	// iptables), "nftables" or "iptables"; the other backend's Tabby rules
-	// are removed at start.
-	FirewallBackend string
+	// FirewallBackend chooses the packet filter; the other backend's Tabby
+	// rules are removed at start.
+	FirewallBackend FirewallBackend
 	// EndpointToHostAction is what traffic from a pod to this node meets
-	// after the pod's anti-spoofing check and egress policy: "Drop"
-	// (default, as Calico's DefaultEndpointToHostAction), "Accept" or
-	// "Return" (on to the node's own INPUT rules). The etcd client ports and
-	// the GoBGP API are unreachable from pods whatever it is.
-	EndpointToHostAction string
+	// after the pod's anti-spoofing check and egress policy. The etcd
+	// client ports and the GoBGP API are unreachable from pods whatever it
+	// is.
+	EndpointToHostAction EndpointToHostAction
 	// NodeGCGrace is how long a node must be gone (no Node record, no
 	// liveness record) before node GC releases what it held; see
 	// DefaultNodeGCGrace (5 minutes). Labs and tests shorten it;
 	// production keeps minutes, so that a node briefly without its record
 	// loses nothing.
 	NodeGCGrace time.Duration
+	// NodeGCMaxPerPass caps how many nodes one node GC pass releases; see
+	// DefaultNodeGCMaxPerPass.
+	NodeGCMaxPerPass int
+}
+
+// FirewallBackend names the packet filter that enforces policy.
+type FirewallBackend string
+
+// The firewall backends.
+const (
+	// FirewallAuto is nftables where the kernel has it, else iptables.
+	FirewallAuto     FirewallBackend = "auto"
+	FirewallNFTables FirewallBackend = "nftables"
+	FirewallIPTables FirewallBackend = "iptables"
+)
+
+func (b FirewallBackend) valid() bool {
+	switch b {
+	case "", FirewallAuto, FirewallNFTables, FirewallIPTables:
+		return true
+	}
+	return false
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (b FirewallBackend) MarshalText() ([]byte, error) { return []byte(b), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler; it accepts only the
+// backends' names.
+func (b *FirewallBackend) UnmarshalText(t []byte) error {
+	v := FirewallBackend(t)
+	if !v.valid() {
+		return fmt.Errorf("firewall backend: %q is not auto, nftables or iptables", v)
+	}
+	*b = v
+	return nil
+}
+
+// EndpointToHostAction is what traffic from a pod to its node meets after
+// the pod's egress policy (Calico's DefaultEndpointToHostAction).
+type EndpointToHostAction string
+
+// The endpoint-to-host actions.
+const (
+	// EndpointToHostDrop is the default, as Calico's.
+	EndpointToHostDrop EndpointToHostAction = policy.EndpointToHostDrop
+	// EndpointToHostAccept accepts the traffic.
+	EndpointToHostAccept EndpointToHostAction = policy.EndpointToHostAccept
+	// EndpointToHostReturn hands it on to the node's own INPUT rules.
+	EndpointToHostReturn EndpointToHostAction = policy.EndpointToHostReturn
+)
+
+func (a EndpointToHostAction) valid() bool {
+	switch a {
+	case "", EndpointToHostDrop, EndpointToHostAccept, EndpointToHostReturn:
+		return true
+	}
+	return false
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (a EndpointToHostAction) MarshalText() ([]byte, error) { return []byte(a), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler; it accepts only the
+// actions' names.
+func (a *EndpointToHostAction) UnmarshalText(t []byte) error {
+	v := EndpointToHostAction(t)
+	if !v.valid() {
+		return fmt.Errorf("endpoint to host action: %q is not Drop, Accept or Return", v)
+	}
+	*a = v
+	return nil
 }
 
 // HostProtectedPorts are the node's ports no pod may reach: every etcd
@@ -78,8 +151,8 @@ func (c *Config) HostProtectedPorts() []policy.HostPort {
 		}
 		out = append(out, policy.HostPort{Proto: "tcp", Port: uint16(port)})
 	}
-	if ap, err := netip.ParseAddrPort(c.GoBGPAPI); err == nil {
-		out = append(out, policy.HostPort{Proto: "tcp", Port: ap.Port()})
+	if c.GoBGPAPI.IsValid() {
+		out = append(out, policy.HostPort{Proto: "tcp", Port: c.GoBGPAPI.Port()})
 	}
 	return out
 }
@@ -89,22 +162,23 @@ func Default() Config {
 	host, _ := os.Hostname()
 	return Config{
 		NodeName:         host,
-		AutodetectMethod: "first-found",
+		AutodetectMethod: AutodetectMethod{Kind: "first-found"},
 		Etcd:             datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}},
 		CNISocket:        "/var/run/tabby/cni.sock",
 		StatusSocket:     "/var/run/tabby/status.sock",
-		HTTPListen:       "127.0.0.1:9099",
+		HTTPListen:       netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 9099),
 		StateDir:         "/var/lib/tabby",
 		ResyncInterval:   30 * time.Second,
 		LeaseTTL:         20 * time.Second,
 		BGPSettleTime:    30 * time.Second,
-		FirewallBackend:  "auto",
+		FirewallBackend:  FirewallAuto,
 		// Calico's default: a pod reaches its node only where the node's
 		// own rules (Return) or the operator (Accept) say so. Replies to
 		// the node's connections (kubelet probes) pass; DNS goes to the
 		// cluster DNS pods, not to the node.
-		EndpointToHostAction: policy.EndpointToHostDrop,
+		EndpointToHostAction: EndpointToHostDrop,
 		NodeGCGrace:          DefaultNodeGCGrace,
+		NodeGCMaxPerPass:     DefaultNodeGCMaxPerPass,
 	}
 }
 
@@ -114,32 +188,29 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" {
 		errs = append(errs, errors.New("node name: empty (set --node-name or NODENAME)"))
 	}
-	if c.NodeIP6 != "" {
-		if p, err := netip.ParsePrefix(c.NodeIP6); err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Addr().IsLinkLocalUnicast() || p.Addr().Zone() != "" {
-			errs = append(errs, fmt.Errorf("node ipv6: %q is not a global IPv6 CIDR like 2001:db8::11/64", c.NodeIP6))
+	if p := c.NodeIP6; p.IsValid() && (!p.Addr().Is6() || p.Addr().Is4In6() || p.Addr().IsLinkLocalUnicast() || p.Addr().Zone() != "") {
+		errs = append(errs, fmt.Errorf("node ipv6: %s is not a global IPv6 CIDR like 2001:db8::11/64", p))
+	}
+	if p := c.DefaultPoolCIDR6; p.IsValid() && (!p.Addr().Is6() || p.Addr().Is4In6()) {
+		errs = append(errs, fmt.Errorf("default ipv6 pool: %s is not an IPv6 CIDR", p))
+	}
+	if p := c.NodeIP; p.IsValid() && !p.Addr().Is4() {
+		errs = append(errs, fmt.Errorf("node ip: %s is not an IPv4 CIDR like 198.18.0.11/24", p))
+	}
+	if !c.NodeIP.IsValid() {
+		// Flags and env parse it; this catches one built in code.
+		if _, err := ParseAutodetectMethod(c.AutodetectMethod.String()); err != nil {
+			errs = append(errs, err)
 		}
 	}
-	if c.DefaultPoolCIDR6 != "" {
-		if p, err := netip.ParsePrefix(c.DefaultPoolCIDR6); err != nil || !p.Addr().Is6() {
-			errs = append(errs, fmt.Errorf("default ipv6 pool: %q is not an IPv6 CIDR", c.DefaultPoolCIDR6))
-		}
-	}
-	if c.NodeIP != "" {
-		if p, err := netip.ParsePrefix(c.NodeIP); err != nil || !p.Addr().Is4() {
-			errs = append(errs, fmt.Errorf("node ip: %q is not an IPv4 CIDR like 198.18.0.11/24", c.NodeIP))
-		}
-	} else if _, err := ParseAutodetectMethod(c.AutodetectMethod); err != nil {
-		errs = append(errs, err)
-	}
-	switch c.EndpointToHostAction {
-	case "", policy.EndpointToHostDrop, policy.EndpointToHostAccept, policy.EndpointToHostReturn:
-	default:
+	if !c.EndpointToHostAction.valid() {
 		errs = append(errs, fmt.Errorf("endpoint to host action: %q is not Drop, Accept or Return", c.EndpointToHostAction))
 	}
-	switch c.FirewallBackend {
-	case "", "auto", "nftables", "iptables":
-	default:
+	if !c.FirewallBackend.valid() {
 		errs = append(errs, fmt.Errorf("firewall backend: %q is not auto, nftables or iptables", c.FirewallBackend))
+	}
+	if c.NodeGCMaxPerPass < 1 {
+		errs = append(errs, fmt.Errorf("node gc max per pass: %d must be at least 1", c.NodeGCMaxPerPass))
 	}
 	if len(c.Etcd.Endpoints) == 0 {
 		errs = append(errs, errors.New("etcd endpoints: none (set --etcd-endpoints or TABBY_ETCD_ENDPOINTS)"))
@@ -150,16 +221,11 @@ func (c *Config) Validate() error {
 	if c.StatusSocket != "" && !filepath.IsAbs(c.StatusSocket) {
 		errs = append(errs, fmt.Errorf("status socket: %q must be an absolute path", c.StatusSocket))
 	}
-	if c.GoBGPAPI != "" {
-		ap, err := netip.ParseAddrPort(c.GoBGPAPI)
-		if err != nil || !ap.Addr().IsLoopback() {
-			errs = append(errs, fmt.Errorf("gobgp api: %q must be a loopback address:port (the API has no authentication)", c.GoBGPAPI))
-		}
+	if ap := c.GoBGPAPI; ap.IsValid() && !ap.Addr().IsLoopback() {
+		errs = append(errs, fmt.Errorf("gobgp api: %s must be a loopback address:port (the API has no authentication)", ap))
 	}
-	if c.DefaultPoolCIDR != "" {
-		if p, err := netip.ParsePrefix(c.DefaultPoolCIDR); err != nil || !p.Addr().Is4() {
-			errs = append(errs, fmt.Errorf("default ipv4 pool: %q is not an IPv4 CIDR", c.DefaultPoolCIDR))
-		}
+	if p := c.DefaultPoolCIDR; p.IsValid() && (!p.Addr().Is4() || p.Addr().Is4In6()) {
+		errs = append(errs, fmt.Errorf("default ipv4 pool: %s is not an IPv4 CIDR", p))
 	}
 	// Bounds: a value far outside them is a mistake (a wrong unit) that
 	// would overflow (etcd lease TTLs are seconds in an int64) or stall.

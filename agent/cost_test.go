@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,12 +20,12 @@ func startFakeAgent(t *testing.T, endpoints []string, node, ip string) *Agent {
 	dir := t.TempDir()
 	cfg := Default()
 	cfg.NodeName = node
-	cfg.NodeIP = ip
+	cfg.NodeIP = netip.MustParsePrefix(ip)
 	cfg.Etcd = datastore.Config{Endpoints: endpoints}
 	cfg.CNISocket = filepath.Join(dir, "cni.sock")
 	cfg.StatusSocket = ""
-	cfg.HTTPListen = ""
-	cfg.DefaultPoolCIDR = "10.244.0.0/16"
+	cfg.HTTPListen = netip.AddrPort{}
+	cfg.DefaultPoolCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	routes := fake.NewRoutes()
 	a := New(cfg, testLogger(), Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker()})
 	ctx, cancel := context.WithCancel(context.Background())

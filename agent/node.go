@@ -83,7 +83,7 @@ func (a *Agent) ensureDefaultPool(ctx context.Context) error {
 	if err := a.ensureDefaultPool4(ctx); err != nil {
 		return err
 	}
-	if a.cfg.DefaultPoolCIDR6 == "" {
+	if !a.cfg.DefaultPoolCIDR6.IsValid() {
 		return nil
 	}
 	pools, _, err := datastore.ListAs[*api.IPPool](ctx, a.store, api.KindIPPool, "")
@@ -97,7 +97,7 @@ func (a *Agent) ensureDefaultPool(ctx context.Context) error {
 	}
 	p := &api.IPPool{
 		Metadata: api.ObjectMeta{Name: DefaultPoolName6},
-		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR6},
+		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR6.String()},
 	}
 	if _, err := a.store.Create(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
 		return fmt.Errorf("creating the default IPv6 pool %s: %w", a.cfg.DefaultPoolCIDR6, err)
@@ -107,7 +107,7 @@ func (a *Agent) ensureDefaultPool(ctx context.Context) error {
 }
 
 func (a *Agent) ensureDefaultPool4(ctx context.Context) error {
-	if a.cfg.DefaultPoolCIDR == "" {
+	if !a.cfg.DefaultPoolCIDR.IsValid() {
 		return nil
 	}
 	pools, _, err := a.store.List(ctx, api.KindIPPool, "")
@@ -119,7 +119,7 @@ func (a *Agent) ensureDefaultPool4(ctx context.Context) error {
 	}
 	p := &api.IPPool{
 		Metadata: api.ObjectMeta{Name: DefaultPoolName},
-		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR, NATOutgoing: true},
+		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR.String(), NATOutgoing: true},
 	}
 	if _, err := a.store.Create(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
 		return fmt.Errorf("creating the default pool %s: %w", a.cfg.DefaultPoolCIDR, err)

@@ -23,10 +23,10 @@ import (
 // loses nothing.
 const DefaultNodeGCGrace = 5 * time.Minute
 
-// NodeGCMaxPerPass caps how many nodes one pass releases, so that a
-// mistake (a mass deletion of Node records) is noticed before it has freed
-// the whole cluster's addresses.
-var NodeGCMaxPerPass = 1
+// DefaultNodeGCMaxPerPass is Config.NodeGCMaxPerPass's default: how many
+// nodes one pass releases, so that a mistake (a mass deletion of Node
+// records) is noticed before it has freed the whole cluster's addresses.
+const DefaultNodeGCMaxPerPass = 1
 
 // nodeGC releases what dead nodes held. It acts only on positive evidence,
 // checked in etcd, not only in the view: the node's Node record is absent
@@ -47,6 +47,8 @@ type nodeGC struct {
 	now   func() time.Time
 	// grace is Config.NodeGCGrace.
 	grace time.Duration
+	// maxPerPass is Config.NodeGCMaxPerPass.
+	maxPerPass int
 	// due is kicked when the earliest grace of a node this pass saw gone
 	// ends, so that the release does not wait for the periodic pass.
 	due   chan struct{}
@@ -62,7 +64,7 @@ type gcRecord struct {
 }
 
 func newNodeGC(view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator, grace time.Duration, log *slog.Logger) *nodeGC {
-	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now, grace: grace, due: make(chan struct{}, 1)}
+	g := &nodeGC{view: view, store: store, ipam: al, log: log, now: time.Now, grace: grace, maxPerPass: DefaultNodeGCMaxPerPass, due: make(chan struct{}, 1)}
 	// A node came or went, or a gc record changed (its grace, which any
 	// agent may have started, arms the timer).
 	g.sub = view.Notify("nodegc",
@@ -92,7 +94,7 @@ func (g *nodeGC) pass(ctx context.Context) error {
 		cands[n] = true
 	}
 	var errs []error
-	budget := NodeGCMaxPerPass
+	budget := g.maxPerPass
 	for _, n := range slices.Sorted(maps.Keys(cands)) {
 		done, err := g.consider(ctx, n, records[n], budget > 0)
 		if err != nil {
@@ -184,7 +186,7 @@ func (g *nodeGC) consider(ctx context.Context, n string, rec datastore.KV, mayRe
 		return false, nil
 	}
 	if !mayRelease {
-		g.log.Info("node gc: release deferred to a later pass (cap per pass)", "node", n, "cap", NodeGCMaxPerPass)
+		g.log.Info("node gc: release deferred to a later pass (cap per pass)", "node", n, "cap", g.maxPerPass)
 		return false, nil
 	}
 	// The view may still hold a record that this agent (or another)

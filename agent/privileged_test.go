@@ -126,14 +126,14 @@ func newNodeEnvWith(t testing.TB, opts nodeEnvOptions) *nodeEnv {
 	e.sock = filepath.Join(dir, "cni.sock")
 	cfg := Default()
 	cfg.NodeName = "node1"
-	cfg.NodeIP = "198.18.5.1/24"
+	cfg.NodeIP = netip.MustParsePrefix("198.18.5.1/24")
 	cfg.Etcd = datastore.Config{Endpoints: etcd.Endpoints()}
 	cfg.CNISocket = e.sock
 	cfg.StatusSocket = filepath.Join(dir, "status.sock")
-	cfg.HTTPListen = ""
-	cfg.DefaultPoolCIDR = "10.244.0.0/16"
+	cfg.HTTPListen = netip.AddrPort{}
+	cfg.DefaultPoolCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	if opts.dualStack {
-		cfg.DefaultPoolCIDR6 = "fd00:10:244::/48"
+		cfg.DefaultPoolCIDR6 = netip.MustParsePrefix("fd00:10:244::/48")
 		e.dualStack = true
 	}
 	cfg.ResyncInterval = 2 * time.Second

@@ -184,8 +184,8 @@ func (a *Agent) serveStatus(ctx context.Context) error {
 		}
 		lns = append(lns, ln)
 	}
-	if a.cfg.HTTPListen != "" {
-		ln, err := net.Listen("tcp", a.cfg.HTTPListen)
+	if a.cfg.HTTPListen.IsValid() {
+		ln, err := net.Listen("tcp", a.cfg.HTTPListen.String())
 		if err != nil {
 			for _, l := range lns {
 				l.Close()

@@ -44,12 +44,12 @@ func TestAgentReturnsTheViewsError(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Default()
 	cfg.NodeName = "node1"
-	cfg.NodeIP = "198.18.0.11/24"
+	cfg.NodeIP = netip.MustParsePrefix("198.18.0.11/24")
 	cfg.Etcd = datastore.Config{Endpoints: etcd.Endpoints()}
 	cfg.CNISocket = filepath.Join(dir, "cni.sock")
 	cfg.StatusSocket = ""
-	cfg.HTTPListen = ""
-	cfg.DefaultPoolCIDR = "10.244.0.0/16"
+	cfg.HTTPListen = netip.AddrPort{}
+	cfg.DefaultPoolCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	routes := fake.NewRoutes()
 	a := New(cfg, testLogger(), Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker()})
 	done := make(chan error, 1)

@@ -7,12 +7,12 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strings"
 	"time"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/cmdutil"
 )
 
 // Environment variables tabbyctl reads, and the default config file.
@@ -55,16 +55,9 @@ func (l *StringList) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// SplitList splits a comma-separated list, dropping empty items and spaces.
-func SplitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
+// SplitList splits a comma-separated list, dropping empty items and spaces
+// (the commands' one rule: cmdutil.SplitList).
+func SplitList(s string) []string { return cmdutil.SplitList(s) }
 
 // LoadConfigFile reads a config file. Unknown keys are errors.
 func LoadConfigFile(path string) (Config, error) {

@@ -247,15 +247,53 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 		memo.sets = make(map[string]nftSetMemo, len(s.Sets)+2)
 	}
 	memo.pass++
-	pass := memo.pass
-	usedChains, usedSets := 0, 0
-	chains := slices.Grow(memo.want[:0], len(s.Chains)+len(nftBases))
-	sets := make(map[string]*nftSetState, len(s.Sets)+2)
-	var errs []error
+	d := &nftDesired{
+		memo:   memo,
+		pass:   memo.pass,
+		chains: slices.Grow(memo.want[:0], len(s.Chains)+len(nftBases)),
+		sets:   make(map[string]*nftSetState, len(s.Sets)+2),
+	}
+	d.baseChains(s.Jumps)
+	for i := range s.Chains {
+		d.chain(&s.Chains[i])
+	}
+	for _, ps := range s.Sets {
+		d.set(ps)
+	}
+	chains := d.chains
+	clear(chains[len(chains):cap(chains)]) // no references left from a longer list
+	if record {
+		memo.want = chains
+		if len(memo.chains) > d.usedChains {
+			maps.DeleteFunc(memo.chains, func(_ string, m *nftChainMemo) bool { return m.pass != d.pass })
+		}
+		if len(memo.sets) > d.usedSets {
+			maps.DeleteFunc(memo.sets, func(_ string, m nftSetMemo) bool { return m.pass != d.pass })
+		}
+	}
+	return chains, d.sets, errors.Join(d.errs...)
+}
+
+// nftDesired is one desiredNFT computation: what it has built so far and
+// which memo entries this pass used.
+type nftDesired struct {
+	memo                 *nftMemo
+	pass                 uint64
+	usedChains, usedSets int
+	chains               []nftWantChain
+	sets                 map[string]*nftSetState
+	// dispatchNames are the dispatch chains seen (they have no chain memo
+	// to tell a name listed twice).
+	dispatchNames []string
+	errs          []error
+}
+
+// baseChains adds one base chain per hook that jumps leave from.
+func (d *nftDesired) baseChains(jumps []policy.Jump) {
 	byBase := map[string][]policy.Jump{}
-	for _, j := range s.Jumps {
+	for _, j := range jumps {
 		if _, ok := nftBases[j.From]; !ok {
-			errs = append(errs, fmt.Errorf("jump from %s: no such hook in the nftables backend", j.From))
+			d.errs = append(d.errs, fmt.Errorf("jump from %s: no such hook in the nftables backend", j.From))
 			continue
 		}
 		byBase[j.From] = append(byBase[j.From], j)
@@ -268,116 +306,130 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 			texts = append(texts, "jump "+j.To)
 		}
 		c.hashes = nftRuleHashes(c.name, texts)
-		chains = append(chains, c)
+		d.chains = append(d.chains, c)
 	}
-	var dispatchNames []string
-	for i := range s.Chains {
-		pc := &s.Chains[i]
-		c := nftWantChain{name: pc.Name, src: pc}
-		// One table holds every chain: a name must not come twice, from
-		// two tables either.
-		cm := memo.chains[pc.Name]
-		if cm != nil && cm.pass == pass || slices.Contains(dispatchNames, pc.Name) {
-			errs = append(errs, fmt.Errorf("chain %s listed twice", pc.Name))
-			continue
-		}
-		if pc.Dispatch != nil {
-			dispatchNames = append(dispatchNames, pc.Name)
-			c.hashes = nftRuleHashes(c.name, nftDispatchTexts(*pc))
-			name := nftMapName(pc.Name)
-			if mm, ok := memo.sets[name]; ok && mm.pass != pass && mm.st.kind == nftSetVmap && slices.Equal(mm.targets, pc.Dispatch.Targets) {
-				sets[name] = mm.st
-				mm.pass = pass
-				memo.sets[name] = mm
-			} else {
-				var m *nftSetState
-				if ok && mm.st.kind == nftSetVmap {
-					m = vmapDelta(mm.st, mm.targets, pc.Dispatch.Targets)
-				}
-				if m == nil {
-					m = &nftSetState{kind: nftSetVmap, elems: make(map[string]nftMember, len(pc.Dispatch.Targets))}
-					for _, t := range pc.Dispatch.Targets {
-						m.elems[t.Iface] = vmapMember(t)
-					}
-				}
-				sets[name] = m
-				memo.sets[name] = nftSetMemo{pass: pass, targets: slices.Clone(pc.Dispatch.Targets), st: m}
-			}
-			usedSets++
-			chains = append(chains, c)
-			continue
-		}
-		if cm != nil && cm.table == pc.Table && policy.SameSlice(cm.rules, pc.Rules) {
-			c.hashes = cm.hashes
-			cm.pass = pass
-		} else {
-			texts := make([]string, 0, len(pc.Rules))
-			for _, r := range pc.Rules {
-				texts = append(texts, r.String())
-			}
-			c.hashes = nftRuleHashes(c.name, texts)
-			if cm == nil {
-				cm = &nftChainMemo{}
-				memo.chains[pc.Name] = cm
-			}
-			*cm = nftChainMemo{pass: pass, table: pc.Table, rules: pc.Rules, hashes: c.hashes}
-		}
-		usedChains++
-		c.memo = cm
-		chains = append(chains, c)
+}
+
+// chain adds a regular or dispatch chain, its hashes from the memo when its
+// rules are the last Apply's.
+func (d *nftDesired) chain(pc *policy.Chain) {
+	c := nftWantChain{name: pc.Name, src: pc}
+	// One table holds every chain: a name must not come twice, from two
+	// tables either.
+	cm := d.memo.chains[pc.Name]
+	if cm != nil && cm.pass == d.pass || slices.Contains(d.dispatchNames, pc.Name) {
+		d.errs = append(d.errs, fmt.Errorf("chain %s listed twice", pc.Name))
+		return
 	}
-	for _, ps := range s.Sets {
-		if sm, ok := memo.sets[ps.Name]; ok && sm.pass != pass && sm.st.kind != nftSetVmap && sm.src.Type == ps.Type && sm.src.AddrFamily() == ps.AddrFamily() &&
-			policy.SameSlice(sm.src.Nets, ps.Nets) && policy.SameSlice(sm.src.AddrPorts, ps.AddrPorts) {
-			sets[ps.Name] = sm.st
-			sm.pass = pass
-			memo.sets[ps.Name] = sm
-			usedSets++
+	if pc.Dispatch != nil {
+		d.dispatchNames = append(d.dispatchNames, pc.Name)
+		c.hashes = nftRuleHashes(c.name, nftDispatchTexts(*pc))
+		d.dispatchMap(pc)
+		d.chains = append(d.chains, c)
+		return
+	}
+	if cm != nil && cm.table == pc.Table && policy.SameSlice(cm.rules, pc.Rules) {
+		c.hashes = cm.hashes
+		cm.pass = d.pass
+	} else {
+		texts := make([]string, 0, len(pc.Rules))
+		for _, r := range pc.Rules {
+			texts = append(texts, r.String())
+		}
+		c.hashes = nftRuleHashes(c.name, texts)
+		if cm == nil {
+			cm = &nftChainMemo{}
+			d.memo.chains[pc.Name] = cm
+		}
+		*cm = nftChainMemo{pass: d.pass, table: pc.Table, rules: pc.Rules, hashes: c.hashes}
+	}
+	d.usedChains++
+	c.memo = cm
+	d.chains = append(d.chains, c)
+}
+
+// dispatchMap adds a dispatch chain's verdict map: the last Apply's when
+// the targets are the same, else a change of it (or a new one).
+func (d *nftDesired) dispatchMap(pc *policy.Chain) {
+	name := nftMapName(pc.Name)
+	mm, ok := d.memo.sets[name]
+	if ok && mm.pass != d.pass && mm.st.kind == nftSetVmap && slices.Equal(mm.targets, pc.Dispatch.Targets) {
+		d.sets[name] = mm.st
+		mm.pass = d.pass
+		d.memo.sets[name] = mm
+	} else {
+		var m *nftSetState
+		if ok && mm.st.kind == nftSetVmap {
+			m = vmapDelta(mm.st, mm.targets, pc.Dispatch.Targets)
+		}
+		if m == nil {
+			m = &nftSetState{kind: nftSetVmap, elems: make(map[string]nftMember, len(pc.Dispatch.Targets))}
+			for _, t := range pc.Dispatch.Targets {
+				m.elems[t.Iface] = vmapMember(t)
+			}
+		}
+		d.sets[name] = m
+		d.memo.sets[name] = nftSetMemo{pass: d.pass, targets: slices.Clone(pc.Dispatch.Targets), st: m}
+	}
+	d.usedSets++
+}
+
+// set adds an address (or address-and-port) set: the last Apply's when its
+// members are the same slices, else built anew.
+func (d *nftDesired) set(ps policy.Set) {
+	if sm, ok := d.memo.sets[ps.Name]; ok && sm.pass != d.pass && sm.st.kind != nftSetVmap && sm.src.Type == ps.Type && sm.src.AddrFamily() == ps.AddrFamily() &&
+		policy.SameSlice(sm.src.Nets, ps.Nets) && policy.SameSlice(sm.src.AddrPorts, ps.AddrPorts) {
+		d.sets[ps.Name] = sm.st
+		sm.pass = d.pass
+		d.memo.sets[ps.Name] = sm
+		d.usedSets++
+		return
+	}
+	st, err := nftSetStateOf(ps)
+	if err != nil {
+		d.errs = append(d.errs, err)
+		if st == nil {
+			return
+		}
+	}
+	d.sets[ps.Name] = st
+	if sm, ok := d.memo.sets[ps.Name]; !ok || sm.pass != d.pass {
+		d.usedSets++
+	}
+	d.memo.sets[ps.Name] = nftSetMemo{pass: d.pass, src: ps, st: st}
+}
+
+// nftSetStateOf builds a set's elements. A member of the wrong family or
+// that cannot be encoded is left out and reported; a set of an unknown
+// kind is nil.
+func nftSetStateOf(ps policy.Set) (*nftSetState, error) {
+	kind, err := nftSetKindOf(ps)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	st := &nftSetState{kind: kind, elems: map[string]nftMember{}}
+	for _, p := range ps.Nets {
+		if policy.FamilyOf(p.Addr()) != ps.AddrFamily() {
+			errs = append(errs, fmt.Errorf("set %s of family %v: member %s", ps.Name, ps.Family, p))
 			continue
 		}
-		kind, err := nftSetKindOf(ps)
+		r := prefixRange(p)
+		st.elems[r.key()] = nftMember{els: r.elements()}
+	}
+	for _, a := range ps.AddrPorts {
+		if policy.FamilyOf(a.Addr) != ps.AddrFamily() {
+			errs = append(errs, fmt.Errorf("set %s of family %v: member %s", ps.Name, ps.Family, a))
+			continue
+		}
+		k, err := addrPortKey(a)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("set %s: %w", ps.Name, err))
 			continue
 		}
-		st := &nftSetState{kind: kind, elems: map[string]nftMember{}}
-		for _, p := range ps.Nets {
-			if policy.FamilyOf(p.Addr()) != ps.AddrFamily() {
-				errs = append(errs, fmt.Errorf("set %s of family %v: member %s", ps.Name, ps.Family, p))
-				continue
-			}
-			r := prefixRange(p)
-			st.elems[r.key()] = nftMember{els: r.elements()}
-		}
-		for _, a := range ps.AddrPorts {
-			if policy.FamilyOf(a.Addr) != ps.AddrFamily() {
-				errs = append(errs, fmt.Errorf("set %s of family %v: member %s", ps.Name, ps.Family, a))
-				continue
-			}
-			k, err := addrPortKey(a)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("set %s: %w", ps.Name, err))
-				continue
-			}
-			st.elems[string(k)] = nftMember{els: []nftables.SetElement{{Key: k}}}
-		}
-		sets[ps.Name] = st
-		if sm, ok := memo.sets[ps.Name]; !ok || sm.pass != pass {
-			usedSets++
-		}
-		memo.sets[ps.Name] = nftSetMemo{pass: pass, src: ps, st: st}
+		st.elems[string(k)] = nftMember{els: []nftables.SetElement{{Key: k}}}
 	}
-	clear(chains[len(chains):cap(chains)]) // no references left from a longer list
-	if record {
-		memo.want = chains
-		if len(memo.chains) > usedChains {
-			maps.DeleteFunc(memo.chains, func(_ string, m *nftChainMemo) bool { return m.pass != pass })
-		}
-		if len(memo.sets) > usedSets {
-			maps.DeleteFunc(memo.sets, func(_ string, m nftSetMemo) bool { return m.pass != pass })
-		}
-	}
-	return chains, sets, errors.Join(errs...)
+	return st, errors.Join(errs...)
 }
 
 func vmapMember(t policy.DispatchTarget) nftMember {
@@ -566,68 +618,115 @@ func (f *NFTFirewall) actual() (*nftState, error) {
 // program sends one batch that turns actual into desired, and updates the
 // record.
 func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[string]*nftSetState) (ApplyStats, error) {
-	var st ApplyStats
-	c, t := f.conn, f.table
-	// Where each chain stands in the kernel, looked up once; found counts
-	// the wanted chains the table has (names are unique, desiredNFT
-	// checks), so that stale chains are looked for only when there are.
-	status := slices.Grow(f.status[:0], len(chains))
-	found := 0
-	recVer := f.recVer
-	if actual != f.rec {
-		recVer = 0
+	p := &nftProgram{f: f, c: f.conn, t: f.table, actual: actual, chains: chains, sets: sets}
+	p.classify()
+	// Render the rules to be written once before queuing anything, so
+	// that an unrenderable rule fails the Apply with nothing sent.
+	if err := p.checkRules(); err != nil {
+		return p.st, err
 	}
-	for _, ch := range chains {
-		if ch.memo != nil && recVer != 0 && ch.memo.recVer == recVer {
+	if !actual.exists {
+		p.c.AddTable(p.t)
+	}
+	p.changeSets()
+	p.addChains()
+	if err := p.writeChains(); err != nil {
+		return ApplyStats{}, err
+	}
+	p.changeMaps()
+	p.removeStale()
+	return p.commit()
+}
+
+// nftProgram is one program call: the batch being queued on c, in the
+// order its steps run, and what the record learns from it.
+type nftProgram struct {
+	f      *NFTFirewall
+	c      *nftables.Conn
+	t      *nftables.Table
+	actual *nftState
+	chains []nftWantChain
+	sets   map[string]*nftSetState
+	// status says where each of chains stands in the kernel; found counts
+	// the wanted chains the table has.
+	status []nftChainStatus
+	found  int
+	// recVer is f.recVer when actual is the record, else 0.
+	recVer uint64
+	st     ApplyStats
+	errs   []error
+	// flushes counts the batches already sent (a large first Apply);
+	// written are the chains rewritten; stale the chains removed.
+	flushes int
+	written []int
+	stale   []string
+}
+
+// classify looks up once where each chain stands in the kernel. Names are
+// unique (desiredNFT checks), so that stale chains are looked for only
+// when found says there are.
+func (p *nftProgram) classify() {
+	status := slices.Grow(p.f.status[:0], len(p.chains))
+	p.recVer = p.f.recVer
+	if p.actual != p.f.rec {
+		p.recVer = 0
+	}
+	for _, ch := range p.chains {
+		if ch.memo != nil && p.recVer != 0 && ch.memo.recVer == p.recVer {
 			status = append(status, nftChainSame)
-			found++
+			p.found++
 			continue
 		}
-		old, ok := actual.chains[ch.name]
+		old, ok := p.actual.chains[ch.name]
 		switch {
 		case !ok:
 			status = append(status, nftChainMissing)
 		case slices.Equal(old, ch.hashes):
 			status = append(status, nftChainSame)
 			if ch.memo != nil {
-				ch.memo.recVer = recVer
+				ch.memo.recVer = p.recVer
 			}
-			found++
+			p.found++
 		default:
 			status = append(status, nftChainDiffers)
-			found++
+			p.found++
 		}
 	}
-	f.status = status
-	// Render the rules to be written once before queuing anything, so
-	// that an unrenderable rule fails the Apply with nothing sent.
-	for i, ch := range chains {
-		if status[i] == nftChainSame || ch.base != nil || ch.src.Dispatch != nil {
+	p.f.status = status
+	p.status = status
+}
+
+// checkRules renders every rule of the chains to be written.
+func (p *nftProgram) checkRules() error {
+	for i, ch := range p.chains {
+		if p.status[i] == nftChainSame || ch.base != nil || ch.src.Dispatch != nil {
 			continue
 		}
 		for _, r := range ch.src.Rules {
-			if _, _, err := nftRuleExprs(t, r); err != nil {
-				return st, fmt.Errorf("chain %s: rule %s: %w", ch.name, r, err)
+			if _, _, err := nftRuleExprs(p.t, r); err != nil {
+				return fmt.Errorf("chain %s: rule %s: %w", ch.name, r, err)
 			}
 		}
 	}
-	if !actual.exists {
-		c.AddTable(t)
-	}
-	setObj := func(name string, kind nftSetKind) *nftables.Set { return nftSetTemplate(t, name, kind) }
-	var errs []error
+	return nil
+}
 
-	// 1. Sets (not maps, whose elements name chains): create or change
-	// members. Within the one transaction order does not open a window, and
-	// removals first keep interval sets free of overlaps.
-	for _, name := range slices.Sorted(maps.Keys(sets)) {
-		want := sets[name]
+func (p *nftProgram) setObj(name string, kind nftSetKind) *nftables.Set {
+	return nftSetTemplate(p.t, name, kind)
+}
+
+// changeSets is step 1. Sets (not maps, whose elements name chains): create
+// or change members. Within the one transaction order does not open a
+// window, and removals first keep interval sets free of overlaps.
+func (p *nftProgram) changeSets() {
+	for _, name := range slices.Sorted(maps.Keys(p.sets)) {
+		want := p.sets[name]
 		if want.kind == nftSetVmap {
 			continue
 		}
-		cur := actual.sets[name]
+		cur := p.actual.sets[name]
 		if cur != nil && cur.kind != want.kind {
-			errs = append(errs, fmt.Errorf("set %s has another type in the kernel; remove the table (tabby-agent cleanup) to recreate it", name))
+			p.errs = append(p.errs, fmt.Errorf("set %s has another type in the kernel; remove the table (tabby-agent cleanup) to recreate it", name))
 			continue
 		}
 		if cur == nil {
@@ -635,149 +734,164 @@ func (f *NFTFirewall) program(actual *nftState, chains []nftWantChain, sets map[
 			for _, k := range slices.Sorted(maps.Keys(want.elems)) {
 				els = append(els, want.elems[k].els...)
 			}
-			so := setObj(name, want.kind)
-			if err := c.AddSet(so, nil); err != nil {
-				errs = append(errs, fmt.Errorf("set %s: %w", name, err))
+			so := p.setObj(name, want.kind)
+			if err := p.c.AddSet(so, nil); err != nil {
+				p.errs = append(p.errs, fmt.Errorf("set %s: %w", name, err))
 			}
-			errs = append(errs, f.elements(so, els, false)...)
-			st.SetsCreated++
-			st.MembersAdded += len(want.elems)
+			p.errs = append(p.errs, p.f.elements(so, els, false)...)
+			p.st.SetsCreated++
+			p.st.MembersAdded += len(want.elems)
 			continue
 		}
-		errs = append(errs, f.changeMembers(name, want, cur, &st)...)
+		p.errs = append(p.errs, p.f.changeMembers(name, want, cur, &p.st)...)
 	}
+}
 
-	// 2. Chains: create the missing ones (so that jumps and map elements
-	// find them), then create the verdict maps and change their elements.
-	for i, ch := range chains {
-		if status[i] != nftChainMissing {
+// addChains is step 2. Chains: create the missing ones (so that jumps and
+// map elements find them), then create the verdict maps.
+func (p *nftProgram) addChains() {
+	for i, ch := range p.chains {
+		if p.status[i] != nftChainMissing {
 			continue
 		}
-		nc := &nftables.Chain{Name: ch.name, Table: t}
+		nc := &nftables.Chain{Name: ch.name, Table: p.t}
 		if ch.base != nil {
 			accept := nftables.ChainPolicyAccept
 			nc.Type, nc.Hooknum, nc.Priority, nc.Policy = ch.base.typ, ch.base.hook, ch.base.priority, &accept
 		}
-		c.AddChain(nc)
+		p.c.AddChain(nc)
 	}
-	for _, name := range slices.Sorted(maps.Keys(sets)) {
-		if sets[name].kind == nftSetVmap && actual.sets[name] == nil {
-			if err := c.AddSet(setObj(name, nftSetVmap), nil); err != nil {
-				errs = append(errs, fmt.Errorf("map %s: %w", name, err))
+	for _, name := range slices.Sorted(maps.Keys(p.sets)) {
+		if p.sets[name].kind == nftSetVmap && p.actual.sets[name] == nil {
+			if err := p.c.AddSet(p.setObj(name, nftSetVmap), nil); err != nil {
+				p.errs = append(p.errs, fmt.Errorf("map %s: %w", name, err))
 			}
-			st.SetsCreated++
+			p.st.SetsCreated++
 		}
 	}
-	// 3. Rewrite the chains whose rules differ. A batch beyond
-	// nftMaxBatchRules rules (the first Apply on a large node) is split
-	// between chains: the kernel refuses very large transactions. Chains
-	// are complete in every part, and the dispatch maps only point to new
-	// chains in the last part.
-	flushes := 0
+}
+
+// writeChains is step 3. Rewrite the chains whose rules differ. A batch
+// beyond nftMaxBatchRules rules (the first Apply on a large node) is split
+// between chains: the kernel refuses very large transactions. Chains are
+// complete in every part, and the dispatch maps only point to new chains
+// in the last part.
+func (p *nftProgram) writeChains() error {
 	pending := 0
-	var written []int
-	for i, ch := range chains {
-		if status[i] == nftChainSame {
+	for i, ch := range p.chains {
+		if p.status[i] == nftChainSame {
 			continue
 		}
-		written = append(written, i)
-		nc := &nftables.Chain{Name: ch.name, Table: t}
-		if status[i] == nftChainDiffers {
-			c.FlushChain(nc)
+		p.written = append(p.written, i)
+		nc := &nftables.Chain{Name: ch.name, Table: p.t}
+		if p.status[i] == nftChainDiffers {
+			p.c.FlushChain(nc)
 		}
-		if err := f.addRules(nc, ch); err != nil {
-			errs = append(errs, fmt.Errorf("chain %s: %w", ch.name, err))
+		if err := p.f.addRules(nc, ch); err != nil {
+			p.errs = append(p.errs, fmt.Errorf("chain %s: %w", ch.name, err))
 		}
-		st.ChainsWritten++
-		st.RulesWritten += len(ch.hashes)
+		p.st.ChainsWritten++
+		p.st.RulesWritten += len(ch.hashes)
 		if ch.base != nil {
-			st.JumpsInserted += len(ch.hashes)
+			p.st.JumpsInserted += len(ch.hashes)
 		}
-		if pending += len(ch.hashes); pending >= nftMaxBatchRules && len(errs) == 0 {
-			if err := c.Flush(); err != nil {
-				return ApplyStats{}, fmt.Errorf("nftables batch: %w", err)
+		if pending += len(ch.hashes); pending >= nftMaxBatchRules && len(p.errs) == 0 {
+			if err := p.c.Flush(); err != nil {
+				return fmt.Errorf("nftables batch: %w", err)
 			}
-			flushes++
+			p.flushes++
 			pending = 0
 		}
 	}
-	// Map elements, now that every chain they name is filled.
-	for _, name := range slices.Sorted(maps.Keys(sets)) {
-		want := sets[name]
+	return nil
+}
+
+// changeMaps changes the verdict maps' elements, now that every chain they
+// name is filled.
+func (p *nftProgram) changeMaps() {
+	for _, name := range slices.Sorted(maps.Keys(p.sets)) {
+		want := p.sets[name]
 		if want.kind != nftSetVmap {
 			continue
 		}
-		cur := actual.sets[name]
+		cur := p.actual.sets[name]
 		if cur == nil {
 			cur = &nftSetState{kind: nftSetVmap}
 		}
-		errs = append(errs, f.changeMembers(name, want, cur, &st)...)
+		p.errs = append(p.errs, p.f.changeMembers(name, want, cur, &p.st)...)
 	}
+}
 
-	// 4. Stale state: flush stale chains (dropping their references), then
-	// delete stale maps and sets, then the chains.
-	var stale []string
-	if found < len(actual.chains) {
-		wantChain := make(map[string]bool, len(chains))
-		for _, ch := range chains {
+// removeStale is step 4. Stale state: flush stale chains (dropping their
+// references), then delete stale maps and sets, then the chains.
+func (p *nftProgram) removeStale() {
+	if p.found < len(p.actual.chains) {
+		wantChain := make(map[string]bool, len(p.chains))
+		for _, ch := range p.chains {
 			wantChain[ch.name] = true
 		}
-		for name := range actual.chains {
+		for name := range p.actual.chains {
 			if !wantChain[name] {
-				stale = append(stale, name)
+				p.stale = append(p.stale, name)
 			}
 		}
-		slices.Sort(stale)
+		slices.Sort(p.stale)
 	}
-	for _, name := range stale {
-		c.FlushChain(&nftables.Chain{Name: name, Table: t})
+	for _, name := range p.stale {
+		p.c.FlushChain(&nftables.Chain{Name: name, Table: p.t})
 	}
-	for _, name := range slices.Sorted(maps.Keys(actual.sets)) {
-		if sets[name] == nil {
-			c.DelSet(&nftables.Set{Table: t, Name: name})
-			st.SetsDeleted++
+	for _, name := range slices.Sorted(maps.Keys(p.actual.sets)) {
+		if p.sets[name] == nil {
+			p.c.DelSet(&nftables.Set{Table: p.t, Name: name})
+			p.st.SetsDeleted++
 		}
 	}
-	for _, name := range stale {
-		c.DelChain(&nftables.Chain{Name: name, Table: t})
+	for _, name := range p.stale {
+		p.c.DelChain(&nftables.Chain{Name: name, Table: p.t})
 		if _, isBase := baseNames()[name]; isBase {
-			st.JumpsDeleted += len(actual.chains[name])
+			p.st.JumpsDeleted += len(p.actual.chains[name])
 		} else {
-			st.ChainsDeleted++
+			p.st.ChainsDeleted++
 		}
 	}
-	if len(errs) > 0 {
+}
+
+// commit sends the batch, unless an error or nothing was queued, and makes
+// the record the desired state.
+func (p *nftProgram) commit() (ApplyStats, error) {
+	f, actual := p.f, p.actual
+	if len(p.errs) > 0 {
 		// Rules were checked before anything was queued, so these are
 		// encoding errors, which make Flush drop the queue unsent.
-		_ = c.Flush()
-		return ApplyStats{}, errors.Join(errs...)
+		_ = p.c.Flush()
+		return ApplyStats{}, errors.Join(p.errs...)
 	}
-	if !st.Changed() && actual.exists && flushes == 0 {
-		return st, nil // nothing queued, nothing committed: the record stands
+	if !p.st.Changed() && actual.exists && p.flushes == 0 {
+		return p.st, nil // nothing queued, nothing committed: the record stands
 	}
-	if err := c.Flush(); err != nil {
+	if err := p.c.Flush(); err != nil {
 		return ApplyStats{}, fmt.Errorf("nftables batch: %w", err)
 	}
 	// The record (actual is f.rec) becomes the desired state, at the
 	// generation this batch made, provided nobody committed in between.
 	// Chains not written have equal hashes already.
-	for _, i := range written {
-		actual.chains[chains[i].name] = chains[i].hashes
-		if m := chains[i].memo; m != nil {
-			m.recVer = recVer
+	for _, i := range p.written {
+		actual.chains[p.chains[i].name] = p.chains[i].hashes
+		if m := p.chains[i].memo; m != nil {
+			m.recVer = p.recVer
 		}
 	}
-	for _, name := range stale {
+	for _, name := range p.stale {
 		delete(actual.chains, name)
 	}
-	actual.exists, actual.sets = true, sets
+	actual.exists, actual.sets = true, p.sets
 	g, err := f.gen.id()
-	if err != nil || f.rec != actual || g != f.recGen+1+uint32(flushes) {
+	if err != nil || f.rec != actual || g != f.recGen+1+uint32(p.flushes) {
 		f.rec = nil // read again next time
 	} else {
 		f.recGen = g
 	}
-	return st, nil
+	return p.st, nil
 }
 
 func baseNames() map[string]bool {

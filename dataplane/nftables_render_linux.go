@@ -93,161 +93,216 @@ type nftAnonSet struct {
 // be added to the batch before the rule; their Lookup refers to them by
 // the ID AddSet assigns, so call it once per batch.
 func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonSet, error) {
-	var ex []expr.Any
-	var anon []*nftAnonSet
-	var fam policy.Family
-	needFamily := func(f policy.Family) error {
-		switch {
-		case f != policy.IPv4 && f != policy.IPv6:
-			return fmt.Errorf("address match without a family")
-		case fam == f:
-			return nil
-		case fam != 0:
-			return fmt.Errorf("rule mixes %v and %v terms", fam, f)
-		}
-		proto := byte(unix.NFPROTO_IPV4)
-		if f == policy.IPv6 {
-			proto = unix.NFPROTO_IPV6
-		}
-		ex = append(ex, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
-		fam = f
-		return nil
-	}
-	cmpOp := func(neg bool) expr.CmpOp {
-		if neg {
-			return expr.CmpOpNeq
-		}
-		return expr.CmpOpEq
-	}
+	rr := &nftRuleRender{table: table}
 	for _, m := range r.Match {
 		if f := m.AddrFamily(); f != 0 {
-			if err := needFamily(f); err != nil {
+			if err := rr.needFamily(f); err != nil {
 				return nil, nil, fmt.Errorf("%s: %w", m, err)
 			}
 		}
-		switch m.Kind {
-		case policy.MatchInIface, policy.MatchOutIface:
-			key := expr.MetaKeyIIFNAME
-			if m.Kind == policy.MatchOutIface {
-				key = expr.MetaKeyOIFNAME
-			}
-			ex = append(ex, &expr.Meta{Key: key, Register: 1})
-			if p, ok := cutWildcard(m.Iface); ok {
-				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(p)})
-			} else {
-				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameKey(m.Iface)})
-			}
-		case policy.MatchSrcNet:
-			p := m.Net.Masked()
-			off, n := addrField(fam, false)
-			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n})
-			if p.Bits() < int(n)*8 {
-				ex = append(ex, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: prefixMask(p.Bits(), int(n)), Xor: make([]byte, n)})
-			}
-			ex = append(ex, &expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: p.Addr().AsSlice()})
-		case policy.MatchFamily:
-			// The family check above is the whole match.
-		case policy.MatchICMPv6Types:
-			if len(m.ICMPTypes) == 0 {
-				return nil, nil, fmt.Errorf("%s: no types", m)
-			}
-			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1})
-			if len(m.ICMPTypes) == 1 {
-				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.ICMPTypes[0]}})
-				continue
-			}
-			s := &nftAnonSet{set: &nftables.Set{Table: table, Anonymous: true, Constant: true, KeyType: nftables.TypeICMP6Type}}
-			for _, t := range m.ICMPTypes {
-				s.elems = append(s.elems, nftables.SetElement{Key: []byte{t}})
-			}
-			anon = append(anon, s)
-			ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: "", SetID: 0}) // patched by the caller
-		case policy.MatchProto:
-			n, err := protoNumber(m.Proto)
-			if err != nil {
-				return nil, nil, err
-			}
-			ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{n}})
-		case policy.MatchSrcPorts, policy.MatchDstPorts:
-			off := uint32(2)
-			if m.Kind == policy.MatchSrcPorts {
-				off = 0
-			}
-			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
-			if len(m.Ports) == 1 && m.Ports[0].Lo == m.Ports[0].Hi {
-				ex = append(ex, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Ports[0].Lo)})
-				continue
-			}
-			if len(m.Ports) == 1 {
-				ex = append(ex, &expr.Range{Op: expr.CmpOpEq, Register: 1,
-					FromData: binaryutil.BigEndian.PutUint16(m.Ports[0].Lo), ToData: binaryutil.BigEndian.PutUint16(m.Ports[0].Hi)})
-				continue
-			}
-			s := &nftAnonSet{set: &nftables.Set{Table: table, Anonymous: true, Constant: true, Interval: true, KeyType: nftables.TypeInetService}}
-			s.elems = portElements(m.Ports)
-			anon = append(anon, s)
-			ex = append(ex, &expr.Lookup{SourceRegister: 1, SetName: "", SetID: 0}) // patched by the caller
-		case policy.MatchSrcSet, policy.MatchDstSet:
-			off, n := addrField(fam, m.Kind == policy.MatchDstSet)
-			ex = append(ex, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
-				&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
-		case policy.MatchSrcAddrPortSet, policy.MatchDstAddrPortSet:
-			aoff, n := addrField(fam, m.Kind == policy.MatchDstAddrPortSet)
-			poff := uint32(2)
-			if m.Kind == policy.MatchSrcAddrPortSet {
-				poff = 0
-			}
-			// Concatenated key in 32-bit registers from 8 (the 128-bit
-			// register 1): the address (one register for IPv4, four for
-			// IPv6), then the protocol, then the port.
-			next := uint32(8 + n/4)
-			ex = append(ex,
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: aoff, Len: n},
-				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: next},
-				&expr.Payload{DestRegister: next + 1, Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2},
-				&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
-		case policy.MatchEstablished:
-			ex = append(ex, &expr.Ct{Key: expr.CtKeySTATE, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-					Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-					Xor:  binaryutil.NativeEndian.PutUint32(0)},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)})
-		case policy.MatchMark:
-			ex = append(ex, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
-				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-					Mask: binaryutil.NativeEndian.PutUint32(m.Mask), Xor: binaryutil.NativeEndian.PutUint32(0)},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(m.Mark)})
-		default:
-			return nil, nil, fmt.Errorf("unknown match kind %d", m.Kind)
+		if err := rr.match(m); err != nil {
+			return nil, nil, err
 		}
 	}
-	v := r.Verdict
+	if err := rr.verdict(r.Verdict); err != nil {
+		return nil, nil, err
+	}
+	return rr.ex, rr.anon, nil
+}
+
+// nftRuleRender is one rule being rendered: its expressions so far, the
+// anonymous sets they need, and the address family its terms chose.
+type nftRuleRender struct {
+	table *nftables.Table
+	ex    []expr.Any
+	anon  []*nftAnonSet
+	fam   policy.Family
+}
+
+func (rr *nftRuleRender) add(e ...expr.Any) { rr.ex = append(rr.ex, e...) }
+
+// needFamily checks, on the first address term, the packet's family; every
+// later term must be of the same one.
+func (rr *nftRuleRender) needFamily(f policy.Family) error {
+	switch {
+	case f != policy.IPv4 && f != policy.IPv6:
+		return fmt.Errorf("address match without a family")
+	case rr.fam == f:
+		return nil
+	case rr.fam != 0:
+		return fmt.Errorf("rule mixes %v and %v terms", rr.fam, f)
+	}
+	proto := byte(unix.NFPROTO_IPV4)
+	if f == policy.IPv6 {
+		proto = unix.NFPROTO_IPV6
+	}
+	rr.add(&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
+	rr.fam = f
+	return nil
+}
+
+func cmpOp(neg bool) expr.CmpOp {
+	if neg {
+		return expr.CmpOpNeq
+	}
+	return expr.CmpOpEq
+}
+
+// anonLookup adds a lookup in a new anonymous set of elems.
+func (rr *nftRuleRender) anonLookup(set *nftables.Set, elems []nftables.SetElement) {
+	rr.anon = append(rr.anon, &nftAnonSet{set: set, elems: elems})
+	rr.add(&expr.Lookup{SourceRegister: 1, SetName: "", SetID: 0}) // patched by the caller
+}
+
+// match renders one match term.
+func (rr *nftRuleRender) match(m policy.Match) error {
+	switch m.Kind {
+	case policy.MatchInIface, policy.MatchOutIface:
+		rr.iface(m)
+	case policy.MatchSrcNet:
+		p := m.Net.Masked()
+		off, n := addrField(rr.fam, false)
+		rr.add(&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n})
+		if p.Bits() < int(n)*8 {
+			rr.add(&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: n, Mask: prefixMask(p.Bits(), int(n)), Xor: make([]byte, n)})
+		}
+		rr.add(&expr.Cmp{Op: cmpOp(m.Negate), Register: 1, Data: p.Addr().AsSlice()})
+	case policy.MatchFamily:
+		// The family check is the whole match.
+	case policy.MatchICMPv6Types:
+		return rr.icmpv6Types(m)
+	case policy.MatchProto:
+		n, err := protoNumber(m.Proto)
+		if err != nil {
+			return err
+		}
+		rr.add(&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{n}})
+	case policy.MatchSrcPorts, policy.MatchDstPorts:
+		rr.ports(m)
+	case policy.MatchSrcSet, policy.MatchDstSet:
+		off, n := addrField(rr.fam, m.Kind == policy.MatchDstSet)
+		rr.add(&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n},
+			&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
+	case policy.MatchSrcAddrPortSet, policy.MatchDstAddrPortSet:
+		rr.addrPortSet(m)
+	case policy.MatchEstablished:
+		rr.add(&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+				Xor:  binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)})
+	case policy.MatchMark:
+		rr.add(&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(m.Mask), Xor: binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(m.Mark)})
+	default:
+		return fmt.Errorf("unknown match kind %d", m.Kind)
+	}
+	return nil
+}
+
+// iface matches the input or output interface: a name, or a prefix for a
+// wildcard.
+func (rr *nftRuleRender) iface(m policy.Match) {
+	key := expr.MetaKeyIIFNAME
+	if m.Kind == policy.MatchOutIface {
+		key = expr.MetaKeyOIFNAME
+	}
+	rr.add(&expr.Meta{Key: key, Register: 1})
+	if p, ok := cutWildcard(m.Iface); ok {
+		rr.add(&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(p)})
+	} else {
+		rr.add(&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifnameKey(m.Iface)})
+	}
+}
+
+// icmpv6Types matches ICMPv6 with one of the types.
+func (rr *nftRuleRender) icmpv6Types(m policy.Match) error {
+	if len(m.ICMPTypes) == 0 {
+		return fmt.Errorf("%s: no types", m)
+	}
+	rr.add(&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1})
+	if len(m.ICMPTypes) == 1 {
+		rr.add(&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{m.ICMPTypes[0]}})
+		return nil
+	}
+	var elems []nftables.SetElement
+	for _, t := range m.ICMPTypes {
+		elems = append(elems, nftables.SetElement{Key: []byte{t}})
+	}
+	rr.anonLookup(&nftables.Set{Table: rr.table, Anonymous: true, Constant: true, KeyType: nftables.TypeICMP6Type}, elems)
+	return nil
+}
+
+// ports matches the source or destination port: one, a range, or a set of
+// ranges.
+func (rr *nftRuleRender) ports(m policy.Match) {
+	off := uint32(2)
+	if m.Kind == policy.MatchSrcPorts {
+		off = 0
+	}
+	rr.add(&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: off, Len: 2})
+	if len(m.Ports) == 1 && m.Ports[0].Lo == m.Ports[0].Hi {
+		rr.add(&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(m.Ports[0].Lo)})
+		return
+	}
+	if len(m.Ports) == 1 {
+		rr.add(&expr.Range{Op: expr.CmpOpEq, Register: 1,
+			FromData: binaryutil.BigEndian.PutUint16(m.Ports[0].Lo), ToData: binaryutil.BigEndian.PutUint16(m.Ports[0].Hi)})
+		return
+	}
+	rr.anonLookup(&nftables.Set{Table: rr.table, Anonymous: true, Constant: true, Interval: true, KeyType: nftables.TypeInetService},
+		portElements(m.Ports))
+}
+
+// addrPortSet looks the (address, protocol, port) of the source or
+// destination up in a named set.
+func (rr *nftRuleRender) addrPortSet(m policy.Match) {
+	aoff, n := addrField(rr.fam, m.Kind == policy.MatchDstAddrPortSet)
+	poff := uint32(2)
+	if m.Kind == policy.MatchSrcAddrPortSet {
+		poff = 0
+	}
+	// Concatenated key in 32-bit registers from 8 (the 128-bit register
+	// 1): the address (one register for IPv4, four for IPv6), then the
+	// protocol, then the port.
+	next := uint32(8 + n/4)
+	rr.add(
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: aoff, Len: n},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: next},
+		&expr.Payload{DestRegister: next + 1, Base: expr.PayloadBaseTransportHeader, Offset: poff, Len: 2},
+		&expr.Lookup{SourceRegister: 1, SetName: m.Set, Invert: m.Negate})
+}
+
+// verdict renders the rule's verdict.
+func (rr *nftRuleRender) verdict(v policy.Verdict) error {
 	switch v.Kind {
 	case policy.VerdictAccept:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictAccept})
+		rr.add(&expr.Verdict{Kind: expr.VerdictAccept})
 	case policy.VerdictDrop:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictDrop})
+		rr.add(&expr.Verdict{Kind: expr.VerdictDrop})
 	case policy.VerdictReturn:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictReturn})
+		rr.add(&expr.Verdict{Kind: expr.VerdictReturn})
 	case policy.VerdictJump:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictJump, Chain: v.Chain})
+		rr.add(&expr.Verdict{Kind: expr.VerdictJump, Chain: v.Chain})
 	case policy.VerdictGoto:
-		ex = append(ex, &expr.Verdict{Kind: expr.VerdictGoto, Chain: v.Chain})
+		rr.add(&expr.Verdict{Kind: expr.VerdictGoto, Chain: v.Chain})
 	case policy.VerdictSetMark:
-		ex = append(ex, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		rr.add(&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 				Mask: binaryutil.NativeEndian.PutUint32(^v.Mask), Xor: binaryutil.NativeEndian.PutUint32(v.Mark)},
 			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})
 	case policy.VerdictMasquerade:
-		ex = append(ex, &expr.Masq{})
+		rr.add(&expr.Masq{})
 	default:
-		return nil, nil, fmt.Errorf("unknown verdict kind %d", v.Kind)
+		return fmt.Errorf("unknown verdict kind %d", v.Kind)
 	}
-	return ex, anon, nil
+	return nil
 }
 
 // addrField is the offset and length of the source (or dst destination)

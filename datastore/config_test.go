@@ -119,7 +119,8 @@ func startEtcd(t *testing.T, cfg embedded.Config) *embedded.Etcd {
 	return e
 }
 
-// connect tries New with a short dial timeout and, on success, a round trip.
+// connect tries New with a short dial timeout (for the cases that must fail
+// fast: wrong CA, refused) and, on success, a round trip.
 func connect(t *testing.T, cfg datastore.Config) error {
 	t.Helper()
 	if cfg.DialTimeout == 0 {
@@ -172,8 +173,16 @@ func TestMutualTLS(t *testing.T) {
 	}
 }
 
+// authTimeout bounds connecting with a password. etcd's client spends its
+// DialTimeout on the dial and then on the authentication, a bcrypt
+// comparison on the server: with etcd's default cost that is about a
+// second under -race on a loaded 2-core machine, which the 2 s of connect
+// did not always cover. The test etcd hashes at bcrypt's minimum cost, and
+// a loaded machine gets this long.
+const authTimeout = 30 * time.Second
+
 func TestUsernamePassword(t *testing.T) {
-	e := startEtcd(t, embedded.Config{})
+	e := startEtcd(t, embedded.Config{BcryptCost: 4}) // bcrypt.MinCost
 	ctx := context.Background()
 	admin, err := datastore.New(ctx, datastore.Config{Endpoints: e.Endpoints()})
 	if err != nil {
@@ -193,14 +202,14 @@ func TestUsernamePassword(t *testing.T) {
 	if err := admin.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := connect(t, datastore.Config{Endpoints: e.Endpoints(), Username: "root", Password: "rootpw"}); err != nil {
+	if err := connect(t, datastore.Config{Endpoints: e.Endpoints(), Username: "root", Password: "rootpw", DialTimeout: authTimeout}); err != nil {
 		t.Errorf("right password: %v", err)
 	}
-	err = connect(t, datastore.Config{Endpoints: e.Endpoints(), Username: "root", Password: "wrong"})
+	err = connect(t, datastore.Config{Endpoints: e.Endpoints(), Username: "root", Password: "wrong", DialTimeout: authTimeout})
 	if err == nil || !strings.Contains(err.Error(), "authentication failed") {
 		t.Errorf("wrong password: %v, want authentication failed", err)
 	}
-	if err := connect(t, datastore.Config{Endpoints: e.Endpoints()}); err == nil {
+	if err := connect(t, datastore.Config{Endpoints: e.Endpoints(), DialTimeout: authTimeout}); err == nil {
 		t.Error("no credentials with auth enabled succeeded")
 	}
 }

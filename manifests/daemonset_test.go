@@ -178,7 +178,7 @@ func TestDaemonSetAgentCommandLine(t *testing.T) {
 
 	listen, ok := flagValue(argv, "http-listen")
 	if !ok {
-		listen = agent.Default().HTTPListen
+		listen = agent.Default().HTTPListen.String()
 	}
 	ap, err := netip.ParseAddrPort(listen)
 	if err != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"log/slog"
 	"os"
 
@@ -10,6 +9,7 @@ import (
 	"github.com/tabbynet/tabby/agent"
 	"github.com/tabbynet/tabby/agent/cleanup"
 	"github.com/tabbynet/tabby/agent/installcni"
+	"github.com/tabbynet/tabby/internal/cmdutil"
 )
 
 // newCleanupCmd is `tabby-agent cleanup`: the node side of uninstalling
@@ -17,8 +17,8 @@ import (
 func newCleanupCmd() *cobra.Command {
 	def := agent.Default()
 	cfg := cleanup.Config{CNI: installcni.Default(), StateDir: def.StateDir, CNISocket: def.CNISocket}
-	cfg.CNI.ConflistName = env("CNI_CONF_NAME", cfg.CNI.ConflistName)
-	logLevel := env("TABBY_LOG_LEVEL", "info")
+	var env cmdutil.Env
+	var logLevel *slog.Level
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove everything Tabby installed on this node (after the agent stopped for good)",
@@ -31,11 +31,10 @@ func newCleanupCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			if err := env.Err(cmd.Flags()); err != nil {
+				return err
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+			log := cmdutil.NewLogger(os.Stderr, *logLevel)
 			rep, err := cleanup.Cleanup(cmd.Context(), cfg, log)
 			if rep != nil {
 				log.Info("cleanup done", "routes", len(rep.Routes), "links", len(rep.Links), "files", len(rep.Files), "firewall", rep.Firewall)
@@ -54,6 +53,7 @@ func newCleanupCmd() *cobra.Command {
 	f.BoolVar(&cfg.Force, "force", false, "run even while an agent answers on its CNI socket")
 	f.BoolVar(&cfg.RemoveWorkloads, "remove-workloads", false, "also delete pods' cali… interfaces (running pods lose their network)")
 	f.BoolVar(&cfg.ResetSysctls, "reset-sysctls", false, "also set net.ipv4.ip_forward=0 (only if the node had it off before Tabby)")
-	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
+	logLevel = cmdutil.LogLevel(f, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
+	env.Apply(f, map[string]string{"conflist-name": "CNI_CONF_NAME", "log-level": "TABBY_LOG_LEVEL"})
 	return cmd
 }

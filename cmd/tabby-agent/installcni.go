@@ -5,11 +5,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tabbynet/tabby/agent/installcni"
+	"github.com/tabbynet/tabby/internal/cmdutil"
 )
 
 // newInstallCNICmd is `tabby-agent install-cni`, the DaemonSet's init
@@ -17,15 +17,10 @@ import (
 // on the node (or removes them with --uninstall) and exits.
 func newInstallCNICmd() *cobra.Command {
 	cfg := installcni.Default()
-	cfg.Template = env("CNI_NETWORK_CONFIG", "")
-	cfg.ConflistName = env("CNI_CONF_NAME", cfg.ConflistName)
-	mtuEnv := env("CNI_MTU", strconv.Itoa(cfg.MTU))
-	mtu, mtuErr := strconv.Atoi(mtuEnv)
-	if mtuErr == nil {
-		cfg.MTU = mtu
-	}
+	cfg.Template = ""
 	var uninstall bool
-	logLevel := env("TABBY_LOG_LEVEL", "info")
+	var env cmdutil.Env
+	var logLevel *slog.Level
 
 	cmd := &cobra.Command{
 		Use:   "install-cni",
@@ -39,14 +34,10 @@ func newInstallCNICmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var lvl slog.Level
-			if err := lvl.UnmarshalText([]byte(logLevel)); err != nil {
-				return fmt.Errorf("--log-level: %w", err)
+			if err := env.Err(cmd.Flags()); err != nil {
+				return err
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-			if mtuErr != nil && !cmd.Flags().Changed("mtu") {
-				return fmt.Errorf("env CNI_MTU: %q is not a number", mtuEnv)
-			}
+			log := cmdutil.NewLogger(os.Stderr, *logLevel)
 			if uninstall {
 				rep, err := installcni.Uninstall(cfg)
 				logReport(log, rep)
@@ -67,7 +58,13 @@ func newInstallCNICmd() *cobra.Command {
 	f := cmd.Flags()
 	cfg.AddFlags(f)
 	f.BoolVar(&uninstall, "uninstall", false, "remove the tabby binary and the configuration list instead")
-	f.StringVar(&logLevel, "log-level", logLevel, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
+	logLevel = cmdutil.LogLevel(f, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
+	env.Apply(f, map[string]string{
+		"cni-network-config": "CNI_NETWORK_CONFIG",
+		"conflist-name":      "CNI_CONF_NAME",
+		"mtu":                "CNI_MTU",
+		"log-level":          "TABBY_LOG_LEVEL",
+	})
 	return cmd
 }
 

@@ -6,56 +6,50 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
-	"os/signal"
-	"strings"
-	"syscall"
 
 	"github.com/spf13/pflag"
 
+	"github.com/tabbynet/tabby/internal/cmdutil"
 	"github.com/tabbynet/tabby/internal/version"
 	"github.com/tabbynet/tabby/kube"
 )
 
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok && v != "" {
-		return v
-	}
-	return def
-}
-
 func main() {
 	cfg := kube.Default()
 	fs := pflag.NewFlagSet("tabby-kube-controllers", pflag.ExitOnError)
-	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), `kubeconfig file ("" = in-cluster)`)
-	endpoints := fs.String("etcd-endpoints", env("TABBY_ETCD_ENDPOINTS", strings.Join(cfg.Etcd.Endpoints, ",")), "etcd endpoints, comma separated")
-	fs.StringVar(&cfg.Etcd.CAFile, "etcd-ca-file", env("TABBY_ETCD_CA_FILE", ""), "etcd CA")
-	fs.StringVar(&cfg.Etcd.CertFile, "etcd-cert-file", env("TABBY_ETCD_CERT_FILE", ""), "etcd client certificate")
-	fs.StringVar(&cfg.Etcd.KeyFile, "etcd-key-file", env("TABBY_ETCD_KEY_FILE", ""), "etcd client key")
-	fs.StringVar(&cfg.LeaseNamespace, "lease-namespace", env("POD_NAMESPACE", cfg.LeaseNamespace), "namespace of the leader Lease")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", `kubeconfig file ("" = in-cluster; env KUBECONFIG)`)
+	fs.TextVar((*cmdutil.List)(&cfg.Etcd.Endpoints), "etcd-endpoints", cmdutil.List(cfg.Etcd.Endpoints), "etcd endpoints, comma separated (env TABBY_ETCD_ENDPOINTS)")
+	fs.StringVar(&cfg.Etcd.CAFile, "etcd-ca-file", "", "etcd CA (env TABBY_ETCD_CA_FILE)")
+	fs.StringVar(&cfg.Etcd.CertFile, "etcd-cert-file", "", "etcd client certificate (env TABBY_ETCD_CERT_FILE)")
+	fs.StringVar(&cfg.Etcd.KeyFile, "etcd-key-file", "", "etcd client key (env TABBY_ETCD_KEY_FILE)")
+	fs.StringVar(&cfg.LeaseNamespace, "lease-namespace", cfg.LeaseNamespace, "namespace of the leader Lease (env POD_NAMESPACE)")
 	fs.StringVar(&cfg.LeaseName, "lease-name", cfg.LeaseName, "name of the leader Lease")
-	fs.StringVar(&cfg.Identity, "identity", env("POD_NAME", cfg.Identity), "this replica's identity in the Lease")
+	fs.StringVar(&cfg.Identity, "identity", cfg.Identity, "this replica's identity in the Lease (env POD_NAME)")
 	fs.DurationVar(&cfg.GCGrace, "gc-grace", cfg.GCGrace, "how long an address stays orphaned before it is released (at most 60s)")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often address GC looks for orphaned addresses")
-	logLevel := fs.String("log-level", env("TABBY_LOG_LEVEL", "info"), "debug|info|warn|error")
+	logLevel := cmdutil.LogLevel(fs, "debug|info|warn|error (env TABBY_LOG_LEVEL)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	var env cmdutil.Env
+	env.Apply(fs, map[string]string{
+		"kubeconfig":      "KUBECONFIG",
+		"etcd-endpoints":  "TABBY_ETCD_ENDPOINTS",
+		"etcd-ca-file":    "TABBY_ETCD_CA_FILE",
+		"etcd-cert-file":  "TABBY_ETCD_CERT_FILE",
+		"etcd-key-file":   "TABBY_ETCD_KEY_FILE",
+		"lease-namespace": "POD_NAMESPACE",
+		"identity":        "POD_NAME",
+		"log-level":       "TABBY_LOG_LEVEL",
+	})
 	_ = fs.Parse(os.Args[1:])
 	if *showVersion {
 		fmt.Println(version.String())
 		return
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintln(os.Stderr, "tabby-kube-controllers: --log-level:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	cfg.Etcd.Endpoints = strings.Split(*endpoints, ",")
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := kube.Run(ctx, cfg, log); err != nil {
-		fmt.Fprintln(os.Stderr, "tabby-kube-controllers:", err)
-		os.Exit(1)
-	}
+	cmdutil.Main("tabby-kube-controllers", func(ctx context.Context) error {
+		if err := env.Err(fs); err != nil {
+			return err
+		}
+		return kube.Run(ctx, cfg, cmdutil.NewLogger(os.Stderr, *logLevel))
+	})
 }

@@ -11,14 +11,13 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/tabbynet/tabby/internal/cmdutil"
 	"github.com/tabbynet/tabby/internal/version"
 	"github.com/tabbynet/tabby/kube/kubebins"
 	"github.com/tabbynet/tabby/lab"
@@ -26,23 +25,16 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRoot().ExecuteContext(ctx)
-	stop()
-	if err != nil {
-		var ee *exitError
-		if errors.As(err, &ee) {
-			os.Exit(ee.code)
-		}
-		fmt.Fprintln(os.Stderr, "tabby-lab:", err)
-		os.Exit(1)
-	}
+	cmdutil.Main("tabby-lab", func(ctx context.Context) error { return newRoot().ExecuteContext(ctx) })
 }
 
 // exitError carries the exit status of a command run by `exec`.
 type exitError struct{ code int }
 
 func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// ExitCode implements cmdutil.ExitCoder: tabby-lab exits with it.
+func (e *exitError) ExitCode() int { return e.code }
 
 type globalFlags struct {
 	name, runDir string

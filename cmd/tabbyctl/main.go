@@ -5,22 +5,17 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/tabbynet/tabby/internal/cmdutil"
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	a := newApp()
-	err := a.rootCmd().ExecuteContext(ctx)
-	if cerr := a.close(); err == nil {
-		err = cerr
-	}
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "tabbyctl:", err)
-		os.Exit(1)
-	}
+	cmdutil.Main("tabbyctl", func(ctx context.Context) error {
+		a := newApp()
+		err := a.rootCmd().ExecuteContext(ctx)
+		if cerr := a.close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/ctl"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/cmdutil"
 	"github.com/tabbynet/tabby/internal/version"
 )
 
@@ -58,7 +59,7 @@ func (a *app) connect(ctx context.Context) (*ctl.Client, error) {
 		return a.client, nil
 	}
 	src := ctl.ConfigSources{
-		Flags:  ctl.Config{Endpoints: ctl.SplitList(a.endpoints), CAFile: a.caFile, CertFile: a.certFile, KeyFile: a.keyFile},
+		Flags:  ctl.Config{Endpoints: cmdutil.SplitList(a.endpoints), CAFile: a.caFile, CertFile: a.certFile, KeyFile: a.keyFile},
 		Getenv: a.getenv,
 		File:   a.configFile,
 

@@ -51,6 +51,11 @@ type Config struct {
 	// UnsafeNoFsync skips fsync: much faster, loses data on a crash. For
 	// tests only.
 	UnsafeNoFsync bool
+	// BcryptCost is the bcrypt cost of the users' password hashes; 0 =
+	// etcd's default (10). Each authentication costs 2^cost rounds, about
+	// a second under -race on a loaded machine at the default: tests that
+	// enable auth pass 4 (bcrypt's minimum).
+	BcryptCost uint
 }
 
 // Etcd is a running (or stopped) embedded etcd. Its methods are safe for
@@ -164,6 +169,9 @@ func (e *Etcd) start(ctx context.Context) error {
 	}
 	c.InitialClusterToken = "tabby"
 	c.UnsafeNoFsync = e.cfg.UnsafeNoFsync
+	if e.cfg.BcryptCost != 0 {
+		c.BcryptCost = e.cfg.BcryptCost
+	}
 	c.ClientTLSInfo = transport.TLSInfo{
 		CertFile:       e.cfg.CertFile,
 		KeyFile:        e.cfg.KeyFile,

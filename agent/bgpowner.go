@@ -11,9 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
-	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -24,8 +24,8 @@ const convergeHold = 3 * time.Second
 
 // bgpOwner owns the BGP side of the node: the speaker (restarted when the
 // node's BGP identity changes), its peers and advertisements computed from
-// the view, and the kernel's learned routes (protocol RouteProtoBGP, of
-// which it is the one writer), fed straight from the speaker.
+// the view, and the learned route class (protocol RouteProtoBGP), fed
+// straight from the speaker and handed to the route table.
 type bgpOwner struct {
 	node     string
 	nodeAddr netip.Prefix
@@ -34,7 +34,7 @@ type bgpOwner struct {
 	// pools are passed to the speaker.
 	nodeAddr6  netip.Prefix
 	view       *syncer.Syncer
-	kernel     dataplane.Routes
+	table      *routetable.Table
 	log        *slog.Logger
 	metrics    *metrics
 	newSpeaker func() bgp.Speaker
@@ -43,7 +43,7 @@ type bgpOwner struct {
 	sub        *syncer.Subscription
 	kick       chan struct{}
 
-	// learnedMu serialises syncs of the learned routes in the kernel.
+	// learnedMu serialises syncs of the learned routes.
 	learnedMu sync.Mutex
 
 	mu           sync.Mutex
@@ -68,10 +68,15 @@ type bgpOwner struct {
 	advertisedCh chan struct{}
 }
 
-func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel dataplane.Routes, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
-	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, kernel: kernel, speaker: sp, newSpeaker: newSpeaker,
+func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, table *routetable.Table, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
+	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, table: table, speaker: sp, newSpeaker: newSpeaker,
 		settle: settle, metrics: m, log: log, started: time.Now(), kick: make(chan struct{}, 1)}
 	b.sub = view.Subscribe("bgp", b.affects)
+	if table != nil {
+		// Until BGP has converged after a start, learned routes already in
+		// the kernel stay, so that a restart does not cut traffic.
+		table.HoldDeletes(routetable.Learned, true)
+	}
 	return b
 }
 
@@ -296,7 +301,8 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 
 // importContext is what no learned route may override: this node's
 // workload addresses, its blocks, its subnets and its own (non-Tabby)
-// kernel routes, of both families.
+// kernel routes, of both families, as the route table last read them (it
+// also keeps learned routes off them itself).
 func (b *bgpOwner) importContext() bgp.ImportContext {
 	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
 	if b.nodeAddr6.IsValid() {
@@ -309,22 +315,16 @@ func (b *bgpOwner) importContext() bgp.ImportContext {
 	for _, blk := range b.view.BlocksOf(b.node) {
 		ic.Blocks = append(ic.Blocks, blk.CIDR)
 	}
-	if nr, ok := b.kernel.(interface {
-		NodeRoutes() ([]netip.Prefix, error)
-	}); ok {
-		rs, err := nr.NodeRoutes()
-		if err != nil {
-			b.log.Warn("reading the node's own routes; learned routes are checked without them", "err", err)
-		}
-		ic.NodeRoutes = rs
+	if b.table != nil {
+		ic.NodeRoutes = b.table.NodeRoutes()
 	}
 	return ic
 }
 
-// syncLearned makes the kernel's BGP routes equal to the speaker's latest
-// best routes, minus those that would override this node's own (see
-// bgp.FilterLearned). It reads only memory and the kernel, so a new route
-// set lands at once.
+// syncLearned hands the route table the speaker's latest best routes,
+// minus those that would override this node's own (see bgp.FilterLearned),
+// as the learned class, and applies it. It reads only memory (and the
+// kernel at the table's periodic resync), so a new route set lands at once.
 func (b *bgpOwner) syncLearned() (int, error) {
 	b.learnedMu.Lock()
 	defer b.learnedMu.Unlock()
@@ -342,13 +342,9 @@ func (b *bgpOwner) syncLearned() (int, error) {
 		}
 	}
 	b.metrics.routes.WithLabelValues("bgp-rejected").Set(float64(len(rejected)))
-	var r dataplane.Routes = b.kernel
-	if !converged {
-		// Until BGP has converged after a start, learned routes already in
-		// the kernel stay, so that a restart does not cut traffic.
-		r = keepRoutes{b.kernel}
-	}
-	if err := dataplane.SyncRoutes(r, dataplane.RouteProtoBGP, learned); err != nil {
+	b.table.HoldDeletes(routetable.Learned, !converged)
+	err := b.table.SetClass(routetable.Learned, learned)
+	if err = errors.Join(err, b.table.Apply(routetable.Learned)); err != nil {
 		return len(learned), fmt.Errorf("learned routes: %w", err)
 	}
 	b.metrics.routes.WithLabelValues("bgp").Set(float64(len(learned)))
@@ -363,12 +359,6 @@ func (b *bgpOwner) importChanged() bool {
 	defer b.mu.Unlock()
 	return !reflect.DeepEqual(ic, b.importCtx)
 }
-
-// keepRoutes is a Routes that deletes nothing; a sync through it still adds
-// and replaces everything it wants.
-type keepRoutes struct{ dataplane.Routes }
-
-func (keepRoutes) Delete(dataplane.Route) error { return nil }
 
 // learnedLoop installs BGP's best routes as the speaker delivers them and
 // retries a failed install every second. The session poll that decides

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -46,7 +47,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 		ipam:   ipam.New(store),
 		wl:     wl,
 		view:   v,
-		routes: newRouteOwner("node1", v, routes, testLogger()),
+		routes: newRouteOwner("node1", v, routetable.New(routes, 0), testLogger()),
 		log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	return &handlerEnv{h: h, store: store, view: v, wl: wl, routes: routes}

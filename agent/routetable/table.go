@@ -95,7 +95,7 @@ func (t *Table) SetClass(c Class, routes []dataplane.Route) error {
 			continue
 		}
 		if prev, dup := next[rt.Dst]; dup {
-			if !prev.Satisfies(rt) || !rt.Satisfies(prev) {
+			if !same(prev, rt) {
 				errs = append(errs, fmt.Errorf("%v routes %v and %v share a destination; keeping the first", c, prev, rt))
 			}
 			continue
@@ -200,5 +200,7 @@ func (t *Table) winner(dst netip.Prefix) (dataplane.Route, Class, bool) {
 	return dataplane.Route{}, 0, false
 }
 
-// same reports whether two desired routes program the same kernel route.
-func same(a, b dataplane.Route) bool { return a.Satisfies(b) && b.Satisfies(a) }
+// same reports whether two normalized desired routes are the same route.
+func same(a, b dataplane.Route) bool {
+	return a.Dst == b.Dst && a.Type == b.Type && a.Dev == b.Dev && a.Proto == b.Proto && slices.Equal(a.Gateways, b.Gateways)
+}

@@ -132,7 +132,7 @@ func reports(report []Class, c Class) bool { return len(report) == 0 || slices.C
 // replace makes want the kernel's route for dst (force: even if applied
 // says it has it); t.mu is held.
 func (t *Table) replace(dst netip.Prefix, want dataplane.Route, c Class, force bool) error {
-	if have, ok := t.applied[dst]; ok && !force && want.Satisfies(have) {
+	if have, ok := t.applied[dst]; ok && !force && satisfied(want, have) {
 		delete(t.dirty, dst)
 		delete(t.held, dst)
 		return nil
@@ -188,7 +188,7 @@ func (t *Table) deleteStrays(report []Class) []error {
 			keep = append(keep, rt)
 			continue
 		}
-		if w, ok := t.applied[rt.Dst]; ok && w.Satisfies(rt) && rt.Satisfies(w) {
+		if w, ok := t.applied[rt.Dst]; ok && same(w, rt) {
 			continue // listed twice; nothing to delete
 		}
 		if err := t.kernel.Delete(rt); err != nil {
@@ -202,4 +202,14 @@ func (t *Table) deleteStrays(report []Class) []error {
 	}
 	t.strays = keep
 	return errs
+}
+
+// satisfied is dataplane.Route.Satisfies for routes already normalized
+// (the table's and the kernel's listings are), without copying them.
+func satisfied(want, have dataplane.Route) bool {
+	if !same(dataplane.Route{Dst: want.Dst, Type: want.Type, Proto: want.Proto, Gateways: want.Gateways},
+		dataplane.Route{Dst: have.Dst, Type: have.Type, Proto: have.Proto, Gateways: have.Gateways}) {
+		return false
+	}
+	return (want.Dev == "" && len(want.Gateways) > 0) || want.Dev == have.Dev
 }

@@ -178,9 +178,8 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, a.cfg.GoBGPAPI)
-	table := routetable.New(a.deps.Routes, a.cfg.ResyncInterval)
-	a.routes = newRouteOwner(a.cfg.NodeName, a.view, table, a.log.With("component", "routes"))
-	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, table, a.deps.Speaker, a.deps.NewSpeaker,
+	a.routes = newRouteOwner(a.cfg.NodeName, a.view, routetable.New(a.deps.Routes, a.cfg.ResyncInterval), a.log.With("component", "routes"))
+	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.routes.table, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
 	a.bgp.nodeAddr6 = a.nodeAddr6
 	// Learned routes are held until BGP converged only to protect those an

@@ -14,9 +14,10 @@ import (
 // and replaces before deletes. At the first call, after Resync and once per
 // resync interval it first reads the kernel's Tabby routes and the node's
 // own routes and diffs every destination against them, which removes
-// orphans and repairs routes changed behind the table's back. It keeps
-// going after a failure (the destination stays dirty, so the next Apply
-// retries it) and returns errors.Join of every failure.
+// orphans and repairs routes changed behind the table's back; if that
+// read fails, the changes are applied all the same and the next Apply reads
+// again. It keeps going after a failure (the destination stays dirty, so
+// the next Apply retries it) and returns errors.Join of every failure.
 //
 // Only the errors of the given classes are returned (all, if none is
 // given): a failed destination of another class stays dirty for its own
@@ -24,12 +25,11 @@ import (
 func (t *Table) Apply(classes ...Class) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	var readErr error
 	if t.needFull || t.now().Sub(t.lastFull) >= t.resyncEvery {
-		if err := t.readKernel(); err != nil {
-			return err
-		}
+		readErr = t.readKernel() // on failure, the changes are still applied
 	}
-	return t.applyDirty(nil, classes)
+	return errors.Join(readErr, t.applyDirty(nil, classes))
 }
 
 // Flush programs the winners of the given destinations now, whether or not

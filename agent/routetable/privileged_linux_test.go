@@ -34,14 +34,16 @@ func ipIn(t testing.TB, ns string, args ...string) string {
 	return string(out)
 }
 
-// TestPrivilegedLearnedNeverOverLocalOrNodeRoutes: in a node namespace of
-// its own, learned IPv4 and IPv6 routes equal to the node's connected
-// subnets, to its static routes (found at the full sync, and one added
-// after it) and to a local pod's /32 and /128 never replace them; once the
-// pod's routes go, its addresses' learned routes take their place.
-func TestPrivilegedLearnedNeverOverLocalOrNodeRoutes(t *testing.T) {
-	requireRoot(t)
-	ns := fmt.Sprintf("tbrt-%d", os.Getpid())
+var nsSeq int
+
+// nodeNetNS makes a node namespace, removed when the test ends: an uplink
+// eth0 (198.18.0.11/24, fd00:198:18::11/64; its veth peer stays in the
+// namespace, so nothing leaves it), static routes of both families and a
+// pod's host end cali0000000000a; it returns Routes acting in it.
+func nodeNetNS(t *testing.T, role string) (string, *dataplane.NetlinkRoutes) {
+	t.Helper()
+	nsSeq++
+	ns := fmt.Sprintf("tbrt-%s-%d-%d", role, os.Getpid(), nsSeq)
 	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v: %s", ns, err, out)
 	}
@@ -50,17 +52,16 @@ func TestPrivilegedLearnedNeverOverLocalOrNodeRoutes(t *testing.T) {
 			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
 		}
 	})
-	const pod = "cali0000000000a"
 	for _, args := range [][]string{
 		{"link", "set", "lo", "up"},
-		{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"}, // both ends stay here
+		{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},
 		{"link", "set", "eth1", "up"},
 		{"addr", "add", "198.18.0.11/24", "dev", "eth0"},
 		{"-6", "addr", "add", "fd00:198:18::11/64", "dev", "eth0", "nodad"},
 		{"link", "set", "eth0", "up"},
-		{"link", "add", pod, "type", "veth", "peer", "name", "calipeer0"},
+		{"link", "add", "cali0000000000a", "type", "veth", "peer", "name", "calipeer0"},
 		{"link", "set", "calipeer0", "up"},
-		{"link", "set", pod, "up"},
+		{"link", "set", "cali0000000000a", "up"},
 		{"route", "add", "10.96.0.0/12", "via", "198.18.0.1", "proto", "static"},
 		{"-6", "route", "add", "fd00:96::/108", "via", "fd00:198:18::1", "proto", "static"},
 	} {
@@ -70,7 +71,32 @@ func TestPrivilegedLearnedNeverOverLocalOrNodeRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer kernel.Close()
+	t.Cleanup(func() { kernel.Close() })
+	return ns, kernel
+}
+
+func listed(t *testing.T, kernel dataplane.Routes, proto int) []string {
+	t.Helper()
+	rs, err := kernel.List(proto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, rt := range rs {
+		out = append(out, rt.String())
+	}
+	return out
+}
+
+// TestPrivilegedLearnedNeverOverLocalOrNodeRoutes: in a node namespace of
+// its own, learned IPv4 and IPv6 routes equal to the node's connected
+// subnets, to its static routes (found at the full sync, and one added
+// after it) and to a local pod's /32 and /128 never replace them; once the
+// pod's routes go, its addresses' learned routes take their place.
+func TestPrivilegedLearnedNeverOverLocalOrNodeRoutes(t *testing.T) {
+	requireRoot(t)
+	const pod = "cali0000000000a"
+	ns, kernel := nodeNetNS(t, "n")
 	node4, node6 := ipIn(t, ns, "route", "show"), ipIn(t, ns, "-6", "route", "show")
 
 	table := New(kernel, time.Hour)
@@ -91,16 +117,7 @@ func TestPrivilegedLearnedNeverOverLocalOrNodeRoutes(t *testing.T) {
 	must(table.SetClass(Learned, remote))
 	must(table.SetClass(Workload, local))
 	must(table.Apply())
-	list := func(proto int) []string {
-		t.Helper()
-		rs, err := kernel.List(proto)
-		must(err)
-		var out []string
-		for _, rt := range rs {
-			out = append(out, rt.String())
-		}
-		return out
-	}
+	list := func(proto int) []string { t.Helper(); return listed(t, kernel, proto) }
 	wantLocal := []string{
 		"10.244.0.5/32 dev cali0000000000a scope link proto 80",
 		"fd00:10:244::5/128 dev cali0000000000a scope link proto 80",
@@ -156,5 +173,52 @@ func TestPrivilegedLearnedNeverOverLocalOrNodeRoutes(t *testing.T) {
 	must(table.Apply())
 	if after := table.Stats(); after.Replaced != before.Replaced || after.Deleted != before.Deleted {
 		t.Errorf("a full sync of a converged table changed routes: %+v → %+v", before, after)
+	}
+}
+
+// TestPrivilegedOrphansAfterCrash: a restarted agent's table finds an
+// earlier run's routes of both protocols and families. Local orphans go at
+// the first Apply, learned ones stay while learned deletes are held (BGP
+// not converged yet) and go once the hold is lifted; a route the new run
+// wants again is kept or replaced, never deleted first.
+func TestPrivilegedOrphansAfterCrash(t *testing.T) {
+	requireRoot(t)
+	ns, kernel := nodeNetNS(t, "o")
+	for _, args := range [][]string{
+		{"route", "add", "blackhole", "10.244.7.0/26", "proto", "80"},
+		{"-6", "route", "add", "blackhole", "fd00:10:244:7::/122", "proto", "80"},
+		{"route", "add", "10.244.0.9/32", "dev", "cali0000000000a", "proto", "80"},
+		{"route", "add", "10.244.9.0/26", "via", "198.18.0.19", "proto", "81"},
+		{"-6", "route", "add", "fd00:10:244:9::/122", "via", "fd00:198:18::19", "proto", "81"},
+		{"route", "add", "10.244.1.0/26", "via", "198.18.0.19", "proto", "81"},
+	} {
+		ipIn(t, ns, args...)
+	}
+	table := New(kernel, time.Hour)
+	table.HoldDeletes(Learned, true)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(table.SetClass(Workload, []dataplane.Route{wl("10.244.0.9/32", "cali0000000000a")}))
+	must(table.SetClass(Learned, []dataplane.Route{learned("10.244.1.0/26", "198.18.0.12")}))
+	must(table.Apply())
+	if diff := cmp.Diff([]string{"10.244.0.9/32 dev cali0000000000a scope link proto 80"}, listed(t, kernel, dataplane.RouteProtoWorkload)); diff != "" {
+		t.Errorf("local routes after the first Apply (-want +got):\n%s", diff)
+	}
+	wantLearned := []string{
+		"10.244.1.0/26 via 198.18.0.12 dev eth0 proto 81",
+		"10.244.9.0/26 via 198.18.0.19 dev eth0 proto 81",
+		"fd00:10:244:9::/122 via fd00:198:18::19 dev eth0 proto 81",
+	}
+	if diff := cmp.Diff(wantLearned, listed(t, kernel, dataplane.RouteProtoBGP)); diff != "" {
+		t.Errorf("learned routes while held (-want +got):\n%s", diff)
+	}
+	table.HoldDeletes(Learned, false)
+	must(table.Apply())
+	if diff := cmp.Diff(wantLearned[:1], listed(t, kernel, dataplane.RouteProtoBGP)); diff != "" {
+		t.Errorf("learned routes after the hold (-want +got):\n%s", diff)
 	}
 }

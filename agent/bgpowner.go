@@ -56,7 +56,8 @@ type bgpOwner struct {
 	learned      []bgp.LearnedRoute
 	importCtx    bgp.ImportContext // what the last sync protected
 	rejected     []bgp.Rejected
-	learnedAny   bool // a speaker has delivered a route set
+	suppressed   []netip.Prefix // learned routes the table keeps off node routes
+	learnedAny   bool           // a speaker has delivered a route set
 	converged    bool
 	allUpSince   time.Time
 	peerStatus   []bgp.PeerStatus
@@ -300,9 +301,8 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 }
 
 // importContext is what no learned route may override: this node's
-// workload addresses, its blocks, its subnets and its own (non-Tabby)
-// kernel routes, of both families, as the route table last read them (it
-// also keeps learned routes off them itself).
+// workload addresses, its blocks and its subnets, of both families. The
+// node's own (non-Tabby) kernel routes are the route table's to guard.
 func (b *bgpOwner) importContext() bgp.ImportContext {
 	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
 	if b.nodeAddr6.IsValid() {
@@ -314,9 +314,6 @@ func (b *bgpOwner) importContext() bgp.ImportContext {
 	}
 	for _, blk := range b.view.BlocksOf(b.node) {
 		ic.Blocks = append(ic.Blocks, blk.CIDR)
-	}
-	if b.table != nil {
-		ic.NodeRoutes = b.table.NodeRoutes()
 	}
 	return ic
 }
@@ -341,10 +338,13 @@ func (b *bgpOwner) syncLearned() (int, error) {
 			b.log.Warn("learned route not installed: it would override this node's own", "prefix", r.Route.Prefix, "over", r.Over, "nexthops", r.Route.NextHops)
 		}
 	}
-	b.metrics.routes.WithLabelValues("bgp-rejected").Set(float64(len(rejected)))
 	b.table.HoldDeletes(routetable.Learned, !converged)
 	err := b.table.SetClass(routetable.Learned, learned)
-	if err = errors.Join(err, b.table.Apply(routetable.Learned)); err != nil {
+	err = errors.Join(err, b.table.Apply(routetable.Learned))
+	suppressed := b.table.Suppressed()
+	b.logSuppressed(suppressed)
+	b.metrics.routes.WithLabelValues("bgp-rejected").Set(float64(len(rejected) + len(suppressed)))
+	if err != nil {
 		return len(learned), fmt.Errorf("learned routes: %w", err)
 	}
 	b.metrics.routes.WithLabelValues("bgp").Set(float64(len(learned)))
@@ -352,12 +352,33 @@ func (b *bgpOwner) syncLearned() (int, error) {
 }
 
 // importChanged reports whether what learned routes must not override
-// changed since the last sync (a new local pod or block, a new node route).
+// changed since the last sync (a new local pod or block; a node route that
+// kept a learned route off its destination came or went).
 func (b *bgpOwner) importChanged() bool {
 	ic := b.importContext()
+	nodeChanged, err := false, error(nil)
+	if b.table != nil {
+		if nodeChanged, err = b.table.RefreshNodeRoutes(); err != nil {
+			b.log.Warn("reading the node's own routes", "err", err)
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return !reflect.DeepEqual(ic, b.importCtx)
+	return nodeChanged || !reflect.DeepEqual(ic, b.importCtx)
+}
+
+// logSuppressed logs, once per change, the learned routes the route table
+// keeps off the node's own routes.
+func (b *bgpOwner) logSuppressed(dsts []netip.Prefix) {
+	b.mu.Lock()
+	changed := !slices.Equal(dsts, b.suppressed)
+	b.suppressed = dsts
+	b.mu.Unlock()
+	if changed {
+		for _, p := range dsts {
+			b.log.Warn("learned route not installed: it would override this node's own", "prefix", p, "over", p)
+		}
+	}
 }
 
 // learnedLoop installs BGP's best routes as the speaker delivers them and

@@ -95,3 +95,21 @@ func sortRouteLines(lines []string) []string {
 	slices.SortFunc(out, func(a, b string) int { return dst(a).Compare(dst(b)) })
 	return out
 }
+
+// Wire fails, naming the winner, when another workload's route holds the
+// destination; the kernel keeps that route.
+func TestWireDestinationTaken(t *testing.T) {
+	kernel := fake.NewRoutes()
+	ro := newRouteOwner("node1", startView(t, syncertest.Static{}), routetable.New(kernel, 0), testLogger())
+	addr := []netip.Prefix{netip.MustParsePrefix("10.244.0.5/32")}
+	if err := ro.Wire("cali000000000aa", dataplane.HostRoutes(dataplane.WorkloadSpec{HostIfName: "cali000000000aa", Addrs: addr})); err != nil {
+		t.Fatal(err)
+	}
+	err := ro.Wire("cali000000000bb", dataplane.HostRoutes(dataplane.WorkloadSpec{HostIfName: "cali000000000bb", Addrs: addr}))
+	if err == nil || !strings.Contains(err.Error(), "taken by 10.244.0.5/32 dev cali000000000aa") {
+		t.Errorf("Wire over another workload's address = %v, want the destination taken", err)
+	}
+	if diff := cmp.Diff([]string{"10.244.0.5/32 dev cali000000000aa scope link proto 80"}, kernel.Lines()); diff != "" {
+		t.Errorf("kernel (-want +got):\n%s", diff)
+	}
+}

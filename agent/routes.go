@@ -159,12 +159,18 @@ func (r *routeOwner) Wire(hostIf string, routes []dataplane.Route) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.wiring[hostIf] = wiringEntry{routes: slices.Clone(routes), since: time.Now()}
-	err := r.table.SetClass(routetable.Workload, r.workloadRoutes())
+	// Problems with other workloads' routes are the pass's to report;
+	// this workload's routes must win their destinations.
+	_ = r.table.SetClass(routetable.Workload, r.workloadRoutes())
+	var errs []error
 	dsts := make([]netip.Prefix, 0, len(routes))
 	for _, rt := range routes {
 		dsts = append(dsts, rt.Dst)
+		if w, ok := r.table.Winner(rt.Dst); !ok || !rt.Satisfies(w) {
+			errs = append(errs, fmt.Errorf("adding route %s dev %s: the destination is taken by %v", rt.Dst, rt.Dev, w))
+		}
 	}
-	return errors.Join(err, r.table.Flush(dsts))
+	return errors.Join(append(errs, r.table.Flush(dsts))...)
 }
 
 // Unwire forgets a workload whose ADD failed; the next pass removes what

@@ -159,6 +159,60 @@ func (t *Table) NodeRoutes() []netip.Prefix {
 	return out
 }
 
+// Suppressed returns the destinations a remote class (learned, tunnel)
+// wants but that are the node's own routes, sorted.
+func (t *Table) Suppressed() []netip.Prefix {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.suppressed()
+}
+
+// suppressed: see Suppressed; t.mu is held.
+func (t *Table) suppressed() []netip.Prefix {
+	var out []netip.Prefix
+	for dst := range t.node {
+		if slices.ContainsFunc(byPriority, func(c Class) bool { _, ok := t.classes[c][dst]; return ok && c.Remote() }) {
+			out = append(out, dst)
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return out
+}
+
+// RefreshNodeRoutes re-reads the node's own routes if a remote class's
+// route is kept off one of them (and reads nothing otherwise), so that the
+// learned route takes the destination soon after the node route goes, not
+// only at the next full sync. It reports whether they changed; the next
+// Apply programs what that changes.
+func (t *Table) RefreshNodeRoutes() (bool, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.suppressed()) == 0 {
+		return false, nil
+	}
+	node, err := t.kernel.NodeRoutes()
+	if err != nil {
+		return false, fmt.Errorf("listing the node's own routes: %w", err)
+	}
+	next := make(map[netip.Prefix]bool, len(node))
+	for _, p := range node {
+		next[p.Masked()] = true
+	}
+	changed := false
+	for p := range next {
+		if !t.node[p] {
+			t.dirty[p], changed = true, true
+		}
+	}
+	for p := range t.node {
+		if !next[p] {
+			t.dirty[p], changed = true, true
+		}
+	}
+	t.node = next
+	return changed, nil
+}
+
 // Stats returns the counters so far.
 func (t *Table) Stats() Stats {
 	t.mu.Lock()
@@ -185,6 +239,14 @@ func (t *Table) Winners() []dataplane.Route {
 	}
 	slices.SortFunc(out, dataplane.CompareRoutes)
 	return out
+}
+
+// Winner returns the route that wins dst, if any.
+func (t *Table) Winner(dst netip.Prefix) (dataplane.Route, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rt, _, ok := t.winner(dst.Masked())
+	return rt, ok
 }
 
 // winner is the route of the highest class that wants dst, skipping remote

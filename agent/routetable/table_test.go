@@ -393,3 +393,37 @@ func TestSetClassRejects(t *testing.T) {
 		t.Error("SetClass of no class succeeded")
 	}
 }
+
+// While a learned route is kept off a node route, RefreshNodeRoutes
+// re-reads the node's routes, and the learned route takes the destination
+// once the node route is gone; with nothing kept off, it reads nothing.
+func TestRefreshNodeRoutes(t *testing.T) {
+	kernel := fake.NewRoutes(dataplane.Route{Dst: pfx("::/0"), Gateways: []netip.Addr{netip.MustParseAddr("fd00:198:18::1")}, Proto: 3})
+	table := New(kernel, time.Hour)
+	if err := table.SetClass(Learned, []dataplane.Route{learned("::/0", "fd00:198:18::12")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if got := table.Suppressed(); !slices.Equal(got, []netip.Prefix{pfx("::/0")}) {
+		t.Errorf("Suppressed = %v, want ::/0", got)
+	}
+	if changed, err := table.RefreshNodeRoutes(); changed || err != nil {
+		t.Errorf("RefreshNodeRoutes with the node route in place = %v, %v", changed, err)
+	}
+	kernel.Remove(pfx("::/0"))
+	if changed, err := table.RefreshNodeRoutes(); !changed || err != nil {
+		t.Errorf("RefreshNodeRoutes after the node route went = %v, %v; want a change", changed, err)
+	}
+	if err := table.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"default via fd00:198:18::12 proto 81"}, kernel.Lines()); diff != "" {
+		t.Errorf("kernel (-want +got):\n%s", diff)
+	}
+	kernel.SetFail("NodeRoutes", fake.ErrInjected)
+	if changed, err := table.RefreshNodeRoutes(); changed || err != nil {
+		t.Errorf("RefreshNodeRoutes with nothing kept off = %v, %v; want no read", changed, err)
+	}
+}

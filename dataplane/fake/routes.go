@@ -89,6 +89,14 @@ func (r *Routes) Add(rt dataplane.Route) {
 	r.put(rt.Normalized())
 }
 
+// Remove deletes the route for dst, whatever its protocol, as `ip route
+// del` by another program would.
+func (r *Routes) Remove(dst netip.Prefix) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.routes, dst.Masked())
+}
+
 func (r *Routes) put(rt dataplane.Route) {
 	if r.routes == nil {
 		r.routes = map[netip.Prefix]dataplane.Route{}

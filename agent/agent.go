@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tabbynet/tabby/agent/attach"
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -174,8 +175,8 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, addrPortOrEmpty(a.cfg.GoBGPAPI))
-	a.routes = newRouteOwner(a.cfg.NodeName, a.view, a.deps.Routes, a.log.With("component", "routes"))
-	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.deps.Routes, a.deps.Speaker, a.deps.NewSpeaker,
+	a.routes = newRouteOwner(a.cfg.NodeName, a.view, routetable.New(a.deps.Routes, a.cfg.ResyncInterval), a.log.With("component", "routes"))
+	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.routes.table, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
 	a.bgp.nodeAddr6 = a.nodeAddr6
 	// Learned routes are held until BGP converged only to protect those an

@@ -11,10 +11,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/bgp/session"
-	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -25,8 +25,8 @@ const convergeHold = 3 * time.Second
 
 // bgpOwner owns the BGP side of the node: the speaker (restarted when the
 // node's BGP identity changes), its peers and advertisements computed from
-// the view, and the kernel's learned routes (protocol RouteProtoBGP, of
-// which it is the one writer), fed straight from the speaker.
+// the view, and the learned route class (protocol RouteProtoBGP), fed
+// straight from the speaker and handed to the route table.
 //
 // Its state comes in parts, one per concern, each an embedded struct that
 // mu guards: speakerLife (the speaker and its identity), bgpSessions (the
@@ -41,13 +41,13 @@ type bgpOwner struct {
 	// pools are passed to the speaker.
 	nodeAddr6 netip.Prefix
 	view      *syncer.Syncer
-	kernel    dataplane.Routes
+	table     *routetable.Table
 	log       *slog.Logger
 	metrics   *metrics
 	sub       *syncer.Signal
 	kick      chan struct{}
 
-	// learnedMu serialises syncs of the learned routes in the kernel.
+	// learnedMu serialises syncs of the learned routes.
 	learnedMu sync.Mutex
 
 	mu sync.Mutex
@@ -101,16 +101,22 @@ type learnedState struct {
 	learned    []bgp.LearnedRoute
 	importCtx  bgp.ImportContext // what the last sync protected
 	rejected   []bgp.Rejected
-	learnedAny bool // a speaker has delivered a route set
+	suppressed []netip.Prefix // learned routes the table keeps off node routes
+	learnedAny bool           // a speaker has delivered a route set
 }
 
-func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, kernel dataplane.Routes, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
-	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, kernel: kernel, metrics: m, log: log, kick: make(chan struct{}, 1),
+func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, table *routetable.Table, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
+	b := &bgpOwner{node: node, nodeAddr: nodeAddr, view: view, table: table, metrics: m, log: log, kick: make(chan struct{}, 1),
 		speakerLife:   speakerLife{speaker: sp, newSpeaker: newSpeaker},
 		bgpSessions:   bgpSessions{started: time.Now(), settle: settle},
 		bgpAdvertiser: bgpAdvertiser{sources: bgp.DefaultSources()},
 	}
 	b.sub = view.Notify("bgp", b.affects()...)
+	if table != nil {
+		// Until BGP has converged after a start, learned routes already in
+		// the kernel stay, so that a restart does not cut traffic.
+		table.HoldDeletes(routetable.Learned, true)
+	}
 	return b
 }
 
@@ -344,8 +350,8 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 }
 
 // importContext is what no learned route may override: this node's
-// workload addresses, its blocks, its subnets and its own (non-Tabby)
-// kernel routes, of both families.
+// workload addresses, its blocks and its subnets, of both families. The
+// node's own (non-Tabby) kernel routes are the route table's to guard.
 func (b *bgpOwner) importContext() bgp.ImportContext {
 	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
 	if b.nodeAddr6.IsValid() {
@@ -358,22 +364,13 @@ func (b *bgpOwner) importContext() bgp.ImportContext {
 	for _, blk := range b.view.BlocksOf(b.node) {
 		ic.Blocks = append(ic.Blocks, blk.CIDR)
 	}
-	if nr, ok := b.kernel.(interface {
-		NodeRoutes() ([]netip.Prefix, error)
-	}); ok {
-		rs, err := nr.NodeRoutes()
-		if err != nil {
-			b.log.Warn("reading the node's own routes; learned routes are checked without them", "err", err)
-		}
-		ic.NodeRoutes = rs
-	}
 	return ic
 }
 
-// syncLearned makes the kernel's BGP routes equal to the speaker's latest
-// best routes, minus those that would override this node's own (see
-// bgp.FilterLearned). It reads only memory and the kernel, so a new route
-// set lands at once.
+// syncLearned hands the route table the speaker's latest best routes,
+// minus those that would override this node's own (see bgp.FilterLearned),
+// as the learned class, and applies it. It reads only memory (and the
+// kernel at the table's periodic resync), so a new route set lands at once.
 func (b *bgpOwner) syncLearned() (int, error) {
 	b.learnedMu.Lock()
 	defer b.learnedMu.Unlock()
@@ -390,14 +387,13 @@ func (b *bgpOwner) syncLearned() (int, error) {
 			b.log.Warn("learned route not installed: it would override this node's own", "prefix", r.Route.Prefix, "over", r.Over, "nexthops", r.Route.NextHops)
 		}
 	}
-	b.metrics.routes.WithLabelValues("bgp-rejected").Set(float64(len(rejected)))
-	var r dataplane.Routes = b.kernel
-	if !converged {
-		// Until BGP has converged after a start, learned routes already in
-		// the kernel stay, so that a restart does not cut traffic.
-		r = keepRoutes{b.kernel}
-	}
-	if err := dataplane.SyncRoutes(r, dataplane.RouteProtoBGP, learned); err != nil {
+	b.table.HoldDeletes(routetable.Learned, !converged)
+	err := b.table.SetClass(routetable.Learned, learned)
+	err = errors.Join(err, b.table.Apply(routetable.Learned))
+	suppressed := b.table.Suppressed()
+	b.logSuppressed(suppressed)
+	b.metrics.routes.WithLabelValues("bgp-rejected").Set(float64(len(rejected) + len(suppressed)))
+	if err != nil {
 		return len(learned), fmt.Errorf("learned routes: %w", err)
 	}
 	b.metrics.routes.WithLabelValues("bgp").Set(float64(len(learned)))
@@ -405,19 +401,34 @@ func (b *bgpOwner) syncLearned() (int, error) {
 }
 
 // importChanged reports whether what learned routes must not override
-// changed since the last sync (a new local pod or block, a new node route).
+// changed since the last sync (a new local pod or block; a node route that
+// kept a learned route off its destination came or went).
 func (b *bgpOwner) importChanged() bool {
 	ic := b.importContext()
+	nodeChanged, err := false, error(nil)
+	if b.table != nil {
+		if nodeChanged, err = b.table.RefreshNodeRoutes(); err != nil {
+			b.log.Warn("reading the node's own routes", "err", err)
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return !reflect.DeepEqual(ic, b.importCtx)
+	return nodeChanged || !reflect.DeepEqual(ic, b.importCtx)
 }
 
-// keepRoutes is a Routes that deletes nothing; a sync through it still adds
-// and replaces everything it wants.
-type keepRoutes struct{ dataplane.Routes }
-
-func (keepRoutes) Delete(dataplane.Route) error { return nil }
+// logSuppressed logs, once per change, the learned routes the route table
+// keeps off the node's own routes.
+func (b *bgpOwner) logSuppressed(dsts []netip.Prefix) {
+	b.mu.Lock()
+	changed := !slices.Equal(dsts, b.suppressed)
+	b.suppressed = dsts
+	b.mu.Unlock()
+	if changed {
+		for _, p := range dsts {
+			b.log.Warn("learned route not installed: it would override this node's own", "prefix", p, "over", p)
+		}
+	}
+}
 
 // learnedLoop installs BGP's best routes as the speaker delivers them and
 // retries a failed install every second. The session poll that decides

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/agent/attach"
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -43,7 +44,7 @@ func newHandlerEnv(t *testing.T) *handlerEnv {
 	wl := fake.NewWorkloads(routes)
 	v := startView(t, store)
 	alloc := ipam.New(store)
-	h := newCNIHandler(t.Context(), "node1", store, alloc, wl, v, newRouteOwner("node1", v, routes, testLogger()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := newCNIHandler(t.Context(), "node1", store, alloc, wl, v, newRouteOwner("node1", v, routetable.New(routes, 0), testLogger()), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	return &handlerEnv{h: h, alloc: alloc, store: store, view: v, wl: wl, routes: routes}
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/dataplane"
@@ -17,7 +18,7 @@ import (
 func newTestBGPOwner(t *testing.T, sp bgp.Speaker, routes dataplane.Routes) *bgpOwner {
 	t.Helper()
 	v := startView(t, syncertest.Static{})
-	b := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), v, routes, sp, nil, 30*time.Second, newMetrics(), testLogger())
+	b := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), v, routetable.New(routes, 0), sp, nil, 30*time.Second, newMetrics(), testLogger())
 	return b
 }
 

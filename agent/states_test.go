@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/dataplane"
@@ -192,8 +193,9 @@ func replay(t *testing.T, seed uint64, steps int) {
 	}
 	kernel := fake.NewRoutes()
 	sp := newFakeSpeaker()
-	ro := newRouteOwner(self, v, kernel, testLogger())
-	bo := newBGPOwner(self, netip.MustParsePrefix("198.18.0.11/24"), v, kernel, sp, nil, time.Minute, newMetrics(), testLogger())
+	table := routetable.New(kernel, 0)
+	ro := newRouteOwner(self, v, table, testLogger())
+	bo := newBGPOwner(self, netip.MustParsePrefix("198.18.0.11/24"), v, table, sp, nil, time.Minute, newMetrics(), testLogger())
 	bo.speakerCfg = bgp.Config{ASN: api.DefaultASNumber}
 	nodes := []string{"node1", "node2", "node3"}
 	blocks := []netip.Prefix{

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
@@ -23,7 +24,7 @@ func TestStatusRepublishedUnderNewLease(t *testing.T) {
 	a := New(cfg, testLogger(), Deps{Routes: fake.NewRoutes()})
 	a.store = store
 	a.view = startView(t, store)
-	a.routes = newRouteOwner("node1", a.view, a.deps.Routes, testLogger())
+	a.routes = newRouteOwner("node1", a.view, routetable.New(a.deps.Routes, 0), testLogger())
 	a.lease = &leaseHolder{store: store, ttl: 10 * time.Second, log: testLogger(), publish: func(context.Context, datastore.LeaseID) error { return nil }}
 	if err := a.lease.grant(ctx); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
@@ -84,8 +85,9 @@ func TestOwnersPinNothing(t *testing.T) {
 	src := make(syncertest.Script)
 	v := syncertest.Start(t, src, quietLog(), false)
 	routes := fake.NewRoutes()
-	ro := newRouteOwner("node1", v, routes, quietLog())
-	bo := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), v, routes, newFakeSpeaker(), nil, 0, nil, quietLog())
+	table := routetable.New(routes, 0)
+	ro := newRouteOwner("node1", v, table, quietLog())
+	bo := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), v, table, newFakeSpeaker(), nil, 0, nil, quietLog())
 	po := newPolicyOwner("node1", v, &fake.Firewall{}, quietLog())
 	gc := newNodeGC(v, nil, nil, time.Hour, quietLog())
 	src <- datastore.Event{Type: datastore.EventResync, Revision: 1}

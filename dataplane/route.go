@@ -27,7 +27,7 @@ func (t RouteType) String() string {
 	return fmt.Sprintf("RouteType(%d)", int(t))
 }
 
-// Route is one IPv4 route in the main table.
+// Route is one IPv4 or IPv6 route in the main table.
 //
 // A unicast route has a Dev, Gateways, or both. With several Gateways it is an
 // ECMP (multipath) route, one next hop per gateway. With Gateways and no Dev
@@ -44,13 +44,19 @@ type Route struct {
 // Routes reads and writes routes in the main table. Implementations never
 // change a route whose protocol number is not Tabby's (see ErrForeignRoute).
 type Routes interface {
-	// List returns the IPv4 main-table routes with protocol proto, sorted by
-	// Dst, each with its Gateways sorted.
+	// List returns the main-table routes of both families with protocol
+	// proto, sorted by Dst, each with its Gateways sorted.
 	List(proto int) ([]Route, error)
 	// Replace adds the route or replaces the route with the same Dst.
 	Replace(Route) error
 	// Delete removes the route; a missing route is success.
 	Delete(Route) error
+	// NodeRoutes returns the destinations of the main table's routes of
+	// both families that are not Tabby's (connected routes, a default
+	// route from DHCP, static routes, routes of other daemons): the
+	// node's own routes, which no learned route may take the place of.
+	// Sorted, without duplicates.
+	NodeRoutes() ([]netip.Prefix, error)
 }
 
 // Normalized returns r with Dst masked and Gateways sorted and de-duplicated,

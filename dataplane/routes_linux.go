@@ -332,9 +332,7 @@ func deleteRoute(h *netlink.Handle, rt Route) error {
 	return nil
 }
 
-// NodeRoutes returns the destinations of the main table's IPv4 routes that
-// are not Tabby's (connected routes, a default route from DHCP, static
-// routes): the node's own routes, which no learned route may override.
+// NodeRoutes implements Routes, for both families.
 func (r *NetlinkRoutes) NodeRoutes() ([]netip.Prefix, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -342,7 +340,7 @@ func (r *NetlinkRoutes) NodeRoutes() ([]netip.Prefix, error) {
 		return nil, errClosed
 	}
 	nrs, err := retryDump(func() ([]netlink.Route, error) {
-		return r.h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		return r.h.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing the node's routes: %w", err)
@@ -352,13 +350,13 @@ func (r *NetlinkRoutes) NodeRoutes() ([]netip.Prefix, error) {
 		if OwnedProto(int(nr.Protocol)) {
 			continue
 		}
-		dst := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		dst := netip.PrefixFrom(unspecified(nr.Family), 0)
 		if nr.Dst != nil {
 			p, ok := prefixOf(nr.Dst)
 			if !ok {
 				continue
 			}
-			dst = p
+			dst = p.Masked()
 		}
 		out = append(out, dst)
 	}

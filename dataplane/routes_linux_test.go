@@ -235,3 +235,32 @@ func TestPrivilegedRoutesForeignIPv6(t *testing.T) {
 	}
 	foreignRoutesIntact(t, node)
 }
+
+// NodeRoutes lists the node's own routes of both families (connected,
+// static, other protocols) and none of Tabby's.
+func TestPrivilegedNodeRoutesBothFamilies(t *testing.T) {
+	testkit.RequirePrivileged(t, "ip")
+	node, r := routeNode(t)
+	run(t, "ip", "-n", node.Name, "-6", "addr", "add", "fd00:198:18::1/64", "dev", "eth0", "nodad")
+	run(t, "ip", "-n", node.Name, "-6", "route", "add", "fd00:96::/108", "via", "fd00:198:18::2", "proto", "static")
+	run(t, "ip", "-n", node.Name, "route", "add", "blackhole", "10.244.7.0/26", "proto", "80")
+	run(t, "ip", "-n", node.Name, "-6", "route", "add", "fd00:10:244:7::/122", "via", "fd00:198:18::2", "proto", "81")
+	got, err := r.NodeRoutes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := map[string]bool{}
+	for _, p := range got {
+		has[p.String()] = true
+	}
+	for _, want := range []string{"198.18.0.0/24", "10.96.0.0/12", "10.244.5.0/26", "fd00:198:18::/64", "fd00:96::/108"} {
+		if !has[want] {
+			t.Errorf("NodeRoutes lacks %s: %v", want, got)
+		}
+	}
+	for _, ours := range []string{"10.244.7.0/26", "fd00:10:244:7::/122"} {
+		if has[ours] {
+			t.Errorf("NodeRoutes lists Tabby's route %s: %v", ours, got)
+		}
+	}
+}

@@ -20,7 +20,8 @@ import (
 // failer holds injected failures keyed by operation name.
 type failer struct {
 	// FailOn makes an operation fail with the given error. Keys are the
-	// method name ("List", "Replace", "Delete", "Setup", "Teardown", "Check")
+	// method name ("List", "NodeRoutes", "Replace", "Delete", "Setup",
+	// "Teardown", "Check")
 	// or the method name, a space and the destination prefix or host
 	// interface name ("Replace 10.244.0.0/26", "Setup cali0123456789a").
 	// Set it before the fake is shared between goroutines, or use SetFail.
@@ -86,6 +87,14 @@ func (r *Routes) Add(rt dataplane.Route) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.put(rt.Normalized())
+}
+
+// Remove deletes the route for dst, whatever its protocol, as `ip route
+// del` by another program would.
+func (r *Routes) Remove(dst netip.Prefix) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.routes, dst.Masked())
 }
 
 func (r *Routes) put(rt dataplane.Route) {
@@ -157,6 +166,24 @@ func (r *Routes) Delete(rt dataplane.Route) error {
 	delete(r.routes, rt.Dst)
 	r.ops = append(r.ops, "delete "+old.String())
 	return nil
+}
+
+// NodeRoutes implements dataplane.Routes: the destinations of every route
+// of a protocol that is not Tabby's, of both families.
+func (r *Routes) NodeRoutes() ([]netip.Prefix, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.fail("NodeRoutes", ""); err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for dst, rt := range r.routes {
+		if !dataplane.OwnedProto(rt.Proto) {
+			out = append(out, dst)
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return out, nil
 }
 
 // removeDev drops every route through dev, as the kernel does when the

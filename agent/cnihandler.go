@@ -614,15 +614,7 @@ type storeEndpoints struct{ store *datastore.Store }
 func (s storeEndpoints) Get(ctx context.Context, ns, name string) (*api.WorkloadEndpoint, error) {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	obj, err := s.store.Get(ctx, api.KindWorkloadEndpoint, ns, name)
-	if err != nil {
-		return nil, err
-	}
-	wep, ok := obj.(*api.WorkloadEndpoint)
-	if !ok {
-		return nil, fmt.Errorf("endpoint %s/%s: the datastore returned a %T", ns, name, obj)
-	}
-	return wep, nil
+	return datastore.GetAs[*api.WorkloadEndpoint](ctx, s.store, api.KindWorkloadEndpoint, ns, name)
 }
 
 // Put creates or replaces the endpoint and returns the revision that holds

@@ -85,8 +85,10 @@ func (c *Client) applyOne(ctx context.Context, obj api.Object) (string, error) {
 		case err != nil:
 			return "", err
 		}
-		if err := immutable(cur, obj); err != nil {
-			return "", err
+		if h, ok := hooks[kind]; ok {
+			if err := h.checkUpdate(cur, obj); err != nil {
+				return "", err
+			}
 		}
 		m.ResourceVersion = ""
 		applied, err := c.Store.Apply(ctx, obj)
@@ -101,14 +103,69 @@ func (c *Client) applyOne(ctx context.Context, obj api.Object) (string, error) {
 	return "", fmt.Errorf("gave up after %d attempts: %w", maxAttempts, datastore.ErrConflict)
 }
 
-// immutable refuses changes IPAM cannot follow: an IPPool's CIDR and block
-// size are fixed once blocks may have been carved from it.
-func immutable(cur, next api.Object) error {
-	cp, ok1 := cur.(*api.IPPool)
-	np, ok2 := next.(*api.IPPool)
-	if !ok1 || !ok2 {
+// kindHook is what apply and create do differently for one kind than the
+// store's generic calls. Hooks are written against the kind's Go type
+// (typedHook); hooks holds them by kind.
+type kindHook interface {
+	// checkUpdate refuses replacing the stored cur with next.
+	checkUpdate(cur, next api.Object) error
+	// create stores a new object of the kind.
+	create(ctx context.Context, c *Client, obj api.Object) error
+}
+
+// hooks are the kinds whose apply and create are not the store's.
+var hooks = map[string]kindHook{
+	api.KindIPPool: typedHook[*api.IPPool]{check: poolImmutable, store: createPool},
+}
+
+// typedHook is a kindHook for the kind whose Go type is T; a nil func
+// means the generic behaviour.
+type typedHook[T api.Object] struct {
+	check func(cur, next T) error
+	store func(ctx context.Context, c *Client, obj T) error
+}
+
+// typedAs is obj as the hook's type. hooks is keyed by kind and api.New
+// makes every kind's one Go type, so a mismatch is a programming error,
+// reported rather than panicking.
+func typedAs[T api.Object](obj api.Object) (T, error) {
+	t, ok := obj.(T)
+	if !ok {
+		return t, fmt.Errorf("%s is a %T, not a %T", ref(obj), obj, t)
+	}
+	return t, nil
+}
+
+func (h typedHook[T]) checkUpdate(cur, next api.Object) error {
+	if h.check == nil {
 		return nil
 	}
+	c, err := typedAs[T](cur)
+	if err != nil {
+		return err
+	}
+	n, err := typedAs[T](next)
+	if err != nil {
+		return err
+	}
+	return h.check(c, n)
+}
+
+func (h typedHook[T]) create(ctx context.Context, c *Client, obj api.Object) error {
+	if h.store == nil {
+		_, err := c.Store.Create(ctx, obj)
+		return err
+	}
+	t, err := typedAs[T](obj)
+	if err != nil {
+		return err
+	}
+	return h.store(ctx, c, t)
+}
+
+// poolImmutable refuses changes IPAM cannot follow: an IPPool's CIDR and
+// block size are fixed once blocks may have been carved from it.
+func poolImmutable(cp, np *api.IPPool) error {
 	var msgs []string
 	cc, _ := cp.Prefix()
 	nc, _ := np.Prefix()
@@ -125,13 +182,18 @@ func immutable(cur, next api.Object) error {
 		"create a new pool, disable this one (spec.disabled: true), move the pods, then delete it", strings.Join(msgs, "\n  "))
 }
 
-// create stores a new resource; IPPools go through IPAM, which refuses a
-// pool that overlaps another.
+// createPool creates a pool through IPAM, which refuses a pool that
+// overlaps another.
+func createPool(ctx context.Context, c *Client, p *api.IPPool) error {
+	_, err := c.IPAM.CreatePool(ctx, p)
+	return cleanIPAMError(err)
+}
+
+// create stores a new resource, through its kind's hook if it has one.
 func (c *Client) create(ctx context.Context, obj api.Object) error {
 	obj.GetMeta().ResourceVersion = ""
-	if p, ok := obj.(*api.IPPool); ok {
-		_, err := c.IPAM.CreatePool(ctx, p)
-		return cleanIPAMError(err)
+	if h, ok := hooks[api.KindOf(obj)]; ok {
+		return h.create(ctx, c, obj)
 	}
 	_, err := c.Store.Create(ctx, obj)
 	return err

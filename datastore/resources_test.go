@@ -248,3 +248,21 @@ func TestApplyConcurrent(t *testing.T) {
 		t.Errorf("after concurrent Apply: %+v", got.GetMeta())
 	}
 }
+
+func TestDecodeResourceAs(t *testing.T) {
+	kv := datastore.KV{Key: "resources/ippools/p1", Value: []byte(`{"metadata":{"name":"p1"},"spec":{"cidr":"10.244.0.0/16"}}`), ModRevision: 7}
+	p, err := datastore.DecodeResourceAs[*api.IPPool](kv)
+	if err != nil {
+		t.Fatalf("DecodeResourceAs[*api.IPPool]: %v", err)
+	}
+	if p.Spec.CIDR != "10.244.0.0/16" || p.Metadata.ResourceVersion != "7" || p.Kind != api.KindIPPool {
+		t.Errorf("DecodeResourceAs[*api.IPPool] = %+v", p)
+	}
+	// A key of another kind is an error, not a panic.
+	if n, err := datastore.DecodeResourceAs[*api.Node](kv); err == nil || !strings.Contains(err.Error(), "not a *api.Node") {
+		t.Errorf("DecodeResourceAs[*api.Node] of a pool = %v, %v; want an error naming the types", n, err)
+	}
+	if _, err := datastore.DecodeResourceAs[*api.IPPool](datastore.KV{Key: "resources/ippools/p1", Value: []byte("{")}); err == nil {
+		t.Error("DecodeResourceAs of bad JSON: no error")
+	}
+}

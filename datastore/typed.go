@@ -10,7 +10,29 @@ import (
 
 // Typed forms of the resource calls, for callers that know the Go type of
 // the kind they ask for: GetAs[*api.Node](ctx, s, api.KindNode, "", name).
-// A stored object of another type than T is an error, not a panic.
+// A stored object of another type than T is an error, not a panic. Each
+// takes only the method of *Store it calls, so that a caller's wrapper of
+// the store (a test's round-trip counter, a fault injector) serves as well.
+
+// Getter is the part of *Store that GetAs uses.
+type Getter interface {
+	Get(ctx context.Context, kind, namespace, name string) (api.Object, error)
+}
+
+// Lister is the part of *Store that ListAs uses.
+type Lister interface {
+	List(ctx context.Context, kind, namespace string) ([]api.Object, int64, error)
+}
+
+// Creator is the part of *Store that CreateAs uses.
+type Creator interface {
+	Create(ctx context.Context, obj api.Object) (api.Object, error)
+}
+
+// Updater is the part of *Store that UpdateAs uses.
+type Updater interface {
+	Update(ctx context.Context, obj api.Object) (api.Object, error)
+}
 
 func as[T api.Object](obj api.Object) (T, error) {
 	t, ok := obj.(T)
@@ -22,7 +44,7 @@ func as[T api.Object](obj api.Object) (T, error) {
 }
 
 // GetAs is Get returning T.
-func GetAs[T api.Object](ctx context.Context, s *Store, kind, namespace, name string) (T, error) {
+func GetAs[T api.Object](ctx context.Context, s Getter, kind, namespace, name string) (T, error) {
 	obj, err := s.Get(ctx, kind, namespace, name)
 	if err != nil {
 		var zero T
@@ -32,7 +54,7 @@ func GetAs[T api.Object](ctx context.Context, s *Store, kind, namespace, name st
 }
 
 // ListAs is List returning []T.
-func ListAs[T api.Object](ctx context.Context, s *Store, kind, namespace string) ([]T, int64, error) {
+func ListAs[T api.Object](ctx context.Context, s Lister, kind, namespace string) ([]T, int64, error) {
 	objs, rev, err := s.List(ctx, kind, namespace)
 	if err != nil {
 		return nil, 0, err
@@ -49,7 +71,7 @@ func ListAs[T api.Object](ctx context.Context, s *Store, kind, namespace string)
 }
 
 // CreateAs is Create returning T.
-func CreateAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
+func CreateAs[T api.Object](ctx context.Context, s Creator, obj T) (T, error) {
 	out, err := s.Create(ctx, obj)
 	if err != nil {
 		var zero T
@@ -59,13 +81,25 @@ func CreateAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
 }
 
 // UpdateAs is Update returning T.
-func UpdateAs[T api.Object](ctx context.Context, s *Store, obj T) (T, error) {
+func UpdateAs[T api.Object](ctx context.Context, s Updater, obj T) (T, error) {
 	out, err := s.Update(ctx, obj)
 	if err != nil {
 		var zero T
 		return zero, err
 	}
 	return as[T](out)
+}
+
+// DecodeResourceAs is DecodeResource returning T: for callers that read
+// one kind's keys with GetKV or ListKV (for their revisions) and want its
+// Go type.
+func DecodeResourceAs[T api.Object](kv KV) (T, error) {
+	obj, err := DecodeResource(kv)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return as[T](obj)
 }
 
 // Status records, published by each agent under its liveness lease.

@@ -257,13 +257,9 @@ func (a *Allocator) listPools(ctx context.Context) ([]poolInfo, error) {
 	}
 	out := make([]poolInfo, 0, len(kvs))
 	for _, kv := range kvs {
-		obj, err := datastore.DecodeResource(kv)
+		p, err := datastore.DecodeResourceAs[*api.IPPool](kv)
 		if err != nil {
 			a.log.Warn("skipping undecodable ip pool", "key", kv.Key, "err", err)
-			continue
-		}
-		p, ok := obj.(*api.IPPool)
-		if !ok {
 			continue
 		}
 		pi, err := newPoolInfo(p, kv.Key, kv.ModRevision)
@@ -296,13 +292,9 @@ func (a *Allocator) getNode(ctx context.Context, node string) (nodeInfo, error) 
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("reading node %s: %w", node, err)
 	}
-	obj, err := datastore.DecodeResource(kv)
+	n, err := datastore.DecodeResourceAs[*api.Node](kv)
 	if err != nil {
 		return nodeInfo{}, fmt.Errorf("reading node %s: %w", node, err)
-	}
-	n, ok := obj.(*api.Node)
-	if !ok {
-		return nodeInfo{}, fmt.Errorf("reading node %s: unexpected %T", node, obj)
 	}
 	return nodeInfo{key: key, rev: kv.ModRevision, labels: n.Metadata.Labels}, nil
 }
@@ -322,13 +314,9 @@ func (a *Allocator) getConfig(ctx context.Context) (*api.IPAMConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading ipam config: %w", err)
 	}
-	obj, err := datastore.DecodeResource(kv)
+	c, err := datastore.DecodeResourceAs[*api.IPAMConfig](kv)
 	if err != nil {
 		return nil, fmt.Errorf("reading ipam config: %w", err)
-	}
-	c, ok := obj.(*api.IPAMConfig)
-	if !ok {
-		return nil, fmt.Errorf("reading ipam config: unexpected %T", obj)
 	}
 	return c, nil
 }

@@ -48,11 +48,10 @@ func (a *Allocator) CreatePool(ctx context.Context, pool *api.IPPool) (*api.IPPo
 	if err := overlapping(mine, pools, 0); err != nil {
 		return nil, err
 	}
-	obj, err := a.store.Create(ctx, &c)
+	created, err := datastore.CreateAs(ctx, a.store, &c)
 	if err != nil {
 		return nil, fmt.Errorf("ipam: creating pool %s: %w", c.Metadata.Name, err)
 	}
-	created := obj.(*api.IPPool)
 	rev, _ := strconv.ParseInt(created.Metadata.ResourceVersion, 10, 64)
 	// Someone may have created an overlapping pool between our list and our
 	// create; the older pool wins.
@@ -115,14 +114,14 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 	if !cur.Spec.Disabled {
 		d := *cur
 		d.Spec.Disabled = true
-		obj, err := a.store.Update(ctx, &d)
+		disabled, err := datastore.UpdateAs(ctx, a.store, &d)
 		if errors.Is(err, datastore.ErrConflict) || errors.Is(err, datastore.ErrNotFound) {
 			return errRetry
 		}
 		if err != nil {
 			return fmt.Errorf("disabling pool %s: %w", name, err)
 		}
-		cur = obj.(*api.IPPool)
+		cur = disabled
 		if blocks, n, err = a.poolBlocks(ctx, pi.prefix); err != nil {
 			return err
 		}

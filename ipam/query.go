@@ -266,13 +266,9 @@ func (a *Allocator) listEndpoints(ctx context.Context, bad map[string]error) ([]
 	}
 	var out []endpointInfo
 	for _, kv := range kvs {
-		obj, err := datastore.DecodeResource(kv)
+		we, err := datastore.DecodeResourceAs[*api.WorkloadEndpoint](kv)
 		if err != nil {
 			bad[kv.Key] = err
-			continue
-		}
-		we, ok := obj.(*api.WorkloadEndpoint)
-		if !ok {
 			continue
 		}
 		ep := endpointInfo{key: we.Metadata.Namespace + "/" + we.Metadata.Name, node: we.Spec.Node, handle: we.Spec.IPAMHandle,

@@ -251,15 +251,21 @@ func (b *bgpOwner) reconcileAdvertisements(ctx context.Context, sp bgp.Speaker, 
 // warnUnusableFilters logs, once per change, the BGPFilters that BGPPeers
 // name but that do not exist or do not validate: their rules are left out.
 func (b *bgpOwner) warnUnusableFilters(problems []string) {
-	b.mu.Lock()
-	changed := !slices.Equal(problems, b.unusableFilters)
-	b.unusableFilters = problems
-	b.mu.Unlock()
-	if changed {
+	if replaced(&b.mu, &b.unusableFilters, problems) {
 		for _, p := range problems {
 			b.log.Warn("bgp filter left out", "problem", p)
 		}
 	}
+}
+
+// replaced sets *last to next under mu and reports whether that changed
+// it: what logs a list once per change keeps the last list this way.
+func replaced[T comparable](mu *sync.Mutex, last *[]T, next []T) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	changed := !slices.Equal(next, *last)
+	*last = next
+	return changed
 }
 
 // setAdvertisedOK records what the speaker advertises and wakes waiters.
@@ -419,11 +425,7 @@ func (b *bgpOwner) importChanged() bool {
 // logSuppressed logs, once per change, the learned routes the route table
 // keeps off the node's own routes.
 func (b *bgpOwner) logSuppressed(dsts []netip.Prefix) {
-	b.mu.Lock()
-	changed := !slices.Equal(dsts, b.suppressed)
-	b.suppressed = dsts
-	b.mu.Unlock()
-	if changed {
+	if replaced(&b.mu, &b.suppressed, dsts) {
 		for _, p := range dsts {
 			b.log.Warn("learned route not installed: it would override this node's own", "prefix", p, "over", p)
 		}

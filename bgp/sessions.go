@@ -74,40 +74,38 @@ func (t *sessionTracker) stuck(now time.Time, limit time.Duration) []netip.Addr 
 	return out
 }
 
+// sessionStates pairs GoBGP's two spellings of each session state (its
+// peer events' and its peer listing's) with ours; any other is Idle.
+var sessionStates = []struct {
+	fsm   gobgp.FSMState
+	api   gobgpapi.PeerState_SessionState
+	state session.State
+}{
+	{gobgp.BGP_FSM_CONNECT, gobgpapi.PeerState_SESSION_STATE_CONNECT, session.Connect},
+	{gobgp.BGP_FSM_ACTIVE, gobgpapi.PeerState_SESSION_STATE_ACTIVE, session.Active},
+	{gobgp.BGP_FSM_OPENSENT, gobgpapi.PeerState_SESSION_STATE_OPENSENT, session.OpenSent},
+	{gobgp.BGP_FSM_OPENCONFIRM, gobgpapi.PeerState_SESSION_STATE_OPENCONFIRM, session.OpenConfirm},
+	{gobgp.BGP_FSM_ESTABLISHED, gobgpapi.PeerState_SESSION_STATE_ESTABLISHED, session.Established},
+}
+
 // fsmState translates the state of a GoBGP peer event.
 func fsmState(st gobgp.FSMState) session.State {
-	switch st {
-	case gobgp.BGP_FSM_CONNECT:
-		return session.Connect
-	case gobgp.BGP_FSM_ACTIVE:
-		return session.Active
-	case gobgp.BGP_FSM_OPENSENT:
-		return session.OpenSent
-	case gobgp.BGP_FSM_OPENCONFIRM:
-		return session.OpenConfirm
-	case gobgp.BGP_FSM_ESTABLISHED:
-		return session.Established
-	default:
-		return session.Idle
+	for _, s := range sessionStates {
+		if s.fsm == st {
+			return s.state
+		}
 	}
+	return session.Idle
 }
 
 // apiState translates the session state of GoBGP's peer listing.
 func apiState(st gobgpapi.PeerState_SessionState) session.State {
-	switch st {
-	case gobgpapi.PeerState_SESSION_STATE_CONNECT:
-		return session.Connect
-	case gobgpapi.PeerState_SESSION_STATE_ACTIVE:
-		return session.Active
-	case gobgpapi.PeerState_SESSION_STATE_OPENSENT:
-		return session.OpenSent
-	case gobgpapi.PeerState_SESSION_STATE_OPENCONFIRM:
-		return session.OpenConfirm
-	case gobgpapi.PeerState_SESSION_STATE_ESTABLISHED:
-		return session.Established
-	default:
-		return session.Idle
+	for _, s := range sessionStates {
+		if s.api == st {
+			return s.state
+		}
 	}
+	return session.Idle
 }
 
 func (s *speaker) onEOR(p *apiutil.Path, _ time.Time) {

@@ -125,12 +125,9 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 // after StopAgent). It does not wait for the agent to serve.
 func (l *Lab) StartAgent(ctx context.Context, node string) error {
 	st := l.State()
-	n := st.Node(node)
-	if n == nil {
-		return fmt.Errorf("no node %q", node)
-	}
-	if n.Agent.Alive() {
-		return fmt.Errorf("the agent of %s is running (pid %d)", node, n.Agent.PID)
+	n, err := st.NodeToStart(node, "agent", func(n *NodeState) *Proc { return n.Agent })
+	if err != nil {
+		return err
 	}
 	d := l.NodeDir(node)
 	if err := os.MkdirAll(filepath.Join(d, "state"), 0o755); err != nil {

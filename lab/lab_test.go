@@ -2,6 +2,7 @@ package lab
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -262,6 +263,37 @@ func TestRemoveCgroupRootRefuses(t *testing.T) {
 	for _, root := range []string{"", "/", "/kubepods", "/system.slice", "tabby-lab-x"} {
 		if err := removeCgroupRoot(root); err == nil || !strings.Contains(err.Error(), "refusing") {
 			t.Errorf("removeCgroupRoot(%q) = %v, want a refusal", root, err)
+		}
+	}
+}
+
+// TestNodeToStart: a process is started only on a node the lab has and
+// only while it is not running.
+func TestNodeToStart(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	start, err := procStartTime(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := &Proc{PID: cmd.Process.Pid, Argv: []string{"sleep", "30"}, StartTime: start}
+	st := &State{Nodes: []NodeState{{Name: "node1", Agent: running}, {Name: "node2"}}}
+	agent := func(n *NodeState) *Proc { return n.Agent }
+
+	if n, err := st.NodeToStart("node2", "agent", agent); err != nil || n != &st.Nodes[1] {
+		t.Errorf("NodeToStart(node2) = %v, %v; want node2's record", n, err)
+	}
+	for node, want := range map[string]string{
+		"node1": fmt.Sprintf("the agent of node1 is running (pid %d)", running.PID),
+		"node9": `no node "node9"`,
+	} {
+		if _, err := st.NodeToStart(node, "agent", agent); err == nil || err.Error() != want {
+			t.Errorf("NodeToStart(%s) = %v, want %q", node, err, want)
 		}
 	}
 }

@@ -167,6 +167,20 @@ func (s *State) Node(name string) *NodeState {
 	return nil
 }
 
+// NodeToStart is the named node's record for starting the process of it
+// that proc picks out (role names that process in the error): an error if
+// there is no such node or that process is alive.
+func (s *State) NodeToStart(name, role string, proc func(*NodeState) *Proc) (*NodeState, error) {
+	n := s.Node(name)
+	if n == nil {
+		return nil, fmt.Errorf("no node %q", name)
+	}
+	if p := proc(n); p.Alive() {
+		return nil, fmt.Errorf("the %s of %s is running (pid %d)", role, name, p.PID)
+	}
+	return n, nil
+}
+
 func (s *State) pod(name string) *PodState {
 	for i := range s.Pods {
 		if s.Pods[i].Name == name {

@@ -18,25 +18,13 @@ type Value interface {
 }
 
 // kindOf names the kind whose values are T. The view's one place that
-// maps types to kinds: everything handed out is typed by it.
+// maps types to kinds: everything handed out is typed by it. The api
+// resources are named by api.KindOf (a nil *T is enough for its switch on
+// the type).
 func kindOf[T Value]() string {
-	switch any((*T)(nil)).(type) {
-	case *api.Node:
-		return api.KindNode
-	case *api.IPPool:
-		return api.KindIPPool
-	case *api.BGPConfiguration:
-		return api.KindBGPConfiguration
-	case *api.BGPPeer:
-		return api.KindBGPPeer
-	case *api.BGPFilter:
-		return api.KindBGPFilter
-	case *api.WorkloadEndpoint:
-		return api.KindWorkloadEndpoint
-	case *api.NetworkPolicy:
-		return api.KindNetworkPolicy
-	case *api.GlobalNetworkPolicy:
-		return api.KindGlobalNetworkPolicy
+	switch p := any((*T)(nil)).(type) {
+	case api.Object:
+		return api.KindOf(p)
 	case *ipam.BlockSummary:
 		return kindBlock
 	case *ipam.Affinity:

@@ -235,3 +235,20 @@ func TestNotifyFilters(t *testing.T) {
 		t.Errorf("matched %d updates, want 2", n)
 	}
 }
+
+// TestKindOf: every type the view hands out names its kind.
+func TestKindOf(t *testing.T) {
+	got := []string{
+		kindOf[api.Node](), kindOf[api.IPPool](), kindOf[api.BGPConfiguration](), kindOf[api.BGPPeer](),
+		kindOf[api.BGPFilter](), kindOf[api.WorkloadEndpoint](), kindOf[api.NetworkPolicy](),
+		kindOf[api.GlobalNetworkPolicy](), kindOf[ipam.BlockSummary](), kindOf[ipam.Affinity](), kindOf[datastore.KV](),
+	}
+	want := []string{
+		api.KindNode, api.KindIPPool, api.KindBGPConfiguration, api.KindBGPPeer,
+		api.KindBGPFilter, api.KindWorkloadEndpoint, api.KindNetworkPolicy,
+		api.KindGlobalNetworkPolicy, kindBlock, kindAffinity, kindNodeGC,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("kindOf (-want +got):\n%s", diff)
+	}
+}

@@ -94,12 +94,9 @@ func (l *Cluster) StartContainerd(ctx context.Context, node string) (err error) 
 		return fmt.Errorf("containerd is not installed (apt-get install containerd): %w", err)
 	}
 	st := l.State()
-	n := st.Node(node)
-	if n == nil {
-		return fmt.Errorf("no node %q", node)
-	}
-	if n.Containerd.Alive() {
-		return fmt.Errorf("the containerd of %s is running (pid %d)", node, n.Containerd.PID)
+	n, err := st.NodeToStart(node, "containerd", func(n *lab.NodeState) *lab.Proc { return n.Containerd })
+	if err != nil {
+		return err
 	}
 	dir := l.ContainerdDir(node)
 	for _, d := range []string{"root", "state", "opt", "runc", "cni/bin"} {

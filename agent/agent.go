@@ -229,7 +229,9 @@ func (a *Agent) claimFirstBlock(ctx context.Context) {
 
 // runLoops runs the CNI server, the status API and every owner's loop in
 // the agent's errgroup (where the view already runs) until gctx is done or
-// one fails, then stops the BGP speaker gracefully.
+// one fails, then waits for the CNI handler's spare-block claims (started
+// by ADDs, which have all returned once the server has) and stops the BGP
+// speaker gracefully.
 func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Server) error {
 	every := a.cfg.ResyncInterval
 	g.Go(func() error {
@@ -248,6 +250,7 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
 	}
 	err := g.Wait()
+	a.handler.waitSpares()
 	if serr := a.bgp.stop(); serr != nil {
 		err = errors.Join(err, fmt.Errorf("stopping the BGP speaker: %w", serr))
 	}

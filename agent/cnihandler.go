@@ -80,9 +80,13 @@ type cniHandler struct {
 	wlocks cni.KeyedLocks
 
 	// spareBusy marks the families whose spare-block claim is running
-	// (claimSpare).
-	spareMu   sync.Mutex
-	spareBusy map[int]bool
+	// (claimSpare); spares holds the claims' goroutines, which the agent
+	// waits for on shutdown (waitSpares); spareClosed, set then, refuses
+	// new claims.
+	spareMu     sync.Mutex
+	spareBusy   map[int]bool
+	spares      sync.WaitGroup
+	spareClosed bool
 
 	addingMu sync.Mutex
 	adding   map[string]bool // host interfaces ADD is working on
@@ -196,7 +200,8 @@ const spareClaimTimeout = 10 * time.Second
 // pod took the last one, the next pod would open a block and wait for its
 // route to reach the other nodes — and a packet answered by a node that
 // has not installed it yet is lost. One claim per family at a time; with
-// room left it costs nothing (IPAM's cache answers).
+// room left it costs nothing (IPAM's cache answers). Once waitSpares has
+// begun it starts none.
 func (h *cniHandler) claimSpare(addrs []netip.Addr) {
 	for _, a := range addrs {
 		fam := 4
@@ -207,13 +212,17 @@ func (h *cniHandler) claimSpare(addrs []netip.Addr) {
 		if h.spareBusy == nil {
 			h.spareBusy = map[int]bool{}
 		}
-		busy := h.spareBusy[fam]
-		h.spareBusy[fam] = true
+		start := !h.spareBusy[fam] && !h.spareClosed
+		if start {
+			h.spareBusy[fam] = true
+			h.spares.Add(1) // under spareMu: every Add happens before waitSpares's Wait
+		}
 		h.spareMu.Unlock()
-		if busy {
+		if !start {
 			continue
 		}
 		go func() {
+			defer h.spares.Done()
 			defer func() {
 				h.spareMu.Lock()
 				h.spareBusy[fam] = false
@@ -230,6 +239,26 @@ func (h *cniHandler) claimSpare(addrs []netip.Addr) {
 			}
 		}()
 	}
+}
+
+// waitSpares refuses new spare-block claims and waits for the running
+// ones, which end soon once life is done (the agent is stopping). The
+// agent calls it after its CNI server has stopped, before the store
+// closes under the claims.
+func (h *cniHandler) waitSpares() {
+	h.spareMu.Lock()
+	h.spareClosed = true
+	running := 0
+	for _, busy := range h.spareBusy {
+		if busy {
+			running++
+		}
+	}
+	h.spareMu.Unlock()
+	if running > 0 {
+		h.log.Info("stopping: waiting for spare-block claims", "running", running)
+	}
+	h.spares.Wait()
 }
 
 // assignRequests builds the IPAM requests of an ADD, one per family the

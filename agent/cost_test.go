@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -13,9 +14,9 @@ import (
 	"github.com/tabbynet/tabby/datastore/storetest"
 )
 
-// startFakeAgent runs a whole agent on fake kernel and BGP, against etcd at
-// endpoints, until the test ends.
-func startFakeAgent(t *testing.T, endpoints []string, node, ip string) *Agent {
+// newFakeAgent makes a whole agent on fake kernel and BGP, against etcd at
+// endpoints, logging to log.
+func newFakeAgent(t *testing.T, endpoints []string, node, ip string, log *slog.Logger) *Agent {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := Default()
@@ -27,7 +28,14 @@ func startFakeAgent(t *testing.T, endpoints []string, node, ip string) *Agent {
 	cfg.HTTPListen = netip.AddrPort{}
 	cfg.DefaultPoolCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	routes := fake.NewRoutes()
-	a := New(cfg, testLogger(), Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker()})
+	return New(cfg, log, Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker()})
+}
+
+// startFakeAgent runs a whole agent on fake kernel and BGP, against etcd at
+// endpoints, until the test ends.
+func startFakeAgent(t *testing.T, endpoints []string, node, ip string) *Agent {
+	t.Helper()
+	a := newFakeAgent(t, endpoints, node, ip, testLogger())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

@@ -539,8 +539,16 @@ func (s *bgpSessions) observe(st []bgp.PeerStatus, now time.Time, passed, learne
 	}
 	allUp := len(s.desiredPeers) > 0 || passed
 	est := s.established()
+	syncing := map[netip.Addr]bool{}
+	for _, p := range st {
+		syncing[p.Address] = p.Syncing
+	}
 	for _, p := range s.desiredPeers {
-		if !est[p.Address] {
+		// A cluster peer (a Tabby agent, which sends End-of-RIB) that
+		// restarted sends its routes only after its own deferral: until
+		// its End-of-RIB the routes it had are still coming, and the
+		// stale ones must stay.
+		if !est[p.Address] || (clusterPeer(p.Type) && syncing[p.Address]) {
 			allUp = false
 		}
 	}
@@ -591,7 +599,7 @@ func (s *bgpSessions) readiness(passed bool) error {
 	est := s.established()
 	cluster := 0
 	for _, p := range s.desiredPeers {
-		if p.Type != bgp.PeerMesh && p.Type != bgp.PeerRR && p.Type != bgp.PeerRRClient {
+		if !clusterPeer(p.Type) {
 			continue // a router outside the cluster
 		}
 		cluster++
@@ -603,6 +611,11 @@ func (s *bgpSessions) readiness(passed bool) error {
 		return nil
 	}
 	return fmt.Errorf("no BGP session to any of %d cluster peers is established", cluster)
+}
+
+// clusterPeer reports whether a peer of type t is another node's agent.
+func clusterPeer(t bgp.PeerType) bool {
+	return t == bgp.PeerMesh || t == bgp.PeerRR || t == bgp.PeerRRClient
 }
 
 // poolPrefixes returns the CIDRs of the pools of both families: the

@@ -56,3 +56,37 @@ func TestSessionTrackerConverges(t *testing.T) {
 		t.Error("ready before the first pass")
 	}
 }
+
+// A cluster peer whose session is back but that has not sent End-of-RIB
+// (a restarted agent sends its routes only after its own deferral) keeps
+// BGP from converging, so the stale learned routes it is about to send
+// again stay in the kernel (TestRollingRestart lost pings to the restarted
+// node's pods when they went early). An external peer's End-of-RIB is not
+// waited for.
+func TestSessionTrackerWaitsForRestartedPeersEndOfRIB(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a, c := netip.MustParseAddr("198.18.0.14"), netip.MustParseAddr("198.18.0.1")
+	status := func(syncingA bool) []bgp.PeerStatus {
+		return []bgp.PeerStatus{{Address: a, State: session.Established, Syncing: syncingA}, {Address: c, State: session.Established, Syncing: true}}
+	}
+	s := bgpSessions{started: t0, settle: time.Minute, desiredPeers: []bgp.Peer{{Address: a, Type: bgp.PeerMesh}, {Address: c, Type: bgp.PeerGlobal}}}
+	steps := []struct {
+		at      time.Duration
+		syncing bool
+		want    bool
+	}{
+		{0, true, false},
+		{convergeHold, true, false},
+		{10 * time.Second, true, false}, // still no End-of-RIB from a
+		{11 * time.Second, false, false},
+		{11*time.Second + convergeHold, false, true},
+	}
+	for i, st := range steps {
+		if got := s.observe(status(st.syncing), t0.Add(st.at), true, true); got != st.want {
+			t.Errorf("step %d (%v): converged now = %v, want %v", i, st.at, got, st.want)
+		}
+	}
+	if err := s.readiness(true); err != nil {
+		t.Errorf("not ready with its cluster peer Established: %v", err)
+	}
+}

@@ -337,6 +337,7 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 	s.mu.Lock()
 	for i := range out {
 		st := &out[i]
+		st.Syncing = st.State == session.Established && !s.sessions.eor[st.Address]
 		st.Type = s.peers[st.Address].Type
 		if t, ok := s.sessions.since[st.Address]; ok && t.After(st.Since) {
 			st.Since = t

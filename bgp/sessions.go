@@ -18,7 +18,7 @@ import (
 type sessionTracker struct {
 	state map[netip.Addr]session.State // last state GoBGP reported per peer
 	since map[netip.Addr]time.Time     // last session state change per peer
-	eor   map[netip.Addr]bool          // peers that sent End-of-RIB since Start
+	eor   map[netip.Addr]bool          // peers that sent End-of-RIB since their session came up
 	info  map[netip.Addr]string        // last disconnect reason per peer
 }
 
@@ -37,6 +37,9 @@ func newSessionTracker() sessionTracker {
 func (t *sessionTracker) observe(a netip.Addr, st session.State, at time.Time, info string) {
 	t.since[a] = at
 	t.state[a] = st
+	if st != session.Established {
+		delete(t.eor, a) // a new session sends its own End-of-RIB
+	}
 	switch {
 	case st == session.Established:
 		t.info[a] = ""

@@ -1,7 +1,9 @@
 package bgp
 
 import (
+	"net/netip"
 	"testing"
+	"time"
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
 	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
@@ -32,5 +34,24 @@ func TestSessionStates(t *testing.T) {
 		if got := apiState(tt.api); got != tt.want {
 			t.Errorf("apiState(%v) = %v, want %v", tt.api, got, tt.want)
 		}
+	}
+}
+
+// A peer's End-of-RIB counts for the session it came on: once that session
+// leaves Established, the next one must send its own.
+func TestSessionTrackerEORPerSession(t *testing.T) {
+	a := netip.MustParseAddr("198.18.0.14")
+	tr := newSessionTracker()
+	t0 := time.Now()
+	tr.observe(a, session.Established, t0, "")
+	tr.sawEOR(a)
+	tr.observe(a, session.Established, t0, "") // a repeated event keeps it
+	if !tr.eor[a] {
+		t.Fatal("End-of-RIB lost while the session stayed Established")
+	}
+	tr.observe(a, session.Idle, t0.Add(time.Second), "graceful restart")
+	tr.observe(a, session.Established, t0.Add(2*time.Second), "")
+	if tr.eor[a] {
+		t.Error("the End-of-RIB of the session before still counts")
 	}
 }

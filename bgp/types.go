@@ -237,6 +237,10 @@ type PeerStatus struct {
 	// (both sides announced them): "ipv4", "ipv6"; empty when the session
 	// is not established.
 	Families []string
+	// Syncing says the session is Established but the peer has not sent
+	// End-of-RIB since it came up: its routes may still be on their way
+	// (a peer that restarted sends them only after its own deferral).
+	Syncing bool
 }
 
 // Speaker is a BGP speaker. Its methods are safe for concurrent use.

@@ -24,12 +24,15 @@ build:
 # same node image with Docker): `ctr -n k8s.io images import` loads them.
 # portmap comes from the containernetworking/plugins release go.mod names,
 # installed as the Dockerfile does.
+# The lab's CoreDNS image too (bin/images/coredns.oci.tar) when `make
+# kube-bins` has built CoreDNS.
 IMAGE_TAG ?= dev
+COREDNS_BIN ?= $(or $(COREDNS_CACHE),/var/cache/tabby/coredns)/v1.15.0/coredns
 images: build
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/ ./internal/cmd/pause ./internal/cmd/mkimage
 	CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install -trimpath -ldflags "-s -w" \
 		github.com/containernetworking/plugins/plugins/meta/portmap@$$($(GO) list -m -f '{{.Version}}' github.com/containernetworking/plugins)
-	$(BIN)/mkimage -bin $(BIN) -tag $(IMAGE_TAG) -out $(BIN)/images
+	$(BIN)/mkimage -bin $(BIN) -tag $(IMAGE_TAG) -out $(BIN)/images $(if $(wildcard $(COREDNS_BIN)),-coredns $(COREDNS_BIN))
 
 # Every tier: unit (with -race), then as root privileged and end-to-end;
 # ends with which tiers ran and which were skipped, and why
@@ -41,13 +44,17 @@ test: build images
 unit:
 	GO=$(GO) BIN=$(BIN) TESTFLAGS="$(TESTFLAGS)" TIERS=unit ./scripts/test-tiers.sh
 
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kubectl
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and kubectl
 # for the Kubernetes test tier and the lab, built once from the module proxy
 # (scripts/kube-build) into /var/cache/tabby/kube/<version>; only the missing
 # ones are built, a no-op when all are there. `make test` does not build them
 # (see README).
+# kube-proxy of the same release runs on every lab node; CoreDNS, the lab's
+# cluster DNS, is built the same way (scripts/coredns-build, cached in
+# /var/cache/tabby/coredns/<version>).
 kube-bins:
 	GO=$(GO) ./scripts/kube-bins.sh
+	GO=$(GO) ./scripts/coredns-bins.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -64,7 +71,7 @@ demo: deps build
 # deployed from manifests/ with kubectl, a Deployment's pods pinging each
 # other. Builds the Kubernetes binaries first when they are not cached (long
 # the first time: see docs/kubernetes-lab.md).
-demo-k8s: deps build images kube-bins
+demo-k8s: deps build kube-bins images
 	$(BIN)/tabby-lab demo --kubernetes --bin-dir $(BIN) --manifests $(CURDIR)/manifests $(DEMOFLAGS)
 
 clean:

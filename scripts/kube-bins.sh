@@ -1,7 +1,7 @@
 #!/bin/sh
 # Builds the Kubernetes binaries for the Kubernetes test tier and the lab
-# (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, and the
-# kubectl the lab and its tests drive them with) from the
+# (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+# kube-proxy, and the kubectl the lab and its tests drive them with) from the
 # module proxy (scripts/kube-build: k8s.io/kubernetes at one release, staging
 # modules pinned to the matching v0.x) into a cache outside the tree. Only the
 # missing ones are built, in one `go build`, so the four share their compiled
@@ -10,7 +10,7 @@
 # docs/kubernetes-lab.md for all four.
 #
 #   KUBE_CACHE (default /var/cache/tabby/kube) — the cache root
-#   KUBE_BINS (default all five) — which binaries to make sure of
+#   KUBE_BINS (default all six) — which binaries to make sure of
 #   prints the binaries' directory on its last line.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,9 +19,9 @@ version=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$here/kube-
 [ -n "$version" ] || { echo "kube-bins: no k8s.io/kubernetes version in $here/kube-build/go.mod" >&2; exit 1; }
 dir=${KUBE_CACHE:-/var/cache/tabby/kube}/$version
 missing=
-for b in ${KUBE_BINS:-kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl}; do
+for b in ${KUBE_BINS:-kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl}; do
 	case $b in
-	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet) want="Kubernetes $version"; ask=--version ;;
+	kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy) want="Kubernetes $version"; ask=--version ;;
 	kubectl) want="Client Version: $version"; ask="version --client" ;;
 	*) echo "kube-bins: unknown binary $b" >&2; exit 1 ;;
 	esac

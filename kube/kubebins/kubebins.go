@@ -17,9 +17,9 @@ const Version = "v1.37.2"
 
 // Names are the Kubernetes commands `make kube-bins` builds into the cache
 // (scripts/kube-bins.sh; a test checks the two agree): the control plane,
-// the kubelet, and the kubectl the lab drives them with (the same release,
-// so within the supported version skew).
-var Names = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
+// the kubelet, the lab nodes' kube-proxy, and the kubectl the lab drives
+// them with (the same release, so within the supported version skew).
+var Names = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"}
 
 // Path is where `make kube-bins` puts the named command: $KUBE_CACHE
 // (default /var/cache/tabby/kube)/<Version>/<name>; kube-apiserver may be
@@ -52,4 +52,19 @@ func Find(names ...string) (map[string]string, error) {
 		return paths, fmt.Errorf("Kubernetes %s not built (%s): run `make kube-bins` (once; see docs/kubernetes-lab.md for how long)", Version, strings.Join(missing, ", "))
 	}
 	return paths, nil
+}
+
+// CoreDNSVersion is the CoreDNS release scripts/coredns-build builds (a
+// test checks that the two agree).
+const CoreDNSVersion = "v1.15.0"
+
+// CoreDNSPath is where `make kube-bins` (scripts/coredns-bins.sh) puts the
+// lab's CoreDNS: $COREDNS_CACHE (default /var/cache/tabby/coredns)/
+// <CoreDNSVersion>/coredns.
+func CoreDNSPath() string {
+	root := os.Getenv("COREDNS_CACHE")
+	if root == "" {
+		root = "/var/cache/tabby/coredns"
+	}
+	return filepath.Join(root, CoreDNSVersion, "coredns")
 }

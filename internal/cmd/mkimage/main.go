@@ -6,7 +6,10 @@
 //
 // writes bin/images/tabby.oci.tar (docker.io/library/tabby:<tag>, from the
 // binaries in -bin) and bin/images/pause.oci.tar (registry.k8s.io/pause:3.10,
-// from -bin/pause). `make images` builds the binaries and runs it.
+// from -bin/pause). With -coredns FILE it also writes
+// bin/images/coredns.oci.tar (registry.k8s.io/coredns/coredns:v1.15.0, the
+// lab's cluster DNS) from that binary (`make kube-bins` builds it). `make
+// images` builds the binaries and runs it.
 package main
 
 import (
@@ -22,14 +25,15 @@ func main() {
 	bin := flag.String("bin", "bin", "directory holding the built binaries, portmap and pause")
 	tag := flag.String("tag", "dev", "tag of the Tabby image")
 	out := flag.String("out", "bin/images", "directory to write the archives into")
+	coredns := flag.String("coredns", "", "also write coredns.oci.tar from this coredns binary (scripts/coredns-bins.sh)")
 	flag.Parse()
-	if err := run(*bin, *tag, *out); err != nil {
+	if err := run(*bin, *tag, *out, *coredns); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bin, tag, out string) error {
+func run(bin, tag, out, coredns string) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
@@ -40,5 +44,17 @@ func run(bin, tag, out string) error {
 		}
 		fmt.Printf("%s %s\n", p, spec.Name)
 	}
+	if coredns == "" {
+		return nil
+	}
+	// The spec names the file "coredns": its directory is the source.
+	if filepath.Base(coredns) != "coredns" {
+		return fmt.Errorf("-coredns %s: the binary must be named coredns", coredns)
+	}
+	p := filepath.Join(out, "coredns.oci.tar")
+	if err := image.Write(p, image.CoreDNS(), filepath.Dir(coredns)); err != nil {
+		return err
+	}
+	fmt.Printf("%s %s\n", p, image.CoreDNSName)
 	return nil
 }

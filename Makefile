@@ -24,12 +24,12 @@ build:
 # same node image with Docker): `ctr -n k8s.io images import` loads them.
 # portmap comes from the containernetworking/plugins release go.mod names,
 # installed as the Dockerfile does.
-# The lab's CoreDNS image too (bin/images/coredns.oci.tar) when `make
-# kube-bins` has built CoreDNS.
+# The lab's Service backend image (internal/cmd/echo) too, and its CoreDNS
+# image (bin/images/coredns.oci.tar) when `make kube-bins` has built CoreDNS.
 IMAGE_TAG ?= dev
 COREDNS_BIN ?= $(or $(COREDNS_CACHE),/var/cache/tabby/coredns)/v1.15.0/coredns
 images: build
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/ ./internal/cmd/pause ./internal/cmd/mkimage
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/ ./internal/cmd/pause ./internal/cmd/echo ./internal/cmd/mkimage
 	CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install -trimpath -ldflags "-s -w" \
 		github.com/containernetworking/plugins/plugins/meta/portmap@$$($(GO) list -m -f '{{.Version}}' github.com/containernetworking/plugins)
 	$(BIN)/mkimage -bin $(BIN) -tag $(IMAGE_TAG) -out $(BIN)/images $(if $(wildcard $(COREDNS_BIN)),-coredns $(COREDNS_BIN))

@@ -347,8 +347,9 @@ func (l *Lab) removeKubeletCgroups(node string) error {
 }
 
 // PowerOffKubeNode stops what a node runs for Kubernetes as a power cut
-// would: its kubelet, every container (SIGKILL: the agent too) and
-// containerd. The node's namespace and the Kubernetes Node stay.
+// would: its kubelet, every container (SIGKILL: the agent too),
+// containerd and kube-proxy. The node's namespace and the Kubernetes Node
+// stay.
 func (l *Lab) PowerOffKubeNode(ctx context.Context, node string) error {
 	if l.State().Node(node) == nil {
 		return fmt.Errorf("no node %q", node)
@@ -361,5 +362,22 @@ func (l *Lab) PowerOffKubeNode(ctx context.Context, node string) error {
 		errs = append(errs, RemoveContainers(ctx, l.ContainerdSocket(node)))
 	}
 	errs = append(errs, l.StopContainerd(ctx, node), l.removeKubeletCgroups(node))
+	if p := l.State().Node(node).KubeProxy; p != nil {
+		errs = append(errs, p.Stop(ctx, syscall.SIGKILL, 5*time.Second, l.exitChan(p.PID)))
+	}
 	return errors.Join(errs...)
+}
+
+// StopKubeProxy stops the node's kube-proxy (SIGTERM, SIGKILL after 5 s).
+// Its rules stay in the node's namespace (kube-proxy leaves them on exit).
+func (l *Lab) StopKubeProxy(ctx context.Context, node string) error {
+	n := l.State().Node(node)
+	if n == nil {
+		return fmt.Errorf("no node %q", node)
+	}
+	if n.KubeProxy == nil {
+		return nil
+	}
+	progress(l.log, "stopping kube-proxy on %s (pid %d)", node, n.KubeProxy.PID)
+	return n.KubeProxy.Stop(ctx, syscall.SIGTERM, 5*time.Second, l.exitChan(n.KubeProxy.PID))
 }

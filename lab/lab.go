@@ -321,6 +321,11 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 		}
 	}
 	for _, n := range st.Nodes {
+		if n.KubeProxy != nil {
+			procs = append(procs, n.KubeProxy)
+		}
+	}
+	for _, n := range st.Nodes {
 		if n.Agent != nil {
 			procs = append(procs, n.Agent)
 		}

@@ -127,6 +127,9 @@ type NodeState struct {
 	// (recorded before it is created), when the lab started one.
 	Kubelet    *Proc  `json:"kubelet,omitempty"`
 	CgroupRoot string `json:"cgroupRoot,omitempty"`
+	// KubeProxy is the node's kube-proxy, when the lab started one (its
+	// rules live in the node's namespace and go with it).
+	KubeProxy *Proc `json:"kubeProxy,omitempty"`
 }
 
 // PodState is one pod: a network namespace wired up by the CNI plugins.

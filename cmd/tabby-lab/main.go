@@ -68,6 +68,7 @@ type upOptions struct {
 	// Kubernetes (--kubernetes): where the manifests and the images are.
 	kubernetes             bool
 	manifestDir, imagesDir string
+	kubeProxy              string
 }
 
 func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
@@ -82,7 +83,8 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 	c.Flags().BoolVar(&u.kubernetes, "kubernetes", false, "make the lab a Kubernetes cluster (control plane, containerd and a kubelet per node; needs `make kube-bins images`) and deploy Tabby from the manifests with kubectl, instead of starting agents itself")
 	c.Flags().StringVar(&u.manifestDir, "manifests", "manifests", "with --kubernetes: the directory of tabby-etcd.yaml and tabby-kube-controllers.yaml")
-	c.Flags().StringVar(&u.imagesDir, "images", "", "with --kubernetes: the directory of tabby.oci.tar and pause.oci.tar (default <bin-dir>/images, from `make images`)")
+	c.Flags().StringVar(&u.imagesDir, "images", "", "with --kubernetes: the directory of tabby.oci.tar, pause.oci.tar and coredns.oci.tar (default <bin-dir>/images, from `make kube-bins images`)")
+	c.Flags().StringVar(&u.kubeProxy, "kube-proxy", string(kube.ProxyNFTables), "with --kubernetes: kube-proxy's mode on every node (nftables, iptables, or none)")
 }
 
 // kubeOptions finds what --kubernetes needs: the Kubernetes binaries, the
@@ -98,11 +100,15 @@ func (u *upOptions) kubeOptions(o lab.Options) (kube.KubeOptions, error) {
 		}
 		dir = filepath.Join(o.BinDir, "images")
 	}
-	var ko kube.KubeOptions
-	for _, f := range []string{"pause.oci.tar", "tabby.oci.tar"} {
+	mode, err := kube.ParseProxyMode(u.kubeProxy)
+	if err != nil {
+		return kube.KubeOptions{}, fmt.Errorf("--kube-proxy: %w", err)
+	}
+	ko := kube.KubeOptions{KubeProxy: mode}
+	for _, f := range []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar"} {
 		p := filepath.Join(dir, f)
 		if _, err := os.Stat(p); err != nil {
-			return kube.KubeOptions{}, fmt.Errorf("--kubernetes: image archive %v (run `make images`)", err)
+			return kube.KubeOptions{}, fmt.Errorf("--kubernetes: image archive %v (run `make kube-bins images`)", err)
 		}
 		ko.Images = append(ko.Images, p)
 	}
@@ -181,11 +187,8 @@ func upKubernetes(ctx context.Context, u *upOptions, o lab.Options) error {
 		return err
 	}
 	l := kube.New(base)
-	if err := l.StartKubernetes(ctx, ko); err != nil {
-		return fmt.Errorf("lab %q is up but Kubernetes is NOT: %w\n`tabby-lab --name %s down` removes it", o.Name, err, o.Name)
-	}
-	if err := l.DeployTabby(ctx, kube.DeployOptions{ManifestDir: u.manifestDir}); err != nil {
-		return fmt.Errorf("lab %q: Kubernetes is up but Tabby is NOT ready: %w\nlook with `tabby-lab --name %s kubectl -- -n tabby-system get pods`", o.Name, err, o.Name)
+	if err := l.Up(ctx, kube.UpOptions{Kube: ko, Deploy: kube.DeployOptions{ManifestDir: u.manifestDir}}); err != nil {
+		return fmt.Errorf("lab %q is up but the cluster is NOT ready: %w\nlook with `tabby-lab --name %s kubectl -- get pods -A`; `tabby-lab --name %s down` removes it", o.Name, err, o.Name, o.Name)
 	}
 	fmt.Printf("\nKubernetes with Tabby is up: `tabby-lab --name %s kubectl -- get nodes -o wide`\n", o.Name)
 	return nil

@@ -47,6 +47,9 @@ type Spec struct {
 	Files []File
 	Env   []string
 	Cmd   []string
+	// Entrypoint, when set, is the image's entrypoint: a container's args
+	// replace Cmd and follow it.
+	Entrypoint []string
 }
 
 // PathEnv is the PATH of both images: the Debian default, so that
@@ -130,6 +133,7 @@ func Image(s Spec, srcDir string) (v1.Image, error) {
 	cf.Created = v1.Time{Time: epoch}
 	cf.Config.Env = slices.Clone(s.Env)
 	cf.Config.Cmd = slices.Clone(s.Cmd)
+	cf.Config.Entrypoint = slices.Clone(s.Entrypoint)
 	return mutate.ConfigFile(img, cf)
 }
 

@@ -41,11 +41,17 @@ import (
 const (
 	// apiServerPort is kube-apiserver's port on apiServerAddr.
 	apiServerPort = 6443
-	// ServiceCIDR is the cluster's Service range. Nothing routes to it:
-	// the lab runs no kube-proxy, and the one client that needs the API
-	// server from a pod (tabby-kube-controllers) is pointed at its address
-	// through the kubernetes-services-endpoint ConfigMap.
+	// ServiceCIDR is the cluster's Service range. No route leads there:
+	// each node's kube-proxy (StartKubeProxy) translates a ClusterIP to a
+	// backend's address before the node routes the packet. Tabby's own
+	// controllers still reach the API server by its address (the
+	// kubernetes-services-endpoint ConfigMap), as manifests/README.md
+	// tells an operator whose pods cannot reach Services before Tabby
+	// runs.
 	ServiceCIDR = "10.96.0.0/16"
+	// KubernetesServiceIP is the kubernetes Service's ClusterIP, the
+	// range's first address (in the API server's certificate).
+	KubernetesServiceIP = "10.96.0.1"
 	// kubeDirName holds the control plane's files inside the lab directory.
 	kubeDirName = "kube"
 )
@@ -61,11 +67,14 @@ func APIServerURL() string {
 
 // KubeControllers are the kube-controller-manager controllers the lab
 // runs: what Deployments, DaemonSets, node lifecycle (the not-ready taint,
-// evictions), pod garbage collection and service account tokens need.
+// evictions), pod garbage collection and service account tokens need, and
+// the EndpointSlices of Services (kube-proxy and CoreDNS read them;
+// mirroring gives selectorless Services' Endpoints slices too).
 var KubeControllers = []string{
 	"daemonset-controller", "deployment-controller", "replicaset-controller", "garbage-collector-controller",
 	"namespace-controller", "node-lifecycle-controller", "taint-eviction-controller", "pod-garbage-collector-controller",
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller", "disruption-controller",
+	"endpointslice-controller", "endpointslice-mirroring-controller",
 }
 
 func (l *Cluster) kubeDir() string { return filepath.Join(l.Dir(), kubeDirName) }
@@ -215,7 +224,7 @@ func (l *Cluster) StartControlPlane(ctx context.Context) error {
 		return fmt.Errorf("creating the lab CA: %w", err)
 	}
 	serving, servingKey, err := ca.issue(pkix.Name{CommonName: "kube-apiserver"},
-		[]net.IP{apiServerAddr.AsSlice(), net.ParseIP("10.96.0.1"), net.ParseIP("127.0.0.1")},
+		[]net.IP{apiServerAddr.AsSlice(), net.ParseIP(KubernetesServiceIP), net.ParseIP("127.0.0.1")},
 		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"})
 	if err != nil {
 		return err
@@ -274,9 +283,10 @@ func (l *Cluster) StartControlPlane(ctx context.Context) error {
 		"--service-account-signing-key-file=" + f("sa.key"),
 		"--service-cluster-ip-range=" + ServiceCIDR,
 		"--allow-privileged=true",
-		// One API server: no lease-based endpoint reconciliation to run,
-		// and no priority-and-fairness bookkeeping on a 2-core machine.
-		"--endpoint-reconciler-type=none",
+		// The default (lease) endpoint reconciler keeps the kubernetes
+		// Service's EndpointSlice at this address, so that pods reach the
+		// API server at its ClusterIP through kube-proxy (CoreDNS does).
+		// No priority-and-fairness bookkeeping on a 2-core machine.
 		"--enable-priority-and-fairness=false",
 		"--v=1",
 	}

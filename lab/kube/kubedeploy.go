@@ -17,18 +17,30 @@ import (
 // KubeOptions configure StartKubernetes.
 type KubeOptions struct {
 	// Images are OCI archives imported into every node's containerd (the
-	// pause image and Tabby's, from `make images`).
+	// pause image and Tabby's, from `make images`; CoreDNS's for DeployDNS).
 	Images []string
+	// KubeProxy is the mode of the kube-proxy StartKubernetes runs on every
+	// node: "" is ProxyNFTables; ProxyNone runs none.
+	KubeProxy ProxyMode
 }
 
 // StartKubernetes makes the lab a Kubernetes cluster: the control plane
 // (StartControlPlane), then on every node containerd, the images and a
-// kubelet registering the node with a certificate of the lab's CA. It
-// returns once every node is registered. In a lab without agents the
-// nodes have no CNI configuration, as an operator's nodes before a network
-// plugin is deployed (DeployTabby).
+// kubelet registering the node with a certificate of the lab's CA, and
+// once every node is registered, kube-proxy on each (StartKubeProxy, in
+// o.KubeProxy's mode). In a lab without agents the nodes have no CNI
+// configuration, as an operator's nodes before a network plugin is
+// deployed (DeployTabby).
 func (l *Cluster) StartKubernetes(ctx context.Context, o KubeOptions) error {
-	bins, err := kubebins.Find("kubelet")
+	mode, err := ParseProxyMode(string(o.KubeProxy))
+	if err != nil {
+		return err
+	}
+	names := []string{"kubelet"}
+	if mode != ProxyNone {
+		names = append(names, "kube-proxy")
+	}
+	bins, err := kubebins.Find(names...)
 	if err != nil {
 		return err
 	}
@@ -64,7 +76,40 @@ func (l *Cluster) StartKubernetes(ctx context.Context, o KubeOptions) error {
 	if err != nil {
 		return fmt.Errorf("waiting for %d nodes to register: %w", len(st.Nodes), err)
 	}
+	for _, n := range st.Nodes {
+		if err := l.StartKubeProxy(ctx, n.Name, mode); err != nil {
+			return fmt.Errorf("kube-proxy on %s: %w", n.Name, err)
+		}
+	}
 	l.Progress("Kubernetes is up: %d nodes registered with %s", len(st.Nodes), APIServerURL())
+	return nil
+}
+
+// UpOptions configure Up.
+type UpOptions struct {
+	Kube   KubeOptions
+	Deploy DeployOptions
+	// NoDNS deploys no CoreDNS (then the images need not hold it).
+	NoDNS bool
+}
+
+// Up is what `tabby-lab up --kubernetes` makes of a lab without agents:
+// Kubernetes with kube-proxy on every node (StartKubernetes), Tabby from
+// the manifests (DeployTabby), and the cluster's DNS (DeployDNS). The demo
+// and the end-to-end tests use it, so that they run the lab as shipped.
+func (l *Cluster) Up(ctx context.Context, o UpOptions) error {
+	if err := l.StartKubernetes(ctx, o.Kube); err != nil {
+		return fmt.Errorf("Kubernetes: %w", err)
+	}
+	if err := l.DeployTabby(ctx, o.Deploy); err != nil {
+		return fmt.Errorf("Tabby: %w", err)
+	}
+	if o.NoDNS {
+		return nil
+	}
+	if err := l.DeployDNS(ctx, o.Deploy.Timeout); err != nil {
+		return fmt.Errorf("DNS: %w", err)
+	}
 	return nil
 }
 
@@ -82,7 +127,8 @@ type DeployOptions struct {
 // an operator, with its plain-HTTP variant (the lab's etcd has no TLS):
 // the namespace and an empty Secret tabby-etcd-secrets, tabby-etcd.yaml
 // with the lab's etcd endpoints, the ConfigMap kubernetes-services-endpoint
-// naming the API server's address (the lab runs no kube-proxy), and
+// naming the API server's address (as the README tells operators: the
+// controllers need the API server before pods reach Services), and
 // tabby-kube-controllers.yaml, in the README's order: the controllers once
 // the DaemonSet is ready and every node Ready. It returns once the
 // controllers are available.

@@ -308,6 +308,11 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 4s
 syncFrequency: 10s
+# The cluster's DNS (DeployDNS): pods of dnsPolicy ClusterFirst get it as
+# their nameserver, with the cluster domain's search path.
+clusterDNS:
+- ` + DNSServiceIP + `
+clusterDomain: ` + ClusterDomain + `
 `
 }
 
@@ -369,7 +374,9 @@ func (l *Cluster) StartKubelet(ctx context.Context, node, kubeletBin string, o K
 	files := map[string]string{
 		"config.yaml": kubeletConfig(dir, l.ContainerdSocket(node), kubeletCgroupRoot(st.Name, node), clientCA),
 		"kubeconfig":  kc,
-		"resolv.conf": "", // no DNS: the lab reaches nothing outside
+		// No upstream DNS: the lab reaches nothing outside. Pods of
+		// dnsPolicy ClusterFirst get the cluster's DNS (clusterDNS).
+		"resolv.conf": "",
 	}
 	for name, content := range files {
 		mode := os.FileMode(0o644)

@@ -27,6 +27,7 @@ func TestKubeletConfig(t *testing.T) {
 		"podLogsDir: " + dir + "/pod-logs\n",
 		"resolvConf: " + dir + "/resolv.conf\n",
 		"readOnlyPort: 0\n",
+		"clusterDNS:\n- 10.96.0.10\nclusterDomain: cluster.local\n",
 	} {
 		if !strings.Contains(cfg, want) {
 			t.Errorf("kubelet config lacks %q:\n%s", want, cfg)

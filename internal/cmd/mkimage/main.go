@@ -6,7 +6,9 @@
 //
 // writes bin/images/tabby.oci.tar (docker.io/library/tabby:<tag>, from the
 // binaries in -bin) and bin/images/pause.oci.tar (registry.k8s.io/pause:3.10,
-// from -bin/pause). With -coredns FILE it also writes
+// from -bin/pause) and bin/images/echo.oci.tar
+// (docker.io/library/tabby-echo:lab, the lab's Service backend, from
+// -bin/echo). With -coredns FILE it also writes
 // bin/images/coredns.oci.tar (registry.k8s.io/coredns/coredns:v1.15.0, the
 // lab's cluster DNS) from that binary (`make kube-bins` builds it). `make
 // images` builds the binaries and runs it.
@@ -37,7 +39,7 @@ func run(bin, tag, out, coredns string) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	for file, spec := range map[string]image.Spec{"tabby.oci.tar": image.Tabby(tag), "pause.oci.tar": image.Pause()} {
+	for file, spec := range map[string]image.Spec{"tabby.oci.tar": image.Tabby(tag), "pause.oci.tar": image.Pause(), "echo.oci.tar": image.Echo()} {
 		p := filepath.Join(out, file)
 		if err := image.Write(p, spec, bin); err != nil {
 			return err

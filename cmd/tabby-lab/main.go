@@ -83,7 +83,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 	c.Flags().BoolVar(&u.kubernetes, "kubernetes", false, "make the lab a Kubernetes cluster (control plane, containerd and a kubelet per node; needs `make kube-bins images`) and deploy Tabby from the manifests with kubectl, instead of starting agents itself")
 	c.Flags().StringVar(&u.manifestDir, "manifests", "manifests", "with --kubernetes: the directory of tabby-etcd.yaml and tabby-kube-controllers.yaml")
-	c.Flags().StringVar(&u.imagesDir, "images", "", "with --kubernetes: the directory of tabby.oci.tar, pause.oci.tar and coredns.oci.tar (default <bin-dir>/images, from `make kube-bins images`)")
+	c.Flags().StringVar(&u.imagesDir, "images", "", "with --kubernetes: the directory of tabby.oci.tar, pause.oci.tar, coredns.oci.tar and echo.oci.tar (default <bin-dir>/images, from `make kube-bins images`)")
 	c.Flags().StringVar(&u.kubeProxy, "kube-proxy", string(kube.ProxyNFTables), "with --kubernetes: kube-proxy's mode on every node (nftables, iptables, or none)")
 }
 
@@ -105,7 +105,8 @@ func (u *upOptions) kubeOptions(o lab.Options) (kube.KubeOptions, error) {
 		return kube.KubeOptions{}, fmt.Errorf("--kube-proxy: %w", err)
 	}
 	ko := kube.KubeOptions{KubeProxy: mode}
-	for _, f := range []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar"} {
+	// echo is the lab's Service backend (the demo's; anyone's to try).
+	for _, f := range []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar", "echo.oci.tar"} {
 		p := filepath.Join(dir, f)
 		if _, err := os.Stat(p); err != nil {
 			return kube.KubeOptions{}, fmt.Errorf("--kubernetes: image archive %v (run `make kube-bins images`)", err)

@@ -53,11 +53,13 @@ spec:
 `
 
 // DemoKubernetes makes the lab (3 nodes unless o says otherwise, no lab
-// agents) a Kubernetes cluster (StartKubernetes), deploys Tabby from the
-// manifests with kubectl (DeployTabby), applies DemoDeployment, and shows
-// `kubectl get nodes,pods -o wide` and a ping matrix between the pods.
-// Unless keep, it tears the lab down again. Any failed step or ping is an
-// error.
+// agents) a Kubernetes cluster with kube-proxy on every node
+// (StartKubernetes), deploys Tabby from the manifests with kubectl
+// (DeployTabby) and the cluster's DNS (DeployDNS), applies DemoDeployment,
+// and shows `kubectl get nodes,pods -o wide` and a ping matrix between the
+// pods; then DemoService, reached by its DNS name from a pod on every node
+// but its backend's (demoServiceMatrix). Unless keep, it tears the lab
+// down again. Any failed step, ping or Service connection is an error.
 func DemoKubernetes(ctx context.Context, o lab.Options, ko KubeOptions, manifestDir string, keep bool, w io.Writer) (err error) {
 	if o.Nodes == 0 {
 		o.Nodes = 3
@@ -79,7 +81,11 @@ func DemoKubernetes(ctx context.Context, o lab.Options, ko KubeOptions, manifest
 		}
 		err = errors.Join(err, l.Down())
 	}()
-	lab.Section(w, "Kubernetes: control plane on the fabric, containerd and a kubelet per node")
+	mode, err := ParseProxyMode(string(ko.KubeProxy))
+	if err != nil {
+		return err
+	}
+	lab.Section(w, "Kubernetes: control plane on the fabric, containerd, a kubelet and kube-proxy per node")
 	if err := l.StartKubernetes(ctx, ko); err != nil {
 		return err
 	}
@@ -94,6 +100,14 @@ func DemoKubernetes(ctx context.Context, o lab.Options, ko KubeOptions, manifest
 		return err
 	}
 	fmt.Fprintf(w, "Tabby ready on every node %v after kubectl apply\n", time.Since(start).Round(100*time.Millisecond))
+	lab.Section(w, "the cluster's DNS: CoreDNS behind kube-dns at "+DNSServiceIP)
+	if err := l.DeployDNS(ctx, 0); err != nil {
+		return err
+	}
+	if out, err = l.Kubectl(ctx, "-n", "kube-system", "get", "pods,services", "-l", "k8s-app=kube-dns", "-o", "wide"); err != nil {
+		return err
+	}
+	w.Write(out)
 	lab.Section(w, fmt.Sprintf("a Deployment of %d pods over the nodes", DemoReplicas))
 	path := filepath.Join(l.kubeDir(), "web.yaml")
 	if err := os.WriteFile(path, []byte(DemoDeployment), 0o644); err != nil {
@@ -122,6 +136,10 @@ func DemoKubernetes(ctx context.Context, o lab.Options, ko KubeOptions, manifest
 		return fmt.Errorf("%d pings failed", failed)
 	}
 	fmt.Fprintln(w, "\nall pods reach each other")
+	lab.Section(w, "a Service reached by name from pods on other nodes (kube-proxy "+string(mode)+" mode, CoreDNS)")
+	if err := l.demoServiceMatrix(ctx, pods, w); err != nil {
+		return err
+	}
 	return nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -71,37 +70,15 @@ func assertGone(t *testing.T, name, dir string, procs []*lab.Proc) {
 }
 
 // requireKubeletHost skips tb unless this host can run lab kubelets and
-// their pods: root, TABBY_BIN holding the named image archives (in
-// images/, from `make images`), containerd and the commands the lab runs
-// it with plus extra ones, Debian's loopback plugin (containerd's CRI runs
-// it for every pod) plus the named plugins, and cgroups. It returns
-// TABBY_BIN and the archives' paths.
+// their pods (root, then HostCheck). It returns TABBY_BIN and the
+// archives' paths.
 func requireKubeletHost(tb testing.TB, archives, commands, plugins []string) (binDir string, paths []string) {
 	tb.Helper()
 	testkit.RequirePrivileged(tb)
 	binDir = os.Getenv("TABBY_BIN")
-	if binDir == "" {
-		tb.Skip("TABBY_BIN is not set: run `make build images` and set TABBY_BIN=$PWD/bin")
-	}
-	for _, a := range archives {
-		p := filepath.Join(binDir, "images", a)
-		if _, err := os.Stat(p); err != nil {
-			tb.Skipf("image archive missing (%v): run `make images`", err)
-		}
-		paths = append(paths, p)
-	}
-	for _, c := range append([]string{"containerd", "ctr", "unshare", "findmnt"}, commands...) {
-		if _, err := exec.LookPath(c); err != nil {
-			tb.Skipf("%s not installed (apt-get install containerd util-linux iputils-ping): %v", c, err)
-		}
-	}
-	for _, p := range append([]string{"loopback"}, plugins...) {
-		if _, err := os.Stat(filepath.Join(cniPluginDir, p)); err != nil {
-			tb.Skipf("Debian's %s CNI plugin is needed (apt-get install containernetworking-plugins): %v", p, err)
-		}
-	}
-	if _, err := lab.CgroupHierarchies(); err != nil {
-		tb.Skipf("cgroups: %v", err)
+	paths, err := HostCheck(binDir, archives, commands, plugins)
+	if err != nil {
+		tb.Skip(err.Error())
 	}
 	return binDir, paths
 }

@@ -24,12 +24,13 @@ func CoreDNS() Spec {
 const EchoName = "docker.io/library/tabby-echo:lab"
 
 // Echo is the lab's Service backend: one static program answering each TCP
-// connection with the pod's name and the client's address.
+// connection with the pod's name and the client's address; a container's
+// args (-listen) follow its entrypoint.
 func Echo() Spec {
 	return Spec{
-		Name:  EchoName,
-		Files: []File{{"echo", "/echo", 0o755}},
-		Env:   []string{PathEnv},
-		Cmd:   []string{"/echo"},
+		Name:       EchoName,
+		Files:      []File{{"echo", "/echo", 0o755}},
+		Env:        []string{PathEnv},
+		Entrypoint: []string{"/echo"},
 	}
 }

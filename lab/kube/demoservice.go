@@ -111,6 +111,11 @@ func (l *Cluster) demoServiceMatrix(ctx context.Context, clients []lab.PodState,
 			_, _, last := serviceRequest(ctx, c.NetNS, demoServiceName, 80)
 			return fmt.Errorf("from %s on %s, %s: %v", c.Name, c.Node, demoServiceName, last)
 		}
+		// The backend answers "<its name> <the client's address:port>".
+		f := strings.Fields(answer)
+		if len(f) != 2 || f[0] != backend.Name || !strings.HasPrefix(f[1], c.IPs[0].Addr().String()+":") {
+			return fmt.Errorf("from %s on %s: answer %q, want %s seeing %s", c.Name, c.Node, answer, backend.Name, c.IPs[0].Addr())
+		}
 		fmt.Fprintf(w, "%s on %s: %s is %s, answered %q\n", c.Name, c.Node, demoServiceName, addr, answer)
 	}
 	if len(seen) == 0 {

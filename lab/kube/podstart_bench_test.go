@@ -423,7 +423,35 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 	}
 	b.Logf("reference subnets %v; Tabby's blocks %v", s.refSubnets, claimed)
 
+	s.startInformer(ctx, b)
+	err = lab.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
+		if err := s.alive(); err != nil {
+			return false, err
+		}
+		for _, n := range nodes {
+			if ready, _ := nodeReady(ctx, client, n); !ready {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		for _, n := range nodes {
+			_, msg := nodeReady(ctx, client, n)
+			b.Logf("%s: %s", n, msg)
+		}
+		b.Fatalf("nodes not Ready: %v", err)
+	}
+	return s
+}
+
+// startInformer runs an informer on the benchmark's pods (s.watch sees
+// each from now on) until the benchmark ends, and registers a cleanup
+// that first deletes the pods through the kubelets (CNI DEL) while
+// everything still runs: registered after Down's cleanup, it runs before.
+func (s *podStartBench) startInformer(ctx context.Context, b *testing.B) {
 	// The informer: every pod of the benchmark, from now on.
+	client := s.client
 	informer := cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", "default",
 		func(o *metav1.ListOptions) { o.LabelSelector = podStartLabel + "=podstart" }),
 		&corev1.Pod{}, 0, cache.Indexers{})
@@ -458,25 +486,6 @@ func upPodStartBench(b *testing.B, kubelet, binDir, pause string, pods int) *pod
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		b.Fatal("the pod informer did not sync")
 	}
-	err = lab.Poll(ctx, 250*time.Millisecond, func() (bool, error) {
-		if err := s.alive(); err != nil {
-			return false, err
-		}
-		for _, n := range nodes {
-			if ready, _ := nodeReady(ctx, client, n); !ready {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	if err != nil {
-		for _, n := range nodes {
-			_, msg := nodeReady(ctx, client, n)
-			b.Logf("%s: %s", n, msg)
-		}
-		b.Fatalf("nodes not Ready: %v", err)
-	}
-	return s
 }
 
 // alive fails when a kubelet or containerd exited.

@@ -51,54 +51,9 @@ const kubeProxyBenchServices = 20
 //
 //	TABBY_BIN=$PWD/bin go test -run '^$' -bench PodAddKubeProxy -benchtime 2x -timeout 40m ./lab/kube   # as root
 func BenchmarkPrivilegedPodAddKubeProxy(b *testing.B) {
-	binDir, archives := requireKubeletHost(b, []string{"pause.oci.tar", "tabby.oci.tar"}, []string{"nft"}, nil)
-	kubetest.Require(b, kubebins.Names...)
-	var nodes []string
-	for i := 1; i <= podStartNodes; i++ {
-		nodes = append(nodes, lab.NodeName(i))
-	}
-	name, runDir := testkit.UniqueName(b, "kpb"), b.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	s := upKubeProxyBench(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	var log bytes.Buffer
-	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: podStartNodes, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: &log})
-	if err != nil {
-		b.Fatalf("Up: %v\n%s", err, log.String())
-	}
-	l := New(base)
-	b.Cleanup(func() {
-		if b.Failed() {
-			b.Logf("lab log:\n%s", log.String())
-		}
-		if err := l.Down(); err != nil {
-			b.Errorf("cleanup Down: %v", err)
-		}
-	})
-	if err := l.Up(ctx, UpOptions{Kube: KubeOptions{Images: archives, KubeProxy: ProxyNFTables},
-		Deploy: DeployOptions{ManifestDir: "../../manifests"}, NoDNS: true}); err != nil {
-		b.Fatal(err)
-	}
-	caFile, certFile, keyFile := l.AdminCredentials()
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: APIServerURL(), Dial: l.KubeDial(), QPS: 500, Burst: 500,
-		TLSClientConfig: rest.TLSClientConfig{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for i := range kubeProxyBenchServices {
-		svc := &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%d", i), Namespace: "default"},
-			Spec: corev1.ServiceSpec{
-				Selector: map[string]string{podStartLabel: "podstart"},
-				Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
-			},
-		}
-		if _, err := client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	s := &podStartBench{l: l, client: client, nodes: nodes, pods: podStartPods, netns: map[string]bool{},
-		watch: &podWatch{pods: map[string]*podSeen{}, notify: make(chan struct{}, 1)}}
-	s.startInformer(ctx, b)
 
 	type roundResult struct {
 		cfg      string
@@ -157,6 +112,62 @@ func BenchmarkPrivilegedPodAddKubeProxy(b *testing.B) {
 		}
 		b.ReportMetric(float64(len(p50["proxy"])), "rounds")
 	})
+}
+
+// upKubeProxyBench brings up the lab BenchmarkPrivilegedPodAddKubeProxy
+// measures on (removed when the benchmark ends, the pods first) with its
+// Services.
+func upKubeProxyBench(b *testing.B) *podStartBench {
+	binDir, archives := requireKubeletHost(b, []string{"pause.oci.tar", "tabby.oci.tar"}, []string{"nft"}, nil)
+	kubetest.Require(b, kubebins.Names...)
+	var nodes []string
+	for i := 1; i <= podStartNodes; i++ {
+		nodes = append(nodes, lab.NodeName(i))
+	}
+	name, runDir := testkit.UniqueName(b, "kpb"), b.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var log bytes.Buffer
+	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: podStartNodes, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: &log})
+	if err != nil {
+		b.Fatalf("Up: %v\n%s", err, log.String())
+	}
+	l := New(base)
+	b.Cleanup(func() {
+		if b.Failed() {
+			b.Logf("lab log:\n%s", log.String())
+		}
+		if err := l.Down(); err != nil {
+			b.Errorf("cleanup Down: %v", err)
+		}
+	})
+	if err := l.Up(ctx, UpOptions{Kube: KubeOptions{Images: archives, KubeProxy: ProxyNFTables},
+		Deploy: DeployOptions{ManifestDir: "../../manifests"}, NoDNS: true}); err != nil {
+		b.Fatal(err)
+	}
+	caFile, certFile, keyFile := l.AdminCredentials()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: APIServerURL(), Dial: l.KubeDial(), QPS: 500, Burst: 500,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range kubeProxyBenchServices {
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%d", i), Namespace: "default"},
+			Spec: corev1.ServiceSpec{
+				Selector: map[string]string{podStartLabel: "podstart"},
+				Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
+			},
+		}
+		if _, err := client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s := &podStartBench{l: l, client: client, nodes: nodes, pods: podStartPods, netns: map[string]bool{},
+		watch: &podWatch{pods: map[string]*podSeen{}, notify: make(chan struct{}, 1)}}
+	s.startInformer(ctx, b)
+	return s
+
 }
 
 // setKubeProxy runs kube-proxy on every node (on) or none: stopped, and

@@ -89,7 +89,8 @@ spec:
 // kubernetes.default.svc.cluster.local. Then TestKubernetes' gate policy
 // (isolate web, then let k14-cli's clients in on 8080), probed through
 // the ClusterIP: Tabby's policy decides on the packet after kube-proxy's
-// DNAT (port 80 became the pod's 8080).
+// DNAT (port 80 became the pod's 8080). Last, the same Service through
+// every node's kube-proxy restarted in iptables mode.
 func TestKubeServices(t *testing.T) {
 	testkit.RequirePrivileged(t, "ip", "nsenter", "nft")
 	kubetest.Require(t, kubebins.Names...)
@@ -226,6 +227,36 @@ func TestKubeServices(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("through the ClusterIP: blocked %v after the policy's create, allowed %v after its update", blocked.Round(time.Millisecond), allowed.Round(time.Millisecond))
+	})
+
+	// The other mode, as a test of another part would pick it: every
+	// node's kube-proxy restarted in iptables mode takes over from the
+	// nftables one's rules (it removes them at start).
+	t.Run("IPTablesMode", func(t *testing.T) {
+		for _, n := range l.State().Nodes {
+			if err := l.StopKubeProxy(ctx, n.Name); err != nil {
+				t.Fatal(err)
+			}
+			if err := l.StartKubeProxy(ctx, n.Name, kube.ProxyIPTables); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range l.State().Nodes {
+			if out, err := exec.Command("ip", "netns", "exec", n.NetNS, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); err == nil {
+				t.Errorf("%s: kube-proxy's nftables table still there in iptables mode:\n%s", n.Name, out)
+			}
+			out, err := exec.Command("ip", "netns", "exec", n.NetNS, "iptables", "-t", "nat", "-S", "KUBE-SERVICES").CombinedOutput()
+			if err != nil || !strings.Contains(string(out), clusterIP.String()+"/32") {
+				t.Errorf("%s: no iptables rule for %s in KUBE-SERVICES (%v):\n%s", n.Name, clusterIP, err, out)
+			}
+		}
+		testkit.Eventually(t, 30*time.Second, "node1's pod reaches web by name through iptables mode", func() error {
+			answer, err := get("web.k14-srv.svc." + kube.ClusterDomain)
+			if err != nil {
+				return err
+			}
+			return wantAnswer(answer)
+		})
 	})
 }
 

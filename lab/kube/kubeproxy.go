@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -52,9 +54,12 @@ func ParseProxyMode(s string) (ProxyMode, error) {
 	return "", fmt.Errorf("kube-proxy mode %q: want nftables, iptables or none", s)
 }
 
-// kubeProxyHealthz is where a node's kube-proxy serves /healthz, inside
-// the node's namespace.
-const kubeProxyHealthz = "127.0.0.1:10256"
+// kubeProxyHealthz and kubeProxyMetrics are where a node's kube-proxy
+// serves /healthz and /metrics, inside the node's namespace.
+const (
+	kubeProxyHealthz = "127.0.0.1:10256"
+	kubeProxyMetrics = "127.0.0.1:10249"
+)
 
 // KubeProxyDir holds the node's kube-proxy configuration, credentials and
 // log.
@@ -78,7 +83,7 @@ hostnameOverride: ` + node + `
 clusterCIDR: ` + clusterCIDR + `
 detectLocalMode: ClusterCIDR
 healthzBindAddress: ` + kubeProxyHealthz + `
-metricsBindAddress: 127.0.0.1:10249
+metricsBindAddress: ` + kubeProxyMetrics + `
 # Lowering its OOM score needs CAP_SYS_RESOURCE, which a lab host may lack.
 oomScoreAdj: 0
 conntrack:
@@ -91,9 +96,35 @@ conntrack:
 `
 }
 
+// kubeProxySynced reports whether kube-proxy's metrics say it programmed
+// its rules at least once: a sync_proxy_rules_last_timestamp_seconds
+// sample for an IP family appears with the family's first successful sync
+// and none is zero. (Its /healthz cannot tell: it answers 200 while
+// kube-proxy starts, and marks each family updated as its sync loop
+// begins, before any rule is written.)
+func kubeProxySynced(metrics []byte) bool {
+	n := 0
+	for _, line := range strings.Split(string(metrics), "\n") {
+		name, rest, ok := strings.Cut(line, "{")
+		if !ok || name != "kubeproxy_sync_proxy_rules_last_timestamp_seconds" {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 2 {
+			return false
+		}
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil || v <= 0 {
+			return false
+		}
+		n++
+	}
+	return n > 0
+}
+
 // StartKubeProxy starts kube-proxy in mode on the node (its kubelet
 // registered first: kube-proxy reads the node's addresses from its Node)
-// and waits until it has programmed the Services once (/healthz).
+// and waits until it has programmed the Services once (kubeProxySynced).
 // Teardown stops it; its rules go with the node's namespace.
 func (l *Cluster) StartKubeProxy(ctx context.Context, node string, mode ProxyMode) error {
 	if mode == ProxyNone {
@@ -154,13 +185,13 @@ func (l *Cluster) StartKubeProxy(ctx context.Context, node string, mode ProxyMod
 		if !p.Alive() {
 			return false, fmt.Errorf("kube-proxy on %s exited:\n%s", node, logTail(p.Log))
 		}
-		resp, err := hc.Get("http://" + kubeProxyHealthz + "/healthz")
+		resp, err := hc.Get("http://" + kubeProxyMetrics + "/metrics")
 		if err != nil {
 			return false, nil
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
+		body, err := io.ReadAll(resp.Body)
 		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		return err == nil && resp.StatusCode == http.StatusOK && kubeProxySynced(body), nil
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for kube-proxy on %s: %w\n%s", node, err, logTail(p.Log))

@@ -85,3 +85,21 @@ func TestDNSManifest(t *testing.T) {
 		t.Errorf("Corefile does not serve %s:\n%s", ClusterDomain, cm.Data["Corefile"])
 	}
 }
+
+// TestKubeProxySynced: synced once every IP family's last-sync sample is
+// there and not zero; the help text alone, or a family at zero, is not.
+func TestKubeProxySynced(t *testing.T) {
+	const help = "# HELP kubeproxy_sync_proxy_rules_last_timestamp_seconds [ALPHA] The last time proxy rules were successfully synced\n" +
+		"# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\n"
+	for metrics, want := range map[string]bool{
+		"":   false,
+		help: false,
+		help + `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7963e+09` + "\n":                                                                                  true,
+		help + `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.7963e+09` + "\n" + `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv6"} 0` + "\n": false,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"} 1.7963e+09` + "\n":                                                                                  false,
+	} {
+		if got := kubeProxySynced([]byte(metrics)); got != want {
+			t.Errorf("kubeProxySynced(%q) = %v, want %v", metrics, got, want)
+		}
+	}
+}

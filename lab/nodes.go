@@ -50,6 +50,9 @@ func (l *Lab) RemoveNode(ctx context.Context, name string) error {
 	if err := l.StopContainerd(ctx, name); err != nil {
 		errs = append(errs, err)
 	}
+	if err := l.StopKubeProxy(ctx, name); err != nil {
+		errs = append(errs, err)
+	}
 	if err := l.StopAgent(ctx, name, syscall.SIGTERM); err != nil {
 		errs = append(errs, err)
 	}

@@ -20,6 +20,11 @@ type ImportContext struct {
 	// never outranks the node's route; one covering it (less specific)
 	// stays, since the longest match picks the node's route anyway.
 	NodeRoutes []netip.Prefix
+	// Services are the cluster's Service prefixes (ServicePrefixes): a
+	// learned route equal to or inside one is dropped, so that a node
+	// never routes a Service address to another node (kube-proxy on this
+	// node handles it), whichever peer sent it.
+	Services []netip.Prefix
 }
 
 // Rejected is a learned route FilterLearned dropped, with the prefix of
@@ -30,7 +35,8 @@ type Rejected struct {
 }
 
 // FilterLearned drops every learned route that equals or is more specific
-// than a local workload address, a local block or a node subnet, or that
+// than a local workload address, a local block, a node subnet or a Service
+// prefix, or that
 // equals one of the node's own routes. It is pure; kept keeps the order of
 // learned.
 func FilterLearned(learned []LearnedRoute, ic ImportContext) (kept []LearnedRoute, rejected []Rejected) {
@@ -40,7 +46,7 @@ func FilterLearned(learned []LearnedRoute, ic ImportContext) (kept []LearnedRout
 			protect = append(protect, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	for _, list := range [][]netip.Prefix{ic.Blocks, ic.NodeSubnets} {
+	for _, list := range [][]netip.Prefix{ic.Blocks, ic.NodeSubnets, ic.Services} {
 		for _, p := range list {
 			if p.IsValid() {
 				protect = append(protect, p.Masked())

@@ -279,3 +279,18 @@ func EffectiveServices(global, node *BGPConfiguration) BGPConfigurationSpec {
 	}
 	return out
 }
+
+// ServiceAdvertisementStatus is what a node does with one Service prefix
+// (AgentStatus.Services): a serviceClusterIPs range (Service empty) or an
+// external or LoadBalancer IP of a Service.
+type ServiceAdvertisementStatus struct {
+	// Service is "<namespace>/<name>", empty for a serviceClusterIPs range.
+	Service string `json:"service,omitempty"`
+	// Kind is clusterIPRange, externalIP or loadBalancerIP.
+	Kind       string `json:"kind"`
+	Prefix     string `json:"prefix"`
+	Advertised bool   `json:"advertised,omitempty"`
+	// Refused says the configuration does not allow the address.
+	Refused bool   `json:"refused,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}

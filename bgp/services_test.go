@@ -127,9 +127,12 @@ func TestFilterLearnedServices(t *testing.T) {
 		{Prefix: netip.MustParsePrefix("10.96.4.0/24"), NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.12")}},
 		{Prefix: netip.MustParsePrefix("10.244.1.0/26"), NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.12")}},
 	}
-	kept, rejected := FilterLearned(learned, ImportContext{Services: []netip.Prefix{cip, lb}})
-	if len(kept) != 1 || kept[0].Prefix != learned[2].Prefix {
-		t.Errorf("kept %v, want only the pod block", kept)
+	learned = append(learned, LearnedRoute{Prefix: cip, NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.13")}})
+	// A range written over a pool protects itself, not the pod routes
+	// inside it.
+	kept, rejected := FilterLearned(learned, ImportContext{Services: []netip.Prefix{cip, lb, netip.MustParsePrefix("10.0.0.0/8")}})
+	if len(kept) != 2 || kept[0].Prefix != learned[1].Prefix || kept[1].Prefix != learned[2].Prefix {
+		t.Errorf("kept %v, want the pod block and the route inside the range", kept)
 	}
 	if len(rejected) != 2 || rejected[0].Over != lb || rejected[1].Over != cip {
 		t.Errorf("rejected %v", rejected)

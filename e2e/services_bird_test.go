@@ -139,7 +139,7 @@ func requireBIRD(tb testing.TB) {
 // what it advertises.
 func TestPrivilegedServiceAdvertisementBIRD(t *testing.T) {
 	requireBIRD(t)
-	l := upLab(t, lab.Options{Name: "svcadv", Nodes: 3})
+	l := upLab(t, lab.Options{Name: "svcadv", Nodes: 3, PodsPerNode: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	b := startBIRD(t, l)
@@ -214,6 +214,46 @@ func TestPrivilegedServiceAdvertisementBIRD(t *testing.T) {
 					t.Errorf("%s has no Service blackhole for %s:\n%s", n.Name, w, out)
 				}
 			}
+		}
+	})
+
+	t.Run("Tabbyctl", func(t *testing.T) {
+		// A Service whose ready endpoint is pod n1p1 (on node1).
+		rec := &api.Service{Metadata: api.ObjectMeta{Namespace: "default", Name: "api"},
+			Spec: api.ServiceSpec{Type: "LoadBalancer", ClusterIPs: []string{"10.96.0.20"}, LoadBalancerIPs: []string{"198.19.0.3"},
+				ExternalTrafficPolicy: api.TrafficPolicyLocal, EndpointNodes: []string{"node1"}, EndpointAddresses: []string{podIP(t, l, "n1p1").String()}}}
+		if _, err := l.Store().Apply(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		waitBIRDVia(ctx, t, b, map[string][]string{"198.19.0.3/32": nodeAddrs(nodes, "node1")})
+		checks := []struct {
+			args []string
+			want []string
+		}{
+			{[]string{"get", "services", "-A"}, []string{"198.19.0.1 from all 3 nodes", "198.19.0.2 from node1",
+				"10.96.0.10 in 10.96.0.0/16 from all 3 nodes", "198.19.9.9: REFUSED: 198.19.9.9 is outside serviceExternalIPs [198.19.8.0/24] (on node1,node2,node3)"}},
+			{[]string{"node", "status", "--node", "node2"}, []string{"Service advertisements", "198.19.0.1/32        loadBalancerIP of default/web, advertised",
+				"198.19.0.2/32        loadBalancerIP of default/db, not advertised: externalTrafficPolicy Local and no ready endpoint on this node"}},
+			{[]string{"explain", "pod", "default/n1p1"}, []string{"Services leading here", "default/api (LoadBalancer, externalTrafficPolicy Local, ready endpoints on node1)",
+				"198.19.0.3 (loadBalancerIP): from node1", "10.96.0.20 (clusterIP): in 10.96.0.0/16 from all 3 nodes"}},
+		}
+		for _, c := range checks {
+			// The agents publish their status every 2 s.
+			testkit.EventuallyEvery(t, 15*time.Second, 500*time.Millisecond, "tabbyctl "+strings.Join(c.args, " "), func() error {
+				out, err := tabbyctl(t, l, c.args...)
+				if err != nil {
+					return fmt.Errorf("%w: %s", err, out)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(out, w) {
+						return fmt.Errorf("want %q in:\n%s", w, out)
+					}
+				}
+				return nil
+			})
+		}
+		if err := l.Store().Delete(ctx, api.KindService, "default", "api", ""); err != nil {
+			t.Fatal(err)
 		}
 	})
 

@@ -43,6 +43,7 @@ func (b *bgpOwner) serviceView() *bgp.ServiceView {
 		Config:   api.EffectiveServices(b.view.BGPConfiguration(), b.view.NodeBGPConfiguration(b.node)),
 		Services: b.view.Services(),
 		IPv6:     b.nodeAddr6.IsValid(),
+		Pools:    poolPrefixes(b.view.Pools()),
 	}
 }
 

@@ -18,6 +18,9 @@ type ServiceView struct {
 	Config   api.BGPConfigurationSpec
 	Services []*api.Service
 	IPv6     bool
+	// Pools are the IP pools (their CIDRs): a serviceClusterIPs range
+	// overlapping one is refused.
+	Pools []netip.Prefix
 }
 
 // Kinds of Service address in a ServiceDecision.
@@ -51,7 +54,9 @@ type ServiceDecision struct {
 //     serviceLoadBalancerIPs, as /32 (/128): for externalTrafficPolicy
 //     Cluster from every node, for Local only from nodes with a ready
 //     endpoint of the Service;
-//   - an external or LoadBalancer IP outside its ranges is refused;
+//   - an external or LoadBalancer IP outside its ranges is refused, and
+//     so is a serviceClusterIPs range that overlaps an IP pool (every
+//     node would draw the pool's traffic);
 //   - IPv6 only when the node carries IPv6.
 //
 // It is pure; the result is sorted by prefix, then Service. One address
@@ -65,7 +70,12 @@ func ServiceDecisions(v ServiceView) []ServiceDecision {
 		return d
 	}
 	for _, p := range api.ServicePrefixes(v.Config.ServiceClusterIPs) {
-		out = append(out, family(ServiceDecision{Kind: ServiceClusterIPRange, Prefix: p, Advertised: true}))
+		d := ServiceDecision{Kind: ServiceClusterIPRange, Prefix: p, Advertised: true}
+		if i := slices.IndexFunc(v.Pools, p.Overlaps); i >= 0 {
+			d.Advertised, d.Refused = false, true
+			d.Reason = fmt.Sprintf("serviceClusterIPs range %s overlaps IP pool %s: every node would draw the pool's traffic", p, v.Pools[i])
+		}
+		out = append(out, family(d))
 	}
 	extRanges := api.ServicePrefixes(v.Config.ServiceExternalIPs)
 	lbRanges := api.ServicePrefixes(v.Config.ServiceLoadBalancerIPs)

@@ -71,6 +71,12 @@ func TestServiceDecisions(t *testing.T) {
 			{Service: "default/db", Kind: ServiceLoadBalancerIP, Prefix: p("fd00:19::2/128"), Refused: true, Reason: "fd00:19::2 is outside serviceLoadBalancerIPs [198.19.0.128/25]"},
 			{Kind: ServiceClusterIPRange, Prefix: p("fd00:96::/112"), Reason: "IPv6: this node has no IPv6 address, so BGP carries no IPv6"},
 		}},
+		{"a ClusterIP range over a pool is refused", ServiceView{Node: "n1", Pools: []netip.Prefix{p("10.244.0.0/16")},
+			Config: api.BGPConfigurationSpec{ServiceClusterIPs: cidrs("10.0.0.0/8", "10.96.0.0/16")}}, []ServiceDecision{
+			{Kind: ServiceClusterIPRange, Prefix: p("10.0.0.0/8"), Refused: true,
+				Reason: "serviceClusterIPs range 10.0.0.0/8 overlaps IP pool 10.244.0.0/16: every node would draw the pool's traffic"},
+			{Kind: ServiceClusterIPRange, Prefix: p("10.96.0.0/16"), Advertised: true},
+		}},
 		{"an endpoint that is not ready withdraws a local address", ServiceView{Node: "n2", Config: global.Spec,
 			Services: []*api.Service{svc("default", "db", "Local", nil, nil, []string{"198.19.0.2"})}}, []ServiceDecision{
 			{Kind: ServiceClusterIPRange, Prefix: p("10.96.0.0/16"), Advertised: true},

@@ -97,6 +97,19 @@ func (ix serviceAds) fates(s *api.Service) []addrFate {
 		f := addrFate{addr: a, kind: "clusterIP", text: "not advertised: no serviceClusterIPs range holds it"}
 		if r, ok := ix.coveringRange(a); ok {
 			f.advertised, f.text = true, fmt.Sprintf("in %s from %s", r, ix.nodesText(r))
+		} else {
+			var why []string
+			for r, reasons := range ix.refused[""] { // refused ranges
+				if r.Contains(a) {
+					for reason := range reasons {
+						why = append(why, reason)
+					}
+				}
+			}
+			if len(why) > 0 {
+				slices.Sort(why)
+				f.text = "REFUSED: " + strings.Join(slices.Compact(why), "; ")
+			}
 		}
 		out = append(out, f)
 	}

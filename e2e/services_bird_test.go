@@ -278,6 +278,29 @@ func TestPrivilegedServiceAdvertisementBIRD(t *testing.T) {
 		waitBIRDVia(ctx, t, b, map[string][]string{svcClusterLB: all})
 	})
 
+	t.Run("ExportFiltersApply", func(t *testing.T) {
+		st := l.Store()
+		if _, err := st.Create(ctx, &api.BGPFilter{Metadata: api.ObjectMeta{Name: "tor-out"}, Spec: api.BGPFilterSpec{
+			ExportV4: []api.BGPFilterRule{{CIDR: svcLBRange, MatchOperator: api.MatchOperatorIn, Action: api.FilterActionReject}}}}); err != nil {
+			t.Fatal(err)
+		}
+		setFilters := func(fs ...string) {
+			t.Helper()
+			peer, err := datastore.GetAs[*api.BGPPeer](ctx, st, api.KindBGPPeer, "", "tor")
+			if err != nil {
+				t.Fatal(err)
+			}
+			peer.Spec.Filters = fs
+			if _, err := datastore.UpdateAs(ctx, st, peer); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setFilters("tor-out")
+		waitBIRDVia(ctx, t, b, map[string][]string{svcClusterLB: nil, svcClusterRange: all})
+		setFilters()
+		waitBIRDVia(ctx, t, b, map[string][]string{svcClusterLB: all})
+	})
+
 	t.Run("ServiceGoneIsWithdrawn", func(t *testing.T) {
 		if err := l.Store().Delete(ctx, api.KindService, "default", "web", ""); err != nil {
 			t.Fatal(err)

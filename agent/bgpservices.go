@@ -89,9 +89,13 @@ func (b *bgpOwner) reconcileServiceRoutes(ds []bgp.ServiceDecision) error {
 	if b.table == nil {
 		return nil
 	}
-	err := b.table.SetClass(routetable.Service, serviceBlackholes(ds))
+	holes := serviceBlackholes(ds)
+	err := b.table.SetClass(routetable.Service, holes)
 	if err = errors.Join(err, b.table.Apply(routetable.Service)); err != nil {
 		return fmt.Errorf("service routes: %w", err)
+	}
+	if b.metrics != nil {
+		b.metrics.routes.WithLabelValues("service").Set(float64(len(holes)))
 	}
 	return nil
 }

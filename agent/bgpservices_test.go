@@ -102,6 +102,9 @@ func TestServiceAdvertisementsFollowRecords(t *testing.T) {
 		}
 	}
 	check(p("10.96.0.0/16"), p("198.19.0.1/32"))
+	if got := gaugeValue(t, b.metrics, "tabby_routes_installed", "service"); got != 2 {
+		t.Errorf("tabby_routes_installed{kind=\"service\"} = %v, want 2", got)
+	}
 
 	st := b.serviceStatusLocked()
 	if i := slices.IndexFunc(st, func(s api.ServiceAdvertisementStatus) bool { return s.Service == "default/far" }); i < 0 || !st[i].Refused ||
@@ -162,4 +165,27 @@ func (b *bgpOwner) serviceStatusLocked() []api.ServiceAdvertisementStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.serviceStatus()
+}
+
+// gaugeValue reads one labelled gauge of m's registry.
+func gaugeValue(t *testing.T, m *metrics, name, label string) float64 {
+	t.Helper()
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetValue() == label {
+					return mt.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{%s}", name, label)
+	return 0
 }

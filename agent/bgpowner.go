@@ -202,7 +202,7 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 	b.noteServiceDecisions(decisions)
 	idErr := b.ensureSpeakerIdentity(ctx, bc)
 	sp := b.current()
-	polErr := b.reconcilePolicy(ctx, sp, pools, b.servicePrefixes(decisions))
+	polErr := b.reconcilePolicy(ctx, sp, pools)
 	desired, peerErr := b.reconcilePeers(ctx, sp, bc)
 	adv, local, advErr := b.reconcileAdvertisements(ctx, sp, pools, svcs)
 	svcErr := b.reconcileServiceRoutes(decisions)
@@ -216,9 +216,9 @@ func (b *bgpOwner) pass(ctx context.Context) error {
 }
 
 // reconcilePolicy gives the speaker the pools (import), their communities
-// and aggregates, and the Service prefixes (export).
-func (b *bgpOwner) reconcilePolicy(ctx context.Context, sp bgp.Speaker, pools []*api.IPPool, services []netip.Prefix) error {
-	pol := bgp.Policy{Pools: b.families(poolPrefixes(pools)), Communities: bgp.PoolCommunities(pools), Aggregates: bgp.PoolAggregates(pools), Services: services}
+// and aggregates (export).
+func (b *bgpOwner) reconcilePolicy(ctx context.Context, sp bgp.Speaker, pools []*api.IPPool) error {
+	pol := bgp.Policy{Pools: b.families(poolPrefixes(pools)), Communities: bgp.PoolCommunities(pools), Aggregates: bgp.PoolAggregates(pools)}
 	if err := sp.SetPolicy(ctx, pol); err != nil {
 		return fmt.Errorf("setting the import policy: %w", err)
 	}

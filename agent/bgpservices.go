@@ -3,7 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 
 	"github.com/tabbynet/tabby/agent/routetable"
@@ -109,10 +108,4 @@ func (s *serviceState) serviceStatus() []api.ServiceAdvertisementStatus {
 			Advertised: d.Advertised, Refused: d.Refused, Reason: d.Reason})
 	}
 	return out
-}
-
-// servicePrefixes are the Service prefixes of ds of the families BGP
-// carries here.
-func (b *bgpOwner) servicePrefixes(ds []bgp.ServiceDecision) []netip.Prefix {
-	return b.families(bgp.ServicePrefixes(ds))
 }

@@ -62,7 +62,6 @@ type policyInput struct {
 	pools       []netip.Prefix
 	communities []PrefixCommunities // sorted by prefix
 	aggregates  []Aggregate         // sorted by prefix
-	services    []netip.Prefix      // sorted, masked
 }
 
 func hostPrefix(a netip.Addr) string { return netip.PrefixFrom(a, a.BitLen()).String() }
@@ -89,8 +88,8 @@ func buildPolicies(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 //  2. pool aggregates: an aggregate is rejected towards cluster peers,
 //     and what lies inside an aggregate that is not WithBlocks is
 //     rejected towards external peers;
-//  3. Service prefixes (Policy.Services) are rejected towards cluster
-//     peers, in both families;
+//  3. Service paths (tagged with serviceMarker) are rejected towards
+//     cluster peers and stripped of the tag towards the others;
 //  4. each peer's export rules (BGPFilters), in order: the first that
 //     matches decides.
 //
@@ -194,47 +193,38 @@ func aggregateStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRe
 	add("aggregated", external, inside)
 }
 
-// serviceStatements adds the Service statements of buildExport (step 3):
-// one per family, since a GoBGP prefix set holds one family.
+// serviceStatements adds the Service statements of buildExport (step 3)
+// and their defined sets: a path carrying serviceMarker is rejected
+// towards cluster peers; towards any other peer the marker is removed and
+// evaluation goes on (the peer's BGPFilters still apply).
 func serviceStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest, exp *gobgpapi.Policy) {
+	marker := serviceMarker.String()
+	markerSet := gen + "tabby-service-marker"
+	req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_LARGE_COMMUNITY, Name: markerSet, List: []string{"^" + marker + "$"}})
 	var cluster []string
 	for _, p := range in.peers {
 		if p.IsCluster() {
 			cluster = append(cluster, hostPrefix(p.Address))
 		}
 	}
-	if len(cluster) == 0 || len(in.services) == 0 {
-		return
-	}
-	var v4, v6 []*gobgpapi.Prefix
-	for _, p := range in.services {
-		e := &gobgpapi.Prefix{IpPrefix: p.String(), MaskLengthMin: uint32(p.Bits()), MaskLengthMax: uint32(p.Bits())}
-		if p.Addr().Is4() {
-			v4 = append(v4, e)
-		} else {
-			v6 = append(v6, e)
-		}
-	}
-	peerSet := gen + "tabby-export-services-peers"
-	req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: cluster})
-	for _, f := range []struct {
-		suffix   string
-		prefixes []*gobgpapi.Prefix
-	}{{"", v4}, {"6", v6}} {
-		if len(f.prefixes) == 0 {
-			continue
-		}
-		prefixSet := gen + "tabby-export-services" + f.suffix
-		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: prefixSet, Prefixes: f.prefixes})
+	if len(cluster) > 0 {
+		peerSet := gen + "tabby-export-services-peers"
+		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: cluster})
 		exp.Statements = append(exp.Statements, &gobgpapi.Statement{
-			Name: exp.Name + "-services" + f.suffix,
+			Name: exp.Name + "-services-cluster",
 			Conditions: &gobgpapi.Conditions{
-				NeighborSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: peerSet},
-				PrefixSet:   &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: prefixSet},
+				NeighborSet:       &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: peerSet},
+				LargeCommunitySet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: markerSet},
 			},
 			Actions: &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT},
 		})
 	}
+	exp.Statements = append(exp.Statements, &gobgpapi.Statement{
+		Name:       exp.Name + "-services-untag",
+		Conditions: &gobgpapi.Conditions{LargeCommunitySet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: markerSet}},
+		Actions: &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_UNSPECIFIED,
+			LargeCommunity: &gobgpapi.CommunityAction{Type: gobgpapi.CommunityAction_TYPE_REMOVE, Communities: []string{marker}}},
+	})
 }
 
 // ruleStatement returns the statement of rule i of the peer that peerSet
@@ -449,23 +439,13 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 		aggregates = append(aggregates, Aggregate{Prefix: a.Prefix.Masked(), WithBlocks: a.WithBlocks})
 	}
 	slices.SortStableFunc(aggregates, func(a, b Aggregate) int { return a.Prefix.Compare(b.Prefix) })
-	var services []netip.Prefix
-	for _, p := range pol.Services {
-		if !p.IsValid() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
-			errs = append(errs, fmt.Errorf("service prefix %v: not an IPv4 or IPv6 prefix", p))
-			continue
-		}
-		services = append(services, p.Masked())
-	}
-	slices.SortFunc(services, netip.Prefix.Compare)
-	services = slices.Compact(services)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.srv == nil || s.stopped {
 		return errors.New("speaker not running")
 	}
-	s.pools, s.communities, s.aggregates, s.services = pools, communities, aggregates, services
+	s.pools, s.communities, s.aggregates = pools, communities, aggregates
 	if err := s.applyPolicy(ctx, sortedPeers(s.peers)); err != nil {
 		errs = append(errs, err)
 	}
@@ -481,7 +461,7 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 // ones are deleted, so no update ever meets a half-built policy. Called
 // with s.mu held.
 func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
-	in := policyInput{peers: peers, pools: s.pools, communities: s.communities, aggregates: s.aggregates, services: s.services}
+	in := policyInput{peers: peers, pools: s.pools, communities: s.communities, aggregates: s.aggregates}
 	key := buildPolicies(in, "")
 	if s.lastPolicy != nil && proto.Equal(key, s.lastPolicy) {
 		return nil

@@ -124,7 +124,7 @@ func ServiceAdvertisements(ds []ServiceDecision, pas []api.PrefixAdvertisement) 
 	var out []Advertisement
 	for _, d := range ds {
 		if d.Advertised {
-			out = append(out, withCommunities(Advertisement{Prefix: d.Prefix}, pas))
+			out = append(out, withCommunities(Advertisement{Prefix: d.Prefix, ExternalOnly: true}, pas))
 		}
 	}
 	return MergeAdvertisements(out)
@@ -132,8 +132,7 @@ func ServiceAdvertisements(ds []ServiceDecision, pas []api.PrefixAdvertisement) 
 
 // ServicePrefixes are every prefix of ds, advertised here or not but not
 // refused: the Service addresses of the cluster, which no learned route
-// may take the place of (ImportContext.Services) and no cluster peer
-// gets (Policy.Services).
+// may take the place of (ImportContext.Services).
 func ServicePrefixes(ds []ServiceDecision) []netip.Prefix {
 	var out []netip.Prefix
 	for _, d := range ds {
@@ -164,6 +163,15 @@ func withCommunities(a Advertisement, pas []api.PrefixAdvertisement) Advertiseme
 	}
 	return a
 }
+
+// serviceMarker is the large community the speaker puts on the paths of
+// Service prefixes (Advertisement.ExternalOnly) so that its export policy
+// can keep them from cluster peers without a prefix list that would
+// change, and soft-reset every session, with each Service. Its global
+// administrator is AS 4294967295, reserved (RFC 7300), so no operator's
+// community collides with it; the export policy strips it towards
+// external peers, so it never leaves the node.
+var serviceMarker = api.LargeCommunity{ASN: 4294967295, Local1: 25, Local2: 1}
 
 // ServiceSource advertises the Service prefixes ServiceDecisions lets
 // this node advertise (nothing when the view has no ServiceView).

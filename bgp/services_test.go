@@ -3,10 +3,14 @@ package bgp
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	gobgpapi "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
 	"github.com/tabbynet/tabby/api"
 )
@@ -107,9 +111,9 @@ func TestServiceAdvertisementsCommunities(t *testing.T) {
 	}}
 	got := ServiceSource{}.Advertisements(SourceView{Services: &v})
 	want := []Advertisement{
-		{Prefix: netip.MustParsePrefix("10.96.0.0/16")},
+		{Prefix: netip.MustParsePrefix("10.96.0.0/16"), ExternalOnly: true},
 		{Prefix: netip.MustParsePrefix("198.19.0.1/32"), Communities: []uint32{65001<<16 | 300, 65001<<16 | 301},
-			LargeCommunities: []api.LargeCommunity{{ASN: 65001, Local1: 1, Local2: 300}}},
+			LargeCommunities: []api.LargeCommunity{{ASN: 65001, Local1: 1, Local2: 300}}, ExternalOnly: true},
 	}
 	if diff := cmp.Diff(want, got, prefixCmp); diff != "" {
 		t.Errorf("Advertisements (-want +got):\n%s", diff)
@@ -178,8 +182,7 @@ func TestServicesNotSentToClusterPeers(t *testing.T) {
 		ServiceClusterIPs: cidrs("10.96.0.0/16"), ServiceLoadBalancerIPs: cidrs(lbPool.String()),
 		PrefixAdvertisements: []api.PrefixAdvertisement{{CIDR: lbPool.String(), Communities: []string{"65001:300"}}},
 	}, Services: []*api.Service{svc("a", "web", "Cluster", nil, nil, []string{"198.19.0.1"})}}
-	ds := ServiceDecisions(v)
-	if err := n.sp.SetPolicy(ctx, Policy{Pools: pools, Services: ServicePrefixes(ds)}); err != nil {
+	if err := n.sp.SetPolicy(ctx, Policy{Pools: pools}); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.sp.SetPeers(ctx, DesiredPeers("n", nodes, cfg, peers, nil)); err != nil {
@@ -212,8 +215,58 @@ func TestServicesNotSentToClusterPeers(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The marker that keeps them from the cluster never leaves the node.
+	if large := largeCommunitiesAt(t, e); len(large[lb]) != 0 || len(large[cip]) != 0 {
+		t.Errorf("the router got large communities on the Service prefixes: %v", large)
+	}
 	// Nothing arrives later at m either: its route set stays the block.
 	if rs, _ := m.watch.get(); len(rs) != 1 {
 		t.Errorf("m's routes: %s", routesString(rs))
+	}
+}
+
+// largeCommunitiesAt returns the large communities of the paths in n's
+// global RIB that a peer sent, by prefix (see communitiesAt).
+func largeCommunitiesAt(t *testing.T, n *testNode) map[netip.Prefix][]string {
+	t.Helper()
+	out := map[netip.Prefix][]string{}
+	servers.RLock()
+	err := n.sp.srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC},
+		func(_ gobgp.NLRI, paths []*apiutil.Path) {
+			for _, p := range paths {
+				nlri, ok := p.Nlri.(*gobgp.IPAddrPrefix)
+				if !ok || !p.PeerAddress.IsValid() {
+					continue
+				}
+				for _, a := range p.Attrs {
+					if c, ok := a.(*gobgp.PathAttributeLargeCommunities); ok {
+						for _, v := range c.Values {
+							out[nlri.Prefix.Masked()] = append(out[nlri.Prefix.Masked()], v.String())
+						}
+					}
+				}
+			}
+		})
+	servers.RUnlock()
+	if err != nil {
+		t.Fatalf("reading %s's RIB: %v", n.name, err)
+	}
+	return out
+}
+
+// TestMergeExternalOnly: a prefix is external-only when every source
+// that gives it says so.
+func TestMergeExternalOnly(t *testing.T) {
+	p := netip.MustParsePrefix("198.19.0.1/32")
+	got := MergeAdvertisements([]Advertisement{{Prefix: p, ExternalOnly: true}, {Prefix: p}})
+	if len(got) != 1 || got[0].ExternalOnly {
+		t.Errorf("merged %+v, want one entry that reaches the cluster", got)
+	}
+	got = MergeAdvertisements([]Advertisement{{Prefix: p, ExternalOnly: true}, {Prefix: p, ExternalOnly: true}})
+	if len(got) != 1 || !got[0].ExternalOnly {
+		t.Errorf("merged %+v, want one external-only entry", got)
+	}
+	if !slices.Equal(Prefixes(got), []netip.Prefix{p}) {
+		t.Errorf("prefixes %v", Prefixes(got))
 	}
 }

@@ -120,7 +120,6 @@ type policyState struct {
 	pools         []netip.Prefix
 	communities   []PrefixCommunities
 	aggregates    []Aggregate
-	services      []netip.Prefix
 	staticExport  []string                     // export policies installed at Start, before the dynamic one
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest

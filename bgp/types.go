@@ -143,10 +143,6 @@ type Policy struct {
 	// external peers get nothing more specific inside an aggregate that
 	// is not WithBlocks.
 	Aggregates []Aggregate
-	// Services are the cluster's Service prefixes (ServicePrefixes):
-	// they are for routers outside the cluster, so no cluster peer is
-	// sent one and no node learns another's (docs/bgp.md, "Services").
-	Services []netip.Prefix
 }
 
 // PrefixCommunities tags the routes inside Prefix with standard BGP

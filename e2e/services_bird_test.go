@@ -161,6 +161,9 @@ func TestPrivilegedServiceAdvertisementBIRD(t *testing.T) {
 	if !strings.Contains(out, "(65001,300)") {
 		t.Errorf("the LoadBalancer IP lacks the community of its prefixAdvertisement:\n%s", out)
 	}
+	if strings.Contains(out, "4294967295") {
+		t.Errorf("the speaker's Service tag reached the router:\n%s", out)
+	}
 	// The ToR's kernel spreads the Cluster address over every node.
 	testkit.EventuallyEvery(t, 10*time.Second, 100*time.Millisecond, "ECMP at the ToR", func() error {
 		out, err := l.Exec(ctx, "tor", "ip", "-4", "route", "show", svcClusterLB)

@@ -54,7 +54,8 @@ type ServiceDecision struct {
 //     serviceLoadBalancerIPs, as /32 (/128): for externalTrafficPolicy
 //     Cluster from every node, for Local only from nodes with a ready
 //     endpoint of the Service;
-//   - an external or LoadBalancer IP outside its ranges is refused, and
+//   - an external or LoadBalancer IP is not advertised when no range of
+//     its kind is configured, and refused when it lies outside them; and
 //     so is a serviceClusterIPs range that overlaps an IP pool (every
 //     node would draw the pool's traffic);
 //   - IPv6 only when the node carries IPv6.
@@ -93,13 +94,12 @@ func ServiceDecisions(v ServiceView) []ServiceDecision {
 				seen[a] = true
 				d := ServiceDecision{Service: name, Kind: kind, Prefix: netip.PrefixFrom(a, a.BitLen())}
 				switch {
+				case len(ranges) == 0:
+					// The kind is not advertised at all: not a mistake.
+					d.Reason = fmt.Sprintf("no %s configured in BGPConfiguration", field)
 				case !slices.ContainsFunc(ranges, func(r netip.Prefix) bool { return r.Contains(a) }):
 					d.Refused = true
-					if len(ranges) == 0 {
-						d.Reason = fmt.Sprintf("no %s configured in BGPConfiguration", field)
-					} else {
-						d.Reason = fmt.Sprintf("%s is outside %s %v", a, field, ranges)
-					}
+					d.Reason = fmt.Sprintf("%s is outside %s %v", a, field, ranges)
 				case s.Local() && !s.HasEndpointOn(v.Node):
 					d.Reason = "externalTrafficPolicy Local and no ready endpoint on this node"
 				default:

@@ -48,9 +48,9 @@ func TestServiceDecisions(t *testing.T) {
 		v    ServiceView
 		want []ServiceDecision
 	}{
-		{"no configuration advertises nothing and refuses what Services ask", ServiceView{Node: "n1", Services: []*api.Service{cluster}}, []ServiceDecision{
-			{Service: "default/web", Kind: ServiceLoadBalancerIP, Prefix: p("198.19.0.1/32"), Refused: true, Reason: "no serviceLoadBalancerIPs configured in BGPConfiguration"},
-			{Service: "default/web", Kind: ServiceExternalIP, Prefix: p("198.19.8.5/32"), Refused: true, Reason: "no serviceExternalIPs configured in BGPConfiguration"},
+		{"no configuration advertises nothing and refuses nothing", ServiceView{Node: "n1", Services: []*api.Service{cluster}}, []ServiceDecision{
+			{Service: "default/web", Kind: ServiceLoadBalancerIP, Prefix: p("198.19.0.1/32"), Reason: "no serviceLoadBalancerIPs configured in BGPConfiguration"},
+			{Service: "default/web", Kind: ServiceExternalIP, Prefix: p("198.19.8.5/32"), Reason: "no serviceExternalIPs configured in BGPConfiguration"},
 		}},
 		{"cluster policy from every node, local from a node without an endpoint, IPv4 only", ServiceView{Node: "n1", Config: global.Spec, Services: []*api.Service{cluster, local, outside}}, []ServiceDecision{
 			{Kind: ServiceClusterIPRange, Prefix: p("10.96.0.0/16"), Advertised: true},

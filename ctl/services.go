@@ -21,12 +21,17 @@ type serviceAds struct {
 	// refused lists, per Service and prefix, why nodes refuse it (each
 	// reason once, with the nodes that gave it).
 	refused map[string]map[netip.Prefix]map[string][]string
+	// why lists, per Service and prefix, why nodes do not advertise it
+	// when they do not refuse it either (a Local Service without an
+	// endpoint there, a kind not configured).
+	why map[string]map[netip.Prefix][]string
 	// nodes that publish status at all.
 	nodes int
 }
 
 func indexServiceAds(statuses map[string]api.AgentStatus) serviceAds {
-	ix := serviceAds{from: map[netip.Prefix][]string{}, refused: map[string]map[netip.Prefix]map[string][]string{}}
+	ix := serviceAds{from: map[netip.Prefix][]string{}, refused: map[string]map[netip.Prefix]map[string][]string{},
+		why: map[string]map[netip.Prefix][]string{}}
 	for node, st := range statuses {
 		ix.nodes++
 		for _, d := range st.Services {
@@ -45,6 +50,13 @@ func indexServiceAds(statuses map[string]api.AgentStatus) serviceAds {
 					ix.refused[d.Service][p] = map[string][]string{}
 				}
 				ix.refused[d.Service][p][d.Reason] = append(ix.refused[d.Service][p][d.Reason], node)
+			case d.Reason != "":
+				if ix.why[d.Service] == nil {
+					ix.why[d.Service] = map[netip.Prefix][]string{}
+				}
+				if !slices.Contains(ix.why[d.Service][p], d.Reason) {
+					ix.why[d.Service][p] = append(ix.why[d.Service][p], d.Reason)
+				}
 			}
 		}
 	}
@@ -132,6 +144,10 @@ func (ix serviceAds) fates(s *api.Service) []addrFate {
 				f.text = "REFUSED: " + strings.Join(rs, "; ")
 			case len(ix.from[p]) > 0:
 				f.advertised, f.text = true, "from "+ix.nodesText(p)
+			case len(ix.why[name][p]) > 0:
+				why := slices.Clone(ix.why[name][p])
+				slices.Sort(why)
+				f.text = "not advertised: " + strings.Join(why, "; ")
 			case s.Local() && len(s.Spec.EndpointNodes) == 0:
 				f.text = "not advertised: externalTrafficPolicy Local and no ready endpoint"
 			default:

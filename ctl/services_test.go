@@ -37,6 +37,7 @@ func TestServicesOutput(t *testing.T) {
 		Reason: "198.19.9.9 is outside serviceExternalIPs [198.19.8.0/24]"}
 	statuses := map[string][]api.ServiceAdvertisementStatus{
 		"n1": {{Kind: "clusterIPRange", Prefix: "10.96.0.0/16", Advertised: true},
+			{Service: "shop/db", Kind: "loadBalancerIP", Prefix: "198.19.0.4/32", Reason: "externalTrafficPolicy Local and no ready endpoint on this node"},
 			{Service: "shop/web", Kind: "loadBalancerIP", Prefix: "198.19.0.2/32", Reason: "externalTrafficPolicy Local and no ready endpoint on this node"}, refused},
 		"n2": {{Kind: "clusterIPRange", Prefix: "10.96.0.0/16", Advertised: true},
 			{Service: "shop/web", Kind: "loadBalancerIP", Prefix: "198.19.0.2/32", Advertised: true}, refused},
@@ -51,13 +52,19 @@ func TestServicesOutput(t *testing.T) {
 		}
 	}
 
+	db := &api.Service{Metadata: api.ObjectMeta{Namespace: "shop", Name: "db"}, Spec: api.ServiceSpec{Type: "LoadBalancer",
+		LoadBalancerIPs: []string{"198.19.0.4"}, ExternalTrafficPolicy: api.TrafficPolicyLocal, EndpointNodes: []string{"n3"}}}
+	if _, err := store.Create(ctx, db); err != nil {
+		t.Fatal(err)
+	}
 	var out, errOut bytes.Buffer
 	if err := c.Get(ctx, &out, &errOut, GetOptions{Kind: "services", AllNamespaces: true, Output: OutputWide}); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"shop", "web", "LoadBalancer", "Local",
 		"10.96.0.10 in 10.96.0.0/16 from all 2 nodes; 198.19.0.2 from n2",
-		"198.19.9.9: REFUSED: 198.19.9.9 is outside serviceExternalIPs [198.19.8.0/24] (on n1,n2)"} {
+		"198.19.9.9: REFUSED: 198.19.9.9 is outside serviceExternalIPs [198.19.8.0/24] (on n1,n2)",
+		"198.19.0.4: not advertised: externalTrafficPolicy Local and no ready endpoint on this node"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("get services -o wide:\n%s\nwant it to contain %q", out.String(), want)
 		}

@@ -55,6 +55,7 @@ type bgpOwner struct {
 	bgpSessions
 	bgpAdvertiser
 	learnedState
+	serviceState
 	lastPass time.Time
 	// unusableFilters: see warnUnusableFilters.
 	unusableFilters []string
@@ -130,6 +131,7 @@ func (b *bgpOwner) affects() []syncer.Filter {
 		syncer.On[api.BGPFilter](nil), syncer.On[api.IPPool](nil),
 		syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOfOrLendingTo(b.node)) }),
 		syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf(b.node)) }),
+		syncer.On(serviceAffects(b.node)),
 	}
 }
 
@@ -195,18 +197,22 @@ func (b *bgpOwner) current() bgp.Speaker {
 func (b *bgpOwner) pass(ctx context.Context) error {
 	bc := b.view.BGPConfiguration()
 	pools := b.view.Pools()
+	svcs := b.serviceView()
+	decisions := bgp.ServiceDecisions(*svcs)
+	b.noteServiceDecisions(decisions)
 	idErr := b.ensureSpeakerIdentity(ctx, bc)
 	sp := b.current()
 	polErr := b.reconcilePolicy(ctx, sp, pools)
 	desired, peerErr := b.reconcilePeers(ctx, sp, bc)
-	adv, local, advErr := b.reconcileAdvertisements(ctx, sp, pools)
+	adv, local, advErr := b.reconcileAdvertisements(ctx, sp, pools, svcs)
+	svcErr := b.reconcileServiceRoutes(decisions)
 	b.mu.Lock()
 	b.desiredPeers, b.advertised, b.localBlocks, b.lastPass = desired, adv, local, time.Now()
 	b.mu.Unlock()
 	if advErr == nil {
 		b.setAdvertisedOK(adv)
 	}
-	return errors.Join(idErr, polErr, peerErr, advErr)
+	return errors.Join(idErr, polErr, peerErr, advErr, svcErr)
 }
 
 // reconcilePolicy gives the speaker the pools (import), their communities
@@ -234,9 +240,9 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 // reconcileAdvertisements gives the speaker what the advertisement sources
 // want advertised under the view, and returns the advertised prefixes and
 // this node's affine blocks.
-func (b *bgpOwner) reconcileAdvertisements(ctx context.Context, sp bgp.Speaker, pools []*api.IPPool) (adv, local []netip.Prefix, err error) {
+func (b *bgpOwner) reconcileAdvertisements(ctx context.Context, sp bgp.Speaker, pools []*api.IPPool, svcs *bgp.ServiceView) (adv, local []netip.Prefix, err error) {
 	affine, borrowed := bgpBlocks(b.node, b.blocks(), b.borrowed())
-	v := bgp.SourceView{Affine: affine, Borrowed: borrowed, Aggregates: bgp.PoolAggregates(pools)}
+	v := bgp.SourceView{Affine: affine, Borrowed: borrowed, Aggregates: bgp.PoolAggregates(pools), Services: svcs}
 	ads := bgp.DesiredAdvertisementsFrom(b.sources, v)
 	if err = sp.SetAdvertisements(ctx, ads); err != nil {
 		err = fmt.Errorf("setting advertisements: %w", err)
@@ -356,7 +362,8 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 }
 
 // importContext is what no learned route may override: this node's
-// workload addresses, its blocks and its subnets, of both families. The
+// workload addresses, its blocks and its subnets, of both families, and
+// the cluster's Service prefixes. The
 // node's own (non-Tabby) kernel routes are the route table's to guard.
 func (b *bgpOwner) importContext() bgp.ImportContext {
 	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
@@ -370,6 +377,9 @@ func (b *bgpOwner) importContext() bgp.ImportContext {
 	for _, blk := range b.view.BlocksOf(b.node) {
 		ic.Blocks = append(ic.Blocks, blk.CIDR)
 	}
+	b.mu.Lock()
+	ic.Services = bgp.ServicePrefixes(b.serviceDecisions) // the last pass's
+	b.mu.Unlock()
 	return ic
 }
 

@@ -50,7 +50,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.DefBuckets,
 		}, []string{"loop"}),
 		routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tabby_routes_installed", Help: "Kernel routes the agent owns, by kind (workload, bgp).",
+			Name: "tabby_routes_installed", Help: "Kernel routes the agent owns, by kind (workload, bgp, service).",
 		}, []string{"kind"}),
 		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tabby_bgp_peers", Help: "Configured BGP peers, by session state.",

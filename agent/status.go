@@ -52,6 +52,7 @@ func (a *Agent) Status() api.AgentStatus {
 	for _, p := range b.advertised {
 		st.Advertised = append(st.Advertised, p.String())
 	}
+	st.Services = b.serviceStatus()
 	return st
 }
 

@@ -18,7 +18,9 @@ type KindInfo struct {
 	ShortNames []string
 	// Namespaced kinds require metadata.namespace; the others forbid it.
 	Namespaced bool
-	// Singleton kinds have exactly one object, named SingletonName.
+	// Singleton kinds have exactly one cluster-wide object, named
+	// SingletonName (BGPConfiguration also has per-node objects named
+	// NodeConfigPrefix + node; see NodeConfigName).
 	Singleton bool
 }
 
@@ -36,6 +38,7 @@ var kinds = []KindInfo{
 	{Kind: KindWorkloadEndpoint, Plural: "workloadendpoints", ShortNames: []string{"wep", "weps"}, Namespaced: true},
 	{Kind: KindNetworkPolicy, Plural: "networkpolicies", ShortNames: []string{"netpol", "netpols", "np", "policy", "policies"}, Namespaced: true},
 	{Kind: KindGlobalNetworkPolicy, Plural: "globalnetworkpolicies", ShortNames: []string{"gnp", "gnps"}},
+	{Kind: KindService, Plural: "services", ShortNames: []string{"svc", "svcs"}, Namespaced: true},
 }
 
 // kindIndex maps every lowercase spelling (kind, plural, short names) to its
@@ -108,6 +111,8 @@ func New(kind string) (Object, error) {
 		obj = &NetworkPolicy{}
 	case KindGlobalNetworkPolicy:
 		obj = &GlobalNetworkPolicy{}
+	case KindService:
+		obj = &Service{}
 	default:
 		panic("api: kind registered without a type: " + info.Kind)
 	}
@@ -137,6 +142,8 @@ func KindOf(obj Object) string {
 		return KindNetworkPolicy
 	case *GlobalNetworkPolicy:
 		return KindGlobalNetworkPolicy
+	case *Service:
+		return KindService
 	}
 	return ""
 }

@@ -39,7 +39,7 @@ func TestKindsScope(t *testing.T) {
 	}
 	want := map[string][2]bool{
 		KindNode: {}, KindIPPool: {}, KindIPAMConfig: {false, true}, KindBGPConfiguration: {false, true}, KindBGPPeer: {}, KindBGPFilter: {},
-		KindWorkloadEndpoint: {true, false}, KindNetworkPolicy: {true, false}, KindGlobalNetworkPolicy: {},
+		KindWorkloadEndpoint: {true, false}, KindNetworkPolicy: {true, false}, KindGlobalNetworkPolicy: {}, KindService: {true, false},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Kinds() scope (-want +got):\n%s", diff)

@@ -109,9 +109,12 @@ func (c *BGPConfiguration) GetTypeMeta() *TypeMeta { return &c.TypeMeta }
 func (c *BGPConfiguration) GetMeta() *ObjectMeta { return &c.Metadata }
 
 // SetDefaults implements Object: asNumber 64512, nodeToNodeMeshEnabled true,
-// listenPort 179.
+// listenPort 179; nothing for a node's configuration (NodeConfigName).
 func (c *BGPConfiguration) SetDefaults() {
 	setTypeMeta(&c.TypeMeta, KindBGPConfiguration)
+	if isNodeConfigName(c.Metadata.Name) {
+		return // a node's configuration holds overrides only
+	}
 	if c.Spec.ASNumber == nil {
 		asn := DefaultASNumber
 		c.Spec.ASNumber = &asn

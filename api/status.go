@@ -14,6 +14,9 @@ type AgentStatus struct {
 	Blocks     []string     `json:"blocks"`
 	Advertised []string     `json:"advertised"`
 	Workloads  int          `json:"workloads"`
+	// Services are the node's decisions on Service prefixes: advertised,
+	// not (and why), refused by the configuration.
+	Services []ServiceAdvertisementStatus `json:"services,omitempty"`
 }
 
 // PeerStatus is one BGP session of an agent.

@@ -178,6 +178,19 @@ type BGPConfigurationSpec struct {
 	NodeMeshMaxRestartTime *Duration `json:"nodeMeshMaxRestartTime,omitempty"`
 	KeepaliveTime          *Duration `json:"keepaliveTime,omitempty"`
 	HoldTime               *Duration `json:"holdTime,omitempty"`
+
+	// ServiceClusterIPs are the ClusterIP ranges every node advertises
+	// as they are (Calico's field); see docs/bgp.md, "Services".
+	ServiceClusterIPs []ServiceCIDR `json:"serviceClusterIPs,omitempty"`
+	// ServiceExternalIPs are the ranges a Service's spec.externalIPs
+	// must lie in to be advertised (as /32, /128).
+	ServiceExternalIPs []ServiceCIDR `json:"serviceExternalIPs,omitempty"`
+	// ServiceLoadBalancerIPs are the ranges a Service's LoadBalancer
+	// ingress IPs must lie in to be advertised (as /32, /128).
+	ServiceLoadBalancerIPs []ServiceCIDR `json:"serviceLoadBalancerIPs,omitempty"`
+	// PrefixAdvertisements add communities to the Service prefixes
+	// inside each CIDR (Calico's field, literal values only).
+	PrefixAdvertisements []PrefixAdvertisement `json:"prefixAdvertisements,omitempty"`
 }
 
 // BGPPeer is an explicit BGP session: global (no node, no nodeSelector), for

@@ -178,7 +178,7 @@ func (v *validator) meta(m *ObjectMeta, info KindInfo) {
 	switch {
 	case m.Name == "":
 		v.add("metadata.name", "is required")
-	case info.Singleton && m.Name != SingletonName:
+	case info.Singleton && m.Name != SingletonName && !(info.Kind == KindBGPConfiguration && isNodeConfigName(m.Name)):
 		v.add("metadata.name", "%q: %s is a singleton and must be named %q", m.Name, info.Kind, SingletonName)
 	default:
 		if p := checkDNSSubdomain(m.Name); p != "" {

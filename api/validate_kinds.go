@@ -141,6 +141,7 @@ func (c *BGPConfiguration) Validate() error {
 	}
 	v.password("spec.nodeMeshPassword", c.Spec.NodeMeshPassword)
 	v.bgpTimers("spec.", c.Spec.KeepaliveTime, c.Spec.HoldTime, c.Spec.NodeMeshMaxRestartTime, "nodeMeshMaxRestartTime")
+	v.serviceAdvertisement(c)
 	return v.err()
 }
 

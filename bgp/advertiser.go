@@ -24,6 +24,11 @@ type Advertisement struct {
 	Communities []uint32
 	// LargeCommunities are RFC 8092 large communities carried on the path.
 	LargeCommunities []api.LargeCommunity
+	// ExternalOnly sends the path to peers outside the cluster only (a
+	// Service prefix, docs/bgp.md "Services"): the speaker tags it with
+	// serviceMarker, which the export policy rejects towards cluster peers
+	// and strips towards the others.
+	ExternalOnly bool
 }
 
 // AdvertisementsOf returns one Advertisement without attributes per prefix.
@@ -47,16 +52,17 @@ func Prefixes(ads []Advertisement) []netip.Prefix {
 // sameAttrs reports whether two normalized advertisements carry the same
 // attributes.
 func sameAttrs(a, b Advertisement) bool {
-	return slices.Equal(a.Communities, b.Communities) && slices.Equal(a.LargeCommunities, b.LargeCommunities)
+	return slices.Equal(a.Communities, b.Communities) && slices.Equal(a.LargeCommunities, b.LargeCommunities) && a.ExternalOnly == b.ExternalOnly
 }
 
 // MergeAdvertisements returns ads with prefixes masked, sorted by prefix,
 // one entry per prefix: the communities of every entry for a prefix,
-// sorted and without duplicates. It is pure and leaves ads unchanged.
+// sorted and without duplicates, ExternalOnly when every entry is (a
+// prefix that is also a pod block still reaches the cluster). It is pure and leaves ads unchanged.
 func MergeAdvertisements(ads []Advertisement) []Advertisement {
 	sorted := make([]Advertisement, len(ads))
 	for i, a := range ads {
-		sorted[i] = Advertisement{Prefix: a.Prefix.Masked(), Communities: a.Communities, LargeCommunities: a.LargeCommunities}
+		sorted[i] = Advertisement{Prefix: a.Prefix.Masked(), Communities: a.Communities, LargeCommunities: a.LargeCommunities, ExternalOnly: a.ExternalOnly}
 	}
 	slices.SortFunc(sorted, func(a, b Advertisement) int { return a.Prefix.Compare(b.Prefix) })
 	var out []Advertisement
@@ -65,8 +71,9 @@ func MergeAdvertisements(ads []Advertisement) []Advertisement {
 		for j < len(sorted) && sorted[j].Prefix == sorted[i].Prefix {
 			j++
 		}
-		m := Advertisement{Prefix: sorted[i].Prefix}
+		m := Advertisement{Prefix: sorted[i].Prefix, ExternalOnly: true}
 		for _, a := range sorted[i:j] {
+			m.ExternalOnly = m.ExternalOnly && a.ExternalOnly
 			m.Communities = append(m.Communities, a.Communities...)
 			m.LargeCommunities = append(m.LargeCommunities, a.LargeCommunities...)
 		}
@@ -197,9 +204,13 @@ func (s *speaker) localPath(a Advertisement, withdraw bool) (*apiutil.Path, erro
 	if len(a.Communities) > 0 {
 		attrs = append(attrs, gobgp.NewPathAttributeCommunities(slices.Clone(a.Communities)))
 	}
-	if len(a.LargeCommunities) > 0 {
-		large := make([]*gobgp.LargeCommunity, 0, len(a.LargeCommunities))
-		for _, c := range a.LargeCommunities {
+	largeCs := a.LargeCommunities
+	if a.ExternalOnly {
+		largeCs = append(slices.Clone(largeCs), serviceMarker)
+	}
+	if len(largeCs) > 0 {
+		large := make([]*gobgp.LargeCommunity, 0, len(largeCs))
+		for _, c := range largeCs {
 			large = append(large, gobgp.NewLargeCommunity(c.ASN, c.Local1, c.Local2))
 		}
 		attrs = append(attrs, gobgp.NewPathAttributeLargeCommunities(large))

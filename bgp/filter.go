@@ -20,6 +20,12 @@ type ImportContext struct {
 	// never outranks the node's route; one covering it (less specific)
 	// stays, since the longest match picks the node's route anyway.
 	NodeRoutes []netip.Prefix
+	// Services are the cluster's Service prefixes (ServicePrefixes): a
+	// learned route equal to one is dropped, so that a node never routes
+	// a Service address to another node (kube-proxy on this node handles
+	// it), whichever peer sent it. Equal, not inside: a ClusterIP range
+	// written too wide (over a pool, say) must not cost the pod routes.
+	Services []netip.Prefix
 }
 
 // Rejected is a learned route FilterLearned dropped, with the prefix of
@@ -31,6 +37,7 @@ type Rejected struct {
 
 // FilterLearned drops every learned route that equals or is more specific
 // than a local workload address, a local block or a node subnet, or that
+// equals a Service prefix or
 // equals one of the node's own routes. It is pure; kept keeps the order of
 // learned.
 func FilterLearned(learned []LearnedRoute, ic ImportContext) (kept []LearnedRoute, rejected []Rejected) {
@@ -57,9 +64,12 @@ func FilterLearned(learned []LearnedRoute, ic ImportContext) (kept []LearnedRout
 				break
 			}
 		}
-		if !hit {
-			if i := slices.IndexFunc(ic.NodeRoutes, func(p netip.Prefix) bool { return p.Masked() == dst }); i >= 0 {
-				over, hit = ic.NodeRoutes[i].Masked(), true
+		for _, list := range [][]netip.Prefix{ic.Services, ic.NodeRoutes} {
+			if hit {
+				break
+			}
+			if i := slices.IndexFunc(list, func(p netip.Prefix) bool { return p.Masked() == dst }); i >= 0 {
+				over, hit = list[i].Masked(), true
 			}
 		}
 		if hit {

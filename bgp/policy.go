@@ -88,7 +88,9 @@ func buildPolicies(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 //  2. pool aggregates: an aggregate is rejected towards cluster peers,
 //     and what lies inside an aggregate that is not WithBlocks is
 //     rejected towards external peers;
-//  3. each peer's export rules (BGPFilters), in order: the first that
+//  3. Service paths (tagged with serviceMarker) are rejected towards
+//     cluster peers and stripped of the tag towards the others;
+//  4. each peer's export rules (BGPFilters), in order: the first that
 //     matches decides.
 //
 // A route no statement decides is sent (the assignment's default).
@@ -132,6 +134,7 @@ func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *
 		}
 	}
 	aggregateStatements(in, gen, req, exp)
+	serviceStatements(in, gen, req, exp)
 	for _, p := range in.peers {
 		if len(p.Export) == 0 {
 			continue
@@ -188,6 +191,40 @@ func aggregateStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRe
 	}
 	add("aggregates", cluster, whole)
 	add("aggregated", external, inside)
+}
+
+// serviceStatements adds the Service statements of buildExport (step 3)
+// and their defined sets: a path carrying serviceMarker is rejected
+// towards cluster peers; towards any other peer the marker is removed and
+// evaluation goes on (the peer's BGPFilters still apply).
+func serviceStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest, exp *gobgpapi.Policy) {
+	marker := serviceMarker.String()
+	markerSet := gen + "tabby-service-marker"
+	req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_LARGE_COMMUNITY, Name: markerSet, List: []string{"^" + marker + "$"}})
+	var cluster []string
+	for _, p := range in.peers {
+		if p.IsCluster() {
+			cluster = append(cluster, hostPrefix(p.Address))
+		}
+	}
+	if len(cluster) > 0 {
+		peerSet := gen + "tabby-export-services-peers"
+		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: cluster})
+		exp.Statements = append(exp.Statements, &gobgpapi.Statement{
+			Name: exp.Name + "-services-cluster",
+			Conditions: &gobgpapi.Conditions{
+				NeighborSet:       &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: peerSet},
+				LargeCommunitySet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: markerSet},
+			},
+			Actions: &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT},
+		})
+	}
+	exp.Statements = append(exp.Statements, &gobgpapi.Statement{
+		Name:       exp.Name + "-services-untag",
+		Conditions: &gobgpapi.Conditions{LargeCommunitySet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: markerSet}},
+		Actions: &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_UNSPECIFIED,
+			LargeCommunity: &gobgpapi.CommunityAction{Type: gobgpapi.CommunityAction_TYPE_REMOVE, Communities: []string{marker}}},
+	})
 }
 
 // ruleStatement returns the statement of rule i of the peer that peerSet

@@ -15,6 +15,9 @@ type SourceView struct {
 	Borrowed []Block
 	// Aggregates are the pools advertised as a whole (PoolAggregates).
 	Aggregates []Aggregate
+	// Services is what ServiceSource computes from; nil advertises no
+	// Service prefixes.
+	Services *ServiceView
 }
 
 // AdvertisementSource is one kind of prefix a node originates. Sources are
@@ -33,6 +36,7 @@ func DefaultSources() []AdvertisementSource {
 		PodBlocks{},
 		BorrowedAddrs{},
 		PoolAggregateSource{},
+		ServiceSource{},
 	}
 }
 

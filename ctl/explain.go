@@ -48,6 +48,7 @@ type cluster struct {
 	allocs   []ipam.Allocation
 	statuses map[string]api.AgentStatus
 	gnps     []*api.GlobalNetworkPolicy
+	services []*api.Service
 }
 
 func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
@@ -74,6 +75,9 @@ func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
 	}
 	if cl.gnps, _, err = datastore.ListAs[*api.GlobalNetworkPolicy](ctx, c.Store, api.KindGlobalNetworkPolicy, ""); err != nil {
 		return nil, fmt.Errorf("listing global network policies: %w", err)
+	}
+	if cl.services, _, err = datastore.ListAs[*api.Service](ctx, c.Store, api.KindService, ""); err != nil {
+		return nil, fmt.Errorf("listing service records: %w", err)
 	}
 	return cl, nil
 }
@@ -210,6 +214,8 @@ type explanation struct {
 	ingress  []string
 	egress   []string
 	notes    []string
+	// services are the Services whose ready endpoints include the pod.
+	services []*api.Service
 }
 
 // addrPath is the path of one of the endpoint's addresses.
@@ -259,6 +265,7 @@ func explainEndpoint(cl *cluster, w *api.WorkloadEndpoint, nps []*api.NetworkPol
 		e.addrs = append(e.addrs, p)
 	}
 	e.policiesFor(cl, w, nps)
+	e.services = servicesOf(cl.services, addrs)
 	return e
 }
 

@@ -52,6 +52,7 @@ func (e *explanation) write(b *strings.Builder) {
 	for _, p := range e.addrs {
 		e.writeBlock(b, p)
 	}
+	e.writeServices(b)
 	if len(e.notes) > 0 {
 		b.WriteString("\nProblems\n")
 		for _, n := range e.notes {
@@ -188,4 +189,22 @@ func (e *explanation) remoteNote(other string) string {
 		return ""
 	}
 	return "   (" + strings.Join(notes, "; ") + ")"
+}
+
+// writeServices tells the Service addresses that lead to the pod (the
+// Services listing it as a ready endpoint) and what becomes of each; it
+// writes nothing when no Service does.
+func (e *explanation) writeServices(b *strings.Builder) {
+	if len(e.services) == 0 {
+		return
+	}
+	ix := indexServiceAds(e.cl.statuses)
+	b.WriteString("\nServices leading here\n")
+	for _, s := range e.services {
+		fmt.Fprintf(b, "  %s/%s (%s, externalTrafficPolicy %s, ready endpoints on %s)\n", s.Metadata.Namespace, s.Metadata.Name,
+			orNone(s.Spec.Type), s.Spec.ExternalTrafficPolicy, orNone(strings.Join(s.Spec.EndpointNodes, ",")))
+		for _, f := range ix.fates(s) {
+			fmt.Fprintf(b, "    %s\n", f)
+		}
+	}
 }

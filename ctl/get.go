@@ -117,6 +117,13 @@ func (c *Client) printObjects(ctx context.Context, out, errOut io.Writer, info a
 		}
 		pc.bgp = cfg
 	}
+	if info.Kind == api.KindService {
+		statuses, err := c.agentStatuses(ctx)
+		if err != nil {
+			return err
+		}
+		pc.services = indexServiceAds(statuses)
+	}
 	header, wide := columnsOf(info.Kind)
 	if o.Output == OutputWide {
 		header = append(header, wide...)

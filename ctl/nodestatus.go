@@ -241,6 +241,12 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	}
 	fmt.Fprintf(&b, "Affine blocks: %s\n", orNone(strings.Join(st.Blocks, ", ")))
 	fmt.Fprintf(&b, "Advertised:    %s\n", orNone(strings.Join(st.Advertised, ", ")))
+	if lines := serviceStatusLines(st); len(lines) > 0 {
+		b.WriteString("Service advertisements\n")
+		for _, l := range lines {
+			fmt.Fprintf(&b, "  %s\n", l)
+		}
+	}
 	_, err := io.WriteString(out, b.String())
 	return err
 }

@@ -12,6 +12,8 @@ import (
 type printContext struct {
 	// bgp is the cluster's BGPConfiguration, nil when there is none.
 	bgp *api.BGPConfiguration
+	// services are the agents' Service decisions (get services).
+	services serviceAds
 }
 
 // columnsOf returns the table header of a kind: the normal columns and the
@@ -36,6 +38,8 @@ func columnsOf(kind string) (header, wide []string) {
 		return []string{"NAMESPACE", "NAME", "POD-SELECTOR", "TYPES", "ORIGIN"}, []string{"INGRESS-RULES", "EGRESS-RULES"}
 	case api.KindGlobalNetworkPolicy:
 		return []string{"NAME", "ORDER", "SELECTOR", "TYPES"}, []string{"NAMESPACE-SELECTOR", "INGRESS-RULES", "EGRESS-RULES"}
+	case api.KindService:
+		return []string{"NAMESPACE", "NAME", "TYPE", "TRAFFIC-POLICY", "ADVERTISED", "NOT-ADVERTISED"}, []string{"CLUSTER-IPS", "ENDPOINT-NODES"}
 	}
 	return []string{"NAME"}, nil
 }
@@ -109,6 +113,8 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 		return []string{o.Metadata.Name, strconv.Itoa(len(o.Spec.ImportV4)), strconv.Itoa(len(o.Spec.ExportV4)),
 				strconv.Itoa(len(o.Spec.ImportV6)), strconv.Itoa(len(o.Spec.ExportV6))},
 			[]string{orNone(strings.Join(rules, "; "))}
+	case *api.Service:
+		return serviceRow(o, pc.services)
 	case *api.WorkloadEndpoint:
 		return []string{o.Metadata.Namespace, o.Metadata.Name, o.Spec.Node, orNone(strings.Join(o.Spec.IPNetworks, ",")), orNone(o.Spec.InterfaceName), api.Origin(o)},
 			[]string{orNone(o.Spec.Pod), orNone(shortID(o.Spec.ContainerID)), orNone(o.Spec.MAC), formatLabels(o.Metadata.Labels)}

@@ -85,7 +85,7 @@ type bird struct {
 
 // startBIRD writes the configuration and runs BIRD in the ToR namespace
 // until the test ends.
-func startBIRD(t *testing.T, l *lab.Lab) *bird {
+func startBIRD(t testing.TB, l *lab.Lab) *bird {
 	t.Helper()
 	var nodes []birdNode
 	for _, n := range l.State().Nodes {
@@ -104,7 +104,7 @@ func startBIRD(t *testing.T, l *lab.Lab) *bird {
 
 // runBIRD runs BIRD with the configuration text in the lab's ToR namespace
 // until the test ends, and returns once its control socket answers.
-func runBIRD(t *testing.T, l *lab.Lab, text string) *bird {
+func runBIRD(t testing.TB, l *lab.Lab, text string) *bird {
 	t.Helper()
 	dir := t.TempDir()
 	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
@@ -445,7 +445,7 @@ func TestParseBIRDOutput(t *testing.T) {
 
 // waitToRSessions waits until every node's session to the ToR satisfies
 // ok (described by want), or fails the test after timeout.
-func waitToRSessions(ctx context.Context, t *testing.T, l *lab.Lab, nodes []lab.NodeState, timeout time.Duration, want string, ok func(api.PeerStatus) bool) {
+func waitToRSessions(ctx context.Context, t testing.TB, l *lab.Lab, nodes []lab.NodeState, timeout time.Duration, want string, ok func(api.PeerStatus) bool) {
 	t.Helper()
 	testkit.EventuallyEvery(t, timeout, 100*time.Millisecond, "every node's ToR session "+want, func() error {
 		var errs []error

@@ -123,7 +123,7 @@ func pingMatrix(t *testing.T, l *lab.Lab) {
 }
 
 // netnsPath is the path of a lab pod's or node's network namespace.
-func netnsPath(t *testing.T, l *lab.Lab, target string) string {
+func netnsPath(t testing.TB, l *lab.Lab, target string) string {
 	t.Helper()
 	ns, err := l.ResolveNetNS(target)
 	if err != nil {

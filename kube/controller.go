@@ -9,6 +9,8 @@
 //   - namespaces → a record at kube/namespaces/<name>, and their labels on
 //     every endpoint of the namespace;
 //   - NetworkPolicies → Tabby NetworkPolicies named k8s.<name>;
+//   - Services and their EndpointSlices → a Service record (api.Service)
+//     that the agents advertise from (services.go);
 //   - Nodes → a deleted Node's Tabby Node deleted (the agents' node GC then
 //     releases its blocks), NetworkUnavailable cleared once its agent runs;
 //   - addresses of pods Kubernetes no longer has, released after a grace.
@@ -77,6 +79,7 @@ type controller struct {
 	// epByPod indexes the view's Kubernetes endpoints by "<ns>/<pod>".
 	epByPod map[string]map[string]*api.WorkloadEndpoint
 	gc      gcState
+	svc     serviceSync
 }
 
 func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger) *controller {
@@ -109,6 +112,7 @@ func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, 
 	handle(nss.Informer(), kindNamespace)
 	handle(nodes.Informer(), kindNode)
 	handle(pols.Informer(), kindPolicy)
+	c.watchServices()
 	return c
 }
 
@@ -206,6 +210,8 @@ func (c *controller) processNext(ctx context.Context) bool {
 		err = c.syncPolicy(ctx, k.ns, k.name)
 	case kindNode:
 		err = c.syncNode(ctx, k.name)
+	case kindService:
+		err = c.syncService(ctx, k.ns, k.name)
 	}
 	if err == nil {
 		c.queue.Forget(k)
@@ -322,6 +328,7 @@ func (c *controller) sweep() {
 		}
 	}
 	c.sweepPolicies()
+	c.sweepServices()
 }
 
 // sweepPolicies deletes translated policies whose Kubernetes policy is

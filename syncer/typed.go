@@ -13,7 +13,7 @@ import (
 // records (as stored: node GC decodes them itself).
 type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |
-		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy |
+		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy | api.Service |
 		ipam.BlockSummary | ipam.Affinity | datastore.KV
 }
 

@@ -241,12 +241,12 @@ func TestKindOf(t *testing.T) {
 	got := []string{
 		kindOf[api.Node](), kindOf[api.IPPool](), kindOf[api.BGPConfiguration](), kindOf[api.BGPPeer](),
 		kindOf[api.BGPFilter](), kindOf[api.WorkloadEndpoint](), kindOf[api.NetworkPolicy](),
-		kindOf[api.GlobalNetworkPolicy](), kindOf[ipam.BlockSummary](), kindOf[ipam.Affinity](), kindOf[datastore.KV](),
+		kindOf[api.GlobalNetworkPolicy](), kindOf[ipam.BlockSummary](), kindOf[ipam.Affinity](), kindOf[datastore.KV](), kindOf[api.Service](),
 	}
 	want := []string{
 		api.KindNode, api.KindIPPool, api.KindBGPConfiguration, api.KindBGPPeer,
 		api.KindBGPFilter, api.KindWorkloadEndpoint, api.KindNetworkPolicy,
-		api.KindGlobalNetworkPolicy, kindBlock, kindAffinity, kindNodeGC,
+		api.KindGlobalNetworkPolicy, kindBlock, kindAffinity, kindNodeGC, api.KindService,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("kindOf (-want +got):\n%s", diff)

@@ -90,10 +90,8 @@ func (a *Agent) ensureDefaultPool(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing IP pools: %w", err)
 	}
-	for _, p := range pools {
-		if pr, err := p.Prefix(); err == nil && pr.Addr().Is6() {
-			return nil
-		}
+	if hasPodPool(pools, true) {
+		return nil
 	}
 	p := &api.IPPool{
 		Metadata: api.ObjectMeta{Name: DefaultPoolName6},
@@ -110,11 +108,11 @@ func (a *Agent) ensureDefaultPool4(ctx context.Context) error {
 	if !a.cfg.DefaultPoolCIDR.IsValid() {
 		return nil
 	}
-	pools, _, err := a.store.List(ctx, api.KindIPPool, "")
+	pools, _, err := datastore.ListAs[*api.IPPool](ctx, a.store, api.KindIPPool, "")
 	if err != nil {
 		return fmt.Errorf("listing IP pools: %w", err)
 	}
-	if len(pools) > 0 {
+	if hasPodPool(pools, false) {
 		return nil
 	}
 	p := &api.IPPool{
@@ -211,4 +209,16 @@ func (l *leaseHolder) revoke(ctx context.Context) {
 	if err := l.store.RevokeLease(ctx, l.current()); err != nil {
 		l.log.Warn("revoking the node's liveness lease; its records expire with it", "err", err)
 	}
+}
+
+// hasPodPool reports whether a pool of the family (IPv6 when is6) may hold
+// pods: a LoadBalancer pool alone does not stop the default pool from
+// being created, since no pod can use it.
+func hasPodPool(pools []*api.IPPool, is6 bool) bool {
+	for _, p := range pools {
+		if pr, err := p.Prefix(); err == nil && pr.Addr().Is6() == is6 && !p.IsLoadBalancer() {
+			return true
+		}
+	}
+	return false
 }

@@ -175,6 +175,9 @@ func poolImmutable(cp, np *api.IPPool) error {
 	if cp.Spec.BlockSize != np.Spec.BlockSize {
 		msgs = append(msgs, fmt.Sprintf("spec.blockSize: cannot be changed (%d to %d)", cp.Spec.BlockSize, np.Spec.BlockSize))
 	}
+	if cp.IsLoadBalancer() != np.IsLoadBalancer() {
+		msgs = append(msgs, fmt.Sprintf("spec.allowedUses: cannot be changed between LoadBalancer and pod use (%v to %v)", cp.Uses(), np.Uses()))
+	}
 	if len(msgs) == 0 {
 		return nil
 	}

@@ -88,6 +88,7 @@ type snapshot struct {
 	affinities []affinity
 	handles    []*handle
 	endpoints  []endpointInfo
+	lb         []LBAllocation // sorted by key, so by address text
 	// bad holds records that did not decode, by key.
 	bad map[string]error
 }
@@ -233,6 +234,11 @@ type PoolUsage struct {
 	Total, InUse, Free, Borrowed int
 	SizeBits                     int
 	Blocks                       []BlockUsage
+	// LoadBalancer: the pool's addresses are for Services (allowedUses
+	// [LoadBalancer]); it has no blocks, and Services lists who holds
+	// which address, sorted by address.
+	LoadBalancer bool
+	Services     []LBAllocation
 }
 
 // BlockUsage is the usage of one block.
@@ -253,7 +259,16 @@ func usage(s *snapshot) []PoolUsage {
 		if hb := hostBits(p.prefix); hb < 62 {
 			total = 1 << hb
 		}
-		out = append(out, PoolUsage{Name: p.name, CIDR: p.prefix, BlockSize: p.blockBits, Disabled: p.pool.Spec.Disabled, Total: total, Free: total, SizeBits: hostBits(p.prefix)})
+		out = append(out, PoolUsage{Name: p.name, CIDR: p.prefix, BlockSize: p.blockBits, Disabled: p.pool.Spec.Disabled, Total: total, Free: total, SizeBits: hostBits(p.prefix),
+			LoadBalancer: p.pool.IsLoadBalancer()})
+	}
+	for _, x := range s.lb {
+		if p, ok := poolFor(s.pools, hostPrefix(x.Addr)); ok {
+			pu := &out[idx[p.name]]
+			pu.Services = append(pu.Services, x)
+			pu.InUse++
+			pu.Free--
+		}
 	}
 	orphan := PoolUsage{}
 	for _, b := range s.blocks {
@@ -280,6 +295,7 @@ func usage(s *snapshot) []PoolUsage {
 	}
 	for i := range out {
 		slices.SortFunc(out[i].Blocks, func(x, y BlockUsage) int { return comparePrefix(x.CIDR, y.CIDR) })
+		slices.SortFunc(out[i].Services, func(x, y LBAllocation) int { return x.Addr.Compare(y.Addr) })
 	}
 	slices.SortStableFunc(out, func(x, y PoolUsage) int {
 		if (x.Name == "") != (y.Name == "") {

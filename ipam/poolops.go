@@ -75,7 +75,7 @@ func overlapping(mine poolInfo, pools []poolInfo, rev int64) error {
 		if p.name == mine.name || !p.prefix.Overlaps(mine.prefix) || (rev > 0 && p.rev > rev) {
 			continue
 		}
-		return fmt.Errorf("ipam: pool %s (%s) overlaps pool %s (%s): %w", mine.name, mine.prefix, p.name, p.prefix, ErrPoolOverlap)
+		return fmt.Errorf("ipam: spec.cidr: %s %s (%s) overlaps %s %s (%s): %w", poolKind(mine), mine.name, mine.prefix, poolKind(p), p.name, p.prefix, ErrPoolOverlap)
 	}
 	return nil
 }
@@ -181,14 +181,17 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 }
 
 // poolBlocks returns the blocks inside prefix and how many addresses they
-// hold.
+// and LoadBalancer Services hold.
 func (a *Allocator) poolBlocks(ctx context.Context, prefix netip.Prefix) ([]*block, int, error) {
 	all, _, err := a.listBlocks(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	var out []*block
-	n := 0
+	n, err := a.lbInUse(ctx, prefix)
+	if err != nil {
+		return nil, 0, err
+	}
 	for _, b := range all {
 		if prefix.Overlaps(b.cidr) {
 			out = append(out, b)
@@ -196,4 +199,12 @@ func (a *Allocator) poolBlocks(ctx context.Context, prefix netip.Prefix) ([]*blo
 		}
 	}
 	return out, n, nil
+}
+
+// poolKind names a pool's use for messages.
+func poolKind(p poolInfo) string {
+	if p.pool.IsLoadBalancer() {
+		return "LoadBalancer pool"
+	}
+	return "pool"
 }

@@ -227,6 +227,13 @@ func (a *Allocator) loadSnapshot(ctx context.Context, withEndpoints bool) (*snap
 				continue
 			}
 			s.affinities = append(s.affinities, af)
+		case strings.HasPrefix(kv.Key, lbAddrsPrefix):
+			x, err := decodeLBAddr(kv)
+			if err != nil {
+				s.bad[kv.Key] = err
+				continue
+			}
+			s.lb = append(s.lb, x)
 		case strings.HasPrefix(kv.Key, handlesPrefix):
 			h, err := decodeHandle(kv.Value, kv.ModRevision)
 			if err == nil && handleKey(h.Handle) != kv.Key {

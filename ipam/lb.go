@@ -81,9 +81,10 @@ type LBRequest struct {
 	// tabby.io/loadBalancerIPs annotation), at most one per family; each
 	// must lie in a LoadBalancer pool.
 	Addrs []netip.Addr
-	// Pools restricts the pools (names or CIDRs) for families without a
-	// specific address; empty: every enabled LoadBalancer pool.
-	Pools []string
+	// Pools restricts, per family (4, 6), the pools (names or CIDRs) for
+	// a family without a specific address; none for a family: every
+	// enabled LoadBalancer pool of it.
+	Pools map[int][]string
 	// Prefer are addresses to take if they are free and allowed (the
 	// Service's current status, re-recorded after a restart).
 	Prefer []netip.Addr
@@ -205,6 +206,8 @@ func (st *lbState) allowed(family int, requested []string, withDisabled bool) ([
 			return nil, fmt.Errorf("ipam: requested pool %q does not exist (no IP pool has that name or CIDR): %w", r, ErrNoPool)
 		case !st.all[i].pool.IsLoadBalancer():
 			return nil, fmt.Errorf("ipam: requested pool %q is not a LoadBalancer pool (allowedUses %v): %w", r, st.all[i].pool.Uses(), ErrNoPool)
+		case st.all[i].family() != family:
+			return nil, fmt.Errorf("ipam: requested pool %q is an IPv%d pool, asked for an IPv%d address: %w", r, st.all[i].family(), family, ErrNoPool)
 		}
 	}
 	var out []poolInfo
@@ -348,7 +351,7 @@ func (st *lbState) choose(req LBRequest) ([]LBAllocation, error) {
 			pick(p.Addr, poolInfo{name: p.Pool})
 			continue
 		}
-		pools, err := st.allowed(f, req.Pools, false)
+		pools, err := st.allowed(f, req.Pools[f], false)
 		if err != nil {
 			return nil, err
 		}
@@ -378,7 +381,7 @@ func (st *lbState) keep(family int, req LBRequest, taken []netip.Addr) (LBAlloca
 		if h, used := st.holder(c); used && h != req.Service {
 			return LBAllocation{}, false
 		}
-		pools, err := st.allowed(family, req.Pools, withDisabled)
+		pools, err := st.allowed(family, req.Pools[family], withDisabled)
 		if err != nil {
 			return LBAllocation{}, false
 		}
@@ -411,10 +414,34 @@ func familiesString(fs []int) string {
 	return strings.Join(s, " and ")
 }
 
+// LBHeld returns the LoadBalancer addresses the Service's record holds
+// (one etcd read).
+func (a *Allocator) LBHeld(ctx context.Context, svc LBService) ([]LBAllocation, error) {
+	kv, err := a.store.GetKV(ctx, lbServiceKey(svc))
+	if errors.Is(err, datastore.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r lbServiceRecord
+	if err := json.Unmarshal(kv.Value, &r); err != nil {
+		return nil, fmt.Errorf("ipam: decoding %s: %w", kv.Key, err)
+	}
+	out := make([]LBAllocation, 0, len(r.Addrs))
+	for _, x := range r.Addrs {
+		out = append(out, LBAllocation{Addr: x.Addr, Pool: x.Pool, Service: svc, UID: r.UID})
+	}
+	return out, nil
+}
+
 // ReleaseLB releases every LoadBalancer address the Service holds.
-// Idempotent: a Service holding nothing is success.
+// Idempotent: a Service holding nothing is success (one etcd read).
 func (a *Allocator) ReleaseLB(ctx context.Context, svc LBService) error {
 	return a.retry(ctx, "ipam: releasing LoadBalancer addresses of "+svc.String(), func() error {
+		if _, err := a.store.GetKV(ctx, lbServiceKey(svc)); errors.Is(err, datastore.ErrNotFound) {
+			return nil
+		}
 		st, err := a.loadLBState(ctx, svc)
 		if err != nil {
 			return err

@@ -136,20 +136,20 @@ func TestAssignLB(t *testing.T) {
 		}
 	}
 	// A requested pool.
-	if got := mustAssignLB(t, a, LBRequest{Service: svc("s3"), Families: v4, Pools: []string{"lb-b"}}); fmt.Sprint(got) != "[198.19.1.0]" {
+	if got := mustAssignLB(t, a, LBRequest{Service: svc("s3"), Families: v4, Pools: map[int][]string{4: {"lb-b"}}}); fmt.Sprint(got) != "[198.19.1.0]" {
 		t.Errorf("pool lb-b: %v", got)
 	}
-	if _, err := a.AssignLB(ctx, LBRequest{Service: svc("s4"), Families: v4, Pools: []string{"pods"}}); !errors.Is(err, ErrNoPool) || !strings.Contains(err.Error(), "not a LoadBalancer pool") {
+	if _, err := a.AssignLB(ctx, LBRequest{Service: svc("s4"), Families: v4, Pools: map[int][]string{4: {"pods"}}}); !errors.Is(err, ErrNoPool) || !strings.Contains(err.Error(), "not a LoadBalancer pool") {
 		t.Errorf("requesting a pod pool: %v", err)
 	}
 	// lb-b exhausted now.
-	_, err = a.AssignLB(ctx, LBRequest{Service: svc("s4"), Families: v4, Pools: []string{"lb-b"}})
+	_, err = a.AssignLB(ctx, LBRequest{Service: svc("s4"), Families: v4, Pools: map[int][]string{4: {"lb-b"}}})
 	var ex *LBExhaustedError
 	if !errors.As(err, &ex) || !errors.Is(err, ErrExhausted) || ex.InUse != 2 || !strings.Contains(err.Error(), "[lb-b] have no free IPv4 address") {
 		t.Errorf("exhausted pool: %v", err)
 	}
 	// Moving to another pool releases the old address in the same step.
-	if got := mustAssignLB(t, a, LBRequest{Service: svc("s3"), Families: v4, Pools: []string{"lb-a"}}); fmt.Sprint(got) != "[198.19.0.1]" {
+	if got := mustAssignLB(t, a, LBRequest{Service: svc("s3"), Families: v4, Pools: map[int][]string{4: {"lb-a"}}}); fmt.Sprint(got) != "[198.19.0.1]" {
 		t.Errorf("s3 moved to lb-a: %v", got)
 	}
 	// Dual stack.

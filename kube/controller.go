@@ -77,6 +77,7 @@ type controller struct {
 	// epByPod indexes the view's Kubernetes endpoints by "<ns>/<pod>".
 	epByPod map[string]map[string]*api.WorkloadEndpoint
 	gc      gcState
+	lb      lbState
 }
 
 func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger) *controller {
@@ -109,6 +110,7 @@ func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, 
 	handle(nss.Informer(), kindNamespace)
 	handle(nodes.Informer(), kindNode)
 	handle(pols.Informer(), kindPolicy)
+	c.initLB()
 	return c
 }
 
@@ -154,6 +156,7 @@ func (c *controller) run(ctx context.Context) error {
 	nodes := syncer.Watch(c.view, "kube-controllers", func(u syncer.Update[api.Node]) bool { return u.New != nil })
 	c.indexEndpoints(nil, true)
 	c.log.Info("informers and etcd view synced; reconciling")
+	defer c.runLB(ctx)()
 
 	for range c.cfg.Workers {
 		wg.Go(func() {
@@ -206,6 +209,8 @@ func (c *controller) processNext(ctx context.Context) bool {
 		err = c.syncPolicy(ctx, k.ns, k.name)
 	case kindNode:
 		err = c.syncNode(ctx, k.name)
+	case kindLBService:
+		err = c.syncLB(ctx, k.ns, k.name)
 	}
 	if err == nil {
 		c.queue.Forget(k)
@@ -322,6 +327,7 @@ func (c *controller) sweep() {
 		}
 	}
 	c.sweepPolicies()
+	c.sweepLB(context.Background())
 }
 
 // sweepPolicies deletes translated policies whose Kubernetes policy is

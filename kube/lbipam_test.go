@@ -32,7 +32,7 @@ type lbCluster struct {
 	alloc *ipam.Allocator
 }
 
-func newLBCluster(t *testing.T, pools map[string]string) *lbCluster {
+func newLBCluster(t testing.TB, pools map[string]string) *lbCluster {
 	t.Helper()
 	srv := kubetest.StartWith(t, kubetest.Options{ServiceCIDRs: "10.96.0.0/16,fd00:10:96::/112"})
 	c := &lbCluster{kc: srv.Client, store: storetest.New(t)}

@@ -97,7 +97,9 @@ func (a *Agent) ensureDefaultPool(ctx context.Context) error {
 		Metadata: api.ObjectMeta{Name: DefaultPoolName6},
 		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR6.String()},
 	}
-	if _, err := a.store.Create(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
+	// Through IPAM: it refuses a default pool that overlaps an existing
+	// (LoadBalancer) pool.
+	if _, err := a.ipam.CreatePool(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
 		return fmt.Errorf("creating the default IPv6 pool %s: %w", a.cfg.DefaultPoolCIDR6, err)
 	}
 	a.log.Info("created default IPv6 pool", "cidr", a.cfg.DefaultPoolCIDR6)
@@ -119,7 +121,9 @@ func (a *Agent) ensureDefaultPool4(ctx context.Context) error {
 		Metadata: api.ObjectMeta{Name: DefaultPoolName},
 		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR.String(), NATOutgoing: true},
 	}
-	if _, err := a.store.Create(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
+	// Through IPAM: it refuses a default pool that overlaps an existing
+	// (LoadBalancer) pool.
+	if _, err := a.ipam.CreatePool(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
 		return fmt.Errorf("creating the default pool %s: %w", a.cfg.DefaultPoolCIDR, err)
 	}
 	a.log.Info("created default IP pool", "cidr", a.cfg.DefaultPoolCIDR)

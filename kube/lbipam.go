@@ -169,7 +169,7 @@ func (c *controller) syncLB(ctx context.Context, ns, name string) error {
 	req, err := lbRequest(s)
 	if err != nil {
 		c.reportLB(s, err)
-		return nil // nothing to retry until the Service changes
+		return c.showOnlyHeld(ctx, s) // nothing to retry until the Service changes
 	}
 	allocs, err := c.ipam.AssignLB(ctx, req)
 	if err != nil && errors.Is(err, ipam.ErrNoPool) && preferDualStack(s) && len(req.Families) > 1 {
@@ -180,7 +180,7 @@ func (c *controller) syncLB(ctx context.Context, ns, name string) error {
 	switch {
 	case errors.Is(err, ipam.ErrExhausted), errors.Is(err, ipam.ErrNotInPool), errors.Is(err, ipam.ErrInUse), errors.Is(err, ipam.ErrNoPool):
 		c.reportLB(s, err)
-		return nil // tried again when a pool changes or an address is freed
+		return c.showOnlyHeld(ctx, s) // tried again when a pool changes or an address is freed
 	case err != nil:
 		return err
 	}
@@ -237,6 +237,31 @@ func (c *controller) releaseLB(ctx context.Context, ref ipam.LBService, s *corev
 	}
 	c.log.Info("released LoadBalancer addresses", "namespace", ref.Namespace, "name", ref.Name, "addresses", ips)
 	c.queueFailedLB()
+	return nil
+}
+
+// showOnlyHeld removes from the status of a Service that got no new
+// address the addresses it does not hold (shown from before records were
+// lost, and held by another Service now), so that no address is shown by
+// two Services.
+func (c *controller) showOnlyHeld(ctx context.Context, s *corev1.Service) error {
+	if len(s.Status.LoadBalancer.Ingress) == 0 {
+		return nil
+	}
+	held, err := c.ipam.LBHeld(ctx, ipam.LBService{Namespace: s.Namespace, Name: s.Name})
+	if err != nil {
+		return err
+	}
+	u := s.DeepCopy()
+	u.Status.LoadBalancer.Ingress = slices.DeleteFunc(u.Status.LoadBalancer.Ingress, func(in corev1.LoadBalancerIngress) bool {
+		return in.IP != "" && !slices.ContainsFunc(held, func(h ipam.LBAllocation) bool { return h.Addr.String() == in.IP })
+	})
+	if len(u.Status.LoadBalancer.Ingress) == len(s.Status.LoadBalancer.Ingress) {
+		return nil
+	}
+	if _, err := c.kc.CoreV1().Services(s.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil && !isNotFound(err) {
+		return fmt.Errorf("clearing addresses Service %s/%s does not hold from its status: %w", s.Namespace, s.Name, err)
+	}
 	return nil
 }
 

@@ -266,6 +266,21 @@ func TestLoadBalancerIPAM(t *testing.T) {
 		d, _ := c.ingress(ns, "dual")
 		return slices.Contains(tc, "198.19.1.0") != slices.Contains(d, "198.19.1.0"), fmt.Sprint(tc, d)
 	})
+	// The one left waiting is made to show an address it does not hold
+	// (another Service's): it shows nothing again.
+	loser := "dual"
+	if got, _ := c.ingress(ns, "dual"); len(got) > 0 {
+		loser = "tabby-class"
+	}
+	ls, err := c.kc.CoreV1().Services(ns).Get(ctx, loser, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.1.1"}}
+	if _, err := c.kc.CoreV1().Services(ns).UpdateStatus(ctx, ls, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitIngress(t, ns, loser)
 	c.create(t, lbService(ns, "dual6", dualStack(corev1.IPFamilyPolicyRequireDualStack), func(s *corev1.Service) {
 		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
 	}, withAnnotation("tabby.dev/ipv4pools", "lb-a"), withAnnotation("tabby.dev/loadBalancerIPs", "fd00:198:19::2")))
@@ -369,5 +384,56 @@ func TestLoadBalancerIPAMRestart(t *testing.T) {
 	}
 	if a := netip.MustParseAddr(got); !netip.MustParsePrefix("198.19.0.0/28").Contains(a) {
 		t.Errorf("s5 got %s, outside the pool", got)
+	}
+}
+
+// Two controllers that both believe they lead (each holds a Lease of its
+// own, as an old leader that has not noticed the new one): both assign,
+// and the etcd transactions alone keep every address with one Service,
+// one address per Service, and status and records in agreement.
+func TestLoadBalancerIPAMTwoLeaders(t *testing.T) {
+	c := newLBCluster(t, map[string]string{"lb": "198.19.0.0/28"})
+	ctx := context.Background()
+	const ns = "default"
+	other := testConfig("b")
+	other.LeaseName = "tabby-kube-controllers-split"
+	startControllers(t, testConfig("a"), c.ctrl, c.store)
+	startControllers(t, other, c.kc, c.store) // its own Lease: the admin may take it
+	const n = 24
+	for i := range n {
+		c.create(t, lbService(ns, fmt.Sprintf("s%02d", i)))
+	}
+	settled := func(want int) func() (bool, string) {
+		return func() (bool, string) {
+			allocs, err := c.alloc.LBAllocations(ctx)
+			if err != nil {
+				return false, err.Error()
+			}
+			svcs, err := c.kc.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			shown := 0
+			for _, s := range svcs.Items {
+				shown += len(s.Status.LoadBalancer.Ingress)
+			}
+			return len(allocs) == want && shown == want, fmt.Sprintf("%d recorded, %d shown", len(allocs), shown)
+		}
+	}
+	eventually(t, "the pool's 16 addresses given", 30*time.Second, settled(16))
+	for i := range 5 {
+		if err := c.kc.CoreV1().Services(ns).Delete(ctx, fmt.Sprintf("s%02d", i), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the 5 freed addresses given again", 30*time.Second, settled(16))
+	time.Sleep(time.Second) // let a late writer show itself
+	c.consistent(t, ns)
+	evs, err := c.kc.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + kube.ReasonLBFailed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) == 0 {
+		t.Error("no exhaustion event for the Services left without an address")
 	}
 }

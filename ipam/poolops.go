@@ -15,6 +15,8 @@ import (
 type PoolInUseError struct {
 	Pool      string
 	Allocated int
+	// LoadBalancer: the pool's addresses are held by Services, not pods.
+	LoadBalancer bool
 }
 
 func (e *PoolInUseError) Error() string {
@@ -108,7 +110,7 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 		return err
 	}
 	if n > 0 {
-		return &PoolInUseError{Pool: name, Allocated: n}
+		return &PoolInUseError{Pool: name, Allocated: n, LoadBalancer: pi.pool.IsLoadBalancer()}
 	}
 	cur := pi.pool
 	if !cur.Spec.Disabled {
@@ -129,9 +131,9 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 			e := *cur
 			e.Spec.Disabled = false
 			if _, err := a.store.Update(ctx, &e); err != nil {
-				return errors.Join(&PoolInUseError{Pool: name, Allocated: n}, fmt.Errorf("re-enabling pool %s: %w", name, err))
+				return errors.Join(&PoolInUseError{Pool: name, Allocated: n, LoadBalancer: pi.pool.IsLoadBalancer()}, fmt.Errorf("re-enabling pool %s: %w", name, err))
 			}
-			return &PoolInUseError{Pool: name, Allocated: n}
+			return &PoolInUseError{Pool: name, Allocated: n, LoadBalancer: pi.pool.IsLoadBalancer()}
 		}
 	}
 	affs, err := a.listAffinities(ctx, affinitiesPrefix)

@@ -385,6 +385,16 @@ func TestLoadBalancerIPAMRestart(t *testing.T) {
 	if a := netip.MustParseAddr(got); !netip.MustParsePrefix("198.19.0.0/28").Contains(a) {
 		t.Errorf("s5 got %s, outside the pool", got)
 	}
+
+	// No IPv6 LoadBalancer pool here: PreferDualStack takes IPv4 only,
+	// RequireDualStack is refused with an event.
+	c.create(t, lbService(ns, "prefer", dualStack(corev1.IPFamilyPolicyPreferDualStack)))
+	if ips := c.waitAnyIngress(t, ns, "prefer", 1); !netip.MustParseAddr(ips[0]).Is4() {
+		t.Errorf("PreferDualStack got %v", ips)
+	}
+	c.create(t, lbService(ns, "require", dualStack(corev1.IPFamilyPolicyRequireDualStack)))
+	c.waitEvent(t, ns, "require", kube.ReasonLBFailed, "no enabled IPv6 LoadBalancer pool")
+	c.consistent(t, ns)
 }
 
 // Two controllers that both believe they lead (each holds a Lease of its

@@ -67,5 +67,6 @@ spec: {cidr: 10.244.0.0/16, allowedUses: [LoadBalancer]}
 	h.ok("ipam", "show")
 	h.ok("ipam", "show", "--ip", "198.19.0.5")
 	h.ok("ipam", "show", "--ip", "198.19.0.6")
+	h.fail("delete", "ippool", "lb")
 	h.golden("lbpools")
 }

@@ -51,16 +51,19 @@ type OrphanHandle struct {
 
 // Kinds of Inconsistency.
 const (
-	InvalidRecord          = "invalid-record"           // a record that does not decode or is internally inconsistent
-	BlockOutsidePools      = "block-outside-pools"      // no pool holds the block
-	BlockPoolMismatch      = "block-pool-mismatch"      // the block names another pool than the one holding it
-	BlocksOverlap          = "blocks-overlap"           // two blocks share addresses
-	DuplicateAddress       = "duplicate-address"        // one address allocated in two blocks
-	AffinityMissing        = "affinity-missing"         // a block affine to a node without the node's affinity record
-	AffinityNotConfirmed   = "affinity-not-confirmed"   // the record is pending or pending deletion
-	AffinityStale          = "affinity-stale"           // a record whose block is gone or affine to another node
-	EndpointUnallocated    = "endpoint-unallocated"     // an endpoint address that is not allocated
-	EndpointHandleMismatch = "endpoint-handle-mismatch" // the endpoint's ipamHandle is not the allocation's handle
+	InvalidRecord           = "invalid-record"             // a record that does not decode or is internally inconsistent
+	BlockOutsidePools       = "block-outside-pools"        // no pool holds the block
+	BlockPoolMismatch       = "block-pool-mismatch"        // the block names another pool than the one holding it
+	BlocksOverlap           = "blocks-overlap"             // two blocks share addresses
+	DuplicateAddress        = "duplicate-address"          // one address allocated in two blocks
+	AffinityMissing         = "affinity-missing"           // a block affine to a node without the node's affinity record
+	AffinityNotConfirmed    = "affinity-not-confirmed"     // the record is pending or pending deletion
+	AffinityStale           = "affinity-stale"             // a record whose block is gone or affine to another node
+	EndpointUnallocated     = "endpoint-unallocated"       // an endpoint address that is not allocated
+	EndpointHandleMismatch  = "endpoint-handle-mismatch"   // the endpoint's ipamHandle is not the allocation's handle
+	BlockInLoadBalancerPool = "block-in-loadbalancer-pool" // a pod block inside a LoadBalancer pool
+	LBAddressOutsidePools   = "lb-address-outside-pools"   // a LoadBalancer address in no LoadBalancer pool
+	LBRecordMismatch        = "lb-record-mismatch"         // address and Service records of LoadBalancer IPAM disagree
 )
 
 // Inconsistency is one problem found by Check.
@@ -89,6 +92,7 @@ type snapshot struct {
 	handles    []*handle
 	endpoints  []endpointInfo
 	lb         []LBAllocation // sorted by key, so by address text
+	lbServices []lbServiceRecord
 	// bad holds records that did not decode, by key.
 	bad map[string]error
 }
@@ -211,6 +215,7 @@ func checkSnapshot(s *snapshot, now time.Time, grace time.Duration) Report {
 			Allocated: hd.attr.Time,
 		})
 	}
+	checkLB(s, add)
 	slices.SortFunc(r.OrphanHandles, func(x, y OrphanHandle) int {
 		return cmp.Or(strings.Compare(x.Handle, y.Handle), x.Addr.Compare(y.Addr), strings.Compare(x.Reason, y.Reason))
 	})

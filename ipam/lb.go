@@ -530,3 +530,37 @@ func (a *Allocator) lbInUse(ctx context.Context, prefix netip.Prefix) (int, erro
 	}
 	return n, nil
 }
+
+// checkLB cross-checks LoadBalancer IPAM for Check: no pod block in a
+// LoadBalancer pool, every LoadBalancer address in one, and the address
+// and Service records naming each other.
+func checkLB(s *snapshot, add func(kind, key, format string, args ...any)) {
+	for _, b := range s.blocks {
+		if p, ok := poolFor(s.pools, b.cidr); ok && p.pool.IsLoadBalancer() {
+			add(BlockInLoadBalancerPool, blockName(b.cidr), "block %s lies in LoadBalancer pool %s: pods must not use it", b.cidr, p.name)
+		}
+	}
+	listed := map[netip.Addr]LBService{}
+	for _, r := range s.lbServices {
+		svc := LBService{r.Namespace, r.Name}
+		for _, x := range r.Addrs {
+			listed[x.Addr] = svc
+		}
+	}
+	held := map[netip.Addr]LBService{}
+	for _, x := range s.lb {
+		held[x.Addr] = x.Service
+		key := lbAddrKey(x.Addr)
+		if p, ok := poolFor(s.pools, hostPrefix(x.Addr)); !ok || !p.pool.IsLoadBalancer() {
+			add(LBAddressOutsidePools, key, "LoadBalancer address %s (Service %s) lies in no LoadBalancer pool", x.Addr, x.Service)
+		}
+		if svc, ok := listed[x.Addr]; !ok || svc != x.Service {
+			add(LBRecordMismatch, key, "address %s is recorded for Service %s, whose record does not list it", x.Addr, x.Service)
+		}
+	}
+	for addr, svc := range listed {
+		if h, ok := held[addr]; !ok || h != svc {
+			add(LBRecordMismatch, lbServiceKey(svc), "Service %s lists address %s, which is not recorded for it", svc, addr)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
 )
 
 func lbUse(p *api.IPPool) { p.Spec.AllowedUses = []api.IPPoolUse{api.UseLoadBalancer} }
@@ -243,5 +244,57 @@ func TestAssignLBConcurrent(t *testing.T) {
 	}
 	if exhausted < 16 {
 		t.Errorf("%d writers saw exhaustion, want at least the 16 for the 8 Services left out", exhausted)
+	}
+}
+
+// Check finds what would let a LoadBalancer address be given twice or a
+// pod use a LoadBalancer pool; a healthy state is clean.
+func TestCheckLoadBalancer(t *testing.T) {
+	a, s := newTestAllocator(t)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "lb", "198.19.0.0/28", 0, lbUse)
+	mustCreatePool(t, a, "pods", "10.244.0.0/24", 26)
+	mustAssignLB(t, a, LBRequest{Service: svc("web"), Families: []int{4}})
+	mustAssignLB(t, a, LBRequest{Service: svc("api"), Families: []int{4}})
+	mustAssign(t, a, "n1", "pod-1")
+	mustCheckClean(t, a)
+
+	// An address record nobody's Service record lists, one in a pod pool,
+	// and a pod pool turned into a LoadBalancer pool behind IPAM's back.
+	for addr, rec := range map[string]string{
+		"198.19.0.9":  `{"namespace":"default","name":"ghost","pool":"lb"}`,
+		"10.244.0.77": `{"namespace":"default","name":"web","pool":"pods"}`,
+		"203.0.113.5": `{"namespace":"default","name":"api","pool":"gone"}`,
+	} {
+		if _, err := s.PutKV(ctx, lbAddrsPrefix+addr, []byte(rec), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pods, err := datastore.GetAs[*api.IPPool](ctx, s, api.KindIPPool, "", "pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods.Spec.AllowedUses = []api.IPPoolUse{api.UseLoadBalancer}
+	pods.Spec.NATOutgoing = false
+	if _, err := s.Update(ctx, pods); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, in := range r.Inconsistencies {
+		got = append(got, in.Kind+" "+in.Key)
+	}
+	want := []string{
+		"block-in-loadbalancer-pool 10.244.0.0-26",
+		"lb-address-outside-pools ipam/lb/addresses/203.0.113.5",
+		"lb-record-mismatch ipam/lb/addresses/10.244.0.77",
+		"lb-record-mismatch ipam/lb/addresses/198.19.0.9",
+		"lb-record-mismatch ipam/lb/addresses/203.0.113.5",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("inconsistencies:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -30,6 +30,7 @@ spec: {cidr: "fd00:198:19::/124", allowedUses: [LoadBalancer]}
 `)
 	h.ok("apply", "-f", pools)
 	h.ok("get", "ippools", "lb", "-o", "yaml")
+	h.ok("get", "ippools", "-o", "wide")
 	for _, f := range []struct{ name, doc string }{
 		{"lb-overlaps-lb.yaml", `apiVersion: tabby.dev/v1
 kind: IPPool
@@ -68,5 +69,6 @@ spec: {cidr: 10.244.0.0/16, allowedUses: [LoadBalancer]}
 	h.ok("ipam", "show", "--ip", "198.19.0.5")
 	h.ok("ipam", "show", "--ip", "198.19.0.6")
 	h.fail("delete", "ippool", "lb")
+	h.ok("ipam", "check")
 	h.golden("lbpools")
 }

@@ -196,18 +196,35 @@ func (st *lbState) holder(addr netip.Addr) (LBService, bool) {
 	return LBService{r.Namespace, r.Name}, ok
 }
 
+// LBNoPoolError: no pool may give a family's address (none of that
+// family, all disabled, a requested pool missing or not a LoadBalancer
+// pool).
+type LBNoPoolError struct {
+	Family int
+	Reason string
+}
+
+func (e *LBNoPoolError) Error() string { return "ipam: " + e.Reason + ": " + ErrNoPool.Error() }
+
+// Is makes errors.Is(err, ErrNoPool) hold.
+func (e *LBNoPoolError) Is(target error) bool { return target == ErrNoPool }
+
 // allowed returns the enabled LoadBalancer pools of family that the
-// request may allocate from, or an error naming why there are none.
+// request may allocate from, or a *LBNoPoolError naming why there are
+// none.
 func (st *lbState) allowed(family int, requested []string, withDisabled bool) ([]poolInfo, error) {
+	noPool := func(format string, args ...any) error {
+		return &LBNoPoolError{Family: family, Reason: fmt.Sprintf(format, args...)}
+	}
 	for _, r := range requested {
 		i := slices.IndexFunc(st.all, func(p poolInfo) bool { return p.isNamed(r) })
 		switch {
 		case i < 0:
-			return nil, fmt.Errorf("ipam: requested pool %q does not exist (no IP pool has that name or CIDR): %w", r, ErrNoPool)
+			return nil, noPool("requested pool %q does not exist (no IP pool has that name or CIDR)", r)
 		case !st.all[i].pool.IsLoadBalancer():
-			return nil, fmt.Errorf("ipam: requested pool %q is not a LoadBalancer pool (allowedUses %v): %w", r, st.all[i].pool.Uses(), ErrNoPool)
+			return nil, noPool("requested pool %q is not a LoadBalancer pool (allowedUses %v)", r, st.all[i].pool.Uses())
 		case st.all[i].family() != family:
-			return nil, fmt.Errorf("ipam: requested pool %q is an IPv%d pool, asked for an IPv%d address: %w", r, st.all[i].family(), family, ErrNoPool)
+			return nil, noPool("requested pool %q is an IPv%d pool, asked for an IPv%d address", r, st.all[i].family(), family)
 		}
 	}
 	var out []poolInfo
@@ -219,9 +236,9 @@ func (st *lbState) allowed(family int, requested []string, withDisabled bool) ([
 	}
 	if len(out) == 0 {
 		if len(requested) > 0 {
-			return nil, fmt.Errorf("ipam: none of the requested pools %v is an enabled IPv%d LoadBalancer pool: %w", requested, family, ErrNoPool)
+			return nil, noPool("none of the requested pools %v is an enabled IPv%d LoadBalancer pool", requested, family)
 		}
-		return nil, fmt.Errorf("ipam: no enabled IPv%d LoadBalancer pool (a pool with allowedUses [LoadBalancer]): %w", family, ErrNoPool)
+		return nil, noPool("no enabled IPv%d LoadBalancer pool (a pool with allowedUses [LoadBalancer])", family)
 	}
 	return out, nil
 }

@@ -172,8 +172,9 @@ func (c *controller) syncLB(ctx context.Context, ns, name string) error {
 		return c.showOnlyHeld(ctx, s) // nothing to retry until the Service changes
 	}
 	allocs, err := c.ipam.AssignLB(ctx, req)
-	if err != nil && errors.Is(err, ipam.ErrNoPool) && preferDualStack(s) && len(req.Families) > 1 {
-		// PreferDualStack: the second family only where a pool has it.
+	if err != nil && preferDualStack(s) && len(req.Families) > 1 && secondFamilyOnly(err, req.Families[1]) {
+		// PreferDualStack: the second family only where a pool has a
+		// free address of it.
 		req.Families = req.Families[:1]
 		allocs, err = c.ipam.AssignLB(ctx, req)
 	}
@@ -201,6 +202,20 @@ func (c *controller) syncLB(ctx context.Context, ns, name string) error {
 	c.lb.events.Eventf(s, corev1.EventTypeNormal, ReasonLBAssigned, "Assigned LoadBalancer address %s", strings.Join(ips, ", "))
 	c.log.Info("assigned LoadBalancer addresses", "namespace", ns, "name", name, "addresses", ips)
 	return nil
+}
+
+// secondFamilyOnly reports whether err is about the family alone: no
+// enabled LoadBalancer pool of it, or none with a free address.
+func secondFamilyOnly(err error, family int) bool {
+	var ex *ipam.LBExhaustedError
+	var np *ipam.LBNoPoolError
+	switch {
+	case errors.As(err, &ex):
+		return ex.Family == family
+	case errors.As(err, &np):
+		return np.Family == family
+	}
+	return false
 }
 
 // releaseLB releases what the Service holds and, when the Service still

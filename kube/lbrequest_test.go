@@ -2,6 +2,7 @@ package kube
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -93,5 +94,26 @@ func TestLBRequest(t *testing.T) {
 				t.Errorf("request (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// PreferDualStack falls back to the first family only for problems of the
+// second one.
+func TestSecondFamilyOnly(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"second family exhausted", &ipam.LBExhaustedError{Family: 6}, true},
+		{"first family exhausted", &ipam.LBExhaustedError{Family: 4}, false},
+		{"no pool of the second family, wrapped", fmt.Errorf("assigning: %w", &ipam.LBNoPoolError{Family: 6, Reason: "none"}), true},
+		{"no pool of the first family", &ipam.LBNoPoolError{Family: 4}, false},
+		{"address taken", &ipam.LBTakenError{}, false},
+		{"etcd down", errors.New("context deadline exceeded"), false},
+	} {
+		if got := secondFamilyOnly(tt.err, 6); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }

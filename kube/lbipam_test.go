@@ -394,6 +394,14 @@ func TestLoadBalancerIPAMRestart(t *testing.T) {
 	}
 	c.create(t, lbService(ns, "require", dualStack(corev1.IPFamilyPolicyRequireDualStack)))
 	c.waitEvent(t, ns, "require", kube.ReasonLBFailed, "no enabled IPv6 LoadBalancer pool")
+	// A new pool wakes the Services waiting for one.
+	if _, err := c.alloc.CreatePool(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "lb6"},
+		Spec: api.IPPoolSpec{CIDR: "fd00:198:19::/120", AllowedUses: []api.IPPoolUse{api.UseLoadBalancer}}}); err != nil {
+		t.Fatal(err)
+	}
+	if ips := c.waitAnyIngress(t, ns, "require", 2); ips[1] != "fd00:198:19::" {
+		t.Errorf("RequireDualStack after the IPv6 pool was created: %v", ips)
+	}
 	c.consistent(t, ns)
 }
 

@@ -90,16 +90,16 @@ func (a *Agent) ensureDefaultPool(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listing IP pools: %w", err)
 	}
-	for _, p := range pools {
-		if pr, err := p.Prefix(); err == nil && pr.Addr().Is6() {
-			return nil
-		}
+	if hasPodPool(pools, true) {
+		return nil
 	}
 	p := &api.IPPool{
 		Metadata: api.ObjectMeta{Name: DefaultPoolName6},
 		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR6.String()},
 	}
-	if _, err := a.store.Create(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
+	// Through IPAM: it refuses a default pool that overlaps an existing
+	// (LoadBalancer) pool.
+	if _, err := a.ipam.CreatePool(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
 		return fmt.Errorf("creating the default IPv6 pool %s: %w", a.cfg.DefaultPoolCIDR6, err)
 	}
 	a.log.Info("created default IPv6 pool", "cidr", a.cfg.DefaultPoolCIDR6)
@@ -110,18 +110,20 @@ func (a *Agent) ensureDefaultPool4(ctx context.Context) error {
 	if !a.cfg.DefaultPoolCIDR.IsValid() {
 		return nil
 	}
-	pools, _, err := a.store.List(ctx, api.KindIPPool, "")
+	pools, _, err := datastore.ListAs[*api.IPPool](ctx, a.store, api.KindIPPool, "")
 	if err != nil {
 		return fmt.Errorf("listing IP pools: %w", err)
 	}
-	if len(pools) > 0 {
+	if hasPodPool(pools, false) {
 		return nil
 	}
 	p := &api.IPPool{
 		Metadata: api.ObjectMeta{Name: DefaultPoolName},
 		Spec:     api.IPPoolSpec{CIDR: a.cfg.DefaultPoolCIDR.String(), NATOutgoing: true},
 	}
-	if _, err := a.store.Create(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
+	// Through IPAM: it refuses a default pool that overlaps an existing
+	// (LoadBalancer) pool.
+	if _, err := a.ipam.CreatePool(ctx, p); err != nil && !errors.Is(err, datastore.ErrExists) {
 		return fmt.Errorf("creating the default pool %s: %w", a.cfg.DefaultPoolCIDR, err)
 	}
 	a.log.Info("created default IP pool", "cidr", a.cfg.DefaultPoolCIDR)
@@ -211,4 +213,16 @@ func (l *leaseHolder) revoke(ctx context.Context) {
 	if err := l.store.RevokeLease(ctx, l.current()); err != nil {
 		l.log.Warn("revoking the node's liveness lease; its records expire with it", "err", err)
 	}
+}
+
+// hasPodPool reports whether a pool of the family (IPv6 when is6) may hold
+// pods: a LoadBalancer pool alone does not stop the default pool from
+// being created, since no pod can use it.
+func hasPodPool(pools []*api.IPPool, is6 bool) bool {
+	for _, p := range pools {
+		if pr, err := p.Prefix(); err == nil && pr.Addr().Is6() == is6 && !p.IsLoadBalancer() {
+			return true
+		}
+	}
+	return false
 }

@@ -123,7 +123,28 @@ type IPPoolSpec struct {
 	// them. Cluster peers always get the blocks and never the aggregate.
 	// Empty: blocks only (Calico's behaviour). See docs/bgp.md.
 	BGPAggregate AggregateMode `json:"bgpAggregate,omitempty"`
+	// AllowedUses says what the pool's addresses are for (Calico 3.30's
+	// field): Workload (pod addresses) and Tunnel (tunnel device
+	// addresses), the default when empty; or LoadBalancer alone, for the
+	// addresses tabby-kube-controllers gives type LoadBalancer Services.
+	// Pod IPAM never allocates from a LoadBalancer pool, it has no blocks,
+	// and natOutgoing, nodeSelector and bgpAggregate do not apply to it.
+	// See docs/ipam.md.
+	AllowedUses []IPPoolUse `json:"allowedUses,omitempty"`
 }
+
+// IPPoolUse is one value of IPPoolSpec.AllowedUses.
+type IPPoolUse string
+
+// Uses of an IPPool.
+const (
+	UseWorkload     IPPoolUse = "Workload"
+	UseTunnel       IPPoolUse = "Tunnel"
+	UseLoadBalancer IPPoolUse = "LoadBalancer"
+)
+
+// DefaultPoolUses are the uses of a pool whose allowedUses is empty.
+var DefaultPoolUses = []IPPoolUse{UseWorkload, UseTunnel}
 
 // AggregateMode is IPPoolSpec.BGPAggregate.
 type AggregateMode string
@@ -437,3 +458,26 @@ func (p *IPPool) Prefix() (netip.Prefix, error) {
 	}
 	return pr.Masked(), nil
 }
+
+// Uses returns the pool's allowed uses: spec.allowedUses, or
+// DefaultPoolUses when it is empty.
+func (p *IPPool) Uses() []IPPoolUse {
+	if len(p.Spec.AllowedUses) == 0 {
+		return DefaultPoolUses
+	}
+	return p.Spec.AllowedUses
+}
+
+// Allows reports whether the pool's addresses may be used for u.
+func (p *IPPool) Allows(u IPPoolUse) bool {
+	for _, x := range p.Uses() {
+		if x == u {
+			return true
+		}
+	}
+	return false
+}
+
+// IsLoadBalancer reports whether the pool is for LoadBalancer Service
+// addresses (and so not for pods or tunnels).
+func (p *IPPool) IsLoadBalancer() bool { return p.Allows(UseLoadBalancer) }

@@ -91,10 +91,10 @@ func (p *IPPool) Validate() error {
 		} else {
 			v.add("spec.blockSize", "%d must be between %d and %d", bs, lo, hi)
 		}
-	case ok && bs < pr.Bits():
+	case ok && bs < pr.Bits() && !p.IsLoadBalancer():
 		v.add("spec.blockSize", "/%d blocks are larger than the pool %s (blockSize must be at least %d)", bs, pr, pr.Bits())
 	}
-	if bs == 0 && ok && def < pr.Bits() {
+	if bs == 0 && ok && def < pr.Bits() && !p.IsLoadBalancer() {
 		v.add("spec.blockSize", "the default /%d blocks are larger than the pool %s; set blockSize to at least %d", def, pr, pr.Bits())
 	}
 	v.selector("spec.nodeSelector", p.Spec.NodeSelector)
@@ -112,7 +112,38 @@ func (p *IPPool) Validate() error {
 	default:
 		v.add("spec.bgpAggregate", "%q must be %s or %s (or unset: blocks only)", p.Spec.BGPAggregate, AggregateOnly, AggregateWithBlocks)
 	}
+	v.poolUses(p)
 	return v.err()
+}
+
+// poolUses checks spec.allowedUses: known values, each once, and
+// LoadBalancer alone, without the fields that only pod pools have.
+func (v *validator) poolUses(p *IPPool) {
+	seen := map[IPPoolUse]bool{}
+	for i, u := range p.Spec.AllowedUses {
+		switch {
+		case u != UseWorkload && u != UseTunnel && u != UseLoadBalancer:
+			v.add(fmt.Sprintf("spec.allowedUses[%d]", i), "%q must be %s, %s or %s", u, UseWorkload, UseTunnel, UseLoadBalancer)
+		case seen[u]:
+			v.add(fmt.Sprintf("spec.allowedUses[%d]", i), "%s is listed twice", u)
+		}
+		seen[u] = true
+	}
+	if !seen[UseLoadBalancer] {
+		return
+	}
+	if seen[UseWorkload] || seen[UseTunnel] {
+		v.add("spec.allowedUses", "LoadBalancer cannot be combined with Workload or Tunnel: a LoadBalancer pool's addresses belong to Services, not to pods or tunnels; make two pools")
+	}
+	if p.Spec.NATOutgoing {
+		v.add("spec.natOutgoing", "does not apply to a LoadBalancer pool (no pod has its addresses)")
+	}
+	if p.Spec.NodeSelector != nil {
+		v.add("spec.nodeSelector", "does not apply to a LoadBalancer pool (its addresses belong to Services, not to nodes)")
+	}
+	if p.Spec.BGPAggregate != AggregateNone {
+		v.add("spec.bgpAggregate", "does not apply to a LoadBalancer pool (it has no blocks; Service addresses are advertised per BGPConfiguration serviceLoadBalancerIPs)")
+	}
 }
 
 // Validate implements Object.

@@ -175,6 +175,9 @@ func poolImmutable(cp, np *api.IPPool) error {
 	if cp.Spec.BlockSize != np.Spec.BlockSize {
 		msgs = append(msgs, fmt.Sprintf("spec.blockSize: cannot be changed (%d to %d)", cp.Spec.BlockSize, np.Spec.BlockSize))
 	}
+	if cp.IsLoadBalancer() != np.IsLoadBalancer() {
+		msgs = append(msgs, fmt.Sprintf("spec.allowedUses: cannot be changed between LoadBalancer and pod use (%v to %v)", cp.Uses(), np.Uses()))
+	}
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -288,6 +291,10 @@ func (c *Client) deleteOne(ctx context.Context, out io.Writer, info api.KindInfo
 		return nil
 	case isNotFound(err):
 		return notFound(info, ns, name)
+	case errors.As(err, &inUse) && inUse.LoadBalancer:
+		return fmt.Errorf("%s: cannot delete: the LoadBalancer pool is in use (%s held by Services); "+
+			"disable the pool (spec.disabled: true), delete those Services or move them to another pool, check with `tabbyctl ipam show`, then delete it",
+			refOf(info, name), plural(inUse.Allocated, "address", "addresses"))
 	case errors.As(err, &inUse):
 		return fmt.Errorf("%s: cannot delete: the pool is in use (%s allocated); "+
 			"disable the pool (spec.disabled: true), move or delete its pods, check with `tabbyctl ipam show --show-blocks`, then delete it",

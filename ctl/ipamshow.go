@@ -55,13 +55,18 @@ func (c *Client) IPAMShow(ctx context.Context, out io.Writer, o IPAMShowOptions)
 		case p.Disabled:
 			name += " (disabled)"
 		}
+		blocks := strconv.Itoa(len(p.Blocks))
+		if p.LoadBalancer {
+			name += " (LoadBalancer)"
+			blocks = "-"
+		}
 		total, free := strconv.Itoa(p.Total), percent(p.Free, p.Total)
 		if p.SizeBits >= 62 {
 			// An IPv6 pool: 2^SizeBits addresses, counted as 2^62.
 			total, free = fmt.Sprintf("2^%d", p.SizeBits), fmt.Sprintf("≈2^%d (%s)", p.SizeBits, percentOnly(p.Free, p.Total))
 		}
 		if !o.ShowBlocks {
-			t.add(name, cidr, strconv.Itoa(len(p.Blocks)), total, percent(p.InUse, p.Total), free)
+			t.add(name, cidr, blocks, total, percent(p.InUse, p.Total), free)
 			continue
 		}
 		t.add("IP Pool "+name, cidr, "", total, percent(p.InUse, p.Total), free, strconv.Itoa(p.Borrowed))
@@ -72,10 +77,40 @@ func (c *Client) IPAMShow(ctx context.Context, out io.Writer, o IPAMShowOptions)
 	if err := t.writeBoxed(out); err != nil {
 		return err
 	}
+	if err := showLoadBalancer(out, usage); err != nil {
+		return err
+	}
 	if o.ShowBorrowed {
 		return c.showBorrowed(ctx, out)
 	}
 	return nil
+}
+
+// showLoadBalancer lists which Service holds which address of the
+// LoadBalancer pools, when there are such pools.
+func showLoadBalancer(out io.Writer, usage []ipam.PoolUsage) error {
+	t := newTable("IP", "SERVICE", "POOL")
+	lbPools := 0
+	for _, p := range usage {
+		if !p.LoadBalancer {
+			continue
+		}
+		lbPools++
+		for _, x := range p.Services {
+			t.add(x.Addr.String(), x.Service.String(), p.Name)
+		}
+	}
+	if lbPools == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(out, "\nLoadBalancer addresses (tabby-kube-controllers gives them to type LoadBalancer Services):"); err != nil {
+		return err
+	}
+	if len(t.rows) == 0 {
+		_, err := fmt.Fprintln(out, "none")
+		return err
+	}
+	return t.writeBoxed(out)
 }
 
 // percent is "12 (5%)" (rounded to the nearest percent).
@@ -160,6 +195,17 @@ func (c *Client) showIP(ctx context.Context, out io.Writer, addr netip.Addr) err
 	}
 	var b strings.Builder
 	line := func(k, format string, args ...any) { fmt.Fprintf(&b, "  %-10s %s\n", k, fmt.Sprintf(format, args...)) }
+	if o.pool != nil && o.pool.LoadBalancer {
+		i := slices.IndexFunc(o.pool.Services, func(x ipam.LBAllocation) bool { return x.Addr == addr })
+		if i >= 0 {
+			fmt.Fprintf(&b, "%s is assigned to Service %s\n", addr, o.pool.Services[i].Service)
+		} else {
+			fmt.Fprintf(&b, "%s is not assigned\n", addr)
+		}
+		line("pool", "%s (%s), a LoadBalancer pool: its addresses go to Services, not pods", o.pool.Name, o.pool.CIDR)
+		_, err = io.WriteString(out, b.String())
+		return err
+	}
 	if o.alloc != nil {
 		fmt.Fprintf(&b, "%s is allocated\n", addr)
 	} else {

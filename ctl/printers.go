@@ -23,7 +23,7 @@ func columnsOf(kind string) (header, wide []string) {
 	case api.KindNode:
 		return []string{"NAME", "ADDRESS", "ASN", "RR-CLUSTER", "ORIGIN"}, []string{"LABELS"}
 	case api.KindIPPool:
-		return []string{"NAME", "CIDR", "BLOCKSIZE", "NAT", "DISABLED"}, []string{"NODE-SELECTOR", "BGP-EXPORT"}
+		return []string{"NAME", "CIDR", "BLOCKSIZE", "NAT", "DISABLED"}, []string{"NODE-SELECTOR", "BGP-EXPORT", "USES"}
 	case api.KindIPAMConfig:
 		return []string{"NAME", "STRICT-AFFINITY", "AUTO-ALLOCATE", "MAX-BLOCKS-PER-HOST"}, nil
 	case api.KindBGPConfiguration:
@@ -59,7 +59,7 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 			[]string{formatLabels(o.Metadata.Labels)}
 	case *api.IPPool:
 		return []string{o.Metadata.Name, o.Spec.CIDR, strconv.Itoa(o.Spec.BlockSize), strconv.FormatBool(o.Spec.NATOutgoing), strconv.FormatBool(o.Spec.Disabled)},
-			[]string{poolSelector(o.Spec.NodeSelector), strconv.FormatBool(!o.Spec.DisableBGPExport)}
+			[]string{poolSelector(o.Spec.NodeSelector), strconv.FormatBool(!o.Spec.DisableBGPExport), poolUses(o)}
 	case *api.IPAMConfig:
 		maxBlocks := "unlimited"
 		if o.Spec.MaxBlocksPerHost > 0 {
@@ -209,4 +209,13 @@ func types(in, eg bool) string {
 		return "Ingress"
 	}
 	return "<none>"
+}
+
+// poolUses is a pool's allowedUses ("Workload,Tunnel" when defaulted).
+func poolUses(p *api.IPPool) string {
+	uses := make([]string, 0, 2)
+	for _, u := range p.Uses() {
+		uses = append(uses, string(u))
+	}
+	return strings.Join(uses, ",")
 }

@@ -51,16 +51,19 @@ type OrphanHandle struct {
 
 // Kinds of Inconsistency.
 const (
-	InvalidRecord          = "invalid-record"           // a record that does not decode or is internally inconsistent
-	BlockOutsidePools      = "block-outside-pools"      // no pool holds the block
-	BlockPoolMismatch      = "block-pool-mismatch"      // the block names another pool than the one holding it
-	BlocksOverlap          = "blocks-overlap"           // two blocks share addresses
-	DuplicateAddress       = "duplicate-address"        // one address allocated in two blocks
-	AffinityMissing        = "affinity-missing"         // a block affine to a node without the node's affinity record
-	AffinityNotConfirmed   = "affinity-not-confirmed"   // the record is pending or pending deletion
-	AffinityStale          = "affinity-stale"           // a record whose block is gone or affine to another node
-	EndpointUnallocated    = "endpoint-unallocated"     // an endpoint address that is not allocated
-	EndpointHandleMismatch = "endpoint-handle-mismatch" // the endpoint's ipamHandle is not the allocation's handle
+	InvalidRecord           = "invalid-record"             // a record that does not decode or is internally inconsistent
+	BlockOutsidePools       = "block-outside-pools"        // no pool holds the block
+	BlockPoolMismatch       = "block-pool-mismatch"        // the block names another pool than the one holding it
+	BlocksOverlap           = "blocks-overlap"             // two blocks share addresses
+	DuplicateAddress        = "duplicate-address"          // one address allocated in two blocks
+	AffinityMissing         = "affinity-missing"           // a block affine to a node without the node's affinity record
+	AffinityNotConfirmed    = "affinity-not-confirmed"     // the record is pending or pending deletion
+	AffinityStale           = "affinity-stale"             // a record whose block is gone or affine to another node
+	EndpointUnallocated     = "endpoint-unallocated"       // an endpoint address that is not allocated
+	EndpointHandleMismatch  = "endpoint-handle-mismatch"   // the endpoint's ipamHandle is not the allocation's handle
+	BlockInLoadBalancerPool = "block-in-loadbalancer-pool" // a pod block inside a LoadBalancer pool
+	LBAddressOutsidePools   = "lb-address-outside-pools"   // a LoadBalancer address in no LoadBalancer pool
+	LBRecordMismatch        = "lb-record-mismatch"         // address and Service records of LoadBalancer IPAM disagree
 )
 
 // Inconsistency is one problem found by Check.
@@ -88,6 +91,8 @@ type snapshot struct {
 	affinities []affinity
 	handles    []*handle
 	endpoints  []endpointInfo
+	lb         []LBAllocation // sorted by key, so by address text
+	lbServices []lbServiceRecord
 	// bad holds records that did not decode, by key.
 	bad map[string]error
 }
@@ -210,6 +215,7 @@ func checkSnapshot(s *snapshot, now time.Time, grace time.Duration) Report {
 			Allocated: hd.attr.Time,
 		})
 	}
+	checkLB(s, add)
 	slices.SortFunc(r.OrphanHandles, func(x, y OrphanHandle) int {
 		return cmp.Or(strings.Compare(x.Handle, y.Handle), x.Addr.Compare(y.Addr), strings.Compare(x.Reason, y.Reason))
 	})
@@ -233,6 +239,11 @@ type PoolUsage struct {
 	Total, InUse, Free, Borrowed int
 	SizeBits                     int
 	Blocks                       []BlockUsage
+	// LoadBalancer: the pool's addresses are for Services (allowedUses
+	// [LoadBalancer]); it has no blocks, and Services lists who holds
+	// which address, sorted by address.
+	LoadBalancer bool
+	Services     []LBAllocation
 }
 
 // BlockUsage is the usage of one block.
@@ -253,7 +264,16 @@ func usage(s *snapshot) []PoolUsage {
 		if hb := hostBits(p.prefix); hb < 62 {
 			total = 1 << hb
 		}
-		out = append(out, PoolUsage{Name: p.name, CIDR: p.prefix, BlockSize: p.blockBits, Disabled: p.pool.Spec.Disabled, Total: total, Free: total, SizeBits: hostBits(p.prefix)})
+		out = append(out, PoolUsage{Name: p.name, CIDR: p.prefix, BlockSize: p.blockBits, Disabled: p.pool.Spec.Disabled, Total: total, Free: total, SizeBits: hostBits(p.prefix),
+			LoadBalancer: p.pool.IsLoadBalancer()})
+	}
+	for _, x := range s.lb {
+		if p, ok := poolFor(s.pools, hostPrefix(x.Addr)); ok {
+			pu := &out[idx[p.name]]
+			pu.Services = append(pu.Services, x)
+			pu.InUse++
+			pu.Free--
+		}
 	}
 	orphan := PoolUsage{}
 	for _, b := range s.blocks {
@@ -280,6 +300,7 @@ func usage(s *snapshot) []PoolUsage {
 	}
 	for i := range out {
 		slices.SortFunc(out[i].Blocks, func(x, y BlockUsage) int { return comparePrefix(x.CIDR, y.CIDR) })
+		slices.SortFunc(out[i].Services, func(x, y LBAllocation) int { return x.Addr.Compare(y.Addr) })
 	}
 	slices.SortStableFunc(out, func(x, y PoolUsage) int {
 		if (x.Name == "") != (y.Name == "") {

@@ -15,6 +15,8 @@ import (
 type PoolInUseError struct {
 	Pool      string
 	Allocated int
+	// LoadBalancer: the pool's addresses are held by Services, not pods.
+	LoadBalancer bool
 }
 
 func (e *PoolInUseError) Error() string {
@@ -75,7 +77,7 @@ func overlapping(mine poolInfo, pools []poolInfo, rev int64) error {
 		if p.name == mine.name || !p.prefix.Overlaps(mine.prefix) || (rev > 0 && p.rev > rev) {
 			continue
 		}
-		return fmt.Errorf("ipam: pool %s (%s) overlaps pool %s (%s): %w", mine.name, mine.prefix, p.name, p.prefix, ErrPoolOverlap)
+		return fmt.Errorf("ipam: spec.cidr: %s %s (%s) overlaps %s %s (%s): %w", poolKind(mine), mine.name, mine.prefix, poolKind(p), p.name, p.prefix, ErrPoolOverlap)
 	}
 	return nil
 }
@@ -108,7 +110,7 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 		return err
 	}
 	if n > 0 {
-		return &PoolInUseError{Pool: name, Allocated: n}
+		return &PoolInUseError{Pool: name, Allocated: n, LoadBalancer: pi.pool.IsLoadBalancer()}
 	}
 	cur := pi.pool
 	if !cur.Spec.Disabled {
@@ -129,9 +131,9 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 			e := *cur
 			e.Spec.Disabled = false
 			if _, err := a.store.Update(ctx, &e); err != nil {
-				return errors.Join(&PoolInUseError{Pool: name, Allocated: n}, fmt.Errorf("re-enabling pool %s: %w", name, err))
+				return errors.Join(&PoolInUseError{Pool: name, Allocated: n, LoadBalancer: pi.pool.IsLoadBalancer()}, fmt.Errorf("re-enabling pool %s: %w", name, err))
 			}
-			return &PoolInUseError{Pool: name, Allocated: n}
+			return &PoolInUseError{Pool: name, Allocated: n, LoadBalancer: pi.pool.IsLoadBalancer()}
 		}
 	}
 	affs, err := a.listAffinities(ctx, affinitiesPrefix)
@@ -181,14 +183,17 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 }
 
 // poolBlocks returns the blocks inside prefix and how many addresses they
-// hold.
+// and LoadBalancer Services hold.
 func (a *Allocator) poolBlocks(ctx context.Context, prefix netip.Prefix) ([]*block, int, error) {
 	all, _, err := a.listBlocks(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	var out []*block
-	n := 0
+	n, err := a.lbInUse(ctx, prefix)
+	if err != nil {
+		return nil, 0, err
+	}
 	for _, b := range all {
 		if prefix.Overlaps(b.cidr) {
 			out = append(out, b)
@@ -196,4 +201,12 @@ func (a *Allocator) poolBlocks(ctx context.Context, prefix netip.Prefix) ([]*blo
 		}
 	}
 	return out, n, nil
+}
+
+// poolKind names a pool's use for messages.
+func poolKind(p poolInfo) string {
+	if p.pool.IsLoadBalancer() {
+		return "LoadBalancer pool"
+	}
+	return "pool"
 }

@@ -48,7 +48,9 @@ func newPoolInfo(p *api.IPPool, key string, rev int64) (poolInfo, error) {
 		return poolInfo{}, fmt.Errorf("pool %s: cidr %s is not a plain IPv4 or IPv6 prefix", p.Metadata.Name, pfx)
 	case bits < lo || bits > hi:
 		return poolInfo{}, fmt.Errorf("pool %s: blockSize %d outside %d–%d", p.Metadata.Name, bits, lo, hi)
-	case bits < pfx.Bits():
+	case bits < pfx.Bits() && !p.IsLoadBalancer():
+		// A LoadBalancer pool has no blocks: its addresses are handed
+		// out one by one (lb.go), so its blockSize means nothing.
 		return poolInfo{}, fmt.Errorf("pool %s: blockSize /%d is larger than the pool %s", p.Metadata.Name, bits, pfx)
 	}
 	return poolInfo{pool: p, name: p.Metadata.Name, prefix: pfx, blockBits: bits, key: key, rev: rev}, nil
@@ -84,6 +86,10 @@ func unusableReason(p poolInfo, labels map[string]string, requested []string) st
 	switch {
 	case len(requested) > 0 && !slices.ContainsFunc(requested, p.isNamed):
 		return fmt.Sprintf("is not among the requested pools %v", requested)
+	case p.pool.IsLoadBalancer():
+		return "is a LoadBalancer pool (allowedUses [LoadBalancer]): its addresses are for Services, never for pods"
+	case !p.pool.Allows(api.UseWorkload):
+		return fmt.Sprintf("does not allow Workload use (allowedUses %v)", p.pool.Uses())
 	case p.pool.Spec.Disabled:
 		return "is disabled"
 	case !p.pool.SelectsNode(labels):

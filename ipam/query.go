@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -227,6 +228,20 @@ func (a *Allocator) loadSnapshot(ctx context.Context, withEndpoints bool) (*snap
 				continue
 			}
 			s.affinities = append(s.affinities, af)
+		case strings.HasPrefix(kv.Key, lbAddrsPrefix):
+			x, err := decodeLBAddr(kv)
+			if err != nil {
+				s.bad[kv.Key] = err
+				continue
+			}
+			s.lb = append(s.lb, x)
+		case strings.HasPrefix(kv.Key, lbServicesPrefix):
+			var r lbServiceRecord
+			if err := json.Unmarshal(kv.Value, &r); err != nil {
+				s.bad[kv.Key] = fmt.Errorf("decoding %s: %w", kv.Key, err)
+				continue
+			}
+			s.lbServices = append(s.lbServices, r)
 		case strings.HasPrefix(kv.Key, handlesPrefix):
 			h, err := decodeHandle(kv.Value, kv.ModRevision)
 			if err == nil && handleKey(h.Handle) != kv.Key {

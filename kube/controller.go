@@ -80,6 +80,7 @@ type controller struct {
 	epByPod map[string]map[string]*api.WorkloadEndpoint
 	gc      gcState
 	svc     serviceSync
+	lb      lbState
 }
 
 func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger) *controller {
@@ -113,6 +114,8 @@ func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, 
 	handle(nodes.Informer(), kindNode)
 	handle(pols.Informer(), kindPolicy)
 	c.watchServices()
+
+	c.initLB()
 	return c
 }
 
@@ -158,6 +161,7 @@ func (c *controller) run(ctx context.Context) error {
 	nodes := syncer.Watch(c.view, "kube-controllers", func(u syncer.Update[api.Node]) bool { return u.New != nil })
 	c.indexEndpoints(nil, true)
 	c.log.Info("informers and etcd view synced; reconciling")
+	defer c.runLB(ctx)()
 
 	for range c.cfg.Workers {
 		wg.Go(func() {
@@ -212,6 +216,9 @@ func (c *controller) processNext(ctx context.Context) bool {
 		err = c.syncNode(ctx, k.name)
 	case kindService:
 		err = c.syncService(ctx, k.ns, k.name)
+
+	case kindLBService:
+		err = c.syncLB(ctx, k.ns, k.name)
 	}
 	if err == nil {
 		c.queue.Forget(k)
@@ -329,6 +336,8 @@ func (c *controller) sweep() {
 	}
 	c.sweepPolicies()
 	c.sweepServices()
+
+	c.sweepLB(context.Background())
 }
 
 // sweepPolicies deletes translated policies whose Kubernetes policy is

@@ -51,15 +51,19 @@ subjects: [{kind: ServiceAccount, name: tabby-node, namespace: tabby-system}]
 	}
 }
 
-// allowedWrite: the only writes Tabby needs, both tabby-kube-controllers':
-// patching a node's status (NetworkUnavailable) and its leader Lease.
+// allowedWrite: the only writes Tabby needs, all tabby-kube-controllers':
+// patching a node's status (NetworkUnavailable), its leader Lease, and for
+// LoadBalancer IPAM a Service's status and events.
 func allowedWrite(role string, r rbacv1.PolicyRule, verb string) bool {
 	is := func(group, resource string) bool {
 		return slices.Equal(r.APIGroups, []string{group}) && slices.Equal(r.Resources, []string{resource})
 	}
 	switch role {
 	case "ClusterRole/tabby-kube-controllers":
-		return verb == "patch" && is("", "nodes/status")
+		return verb == "patch" && is("", "nodes/status") ||
+			// LoadBalancer IPAM: the Service's status, and events on it.
+			verb == "update" && is("", "services/status") ||
+			(verb == "create" || verb == "patch") && is("", "events")
 	case "Role/tabby-system/tabby-kube-controllers":
 		return is("coordination.k8s.io", "leases") && (verb == "create" ||
 			verb == "update" && slices.Equal(r.ResourceNames, []string{"tabby-kube-controllers"}))

@@ -6,6 +6,7 @@ package kubetest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -96,6 +97,10 @@ type Options struct {
 	// system:node:<name> in the group system:nodes, which the Node
 	// authorizer serves: what a kubelet registering <name> needs.
 	Nodes []string
+	// ServiceCIDRs is --service-cluster-ip-range; "" is 10.96.0.0/16.
+	// Two CIDRs, comma-separated, one per family, make the cluster
+	// dual-stack for Services.
+	ServiceCIDRs string
 }
 
 // Start runs kube-apiserver until the test ends, or skips the test (with
@@ -148,7 +153,7 @@ func StartWith(t testing.TB, o Options) *APIServer {
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+saKey,
 		"--service-account-signing-key-file="+saKey,
-		"--service-cluster-ip-range=10.96.0.0/16",
+		"--service-cluster-ip-range="+cmp.Or(o.ServiceCIDRs, "10.96.0.0/16"),
 		"--disable-admission-plugins=ServiceAccount",
 		"--enable-priority-and-fairness=false",
 		"--allow-privileged=true",

@@ -36,6 +36,8 @@ var kinds = []KindInfo{
 	{Kind: KindWorkloadEndpoint, Plural: "workloadendpoints", ShortNames: []string{"wep", "weps"}, Namespaced: true},
 	{Kind: KindNetworkPolicy, Plural: "networkpolicies", ShortNames: []string{"netpol", "netpols", "np", "policy", "policies"}, Namespaced: true},
 	{Kind: KindGlobalNetworkPolicy, Plural: "globalnetworkpolicies", ShortNames: []string{"gnp", "gnps"}},
+	{Kind: KindHostEndpoint, Plural: "hostendpoints", ShortNames: []string{"hep", "heps"}},
+	{Kind: KindClusterConfiguration, Plural: "clusterconfigurations", ShortNames: []string{"clusterconfig", "clusterconfigs", "clustercfg"}, Singleton: true},
 }
 
 // kindIndex maps every lowercase spelling (kind, plural, short names) to its
@@ -108,6 +110,10 @@ func New(kind string) (Object, error) {
 		obj = &NetworkPolicy{}
 	case KindGlobalNetworkPolicy:
 		obj = &GlobalNetworkPolicy{}
+	case KindHostEndpoint:
+		obj = &HostEndpoint{}
+	case KindClusterConfiguration:
+		obj = &ClusterConfiguration{}
 	default:
 		panic("api: kind registered without a type: " + info.Kind)
 	}
@@ -137,6 +143,10 @@ func KindOf(obj Object) string {
 		return KindNetworkPolicy
 	case *GlobalNetworkPolicy:
 		return KindGlobalNetworkPolicy
+	case *HostEndpoint:
+		return KindHostEndpoint
+	case *ClusterConfiguration:
+		return KindClusterConfiguration
 	}
 	return ""
 }

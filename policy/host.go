@@ -277,8 +277,10 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 		}
 		return []Rule{{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictReturn}}, {Match: []Match{inIface("lo")}, Verdict: Verdict{Kind: VerdictReturn}}}
 	}
-	// The node to its pods: the pod's ingress policy, as from anywhere.
+	// The node to its pods: the pod's ingress policy, as from anywhere,
+	// but for the neighbour discovery IPv6 needs.
 	nodeToPod := []Rule{
+		{Match: []Match{outIface(wl), {Kind: MatchICMPv6Types, ICMPTypes: NeighbourDiscoveryTypes}}, Verdict: Verdict{Kind: VerdictAccept}},
 		{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainToWL}},
 		{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictAccept}},
 		{Match: []Match{outIface("lo")}, Verdict: Verdict{Kind: VerdictReturn}},
@@ -311,10 +313,12 @@ type hostHooks struct {
 	forwardOut []Rule // tabby-FORWARD, after the workload dispatches
 }
 
-// hostNDTypes are the ICMPv6 neighbour discovery types a host endpoint
-// always passes (router solicitation and advertisement, neighbour
-// solicitation and advertisement): IPv6 on the interface needs them.
-var hostNDTypes = []uint8{133, 134, 135, 136}
+// hostNDTypes are the ICMPv6 types a host endpoint always passes, in and
+// out: multicast listener query, report and done (130–132), router
+// solicitation and advertisement (133, 134: the node's uplink may take its
+// address and route from its router), neighbour solicitation and
+// advertisement (135, 136). IPv6 on the interface needs them.
+var hostNDTypes = []uint8{130, 131, 132, 133, 134, 135, 136}
 
 // hostPolicyRules evaluates global policy chains in order: the first to
 // set the accept mark ends evaluation with allowed.

@@ -274,6 +274,11 @@ func TestNodeAndPods(t *testing.T) {
 		if got := input(t, rs, podToNode); got != tt.toN {
 			t.Errorf("%s: pod to node: %v, want %v", tt.name, got, tt.toN)
 		}
+		// The node's neighbour solicitations reach an isolated IPv6 pod.
+		ns := packet{src: netip.MustParseAddr("fe80::1"), dst: netip.MustParseAddr("fd00::5"), proto: "icmpv6", icmpType: 135, out: pod.iface()}
+		if got := output(t, rs, ns); got != vAccept {
+			t.Errorf("%s: node's neighbour solicitation to the pod: %v", tt.name, got)
+		}
 	}
 }
 

@@ -295,6 +295,7 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 		dispatch(ChainHostFwdOut, TableFilter, true, "hfo", notWL(true)),
 		dispatch(ChainHostPreDNAT, TableMangle, false, "hp", notWL(false)),
 	)
+	c.cache.shareHostChains(chains)
 	hooks.input = []Rule{jumpTo(ChainHostIn)}
 	hooks.forwardIn = []Rule{jumpTo(ChainHostFwdIn)}
 	hooks.forwardOut = []Rule{jumpTo(ChainHostFwdOut)}
@@ -380,4 +381,22 @@ func (c *compiler) failsafeRules(outbound bool) []Rule {
 		}
 	}
 	return rules
+}
+
+// shareHostChains replaces each host endpoint chain equal to the last
+// pass's by the last pass's, so that consumers skip it by identity (they
+// are few and cheap to build, but a firewall renders and hashes every
+// chain whose slice is new), and remembers this pass's.
+func (cc *Compiler) shareHostChains(chains []Chain) {
+	if cc == nil {
+		return
+	}
+	next := make(map[string]Chain, len(chains))
+	for i, ch := range chains {
+		if prev, ok := cc.hostChains[ch.Name]; ok && prev.Equal(ch) {
+			chains[i] = prev
+		}
+		next[ch.Name] = chains[i]
+	}
+	cc.hostChains = next
 }

@@ -13,15 +13,17 @@ import (
 	"github.com/tabbynet/tabby/policy"
 )
 
-// withHostEndpoints adds to in a node's "*" host endpoint and one for
-// eth0, three GlobalNetworkPolicies that select them (a default deny, an
-// allow of 8080 and 9090 out, a preDNAT deny of a NodePort) and the
-// default failsafes.
-func withHostEndpoints(in policy.Input) policy.Input {
+// withHostPolicies adds to in three GlobalNetworkPolicies for host
+// endpoints labelled role=node (a default deny, an allow of 8080 and 9090
+// out, a preDNAT deny of a NodePort) and the default failsafes, and, with
+// heps, the node's "*" host endpoint and one for eth0 with that label.
+func withHostPolicies(in policy.Input, heps bool) policy.Input {
 	labels := map[string]string{"role": "node"}
-	in.HostEndpoints = []*api.HostEndpoint{
-		{Metadata: api.ObjectMeta{Name: in.Node + "-auto-hep", Labels: labels}, Spec: api.HostEndpointSpec{Node: in.Node, InterfaceName: "*", Profiles: []string{api.DefaultAllowProfile}}},
-		{Metadata: api.ObjectMeta{Name: in.Node + "-eth0", Labels: labels}, Spec: api.HostEndpointSpec{Node: in.Node, InterfaceName: "eth0"}},
+	if heps {
+		in.HostEndpoints = []*api.HostEndpoint{
+			{Metadata: api.ObjectMeta{Name: in.Node + "-auto-hep", Labels: labels}, Spec: api.HostEndpointSpec{Node: in.Node, InterfaceName: "*", Profiles: []string{api.DefaultAllowProfile}}},
+			{Metadata: api.ObjectMeta{Name: in.Node + "-eth0", Labels: labels}, Spec: api.HostEndpointSpec{Node: in.Node, InterfaceName: "eth0"}},
+		}
 	}
 	sel := &api.LabelSelector{MatchLabels: labels}
 	tcp := "TCP"
@@ -43,9 +45,9 @@ func withHostEndpoints(in policy.Input) policy.Input {
 
 // BenchmarkPrivilegedHostEndpointPass measures the agent's policy pass
 // (compile with a long-lived Compiler, then apply) on the node of
-// BenchmarkPrivilegedPolicyApply (1,000 local endpoints, 100 policies),
-// without host endpoints (hep=off) and with two host endpoints and three
-// host policies (hep=on), in one run, for each backend:
+// BenchmarkPrivilegedPolicyApply (1,000 local endpoints, 100 policies)
+// plus three host policies, without host endpoints (hep=off: the policies
+// select nothing) and with two (hep=on), in one run, for each backend:
 //
 //	policy-change  one NetworkPolicy's port changes
 //	noop           nothing changed
@@ -66,10 +68,7 @@ func BenchmarkPrivilegedHostEndpointPass(b *testing.B) {
 				if err != nil {
 					b.Skip(err)
 				}
-				in := scaleInput(1000)
-				if hep == "on" {
-					in = withHostEndpoints(in)
-				}
+				in := withHostPolicies(scaleInput(1000), hep == "on")
 				in.NetworkPolicies = slices.Clone(in.NetworkPolicies)
 				comp := policy.NewCompiler()
 				rs := comp.Compile(in)

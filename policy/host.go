@@ -195,55 +195,9 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 	if len(eps) == 0 {
 		return nil, nil, hostHooks{}
 	}
-	wl := WorkloadIfacePrefix + "+"
-	nd := Rule{Match: []Match{{Kind: MatchICMPv6Types, ICMPTypes: hostNDTypes}}, Verdict: Verdict{Kind: VerdictAccept}}
 	in, out := c.failsafeRules(false), c.failsafeRules(true)
 	for _, h := range eps {
-		// To the node: established, neighbour discovery, failsafes,
-		// then policy; what no policy decided is dropped, or accepted
-		// with the default-allow profile when no policy selects h.
-		for _, d := range []struct {
-			kind string
-			dir  direction
-			fs   []Rule
-		}{{"hi", ingress, in}, {"ho", egress, out}} {
-			ch := Chain{Table: TableFilter, Name: h.chain(d.kind), Rules: []Rule{ruleEstablished, nd}}
-			ch.Rules = append(ch.Rules, d.fs...)
-			pols := c.hostPolicies(h, d.dir, hostNormal)
-			ch.Rules = append(ch.Rules, hostPolicyRules(pols, ruleAcceptIfOK)...)
-			if len(pols) == 0 && h.hep.DefaultAllow() {
-				ch.Rules = append(ch.Rules, Rule{Verdict: Verdict{Kind: VerdictAccept}})
-			} else {
-				ch.Rules = append(ch.Rules, ruleDrop)
-			}
-			chains = append(chains, ch)
-		}
-		// Forwarded: only applyOnForward policies, allowed when none
-		// selects h.
-		for _, d := range []struct {
-			kind string
-			dir  direction
-		}{{"hfi", ingress}, {"hfo", egress}} {
-			ch := Chain{Table: TableFilter, Name: h.chain(d.kind)}
-			if pols := c.hostPolicies(h, d.dir, hostForward); len(pols) > 0 {
-				ch.Rules = append(ch.Rules, ruleEstablishedReturn)
-				ch.Rules = append(ch.Rules, hostPolicyRules(pols, ruleReturnIfOK)...)
-				ch.Rules = append(ch.Rules, ruleDrop)
-			}
-			chains = append(chains, ch)
-		}
-		// preDNAT: failsafes skip it, Deny drops, the rest goes on to
-		// the normal policy after DNAT.
-		pre := Chain{Table: TableMangle, Name: h.chain("hp")}
-		if pols := c.hostPolicies(h, ingress, hostPreDNAT); len(pols) > 0 {
-			pre.Rules = append(pre.Rules, ruleEstablishedReturn)
-			for _, r := range in {
-				pre.Rules = append(pre.Rules, Rule{Match: r.Match, Verdict: Verdict{Kind: VerdictReturn}})
-			}
-			pre.Rules = append(pre.Rules, hostPolicyRules(pols, ruleReturnIfOK)...)
-			pre.Rules = append(pre.Rules, ruleClearMark)
-		}
-		chains = append(chains, pre)
+		chains = append(chains, c.endpointHostChains(h, in, out)...)
 	}
 	// A pod to its node goes through the "*" endpoint's ingress policy
 	// (when a policy selects it) before the endpoint-to-host action.
@@ -255,8 +209,81 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 			ch.Rules = append(ch.Rules, ruleDrop)
 		}
 		chains = append(chains, ch)
-		hooks.toHost = []Rule{{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ch.Name}}}
+		hooks.toHost = []Rule{{Match: []Match{inIface(WorkloadIfacePrefix + "+")}, Verdict: Verdict{Kind: VerdictJump, Chain: ch.Name}}}
 	}
+	for _, name := range slices.Sorted(maps.Keys(c.preDNAT)) {
+		chains = append(chains, c.preDNAT[name])
+	}
+	chains = append(chains, hostDispatchChains(named, all)...)
+	c.cache.shareHostChains(chains)
+	hooks.input = []Rule{jumpTo(ChainHostIn)}
+	hooks.forwardIn = []Rule{jumpTo(ChainHostFwdIn)}
+	hooks.forwardOut = []Rule{jumpTo(ChainHostFwdOut)}
+	jumps = []Jump{
+		{Table: TableFilter, From: "OUTPUT", To: ChainHostOut},
+		{Table: TableMangle, From: "PREROUTING", To: ChainHostPreDNAT},
+	}
+	return chains, jumps, hooks
+}
+
+// endpointHostChains are one host endpoint's chains: to and from the node
+// (hi, ho), forwarded in and out (hfi, hfo), preDNAT (hp). in and out are
+// the failsafe rules.
+func (c *compiler) endpointHostChains(h hostEP, in, out []Rule) []Chain {
+	var chains []Chain
+	nd := Rule{Match: []Match{{Kind: MatchICMPv6Types, ICMPTypes: hostNDTypes}}, Verdict: Verdict{Kind: VerdictAccept}}
+	// To the node: established, neighbour discovery, failsafes, then
+	// policy; what no policy decided is dropped, or accepted with the
+	// default-allow profile when no policy selects h.
+	for _, d := range []struct {
+		kind string
+		dir  direction
+		fs   []Rule
+	}{{"hi", ingress, in}, {"ho", egress, out}} {
+		ch := Chain{Table: TableFilter, Name: h.chain(d.kind), Rules: []Rule{ruleEstablished, nd}}
+		ch.Rules = append(ch.Rules, d.fs...)
+		pols := c.hostPolicies(h, d.dir, hostNormal)
+		ch.Rules = append(ch.Rules, hostPolicyRules(pols, ruleAcceptIfOK)...)
+		if len(pols) == 0 && h.hep.DefaultAllow() {
+			ch.Rules = append(ch.Rules, Rule{Verdict: Verdict{Kind: VerdictAccept}})
+		} else {
+			ch.Rules = append(ch.Rules, ruleDrop)
+		}
+		chains = append(chains, ch)
+	}
+	// Forwarded: only applyOnForward policies, allowed when none selects h.
+	for _, d := range []struct {
+		kind string
+		dir  direction
+	}{{"hfi", ingress}, {"hfo", egress}} {
+		ch := Chain{Table: TableFilter, Name: h.chain(d.kind)}
+		if pols := c.hostPolicies(h, d.dir, hostForward); len(pols) > 0 {
+			ch.Rules = append(ch.Rules, ruleEstablishedReturn)
+			ch.Rules = append(ch.Rules, hostPolicyRules(pols, ruleReturnIfOK)...)
+			ch.Rules = append(ch.Rules, ruleDrop)
+		}
+		chains = append(chains, ch)
+	}
+	// preDNAT: established flows and failsafes skip it, Deny drops, the
+	// rest goes on to the normal policy after DNAT.
+	pre := Chain{Table: TableMangle, Name: h.chain("hp")}
+	if pols := c.hostPolicies(h, ingress, hostPreDNAT); len(pols) > 0 {
+		pre.Rules = append(pre.Rules, ruleEstablishedReturn)
+		for _, r := range in {
+			pre.Rules = append(pre.Rules, Rule{Match: r.Match, Verdict: Verdict{Kind: VerdictReturn}})
+		}
+		pre.Rules = append(pre.Rules, hostPolicyRules(pols, ruleReturnIfOK)...)
+		pre.Rules = append(pre.Rules, ruleClearMark)
+	}
+	return append(chains, pre)
+}
+
+// hostDispatchChains send each hook's packets to the chain of their host
+// endpoint: a named endpoint's for its interface, else the "*" one's, else
+// back (not policed). Workload interfaces and lo are never host endpoints;
+// the node's traffic to its pods meets the pods' ingress policy instead.
+func hostDispatchChains(named []hostEP, all *hostEP) []Chain {
+	wl := WorkloadIfacePrefix + "+"
 	dispatch := func(name, table string, out bool, kind string, head []Rule) Chain {
 		ch := Chain{Table: table, Name: name, Rules: head}
 		iface := inIface
@@ -272,10 +299,11 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 		return ch
 	}
 	notWL := func(out bool) []Rule {
+		iface := inIface
 		if out {
-			return []Rule{{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictReturn}}, {Match: []Match{outIface("lo")}, Verdict: Verdict{Kind: VerdictReturn}}}
+			iface = outIface
 		}
-		return []Rule{{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictReturn}}, {Match: []Match{inIface("lo")}, Verdict: Verdict{Kind: VerdictReturn}}}
+		return []Rule{{Match: []Match{iface(wl)}, Verdict: Verdict{Kind: VerdictReturn}}, {Match: []Match{iface("lo")}, Verdict: Verdict{Kind: VerdictReturn}}}
 	}
 	// The node to its pods: the pod's ingress policy, as from anywhere,
 	// but for the neighbour discovery IPv6 needs.
@@ -285,25 +313,13 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 		{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictAccept}},
 		{Match: []Match{outIface("lo")}, Verdict: Verdict{Kind: VerdictReturn}},
 	}
-	for _, name := range slices.Sorted(maps.Keys(c.preDNAT)) {
-		chains = append(chains, c.preDNAT[name])
-	}
-	chains = append(chains,
+	return []Chain{
 		dispatch(ChainHostIn, TableFilter, false, "hi", notWL(false)),
 		dispatch(ChainHostOut, TableFilter, true, "ho", nodeToPod),
 		dispatch(ChainHostFwdIn, TableFilter, false, "hfi", notWL(false)),
 		dispatch(ChainHostFwdOut, TableFilter, true, "hfo", notWL(true)),
 		dispatch(ChainHostPreDNAT, TableMangle, false, "hp", notWL(false)),
-	)
-	c.cache.shareHostChains(chains)
-	hooks.input = []Rule{jumpTo(ChainHostIn)}
-	hooks.forwardIn = []Rule{jumpTo(ChainHostFwdIn)}
-	hooks.forwardOut = []Rule{jumpTo(ChainHostFwdOut)}
-	jumps = []Jump{
-		{Table: TableFilter, From: "OUTPUT", To: ChainHostOut},
-		{Table: TableMangle, From: "PREROUTING", To: ChainHostPreDNAT},
 	}
-	return chains, jumps, hooks
 }
 
 // hostHooks are the rules the workload chains gain for host endpoints.

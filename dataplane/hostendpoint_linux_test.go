@@ -51,7 +51,7 @@ func newHostLab(t *testing.T) hostLab {
 func serve(t *testing.T, ns testkit.NetNS, addr string) {
 	t.Helper()
 	var l net.Listener
-	if err := ns.Do(func() (err error) { l, err = net.Listen("tcp4", addr); return err }); err != nil {
+	if err := ns.Do(func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
@@ -73,7 +73,7 @@ func dials(t *testing.T, ns testkit.NetNS, addr string) bool {
 	t.Helper()
 	ok := false
 	if err := ns.Do(func() error {
-		c, err := net.DialTimeout("tcp4", addr, 300*time.Millisecond)
+		c, err := net.DialTimeout("tcp", addr, 300*time.Millisecond)
 		if err != nil {
 			return nil
 		}
@@ -212,5 +212,57 @@ func hostEndpointTraffic(t *testing.T, l hostLab, f dataplane.Firewall) {
 	}
 	if err := f.Remove(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPrivilegedHostEndpointIPv6: a default-deny host policy on the
+// node's "*" endpoint blocks an IPv6 service and keeps the SSH failsafe,
+// which works only because neighbour discovery passes the host endpoint
+// in both directions.
+func TestPrivilegedHostEndpointIPv6(t *testing.T) {
+	testkit.RequirePrivileged(t, "ip", "nft", "nsenter", "sysctl")
+	l := newHostLab(t)
+	run(t, "ip", "-n", l.node.Name, "addr", "add", "2001:db8:40::2/64", "dev", "hep0", "nodad")
+	run(t, "ip", "-n", l.tor.Name, "addr", "add", "2001:db8:40::1/64", "dev", "tor0", "nodad")
+	serve(t, l.node, "[2001:db8:40::2]:8080")
+	serve(t, l.node, "[2001:db8:40::2]:22")
+	for _, b := range []string{"nftables", "iptables"} {
+		t.Run(b, func(t *testing.T) {
+			ctx := context.Background()
+			var f dataplane.Firewall
+			if b == "nftables" {
+				f = newNFT(t, l.node, 0)
+			} else {
+				fw, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: l.node.Path, Resync: -1})
+				if err != nil {
+					t.Skipf("iptables: %v", err)
+				}
+				f = fw
+			}
+			labels := map[string]string{"role": "node"}
+			order := 1.0
+			in := policy.Input{Node: "n1", FailsafeInbound: policy.FailsafesFrom(api.DefaultFailsafeInbound), FailsafeOutbound: policy.FailsafesFrom(api.DefaultFailsafeOutbound),
+				HostEndpoints: []*api.HostEndpoint{{Metadata: api.ObjectMeta{Name: "n1-all", Labels: labels}, Spec: api.HostEndpointSpec{Node: "n1", InterfaceName: "*"}}},
+				GlobalPolicies: []*api.GlobalNetworkPolicy{{Metadata: api.ObjectMeta{Name: "deny"}, Spec: api.GlobalNetworkPolicySpec{Order: &order,
+					Selector: &api.LabelSelector{MatchLabels: labels}, Types: []api.PolicyType{api.PolicyTypeIngress, api.PolicyTypeEgress}}}}}
+			if _, err := f.Apply(ctx, *policy.Compile(in)); err != nil {
+				t.Fatal(err)
+			}
+			// A fresh neighbour cache: resolution has to pass the rules.
+			run(t, "ip", "-n", l.tor.Name, "neigh", "flush", "dev", "tor0")
+			run(t, "ip", "-n", l.node.Name, "neigh", "flush", "dev", "hep0")
+			if !dials(t, l.tor, "[2001:db8:40::2]:22") {
+				t.Error("IPv6 ssh (failsafe) blocked")
+			}
+			if dials(t, l.tor, "[2001:db8:40::2]:8080") {
+				t.Error("IPv6 8080 open under a default-deny host policy")
+			}
+			if err := f.Remove(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !dials(t, l.tor, "[2001:db8:40::2]:8080") {
+				t.Error("IPv6 8080 blocked after Remove")
+			}
+		})
 	}
 }

@@ -69,7 +69,8 @@ func (h *HostEndpoint) DefaultAllow() bool {
 func (h *HostEndpoint) AllInterfaces() bool { return h.Spec.InterfaceName == AllInterfaces }
 
 // AutoHostEndpoint is the host endpoint automatic host endpoints give a
-// node: all interfaces, the node's labels, the default-allow profile.
+// node: all interfaces, the node's labels, its addresses as expectedIPs
+// (as Calico's), the default-allow profile.
 func AutoHostEndpoint(n *Node) *HostEndpoint {
 	labels := make(map[string]string, len(n.Metadata.Labels))
 	for k, v := range n.Metadata.Labels {
@@ -78,6 +79,11 @@ func AutoHostEndpoint(n *Node) *HostEndpoint {
 	h := &HostEndpoint{
 		Metadata: ObjectMeta{Name: n.Metadata.Name + AutoHostEndpointSuffix, Labels: labels},
 		Spec:     HostEndpointSpec{Node: n.Metadata.Name, InterfaceName: AllInterfaces, Profiles: []string{DefaultAllowProfile}},
+	}
+	for _, f := range []func() (netip.Prefix, bool){n.IPv4, n.IPv6} {
+		if p, ok := f(); ok {
+			h.Spec.ExpectedIPs = append(h.Spec.ExpectedIPs, p.Addr().String())
+		}
 	}
 	h.SetDefaults()
 	return h

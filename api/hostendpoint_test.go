@@ -41,9 +41,10 @@ func TestHostEndpointValidate(t *testing.T) {
 }
 
 func TestAutoHostEndpoint(t *testing.T) {
-	n := &Node{Metadata: ObjectMeta{Name: "node-2", Labels: map[string]string{"zone": "a"}}}
+	n := &Node{Metadata: ObjectMeta{Name: "node-2", Labels: map[string]string{"zone": "a"}}, Spec: NodeSpec{BGP: &NodeBGPSpec{IPv4Address: "198.18.0.12/24"}}}
 	h := AutoHostEndpoint(n)
-	if h.Metadata.Name != "node-2-auto-hep" || h.Spec.Node != "node-2" || !h.AllInterfaces() || !h.DefaultAllow() || h.Metadata.Labels["zone"] != "a" {
+	if h.Metadata.Name != "node-2-auto-hep" || h.Spec.Node != "node-2" || !h.AllInterfaces() || !h.DefaultAllow() || h.Metadata.Labels["zone"] != "a" ||
+		len(h.Spec.ExpectedIPs) != 1 || h.Spec.ExpectedIPs[0] != "198.18.0.12" {
 		t.Errorf("auto host endpoint = %+v", h)
 	}
 	if err := h.Validate(); err != nil {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"net"
 	"slices"
 	"sort"
@@ -78,4 +79,25 @@ func (p *policyOwner) hostEndpoints() []api.HostEndpointStatus {
 	p.hostMu.Lock()
 	defer p.hostMu.Unlock()
 	return slices.Clone(p.hostSt)
+}
+
+// watchLinks wakes the policy loop when an interface appears that a host
+// endpoint of this node waits for. Without the watch (it failed, or ended)
+// the periodic pass still notices. It returns when ctx ends.
+func (p *policyOwner) watchLinks(ctx context.Context, watch func(context.Context) (<-chan string, error)) {
+	links, err := watch(ctx)
+	if err != nil {
+		p.log.Warn("not watching interfaces: host endpoints waiting for one are reported at the resync", "err", err)
+		return
+	}
+	for name := range links {
+		if slices.ContainsFunc(p.hostEndpoints(), func(h api.HostEndpointStatus) bool {
+			return h.Interface == name && h.State == api.HostEndpointNoInterface
+		}) {
+			select {
+			case p.kick <- struct{}{}:
+			default:
+			}
+		}
+	}
 }

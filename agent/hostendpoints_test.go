@@ -87,3 +87,34 @@ func TestPolicyOwnerHostEndpoints(t *testing.T) {
 		t.Errorf("interface appeared: status %+v", st)
 	}
 }
+
+// watchLinks wakes the policy loop for an interface a host endpoint waits
+// for, and only for such an interface.
+func TestPolicyOwnerWatchLinks(t *testing.T) {
+	store := storetest.New(t)
+	p := newPolicyOwner("node1", startView(t, store), &fake.Firewall{}, quietLog())
+	p.hostSt = []api.HostEndpointStatus{{Name: "node1-eth9", Interface: "eth9", State: api.HostEndpointNoInterface}}
+	links := make(chan string)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.watchLinks(ctx, func(context.Context) (<-chan string, error) { return links, nil })
+	}()
+	links <- "eth1"
+	links <- "eth1" // the first is handled once the second is taken
+	select {
+	case <-p.kick:
+		t.Fatal("woken for an interface no host endpoint waits for")
+	default:
+	}
+	links <- "eth9"
+	close(links)
+	<-done
+	select {
+	case <-p.kick:
+	default:
+		t.Error("not woken for eth9")
+	}
+	cancel()
+}

@@ -31,7 +31,7 @@ func TestHostEndpointFailsafes(t *testing.T) {
 
 func hostEndpointFailsafes(t *testing.T, name, backend string) {
 	l := upLab(t, lab.Options{Name: name, Nodes: 2, AgentArgs: []string{"--firewall-backend", backend,
-		"--endpoint-to-host-action", "Accept", "--resync-interval", "3s"}})
+		"--endpoint-to-host-action", "Accept"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	st := l.State()
@@ -162,7 +162,8 @@ func hostEndpointFailsafes(t *testing.T, name, backend string) {
 	if _, err := l.Exec(ctx, n1.Name, "ip", "link", "add", "hep9", "type", "veth", "peer", "name", "hep9p"); err != nil {
 		t.Fatal(err)
 	}
-	waitHostEndpoint(ctx, t, l, n1.Name, n1.Name+"-hep9", api.HostEndpointPoliced)
+	// The agent watches links: well before the 30 s resync.
+	waitHostEndpointWithin(ctx, t, l, n1.Name, n1.Name+"-hep9", api.HostEndpointPoliced, 10*time.Second)
 
 	// Removing the policies and the configuration leaves nothing policed.
 	for _, n := range []string{"hep-default-deny", "hep-allow-8080"} {
@@ -219,7 +220,12 @@ func labelNode(ctx context.Context, t *testing.T, l *lab.Lab, node, k, v string)
 // a state.
 func waitHostEndpoint(ctx context.Context, t *testing.T, l *lab.Lab, node, hep, state string) {
 	t.Helper()
-	testkit.EventuallyEvery(t, 30*time.Second, 200*time.Millisecond, "host endpoint "+hep+" "+state, func() error {
+	waitHostEndpointWithin(ctx, t, l, node, hep, state, 30*time.Second)
+}
+
+func waitHostEndpointWithin(ctx context.Context, t *testing.T, l *lab.Lab, node, hep, state string, within time.Duration) {
+	t.Helper()
+	testkit.EventuallyEvery(t, within, 200*time.Millisecond, "host endpoint "+hep+" "+state, func() error {
 		st, err := l.NodeStatus(ctx, node)
 		if err != nil {
 			return err

@@ -67,6 +67,10 @@ type Deps struct {
 	// CNIFault, for tests, is called with the step's name after each step
 	// of a CNI request's plan (docs/agent.md); an error fails the step there.
 	CNIFault func(step string) error
+	// WatchLinks, when set, reports interfaces appearing on the node
+	// (dataplane.WatchLinks), so that a host endpoint waiting for its
+	// interface is reported policed at once rather than at the resync.
+	WatchLinks func(ctx context.Context) (<-chan string, error)
 }
 
 // Run starts a production agent and blocks until ctx is done.
@@ -90,7 +94,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("setting up the firewall: %w", err)
 	}
 	newSpeaker := func() bgp.Speaker { return bgp.NewSpeaker(log.With("component", "bgp")) }
-	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw})
+	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw,
+		WatchLinks: func(ctx context.Context) (<-chan string, error) { return dataplane.WatchLinks(ctx, "") }})
 	return a.Run(ctx)
 }
 
@@ -196,6 +201,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.deps.Firewall != nil {
 		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
 		a.policy.toHost, a.policy.protected = string(a.cfg.EndpointToHostAction), a.cfg.HostProtectedPorts()
+		a.policy.host.healthPort = a.cfg.HTTPListen.Port()
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}
@@ -248,6 +254,9 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	g.Go(func() error { a.statusLoop(gctx); return nil })
 	if a.policy != nil {
 		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
+		if a.deps.WatchLinks != nil {
+			g.Go(func() error { a.policy.watchLinks(gctx, a.deps.WatchLinks); return nil })
+		}
 	}
 	err := g.Wait()
 	a.handler.waitSpares()

@@ -45,6 +45,11 @@ type policyOwner struct {
 	protected []policy.HostPort
 	okOnce    bool
 	passes    int
+	// host configures host endpoints; hostSt is what the last pass saw
+	// of this node's.
+	host   hostConfig
+	hostMu sync.Mutex // guards hostSt, which Status reads during passes
+	hostSt []api.HostEndpointStatus
 	// compiler carries the work of one pass over to the next: a change
 	// recompiles what it touches, and unchanged chains and sets are the
 	// very objects of the last pass, which the firewall skips by identity.
@@ -54,7 +59,8 @@ type policyOwner struct {
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
-		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint))
+		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint),
+		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost))
 	return p
 }
 
@@ -131,6 +137,18 @@ func (p *policyOwner) sync(ctx context.Context, force bool) error {
 func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	start := time.Now()
 	p.passes++
+	heps, fsIn, fsOut := p.hostInputs()
+	if st := p.hostStatus(heps); !slices.Equal(st, p.hostEndpoints()) {
+		for _, h := range st {
+			if h.State == api.HostEndpointNoInterface {
+				p.log.Warn("host endpoint names an interface this node does not have; its rules apply once it appears",
+					"hostendpoint", h.Name, "interface", h.Interface)
+			}
+		}
+		p.hostMu.Lock()
+		p.hostSt = st
+		p.hostMu.Unlock()
+	}
 	rs := p.compiler.Compile(policy.Input{
 		Node:                 p.node,
 		Endpoints:            p.view.Endpoints(),
@@ -139,6 +157,9 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		Pools:                p.view.Pools(),
 		EndpointToHostAction: p.toHost,
 		HostProtectedPorts:   p.protected,
+		HostEndpoints:        heps,
+		FailsafeInbound:      fsIn,
+		FailsafeOutbound:     fsOut,
 	})
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {

@@ -27,6 +27,9 @@ func (a *Agent) Status() api.AgentStatus {
 	if a.view != nil {
 		st.Workloads = len(a.view.EndpointsOn(a.cfg.NodeName))
 	}
+	if a.policy != nil {
+		st.HostEndpoints = a.policy.hostEndpoints()
+	}
 	if a.bgp == nil {
 		return st
 	}

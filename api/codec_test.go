@@ -88,7 +88,7 @@ func TestDecodeExamples(t *testing.T) {
 		}
 	}
 	want := []string{KindNode, KindIPPool, KindIPAMConfig, KindBGPConfiguration, KindBGPPeer, KindBGPFilter, KindBGPPeer,
-		KindWorkloadEndpoint, KindNetworkPolicy, KindGlobalNetworkPolicy}
+		KindWorkloadEndpoint, KindNetworkPolicy, KindGlobalNetworkPolicy, KindHostEndpoint, KindClusterConfiguration}
 	if diff := cmp.Diff(want, kinds); diff != "" {
 		t.Errorf("kinds (-want +got):\n%s", diff)
 	}

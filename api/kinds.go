@@ -39,6 +39,8 @@ var kinds = []KindInfo{
 	{Kind: KindNetworkPolicy, Plural: "networkpolicies", ShortNames: []string{"netpol", "netpols", "np", "policy", "policies"}, Namespaced: true},
 	{Kind: KindGlobalNetworkPolicy, Plural: "globalnetworkpolicies", ShortNames: []string{"gnp", "gnps"}},
 	{Kind: KindService, Plural: "services", ShortNames: []string{"svc", "svcs"}, Namespaced: true},
+	{Kind: KindHostEndpoint, Plural: "hostendpoints", ShortNames: []string{"hep", "heps"}},
+	{Kind: KindClusterConfiguration, Plural: "clusterconfigurations", ShortNames: []string{"clusterconfig", "clusterconfigs", "clustercfg"}, Singleton: true},
 }
 
 // kindIndex maps every lowercase spelling (kind, plural, short names) to its
@@ -113,6 +115,10 @@ func New(kind string) (Object, error) {
 		obj = &GlobalNetworkPolicy{}
 	case KindService:
 		obj = &Service{}
+	case KindHostEndpoint:
+		obj = &HostEndpoint{}
+	case KindClusterConfiguration:
+		obj = &ClusterConfiguration{}
 	default:
 		panic("api: kind registered without a type: " + info.Kind)
 	}
@@ -144,6 +150,10 @@ func KindOf(obj Object) string {
 		return KindGlobalNetworkPolicy
 	case *Service:
 		return KindService
+	case *HostEndpoint:
+		return KindHostEndpoint
+	case *ClusterConfiguration:
+		return KindClusterConfiguration
 	}
 	return ""
 }

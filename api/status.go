@@ -17,6 +17,8 @@ type AgentStatus struct {
 	// Services are the node's decisions on Service prefixes: advertised,
 	// not (and why), refused by the configuration.
 	Services []ServiceAdvertisementStatus `json:"services,omitempty"`
+	// HostEndpoints are the node's host endpoints, when it has any.
+	HostEndpoints []HostEndpointStatus `json:"hostEndpoints,omitempty"`
 }
 
 // PeerStatus is one BGP session of an agent.
@@ -38,3 +40,19 @@ type PeerStatus struct {
 	// ("ipv4", "ipv6"; IPv6 over MP-BGP on the same session).
 	Families []string `json:"families,omitempty"`
 }
+
+// HostEndpointStatus is one host endpoint of an agent's node.
+type HostEndpointStatus struct {
+	Name      string `json:"name"`
+	Interface string `json:"interface"`
+	// State is HostEndpointPoliced or HostEndpointNoInterface.
+	State string `json:"state"`
+}
+
+// Host endpoint states.
+const (
+	HostEndpointPoliced = "policed"
+	// HostEndpointNoInterface: the node has no interface of that name
+	// (yet); its rules apply once it appears.
+	HostEndpointNoInterface = "interface missing"
+)

@@ -378,6 +378,11 @@ type GlobalNetworkPolicySpec struct {
 	Types             []PolicyType   `json:"types,omitempty"`
 	Ingress           []Rule         `json:"ingress,omitempty"`
 	Egress            []Rule         `json:"egress,omitempty"`
+	// ApplyOnForward, PreDNAT and DoNotTrack are about host endpoints
+	// (api/hostendpoint.go, docs/policy.md).
+	ApplyOnForward bool `json:"applyOnForward,omitempty"`
+	PreDNAT        bool `json:"preDNAT,omitempty"`
+	DoNotTrack     bool `json:"doNotTrack,omitempty"`
 }
 
 // Rule is one GlobalNetworkPolicy rule.

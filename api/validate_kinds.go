@@ -430,6 +430,7 @@ func (p *GlobalNetworkPolicy) Validate() error {
 	for i, r := range s.Egress {
 		v.rule(idx("spec.egress", i), &r)
 	}
+	v.hostPolicyFlags(p)
 	return v.err()
 }
 

@@ -57,6 +57,7 @@ func (c *Client) Apply(ctx context.Context, out io.Writer, o ManifestOptions) er
 		return err
 	}
 	var errs []error
+	var stored []api.Object
 	for _, it := range items {
 		res, err := c.applyOne(ctx, it.obj)
 		if err != nil {
@@ -64,7 +65,9 @@ func (c *Client) Apply(ctx context.Context, out io.Writer, o ManifestOptions) er
 			continue
 		}
 		fmt.Fprintf(out, "%s %s\n", ref(it.obj), res)
+		stored = append(stored, it.obj)
 	}
+	printWarnings(out, c.failsafeWarnings(ctx, stored))
 	return errors.Join(errs...)
 }
 
@@ -230,6 +233,7 @@ func (c *Client) Create(ctx context.Context, out io.Writer, o ManifestOptions) e
 		return err
 	}
 	var errs []error
+	var stored []api.Object
 	for _, it := range items {
 		err := c.create(ctx, it.obj)
 		if errors.Is(err, datastore.ErrExists) {
@@ -240,7 +244,9 @@ func (c *Client) Create(ctx context.Context, out io.Writer, o ManifestOptions) e
 			continue
 		}
 		fmt.Fprintf(out, "%s created\n", ref(it.obj))
+		stored = append(stored, it.obj)
 	}
+	printWarnings(out, c.failsafeWarnings(ctx, stored))
 	return errors.Join(errs...)
 }
 

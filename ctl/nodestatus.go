@@ -247,6 +247,7 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 			fmt.Fprintf(&b, "  %s\n", l)
 		}
 	}
+	hostEndpointLines(&b, st.HostEndpoints)
 	_, err := io.WriteString(out, b.String())
 	return err
 }

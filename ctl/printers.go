@@ -40,6 +40,10 @@ func columnsOf(kind string) (header, wide []string) {
 		return []string{"NAME", "ORDER", "SELECTOR", "TYPES"}, []string{"NAMESPACE-SELECTOR", "INGRESS-RULES", "EGRESS-RULES"}
 	case api.KindService:
 		return []string{"NAMESPACE", "NAME", "TYPE", "TRAFFIC-POLICY", "ADVERTISED", "NOT-ADVERTISED"}, []string{"CLUSTER-IPS", "ENDPOINT-NODES"}
+	case api.KindHostEndpoint:
+		return []string{"NAME", "NODE", "INTERFACE"}, []string{"EXPECTED-IPS", "PROFILES", "LABELS"}
+	case api.KindClusterConfiguration:
+		return []string{"NAME", "AUTO-HOST-ENDPOINTS"}, []string{"FAILSAFE-INBOUND", "FAILSAFE-OUTBOUND"}
 	}
 	return []string{"NAME"}, nil
 }
@@ -130,6 +134,15 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 		in, eg := o.AppliesTo()
 		return []string{o.Metadata.Name, order, gnpSelector(o.Spec.Selector), types(in, eg)},
 			[]string{gnpSelector(o.Spec.NamespaceSelector), strconv.Itoa(len(o.Spec.Ingress)), strconv.Itoa(len(o.Spec.Egress))}
+	case *api.HostEndpoint:
+		return []string{o.Metadata.Name, o.Spec.Node, o.Spec.InterfaceName},
+			[]string{orNone(strings.Join(o.Spec.ExpectedIPs, ",")), orNone(strings.Join(o.Spec.Profiles, ",")), formatLabels(o.Metadata.Labels)}
+	case *api.ClusterConfiguration:
+		auto := api.Disabled
+		if o.AutoHostEndpointsEnabled() {
+			auto = api.Enabled
+		}
+		return []string{o.Metadata.Name, auto}, []string{protoPorts(o.Spec.FailsafeInboundHostPorts), protoPorts(o.Spec.FailsafeOutboundHostPorts)}
 	}
 	return []string{obj.GetMeta().Name}, nil
 }

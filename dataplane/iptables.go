@@ -314,9 +314,11 @@ func (p tablePlan) restoreInput(withDeletes bool) string {
 func (p tablePlan) emptyRestore() bool { return len(p.write) == 0 && len(p.delete) == 0 }
 
 // tablesOf lists the tables a state touches plus those always inspected
-// for stale Tabby chains, sorted.
+// for stale Tabby chains, sorted. The mangle table holds host endpoints'
+// preDNAT chains: it is inspected too, so that an agent restarted after
+// the last host endpoint went removes them.
 func tablesOf(s IPTablesState) []string {
-	set := map[string]bool{"filter": true, "nat": true}
+	set := map[string]bool{"filter": true, "nat": true, "mangle": true}
 	for _, c := range s.Chains {
 		set[c.Table] = true
 	}

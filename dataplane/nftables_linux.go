@@ -292,11 +292,12 @@ type nftDesired struct {
 func (d *nftDesired) baseChains(jumps []policy.Jump) {
 	byBase := map[string][]policy.Jump{}
 	for _, j := range jumps {
-		if _, ok := nftBases[j.From]; !ok {
+		k := nftBaseKey(j)
+		if _, ok := nftBases[k]; !ok {
 			d.errs = append(d.errs, fmt.Errorf("jump from %s: no such hook in the nftables backend", j.From))
 			continue
 		}
-		byBase[j.From] = append(byBase[j.From], j)
+		byBase[k] = append(byBase[k], j)
 	}
 	for _, from := range slices.Sorted(maps.Keys(byBase)) {
 		b := nftBases[from]

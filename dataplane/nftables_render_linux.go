@@ -38,6 +38,19 @@ var nftBases = map[string]nftBase{
 	"FORWARD":     {"forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter},
 	"INPUT":       {"input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter},
 	"POSTROUTING": {"postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource},
+	// Host endpoints (policy/host.go): the node's own output, and preDNAT
+	// policy at mangle priority (after conntrack, before DNAT).
+	"OUTPUT":            {"output", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter},
+	"mangle/PREROUTING": {"mangle-prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityMangle},
+}
+
+// nftBaseKey is the nftBases key of a jump: "<table>/<hook>" where the
+// table is not implied by the hook alone, else the hook.
+func nftBaseKey(j policy.Jump) string {
+	if k := j.Table + "/" + j.From; nftBases[k].name != "" {
+		return k
+	}
+	return j.From
 }
 
 // nftMapName names the verdict map of a dispatch chain.

@@ -114,3 +114,43 @@ func BenchmarkCompilerChange(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCompileHostEndpoints compiles the node of BenchmarkCompile
+// (1,000 local endpoints) plus three host policies (default deny, an
+// allow, a preDNAT deny) and the default failsafes, without host endpoints
+// (hep=off: the policies select nothing) and with a "*" and an eth0 one
+// (hep=on); from scratch and, with a long-lived Compiler, when nothing
+// changed.
+func BenchmarkCompileHostEndpoints(b *testing.B) {
+	for _, hep := range []string{"off", "on"} {
+		in := benchInput(1000, 1000)
+		{
+			labels := map[string]string{"role": "node"}
+			if hep == "on" {
+				in.HostEndpoints = []*api.HostEndpoint{
+					{Metadata: api.ObjectMeta{Name: "n1-auto-hep", Labels: labels}, Spec: api.HostEndpointSpec{Node: "n1", InterfaceName: "*", Profiles: []string{api.DefaultAllowProfile}}},
+					{Metadata: api.ObjectMeta{Name: "n1-eth0", Labels: labels}, Spec: api.HostEndpointSpec{Node: "n1", InterfaceName: "eth0"}},
+				}
+			}
+			in.GlobalPolicies = append(slices.Clone(in.GlobalPolicies),
+				gnp("hosts-deny", 1000, api.GlobalNetworkPolicySpec{Selector: sel("role", "node"), Types: []api.PolicyType{api.PolicyTypeIngress, api.PolicyTypeEgress}}),
+				gnp("hosts-allow", 10, api.GlobalNetworkPolicySpec{Selector: sel("role", "node"),
+					Ingress: []api.Rule{{Action: api.ActionAllow, Protocol: ptr("TCP"), Destination: api.EntityRule{Ports: []api.IntOrString{api.FromInt(8080)}}}}}),
+				gnp("hosts-nodeport", 10, api.GlobalNetworkPolicySpec{Selector: sel("role", "node"), PreDNAT: true, ApplyOnForward: true,
+					Ingress: []api.Rule{{Action: api.ActionDeny, Protocol: ptr("TCP"), Destination: api.EntityRule{Ports: []api.IntOrString{api.FromInt(30080)}}}}}))
+			in.FailsafeInbound, in.FailsafeOutbound = FailsafesFrom(api.DefaultFailsafeInbound), FailsafesFrom(api.DefaultFailsafeOutbound)
+		}
+		b.Run("hep="+hep+"/scratch", func(b *testing.B) {
+			for b.Loop() {
+				Compile(in)
+			}
+		})
+		b.Run("hep="+hep+"/noop", func(b *testing.B) {
+			cc := NewCompiler()
+			cc.Compile(in)
+			for b.Loop() {
+				cc.Compile(in)
+			}
+		})
+	}
+}

@@ -51,6 +51,8 @@ type Compiler struct {
 	globalsSame bool
 	nsChanged   map[string]bool
 	emitted     map[policyRef]bool // policy chains this pass emitted for cached endpoints
+	// hostChains are the last pass's host endpoint chains (host.go).
+	hostChains map[string]Chain
 }
 
 // NewCompiler returns a Compiler with nothing cached.

@@ -30,6 +30,8 @@ type compiler struct {
 	refs *[]policyRef
 	// names remembers policy chain names (shared with the cache).
 	names map[chainKey]string
+	// preDNAT holds the mangle-table chains of preDNAT policies (host.go).
+	preDNAT map[string]Chain
 }
 
 // Compile computes the node's packet-filter state from the cluster state.
@@ -57,8 +59,10 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		fromDispatch = append(fromDispatch, DispatchTarget{ep.iface, fw.Name})
 		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
 	}
-	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+6)
-	chains = append(chains, forwardChain(), c.inputChain())
+	hostChains, hostJumps, hooks := c.hostChains()
+	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+len(hostChains)+6)
+	chains = append(chains, forwardChain(hooks), c.inputChain(hooks))
+	chains = append(chains, hostChains...)
 	chains = append(chains, fws...)
 	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
 		chains = append(chains, c.chains[name])
@@ -75,11 +79,11 @@ func compile(in Input, cache *Compiler) *Ruleset {
 	c.cache.end(c)
 	return &Ruleset{
 		Chains: chains,
-		Jumps: []Jump{
+		Jumps: append([]Jump{
 			{Table: TableFilter, From: "FORWARD", To: ChainForward},
 			{Table: TableFilter, From: "INPUT", To: ChainInput},
 			{Table: TableNAT, From: "POSTROUTING", To: ChainPostrouting},
-		},
+		}, hostJumps...),
 		Sets:     c.sortedSets(),
 		Warnings: c.warnings,
 	}
@@ -242,8 +246,8 @@ const (
 func (c *compiler) policiesFor(ep *endpoint, dir direction) (global, namespaced []string) {
 	for _, g := range c.gnps {
 		in, eg := g.AppliesTo()
-		if (dir == ingress && !in) || (dir == egress && !eg) {
-			continue
+		if (dir == ingress && !in) || (dir == egress && !eg) || g.Spec.PreDNAT || g.Spec.DoNotTrack {
+			continue // preDNAT policy is for host endpoints only
 		}
 		if g.Spec.Selector != nil && !g.Spec.Selector.Matches(ep.labels) {
 			continue
@@ -397,15 +401,22 @@ func policyRules(global, namespaced []string) []Rule {
 // what they let through. The from-workload chains return rather than
 // accept, so that traffic between two local workloads meets the
 // destination's ingress policy too.
-func forwardChain() Chain {
+//
+// With host endpoints (host.go), forwarded traffic meets the applyOnForward
+// policy of the endpoint it came in by first, and that of the one it goes
+// out by after the workload chains.
+func forwardChain(h hostHooks) Chain {
 	wl := WorkloadIfacePrefix + "+"
 	accept := Verdict{Kind: VerdictAccept}
-	return Chain{Table: TableFilter, Name: ChainForward, Rules: []Rule{
-		{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}},
-		{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainToWL}},
-		{Match: []Match{inIface(wl)}, Verdict: accept},
-		{Match: []Match{outIface(wl)}, Verdict: accept},
-	}}
+	rules := slices.Clone(h.forwardIn)
+	rules = append(rules,
+		Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}},
+		Rule{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainToWL}})
+	rules = append(rules, h.forwardOut...)
+	rules = append(rules,
+		Rule{Match: []Match{inIface(wl)}, Verdict: accept},
+		Rule{Match: []Match{outIface(wl)}, Verdict: accept})
+	return Chain{Table: TableFilter, Name: ChainForward, Rules: rules}
 }
 
 // inputChain polices traffic from workloads to this node as the forward
@@ -415,7 +426,11 @@ func forwardChain() Chain {
 // allows), then the endpoint-to-host action. Established flows the node
 // opened to a pod (kubelet probes) come back through the workload chain's
 // conntrack rule, so a Drop action keeps them working.
-func (c *compiler) inputChain() Chain {
+//
+// With host endpoints (host.go), a pod's packet meets the "*" endpoint's
+// ingress policy before the action, and the node's other traffic goes to
+// the host endpoint chains at the end.
+func (c *compiler) inputChain(h hostHooks) Chain {
 	wl := WorkloadIfacePrefix + "+"
 	var rules []Rule
 	byProto := map[string][]uint16{}
@@ -447,6 +462,7 @@ func (c *compiler) inputChain() Chain {
 		Verdict: Verdict{Kind: VerdictAccept},
 	})
 	rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}})
+	rules = append(rules, h.toHost...)
 	switch c.in.EndpointToHostAction {
 	case EndpointToHostAccept:
 		rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictAccept}})
@@ -457,6 +473,7 @@ func (c *compiler) inputChain() Chain {
 		c.warnf("endpoint-to-host action %q is not Drop, Accept or Return: dropping", c.in.EndpointToHostAction)
 		rules = append(rules, Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictDrop}})
 	}
+	rules = append(rules, h.input...)
 	return Chain{Table: TableFilter, Name: ChainInput, Rules: rules}
 }
 

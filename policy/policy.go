@@ -109,6 +109,13 @@ type Input struct {
 	// HostProtectedPorts are the node's ports no workload may reach,
 	// whatever the action: the etcd client port, the GoBGP API.
 	HostProtectedPorts []HostPort
+	// HostEndpoints are every HostEndpoint of the cluster, the automatic
+	// ones included (host.go); those of Node get chains.
+	HostEndpoints []*api.HostEndpoint
+	// FailsafeInbound and FailsafeOutbound are the ports host endpoint
+	// policy never blocks.
+	FailsafeInbound  []Failsafe
+	FailsafeOutbound []Failsafe
 }
 
 // HostPort is a protocol ("tcp", "udp", "sctp") and port of the node.

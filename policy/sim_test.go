@@ -43,6 +43,8 @@ type sim struct {
 	rs   *Ruleset
 	mark uint32
 	hops int
+	// table is the table the walk is in; "" is TableFilter.
+	table string
 }
 
 // forward runs pkt through the filter table's FORWARD chain, whose policy
@@ -61,9 +63,16 @@ func input(t testing.TB, rs *Ruleset, pkt packet) verdict {
 
 func hook(t testing.TB, rs *Ruleset, from string, pkt packet) verdict {
 	t.Helper()
-	s := &sim{t: t, rs: rs}
+	return tableHook(t, rs, TableFilter, from, pkt)
+}
+
+// tableHook runs pkt through a base chain of table whose policy is ACCEPT
+// and whose only rules are Tabby's jumps.
+func tableHook(t testing.TB, rs *Ruleset, table, from string, pkt packet) verdict {
+	t.Helper()
+	s := &sim{t: t, rs: rs, table: table}
 	for _, j := range rs.Jumps {
-		if j.Table == TableFilter && j.From == from {
+		if j.Table == table && j.From == from {
 			if v, done := s.run(j.To, pkt); done {
 				return v
 			}
@@ -79,7 +88,11 @@ func (s *sim) run(chain string, pkt packet) (verdict, bool) {
 	if s.hops > 1000 {
 		s.t.Fatalf("rule walk does not end (at %s)", chain)
 	}
-	ch, ok := s.rs.Chain(TableFilter, chain)
+	table := s.table
+	if table == "" {
+		table = TableFilter
+	}
+	ch, ok := s.rs.Chain(table, chain)
 	if !ok {
 		s.t.Fatalf("jump to missing chain %s", chain)
 	}

@@ -14,6 +14,7 @@ import (
 type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |
 		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy | api.Service |
+		api.HostEndpoint | api.ClusterConfiguration |
 		ipam.BlockSummary | ipam.Affinity | datastore.KV
 }
 

@@ -78,8 +78,11 @@ func TestServiceRecordsAgainstRealAPIServer(t *testing.T) {
 	})
 	svc := mustCreate(t, "service", func() (*corev1.Service, error) {
 		return kc.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+			// Another implementation's class: Tabby's LoadBalancer IPAM leaves
+			// the status to it, and the record follows whatever it sets.
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
-				ExternalIPs: []string{"198.19.8.5"}, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+				LoadBalancerClass: new("example.com/other-lb"),
+				ExternalIPs:       []string{"198.19.8.5"}, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
 	})
 	rec := func(want func(s *api.Service) bool) func() (bool, string) {
 		return func() (bool, string) {
@@ -98,7 +101,7 @@ func TestServiceRecordsAgainstRealAPIServer(t *testing.T) {
 		t.Fatalf("cluster IP %q", svc.Spec.ClusterIP)
 	}
 
-	// The LoadBalancer IP an allocator sets in the status.
+	// The LoadBalancer IP the other allocator sets in the status.
 	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.0.1"}}
 	if _, err := kc.CoreV1().Services("shop").UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

@@ -58,7 +58,10 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
 	}
 	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+6)
-	chains = append(chains, forwardChain(), c.inputChain())
+	chains = append(chains, c.forwardChain(), c.inputChain())
+	if c.in.Guard.on() {
+		chains = append(chains, c.nodeGuardChain())
+	}
 	chains = append(chains, fws...)
 	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
 		chains = append(chains, c.chains[name])
@@ -397,15 +400,15 @@ func policyRules(global, namespaced []string) []Rule {
 // what they let through. The from-workload chains return rather than
 // accept, so that traffic between two local workloads meets the
 // destination's ingress policy too.
-func forwardChain() Chain {
+func (c *compiler) forwardChain() Chain {
 	wl := WorkloadIfacePrefix + "+"
 	accept := Verdict{Kind: VerdictAccept}
-	return Chain{Table: TableFilter, Name: ChainForward, Rules: []Rule{
+	return Chain{Table: TableFilter, Name: ChainForward, Rules: append(c.guardJump(), []Rule{
 		{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}},
 		{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainToWL}},
 		{Match: []Match{inIface(wl)}, Verdict: accept},
 		{Match: []Match{outIface(wl)}, Verdict: accept},
-	}}
+	}...)}
 }
 
 // inputChain polices traffic from workloads to this node as the forward
@@ -417,7 +420,7 @@ func forwardChain() Chain {
 // conntrack rule, so a Drop action keeps them working.
 func (c *compiler) inputChain() Chain {
 	wl := WorkloadIfacePrefix + "+"
-	var rules []Rule
+	rules := c.guardJump()
 	byProto := map[string][]uint16{}
 	for _, hp := range c.in.HostProtectedPorts {
 		switch hp.Proto {
@@ -488,6 +491,7 @@ func (c *compiler) natChain() Chain {
 		allName, masqName := poolSetNames(f)
 		c.addNetSet(allName, f, all[f])
 		c.addNetSet(masqName, f, masq[f])
+		ch.Rules = append(ch.Rules, c.noMasqToNodes(f)...)
 		ch.Rules = append(ch.Rules, Rule{
 			Match:   []Match{setMatch(masqName, f, false, false), setMatch(allName, f, true, true)},
 			Verdict: Verdict{Kind: VerdictMasquerade},

@@ -109,6 +109,8 @@ type Input struct {
 	// HostProtectedPorts are the node's ports no workload may reach,
 	// whatever the action: the etcd client port, the GoBGP API.
 	HostProtectedPorts []HostPort
+	// Guard is what the node guard protects (nodeguard.go).
+	Guard NodeGuard
 }
 
 // HostPort is a protocol ("tcp", "udp", "sctp") and port of the node.

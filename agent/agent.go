@@ -250,6 +250,9 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	if a.policy != nil {
 		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
 	}
+	if r, ok := a.deps.Workloads.(dataplane.HostIfRestorer); ok {
+		g.Go(func() error { hostIfLoop(r, every, a.metrics, a.log.With("component", "hostif")).run(gctx); return nil })
+	}
 	err := g.Wait()
 	a.handler.waitSpares()
 	if serr := a.bgp.stop(); serr != nil {

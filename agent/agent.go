@@ -149,6 +149,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.ensureDefaultPool(ctx); err != nil {
 		return err
 	}
+	if err := a.ensureMeshKey(ctx); err != nil {
+		return err
+	}
 	a.lease = &leaseHolder{store: a.store, ttl: a.cfg.LeaseTTL, log: a.log, publish: a.publishLiveness}
 	if err := a.lease.grant(ctx); err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/bgp/session"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -127,7 +128,7 @@ func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, table 
 func (b *bgpOwner) affects() []syncer.Filter {
 	return []syncer.Filter{
 		syncer.On[api.Node](nil), syncer.On[api.BGPConfiguration](nil), syncer.On[api.BGPPeer](nil),
-		syncer.On[api.BGPFilter](nil), syncer.On[api.IPPool](nil),
+		syncer.On[api.BGPFilter](nil), syncer.On[api.IPPool](nil), syncer.On[datastore.BGPMeshKey](nil),
 		syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOfOrLendingTo(b.node)) }),
 		syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf(b.node)) }),
 	}
@@ -225,6 +226,7 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
 	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
 	desired := bgp.DesiredPeers(b.node, b.view.Nodes(), bc, bgpPeers, filters)
+	desired = bgp.WithMeshPassword(desired, bgp.MeshPassword(bc, b.view.BGPMeshKey()))
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		return desired, fmt.Errorf("setting peers: %w", err)
 	}

@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
 )
 
 // hostIfLoop puts back, at every resync interval, the settings of the
@@ -24,4 +26,18 @@ func hostIfLoop(r dataplane.HostIfRestorer, every time.Duration, m *metrics, log
 		return err
 	}
 	return loop{name: "hostif", every: every, observe: m.observeReconcile, log: log, pass: pass}
+}
+
+// ensureMeshKey creates the cluster's BGP mesh key when no agent has yet
+// (docs/bgp.md, "Mesh authentication"), before the view is listed, so
+// that the first BGP pass already authenticates.
+func (a *Agent) ensureMeshKey(ctx context.Context) error {
+	_, created, err := a.store.EnsureBGPMeshKey(ctx)
+	if err != nil {
+		return fmt.Errorf("ensuring the cluster's BGP mesh key: %w", err)
+	}
+	if created {
+		a.log.Info("created the cluster's BGP mesh key", "key", datastore.BGPMeshKeyKey)
+	}
+	return nil
 }

@@ -7,8 +7,8 @@ import (
 	"github.com/tabbynet/tabby/api"
 )
 
-// The node guard keeps pods from speaking for their node (docs/policy.md,
-// "The node boundary"): a workload never reaches the BGP port or the
+// The node guard keeps pods from speaking for their node (docs/bgp.md,
+// "No pod speaks for its node"): a workload never reaches the BGP port or the
 // agent's own ports of any cluster node, nor the BGP port of a configured
 // BGP peer, and its traffic to a cluster node is never masqueraded to its
 // node's address. It does not depend on any policy and is always on: while

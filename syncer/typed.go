@@ -14,7 +14,7 @@ import (
 type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |
 		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy |
-		ipam.BlockSummary | ipam.Affinity | datastore.KV
+		ipam.BlockSummary | ipam.Affinity | datastore.KV | datastore.BGPMeshKey
 }
 
 // kindOf names the kind whose values are T. The view's one place that
@@ -29,6 +29,8 @@ func kindOf[T Value]() string {
 		return kindBlock
 	case *ipam.Affinity:
 		return kindAffinity
+	case *datastore.BGPMeshKey:
+		return kindMeshKey
 	default: // *datastore.KV, the constraint allows nothing else
 		return kindNodeGC
 	}

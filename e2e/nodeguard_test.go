@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -61,6 +62,7 @@ func TestHostilePodCannotSpeakForItsNode(t *testing.T) {
 		serveWhoAmIIn(t, netnsPath(t, l, n2.Name), netip.AddrPortFrom(a, 1790))
 	}
 
+	requireMeshAuthenticated(ctx, t, l)
 	if err := l.StopAgent(ctx, n1.Name, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -278,4 +280,28 @@ func watchSessionTo(ctx context.Context, l *lab.Lab, node string, peer netip.Add
 func (w *sessionWatch) stop() []string {
 	close(w.done)
 	return <-w.result
+}
+
+// requireMeshAuthenticated fails the test unless the cluster has its mesh
+// key and every node's established BGP connections carry a TCP-MD5 key
+// (ss -e shows a socket's md5keys).
+func requireMeshAuthenticated(ctx context.Context, t *testing.T, l *lab.Lab) {
+	t.Helper()
+	if _, err := l.Store().GetKV(ctx, datastore.BGPMeshKeyKey); err != nil {
+		t.Fatalf("the cluster's mesh key: %v", err)
+	}
+	for _, n := range l.State().Nodes {
+		out, err := l.Exec(ctx, n.Name, "ss", "-tniHe", "state", "established", "( sport = :179 or dport = :179 )")
+		if err != nil {
+			t.Fatalf("ss on %s: %v\n%s", n.Name, err, out)
+		}
+		// Each socket is two lines: addresses, then its info (which ends
+		// with the key: not logged).
+		conns := strings.Count(string(out), ":179 ")
+		keyed := strings.Count(string(out), "md5keys:")
+		t.Logf("%s: %d established BGP connections, %d with a TCP-MD5 key", n.Name, conns, keyed)
+		if conns == 0 || keyed != conns {
+			t.Errorf("%s: %d established BGP connections, %d with a TCP-MD5 key; want all keyed", n.Name, conns, keyed)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package dataplane_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -128,4 +129,61 @@ func TestPrivilegedHostIfHardening(t *testing.T) {
 	if again, err := wl.RestoreHostIfSettings(ctx); err != nil || len(again) > 0 {
 		t.Errorf("second restore: %q, %v; want nothing", again, err)
 	}
+}
+
+// BenchmarkPrivilegedHostIfHardening prices the hardening against the
+// Setup it is part of, in one run: "setup" is Setup of a new IPv4-only
+// pair (hardening included); "harden6" is the IPv6 part alone, as ADD
+// writes it on a new pair (the IPv4 part rides in Setup's one netlink
+// request); "restore-50" is one resync pass of RestoreHostIfSettings over
+// 50 workload interfaces with nothing to put back.
+func BenchmarkPrivilegedHostIfHardening(b *testing.B) {
+	testkit.RequirePrivileged(b, "ip")
+	ctx := context.Background()
+	node, w := workloadNode(b)
+	pod := testkit.NewNetNS(b, "tbdp-hb")
+	spec := podSpec(pod, "default/bench", "10.244.40.1/32")
+	spec.SkipHostRoutes = true
+	b.Run("setup", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := w.Setup(ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := w.Teardown(ctx, spec); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+	b.Run("harden6", func(b *testing.B) {
+		if _, err := w.Setup(ctx, spec); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = w.Teardown(ctx, spec) }()
+		for b.Loop() {
+			if err := dataplane.HardenIPv6(node.Path, spec.HostIfName); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("restore-50", func(b *testing.B) {
+		var specs []dataplane.WorkloadSpec
+		for i := range 50 {
+			s := podSpec(testkit.NewNetNS(b, "tbdp-hr"), fmt.Sprintf("default/r%d", i), fmt.Sprintf("10.244.41.%d/32", i+1))
+			s.SkipHostRoutes = true
+			setup(b, w, s)
+			specs = append(specs, s)
+		}
+		defer func() {
+			for _, s := range specs {
+				_ = w.Teardown(ctx, s)
+			}
+		}()
+		for b.Loop() {
+			if got, err := w.RestoreHostIfSettings(ctx); err != nil || len(got) > 0 {
+				b.Fatalf("restore: %q, %v", got, err)
+			}
+		}
+	})
 }

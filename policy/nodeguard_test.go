@@ -2,6 +2,8 @@ package policy
 
 import (
 	"net/netip"
+	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -146,5 +148,34 @@ func TestNodeGuardNAT(t *testing.T) {
 	}
 	if _, ok := plain.Set(SetNodes); ok {
 		t.Error("node set without a guard")
+	}
+}
+
+// The incremental Compiler gives what Compile gives while the guard
+// changes under it (nodes join and leave, a peer appears, the guard goes
+// away and comes back), and Equal sees each change.
+func TestCompilerNodeGuard(t *testing.T) {
+	in := benchInput(60, 30)
+	cc := NewCompiler()
+	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}) }
+	var prev *Ruleset
+	for step := range 12 {
+		switch {
+		case step == 9:
+			in.Guard = NodeGuard{}
+		case step%3 == 2:
+			in.Guard.PeerAddrs = append(slices.Clone(in.Guard.PeerAddrs), netip.AddrFrom16([16]byte{0xfd, 0, 1, 0x98, 0, 0x18, 15: byte(step)}))
+		default:
+			in.Guard.NodeAddrs = append(slices.Clone(in.Guard.NodeAddrs), addr(step+1))
+			in.Guard.NodePorts = []uint16{179, 9099}
+		}
+		got, want := cc.Compile(in), Compile(in)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d: Compiler differs from Compile (-got +want):\n%s", step, cmp.Diff(got.Lines(), want.Lines()))
+		}
+		if prev != nil && got.Equal(prev) {
+			t.Fatalf("step %d: the guard changed and Equal saw nothing", step)
+		}
+		prev = got
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
 
@@ -302,6 +303,66 @@ func requireMeshAuthenticated(ctx context.Context, t *testing.T, l *lab.Lab) {
 		t.Logf("%s: %d established BGP connections, %d with a TCP-MD5 key", n.Name, conns, keyed)
 		if conns == 0 || keyed != conns {
 			t.Errorf("%s: %d established BGP connections, %d with a TCP-MD5 key; want all keyed", n.Name, conns, keyed)
+		}
+	}
+}
+
+// TestMeshKeyRotationInLab rotates the cluster's mesh key (what `tabbyctl
+// bgp rotate-mesh-key` does) in a 3-node lab while every node's pod pings
+// the next node's pod every 50 ms: every agent's view sees the new key,
+// every BGP connection carries it (and none the old one) within 30 s, and
+// the pings lost while each session is re-created are counted (docs/bgp.md,
+// "Rotation").
+func TestMeshKeyRotationInLab(t *testing.T) {
+	l := upLab(t, lab.Options{Name: "ngrot", Nodes: 3, PodsPerNode: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	old, err := l.Store().GetKV(ctx, datastore.BGPMeshKeyKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKey, err := datastore.DecodeBGPMeshKey(old.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireMeshAuthenticated(ctx, t, l)
+	nodes := l.State().Nodes
+	var pingers []*seqPinger
+	for i := range nodes {
+		pingers = append(pingers, startSeqPinger(t, l, fmt.Sprintf("n%dp1", i+1), fmt.Sprintf("n%dp1", (i+1)%len(nodes)+1)))
+	}
+	time.Sleep(time.Second)
+	newKey, err := l.Store().SetBGPMeshKey(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed := func() error {
+		for _, n := range nodes {
+			out, err := l.Exec(ctx, n.Name, "ss", "-tniHe", "state", "established", "( sport = :179 or dport = :179 )")
+			if err != nil {
+				return fmt.Errorf("ss on %s: %v", n.Name, err)
+			}
+			s := string(out)
+			conns, withNew := strings.Count(s, ":179 "), strings.Count(s, newKey.Key)
+			if conns != len(nodes)-1 || withNew != conns || strings.Contains(s, oldKey.Key) {
+				return fmt.Errorf("%s: %d established BGP connections, %d with the new key, old key present: %v", n.Name, conns, withNew, strings.Contains(s, oldKey.Key))
+			}
+		}
+		return nil
+	}
+	took := testkit.Eventually(t, 30*time.Second, "every BGP connection on the new key", keyed)
+	t.Logf("rotation: every session carries the new key %v after it was stored", took.Round(10*time.Millisecond))
+	wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer wcancel()
+	if err := l.WaitRoutes(wctx); err != nil {
+		t.Error(err)
+	}
+	time.Sleep(2 * time.Second)
+	for _, p := range pingers {
+		sent, lost := p.stop()
+		t.Logf("%s -> %s during the rotation: %d pings sent, %d lost", p.from, p.to, sent, len(lost))
+		if sent < 50 {
+			t.Errorf("%s -> %s: only %d pings sent", p.from, p.to, sent)
 		}
 	}
 }

@@ -25,7 +25,8 @@ func (a *app) bgpRotateMeshKeyCmd() *cobra.Command {
 		Short: "Replace the cluster's BGP mesh key (TCP MD5 of the sessions between nodes)",
 		Long: `Replace the cluster's generated BGP mesh key with a new random one (or --key).
 Every agent re-creates its sessions with the other nodes once, as the new key
-reaches it: each session is down for about the BGP connect-retry time.
+reaches it: each session is down for about the BGP connect-retry time, while
+the agents keep the routes they learned over it (docs/bgp.md, "Rotation").
 A nodeMeshPassword in the BGPConfiguration, when set, is used instead of the key.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {

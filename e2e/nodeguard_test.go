@@ -28,7 +28,8 @@ import (
 //     both families, to node2 and to node1 itself; the same pod reaches an
 //     ordinary port of node2 with its own address (no masquerade to a
 //     cluster node).
-//  2. With node1's Tabby rules removed, the pod's connection to node2's
+//  2. With node1's guard removed (nftables: Tabby's whole table; iptables:
+//     the guard's jump), the pod's connection to node2's
 //     port 179 from its own address is taken (the control). With a
 //     Calico-style natOutgoing masquerade put in by hand (what the issue
 //     found), the pod's
@@ -37,9 +38,15 @@ import (
 //     the mesh is authenticated, and node2's kernel drops the unsigned SYN.
 //
 // Throughout, node2 never has the session to node1 Established; once
-// node1's agent is back, it is.
+// node1's agent is back, it is. Once per firewall backend.
 func TestHostilePodCannotSpeakForItsNode(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "ngatk", Nodes: 2, PodsPerNode: 1, DualStack: true})
+	for _, b := range []struct{ backend, lab string }{{"nftables", "ngatk"}, {"iptables", "ngatki"}} {
+		t.Run(b.backend, func(t *testing.T) { testHostilePod(t, b.backend, b.lab) })
+	}
+}
+
+func testHostilePod(t *testing.T, backend, name string) {
+	l := upLab(t, lab.Options{Name: name, Nodes: 2, PodsPerNode: 1, DualStack: true, AgentArgs: []string{"--firewall-backend", backend}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	st := l.State()
@@ -97,7 +104,7 @@ func TestHostilePodCannotSpeakForItsNode(t *testing.T) {
 			t.Fatalf("nft %s on %s: %v\n%s", strings.Join(args, " "), n1.Name, err, out)
 		}
 	}
-	nft("delete", "table", "inet", "tabby")
+	removeGuard(ctx, t, l, n1.Name, backend)
 	// The control: from the pod's own address, which node2 has no key for,
 	// node2's port 179 takes the TCP connection (GoBGP then drops a
 	// stranger): what refuses node1's address below is its key.
@@ -368,4 +375,33 @@ func TestMeshKeyRotationInLab(t *testing.T) {
 			t.Errorf("%s -> %s: %d of %d pings lost during the rotation (icmp_seq %v), want 0: the learned routes are held", p.from, p.to, len(lost), sent, lost)
 		}
 	}
+}
+
+// removeGuard takes the node guard out of node's firewall behind its
+// stopped agent's back: with nftables Tabby's whole table, with iptables
+// the guard's jump, the first rule of tabby-FORWARD, in whichever iptables
+// the agent used.
+func removeGuard(ctx context.Context, t *testing.T, l *lab.Lab, node, backend string) {
+	t.Helper()
+	if backend == "nftables" {
+		if out, err := l.Exec(ctx, node, "nft", "delete", "table", "inet", "tabby"); err != nil {
+			t.Fatalf("deleting Tabby's nftables table on %s: %v\n%s", node, err, out)
+		}
+		return
+	}
+	for _, bin := range []string{"iptables-nft", "iptables-legacy"} {
+		out, err := l.Exec(ctx, node, bin, "-S", "tabby-FORWARD")
+		if err != nil || !strings.Contains(string(out), "-j tabby-node-guard") {
+			continue
+		}
+		first := strings.Split(strings.TrimSpace(string(out)), "\n")[1] // after "-N tabby-FORWARD"
+		if !strings.Contains(first, "-j tabby-node-guard") {
+			t.Fatalf("the first rule of tabby-FORWARD on %s is %q, not the guard's jump", node, first)
+		}
+		if out, err := l.Exec(ctx, node, bin, "-D", "tabby-FORWARD", "1"); err != nil {
+			t.Fatalf("deleting the guard's jump on %s: %v\n%s", node, err, out)
+		}
+		return
+	}
+	t.Fatalf("no iptables tabby-FORWARD with the guard's jump on %s", node)
 }

@@ -85,6 +85,10 @@ type bgpSessions struct {
 	// (meshPasswordSet once there was one): see holdLearnedOnRotation.
 	meshPassword    string
 	meshPasswordSet bool
+	// lastMeshKey is the last mesh key the view had, meshKeyLost whether
+	// the view has lost it since: see meshKey.
+	lastMeshKey string
+	meshKeyLost bool
 }
 
 // bgpAdvertiser is what the node advertises: the sources it asks, the
@@ -230,13 +234,34 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
 	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
 	desired := bgp.DesiredPeers(b.node, b.view.Nodes(), bc, bgpPeers, filters)
-	pw := bgp.MeshPassword(bc, b.view.BGPMeshKey())
+	pw := bgp.MeshPassword(bc, b.meshKey())
 	desired = bgp.WithMeshPassword(desired, pw)
 	b.holdLearnedOnRotation(pw)
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		return desired, fmt.Errorf("setting peers: %w", err)
 	}
 	return desired, nil
+}
+
+// meshKey is the cluster's mesh key from the view. When the view loses it
+// (the record deleted, or written so that it does not decode) the last
+// key stays in use, with a warning: falling back to no key would turn
+// every cluster session unauthenticated at once. A new key ends it.
+func (b *bgpOwner) meshKey() string {
+	key := b.view.BGPMeshKey()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case key != "":
+		b.lastMeshKey, b.meshKeyLost = key, false
+	case b.lastMeshKey != "":
+		if !b.meshKeyLost {
+			b.log.Warn("the cluster's BGP mesh key is gone from the datastore; keeping the last one", "key", datastore.BGPMeshKeyKey)
+			b.meshKeyLost = true
+		}
+		key = b.lastMeshKey
+	}
+	return key
 }
 
 // holdLearnedOnRotation starts BGP's convergence over when the cluster

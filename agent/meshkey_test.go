@@ -1,12 +1,17 @@
 package agent
 
 import (
+	"context"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/dataplane/fake"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // A mesh key rotation holds the learned routes: after the password
@@ -46,4 +51,31 @@ func TestRotationHoldsLearnedRoutes(t *testing.T) {
 	if got := routes.String(); strings.Contains(got, "10.244.1.0/26") {
 		t.Errorf("after converging again the withdrawn route stayed:\n%s", got)
 	}
+}
+
+// The view losing the mesh key (deleted, or rewritten so that it does not
+// decode) does not turn the cluster sessions unauthenticated: the last key
+// stays; a new one replaces it.
+func TestMeshKeyKeptWhenLost(t *testing.T) {
+	ctx := context.Background()
+	store := storetest.New(t)
+	if _, err := store.SetBGPMeshKey(ctx, "key-1"); err != nil {
+		t.Fatal(err)
+	}
+	view := startView(t, store)
+	b := newBGPOwner("node1", netip.MustParsePrefix("198.18.0.11/24"), view, nil, newFakeSpeaker(), nil, time.Second, newMetrics(), testLogger())
+	if got := b.meshKey(); got != "key-1" {
+		t.Fatalf("mesh key %q, want key-1", got)
+	}
+	if err := store.DeleteKV(ctx, datastore.BGPMeshKeyKey, 0); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the deletion in the view", testkit.Cond(func() bool { return view.BGPMeshKey() == "" }))
+	if got := b.meshKey(); got != "key-1" {
+		t.Errorf("after the key was deleted: %q, want the last key, key-1", got)
+	}
+	if _, err := store.SetBGPMeshKey(ctx, "key-2"); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the new key", testkit.Cond(func() bool { return b.meshKey() == "key-2" }))
 }

@@ -154,6 +154,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.ensureDefaultPool(ctx); err != nil {
 		return err
 	}
+	if err := a.ensureMeshKey(ctx); err != nil {
+		return err
+	}
 	a.lease = &leaseHolder{store: a.store, ttl: a.cfg.LeaseTTL, log: a.log, publish: a.publishLiveness}
 	if err := a.lease.grant(ctx); err != nil {
 		return err
@@ -202,6 +205,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
 		a.policy.toHost, a.policy.protected = string(a.cfg.EndpointToHostAction), a.cfg.HostProtectedPorts()
 		a.policy.host.healthPort = a.cfg.HTTPListen.Port()
+		a.policy.agentPorts = a.cfg.AgentPorts()
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}
@@ -257,6 +261,9 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 		if a.deps.WatchLinks != nil {
 			g.Go(func() error { a.policy.watchLinks(gctx, a.deps.WatchLinks); return nil })
 		}
+	}
+	if r, ok := a.deps.Workloads.(dataplane.HostIfRestorer); ok {
+		g.Go(func() error { hostIfLoop(r, every, a.metrics, a.log.With("component", "hostif")).run(gctx); return nil })
 	}
 	err := g.Wait()
 	a.handler.waitSpares()

@@ -15,6 +15,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/bgp/session"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -81,6 +82,14 @@ type bgpSessions struct {
 	peerStatus   []bgp.PeerStatus
 	allUpSince   time.Time
 	converged    bool
+	// meshPassword is the cluster sessions' password of the last pass
+	// (meshPasswordSet once there was one): see holdLearnedOnRotation.
+	meshPassword    string
+	meshPasswordSet bool
+	// lastMeshKey is the last mesh key the view had, meshKeyLost whether
+	// the view has lost it since: see meshKey.
+	lastMeshKey string
+	meshKeyLost bool
 }
 
 // bgpAdvertiser is what the node advertises: the sources it asks, the
@@ -128,7 +137,7 @@ func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, table 
 func (b *bgpOwner) affects() []syncer.Filter {
 	return []syncer.Filter{
 		syncer.On[api.Node](nil), syncer.On[api.BGPConfiguration](nil), syncer.On[api.BGPPeer](nil),
-		syncer.On[api.BGPFilter](nil), syncer.On[api.IPPool](nil),
+		syncer.On[api.BGPFilter](nil), syncer.On[api.IPPool](nil), syncer.On[datastore.BGPMeshKey](nil),
 		syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOfOrLendingTo(b.node)) }),
 		syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf(b.node)) }),
 		syncer.On(serviceAffects(b.node)),
@@ -231,10 +240,59 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
 	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
 	desired := bgp.DesiredPeers(b.node, b.view.Nodes(), bc, bgpPeers, filters)
+	pw := bgp.MeshPassword(bc, b.meshKey())
+	desired = bgp.WithMeshPassword(desired, pw)
+	b.holdLearnedOnRotation(pw)
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		return desired, fmt.Errorf("setting peers: %w", err)
 	}
 	return desired, nil
+}
+
+// meshKey is the cluster's mesh key from the view. When the view loses it
+// (the record deleted, or written so that it does not decode) the last
+// key stays in use, with a warning: falling back to no key would turn
+// every cluster session unauthenticated at once. A new key ends it.
+func (b *bgpOwner) meshKey() string {
+	key := b.view.BGPMeshKey()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case key != "":
+		b.lastMeshKey, b.meshKeyLost = key, false
+	case b.lastMeshKey != "":
+		if !b.meshKeyLost {
+			b.log.Warn("the cluster's BGP mesh key is gone from the datastore; keeping the last one", "key", datastore.BGPMeshKeyKey)
+			b.meshKeyLost = true
+		}
+		key = b.lastMeshKey
+	}
+	return key
+}
+
+// holdLearnedOnRotation starts BGP's convergence over when the cluster
+// sessions' password changes (a mesh key rotation, docs/bgp.md): GoBGP
+// re-creates a neighbour whose password changes and drops its paths at
+// once, so the learned routes are held in the kernel, as after a start,
+// until every cluster peer is Established again and sent End-of-RIB on its
+// new session, or the settle time passed. The data path does not need the
+// session, so a rotation then costs no traffic. Called before SetPeers.
+func (b *bgpOwner) holdLearnedOnRotation(pw string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.meshPasswordSet && b.meshPassword == pw {
+		return
+	}
+	rotated := b.meshPasswordSet
+	b.meshPassword, b.meshPasswordSet = pw, true
+	if !rotated {
+		return
+	}
+	b.converged, b.started, b.allUpSince = false, time.Now(), time.Time{}
+	if b.table != nil {
+		b.table.HoldDeletes(routetable.Learned, true)
+	}
+	b.log.Info("bgp mesh password changed: cluster sessions are re-created, learned routes held until they converge again")
 }
 
 // reconcileAdvertisements gives the speaker what the advertisement sources
@@ -492,7 +550,7 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 }
 
 // statusLoop polls the sessions, often until BGP has converged after the
-// start, then at the pace of the status it feeds (an idle agent asks GoBGP
+// start (or a mesh key rotation), then at the pace of the status it feeds (an idle agent asks GoBGP
 // little). It wakes learnedLoop when BGP converged (stale routes can go)
 // or when what learned routes must not override changed.
 func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
@@ -506,9 +564,12 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 		case <-t.C:
 		}
 		dirty := b.updatePeerStatus(ctx)
-		if !slow && b.isConverged() {
+		if converged := b.isConverged(); !slow && converged {
 			t.Reset(2 * time.Second)
 			slow = true
+		} else if slow && !converged { // converging again: a mesh key rotation
+			t.Reset(500 * time.Millisecond)
+			slow = false
 		}
 		if b.importChanged() {
 			dirty = true

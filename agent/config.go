@@ -157,6 +157,22 @@ func (c *Config) HostProtectedPorts() []policy.HostPort {
 	return out
 }
 
+// AgentPorts are the agent's own TCP ports, which the node guard keeps
+// workloads from reaching on any node (policy.NodeGuard): the health,
+// metrics and status port and the GoBGP API's. A loopback listener is
+// listed too: another node's agent may listen elsewhere, and a guard
+// that depends on the address is easy to get wrong.
+func (c *Config) AgentPorts() []uint16 {
+	var out []uint16
+	if c.HTTPListen.IsValid() {
+		out = append(out, c.HTTPListen.Port())
+	}
+	if c.GoBGPAPI.IsValid() {
+		out = append(out, c.GoBGPAPI.Port())
+	}
+	return out
+}
+
 // Default returns the defaults of a production node.
 func Default() Config {
 	host, _ := os.Hostname()

@@ -158,7 +158,29 @@ type leaseHolder struct {
 
 	mu sync.Mutex
 	id datastore.LeaseID
+	// renewed is when etcd last granted or renewed the lease (readiness:
+	// the datastore is reachable).
+	renewed time.Time
 }
+
+// markRenewed records a grant or renewal answered by etcd.
+func (l *leaseHolder) markRenewed() {
+	l.mu.Lock()
+	l.renewed = time.Now()
+	l.mu.Unlock()
+}
+
+// sinceRenewed is how long ago etcd last answered for the lease.
+func (l *leaseHolder) sinceRenewed() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Since(l.renewed)
+}
+
+// unreachableAfter is how long without an answer for the lease means etcd
+// is unreachable: etcd's client renews every third of the TTL, so two
+// renewals missed, and a second for the round trip.
+func (l *leaseHolder) unreachableAfter() time.Duration { return 2*l.ttl/3 + time.Second }
 
 // grant takes a new lease and publishes the liveness record under it.
 func (l *leaseHolder) grant(ctx context.Context) error {
@@ -170,7 +192,7 @@ func (l *leaseHolder) grant(ctx context.Context) error {
 		return err
 	}
 	l.mu.Lock()
-	l.id = id
+	l.id, l.renewed = id, time.Now()
 	l.mu.Unlock()
 	return nil
 }
@@ -186,7 +208,7 @@ func (l *leaseHolder) current() datastore.LeaseID {
 // record) whenever it is lost, e.g. after an etcd outage.
 func (l *leaseHolder) keep(ctx context.Context) {
 	for {
-		err := l.store.KeepAlive(ctx, l.current())
+		err := l.store.KeepAliveNotify(ctx, l.current(), l.markRenewed)
 		if ctx.Err() != nil {
 			return
 		}

@@ -43,8 +43,11 @@ type policyOwner struct {
 	// no pod may reach (policy.Input).
 	toHost    string
 	protected []policy.HostPort
-	okOnce    bool
-	passes    int
+	// agentPorts are the agent's own ports for the node guard
+	// (Config.AgentPorts).
+	agentPorts []uint16
+	okOnce     bool
+	passes     int
 	// host configures host endpoints; hostSt is what the last pass saw
 	// of this node's.
 	host   hostConfig
@@ -60,7 +63,8 @@ func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
 		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint),
-		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost))
+		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost),
+		syncer.On(nodeAddrsChanged), syncer.On[api.BGPPeer](nil), syncer.On[api.BGPConfiguration](nil))
 	return p
 }
 
@@ -160,6 +164,7 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		HostEndpoints:        heps,
 		FailsafeInbound:      fsIn,
 		FailsafeOutbound:     fsOut,
+		Guard:                policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts),
 	})
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {
@@ -218,4 +223,14 @@ func onlyStaleCleanup(err error) bool {
 
 func isContextErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// nodeAddrsChanged takes the node updates that change the node guard's
+// addresses: a node added or removed, or its addresses changed.
+func nodeAddrsChanged(u syncer.Update[api.Node]) bool {
+	if u.Old == nil || u.New == nil {
+		return true
+	}
+	return !slices.Equal(policy.NewNodeGuard([]*api.Node{u.Old}, nil, nil, nil).NodeAddrs,
+		policy.NewNodeGuard([]*api.Node{u.New}, nil, nil, nil).NodeAddrs)
 }

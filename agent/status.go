@@ -116,13 +116,22 @@ func (a *Agent) liveness() error {
 }
 
 // readiness: this node can network its pods. The cluster view is synced,
-// the CNI server listens, the routes (and policy, when enforced) have been
-// programmed, and BGP is established with at least one cluster peer when
-// any is configured. One peer down does not make the node unready, so that
-// a rolling update of the agents never turns every other node unready;
-// per-peer state is in the status and the metrics.
+// the datastore is reachable (etcd answered for the liveness lease within
+// leaseHolder.unreachableAfter), the CNI server listens, the routes (and
+// policy, when enforced) have been programmed, and BGP is established with
+// at least one cluster peer when any is configured. One peer down does not
+// make the node unready, so that a rolling update of the agents never turns
+// every other node unready; per-peer state is in the status and the
+// metrics. Without etcd every agent turns unready, which stops a rolling
+// update from restarting agents that could not start again (docs/agent.md,
+// "Lifecycle"); nothing else follows from an agent's readiness.
 func (a *Agent) readiness() (bool, error) {
 	var errs []error
+	if a.lease != nil {
+		if d, limit := a.lease.sinceRenewed(), a.lease.unreachableAfter(); d > limit {
+			errs = append(errs, fmt.Errorf("datastore unreachable: etcd has not answered for %s", d.Round(time.Second)))
+		}
+	}
 	if !a.cniListening.Load() {
 		errs = append(errs, errors.New("cni server not listening"))
 	}

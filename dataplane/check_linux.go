@@ -75,6 +75,9 @@ func (c *workloadCall) checkHost(errs *[]error) netlink.Link {
 	if err := checkSysctls(c.nodeNS, hostIfSysctls(spec.HostIfName)); err != nil {
 		*errs = append(*errs, err)
 	}
+	if err := checkHardening6(c.nodeNS, spec.HostIfName); err != nil {
+		*errs = append(*errs, err)
+	}
 	return host
 }
 

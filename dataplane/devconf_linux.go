@@ -19,13 +19,15 @@ import (
 
 // From linux/ip.h and linux/neighbour.h (not in x/sys/unix).
 const (
-	ipv4DevconfForwarding = 1 // IPV4_DEVCONF_FORWARDING
-	ipv4DevconfProxyARP   = 3 // IPV4_DEVCONF_PROXY_ARP
-	ipv4DevconfRPFilter   = 8 // IPV4_DEVCONF_RP_FILTER
-	ndtaName              = 1 // NDTA_NAME
-	ndtaParms             = 6 // NDTA_PARMS
-	ndtpaIfindex          = 1 // NDTPA_IFINDEX
-	ndtpaProxyDelay       = 13
+	ipv4DevconfForwarding      = 1 // IPV4_DEVCONF_FORWARDING
+	ipv4DevconfProxyARP        = 3 // IPV4_DEVCONF_PROXY_ARP
+	ipv4DevconfAcceptRedirects = 4 // IPV4_DEVCONF_ACCEPT_REDIRECTS
+	ipv4DevconfSendRedirects   = 6 // IPV4_DEVCONF_SEND_REDIRECTS
+	ipv4DevconfRPFilter        = 8 // IPV4_DEVCONF_RP_FILTER
+	ndtaName                   = 1 // NDTA_NAME
+	ndtaParms                  = 6 // NDTA_PARMS
+	ndtpaIfindex               = 1 // NDTPA_IFINDEX
+	ndtpaProxyDelay            = 13
 )
 
 // devconfSocket sends the requests; it is safe for concurrent use (the
@@ -50,7 +52,9 @@ func newDevconfSocket(nsh netns.NsHandle) (*devconfSocket, error) {
 func (d *devconfSocket) close() { d.sh.Socket.Close() }
 
 // setHostIf gives the host interface ifindex proxy ARP without delay,
-// forwarding and strict reverse-path filtering, as hostIfSysctls says.
+// forwarding, strict reverse-path filtering and no redirects either way,
+// as hostIfSysctls says. (IPv6's settings cannot be set over netlink:
+// RTM_SETLINK takes no IFLA_INET6_CONF.)
 func (d *devconfSocket) setHostIf(ifindex int) error {
 	req := d.request(unix.RTM_SETLINK)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
@@ -61,9 +65,11 @@ func (d *devconfSocket) setHostIf(ifindex int) error {
 	conf.AddRtAttr(ipv4DevconfProxyARP, nl.Uint32Attr(1))
 	conf.AddRtAttr(ipv4DevconfForwarding, nl.Uint32Attr(1))
 	conf.AddRtAttr(ipv4DevconfRPFilter, nl.Uint32Attr(1))
+	conf.AddRtAttr(ipv4DevconfAcceptRedirects, nl.Uint32Attr(0))
+	conf.AddRtAttr(ipv4DevconfSendRedirects, nl.Uint32Attr(0))
 	req.AddData(spec)
 	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
-		return fmt.Errorf("setting proxy_arp, forwarding and rp_filter: %w", err)
+		return fmt.Errorf("setting proxy_arp, forwarding, rp_filter and redirects: %w", err)
 	}
 
 	req = d.request(unix.RTM_SETNEIGHTBL)

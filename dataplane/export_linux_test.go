@@ -16,3 +16,14 @@ func SetHostIfOverNetlink(nsPath string, ifindex int) error {
 	defer d.close()
 	return d.setHostIf(ifindex)
 }
+
+// HardenIPv6 writes a host interface's IPv6 hardening (hostIfHardening6)
+// in the namespace at nsPath as ADD does on a new pair, for benchmarks.
+func HardenIPv6(nsPath, ifName string) error {
+	nsh, err := openNetNS(nsPath)
+	if err != nil {
+		return err
+	}
+	defer nsh.Close()
+	return hardenIPv6(nsh, ifName, false)
+}

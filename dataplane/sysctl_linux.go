@@ -18,30 +18,65 @@ type sysctl struct {
 	Value string
 }
 
-// hostIfSysctls are the settings of a workload's host interface: answer ARP
-// for 169.254.1.1 (proxy ARP) at once, route the workload's traffic, and
-// drop what arrives from an address whose route back is not this interface
-// (strict reverse-path filtering, a second anti-spoofing check beside the
-// firewall's, which works even with policy off).
+// hostIfSysctls are the IPv4 settings of a workload's host interface,
+// whatever the workload's families: answer ARP for 169.254.1.1 (proxy ARP)
+// at once, route the workload's traffic, drop what arrives from an address
+// whose route back is not this interface (strict reverse-path filtering, a
+// second anti-spoofing check beside the firewall's, which works even with
+// policy off), and neither take redirects from the workload nor send it
+// any (docs/agent.md, "Workload interfaces").
 func hostIfSysctls(ifName string) []sysctl {
 	return []sysctl{
 		{"net/ipv4/conf/" + ifName + "/proxy_arp", "1"},
 		{"net/ipv4/neigh/" + ifName + "/proxy_delay", "0"},
 		{"net/ipv4/conf/" + ifName + "/forwarding", "1"},
 		{"net/ipv4/conf/" + ifName + "/rp_filter", "1"},
+		{"net/ipv4/conf/" + ifName + "/accept_redirects", "0"},
+		{"net/ipv4/conf/" + ifName + "/send_redirects", "0"},
 	}
 }
 
-// hostIfSysctls6 are the IPv6 settings of a dual-stack or IPv6 workload's
-// host interface: no duplicate address detection (its link-local address,
-// the workload's gateway, is usable at once) and no router advertisements
-// taken from the workload.
+// hostIfHardening6 are the IPv6 settings of every workload's host
+// interface, of an IPv4-only workload too (the kernel gives the interface
+// IPv6 and a link-local address anyway): no router advertisements, no
+// address autoconfiguration, no redirects taken from the workload. They
+// apply where the node has IPv6 (hasIPv6Conf).
+func hostIfHardening6(ifName string) []sysctl {
+	return []sysctl{
+		{"net/ipv6/conf/" + ifName + "/accept_ra", "0"},
+		{"net/ipv6/conf/" + ifName + "/autoconf", "0"},
+		{"net/ipv6/conf/" + ifName + "/accept_redirects", "0"},
+	}
+}
+
+// hostIfSysctls6 are the further IPv6 settings of a dual-stack or IPv6
+// workload's host interface: no duplicate address detection (its
+// link-local address, the workload's gateway, is usable at once) and
+// forwarding.
 func hostIfSysctls6(ifName string) []sysctl {
 	return []sysctl{
 		{"net/ipv6/conf/" + ifName + "/accept_dad", "0"},
-		{"net/ipv6/conf/" + ifName + "/accept_ra", "0"},
 		{"net/ipv6/conf/" + ifName + "/forwarding", "1"},
 	}
+}
+
+// hasIPv6Conf reports whether the interface has IPv6 settings: not on a
+// node booted with IPv6 disabled (ipv6.disable=1). Call it inside the
+// namespace.
+func hasIPv6Conf(ifName string) bool {
+	_, err := os.Stat(filepath.Join("/proc/sys/net/ipv6/conf", ifName))
+	return err == nil
+}
+
+// hardenIPv6 writes hostIfHardening6 in nsh where the interface has IPv6;
+// with compare, only the settings that differ.
+func hardenIPv6(nsh netns.NsHandle, ifName string, compare bool) error {
+	return withNetNS(nsh, func() error {
+		if !hasIPv6Conf(ifName) {
+			return nil
+		}
+		return writeSysctls(hostIfHardening6(ifName), compare)
+	})
 }
 
 // nodeSysctls6 are the node-wide IPv6 settings, ensured when the first
@@ -75,20 +110,23 @@ func ensureSysctls(nsh netns.NsHandle, settings []sysctl) error {
 // only those that differ (a new interface's are all still the defaults,
 // so reading them first is wasted).
 func setSysctls(nsh netns.NsHandle, settings []sysctl, compare bool) error {
-	return withNetNS(nsh, func() error {
-		var errs []error
-		for _, s := range settings {
-			if compare {
-				if got, err := readSysctl(s.Path); err == nil && got == s.Value {
-					continue
-				}
-			}
-			if err := writeSysctl(s.Path, s.Value); err != nil {
-				errs = append(errs, err)
+	return withNetNS(nsh, func() error { return writeSysctls(settings, compare) })
+}
+
+// writeSysctls writes the settings in the calling thread's namespace.
+func writeSysctls(settings []sysctl, compare bool) error {
+	var errs []error
+	for _, s := range settings {
+		if compare {
+			if got, err := readSysctl(s.Path); err == nil && got == s.Value {
+				continue
 			}
 		}
-		return errors.Join(errs...)
-	})
+		if err := writeSysctl(s.Path, s.Value); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // checkSysctls returns an error for each setting that differs in nsh.

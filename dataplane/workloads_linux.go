@@ -449,9 +449,11 @@ func ensureUp(h *netlink.Handle, l netlink.Link) error {
 	return nil
 }
 
-// ensureHostLink converges the host end. Its settings (hostIfSysctls) go
-// over netlink, and through /proc/sys where that fails; there, on a pair
-// this call created (fresh), without being read first.
+// ensureHostLink converges the host end. Its IPv4 settings
+// (hostIfSysctls) go over netlink, and through /proc/sys where that fails;
+// there, on a pair this call created (fresh), without being read first.
+// Its IPv6 hardening (hostIfHardening6) goes through /proc/sys, for a
+// workload of either family, before the container end is up.
 func (c *workloadCall) ensureHostLink(host netlink.Link, fresh bool) error {
 	if err := ensureLinkAttrs(c.node, host, c.spec.EffectiveMTU(), hostHWAddr); err != nil {
 		return err
@@ -460,6 +462,9 @@ func (c *workloadCall) ensureHostLink(host netlink.Link, fresh bool) error {
 		if err := setSysctls(c.nodeNS, hostIfSysctls(c.spec.HostIfName), !fresh); err != nil {
 			return err
 		}
+	}
+	if err := hardenIPv6(c.nodeNS, c.spec.HostIfName, !fresh); err != nil {
+		return err
 	}
 	if c.spec.HasIPv6() {
 		if err := c.ensureHostIPv6(host, fresh); err != nil {

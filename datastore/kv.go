@@ -244,6 +244,13 @@ func (s *Store) GrantLease(ctx context.Context, ttl time.Duration) (LeaseID, err
 // ctx.Err()) or the lease is lost: expired, revoked, or not renewed in time
 // because etcd was unreachable (ErrLeaseLost).
 func (s *Store) KeepAlive(ctx context.Context, id LeaseID) error {
+	return s.KeepAliveNotify(ctx, id, nil)
+}
+
+// KeepAliveNotify is KeepAlive calling renewed, when not nil, at every
+// renewal etcd answers (about every third of the lease's TTL): a caller
+// learns from it, at no extra request, that etcd is reachable.
+func (s *Store) KeepAliveNotify(ctx context.Context, id LeaseID, renewed func()) error {
 	kctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ch, err := s.client.KeepAlive(kctx, clientv3.LeaseID(id))
@@ -251,6 +258,9 @@ func (s *Store) KeepAlive(ctx context.Context, id LeaseID) error {
 		return s.etcdErr(fmt.Sprintf("keeping lease %x alive", int64(id)), err)
 	}
 	for range ch {
+		if renewed != nil {
+			renewed()
+		}
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -24,7 +24,8 @@ import (
 // new agent, go on to the next node once it is ready), while every node's
 // pod pings a pod on the next node every 50 ms. The nodes not being
 // restarted answer /readyz with 200 throughout (each of them has one BGP
-// session down at a time), and no ping is lost.
+// session down at a time), and no ping is lost. The sessions carry the
+// cluster's TCP-MD5 mesh key throughout.
 func TestRollingRestart(t *testing.T) {
 	l := upLab(t, lab.Options{Name: "e2eroll", Nodes: 4, PodsPerNode: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
@@ -38,6 +39,7 @@ func TestRollingRestart(t *testing.T) {
 			t.Fatalf("%s not ready before the rolling restart: %d %s %v", n, code, body, err)
 		}
 	}
+	requireMeshAuthenticated(ctx, t, l) // the mesh authenticates by default (issue 26)
 
 	// Traffic: node i's pod pings node i+1's pod (cross-node, every node
 	// both sends and receives).

@@ -60,8 +60,11 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
 	}
 	hostChains, hostJumps, hooks := c.hostChains()
-	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+len(hostChains)+6)
-	chains = append(chains, forwardChain(hooks), c.inputChain(hooks))
+	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+len(hostChains)+7)
+	chains = append(chains, c.forwardChain(hooks), c.inputChain(hooks))
+	if c.in.Guard.on() {
+		chains = append(chains, c.nodeGuardChain())
+	}
 	chains = append(chains, hostChains...)
 	chains = append(chains, fws...)
 	for _, name := range slices.Sorted(maps.Keys(c.chains)) {
@@ -404,11 +407,13 @@ func policyRules(global, namespaced []string) []Rule {
 //
 // With host endpoints (host.go), forwarded traffic meets the applyOnForward
 // policy of the endpoint it came in by first, and that of the one it goes
-// out by after the workload chains.
-func forwardChain(h hostHooks) Chain {
+// out by after the workload chains. The node guard (nodeguard.go) comes
+// before all of it.
+func (c *compiler) forwardChain(h hostHooks) Chain {
 	wl := WorkloadIfacePrefix + "+"
 	accept := Verdict{Kind: VerdictAccept}
-	rules := slices.Clone(h.forwardIn)
+	rules := c.guardJump()
+	rules = append(rules, h.forwardIn...)
 	rules = append(rules,
 		Rule{Match: []Match{inIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainFromWL}},
 		Rule{Match: []Match{outIface(wl)}, Verdict: Verdict{Kind: VerdictJump, Chain: ChainToWL}})
@@ -432,7 +437,7 @@ func forwardChain(h hostHooks) Chain {
 // the host endpoint chains at the end.
 func (c *compiler) inputChain(h hostHooks) Chain {
 	wl := WorkloadIfacePrefix + "+"
-	var rules []Rule
+	rules := c.guardJump()
 	byProto := map[string][]uint16{}
 	for _, hp := range c.in.HostProtectedPorts {
 		switch hp.Proto {
@@ -505,6 +510,7 @@ func (c *compiler) natChain() Chain {
 		allName, masqName := poolSetNames(f)
 		c.addNetSet(allName, f, all[f])
 		c.addNetSet(masqName, f, masq[f])
+		ch.Rules = append(ch.Rules, c.noMasqToNodes(f)...)
 		ch.Rules = append(ch.Rules, Rule{
 			Match:   []Match{setMatch(masqName, f, false, false), setMatch(allName, f, true, true)},
 			Verdict: Verdict{Kind: VerdictMasquerade},

@@ -116,6 +116,8 @@ type Input struct {
 	// policy never blocks.
 	FailsafeInbound  []Failsafe
 	FailsafeOutbound []Failsafe
+	// Guard is what the node guard protects (nodeguard.go).
+	Guard NodeGuard
 }
 
 // HostPort is a protocol ("tcp", "udp", "sctp") and port of the node.

@@ -38,6 +38,7 @@ type state struct {
 	borrowedBy   map[string]map[netip.Addr]ipam.BorrowedAddr   // using node → address
 	affinities   map[string]map[netip.Prefix]ipam.Affinity     // node → block → claim
 	nodeGC       map[string]datastore.KV                       // key → node GC record
+	meshKey      string                                        // the cluster's BGP mesh key, "" without one
 }
 
 func newState() *state {
@@ -68,6 +69,9 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 	case strings.HasPrefix(kv.Key, datastore.NodeGCPrefix):
 		rec := kv // a copy: &kv would move every decoded record's kv to the heap
 		return kindNodeGC, &rec, nil
+	case kv.Key == datastore.BGPMeshKeyKey:
+		k, err := datastore.DecodeBGPMeshKey(kv.Value)
+		return kindMeshKey, &k, err
 	}
 	obj, err := datastore.DecodeResource(kv)
 	if err != nil {
@@ -232,6 +236,8 @@ func (st *state) index(key string, it item) {
 		addTo(st.affinities, v.Node, v.Block, *v)
 	case *datastore.KV:
 		st.nodeGC[key] = *v
+	case *datastore.BGPMeshKey:
+		st.meshKey = v.Key
 	case *api.WorkloadEndpoint:
 		addTo(st.byKind, it.kind, key, api.Object(v))
 		addTo(st.epByNode, v.Spec.Node, key, v)
@@ -256,6 +262,8 @@ func (st *state) unindex(key string, it item) {
 		removeFrom(st.affinities, v.Node, v.Block)
 	case *datastore.KV:
 		delete(st.nodeGC, key)
+	case *datastore.BGPMeshKey:
+		st.meshKey = ""
 	case *api.WorkloadEndpoint:
 		removeFrom(st.byKind, it.kind, key)
 		removeFrom(st.epByNode, v.Spec.Node, key)

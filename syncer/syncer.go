@@ -34,9 +34,10 @@ import (
 // The view's kinds besides the api kinds (api.KindNode, …); consumers name
 // a kind by its value type (see Value).
 const (
-	kindBlock    = "Block"    // ipam.BlockSummary
-	kindAffinity = "Affinity" // ipam.Affinity
-	kindNodeGC   = "NodeGC"   // datastore.KV of gc/nodes/<node>, which node GC decodes itself
+	kindBlock    = "Block"      // ipam.BlockSummary
+	kindAffinity = "Affinity"   // ipam.Affinity
+	kindNodeGC   = "NodeGC"     // datastore.KV of gc/nodes/<node>, which node GC decodes itself
+	kindMeshKey  = "BGPMeshKey" // datastore.BGPMeshKey of config/bgp-mesh-key
 )
 
 // Source is where the view's events come from: datastore.Store.Watch.
@@ -98,6 +99,7 @@ func relevant(key string) bool {
 	return strings.HasPrefix(key, datastore.ResourcesPrefix) ||
 		strings.HasPrefix(key, ipam.BlocksPrefix) ||
 		strings.HasPrefix(key, datastore.NodeGCPrefix) ||
+		key == datastore.BGPMeshKeyKey ||
 		strings.HasPrefix(key, ipam.AffinitiesPrefix)
 }
 

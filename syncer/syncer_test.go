@@ -239,3 +239,30 @@ func TestRunReportsAnEndedWatch(t *testing.T) {
 		t.Errorf("Run after ctx ended = %v, want %v", err, context.Canceled)
 	}
 }
+
+// The view holds the cluster's BGP mesh key, wakes its subscribers when it
+// is rotated, and forgets it when it is deleted or stops decoding.
+func TestViewBGPMeshKey(t *testing.T) {
+	st := storetest.New(t)
+	ctx := context.Background()
+	k, _, err := st.EnsureBGPMeshKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := start(t, st)
+	sig := v.Notify("test", syncer.On[datastore.BGPMeshKey](nil))
+	if got := v.BGPMeshKey(); got != k.Key {
+		t.Fatalf("BGPMeshKey() = %q, want %q", got, k.Key)
+	}
+	<-sig.C() // kicked once at subscription
+	rotated, err := st.SetBGPMeshKey(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-sig.C()
+	testkit.Eventually(t, 10*time.Second, "the rotated key in the view", testkit.Cond(func() bool { return v.BGPMeshKey() == rotated.Key }))
+	if _, err := st.PutKV(ctx, datastore.BGPMeshKeyKey, []byte("{"), 0); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "an undecodable key dropped", testkit.Cond(func() bool { return v.BGPMeshKey() == "" }))
+}

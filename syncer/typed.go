@@ -15,7 +15,7 @@ type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |
 		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy | api.Service |
 		api.HostEndpoint | api.ClusterConfiguration |
-		ipam.BlockSummary | ipam.Affinity | datastore.KV
+		ipam.BlockSummary | ipam.Affinity | datastore.KV | datastore.BGPMeshKey
 }
 
 // kindOf names the kind whose values are T. The view's one place that
@@ -30,6 +30,8 @@ func kindOf[T Value]() string {
 		return kindBlock
 	case *ipam.Affinity:
 		return kindAffinity
+	case *datastore.BGPMeshKey:
+		return kindMeshKey
 	default: // *datastore.KV, the constraint allows nothing else
 		return kindNodeGC
 	}

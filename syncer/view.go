@@ -195,3 +195,11 @@ func (s *Syncer) NodeGCRecords() []datastore.KV {
 	defer s.mu.RUnlock()
 	return sortedValues(s.st.nodeGC)
 }
+
+// BGPMeshKey returns the cluster's BGP mesh key (datastore.BGPMeshKeyKey),
+// "" when there is none or it does not decode.
+func (s *Syncer) BGPMeshKey() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.meshKey
+}

@@ -57,6 +57,7 @@ func (n *Node) Validate() error {
 			}
 		}
 	}
+	v.nodeVXLAN(&n.Spec)
 	return v.err()
 }
 
@@ -112,6 +113,7 @@ func (p *IPPool) Validate() error {
 	default:
 		v.add("spec.bgpAggregate", "%q must be %s or %s (or unset: blocks only)", p.Spec.BGPAggregate, AggregateOnly, AggregateWithBlocks)
 	}
+	v.poolVXLAN(&p.Spec)
 	return v.err()
 }
 
@@ -141,6 +143,7 @@ func (c *BGPConfiguration) Validate() error {
 	}
 	v.password("spec.nodeMeshPassword", c.Spec.NodeMeshPassword)
 	v.bgpTimers("spec.", c.Spec.KeepaliveTime, c.Spec.HoldTime, c.Spec.NodeMeshMaxRestartTime, "nodeMeshMaxRestartTime")
+	v.vxlanSettings(&c.Spec)
 	return v.err()
 }
 

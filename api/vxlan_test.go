@@ -9,7 +9,13 @@ func TestVXLANValid(t *testing.T) {
 	for _, obj := range []Object{
 		func() Object { p := validPool(); p.Spec.VXLANMode = VXLANModeAlways; return p }(),
 		func() Object { p := validPool(); p.Spec.VXLANMode = VXLANModeCrossSubnet; return p }(),
-		func() Object { p := validPool(); p.Spec.VXLANMode = VXLANModeNever; p.Spec.DisableBGPExport = true; p.Spec.BGPAggregate = ""; return p }(),
+		func() Object {
+			p := validPool()
+			p.Spec.VXLANMode = VXLANModeNever
+			p.Spec.DisableBGPExport = true
+			p.Spec.BGPAggregate = ""
+			return p
+		}(),
 		func() Object {
 			p := validPool()
 			p.Spec.CIDR, p.Spec.BlockSize, p.Spec.BGPAggregate, p.Spec.VXLANMode = "fd00:10:244::/48", 122, "", VXLANModeAlways

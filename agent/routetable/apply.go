@@ -207,8 +207,8 @@ func (t *Table) deleteStrays(report []Class) []error {
 // satisfied is dataplane.Route.Satisfies for routes already normalized
 // (the table's and the kernel's listings are), without copying them.
 func satisfied(want, have dataplane.Route) bool {
-	if !same(dataplane.Route{Dst: want.Dst, Type: want.Type, Proto: want.Proto, Gateways: want.Gateways},
-		dataplane.Route{Dst: have.Dst, Type: have.Type, Proto: have.Proto, Gateways: have.Gateways}) {
+	if !same(dataplane.Route{Dst: want.Dst, Type: want.Type, Proto: want.Proto, Gateways: want.Gateways, Onlink: want.Onlink},
+		dataplane.Route{Dst: have.Dst, Type: have.Type, Proto: have.Proto, Gateways: have.Gateways, Onlink: have.Onlink}) {
 		return false
 	}
 	return (want.Dev == "" && len(want.Gateways) > 0) || want.Dev == have.Dev

@@ -27,6 +27,9 @@ func (a *Agent) Status() api.AgentStatus {
 	if a.view != nil {
 		st.Workloads = len(a.view.EndpointsOn(a.cfg.NodeName))
 	}
+	if a.tunnel != nil {
+		st.Tunnels = a.tunnel.status()
+	}
 	if a.bgp == nil {
 		return st
 	}

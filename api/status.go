@@ -14,6 +14,8 @@ type AgentStatus struct {
 	Blocks     []string     `json:"blocks"`
 	Advertised []string     `json:"advertised"`
 	Workloads  int          `json:"workloads"`
+	// Tunnels are the node's VXLAN tunnels, IPv4 then IPv6 (docs/vxlan.md).
+	Tunnels []TunnelStatus `json:"tunnels,omitempty"`
 }
 
 // PeerStatus is one BGP session of an agent.

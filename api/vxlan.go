@@ -3,6 +3,7 @@ package api
 import (
 	"net"
 	"net/netip"
+	"time"
 )
 
 // VXLANMode is IPPoolSpec.VXLANMode (Calico's names).
@@ -119,4 +120,39 @@ func (v *validator) vxlanSettings(s *BGPConfigurationSpec) {
 		// Different protocols, but one number for two jobs is a typo.
 		v.add("spec.vxlanPort", "%d is the BGP listenPort", *s.VXLANPort)
 	}
+}
+
+// TunnelStatus is one family's VXLAN tunnel of an agent, as its last pass
+// left it.
+type TunnelStatus struct {
+	Device string `json:"device"`
+	// Mode is "off", or the encapsulating pools' modes ("Always",
+	// "Always,CrossSubnet").
+	Mode  string     `json:"mode"`
+	Pools []string   `json:"pools,omitempty"`
+	Addr  netip.Addr `json:"addr,omitzero"`
+	MAC   string     `json:"mac,omitempty"`
+	MTU   int        `json:"mtu,omitempty"`
+	VNI   uint32     `json:"vni,omitempty"`
+	Port  uint16     `json:"port,omitempty"`
+	// Peers counts the other nodes' tunnel ends programmed; Routes the
+	// destinations routed through the tunnel, listed in Paths.
+	Peers  int          `json:"peers"`
+	Routes int          `json:"routes"`
+	Paths  []TunnelPath `json:"paths,omitempty"`
+	// Native are remote nodes whose encapsulated blocks are routed
+	// natively because they have no tunnel yet; Direct are same-subnet
+	// nodes CrossSubnet routes natively.
+	Native  []string  `json:"native,omitempty"`
+	Direct  []string  `json:"direct,omitempty"`
+	Error   string    `json:"error,omitempty"`
+	Updated time.Time `json:"updated,omitzero"`
+}
+
+// TunnelPath is one destination a tunnel carries, and the remote tunnel
+// address it goes via.
+type TunnelPath struct {
+	Dst  netip.Prefix `json:"dst"`
+	Via  netip.Addr   `json:"via"`
+	Node string       `json:"node,omitempty"`
 }

@@ -54,7 +54,7 @@ type policyOwner struct {
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
-		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint))
+		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint), tunnelGuardAffects(), syncer.On[api.BGPConfiguration](nil))
 	return p
 }
 
@@ -139,6 +139,7 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		Pools:                p.view.Pools(),
 		EndpointToHostAction: p.toHost,
 		HostProtectedPorts:   p.protected,
+		TunnelGuard:          tunnelGuard(p.view),
 	})
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {

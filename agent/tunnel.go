@@ -16,6 +16,7 @@ import (
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/syncer"
 )
 
@@ -273,4 +274,42 @@ func familyLabel(is6 bool) string {
 		return "IPv6"
 	}
 	return "IPv4"
+}
+
+// tunnelGuard is the policy input that drops VXLAN packets from anything
+// but a cluster node's underlay address, nil while no pool encapsulates
+// (then the port is none of Tabby's business).
+func tunnelGuard(view *syncer.Syncer) *policy.TunnelGuard {
+	pools := view.Pools()
+	if !slices.ContainsFunc(pools, func(p *api.IPPool) bool { return p.Spec.VXLANMode.Encapsulated() }) {
+		return nil
+	}
+	_, port := view.BGPConfiguration().VXLANSettings()
+	g := &policy.TunnelGuard{Port: port}
+	for _, n := range view.Nodes() {
+		for _, is6 := range []bool{false, true} {
+			if p, ok := nodeUnderlay(n, is6); ok {
+				g.Nodes = append(g.Nodes, p.Addr())
+			}
+		}
+	}
+	return g
+}
+
+// tunnelGuardAffects wakes the policy owner when a node's underlay
+// addresses change (the guard's sets).
+func tunnelGuardAffects() syncer.Filter {
+	return syncer.On(func(u syncer.Update[api.Node]) bool {
+		if u.Old == nil || u.New == nil {
+			return true
+		}
+		for _, is6 := range []bool{false, true} {
+			a, _ := nodeUnderlay(u.Old, is6)
+			b, _ := nodeUnderlay(u.New, is6)
+			if a != b {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -192,6 +192,9 @@ func TestTunnelOwnerAlwaysThenNever(t *testing.T) {
 	if st6 := e1.owner.status()[1]; st6.Mode != "off" {
 		t.Errorf("IPv6 status = %+v, want off", st6)
 	}
+	if g := tunnelGuard(e1.view); g == nil || g.Port != 4789 || fmt.Sprint(g.Nodes) != "[198.18.1.11 198.18.2.12]" {
+		t.Errorf("tunnel guard = %+v, want port 4789 and both nodes", g)
+	}
 	// A pass with nothing new changes nothing.
 	ops := len(e1.vx.Ops())
 	if err := e1.owner.pass(ctx); err != nil {
@@ -219,6 +222,9 @@ func TestTunnelOwnerAlwaysThenNever(t *testing.T) {
 		}
 		return nil
 	})
+	if g := tunnelGuard(e1.view); g != nil {
+		t.Errorf("tunnel guard without an encapsulating pool: %+v", g)
+	}
 	if lines := strings.Join(e1.kernel.Lines(), "\n"); strings.Contains(lines, "vxlan") {
 		t.Errorf("tunnel routes left:\n%s", lines)
 	}

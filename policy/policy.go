@@ -109,6 +109,9 @@ type Input struct {
 	// HostProtectedPorts are the node's ports no workload may reach,
 	// whatever the action: the etcd client port, the GoBGP API.
 	HostProtectedPorts []HostPort
+	// TunnelGuard, when set, drops VXLAN packets from anything but a
+	// cluster node (ChainTunnel).
+	TunnelGuard *TunnelGuard
 }
 
 // HostPort is a protocol ("tcp", "udp", "sctp") and port of the node.

@@ -217,6 +217,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.handler.policy = attach.PolicyFunc(a.policy.syncFor)
 	}
 	a.handler.advert = attach.AdvertFunc(a.bgp.waitAdvertised)
+	if a.tunnel != nil {
+		a.handler.autoMTU = a.tunnel.podMTU
+	}
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 	close(a.wired)
 

@@ -313,3 +313,39 @@ func tunnelGuardAffects() syncer.Filter {
 		return false
 	})
 }
+
+// podMTU is the MTU pods get when their network config sets none: while
+// an enabled pool encapsulates for this node in a family, the tunnel
+// device's MTU (the underlay's minus 50, or 70 over IPv6; the dataplane's
+// default minus that before the device exists), the smaller of the two
+// families'; else 0 (the dataplane's default). A pod in a pool that does
+// not encapsulate gets it too: its traffic may still meet the tunnel's
+// (borrowed addresses, a pool switched later), and the difference costs
+// little.
+func (o *tunnelOwner) podMTU() int {
+	self, _ := o.view.Node(o.node)
+	var labels map[string]string
+	if self != nil {
+		labels = self.Metadata.Labels
+	}
+	pools := o.view.Pools()
+	mtu := 0
+	for i, is6 := range []bool{false, true} {
+		if !o.underlay[i].IsValid() || !slices.ContainsFunc(pools, func(p *api.IPPool) bool {
+			pr, err := p.Prefix()
+			return err == nil && pr.Addr().Is6() == is6 && p.Spec.VXLANMode.Encapsulated() && !p.Spec.Disabled && poolSelects(p, labels)
+		}) {
+			continue
+		}
+		o.mu.Lock()
+		m := o.states[i].MTU
+		o.mu.Unlock()
+		if m == 0 {
+			m = dataplane.DefaultMTU - dataplane.VXLANOverhead(is6)
+		}
+		if mtu == 0 || m < mtu {
+			mtu = m
+		}
+	}
+	return mtu
+}

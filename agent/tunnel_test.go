@@ -13,6 +13,7 @@ import (
 
 	"github.com/tabbynet/tabby/agent/routetable"
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
@@ -195,6 +196,16 @@ func TestTunnelOwnerAlwaysThenNever(t *testing.T) {
 	if g := tunnelGuard(e1.view); g == nil || g.Port != 4789 || fmt.Sprint(g.Nodes) != "[198.18.1.11 198.18.2.12]" {
 		t.Errorf("tunnel guard = %+v, want port 4789 and both nodes", g)
 	}
+	if m := e1.owner.podMTU(); m != 1450 {
+		t.Errorf("pod MTU with an Always pool = %d, want 1450", m)
+	}
+	h := &cniHandler{autoMTU: e1.owner.podMTU}
+	if m := h.podMTU(&cni.NetConf{}); m != 1450 {
+		t.Errorf("CNI pod MTU without mtu in the config = %d, want 1450", m)
+	}
+	if m := h.podMTU(&cni.NetConf{MTU: 1400}); m != 1400 {
+		t.Errorf("CNI pod MTU with mtu 1400 in the config = %d, want the config's", m)
+	}
 	// A pass with nothing new changes nothing.
 	ops := len(e1.vx.Ops())
 	if err := e1.owner.pass(ctx); err != nil {
@@ -222,6 +233,9 @@ func TestTunnelOwnerAlwaysThenNever(t *testing.T) {
 		}
 		return nil
 	})
+	if m := e1.owner.podMTU(); m != 0 {
+		t.Errorf("pod MTU without an encapsulating pool = %d, want 0 (the default)", m)
+	}
 	if g := tunnelGuard(e1.view); g != nil {
 		t.Errorf("tunnel guard without an encapsulating pool: %+v", g)
 	}

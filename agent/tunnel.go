@@ -120,7 +120,7 @@ func (o *tunnelOwner) family(ctx context.Context, in tunnelInputs, self *api.Nod
 	}
 	st.Addr, st.MAC, st.MTU, st.VNI, st.Port = addr, dst.MAC.String(), dst.MTU, dst.VNI, dst.Port
 	if dst.Created {
-		o.log.Info("vxlan device ready", "device", dev, "vni", vni, "port", port, "addr", addr, "mac", dst.MAC, "mtu", dst.MTU)
+		o.log.Info("vxlan device ready", "device", dev, "vni", vni, "port", port, "addr", addr, "mac", dst.MAC.String(), "mtu", dst.MTU)
 	}
 	if err := o.record(ctx, self, is6, addr, dst.MAC.String()); err != nil {
 		return st, nil, err

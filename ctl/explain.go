@@ -48,6 +48,7 @@ type cluster struct {
 	allocs   []ipam.Allocation
 	statuses map[string]api.AgentStatus
 	gnps     []*api.GlobalNetworkPolicy
+	ippools  []*api.IPPool // for their VXLAN modes (tunnel.go)
 }
 
 func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
@@ -74,6 +75,9 @@ func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
 	}
 	if cl.gnps, _, err = datastore.ListAs[*api.GlobalNetworkPolicy](ctx, c.Store, api.KindGlobalNetworkPolicy, ""); err != nil {
 		return nil, fmt.Errorf("listing global network policies: %w", err)
+	}
+	if err := c.loadPools(ctx, cl); err != nil {
+		return nil, err
 	}
 	return cl, nil
 }

@@ -241,6 +241,7 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	}
 	fmt.Fprintf(&b, "Affine blocks: %s\n", orNone(strings.Join(st.Blocks, ", ")))
 	fmt.Fprintf(&b, "Advertised:    %s\n", orNone(strings.Join(st.Advertised, ", ")))
+	writeTunnels(&b, st)
 	_, err := io.WriteString(out, b.String())
 	return err
 }

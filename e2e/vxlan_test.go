@@ -349,6 +349,47 @@ func TestVXLANNeverToCrossSubnet(t *testing.T) {
 	}
 	tcpExchange(t, l, "n2p1", "n1p1")
 	tcpExchange(t, l, "n1p1", "n2p1")
+	vxlanTabbyctl(t, l)
+}
+
+// vxlanTabbyctl: node status shows node1's tunnel with its path to node2
+// and node3 as native; explain pod tells node2's route to n1p1 through
+// the tunnel and node3's over BGP; ipam check counts no tunnel address as
+// a leak.
+func vxlanTabbyctl(t *testing.T, l *lab.Lab) {
+	t.Helper()
+	out, err := tabbyctl(t, l, "node", "status", "--node", "node1")
+	if err != nil {
+		t.Fatalf("node status: %v\n%s", err, out)
+	}
+	for _, want := range []string{"VXLAN vxlan.tabby: CrossSubnet, address 10.244.", "1 tunnelled route", "dev vxlan.tabby onlink   (node2)", "native (same subnet, CrossSubnet): node3"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("node status lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = tabbyctl(t, l, "explain", "pod", "default/n1p1")
+	if err != nil {
+		t.Fatalf("explain: %v\n%s", err, out)
+	}
+	node1 := l.State().Node("node1").IP.Addr().String()
+	var node2Line, node3Line string
+	for _, line := range strings.Split(out, "\n") {
+		switch f := strings.Fields(line); {
+		case len(f) > 0 && f[0] == "node2":
+			node2Line = line
+		case len(f) > 0 && f[0] == "node3":
+			node3Line = line
+		}
+	}
+	if !strings.Contains(node2Line, "dev vxlan.tabby proto 80 onlink   (VXLAN CrossSubnet)") {
+		t.Errorf("explain: node2's route is %q, want one through the tunnel:\n%s", node2Line, out)
+	}
+	if !strings.Contains(node3Line, "via "+node1+" proto 81") {
+		t.Errorf("explain: node3's route is %q, want the BGP one via %s:\n%s", node3Line, node1, out)
+	}
+	if out, err := tabbyctl(t, l, "ipam", "check", "--leak-grace", "0s"); err != nil {
+		t.Errorf("ipam check with tunnel addresses: %v\n%s", err, out)
+	}
 }
 
 var (

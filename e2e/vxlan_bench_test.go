@@ -77,11 +77,11 @@ func BenchmarkPrivilegedVXLAN(b *testing.B) {
 	srvNode := startVXLANSink(b, l, "node3")
 	var tput, rtt = map[string][]float64{}, map[string][]float64{}
 	measure := func(name, from, to string) {
-		bps, err := vxlanHelper(ctx, b, l, from, "tput", to, "2s")
+		bps, err := vxlanHelper(ctx, l, from, "tput", to, "2s")
 		if err != nil {
 			b.Fatalf("%s throughput: %v", name, err)
 		}
-		us, err := vxlanHelper(ctx, b, l, from, "rtt", to, "2000")
+		us, err := vxlanHelper(ctx, l, from, "rtt", to, "2000")
 		if err != nil {
 			b.Fatalf("%s latency: %v", name, err)
 		}
@@ -230,7 +230,7 @@ const vxlanHelperEnv = "TABBY_E2E_VXLAN_HELPER"
 
 // startVXLANSink runs the helper's sink in target's namespace on port
 // 5201 until the benchmark ends and returns its address.
-func startVXLANSink(b *testing.B, l *lab.Lab, target string) string {
+func startVXLANSink(b testing.TB, l *lab.Lab, target string) string {
 	b.Helper()
 	ns, err := l.ResolveNetNS(target)
 	if err != nil {
@@ -266,7 +266,7 @@ func startVXLANSink(b *testing.B, l *lab.Lab, target string) string {
 
 // vxlanHelper runs the helper's client in from's namespace and returns
 // the number it prints.
-func vxlanHelper(ctx context.Context, b *testing.B, l *lab.Lab, from string, args ...string) (float64, error) {
+func vxlanHelper(ctx context.Context, l *lab.Lab, from string, args ...string) (float64, error) {
 	ns, err := l.ResolveNetNS(from)
 	if err != nil {
 		return 0, err
@@ -282,7 +282,8 @@ func vxlanHelper(ctx context.Context, b *testing.B, l *lab.Lab, from string, arg
 
 // TestVXLANHelperProcess is the benchmark's traffic helper, run in a lab
 // namespace: "sink PORT" serves throughput ('T': read and discard) and
-// latency ('L': echo every byte) connections; "tput ADDR DURATION" prints
+// latency ('L': echo every byte) connections; "echo ADDR BYTES" sends
+// BYTES in full-sized segments and prints how many came back within 15 s; "tput ADDR DURATION" prints
 // bytes per second written to ADDR:5201; "rtt ADDR N" prints the median of
 // N one-byte round trips in microseconds.
 func TestVXLANHelperProcess(t *testing.T) {
@@ -298,6 +299,8 @@ func TestVXLANHelperProcess(t *testing.T) {
 		err = vxlanTput(args[1], args[2])
 	case len(args) == 3 && args[0] == "rtt":
 		err = vxlanRTT(args[1], args[2])
+	case len(args) == 3 && args[0] == "echo":
+		err = vxlanEcho(args[1], args[2])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vxlan helper:", err)
@@ -388,5 +391,35 @@ func vxlanRTT(addr, count string) error {
 		rtts = append(rtts, float64(time.Since(start).Nanoseconds())/1e3)
 	}
 	fmt.Println(median(rtts))
+	return nil
+}
+
+func vxlanEcho(addr, count string) error {
+	n, err := strconv.Atoi(count)
+	if err != nil {
+		return err
+	}
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, "5201"), 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+	if _, err := c.Write([]byte{'L'}); err != nil {
+		return err
+	}
+	werr := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, n))
+		werr <- err
+	}()
+	got, err := io.ReadFull(c, make([]byte, n))
+	if err != nil {
+		return fmt.Errorf("%d of %d bytes came back: %w", got, n, err)
+	}
+	if err := <-werr; err != nil {
+		return err
+	}
+	fmt.Println(got)
 	return nil
 }

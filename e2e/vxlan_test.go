@@ -349,6 +349,21 @@ func TestVXLANNeverToCrossSubnet(t *testing.T) {
 	}
 	tcpExchange(t, l, "n2p1", "n1p1")
 	tcpExchange(t, l, "n1p1", "n2p1")
+
+	// The pods were made under Never, with MTU 1500: a full-sized packet
+	// with DF gets "fragmentation needed" from the tunnel, and TCP follows
+	// the path MTU both ways.
+	if m := linkMTU(t, l, "n1p1", "eth0"); m != 1500 {
+		t.Errorf("n1p1, made under Never, has MTU %d, want 1500", m)
+	}
+	out, err := l.Exec(ctx, "n1p1", "ping", "-c1", "-W2", "-M", "do", "-s", "1472", cross.String())
+	if err == nil || !strings.Contains(string(out), "mtu = 1450") {
+		t.Errorf("a 1500-byte DF packet into the tunnel: %v, want fragmentation needed (mtu = 1450):\n%s", err, out)
+	}
+	startVXLANSink(t, l, "n2p1")
+	if n, err := vxlanHelper(ctx, l, "n1p1", "echo", cross.String(), "1000000"); err != nil || n != 1e6 {
+		t.Errorf("1 MB echoed over TCP between 1500-MTU pods through the tunnel: %v bytes, %v", n, err)
+	}
 	vxlanTabbyctl(t, l)
 }
 

@@ -42,13 +42,21 @@ type tunnelOwner struct {
 	sub      *syncer.Signal
 	kick     chan struct{}
 
+	// drain is tunnelDrain (tests shorten it).
+	drain time.Duration
+
 	mu     sync.Mutex
 	states [2]api.TunnelStatus
+	// drainUntil is when a family's tunnel being torn down may go;
+	// cleaned, that it went (and its address was released) since it was
+	// last wanted or since the start.
+	drainUntil [2]time.Time
+	cleaned    [2]bool
 }
 
 func newTunnelOwner(node string, v4, v6 netip.Prefix, view *syncer.Syncer, store *datastore.Store, al *ipam.Allocator,
 	vx dataplane.VXLAN, table *routetable.Table, log *slog.Logger) *tunnelOwner {
-	o := &tunnelOwner{node: node, underlay: [2]netip.Prefix{v4, v6}, view: view, store: store, ipam: al, vxlan: vx, table: table, log: log, kick: make(chan struct{}, 1)}
+	o := &tunnelOwner{drain: tunnelDrain, node: node, underlay: [2]netip.Prefix{v4, v6}, view: view, store: store, ipam: al, vxlan: vx, table: table, log: log, kick: make(chan struct{}, 1)}
 	// Remote blocks and claims (routes), nodes (tunnel ends, addresses,
 	// labels), pools (modes) and the VNI and port.
 	o.sub = view.Notify("tunnel",
@@ -102,8 +110,11 @@ func (o *tunnelOwner) family(ctx context.Context, in tunnelInputs, self *api.Nod
 	st := api.TunnelStatus{Device: dev, Mode: "off"}
 	plan := desiredTunnel(in, is6)
 	if !plan.wanted {
-		return st, nil, o.teardown(ctx, self, is6)
+		return st, nil, o.teardown(ctx, self, boolIndex(is6))
 	}
+	o.mu.Lock()
+	o.cleaned[boolIndex(is6)], o.drainUntil[boolIndex(is6)] = false, time.Time{}
+	o.mu.Unlock()
 	st.Mode, st.Pools = o.modes(in.pools, plan.pools), plan.pools
 	addr, fresh, err := o.tunnelAddr(ctx, self, is6, plan.pools)
 	if err != nil {
@@ -186,36 +197,72 @@ func (o *tunnelOwner) release(ctx context.Context, a netip.Addr) error {
 	return nil
 }
 
-// teardown removes a family's tunnel no pool wants any more: the device,
-// the address (released) and the Node's fields.
-func (o *tunnelOwner) teardown(ctx context.Context, self *api.Node, is6 bool) error {
+// tunnelDrain is how long a tunnel no pool wants any more stays after its
+// Node fields are cleared, so that peers, which see the change a moment
+// later, move their traffic to the native path before the device goes.
+const tunnelDrain = 2 * time.Second
+
+// teardown removes a family's tunnel no pool wants any more, in two
+// steps: first the Node's fields are cleared (peers drop their routes and
+// entries; this pass withdraws this node's own tunnel routes), then, once
+// tunnelDrain has passed, the device goes and the handle's address of the
+// family is released. After a restart the second step runs once, so that
+// a device or address an earlier run left is cleaned up too.
+func (o *tunnelOwner) teardown(ctx context.Context, self *api.Node, i int) error {
+	is6 := i == 1
+	if self != nil {
+		if addr, mac := tunnelFields(self, is6); addr != "" || mac != "" {
+			if err := o.record(ctx, self, is6, netip.Addr{}, ""); err != nil {
+				return err
+			}
+			o.mu.Lock()
+			o.drainUntil[i], o.cleaned[i] = time.Now().Add(o.drain), false
+			o.mu.Unlock()
+			time.AfterFunc(o.drain, func() { kick(o.kick) })
+			return nil
+		}
+	}
+	o.mu.Lock()
+	wait, cleaned := time.Until(o.drainUntil[i]), o.cleaned[i]
+	o.mu.Unlock()
+	if cleaned || wait > 0 {
+		return nil
+	}
 	var errs []error
 	if err := o.vxlan.Remove(dataplane.VXLANDeviceName(is6)); err != nil {
 		errs = append(errs, err)
 	}
-	if self == nil {
-		return errors.Join(errs...)
+	cctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	held, err := o.ipam.AddressesByHandle(cctx, ipam.TunnelHandle(o.node))
+	cancel()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("reading the tunnel handle: %w", err))
 	}
-	addr, mac := self.Spec.IPv4VXLANTunnelAddr, self.Spec.VXLANTunnelMACAddr
-	if is6 {
-		addr, mac = self.Spec.IPv6VXLANTunnelAddr, self.Spec.VXLANTunnelMACAddrV6
-	}
-	if addr == "" && mac == "" {
-		return errors.Join(errs...)
-	}
-	// Clear the record first: peers stop sending to the address before it
-	// can be handed to a pod.
-	if err := o.record(ctx, self, is6, netip.Addr{}, ""); err != nil {
-		return errors.Join(append(errs, err)...)
-	}
-	if a, err := netip.ParseAddr(addr); err == nil {
+	for _, a := range held {
+		if a.Is6() != is6 {
+			continue
+		}
 		if err := o.release(ctx, a); err != nil {
 			errs = append(errs, err)
 		} else {
 			o.log.Info("released the tunnel address; no pool encapsulates", "addr", a)
 		}
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	o.mu.Lock()
+	o.cleaned[i] = true
+	o.mu.Unlock()
+	return nil
+}
+
+// tunnelFields are the node's recorded tunnel address and MAC of a family.
+func tunnelFields(n *api.Node, is6 bool) (addr, mac string) {
+	if is6 {
+		return n.Spec.IPv6VXLANTunnelAddr, n.Spec.VXLANTunnelMACAddrV6
+	}
+	return n.Spec.IPv4VXLANTunnelAddr, n.Spec.VXLANTunnelMACAddr
 }
 
 // record writes the family's tunnel address and MAC on this node's Node
@@ -348,4 +395,11 @@ func (o *tunnelOwner) podMTU() int {
 		}
 	}
 	return mtu
+}
+
+func boolIndex(is6 bool) int {
+	if is6 {
+		return 1
+	}
+	return 0
 }

@@ -224,12 +224,24 @@ func TestTunnelOwnerAlwaysThenNever(t *testing.T) {
 	if _, err := datastore.UpdateAs(ctx, store, p); err != nil {
 		t.Fatal(err)
 	}
-	e1.passUntil(t, "n1 tears its tunnel down", func() error {
-		if e1.vx.String() != "" {
-			return fmt.Errorf("device left: %s", e1.vx.String())
-		}
+	e1.owner.drain = 300 * time.Millisecond
+	e1.passUntil(t, "n1 clears its Node's tunnel fields", func() error {
 		if n, _ := e1.view.Node("n1"); n.Spec.IPv4VXLANTunnelAddr != "" || n.Spec.VXLANTunnelMACAddr != "" {
 			return fmt.Errorf("node record keeps %q %q", n.Spec.IPv4VXLANTunnelAddr, n.Spec.VXLANTunnelMACAddr)
+		}
+		return nil
+	})
+	// Draining: the routes are gone at once, the device stays a moment
+	// for peers still sending through it.
+	if lines := strings.Join(e1.kernel.Lines(), "\n"); strings.Contains(lines, "vxlan") {
+		t.Errorf("tunnel routes left after the record was cleared:\n%s", lines)
+	}
+	if e1.vx.String() == "" {
+		t.Error("the device went with the record: peers still sending through it lose packets")
+	}
+	e1.passUntil(t, "n1 removes its device after the drain", func() error {
+		if e1.vx.String() != "" {
+			return fmt.Errorf("device left: %s", e1.vx.String())
 		}
 		return nil
 	})

@@ -29,15 +29,17 @@ import (
 //     Never (native, BGP-routed), and node↔node over the same fabric as the
 //     reference — interleaved, TABBY_BENCH_ROUNDS rounds (default 5), the
 //     medians reported (tput-*-MBps, rtt-*-us, and the ratios x-*);
+//
 //   - CNI ADD (the lab's CNI exec: tabby-lab, the tabby plugin, the agent)
 //     of pods in the pool with Always against Never, interleaved batches of
 //     5 pods (add-*-ms, medians);
+//
 //   - the time from a new node recording its tunnel on its Node to the
 //     last other node having a tunnel route to its block (join-tunnel-ms),
 //     and from the start of `node add` (join-total-ms), for 2 joins in a
 //     two-subnet lab.
 //
-//	TABBY_BIN=$PWD/bin go test -run '^$' -bench PrivilegedVXLAN -benchtime 1x -timeout 20m ./e2e/
+//     TABBY_BIN=$PWD/bin go test -run '^$' -bench PrivilegedVXLAN -benchtime 1x -timeout 20m ./e2e/
 func BenchmarkPrivilegedVXLAN(b *testing.B) {
 	testkit.RequirePrivileged(b, "ip", "nsenter")
 	rounds := 5
@@ -283,7 +285,10 @@ func vxlanHelper(ctx context.Context, l *lab.Lab, from string, args ...string) (
 // TestVXLANHelperProcess is the benchmark's traffic helper, run in a lab
 // namespace: "sink PORT" serves throughput ('T': read and discard) and
 // latency ('L': echo every byte) connections; "echo ADDR BYTES" sends
-// BYTES in full-sized segments and prints how many came back within 15 s; "tput ADDR DURATION" prints
+// BYTES in full-sized segments and prints how many came back within 15 s;
+// "hold ADDR DURATION" keeps one connection, a byte echoed every 20 ms, and
+// prints the longest wait for an echo in milliseconds (an error if the
+// connection broke); "tput ADDR DURATION" prints
 // bytes per second written to ADDR:5201; "rtt ADDR N" prints the median of
 // N one-byte round trips in microseconds.
 func TestVXLANHelperProcess(t *testing.T) {
@@ -301,6 +306,8 @@ func TestVXLANHelperProcess(t *testing.T) {
 		err = vxlanRTT(args[1], args[2])
 	case len(args) == 3 && args[0] == "echo":
 		err = vxlanEcho(args[1], args[2])
+	case len(args) == 3 && args[0] == "hold":
+		err = vxlanHold(args[1], args[2])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "vxlan helper:", err)
@@ -421,5 +428,38 @@ func vxlanEcho(addr, count string) error {
 		return err
 	}
 	fmt.Println(got)
+	return nil
+}
+
+func vxlanHold(addr, dur string) error {
+	d, err := time.ParseDuration(dur)
+	if err != nil {
+		return err
+	}
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, "5201"), 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	if _, err := c.Write([]byte{'L'}); err != nil {
+		return err
+	}
+	one := make([]byte, 1)
+	var longest time.Duration
+	for start := time.Now(); time.Since(start) < d; time.Sleep(20 * time.Millisecond) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		t0 := time.Now()
+		if _, err := c.Write(one); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(c, one); err != nil {
+			return fmt.Errorf("after %v: %w", time.Since(start).Round(time.Millisecond), err)
+		}
+		longest = max(longest, time.Since(t0))
+	}
+	fmt.Println(float64(longest.Microseconds()) / 1000)
 	return nil
 }

@@ -214,6 +214,46 @@ func TestVXLANAlways(t *testing.T) {
 	}
 
 	vxlanFromOutsider(t, l)
+	holdThroughSwitches(t, l, pods["n3p1"].v4)
+}
+
+// holdThroughSwitches keeps a TCP connection from n1p1 to a pod of the
+// same subnet (dst) while the pool goes Always → Never → Always: its
+// packets move from the tunnel to the native path and back, and the
+// connection lives on; the longest wait for an echo is reported.
+func holdThroughSwitches(t *testing.T, l *lab.Lab, dst netip.Addr) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	startVXLANSink(t, l, "n3p1")
+	type result struct {
+		ms  float64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ms, err := vxlanHelper(ctx, l, "n1p1", "hold", dst.String(), "8s")
+		done <- result{ms, err}
+	}()
+	setMode := func(m api.VXLANMode) {
+		p, err := datastore.GetAs[*api.IPPool](ctx, l.Store(), api.KindIPPool, "", "default-ipv4-ippool")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Spec.VXLANMode = m
+		if _, err := datastore.UpdateAs(ctx, l.Store(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(2 * time.Second)
+	setMode(api.VXLANModeNever)
+	time.Sleep(3 * time.Second)
+	setMode(api.VXLANModeAlways)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("a TCP connection across Always → Never → Always: %v", r.err)
+	}
+	t.Logf("a TCP connection lived through Always → Never → Always; the longest echo took %.1f ms", r.ms)
 }
 
 // vxlanFromOutsider sends VXLAN packets to node1's tunnel from the ToR,

@@ -94,7 +94,6 @@ func (o *tunnelOwner) pass(ctx context.Context) error {
 			st.Error = err.Error()
 			errs = append(errs, err)
 		}
-		st.Updated = time.Now()
 		o.mu.Lock()
 		o.states[i] = st
 		o.mu.Unlock()
@@ -139,7 +138,7 @@ func (o *tunnelOwner) family(ctx context.Context, in tunnelInputs, self *api.Nod
 	in.ready = true
 	plan = desiredTunnel(in, is6)
 	st.Peers, st.Routes, st.Native, st.Direct = len(plan.peers), len(plan.routes), plan.native, plan.direct
-	for _, r := range plan.routes {
+	for _, r := range plan.routes[:min(len(plan.routes), maxStatusPaths)] {
 		st.Paths = append(st.Paths, api.TunnelPath{Dst: r.Dst, Via: r.Gateways[0], Node: plan.owners[r.Dst]})
 	}
 	if err := o.vxlan.SetPeers(dev, plan.peers); err != nil {
@@ -196,6 +195,10 @@ func (o *tunnelOwner) release(ctx context.Context, a netip.Addr) error {
 	}
 	return nil
 }
+
+// maxStatusPaths bounds the tunnelled paths the status lists (Routes
+// counts them all), so that a large cluster's status record stays small.
+const maxStatusPaths = 64
 
 // tunnelDrain is how long a tunnel no pool wants any more stays after its
 // Node fields are cleared, so that peers, which see the change a moment

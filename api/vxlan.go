@@ -3,7 +3,6 @@ package api
 import (
 	"net"
 	"net/netip"
-	"time"
 )
 
 // VXLANMode is IPPoolSpec.VXLANMode (Calico's names).
@@ -143,10 +142,11 @@ type TunnelStatus struct {
 	// Native are remote nodes whose encapsulated blocks are routed
 	// natively because they have no tunnel yet; Direct are same-subnet
 	// nodes CrossSubnet routes natively.
-	Native  []string  `json:"native,omitempty"`
-	Direct  []string  `json:"direct,omitempty"`
-	Error   string    `json:"error,omitempty"`
-	Updated time.Time `json:"updated,omitzero"`
+	Native []string `json:"native,omitempty"`
+	Direct []string `json:"direct,omitempty"`
+	// Error is the last pass's problem with this family's tunnel. (No
+	// timestamp: the status record is written only when it changes.)
+	Error string `json:"error,omitempty"`
 }
 
 // TunnelPath is one destination a tunnel carries, and the remote tunnel

@@ -355,25 +355,19 @@ func (v *NetlinkVXLAN) SetPeers(dev string, peers []VXLANPeer) error {
 		wantFDB[p.MAC.String()] = p.Node
 		wantNeigh[p.TunnelAddr] = p.MAC.String()
 	}
-	fdb, err := retryDump(func() ([]netlink.Neigh, error) { return v.h.NeighList(idx, unix.AF_BRIDGE) })
+	fdb, neighs, err := v.entries(dev, idx, fam)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("vxlan device %s: listing forwarding entries: %w", dev, err))...)
-	}
-	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return v.h.NeighList(idx, fam) })
-	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("vxlan device %s: listing neighbours: %w", dev, err))...)
+		return errors.Join(append(errs, err)...)
 	}
 	haveFDB := map[string]netip.Addr{}
 	for _, n := range fdb {
-		if ip, ok := addrOf(n.IP); ok && n.LinkIndex == idx {
-			haveFDB[n.HardwareAddr.String()] = ip
-		}
+		ip, _ := addrOf(n.IP)
+		haveFDB[n.HardwareAddr.String()] = ip
 	}
 	haveNeigh := map[netip.Addr]string{}
 	for _, n := range neighs {
-		if ip, ok := addrOf(n.IP); ok && n.LinkIndex == idx && n.State&netlink.NUD_PERMANENT != 0 {
-			haveNeigh[ip] = n.HardwareAddr.String()
-		}
+		ip, _ := addrOf(n.IP)
+		haveNeigh[ip] = n.HardwareAddr.String()
 	}
 	for _, mac := range sortedKeys(wantFDB) {
 		if haveFDB[mac] == wantFDB[mac] {
@@ -397,10 +391,7 @@ func (v *NetlinkVXLAN) SetPeers(dev string, peers []VXLANPeer) error {
 		}
 	}
 	for _, n := range neighs {
-		ip, ok := addrOf(n.IP)
-		if !ok || n.LinkIndex != idx || n.State&netlink.NUD_PERMANENT == 0 {
-			continue
-		}
+		ip, _ := addrOf(n.IP)
 		if _, want := wantNeigh[ip]; want {
 			continue
 		}
@@ -409,10 +400,7 @@ func (v *NetlinkVXLAN) SetPeers(dev string, peers []VXLANPeer) error {
 		}
 	}
 	for _, n := range fdb {
-		ip, ok := addrOf(n.IP)
-		if !ok || n.LinkIndex != idx {
-			continue
-		}
+		ip, _ := addrOf(n.IP)
 		if dst, want := wantFDB[n.HardwareAddr.String()]; want && dst == ip {
 			continue
 		}
@@ -422,6 +410,30 @@ func (v *NetlinkVXLAN) SetPeers(dev string, peers []VXLANPeer) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// entries lists the device's forwarding entries with a destination and its
+// permanent neighbour entries (the ones SetPeers programs; the kernel's own
+// incomplete or failed ones are left alone); v.mu is held.
+func (v *NetlinkVXLAN) entries(dev string, idx, fam int) (fdb, neighs []netlink.Neigh, _ error) {
+	all, err := retryDump(func() ([]netlink.Neigh, error) { return v.h.NeighList(idx, unix.AF_BRIDGE) })
+	if err != nil {
+		return nil, nil, fmt.Errorf("vxlan device %s: listing forwarding entries: %w", dev, err)
+	}
+	for _, n := range all {
+		if _, ok := addrOf(n.IP); ok && n.LinkIndex == idx {
+			fdb = append(fdb, n)
+		}
+	}
+	if all, err = retryDump(func() ([]netlink.Neigh, error) { return v.h.NeighList(idx, fam) }); err != nil {
+		return nil, nil, fmt.Errorf("vxlan device %s: listing neighbours: %w", dev, err)
+	}
+	for _, n := range all {
+		if _, ok := addrOf(n.IP); ok && n.LinkIndex == idx && n.State&netlink.NUD_PERMANENT != 0 {
+			neighs = append(neighs, n)
+		}
+	}
+	return fdb, neighs, nil
 }
 
 // Peers implements VXLAN.
@@ -435,27 +447,18 @@ func (v *NetlinkVXLAN) Peers(dev string) ([]VXLANPeer, error) {
 	if err != nil {
 		return nil, err
 	}
-	idx := vx.Attrs().Index
-	fdb, err := retryDump(func() ([]netlink.Neigh, error) { return v.h.NeighList(idx, unix.AF_BRIDGE) })
+	fdb, neighs, err := v.entries(dev, vx.Attrs().Index, fam)
 	if err != nil {
-		return nil, fmt.Errorf("vxlan device %s: listing forwarding entries: %w", dev, err)
-	}
-	neighs, err := retryDump(func() ([]netlink.Neigh, error) { return v.h.NeighList(idx, fam) })
-	if err != nil {
-		return nil, fmt.Errorf("vxlan device %s: listing neighbours: %w", dev, err)
+		return nil, err
 	}
 	dst := map[string]netip.Addr{}
 	for _, n := range fdb {
-		if ip, ok := addrOf(n.IP); ok && n.LinkIndex == idx {
-			dst[n.HardwareAddr.String()] = ip
-		}
+		ip, _ := addrOf(n.IP)
+		dst[n.HardwareAddr.String()] = ip
 	}
 	var out []VXLANPeer
 	for _, n := range neighs {
-		ip, ok := addrOf(n.IP)
-		if !ok || n.LinkIndex != idx || n.State&netlink.NUD_PERMANENT == 0 {
-			continue
-		}
+		ip, _ := addrOf(n.IP)
 		out = append(out, VXLANPeer{TunnelAddr: ip, MAC: slices.Clone(n.HardwareAddr), Node: dst[n.HardwareAddr.String()]})
 	}
 	return SortPeers(out), nil

@@ -307,7 +307,7 @@ func vxlanFromOutsider(t *testing.T, l *lab.Lab) {
 // same-subnet traffic stays native (node1's vxlan.tabby sends nothing for
 // it) and cross-subnet traffic goes through the tunnel.
 func TestVXLANNeverToCrossSubnet(t *testing.T) {
-	l := upVXLANLab(t, lab.Options{Name: "vxlan-cs", Nodes: 3, PodsPerNode: 1, VXLANMode: api.VXLANModeNever})
+	l := upVXLANLab(t, lab.Options{Name: "vxlan-cs", Nodes: 3, PodsPerNode: 1, DualStack: true, VXLANMode: api.VXLANModeNever})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	pods := labPods(t, l)
@@ -338,13 +338,15 @@ func TestVXLANNeverToCrossSubnet(t *testing.T) {
 	sameS, crossS := start(same), start(cross)
 	time.Sleep(2 * time.Second) // pings before the switch
 	switched := time.Now()
-	p, err := datastore.GetAs[*api.IPPool](ctx, l.Store(), api.KindIPPool, "", "default-ipv4-ippool")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Spec.VXLANMode = api.VXLANModeCrossSubnet
-	if _, err := datastore.UpdateAs(ctx, l.Store(), p); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"default-ipv4-ippool", "default-ipv6-ippool"} {
+		p, err := datastore.GetAs[*api.IPPool](ctx, l.Store(), api.KindIPPool, "", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Spec.VXLANMode = api.VXLANModeCrossSubnet
+		if _, err := datastore.UpdateAs(ctx, l.Store(), p); err != nil {
+			t.Fatal(err)
+		}
 	}
 	_ = sameS.cmd.Wait() // ping exits 1 when it lost some: the counts say
 	_ = crossS.cmd.Wait()
@@ -360,7 +362,7 @@ func TestVXLANNeverToCrossSubnet(t *testing.T) {
 	}
 
 	// CrossSubnet: node1 tunnels to node2 only; node3 is routed natively.
-	waitTunnels(t, l, []bool{false}, func(n string) int {
+	waitTunnels(t, l, []bool{false, true}, func(n string) int {
 		if n == "node2" {
 			return 2 // both others are behind the router, from node2
 		}
@@ -370,22 +372,36 @@ func TestVXLANNeverToCrossSubnet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tun := st.Tunnels[0]; tun.Mode != "CrossSubnet" || strings.Join(tun.Direct, ",") != "node3" {
-		t.Errorf("node1's tunnel: mode %q, direct %v; want CrossSubnet, node3 native", tun.Mode, tun.Direct)
+	for _, tun := range st.Tunnels {
+		if tun.Mode != "CrossSubnet" || strings.Join(tun.Direct, ",") != "node3" {
+			t.Errorf("node1's %s: mode %q, direct %v; want CrossSubnet, node3 native", tun.Device, tun.Mode, tun.Direct)
+		}
 	}
-	tx := txPackets(t, l, "node1", "vxlan.tabby")
-	if out, err := l.Exec(ctx, "n1p1", "ping", "-c20", "-i", "0.05", "-W1", same.String()); err != nil {
-		t.Errorf("same-subnet pings with CrossSubnet: %v\n%s", err, out)
-	}
-	if d := txPackets(t, l, "node1", "vxlan.tabby") - tx; d != 0 {
-		t.Errorf("20 same-subnet pings sent %d packets through node1's tunnel, want 0 (native)", d)
-	}
-	tx = txPackets(t, l, "node1", "vxlan.tabby")
-	if out, err := l.Exec(ctx, "n1p1", "ping", "-c20", "-i", "0.05", "-W1", cross.String()); err != nil {
-		t.Errorf("cross-subnet pings with CrossSubnet: %v\n%s", err, out)
-	}
-	if d := txPackets(t, l, "node1", "vxlan.tabby") - tx; d < 20 {
-		t.Errorf("20 cross-subnet pings sent %d packets through node1's tunnel, want at least 20", d)
+	for _, f := range []struct {
+		dev         string
+		same, cross netip.Addr
+	}{
+		{"vxlan.tabby", same, cross},
+		{"vxlan-v6.tabby", pods["n3p1"].v6, pods["n2p1"].v6},
+	} {
+		tx := txPackets(t, l, "node1", f.dev)
+		if out, err := l.Exec(ctx, "n1p1", "ping", "-c20", "-i", "0.05", "-W1", f.same.String()); err != nil {
+			t.Errorf("same-subnet pings to %s with CrossSubnet: %v\n%s", f.same, err, out)
+		}
+		if d := txPackets(t, l, "node1", f.dev) - tx; d != 0 {
+			t.Errorf("20 same-subnet pings to %s sent %d packets through node1's %s, want 0 (native)", f.same, d, f.dev)
+		}
+		tx = txPackets(t, l, "node1", f.dev)
+		// One retry: the first IPv6 packet may wait for the pod's
+		// neighbour discovery.
+		if out, err := l.Exec(ctx, "n1p1", "ping", "-c20", "-i", "0.05", "-W1", f.cross.String()); err != nil {
+			if out, err = l.Exec(ctx, "n1p1", "ping", "-c20", "-i", "0.05", "-W1", f.cross.String()); err != nil {
+				t.Errorf("cross-subnet pings to %s with CrossSubnet: %v\n%s", f.cross, err, out)
+			}
+		}
+		if d := txPackets(t, l, "node1", f.dev) - tx; d < 20 {
+			t.Errorf("20 cross-subnet pings to %s sent %d packets through node1's %s, want at least 20", f.cross, d, f.dev)
+		}
 	}
 	tcpExchange(t, l, "n2p1", "n1p1")
 	tcpExchange(t, l, "n1p1", "n2p1")
@@ -417,7 +433,8 @@ func vxlanTabbyctl(t *testing.T, l *lab.Lab) {
 	if err != nil {
 		t.Fatalf("node status: %v\n%s", err, out)
 	}
-	for _, want := range []string{"VXLAN vxlan.tabby: CrossSubnet, address 10.244.", "1 tunnelled route", "dev vxlan.tabby onlink   (node2)", "native (same subnet, CrossSubnet): node3"} {
+	for _, want := range []string{"VXLAN vxlan.tabby: CrossSubnet, address 10.244.", "VXLAN vxlan-v6.tabby: CrossSubnet, address fd00:10:244:",
+		"1 tunnelled route", "dev vxlan.tabby onlink   (node2)", "dev vxlan-v6.tabby onlink   (node2)", "native (same subnet, CrossSubnet): node3"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("node status lacks %q:\n%s", want, out)
 		}
@@ -427,20 +444,29 @@ func vxlanTabbyctl(t *testing.T, l *lab.Lab) {
 		t.Fatalf("explain: %v\n%s", err, out)
 	}
 	node1 := l.State().Node("node1").IP.Addr().String()
-	var node2Line, node3Line string
+	node16 := l.State().Node("node1").IP6.Addr().String()
+	var node2Lines, node3Lines []string
 	for _, line := range strings.Split(out, "\n") {
 		switch f := strings.Fields(line); {
 		case len(f) > 0 && f[0] == "node2":
-			node2Line = line
+			node2Lines = append(node2Lines, line)
 		case len(f) > 0 && f[0] == "node3":
-			node3Line = line
+			node3Lines = append(node3Lines, line)
 		}
 	}
-	if !strings.Contains(node2Line, "dev vxlan.tabby proto 80 onlink   (VXLAN CrossSubnet)") {
-		t.Errorf("explain: node2's route is %q, want one through the tunnel:\n%s", node2Line, out)
+	if len(node2Lines) != 2 || len(node3Lines) != 2 {
+		t.Errorf("explain: want a route of each family for node2 and node3:\n%s", out)
 	}
-	if !strings.Contains(node3Line, "via "+node1+" proto 81") {
-		t.Errorf("explain: node3's route is %q, want the BGP one via %s:\n%s", node3Line, node1, out)
+	for i, line := range node2Lines {
+		dev := []string{"vxlan.tabby", "vxlan-v6.tabby"}[min(i, 1)]
+		if !strings.Contains(line, "dev "+dev+" proto 80 onlink   (VXLAN CrossSubnet)") {
+			t.Errorf("explain: node2's route is %q, want one through %s:\n%s", line, dev, out)
+		}
+	}
+	for _, line := range node3Lines {
+		if !strings.Contains(line, "via "+node1+" proto 81") && !strings.Contains(line, "via "+node16+" proto 81") {
+			t.Errorf("explain: node3's route is %q, want the BGP one via node1:\n%s", line, out)
+		}
 	}
 	if out, err := tabbyctl(t, l, "ipam", "check", "--leak-grace", "0s"); err != nil {
 		t.Errorf("ipam check with tunnel addresses: %v\n%s", err, out)

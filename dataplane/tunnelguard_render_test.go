@@ -44,3 +44,26 @@ func TestRenderTunnelGuard(t *testing.T) {
 		t.Errorf("tunnel rules without a guard:\n%s", lines)
 	}
 }
+
+// Two Tabby jumps from one base chain (tabby-INPUT and the tunnel guard's)
+// are both "first" in whichever order they are: planning them again must
+// not move one above the other at every Apply.
+func TestPlanTableTwoJumpsFromOneChain(t *testing.T) {
+	jumps := []policy.Jump{{Table: "filter", From: "INPUT", To: "tabby-tunnel"}, {Table: "filter", From: "INPUT", To: "tabby-INPUT"}}
+	in := IPTChain{Table: "filter", Name: "tabby-INPUT"}
+	tun := IPTChain{Table: "filter", Name: "tabby-tunnel"}
+	for _, order := range []string{
+		"-A INPUT -j tabby-INPUT\n-A INPUT -j tabby-tunnel\n",
+		"-A INPUT -j tabby-tunnel\n-A INPUT -j tabby-INPUT\n",
+	} {
+		p := planTable("filter", []IPTChain{in, tun}, jumps, mustParse(t, saveOf(order, in, tun)))
+		if len(p.firstJumps) != 0 || len(p.missingJumps) != 0 {
+			t.Errorf("INPUT %q: to put first %v, missing %v; want none", order, p.firstJumps, p.missingJumps)
+		}
+	}
+	// A foreign rule between them still sends the lower one back on top.
+	p := planTable("filter", []IPTChain{in, tun}, jumps, mustParse(t, saveOf("-A INPUT -j tabby-INPUT\n-A INPUT -j ACCEPT\n-A INPUT -j tabby-tunnel\n", in, tun)))
+	if len(p.firstJumps) != 1 || p.firstJumps[0].To != "tabby-tunnel" {
+		t.Errorf("with a foreign rule between: to put first %v, want tabby-tunnel", p.firstJumps)
+	}
+}

@@ -77,11 +77,13 @@ func compile(in Input, cache *Compiler) *Ruleset {
 	c.cache.end(c)
 	return &Ruleset{
 		Chains: chains,
-		Jumps: append([]Jump{
-			{Table: TableFilter, From: "FORWARD", To: ChainForward},
-			{Table: TableFilter, From: "INPUT", To: ChainInput},
-			{Table: TableNAT, From: "POSTROUTING", To: ChainPostrouting},
-		}, tunnelJumps...),
+		// The tunnel guard's jump comes first in INPUT: it only drops, and
+		// nothing that accepts may let a forged VXLAN packet by.
+		Jumps: append(tunnelJumps,
+			Jump{Table: TableFilter, From: "FORWARD", To: ChainForward},
+			Jump{Table: TableFilter, From: "INPUT", To: ChainInput},
+			Jump{Table: TableNAT, From: "POSTROUTING", To: ChainPostrouting},
+		),
 		Sets:     c.sortedSets(),
 		Warnings: c.warnings,
 	}

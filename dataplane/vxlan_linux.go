@@ -480,3 +480,35 @@ func familyName(is6 bool) string {
 	}
 	return "IPv4"
 }
+
+// RemoveVXLANDevices deletes Tabby's VXLAN devices (VXLANDevice4,
+// VXLANDevice6) in the namespace at netnsPath ("" = this thread's), for
+// `tabby-agent cleanup`, and returns the names of those it removed. A
+// device of another type with one of the names is left alone.
+func RemoveVXLANDevices(netnsPath string) ([]string, error) {
+	v, err := NewVXLAN(netnsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer v.Close()
+	var removed []string
+	var errs []error
+	for _, dev := range []string{VXLANDevice4, VXLANDevice6} {
+		_, ok, err := v.Status(dev)
+		if err != nil {
+			if !errors.Is(err, ErrVXLANClash) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if err := v.Remove(dev); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, dev)
+	}
+	return removed, errors.Join(errs...)
+}

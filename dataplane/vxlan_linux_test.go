@@ -154,8 +154,11 @@ func TestPrivilegedVXLANPing(t *testing.T) {
 	if got, err := vx[1].Peers(dataplane.VXLANDevice4); err != nil || len(got) != 0 {
 		t.Errorf("Peers after SetPeers(nil) = %v, %v; want none", got, err)
 	}
-	if err := vx[1].Remove(dataplane.VXLANDevice4); err != nil {
-		t.Fatal(err)
+	if removed, err := dataplane.RemoveVXLANDevices(nsB.Path); err != nil || strings.Join(removed, ",") != "vxlan.tabby,vxlan-v6.tabby" {
+		t.Errorf("RemoveVXLANDevices = %v, %v; want both devices", removed, err)
+	}
+	if removed, err := dataplane.RemoveVXLANDevices(nsB.Path); err != nil || len(removed) != 0 {
+		t.Errorf("second RemoveVXLANDevices = %v, %v; want none", removed, err)
 	}
 	if err := vx[1].Remove(dataplane.VXLANDevice4); err != nil {
 		t.Errorf("second Remove: %v", err)

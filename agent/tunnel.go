@@ -126,10 +126,22 @@ func (o *tunnelOwner) family(ctx context.Context, in tunnelInputs, self *api.Nod
 		if fresh { // nothing half-made: the address goes back too
 			err = errors.Join(err, o.release(ctx, addr))
 		}
+		// Peers must not tunnel to a device that is not as they think
+		// (a VNI changed to one another device holds): withdrawn from the
+		// Node, this node's traffic takes the native path, if any. The
+		// address stays held for the next attempt.
+		if self != nil {
+			if a, m := tunnelFields(self, is6); a != "" || m != "" {
+				err = errors.Join(err, o.record(ctx, self, is6, netip.Addr{}, ""))
+			}
+		}
 		return st, nil, err
 	}
 	st.Addr, st.MAC, st.MTU, st.VNI, st.Port = addr, dst.MAC.String(), dst.MTU, dst.VNI, dst.Port
 	if dst.Created {
+		// The kernel took the routes of a device made again (a VNI or
+		// port change) with it: the table must read what is left.
+		o.table.Resync()
 		o.log.Info("vxlan device ready", "device", dev, "vni", vni, "port", port, "addr", addr, "mac", dst.MAC.String(), "mtu", dst.MTU)
 	}
 	if err := o.record(ctx, self, is6, addr, dst.MAC.String()); err != nil {

@@ -302,3 +302,58 @@ func TestTunnelOwnerClash(t *testing.T) {
 		t.Errorf("device made: %s", e.vx.String())
 	}
 }
+
+// A tunnel that worked and then cannot be made (the cluster's VNI changed
+// to one another device holds) is withdrawn from the Node, so that peers
+// stop tunnelling to it; its address stays held.
+func TestTunnelOwnerClashAfterRecorded(t *testing.T) {
+	ctx := context.Background()
+	store := storetest.New(t)
+	if _, err := store.Create(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16", VXLANMode: api.VXLANModeAlways}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, tunnelNode("n1", "198.18.1.11/24", "")); err != nil {
+		t.Fatal(err)
+	}
+	e := newTunnelEnv(t, store, "n1", "198.18.1.11/24")
+	var addr netip.Addr
+	e.passUntil(t, "n1 records its tunnel", func() error {
+		n, _ := e.view.Node("n1")
+		a, _, ok := n.VXLANTunnel(false)
+		if !ok {
+			return errors.New("no tunnel recorded")
+		}
+		addr = a
+		return nil
+	})
+	e.vx.Foreign = map[string]string{"flannel.1": "4097/4789/false"}
+	vni := uint32(4097)
+	if _, err := store.Create(ctx, &api.BGPConfiguration{Metadata: api.ObjectMeta{Name: api.SingletonName}, Spec: api.BGPConfigurationSpec{VXLANVNI: &vni}}); err != nil {
+		t.Fatal(err)
+	}
+	e.passUntil(t, "n1 withdraws its tunnel from the Node", func() error {
+		n, _ := e.view.Node("n1")
+		if n.Spec.IPv4VXLANTunnelAddr != "" || n.Spec.VXLANTunnelMACAddr != "" {
+			return fmt.Errorf("node still records %q", n.Spec.IPv4VXLANTunnelAddr)
+		}
+		return nil
+	})
+	if st := e.owner.status()[0]; !strings.Contains(st.Error, "flannel.1 already uses VNI 4097") {
+		t.Errorf("status error = %q", st.Error)
+	}
+	if held, err := ipam.New(store).AddressesByHandle(ctx, ipam.TunnelHandle("n1")); err != nil || len(held) != 1 || held[0] != addr {
+		t.Errorf("tunnel handle holds %v, %v; want %v kept for the next attempt", held, err, addr)
+	}
+	// The clash gone, the same address comes back.
+	e.vx.Foreign = nil
+	e.passUntil(t, "n1 records its tunnel again", func() error {
+		n, _ := e.view.Node("n1")
+		if a, _, ok := n.VXLANTunnel(false); !ok || a != addr {
+			return fmt.Errorf("node records %v %v, want %v", a, ok, addr)
+		}
+		return nil
+	})
+	if !strings.Contains(e.vx.String(), "vni 4097") {
+		t.Errorf("device after the clash: %s", e.vx.String())
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -215,6 +216,73 @@ func TestVXLANAlways(t *testing.T) {
 
 	vxlanFromOutsider(t, l)
 	holdThroughSwitches(t, l, pods["n3p1"].v4)
+	vniClash(t, l, pods)
+}
+
+// vniClash: another program's device on node4 holds VNI 4097 on port 4789
+// (IPv4) when the cluster's VNI becomes 4097. node4 reports the clash and
+// withdraws its IPv4 tunnel from its Node; the other nodes move to 4097,
+// list node4 as native-until-it-has-a-tunnel and route nothing of its into
+// a tunnel; its IPv6 tunnel (no clash there) keeps working. Behind the
+// router without a tunnel, node4's pod is unreachable over IPv4, as
+// without VXLAN — and said so — never sent into a tunnel that drops it.
+func vniClash(t *testing.T, l *lab.Lab, pods map[string]labPod) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	n4 := l.State().Node("node4")
+	if out, err := l.Exec(ctx, "node4", "ip", "link", "add", "flannel.1", "type", "vxlan", "id", "4097", "dstport", "4789",
+		"local", n4.IP.Addr().String(), "dev", "eth0", "nolearning"); err != nil {
+		t.Fatalf("making flannel.1 on node4: %v: %s", err, out)
+	}
+	vni := uint32(4097)
+	if _, err := l.Store().Apply(ctx, &api.BGPConfiguration{Metadata: api.ObjectMeta{Name: api.SingletonName}, Spec: api.BGPConfigurationSpec{VXLANVNI: &vni}}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 60*time.Second, "node4 reports the clash and the others route around it", func() error {
+		st, err := l.NodeStatus(ctx, "node4")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(st.Tunnels[0].Error, "flannel.1 already uses VNI 4097 on port 4789") {
+			return fmt.Errorf("node4's IPv4 tunnel error %q", st.Tunnels[0].Error)
+		}
+		for _, n := range []string{"node1", "node2", "node3"} {
+			st, err := l.NodeStatus(ctx, n)
+			if err != nil {
+				return err
+			}
+			if t4 := st.Tunnels[0]; t4.VNI != 4097 || !slices.Contains(t4.Native, "node4") || t4.Routes != 2 || t4.Error != "" {
+				return fmt.Errorf("%s's IPv4 tunnel: VNI %d, native %v, %d routes, error %q", n, t4.VNI, t4.Native, t4.Routes, t4.Error)
+			}
+			if t6 := st.Tunnels[1]; t6.Routes != 3 || t6.Error != "" {
+				return fmt.Errorf("%s's IPv6 tunnel: %d routes, error %q", n, t6.Routes, t6.Error)
+			}
+		}
+		return nil
+	})
+	node, err := datastore.GetAs[*api.Node](ctx, l.Store(), api.KindNode, "", "node4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node.Spec.IPv4VXLANTunnelAddr != "" {
+		t.Errorf("node4 still records an IPv4 tunnel: %s", node.Spec.IPv4VXLANTunnelAddr)
+	}
+	if out, err := l.Exec(ctx, "node1", "ip", "route", "get", pods["n4p1"].v4.String()); err == nil && strings.Contains(string(out), "vxlan") {
+		t.Errorf("node1 routes node4's pod into the tunnel node4 cannot have:\n%s", out)
+	}
+	for _, c := range []struct {
+		to   netip.Addr
+		want bool
+	}{{pods["n2p1"].v4, true}, {pods["n4p1"].v6, true}, {pods["n4p1"].v4, false}} {
+		err := l.Ping(ctx, "n1p1", c.to)
+		if c.want && err != nil {
+			err = l.Ping(ctx, "n1p1", c.to) // one retry: neighbour discovery
+		}
+		if (err == nil) != c.want {
+			t.Errorf("n1p1 -> %s after the VNI change: reached %v, want %v", c.to, err == nil, c.want)
+		}
+	}
 }
 
 // holdThroughSwitches keeps a TCP connection from n1p1 to a pod of the

@@ -144,13 +144,36 @@ func (t *Table) replace(dst netip.Prefix, want dataplane.Route, c Class, force b
 			delete(t.dirty, dst)
 			return nil
 		}
-		return fmt.Errorf("%v route %v: %w", c, want, err)
+		err = fmt.Errorf("%v route %v: %w", c, want, err)
+		// The kernel's route for dst is one no class wants any more (a
+		// tunnel route whose node withdrew its tunnel, with a learned
+		// successor whose next hop is unreachable): it must not keep
+		// carrying traffic its owner gave up. The successor is retried.
+		if have, ok := t.applied[dst]; ok && !t.wanted(dst, have) {
+			if derr := t.kernel.Delete(have); derr != nil {
+				return errors.Join(err, fmt.Errorf("deleting route %v: %w", have, derr))
+			}
+			t.stats.Deleted++
+			delete(t.applied, dst)
+		}
+		return err
 	}
 	t.stats.Replaced++
 	t.applied[dst] = want
 	delete(t.dirty, dst)
 	delete(t.held, dst)
 	return nil
+}
+
+// wanted reports whether some class still wants the route have (as the
+// kernel or the table's last apply has it) for dst; t.mu is held.
+func (t *Table) wanted(dst netip.Prefix, have dataplane.Route) bool {
+	for _, c := range byPriority {
+		if rt, ok := t.classes[c][dst]; ok && satisfied(rt, have) {
+			return true
+		}
+	}
+	return false
 }
 
 // remove deletes the kernel's route of ours for dst, unless its class

@@ -154,10 +154,31 @@ func (o *tunnelOwner) family(ctx context.Context, in tunnelInputs, self *api.Nod
 		st.Paths = append(st.Paths, api.TunnelPath{Dst: r.Dst, Via: r.Gateways[0], Node: plan.owners[r.Dst]})
 	}
 	if err := o.vxlan.SetPeers(dev, plan.peers); err != nil {
-		// Routes through peers not programmed would be black holes.
-		return st, nil, fmt.Errorf("%s tunnel peers: %w", familyLabel(is6), err)
+		// Routes through peers not programmed would be black holes: keep
+		// only those via a peer the device has.
+		return st, routesViaPeers(o.vxlan, dev, plan.routes), fmt.Errorf("%s tunnel peers: %w", familyLabel(is6), err)
 	}
 	return st, plan.routes, nil
+}
+
+// routesViaPeers are the routes whose gateway is a peer the device has
+// programmed as wanted (none when they cannot be read).
+func routesViaPeers(vx dataplane.VXLAN, dev string, routes []dataplane.Route) []dataplane.Route {
+	have, err := vx.Peers(dev)
+	if err != nil {
+		return nil
+	}
+	ok := map[netip.Addr]bool{}
+	for _, p := range have {
+		ok[p.TunnelAddr] = true
+	}
+	var out []dataplane.Route
+	for _, r := range routes {
+		if len(r.Gateways) == 1 && ok[r.Gateways[0]] {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // modes names the modes of the encapsulating pools, e.g. "Always" or

@@ -357,3 +357,27 @@ func TestTunnelOwnerClashAfterRecorded(t *testing.T) {
 		t.Errorf("device after the clash: %s", e.vx.String())
 	}
 }
+
+// When the peers cannot all be programmed, routes go only via the peers
+// the device has: one bad peer does not send every other node's traffic
+// off the tunnel, and no route points at a peer that is not there.
+func TestRoutesViaPeers(t *testing.T) {
+	vx := &fake.VXLAN{}
+	if _, err := vx.Ensure(dataplane.VXLANSpec{Name: "vxlan.tabby", VNI: 4096, Port: 4789, Local: netip.MustParseAddr("198.18.0.11")}); err != nil {
+		t.Fatal(err)
+	}
+	good := netip.MustParseAddr("10.244.1.0")
+	if err := vx.SetPeers("vxlan.tabby", []dataplane.VXLANPeer{{TunnelAddr: good, MAC: dataplane.TunnelMAC("n2", false), Node: netip.MustParseAddr("198.18.0.12")}}); err != nil {
+		t.Fatal(err)
+	}
+	route := func(dst string, via netip.Addr) dataplane.Route {
+		return dataplane.Route{Dst: netip.MustParsePrefix(dst), Dev: "vxlan.tabby", Gateways: []netip.Addr{via}, Onlink: true}
+	}
+	got := routesViaPeers(vx, "vxlan.tabby", []dataplane.Route{route("10.244.1.0/26", good), route("10.244.2.0/26", netip.MustParseAddr("10.244.2.0"))})
+	if len(got) != 1 || got[0].Dst.String() != "10.244.1.0/26" {
+		t.Errorf("routes via programmed peers = %v, want only 10.244.1.0/26", got)
+	}
+	if got := routesViaPeers(vx, "vxlan-v6.tabby", []dataplane.Route{route("10.244.1.0/26", good)}); got != nil {
+		t.Errorf("routes via a device that is not there = %v, want none", got)
+	}
+}

@@ -39,6 +39,7 @@ type Agent struct {
 	bgp      *bgpOwner
 	policy   *policyOwner // nil without a firewall
 	gc       *nodeGC
+	tunnel   *tunnelOwner // nil without Deps.VXLAN
 	handler  *cniHandler
 	nodeAddr netip.Prefix
 	// nodeAddr6 is the node's IPv6 underlay address; invalid when it has
@@ -64,6 +65,9 @@ type Deps struct {
 	// number, route-reflector cluster ID) changes at run time; nil means
 	// such a change needs an agent restart.
 	NewSpeaker func() bgp.Speaker
+	// VXLAN makes the node's VXLAN tunnels; nil leaves VXLAN pools'
+	// traffic on the native path (docs/vxlan.md).
+	VXLAN dataplane.VXLAN
 	// CNIFault, for tests, is called with the step's name after each step
 	// of a CNI request's plan (docs/agent.md); an error fails the step there.
 	CNIFault func(step string) error
@@ -93,8 +97,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("setting up the firewall: %w", err)
 	}
+	vx, err := dataplane.NewVXLAN("")
+	if err != nil {
+		return err
+	}
 	newSpeaker := func() bgp.Speaker { return bgp.NewSpeaker(log.With("component", "bgp")) }
-	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw,
+	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw, VXLAN: vx,
 		WatchLinks: func(ctx context.Context) (<-chan string, error) { return dataplane.WatchLinks(ctx, "") }})
 	return a.Run(ctx)
 }
@@ -201,6 +209,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.cfg.NodeGCMaxPerPass > 0 { // Run validates; New does not
 		a.gc.maxPerPass = a.cfg.NodeGCMaxPerPass
 	}
+	if a.deps.VXLAN != nil {
+		a.tunnel = newTunnelOwner(a.cfg.NodeName, a.nodeAddr, a.nodeAddr6, a.view, a.store, a.ipam, a.deps.VXLAN, a.routes.table, a.log.With("component", "tunnel"))
+	}
 	if a.deps.Firewall != nil {
 		a.policy = newPolicyOwner(a.cfg.NodeName, a.view, a.deps.Firewall, a.log.With("component", "policy"))
 		a.policy.toHost, a.policy.protected = string(a.cfg.EndpointToHostAction), a.cfg.HostProtectedPorts()
@@ -216,6 +227,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.handler.policy = attach.PolicyFunc(a.policy.syncFor)
 	}
 	a.handler.advert = attach.AdvertFunc(a.bgp.waitAdvertised)
+	if a.tunnel != nil {
+		a.handler.autoMTU = a.tunnel.podMTU
+	}
 	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
 	close(a.wired)
 
@@ -264,6 +278,9 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	}
 	if r, ok := a.deps.Workloads.(dataplane.HostIfRestorer); ok {
 		g.Go(func() error { hostIfLoop(r, every, a.metrics, a.log.With("component", "hostif")).run(gctx); return nil })
+	}
+	if a.tunnel != nil {
+		g.Go(func() error { a.tunnel.loop(every, a.metrics).run(gctx); return nil })
 	}
 	err := g.Wait()
 	a.handler.waitSpares()

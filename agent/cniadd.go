@@ -52,7 +52,7 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 		mac = containerMAC(a.req.ContainerID, a.req.IfName)
 	}
 	return &addPlan{h: h, a: a, handle: a.handle, spec: dataplane.WorkloadSpec{
-		NetNS: a.req.Netns, IfName: a.req.IfName, HostIfName: a.hostIf, MTU: a.conf.MTU, MAC: mac, SkipHostRoutes: true,
+		NetNS: a.req.Netns, IfName: a.req.IfName, HostIfName: a.hostIf, MTU: h.podMTU(a.conf), MAC: mac, SkipHostRoutes: true,
 	}}
 }
 

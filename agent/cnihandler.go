@@ -76,6 +76,9 @@ type cniHandler struct {
 	observe func(op string, d time.Duration, err error)
 	// observeAssign records an IPAM assignment (metrics).
 	observeAssign func(borrowed bool, err error)
+	// autoMTU, when set, is the pod MTU when the network config sets
+	// none (the tunnel owner's: the underlay's minus the encapsulation).
+	autoMTU func() int
 	// wlocks serialises requests of one workload across its sandboxes.
 	wlocks cni.KeyedLocks
 
@@ -102,6 +105,15 @@ func newCNIHandler(life context.Context, node string, store *datastore.Store, al
 		ipam:      boundedAddresses{alloc},
 		endpoints: storeEndpoints{store},
 	}
+}
+
+// podMTU is the pod interfaces' MTU: the network config's, else the
+// automatic one (0: the dataplane's default).
+func (h *cniHandler) podMTU(conf *cni.NetConf) int {
+	if conf.MTU != 0 || h.autoMTU == nil {
+		return conf.MTU
+	}
+	return h.autoMTU()
 }
 
 func cniErr(code uint, msg string, err error) *types.Error {
@@ -515,7 +527,7 @@ func (h *cniHandler) Check(ctx context.Context, req *cni.Request, conf *cni.NetC
 	if !slices.Equal(prevAddrs, addrs) {
 		errs = append(errs, fmt.Errorf("addresses: the attachment holds %v, the previous result says %v", addrs, prevAddrs))
 	}
-	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: a.hostIf, MTU: conf.MTU}
+	spec := dataplane.WorkloadSpec{NetNS: req.Netns, IfName: req.IfName, HostIfName: a.hostIf, MTU: h.podMTU(conf)}
 	for _, a := range addrs {
 		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, a.BitLen()))
 	}

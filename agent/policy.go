@@ -64,7 +64,8 @@ func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
 		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint),
 		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost),
-		syncer.On(nodeAddrsChanged), syncer.On[api.BGPPeer](nil), syncer.On[api.BGPConfiguration](nil))
+		syncer.On(nodeAddrsChanged), syncer.On[api.BGPPeer](nil), syncer.On[api.BGPConfiguration](nil),
+		tunnelGuardAffects())
 	return p
 }
 
@@ -165,6 +166,7 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		FailsafeInbound:      fsIn,
 		FailsafeOutbound:     fsOut,
 		Guard:                policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts),
+		TunnelGuard:          tunnelGuard(p.view),
 	})
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {

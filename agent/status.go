@@ -30,6 +30,9 @@ func (a *Agent) Status() api.AgentStatus {
 	if a.policy != nil {
 		st.HostEndpoints = a.policy.hostEndpoints()
 	}
+	if a.tunnel != nil {
+		st.Tunnels = a.tunnel.status()
+	}
 	if a.bgp == nil {
 		return st
 	}

@@ -19,6 +19,8 @@ type AgentStatus struct {
 	Services []ServiceAdvertisementStatus `json:"services,omitempty"`
 	// HostEndpoints are the node's host endpoints, when it has any.
 	HostEndpoints []HostEndpointStatus `json:"hostEndpoints,omitempty"`
+	// Tunnels are the node's VXLAN tunnels, IPv4 then IPv6 (docs/vxlan.md).
+	Tunnels []TunnelStatus `json:"tunnels,omitempty"`
 }
 
 // PeerStatus is one BGP session of an agent.

@@ -43,6 +43,15 @@ type NodeSpec struct {
 	// InternalIP); routing uses BGP.IPv4Address.
 	Addresses []NodeAddress `json:"addresses,omitempty"`
 	BGP       *NodeBGPSpec  `json:"bgp,omitempty"`
+
+	// The node's VXLAN tunnel (docs/vxlan.md), written by its agent:
+	// the address of its vxlan.tabby device (from a VXLAN pool, through
+	// IPAM) and that device's MAC; the same for IPv6 and vxlan-v6.tabby.
+	// Calico's names. Empty while the node has no tunnel in that family.
+	IPv4VXLANTunnelAddr  string `json:"ipv4VXLANTunnelAddr,omitempty"`
+	VXLANTunnelMACAddr   string `json:"vxlanTunnelMACAddr,omitempty"`
+	IPv6VXLANTunnelAddr  string `json:"ipv6VXLANTunnelAddr,omitempty"`
+	VXLANTunnelMACAddrV6 string `json:"vxlanTunnelMACAddrV6,omitempty"`
 }
 
 // NodeAddress is one address of a node.
@@ -131,6 +140,11 @@ type IPPoolSpec struct {
 	// and natOutgoing, nodeSelector and bgpAggregate do not apply to it.
 	// See docs/ipam.md.
 	AllowedUses []IPPoolUse `json:"allowedUses,omitempty"`
+	// VXLANMode encapsulates traffic to the pool's addresses on other
+	// nodes in VXLAN: Always, or CrossSubnet (only to nodes outside this
+	// node's underlay subnet; the rest is routed natively over BGP).
+	// Empty means Never. See docs/vxlan.md.
+	VXLANMode VXLANMode `json:"vxlanMode,omitempty"`
 }
 
 // IPPoolUse is one value of IPPoolSpec.AllowedUses.
@@ -212,6 +226,12 @@ type BGPConfigurationSpec struct {
 	// PrefixAdvertisements add communities to the Service prefixes
 	// inside each CIDR (Calico's field, literal values only).
 	PrefixAdvertisements []PrefixAdvertisement `json:"prefixAdvertisements,omitempty"`
+	// VXLANVNI and VXLANPort are the cluster's VXLAN network identifier
+	// and UDP port (Calico's FelixConfiguration names; defaults 4096 and
+	// 4789). They live here because this is the cluster-wide singleton
+	// every agent watches; VXLAN needs no BGP session. See docs/vxlan.md.
+	VXLANVNI  *uint32 `json:"vxlanVNI,omitempty"`
+	VXLANPort *uint16 `json:"vxlanPort,omitempty"`
 }
 
 // BGPPeer is an explicit BGP session: global (no node, no nodeSelector), for

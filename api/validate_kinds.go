@@ -57,6 +57,7 @@ func (n *Node) Validate() error {
 			}
 		}
 	}
+	v.nodeVXLAN(&n.Spec)
 	return v.err()
 }
 
@@ -113,6 +114,7 @@ func (p *IPPool) Validate() error {
 		v.add("spec.bgpAggregate", "%q must be %s or %s (or unset: blocks only)", p.Spec.BGPAggregate, AggregateOnly, AggregateWithBlocks)
 	}
 	v.poolUses(p)
+	v.poolVXLAN(&p.Spec)
 	return v.err()
 }
 
@@ -173,6 +175,7 @@ func (c *BGPConfiguration) Validate() error {
 	v.password("spec.nodeMeshPassword", c.Spec.NodeMeshPassword)
 	v.bgpTimers("spec.", c.Spec.KeepaliveTime, c.Spec.HoldTime, c.Spec.NodeMeshMaxRestartTime, "nodeMeshMaxRestartTime")
 	v.serviceAdvertisement(c)
+	v.vxlanSettings(&c.Spec)
 	return v.err()
 }
 

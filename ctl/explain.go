@@ -49,6 +49,7 @@ type cluster struct {
 	statuses map[string]api.AgentStatus
 	gnps     []*api.GlobalNetworkPolicy
 	services []*api.Service
+	ippools  []*api.IPPool // for their VXLAN modes (tunnel.go)
 }
 
 func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
@@ -78,6 +79,9 @@ func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
 	}
 	if cl.services, _, err = datastore.ListAs[*api.Service](ctx, c.Store, api.KindService, ""); err != nil {
 		return nil, fmt.Errorf("listing service records: %w", err)
+	}
+	if err := c.loadPools(ctx, cl); err != nil {
+		return nil, err
 	}
 	return cl, nil
 }

@@ -163,7 +163,7 @@ func (e *explanation) writeBlock(b *strings.Builder, p addrPath) {
 			continue
 		}
 		others++
-		fmt.Fprintf(b, "  %-10s %s%s\n", n, remoteRoute(p), e.remoteNote(n))
+		fmt.Fprintf(b, "  %-10s %s%s\n", n, e.remoteRouteFor(n, p), e.remoteNote(n))
 	}
 	if others == 0 {
 		b.WriteString("  none: there are no other nodes\n")

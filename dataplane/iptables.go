@@ -202,8 +202,8 @@ func planTable(table string, desired []IPTChain, jumps []policy.Jump, ts tableSt
 		wantJump[jumpKey{j.From, j.To}] = true
 	}
 	found := map[jumpKey]int{}
-	// misplaced: a desired jump below another rule (stale Tabby jumps,
-	// deleted first, do not count).
+	// misplaced: a desired jump below a foreign rule (stale Tabby jumps,
+	// deleted first, and Tabby's other desired jumps do not count).
 	misplaced := map[jumpKey]bool{}
 	for chain, rules := range ts.rules {
 		// Jumps live in base chains only; a user chain of someone else
@@ -221,10 +221,12 @@ func planTable(table string, desired []IPTChain, jumps []policy.Jump, ts tableSt
 			case !wantJump[k]:
 				p.staleJumps = append(p.staleJumps, baseRule{chain, args})
 			default:
+				// Tabby's jumps on top of a base chain are all first,
+				// in any order (INPUT has tabby-INPUT and the tunnel
+				// guard's): only a foreign rule above one misplaces it.
 				if found[k]++; found[k] > 1 || above > 0 {
 					misplaced[k] = true
 				}
-				above++
 			}
 		}
 	}

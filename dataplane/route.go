@@ -39,6 +39,10 @@ type Route struct {
 	Dev      string
 	Gateways []netip.Addr
 	Proto    int
+	// Onlink makes the kernel take the gateways as reachable on Dev
+	// without a route to them (a tunnel route "via <remote tunnel
+	// address> dev vxlan.tabby onlink"); it needs a Dev and Gateways.
+	Onlink bool
 }
 
 // Routes reads and writes routes in the main table. Implementations never
@@ -90,6 +94,9 @@ func (r Route) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("unsupported route type %v", r.Type))
 	}
+	if r.Onlink && (r.Dev == "" || len(r.Gateways) == 0) {
+		errs = append(errs, errors.New("onlink route needs a device and a gateway"))
+	}
 	for _, gw := range r.Gateways {
 		if r.Dst.IsValid() && gw.Is4() != r.Dst.Addr().Is4() {
 			errs = append(errs, fmt.Errorf("gateway %v is not of the destination's family", gw))
@@ -110,7 +117,7 @@ func (r Route) Validate() error {
 func (r Route) Satisfies(actual Route) bool {
 	d, actual := r.Normalized(), actual.Normalized()
 	if d.Dst != actual.Dst || d.Type != actual.Type || d.Proto != actual.Proto ||
-		!slices.Equal(d.Gateways, actual.Gateways) {
+		!slices.Equal(d.Gateways, actual.Gateways) || d.Onlink != actual.Onlink {
 		return false
 	}
 	if d.Dev == "" && len(d.Gateways) > 0 {
@@ -142,12 +149,18 @@ func (r Route) String() string {
 			fmt.Fprintf(&b, " dev %s", r.Dev)
 		}
 		fmt.Fprintf(&b, " proto %d", r.Proto)
+		if r.Onlink {
+			b.WriteString(" onlink")
+		}
 	case len(r.Gateways) > 1:
 		fmt.Fprintf(&b, " proto %d", r.Proto)
 		for _, gw := range r.Gateways {
 			fmt.Fprintf(&b, " nexthop via %v", gw)
 			if r.Dev != "" {
 				fmt.Fprintf(&b, " dev %s", r.Dev)
+			}
+			if r.Onlink {
+				b.WriteString(" onlink")
 			}
 		}
 	case r.Dev != "":

@@ -137,6 +137,7 @@ func fromNetlink(h *netlink.Handle, nr netlink.Route, names map[int]string) (_ R
 		return Route{}, false, fmt.Errorf("route with bad destination %v", nr.Dst)
 	}
 	devIndex := nr.LinkIndex
+	rt.Onlink = nr.Flags&unix.RTNH_F_ONLINK != 0
 	if gw, ok := addrOf(nr.Gw); ok {
 		rt.Gateways = append(rt.Gateways, gw)
 	}
@@ -144,6 +145,7 @@ func fromNetlink(h *netlink.Handle, nr netlink.Route, names map[int]string) (_ R
 		if gw, ok := addrOf(nh.Gw); ok {
 			rt.Gateways = append(rt.Gateways, gw)
 		}
+		rt.Onlink = rt.Onlink || nh.Flags&unix.RTNH_F_ONLINK != 0
 		switch {
 		case i == 0:
 			devIndex = nh.LinkIndex
@@ -273,9 +275,16 @@ func toNetlink(h *netlink.Handle, rt Route) (*netlink.Route, error) {
 		nr.Scope = netlink.SCOPE_LINK
 	case 1:
 		nr.Gw = net.IP(rt.Gateways[0].AsSlice())
+		if rt.Onlink {
+			nr.Flags |= unix.RTNH_F_ONLINK
+		}
 	default:
 		for _, gw := range rt.Gateways {
-			nr.MultiPath = append(nr.MultiPath, &netlink.NexthopInfo{LinkIndex: nr.LinkIndex, Gw: net.IP(gw.AsSlice())})
+			nh := &netlink.NexthopInfo{LinkIndex: nr.LinkIndex, Gw: net.IP(gw.AsSlice())}
+			if rt.Onlink {
+				nh.Flags |= unix.RTNH_F_ONLINK
+			}
+			nr.MultiPath = append(nr.MultiPath, nh)
 		}
 		nr.LinkIndex = 0
 	}

@@ -75,6 +75,16 @@ func TestCheckSnapshot(t *testing.T) {
 			wantLeaks: []string{"10.244.0.1"},
 		},
 		{
+			name: "a node's tunnel address is not a leak",
+			build: func(sb *snapBuilder) {
+				b := sb.block("10.244.0.0/30", "n1")
+				sb.alloc(b, "10.244.0.0", TunnelHandle("n1"), "n1", false)
+				sb.alloc(b, "10.244.0.1", "h1", "n1", false)
+			},
+			grace:     time.Minute,
+			wantLeaks: []string{"10.244.0.1"},
+		},
+		{
 			name: "young allocation is not a leak",
 			build: func(sb *snapBuilder) {
 				b := sb.block("10.244.0.0/30", "n1")

@@ -69,7 +69,8 @@ func (l *Lab) writeConflist(node string) error {
 	if PluginDir("portmap") == "" {
 		tmpl = tabbyOnlyTemplate
 	}
-	b, _, err := installcni.Render(tmpl, 1500, l.cniSocket(node))
+	// MTU 0: the agent chooses (the tunnel's while a pool encapsulates).
+	b, _, err := installcni.Render(tmpl, 0, l.cniSocket(node))
 	if err != nil {
 		return fmt.Errorf("writing CNI configuration: %w", err)
 	}

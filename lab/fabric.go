@@ -106,10 +106,11 @@ func (l *Lab) makeFabric(ctx context.Context) error {
 // end moves into ns as eth0 with address addr.
 func (l *Lab) attach(ctx context.Context, ns, fabricIf string, addr netip.Prefix) error {
 	fab := l.State().fabricNS()
-	progress(l.log, "attaching %s to the fabric as %s", ns, addr)
+	bridge, _, _ := bridgeAndGateways(addr.Addr())
+	progress(l.log, "attaching %s to the fabric (%s) as %s", ns, bridge, addr)
 	steps := [][]string{
 		{"-n", fab, "link", "add", fabricIf, "type", "veth", "peer", "name", "eth0", "netns", ns},
-		{"-n", fab, "link", "set", fabricIf, "master", "br0", "up"},
+		{"-n", fab, "link", "set", fabricIf, "master", bridge, "up"},
 		{"-n", ns, "addr", "add", addr.String(), "dev", "eth0"},
 		{"-n", ns, "link", "set", "eth0", "up"},
 	}
@@ -133,15 +134,22 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 		if s.Node(name) != nil {
 			return fmt.Errorf("node %q exists", name)
 		}
-		used := map[netip.Addr]bool{}
+		used := map[byte]bool{} // last octets: unique across both subnets
 		for _, n := range s.Nodes {
-			used[n.IP.Addr()] = true
+			used[n.IP.Addr().As4()[3]] = true
 		}
 		for h := firstNodeHost; h <= maxNodeHost; h++ {
-			if p := nodePrefix(h); !used[p.Addr()] {
+			if p := nodePrefix(h); !used[p.Addr().As4()[3]] {
 				node = NodeState{Name: name, NetNS: s.Name + "-" + name, IP: p}
 				if s.DualStack {
 					node.IP6 = nodePrefix6(h)
+				}
+				if s.TwoSubnets && inSecondSubnet(len(s.Nodes)) {
+					b4, b6 := secondSubnetPrefixes(h)
+					node.IP = b4
+					if s.DualStack {
+						node.IP6 = b6
+					}
 				}
 				s.Nodes = append(s.Nodes, node)
 				return nil
@@ -161,7 +169,8 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 	if err := l.attach(ctx, node.NetNS, "v-"+name, node.IP); err != nil {
 		return err
 	}
-	if err := ip(ctx, "-n", node.NetNS, "route", "add", "default", "via", torAddr.String(), "dev", "eth0"); err != nil {
+	_, gw4, gw6 := bridgeAndGateways(node.IP.Addr())
+	if err := ip(ctx, "-n", node.NetNS, "route", "add", "default", "via", gw4.String(), "dev", "eth0"); err != nil {
 		return err
 	}
 	if err := setSysctl(node.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
@@ -174,7 +183,7 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 		if err := ip(ctx, "-n", node.NetNS, "-6", "addr", "add", node.IP6.String(), "dev", "eth0", "nodad"); err != nil {
 			return err
 		}
-		if err := ip(ctx, "-n", node.NetNS, "-6", "route", "add", "default", "via", torAddr6.String(), "dev", "eth0"); err != nil {
+		if err := ip(ctx, "-n", node.NetNS, "-6", "route", "add", "default", "via", gw6.String(), "dev", "eth0"); err != nil {
 			return err
 		}
 	}

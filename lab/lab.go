@@ -78,7 +78,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs, DualStack: o.DualStack || o.IPv6Only, IPv6Only: o.IPv6Only,
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs, DualStack: o.DualStack || o.IPv6Only, IPv6Only: o.IPv6Only, TwoSubnets: o.TwoSubnets,
 		Etcd: etcdMembers(o.EtcdMembers)}
 	if err := claim(st, o.RunDir); err != nil {
 		return nil, err
@@ -105,8 +105,18 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := l.makeFabric(ctx); err != nil {
 		return nil, err
 	}
+	if o.TwoSubnets {
+		if err := l.makeSecondSubnet(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := l.StartEtcd(ctx); err != nil {
 		return nil, err
+	}
+	if o.VXLANMode != "" && !o.NoAgents {
+		if err := l.createPools(ctx, o.VXLANMode); err != nil {
+			return nil, err
+		}
 	}
 	for i := 1; i <= o.Nodes; i++ {
 		if err := l.addNodeNamespace(ctx, NodeName(i)); err != nil {

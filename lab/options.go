@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"time"
+
+	"github.com/tabbynet/tabby/api"
 )
 
 // Addresses of the lab's underlay. Everything lives in 198.18.0.0/24, inside
@@ -92,6 +94,14 @@ type Options struct {
 	// address and no IPv4 one. The underlay keeps its IPv4 addresses for
 	// etcd and the BGP sessions, which carry IPv6 (MP-BGP).
 	IPv6Only bool
+	// TwoSubnets puts the nodes in two underlay subnets joined by the ToR,
+	// which routes only the underlay (no BGP, no pod routes): node1,
+	// node3, … in 198.18.0.0/24, node2, node4, … in 198.18.1.0/24. See
+	// lab/subnets.go.
+	TwoSubnets bool
+	// VXLANMode, when set, is the vxlanMode of the pools the lab creates
+	// before the agents start (Never, Always, CrossSubnet).
+	VXLANMode api.VXLANMode
 	// AgentArgs are appended to every tabby-agent command line, also of
 	// agents started later (node add, restarts): the lab records them.
 	AgentArgs []string
@@ -152,6 +162,11 @@ func (o *Options) Validate() error {
 	}
 	if o.ConvergeTimeout < 0 {
 		errs = append(errs, fmt.Errorf("converge timeout: %v is negative", o.ConvergeTimeout))
+	}
+	switch o.VXLANMode {
+	case "", api.VXLANModeNever, api.VXLANModeAlways, api.VXLANModeCrossSubnet:
+	default:
+		errs = append(errs, fmt.Errorf("vxlan mode %q: want Never, Always or CrossSubnet", o.VXLANMode))
 	}
 	if o.RunDir != "" && !filepath.IsAbs(o.RunDir) {
 		errs = append(errs, fmt.Errorf("run dir %q must be absolute", o.RunDir))

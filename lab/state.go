@@ -34,6 +34,8 @@ type State struct {
 	RouteReflectors int `json:"routeReflectors,omitempty"`
 	// DualStack: see Options.DualStack (also set for IPv6Only).
 	DualStack bool `json:"dualStack,omitempty"`
+	// TwoSubnets: see Options.TwoSubnets.
+	TwoSubnets bool `json:"twoSubnets,omitempty"`
 	// IPv6Only: see Options.IPv6Only.
 	IPv6Only bool `json:"ipv6Only,omitempty"`
 	// AgentArgs are appended to every agent's command line.

@@ -49,8 +49,8 @@ func TestConfigMap(t *testing.T) {
 	if !raw.Plugins[1].Capabilities["portMappings"] {
 		t.Errorf("portmap lacks the portMappings capability: hostPort would be ignored")
 	}
-	if cl.Tabby.MTU != cfg.MTU || cfg.MTU != 1500 {
-		t.Errorf("MTU %d in the conflist, %d configured; want 1500 (no encapsulation)", cl.Tabby.MTU, cfg.MTU)
+	if cl.Tabby.MTU != cfg.MTU || cfg.MTU != 0 {
+		t.Errorf("MTU %d in the conflist, %d configured; want 0 (the agent chooses: 1500, or the VXLAN tunnel's)", cl.Tabby.MTU, cfg.MTU)
 	}
 
 	pool, err := netip.ParsePrefix(configMapEnv(t, cm, main, "TABBY_IPV4POOL_CIDR"))

@@ -76,17 +76,21 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
 	chains = append(chains, tws...)
 	chains = append(chains, c.natChain())
+	tunnel, tunnelJumps := c.tunnelGuard()
+	chains = append(chains, tunnel...)
 	slices.SortFunc(chains, func(a, b Chain) int {
 		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Name, b.Name))
 	})
 	c.cache.end(c)
 	return &Ruleset{
 		Chains: chains,
-		Jumps: append([]Jump{
-			{Table: TableFilter, From: "FORWARD", To: ChainForward},
-			{Table: TableFilter, From: "INPUT", To: ChainInput},
-			{Table: TableNAT, From: "POSTROUTING", To: ChainPostrouting},
-		}, hostJumps...),
+		// The tunnel guard's jump comes first in INPUT: it only drops, and
+		// nothing that accepts may let a forged VXLAN packet by.
+		Jumps: append(append(tunnelJumps,
+			Jump{Table: TableFilter, From: "FORWARD", To: ChainForward},
+			Jump{Table: TableFilter, From: "INPUT", To: ChainInput},
+			Jump{Table: TableNAT, From: "POSTROUTING", To: ChainPostrouting},
+		), hostJumps...),
 		Sets:     c.sortedSets(),
 		Warnings: c.warnings,
 	}

@@ -214,9 +214,15 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 	for _, name := range slices.Sorted(maps.Keys(c.preDNAT)) {
 		chains = append(chains, c.preDNAT[name])
 	}
-	chains = append(chains, hostDispatchChains(named, all)...)
+	dispatch := hostDispatchChains(named, all)
+	for i := range dispatch {
+		if dispatch[i].Name == ChainHostOut {
+			dispatch[i].Rules = append(c.tunnelHostRules(true), dispatch[i].Rules...)
+		}
+	}
+	chains = append(chains, dispatch...)
 	c.cache.shareHostChains(chains)
-	hooks.input = []Rule{jumpTo(ChainHostIn)}
+	hooks.input = append(c.tunnelHostRules(false), jumpTo(ChainHostIn))
 	hooks.forwardIn = []Rule{jumpTo(ChainHostFwdIn)}
 	hooks.forwardOut = []Rule{jumpTo(ChainHostFwdOut)}
 	jumps = []Jump{

@@ -369,3 +369,40 @@ func TestFailsafeConflicts(t *testing.T) {
 		}
 	}
 }
+
+// With a pool encapsulating, VXLAN between cluster nodes passes a
+// default-deny host policy in both directions, and VXLAN from anything
+// else is still dropped by the tunnel guard.
+func TestHostEndpointsKeepTheOverlay(t *testing.T) {
+	peer := netip.MustParseAddr("198.18.0.12")
+	denyAll := gnp("deny-hosts", 10, api.GlobalNetworkPolicySpec{Selector: sel("role", "node"),
+		Types: []api.PolicyType{api.PolicyTypeIngress, api.PolicyTypeEgress}})
+	in := hostInput([]*api.HostEndpoint{hep("n1-star", "n1", "*", map[string]string{"role": "node"})}, denyAll)
+	in.TunnelGuard = &TunnelGuard{Port: 4789, Nodes: []netip.Addr{nodeAddr, peer}}
+	rs := Compile(in)
+	vx := func(src, dst netip.Addr, in, out string) packet {
+		return packet{src: src, dst: dst, proto: "udp", sport: 50000, dport: 4789, in: in, out: out}
+	}
+	for _, tc := range []struct {
+		name string
+		got  verdict
+		want verdict
+	}{
+		{"from a node", input(t, rs, vx(peer, nodeAddr, "eth0", "")), vAccept},
+		{"from the ToR", input(t, rs, vx(torAddr, nodeAddr, "eth0", "")), vDrop},
+		{"to a node", output(t, rs, vx(nodeAddr, peer, "", "eth0")), vAccept},
+		{"to the ToR", output(t, rs, vx(nodeAddr, torAddr, "", "eth0")), vDrop},
+		{"other UDP from a node", input(t, rs, packet{src: peer, dst: nodeAddr, proto: "udp", sport: 1, dport: 4790, in: "eth0"}), vDrop},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+	// Without host endpoints the overlay rules are not emitted at all.
+	in.HostEndpoints = nil
+	for _, ch := range Compile(in).Chains {
+		if ch.Name == ChainHostOut || ch.Name == ChainHostIn {
+			t.Errorf("chain %s without host endpoints", ch.Name)
+		}
+	}
+}

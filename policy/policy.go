@@ -118,6 +118,9 @@ type Input struct {
 	FailsafeOutbound []Failsafe
 	// Guard is what the node guard protects (nodeguard.go).
 	Guard NodeGuard
+	// TunnelGuard, when set, drops VXLAN packets from anything but a
+	// cluster node (ChainTunnel).
+	TunnelGuard *TunnelGuard
 }
 
 // HostPort is a protocol ("tcp", "udp", "sctp") and port of the node.

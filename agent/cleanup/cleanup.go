@@ -4,6 +4,7 @@
 // What it removes, and what it leaves:
 //   - routes with Tabby's protocol numbers (80: workload /32s and block
 //     blackholes, 81: learned over BGP), IPv4 and IPv6 — always;
+//   - the VXLAN devices vxlan.tabby and vxlan-v6.tabby — always;
 //   - the firewall state: tabby-… chains, the jumps into them and tabby-…
 //     ipsets, on both iptables backends — always;
 //   - the CNI network configuration list and the tabby shim (as
@@ -86,6 +87,10 @@ func Cleanup(ctx context.Context, cfg Config, log *slog.Logger) (*Report, error)
 		rep.Links = links
 		errs = append(errs, err)
 	}
+	// The VXLAN devices go with the routes through them (docs/vxlan.md).
+	tunnels, err := dataplane.RemoveVXLANDevices(cfg.NetNS)
+	rep.Links = append(rep.Links, tunnels...)
+	errs = append(errs, err)
 	routes, err := dataplane.RemoveRoutes(cfg.NetNS)
 	rep.Routes = routes
 	errs = append(errs, err)

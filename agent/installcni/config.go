@@ -72,7 +72,9 @@ type Config struct {
 	// Template is the network configuration list with placeholders;
 	// "" = DefaultTemplate.
 	Template string
-	// MTU of pod interfaces, substituted for PlaceholderMTU.
+	// MTU of pod interfaces, substituted for PlaceholderMTU; 0 lets the
+	// agent choose (the underlay's minus the VXLAN overhead while a pool
+	// encapsulates, else 1500; docs/vxlan.md).
 	MTU int
 	// AgentSocket is the agent's CNI socket as the host sees it,
 	// substituted for PlaceholderAgentSocket.
@@ -90,7 +92,7 @@ func Default() Config {
 		ConfDir:      "/host/etc/cni/net.d",
 		ConflistName: "10-tabby.conflist",
 		PluginsDir:   "/opt/tabby/cni-plugins",
-		MTU:          1500,
+		MTU:          0,
 		AgentSocket:  cni.DefaultAgentSocket,
 	}
 }
@@ -116,8 +118,8 @@ func (c *Config) Validate() error {
 	if c.PluginsDir != "" && !filepath.IsAbs(c.PluginsDir) {
 		errs = append(errs, fmt.Errorf("plugins dir: %q must be an absolute path", c.PluginsDir))
 	}
-	if c.MTU < 68 || c.MTU > 65535 {
-		errs = append(errs, fmt.Errorf("mtu: %d is outside 68..65535", c.MTU))
+	if c.MTU != 0 && (c.MTU < 68 || c.MTU > 65535) {
+		errs = append(errs, fmt.Errorf("mtu: %d is outside 68..65535 (0: the agent chooses)", c.MTU))
 	}
 	if c.AgentSocket == "" || !filepath.IsAbs(c.AgentSocket) {
 		errs = append(errs, fmt.Errorf("agent socket: %q must be an absolute path", c.AgentSocket))
@@ -148,7 +150,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.BinDir, "cni-bin-dir", c.BinDir, "the host's CNI plugin directory, as mounted")
 	fs.StringVar(&c.ConfDir, "cni-conf-dir", c.ConfDir, "the host's CNI configuration directory, as mounted")
 	fs.StringVar(&c.ConflistName, "conflist-name", c.ConflistName, "file name of the configuration list (env CNI_CONF_NAME)")
-	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod interfaces (env CNI_MTU)")
+	fs.IntVar(&c.MTU, "mtu", c.MTU, "MTU of pod interfaces, 0 = the agent chooses: the VXLAN tunnel's while a pool encapsulates, else 1500 (env CNI_MTU)")
 	fs.StringVar(&c.AgentSocket, "agent-socket", c.AgentSocket, "the agent's CNI socket as the host sees it")
 	fs.StringVar(&c.SourceBinary, "source-binary", c.SourceBinary, "the tabby binary to install (default: tabby next to this executable)")
 	fs.StringVar(&c.PluginsDir, "plugins-dir", c.PluginsDir, "chained plugins to copy when the host lacks them (\"\" = none)")

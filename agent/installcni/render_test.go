@@ -56,7 +56,7 @@ func TestRenderRejects(t *testing.T) {
 }
 
 func TestConfigValidateReportsEverything(t *testing.T) {
-	c := Config{BinDir: "opt/cni/bin", ConfDir: "", ConflistName: "../x.conf", PluginsDir: "rel", MTU: 0, AgentSocket: "sock"}
+	c := Config{BinDir: "opt/cni/bin", ConfDir: "", ConflistName: "../x.conf", PluginsDir: "rel", MTU: 67, AgentSocket: "sock"}
 	err := c.validateInstall()
 	if err == nil {
 		t.Fatal("no error")

@@ -144,13 +144,36 @@ func (t *Table) replace(dst netip.Prefix, want dataplane.Route, c Class, force b
 			delete(t.dirty, dst)
 			return nil
 		}
-		return fmt.Errorf("%v route %v: %w", c, want, err)
+		err = fmt.Errorf("%v route %v: %w", c, want, err)
+		// The kernel's route for dst is one no class wants any more (a
+		// tunnel route whose node withdrew its tunnel, with a learned
+		// successor whose next hop is unreachable): it must not keep
+		// carrying traffic its owner gave up. The successor is retried.
+		if have, ok := t.applied[dst]; ok && !t.wanted(dst, have) {
+			if derr := t.kernel.Delete(have); derr != nil {
+				return errors.Join(err, fmt.Errorf("deleting route %v: %w", have, derr))
+			}
+			t.stats.Deleted++
+			delete(t.applied, dst)
+		}
+		return err
 	}
 	t.stats.Replaced++
 	t.applied[dst] = want
 	delete(t.dirty, dst)
 	delete(t.held, dst)
 	return nil
+}
+
+// wanted reports whether some class still wants the route have (as the
+// kernel or the table's last apply has it) for dst; t.mu is held.
+func (t *Table) wanted(dst netip.Prefix, have dataplane.Route) bool {
+	for _, c := range byPriority {
+		if rt, ok := t.classes[c][dst]; ok && satisfied(rt, have) {
+			return true
+		}
+	}
+	return false
 }
 
 // remove deletes the kernel's route of ours for dst, unless its class
@@ -207,8 +230,8 @@ func (t *Table) deleteStrays(report []Class) []error {
 // satisfied is dataplane.Route.Satisfies for routes already normalized
 // (the table's and the kernel's listings are), without copying them.
 func satisfied(want, have dataplane.Route) bool {
-	if !same(dataplane.Route{Dst: want.Dst, Type: want.Type, Proto: want.Proto, Gateways: want.Gateways},
-		dataplane.Route{Dst: have.Dst, Type: have.Type, Proto: have.Proto, Gateways: have.Gateways}) {
+	if !same(dataplane.Route{Dst: want.Dst, Type: want.Type, Proto: want.Proto, Gateways: want.Gateways, Onlink: want.Onlink},
+		dataplane.Route{Dst: have.Dst, Type: have.Type, Proto: have.Proto, Gateways: have.Gateways, Onlink: have.Onlink}) {
 		return false
 	}
 	return (want.Dev == "" && len(want.Gateways) > 0) || want.Dev == have.Dev

@@ -1,7 +1,7 @@
 // Package routetable is the one owner of Tabby's routes in the kernel's
 // main table (Felix's route table, one writer per table). Other parts of the
 // agent compute the routes of their class — workload, blackhole, aggregate,
-// learned (service and tunnel are reserved for later) — and hand them over
+// learned, tunnel (service is reserved for later) — and hand them over
 // with SetClass; the table picks one winner per destination by class and
 // programs only what changed since it last did (Apply). A full diff against
 // the kernel runs at the first Apply and then once per resync interval, so
@@ -35,7 +35,9 @@ const (
 	// Learned routes come from BGP: another node's blocks, borrowed
 	// addresses and external routes. Protocol RouteProtoBGP.
 	Learned Class = iota + 1
-	// Tunnel is reserved for overlay routes (VXLAN) of a later issue.
+	// Tunnel routes go through a VXLAN device to another node's tunnel
+	// address (`via <addr> dev vxlan.tabby onlink`; agent/tunnel.go,
+	// docs/vxlan.md). Protocol RouteProtoWorkload.
 	Tunnel
 	// Service is reserved for Service address routes of a later issue.
 	Service

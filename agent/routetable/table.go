@@ -264,5 +264,5 @@ func (t *Table) winner(dst netip.Prefix) (dataplane.Route, Class, bool) {
 
 // same reports whether two normalized desired routes are the same route.
 func same(a, b dataplane.Route) bool {
-	return a.Dst == b.Dst && a.Type == b.Type && a.Dev == b.Dev && a.Proto == b.Proto && slices.Equal(a.Gateways, b.Gateways)
+	return a.Dst == b.Dst && a.Type == b.Type && a.Dev == b.Dev && a.Proto == b.Proto && a.Onlink == b.Onlink && slices.Equal(a.Gateways, b.Gateways)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/internal/cmdutil"
 	"github.com/tabbynet/tabby/internal/version"
 	"github.com/tabbynet/tabby/kube/kubebins"
@@ -63,6 +64,8 @@ type upOptions struct {
 	noAgents         bool
 	dualStack        bool
 	ipv6Only         bool
+	twoSubnets       bool
+	vxlanMode        string
 	agentArgs        []string
 	converge         time.Duration
 	// Kubernetes (--kubernetes): where the manifests and the images are.
@@ -79,6 +82,8 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().StringVar(&u.binDir, "bin-dir", "", "directory with tabby-agent and tabby (default $TABBY_BIN, then this program's directory, else go build)")
 	c.Flags().BoolVar(&u.dualStack, "dual-stack", false, "IPv6 underlay (2001:db8::/64) and an IPv6 pool ("+lab.PodPool6+") beside the IPv4 ones: every pod gets an address of each family")
 	c.Flags().BoolVar(&u.ipv6Only, "ipv6", false, "like --dual-stack, but every pod gets an IPv6 address only (the underlay keeps IPv4 for etcd and the BGP sessions, which carry IPv6)")
+	c.Flags().BoolVar(&u.twoSubnets, "two-subnets", false, "nodes in two underlay subnets (198.18.0.0/24, 198.18.1.0/24: node1, node3, … and node2, node4, …) joined by a router that routes no pod address and speaks no BGP; pods across it need --vxlan-mode")
+	c.Flags().StringVar(&u.vxlanMode, "vxlan-mode", "", "create the pools with this vxlanMode before the agents start: Never, Always or CrossSubnet (docs/vxlan.md)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 	c.Flags().BoolVar(&u.kubernetes, "kubernetes", false, "make the lab a Kubernetes cluster (control plane, containerd and a kubelet per node; needs `make kube-bins images`) and deploy Tabby from the manifests with kubectl, instead of starting agents itself")
@@ -139,6 +144,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
 		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only,
+		TwoSubnets: u.twoSubnets, VXLANMode: api.VXLANMode(u.vxlanMode),
 	}, nil
 }
 

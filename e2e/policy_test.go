@@ -376,6 +376,11 @@ func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
 	if err := list(api.KindIPPool, func(o api.Object) { in.Pools = append(in.Pools, o.(*api.IPPool)) }); err != nil {
 		return "", err
 	}
+	guard, err := labNodeGuard(ctx, l)
+	if err != nil {
+		return "", err
+	}
+	in.Guard = guard
 	var diffs []string
 	for _, n := range l.State().Nodes {
 		in.Node = n.Name
@@ -655,4 +660,32 @@ func setNATOutgoing(ctx context.Context, t *testing.T, l *lab.Lab, name string, 
 	if _, err := l.Store().Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// labNodeGuard is the node guard the lab's agents work out from the
+// cluster view: every node's addresses, the BGP peers, the listen port,
+// and the agents' own ports (the lab's status listener; no GoBGP API).
+func labNodeGuard(ctx context.Context, l *lab.Lab) (policy.NodeGuard, error) {
+	store := l.Store()
+	nodes, _, err := datastore.ListAs[*api.Node](ctx, store, api.KindNode, "")
+	if err != nil {
+		return policy.NodeGuard{}, err
+	}
+	peers, _, err := datastore.ListAs[*api.BGPPeer](ctx, store, api.KindBGPPeer, "")
+	if err != nil {
+		return policy.NodeGuard{}, err
+	}
+	cfg, err := datastore.GetAs[*api.BGPConfiguration](ctx, store, api.KindBGPConfiguration, "", "default")
+	if err != nil && !errors.Is(err, datastore.ErrNotFound) {
+		return policy.NodeGuard{}, err
+	}
+	if cfg == nil {
+		cfg = &api.BGPConfiguration{Metadata: api.ObjectMeta{Name: api.SingletonName}}
+	}
+	cfg.SetDefaults() // as the agents' view hands it out
+	http, err := netip.ParseAddrPort(lab.AgentHTTPListen)
+	if err != nil {
+		return policy.NodeGuard{}, err
+	}
+	return policy.NewNodeGuard(nodes, peers, cfg, []uint16{http.Port()}), nil
 }

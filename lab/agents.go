@@ -113,7 +113,7 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 		"--cni-socket", l.cniSocket(n.Name),
 		"--status-socket", l.statusSocket(n.Name),
 		"--state-dir", filepath.Join(d, "state"),
-		"--http-listen", agentHTTPListen,
+		"--http-listen", AgentHTTPListen,
 		"--default-ipv4-pool", PodPool,
 	}
 	if n.IP6.IsValid() {

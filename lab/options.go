@@ -47,9 +47,9 @@ const (
 	DefaultRunDir = "/run/tabby-lab"
 	// DefaultName is the lab's name when none is given.
 	DefaultName = "lab"
-	// agentHTTPListen is the agent's TCP status listener, on the node's own
+	// AgentHTTPListen is the agents' TCP status listener, on the node's own
 	// loopback.
-	agentHTTPListen = "127.0.0.1:9099"
+	AgentHTTPListen = "127.0.0.1:9099"
 	// DefaultConvergeTimeout is Options.ConvergeTimeout's default.
 	DefaultConvergeTimeout = 90 * time.Second
 	// rrClusterID is the route-reflector cluster ID of the reflector nodes.

@@ -412,7 +412,7 @@ func podResolvConf(t *testing.T, l *kube.Cluster, node, ns string) (nameserver s
 }
 
 // kubeAdminClient is an admin client of the lab cluster's API server.
-func kubeAdminClient(t *testing.T, l *kube.Cluster) kubernetes.Interface {
+func kubeAdminClient(t testing.TB, l *kube.Cluster) kubernetes.Interface {
 	t.Helper()
 	caFile, certFile, keyFile := l.AdminCredentials()
 	kc, err := kubernetes.NewForConfig(&rest.Config{Host: kube.APIServerURL(), Dial: l.KubeDial(),

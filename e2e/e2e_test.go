@@ -54,7 +54,7 @@ func upLab(t *testing.T, o lab.Options) *lab.Lab {
 	return l
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Helper()

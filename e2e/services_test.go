@@ -411,11 +411,14 @@ func podResolvConf(t *testing.T, l *kube.Cluster, node, ns string) (nameserver s
 	return nameserver, search
 }
 
-// kubeAdminClient is an admin client of the lab cluster's API server.
-func kubeAdminClient(t *testing.T, l *kube.Cluster) kubernetes.Interface {
+// kubeAdminClient is an admin client of the lab cluster's API server,
+// without client-side throttling (client-go's default of 5 requests a
+// second would make the tests' polls, and what benchmarks time with them,
+// wait on the client).
+func kubeAdminClient(t testing.TB, l *kube.Cluster) kubernetes.Interface {
 	t.Helper()
 	caFile, certFile, keyFile := l.AdminCredentials()
-	kc, err := kubernetes.NewForConfig(&rest.Config{Host: kube.APIServerURL(), Dial: l.KubeDial(),
+	kc, err := kubernetes.NewForConfig(&rest.Config{Host: kube.APIServerURL(), Dial: l.KubeDial(), QPS: 1000, Burst: 1000,
 		TLSClientConfig: rest.TLSClientConfig{CAFile: caFile, CertFile: certFile, KeyFile: keyFile}})
 	if err != nil {
 		t.Fatal(err)

@@ -81,6 +81,7 @@ type controller struct {
 	gc      gcState
 	svc     serviceSync
 	lb      lbState
+	refused refusedState
 }
 
 func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger) *controller {
@@ -96,6 +97,7 @@ func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, 
 		epByPod: map[string]map[string]*api.WorkloadEndpoint{},
 	}
 	c.gc.firstSeen = map[string]time.Time{}
+	c.refused.last = map[string]string{}
 	pods := c.factory.Core().V1().Pods()
 	nss := c.factory.Core().V1().Namespaces()
 	nodes := c.factory.Core().V1().Nodes()
@@ -159,6 +161,9 @@ func (c *controller) run(ctx context.Context) error {
 	}
 	eps := syncer.Watch[api.WorkloadEndpoint](c.view, "kube-controllers", nil)
 	nodes := syncer.Watch(c.view, "kube-controllers", func(u syncer.Update[api.Node]) bool { return u.New != nil })
+	// A changed BGPConfiguration may refuse Service addresses or stop
+	// refusing them (reportRefused).
+	bgpConfigs := syncer.Watch[api.BGPConfiguration](c.view, "kube-controllers", nil)
 	c.indexEndpoints(nil, true)
 	c.log.Info("informers and etcd view synced; reconciling")
 	defer c.runLB(ctx)()
@@ -186,6 +191,9 @@ func (c *controller) run(ctx context.Context) error {
 		case <-nodes.C():
 			ups, all := nodes.Take()
 			c.queueNodes(ups, all)
+		case <-bgpConfigs.C():
+			bgpConfigs.Take()
+			c.sweepServices()
 		case <-resync.C:
 			c.sweep()
 		case <-gcTick.C:

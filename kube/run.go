@@ -37,6 +37,12 @@ type Config struct {
 	GCInterval, GCGrace time.Duration
 	GCMaxShare          float64
 	GCMinBatch          int
+	// KubeAPIQPS and KubeAPIBurst bound the requests to the API server
+	// (client-go's token bucket). client-go's own default, 5 and 10,
+	// throttled LoadBalancer assignment to a status update and an event
+	// per Service at 5 a second (BENCHMARKS.md, Service → ToR).
+	KubeAPIQPS   float32
+	KubeAPIBurst int
 }
 
 // Default returns the defaults.
@@ -48,6 +54,7 @@ func Default() Config {
 		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
 		Workers: 4, Resync: 5 * time.Minute,
 		GCInterval: 10 * time.Second, GCGrace: 30 * time.Second, GCMaxShare: 0.1, GCMinBatch: 5,
+		KubeAPIQPS: 50, KubeAPIBurst: 100,
 	}
 }
 
@@ -75,15 +82,25 @@ func (c Config) Validate() error {
 	if c.GCMaxShare <= 0 || c.GCMaxShare > 1 || c.GCMinBatch < 1 {
 		errs = append(errs, fmt.Errorf("GC max share %g (want (0,1]) and min batch %d (want ≥ 1)", c.GCMaxShare, c.GCMinBatch))
 	}
+	if c.KubeAPIQPS <= 0 || c.KubeAPIBurst < 1 {
+		errs = append(errs, fmt.Errorf("API server rate %g/s, burst %d: want both positive", c.KubeAPIQPS, c.KubeAPIBurst))
+	}
 	return errors.Join(errs...)
 }
 
-// RestConfig loads the Kubernetes client configuration of c.
-func (c Config) RestConfig() (*rest.Config, error) {
+// RestConfig loads the Kubernetes client configuration of c, with c's
+// request rate.
+func (c Config) RestConfig() (rc *rest.Config, err error) {
 	if c.Kubeconfig == "" {
-		return rest.InClusterConfig()
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	}
-	return clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = c.KubeAPIQPS, c.KubeAPIBurst
+	return rc, nil
 }
 
 // Run connects to Kubernetes and etcd and syncs while this replica holds

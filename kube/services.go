@@ -65,6 +65,7 @@ func (c *controller) watchServices() {
 func (c *controller) syncService(ctx context.Context, ns, name string) error {
 	s, err := c.svc.services.Services(ns).Get(name)
 	if isNotFound(err) {
+		c.reportRefused(ns, name, nil, nil)
 		if _, ok := c.view.Service(ns, name); !ok {
 			return nil
 		}
@@ -82,6 +83,7 @@ func (c *controller) syncService(ctx context.Context, ns, name string) error {
 		return err
 	}
 	rec := ServiceRecord(s, es)
+	c.reportRefused(ns, name, s, rec)
 	if cur, ok := c.view.Service(ns, name); ok && equalSpec(cur, rec) {
 		return nil
 	}

@@ -28,6 +28,8 @@ func main() {
 	fs.StringVar(&cfg.Identity, "identity", cfg.Identity, "this replica's identity in the Lease (env POD_NAME)")
 	fs.DurationVar(&cfg.GCGrace, "gc-grace", cfg.GCGrace, "how long an address stays orphaned before it is released (at most 60s)")
 	fs.DurationVar(&cfg.GCInterval, "gc-interval", cfg.GCInterval, "how often address GC looks for orphaned addresses")
+	fs.Float32Var(&cfg.KubeAPIQPS, "kube-api-qps", cfg.KubeAPIQPS, "requests per second to the API server, sustained")
+	fs.IntVar(&cfg.KubeAPIBurst, "kube-api-burst", cfg.KubeAPIBurst, "requests to the API server in a burst")
 	logLevel := cmdutil.LogLevel(fs, "debug|info|warn|error (env TABBY_LOG_LEVEL)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	var env cmdutil.Env

@@ -209,7 +209,7 @@ func (o *tunnelOwner) tunnelAddr(ctx context.Context, self *api.Node, is6 bool, 
 	}
 	cctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	as, err := o.ipam.Assign(cctx, ipam.AssignRequest{Node: o.node, Handle: ipam.TunnelHandle(o.node), Family: fam, Pools: pools, Attrs: ipam.Attributes{Node: o.node}})
+	as, err := o.ipam.Assign(cctx, ipam.AssignRequest{Node: o.node, Handle: ipam.TunnelHandle(o.node), Family: fam, Pools: pools, Use: api.UseTunnel, Attrs: ipam.Attributes{Node: o.node}})
 	if err != nil {
 		return netip.Addr{}, false, fmt.Errorf("%s tunnel address from %v: %w", familyLabel(is6), pools, err)
 	}

@@ -35,6 +35,18 @@ type AssignRequest struct {
 	// when given, else 4. A handle holds at most one address per family:
 	// a dual-stack pod assigns twice under one handle.
 	Family int
+	// Use is what the address is for: Workload (pods; the default when
+	// empty) or Tunnel (a node's tunnel device). Only pools whose
+	// allowedUses include it serve the request.
+	Use api.IPPoolUse
+}
+
+// use resolves req.Use.
+func (req AssignRequest) use() api.IPPoolUse {
+	if req.Use == "" {
+		return api.UseWorkload
+	}
+	return req.Use
 }
 
 // family resolves req.Family.
@@ -124,7 +136,7 @@ func (a *Allocator) assignCached(ctx context.Context, req AssignRequest, attr at
 	if c == nil {
 		return Assignment{}, false, nil
 	}
-	usable, err := usablePools(c.pools, req.family(), req.Node, c.node.labels, req.Pools)
+	usable, err := usablePools(c.pools, req.family(), req.Node, c.node.labels, req.Pools, req.use())
 	if err != nil {
 		return Assignment{}, false, nil
 	}
@@ -224,7 +236,7 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 	if req.Addr.IsValid() {
 		return a.assignSpecific(ctx, req, attr, st)
 	}
-	usable, err := usablePools(st.pools, req.family(), req.Node, st.node.labels, req.Pools)
+	usable, err := usablePools(st.pools, req.family(), req.Node, st.node.labels, req.Pools, req.use())
 	if err != nil {
 		return Assignment{}, err
 	}
@@ -371,7 +383,7 @@ func (a *Allocator) assignSpecific(ctx context.Context, req AssignRequest, attr 
 	if !ok {
 		return Assignment{}, fmt.Errorf("ipam: address %s is not in any ip pool: %w", req.Addr, ErrNotInPool)
 	}
-	if why := unusableReason(p, st.node.labels, req.Pools); why != "" {
+	if why := unusableReason(p, st.node.labels, req.Pools, req.use()); why != "" {
 		return Assignment{}, fmt.Errorf("ipam: address %s is in pool %s, which %s: %w", req.Addr, p.name, why, ErrNotInPool)
 	}
 	cidr := blockFor(req.Addr, p.blockBits)

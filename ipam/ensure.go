@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
 )
 
@@ -28,7 +29,7 @@ func (a *Allocator) EnsureBlock(ctx context.Context, node string) (netip.Prefix,
 // prefix.
 func (a *Allocator) EnsureFreeBlock(ctx context.Context, node string, family int) (netip.Prefix, error) {
 	if c := a.cached(node); c != nil {
-		if usable, err := usablePools(c.pools, family, node, c.node.labels, nil); err == nil {
+		if usable, err := usablePools(c.pools, family, node, c.node.labels, nil, api.UseWorkload); err == nil {
 			for _, b := range c.blocks {
 				if _, ok := poolFor(usable, b.cidr); ok && b.free() > 0 {
 					return netip.Prefix{}, nil
@@ -52,7 +53,7 @@ func (a *Allocator) ensureBlock(ctx context.Context, node string, family int, ne
 		if err != nil {
 			return err
 		}
-		usable, err := usablePools(st.pools, family, node, st.node.labels, nil)
+		usable, err := usablePools(st.pools, family, node, st.node.labels, nil, api.UseWorkload)
 		if err != nil {
 			return nil // nothing to claim from (yet): the first ADD will say why
 		}

@@ -298,3 +298,27 @@ func TestCheckLoadBalancer(t *testing.T) {
 		t.Errorf("inconsistencies:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A tunnel address comes only from a pool whose allowedUses has Tunnel:
+// a pool for tunnels only serves it, one for pods only refuses it, and a
+// LoadBalancer pool never does.
+func TestTunnelAddressesFollowAllowedUses(t *testing.T) {
+	a, _ := newTestAllocator(t)
+	ctx := testCtx(t)
+	mustCreatePool(t, a, "pods-only", "10.244.0.0/24", 26, func(p *api.IPPool) { p.Spec.AllowedUses = []api.IPPoolUse{api.UseWorkload} })
+	mustCreatePool(t, a, "lb", "198.19.0.0/24", 0, lbUse)
+	for _, pool := range []string{"pods-only", "lb"} {
+		_, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: TunnelHandle("n1"), Pools: []string{pool}, Use: api.UseTunnel})
+		if !errors.Is(err, ErrNoPool) {
+			t.Errorf("tunnel address from %s: %v, want ErrNoPool", pool, err)
+		}
+	}
+	mustCreatePool(t, a, "tunnels", "10.245.0.0/24", 26, func(p *api.IPPool) { p.Spec.AllowedUses = []api.IPPoolUse{api.UseTunnel} })
+	got, err := a.Assign(ctx, AssignRequest{Node: "n1", Handle: TunnelHandle("n1"), Use: api.UseTunnel})
+	if err != nil || !netip.MustParsePrefix("10.245.0.0/24").Contains(got.Addr) {
+		t.Fatalf("tunnel address = %v, %v; want one of the Tunnel pool", got.Addr, err)
+	}
+	if got := mustAssign(t, a, "n1", "pod"); !netip.MustParsePrefix("10.244.0.0/24").Contains(got.Addr) {
+		t.Errorf("pod got %s, want the Workload pool's", got.Addr)
+	}
+}

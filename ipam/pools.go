@@ -82,14 +82,14 @@ func poolFor(pools []poolInfo, b netip.Prefix) (poolInfo, bool) {
 }
 
 // unusableReason says why a pool cannot serve the node, "" when it can.
-func unusableReason(p poolInfo, labels map[string]string, requested []string) string {
+func unusableReason(p poolInfo, labels map[string]string, requested []string, use api.IPPoolUse) string {
 	switch {
 	case len(requested) > 0 && !slices.ContainsFunc(requested, p.isNamed):
 		return fmt.Sprintf("is not among the requested pools %v", requested)
 	case p.pool.IsLoadBalancer():
 		return "is a LoadBalancer pool (allowedUses [LoadBalancer]): its addresses are for Services, never for pods"
-	case !p.pool.Allows(api.UseWorkload):
-		return fmt.Sprintf("does not allow Workload use (allowedUses %v)", p.pool.Uses())
+	case !p.pool.Allows(use):
+		return fmt.Sprintf("does not allow %s use (allowedUses %v)", use, p.pool.Uses())
 	case p.pool.Spec.Disabled:
 		return "is disabled"
 	case !p.pool.SelectsNode(labels):
@@ -102,7 +102,7 @@ func unusableReason(p poolInfo, labels map[string]string, requested []string) st
 // from, sorted by name. A requested pool that does not exist, or is of the
 // other family, is an error: a typo should not silently fall back to
 // nothing.
-func usablePools(pools []poolInfo, family int, node string, labels map[string]string, requested []string) ([]poolInfo, error) {
+func usablePools(pools []poolInfo, family int, node string, labels map[string]string, requested []string, use api.IPPoolUse) ([]poolInfo, error) {
 	for _, name := range requested {
 		i := slices.IndexFunc(pools, func(p poolInfo) bool { return p.isNamed(name) })
 		if i < 0 {
@@ -118,7 +118,7 @@ func usablePools(pools []poolInfo, family int, node string, labels map[string]st
 		if p.family() != family {
 			continue
 		}
-		if r := unusableReason(p, labels, requested); r != "" {
+		if r := unusableReason(p, labels, requested, use); r != "" {
 			why = append(why, fmt.Sprintf("%s %s", p.name, r))
 			continue
 		}

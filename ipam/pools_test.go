@@ -64,7 +64,7 @@ func TestUsablePools(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := usablePools(pools, 4, "n1", tt.labels, tt.requested)
+			got, err := usablePools(pools, 4, "n1", tt.labels, tt.requested, api.UseWorkload)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
@@ -79,7 +79,7 @@ func TestUsablePools(t *testing.T) {
 			}
 		})
 	}
-	if _, err := usablePools(nil, 4, "n1", nil, nil); !errors.Is(err, ErrNoPool) {
+	if _, err := usablePools(nil, 4, "n1", nil, nil, api.UseWorkload); !errors.Is(err, ErrNoPool) {
 		t.Errorf("no pools: %v, want ErrNoPool", err)
 	}
 }

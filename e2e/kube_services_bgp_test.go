@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -23,8 +21,6 @@ import (
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/image"
 	"github.com/tabbynet/tabby/internal/testkit"
-	"github.com/tabbynet/tabby/kube/kubebins"
-	"github.com/tabbynet/tabby/kube/kubetest"
 	"github.com/tabbynet/tabby/lab"
 	"github.com/tabbynet/tabby/lab/kube"
 )
@@ -117,35 +113,8 @@ func setKubeServiceConfig(ctx context.Context, tb testing.TB, st *datastore.Stor
 func upKubeBGPLab(ctx context.Context, tb testing.TB, prefix string) (*kube.Cluster, *bird) {
 	tb.Helper()
 	requireBIRD(tb)
-	testkit.RequirePrivileged(tb, "nft")
-	kubetest.Require(tb, kubebins.Names...)
-	binDir := os.Getenv("TABBY_BIN")
-	archives, err := kube.HostCheck(binDir, []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar", "echo.oci.tar"}, nil, nil)
-	if err != nil {
-		tb.Skip(err.Error())
-	}
-	name := testkit.UniqueName(tb, prefix)
-	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: 3, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: testWriter{tb}})
-	if err != nil {
-		_ = lab.Teardown(context.Background(), runDir, name, testWriter{tb})
-		tb.Fatalf("lab up: %v", err)
-	}
-	l := kube.New(base)
-	tb.Cleanup(func() {
-		if t, ok := tb.(*testing.T); ok && t.Failed() {
-			dumpKubeLogs(t, l)
-		}
-		if err := l.Down(); err != nil {
-			tb.Errorf("lab down: %v", err)
-		}
-	})
-	start := time.Now()
-	if err := l.Up(ctx, kube.UpOptions{Kube: kube.KubeOptions{Images: archives, KubeProxy: kube.ProxyNFTables},
-		Deploy: kube.DeployOptions{ManifestDir: "../manifests"}}); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Logf("cluster with kube-proxy, Tabby and CoreDNS up in %v", time.Since(start).Round(time.Second))
-	b := startBIRD(tb, base)
+	l := upKubeProxyLab(ctx, tb, prefix, 3)
+	b := startBIRD(tb, l.Lab)
 	setKubeServiceConfig(ctx, tb, l.Store(), false)
 	// The agents are the DaemonSet's (their status sockets are in the
 	// nodes' host paths, not the lab's): the sessions are checked at BIRD.
@@ -190,20 +159,8 @@ func TestKubeServicesBGP(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 
-	manifest := filepath.Join(t.TempDir(), "web.yaml")
-	if err := os.WriteFile(manifest, []byte(kbgpManifest), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kubectl := func(args ...string) string {
-		t.Helper()
-		out, err := l.Kubectl(ctx, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(out))
-	}
 	created := time.Now()
-	kubectl("apply", "-f", manifest)
+	kubectl := labKubectl(ctx, t, l, kbgpManifest)
 	var lb netip.Addr
 	assigned := testkit.EventuallyEvery(t, 60*time.Second, 100*time.Millisecond, "the LoadBalancer address of web", func() error {
 		out, err := l.Kubectl(ctx, "-n", kbgpNS, "get", "service", "web", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}")

@@ -210,6 +210,13 @@ type policyServer struct {
 // "tor", …) and stops it when the test ends.
 func startPolicyServer(t *testing.T, l *lab.Lab, target, name string, tcp, udp []int) *policyServer {
 	t.Helper()
+	return startPolicyServerIn(t, netnsPath(t, l, target), name, tcp, udp)
+}
+
+// startPolicyServerIn starts serveAll in the network namespace at path ns
+// (a Kubernetes pod's, say) and stops it when the test ends.
+func startPolicyServerIn(t *testing.T, ns, name string, tcp, udp []int) *policyServer {
+	t.Helper()
 	join := func(ps []int) string {
 		var s []string
 		for _, p := range ps {
@@ -217,7 +224,6 @@ func startPolicyServer(t *testing.T, l *lab.Lab, target, name string, tcp, udp [
 		}
 		return strings.Join(s, ",")
 	}
-	ns := netnsPath(t, l, target)
 	cmd := exec.Command("nsenter", "--net="+ns, "--", os.Args[0], "-test.run=^TestPolicyHelperProcess$", "--", "serve", name, join(tcp), join(udp))
 	cmd.Env = append(os.Environ(), policyHelperEnv+"=1")
 	stdin, err := cmd.StdinPipe()
@@ -247,7 +253,7 @@ func startPolicyServer(t *testing.T, l *lab.Lab, target, name string, tcp, udp [
 	})
 	rd := bufio.NewReader(stdout)
 	if line, err := rd.ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
-		t.Fatalf("server %s in %s did not start: %q %v %s", name, target, line, err, stderr.String())
+		t.Fatalf("server %s in %s did not start: %q %v %s", name, ns, line, err, stderr.String())
 	}
 	go func() {
 		defer close(s.lines)
@@ -271,7 +277,11 @@ type probeResult struct {
 
 // probeFrom connects from the namespace of target to addr with proto.
 func probeFrom(ctx context.Context, t *testing.T, l *lab.Lab, target, proto string, addr netip.AddrPort) probeResult {
-	ns := netnsPath(t, l, target)
+	return probeIn(ctx, netnsPath(t, l, target), proto, addr)
+}
+
+// probeIn connects from the network namespace at path ns to addr with proto.
+func probeIn(ctx context.Context, ns, proto string, addr netip.AddrPort) probeResult {
 	cmd := exec.CommandContext(ctx, "nsenter", "--net="+ns, "--", os.Args[0], "-test.run=^TestPolicyHelperProcess$", "--", "probe", proto, addr.String())
 	cmd.Env = append(os.Environ(), policyHelperEnv+"=1")
 	out, err := cmd.Output()

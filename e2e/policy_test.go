@@ -292,45 +292,68 @@ func deleteAllPolicies(t *testing.T, l *lab.Lab) {
 // packet lost to neighbour resolution does not fail the test.
 func checkCases(ctx context.Context, t *testing.T, l *lab.Lab, ips map[string]netip.Addr, cases []policyCase) {
 	t.Helper()
+	checkCasesVia(ctx, t, ips, cases, casePath{
+		name: "direct",
+		ns:   func(src string) string { return netnsPath(t, l, src) },
+		addr: func(c policyCase) netip.AddrPort { return netip.AddrPortFrom(ips[c.dst], uint16(c.port)) },
+	})
+}
+
+// casePath is one way of probing a truth-table case: from the network
+// namespace ns(src), to addr(case) — dst's own address, or a Service's
+// address that leads to it.
+type casePath struct {
+	name string
+	ns   func(src string) string
+	addr func(c policyCase) netip.AddrPort
+}
+
+// checkCasesVia probes every case along every path; each case must get its
+// verdict along each, and an allowed one dst's answer with src's own
+// address (ips).
+func checkCasesVia(ctx context.Context, t *testing.T, ips map[string]netip.Addr, cases []policyCase, paths ...casePath) {
+	t.Helper()
 	var mu sync.Mutex
 	var wrong []string
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 6)
 	for _, c := range cases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			addr := netip.AddrPortFrom(ips[c.dst], uint16(c.port))
-			var r probeResult
-			for range 2 {
-				r = probeFrom(ctx, t, l, c.src, c.proto, addr)
-				if r.err == nil && r.allowed == c.allowed {
-					break
+		for _, p := range paths {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				addr := p.addr(c)
+				var r probeResult
+				for range 2 {
+					r = probeIn(ctx, p.ns(c.src), c.proto, addr)
+					if r.err == nil && r.allowed == c.allowed {
+						break
+					}
 				}
-			}
-			msg := ""
-			switch {
-			case r.err != nil:
-				msg = r.err.Error()
-			case r.allowed != c.allowed:
-				msg = fmt.Sprintf("allowed=%v, want %v", r.allowed, c.allowed)
-			case r.allowed && r.answer != fmt.Sprintf("%s %s", c.dst, ips[c.src]):
-				// Inside the cluster the server sees the client's own address.
-				msg = fmt.Sprintf("answer %q", r.answer)
-			default:
-				return
-			}
-			mu.Lock()
-			wrong = append(wrong, fmt.Sprintf("%s -> %s %s/%d: %s", c.src, c.dst, c.proto, c.port, msg))
-			mu.Unlock()
-		}()
+				msg := ""
+				switch {
+				case r.err != nil:
+					msg = r.err.Error()
+				case r.allowed != c.allowed:
+					msg = fmt.Sprintf("allowed=%v, want %v", r.allowed, c.allowed)
+				case r.allowed && r.answer != fmt.Sprintf("%s %s", c.dst, ips[c.src]):
+					// Inside the cluster the server sees the client's own address.
+					msg = fmt.Sprintf("answer %q", r.answer)
+				default:
+					return
+				}
+				mu.Lock()
+				wrong = append(wrong, fmt.Sprintf("%s -> %s %s/%d %s (%s): %s", c.src, c.dst, c.proto, c.port, p.name, addr, msg))
+				mu.Unlock()
+			}()
+		}
 	}
 	wg.Wait()
 	if len(wrong) > 0 {
 		slices.Sort(wrong)
-		t.Errorf("%d of %d cases wrong:\n%s", len(wrong), len(cases), strings.Join(wrong, "\n"))
+		t.Errorf("%d of %d probes wrong:\n%s", len(wrong), len(cases)*len(paths), strings.Join(wrong, "\n"))
 	}
 }
 

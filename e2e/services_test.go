@@ -92,55 +92,11 @@ spec:
 // DNAT (port 80 became the pod's 8080). Last, the same Service through
 // every node's kube-proxy restarted in iptables mode.
 func TestKubeServices(t *testing.T) {
-	testkit.RequirePrivileged(t, "ip", "nsenter", "nft")
-	kubetest.Require(t, kubebins.Names...)
-	binDir := os.Getenv("TABBY_BIN")
-	archives, err := kube.HostCheck(binDir, []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar", "echo.oci.tar"}, nil, nil)
-	if err != nil {
-		t.Skip(err.Error())
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	name := testkit.UniqueName(t, "svcl")
-	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: 2, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: testWriter{t}})
-	if err != nil {
-		_ = lab.Teardown(context.Background(), runDir, name, testWriter{t})
-		t.Fatalf("lab up: %v", err)
-	}
-	l := kube.New(base)
-	t.Cleanup(func() {
-		if t.Failed() {
-			dumpKubeLogs(t, l)
-		}
-		if err := l.Down(); err != nil {
-			t.Errorf("lab down: %v", err)
-		}
-	})
-	start := time.Now()
-	if err := l.Up(ctx, kube.UpOptions{Kube: kube.KubeOptions{Images: archives, KubeProxy: kube.ProxyNFTables},
-		Deploy: kube.DeployOptions{ManifestDir: "../manifests"}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("cluster with kube-proxy, Tabby and CoreDNS up in %v", time.Since(start).Round(time.Second))
-	for _, n := range l.State().Nodes {
-		if out, err := exec.Command("ip", "netns", "exec", n.NetNS, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); err != nil {
-			t.Fatalf("%s: no kube-proxy nftables table: %v\n%s", n.Name, err, out)
-		}
-	}
+	l := upKubeProxyLab(ctx, t, "svcl", 2)
 
-	manifest := filepath.Join(t.TempDir(), "services.yaml")
-	if err := os.WriteFile(manifest, []byte(servicesManifest), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	kubectl := func(args ...string) string {
-		t.Helper()
-		out, err := l.Kubectl(ctx, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(out))
-	}
-	kubectl("apply", "-f", manifest)
+	kubectl := labKubectl(ctx, t, l, servicesManifest)
 	kubectl("-n", "k14-srv", "rollout", "status", "deployment/web", "--timeout=3m")
 	kubectl("-n", "k14-cli", "wait", "--for=condition=Ready", "pod/cli", "--timeout=3m")
 	clusterIP := netip.MustParseAddr(kubectl("-n", "k14-srv", "get", "service", "web", "-o", "jsonpath={.spec.clusterIP}"))
@@ -258,6 +214,71 @@ func TestKubeServices(t *testing.T) {
 			return wantAnswer(answer)
 		})
 	})
+}
+
+// upKubeProxyLab brings up a Kubernetes lab of nodes nodes (named after
+// prefix and the test) as tabby-lab up --kubernetes ships it: kube-proxy
+// in nftables mode on every node (checked), CoreDNS, Tabby from the
+// manifests; it goes down when the test ends. Skips without the lab's
+// binaries and images.
+func upKubeProxyLab(ctx context.Context, t testing.TB, prefix string, nodes int) *kube.Cluster {
+	t.Helper()
+	testkit.RequirePrivileged(t, "ip", "nsenter", "nft")
+	kubetest.Require(t, kubebins.Names...)
+	binDir := os.Getenv("TABBY_BIN")
+	archives, err := kube.HostCheck(binDir, []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar", "echo.oci.tar"}, nil, nil)
+	if err != nil {
+		t.Skip(err.Error())
+	}
+	name := testkit.UniqueName(t, prefix)
+	base, err := lab.Up(ctx, lab.Options{Name: name, Nodes: nodes, RunDir: runDir, BinDir: binDir, NoAgents: true, Log: testWriter{t}})
+	if err != nil {
+		_ = lab.Teardown(context.Background(), runDir, name, testWriter{t})
+		t.Fatalf("lab up: %v", err)
+	}
+	l := kube.New(base)
+	t.Cleanup(func() {
+		if tt, ok := t.(*testing.T); ok && tt.Failed() {
+			dumpKubeLogs(tt, l)
+		}
+		if err := l.Down(); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	start := time.Now()
+	if err := l.Up(ctx, kube.UpOptions{Kube: kube.KubeOptions{Images: archives, KubeProxy: kube.ProxyNFTables},
+		Deploy: kube.DeployOptions{ManifestDir: "../manifests"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster with kube-proxy, Tabby and CoreDNS up in %v", time.Since(start).Round(time.Second))
+	for _, n := range l.State().Nodes {
+		if out, err := exec.Command("ip", "netns", "exec", n.NetNS, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); err != nil {
+			t.Fatalf("%s: no kube-proxy nftables table: %v\n%s", n.Name, err, out)
+		}
+	}
+	return l
+}
+
+// labKubectl returns kubectl against the lab's cluster for t: its
+// trimmed output, the test failed on an error; and applies the manifests
+// (YAML texts) first.
+func labKubectl(ctx context.Context, t *testing.T, l *kube.Cluster, manifests ...string) func(args ...string) string {
+	kubectl := func(args ...string) string {
+		t.Helper()
+		out, err := l.Kubectl(ctx, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	for i, m := range manifests {
+		path := filepath.Join(t.TempDir(), fmt.Sprintf("manifest-%d.yaml", i))
+		if err := os.WriteFile(path, []byte(m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		kubectl("apply", "-f", path)
+	}
+	return kubectl
 }
 
 // errServiceBlocked: nothing answered the connection in time (a drop).

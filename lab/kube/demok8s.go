@@ -152,10 +152,13 @@ func (l *Cluster) KubePods(ctx context.Context, namespace, selector string) ([]l
 	if err != nil {
 		return nil, err
 	}
-	netnsOf, err := PodNetnsByAddr()
+	// Only this lab's pod namespaces: another lab running at the same
+	// time may have given one of its pods the same address.
+	own, err := l.KubePodNetns(ctx)
 	if err != nil {
 		return nil, err
 	}
+	netnsOf := netnsByAddr(own)
 	var pods []lab.PodState
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)
@@ -198,6 +201,12 @@ func PodNetnsByAddr() (map[netip.Addr]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return netnsByAddr(nss), nil
+}
+
+// netnsByAddr maps each IPv4 address of the network namespaces nss to
+// the namespace's name.
+func netnsByAddr(nss []string) map[netip.Addr]string {
 	out := map[netip.Addr]string{}
 	for _, ns := range nss {
 		b, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr", "show", "scope", "global").Output()
@@ -215,7 +224,7 @@ func PodNetnsByAddr() (map[netip.Addr]string, error) {
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // KubePodNetns lists the runtime's pod network namespaces

@@ -90,7 +90,9 @@ func TestParseFlowFilter(t *testing.T) {
 
 func TestFlowFilterMatches(t *testing.T) {
 	t0 := time.Date(2026, 12, 5, 23, 0, 0, 0, time.UTC)
-	pod := func(ns, name string) FlowEndpoint { return FlowEndpoint{Kind: FlowEndpointPod, Namespace: ns, Name: name} }
+	pod := func(ns, name string) FlowEndpoint {
+		return FlowEndpoint{Kind: FlowEndpointPod, Namespace: ns, Name: name}
+	}
 	r := FlowRecord{End: t0, Src: pod("dev", "client"), Dst: pod("prod", "web"), Action: FlowDeny,
 		Policy: FlowPolicyRule{Direction: "ingress", Index: -1, Action: "Deny"}}
 	for _, tt := range []struct {

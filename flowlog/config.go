@@ -89,3 +89,6 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Type implements pflag.Value.
+func (m *Mode) Type() string { return "mode" }

@@ -3,6 +3,7 @@ package flowlog
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -154,5 +155,21 @@ func TestFloodBounded(t *testing.T) {
 	}
 	if n := len(a.Query(api.FlowFilter{})); n != s.Records {
 		t.Errorf("query returned %d of %d records", n, s.Records)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := (Config{}).Validate(); err != nil {
+		t.Errorf("zero config (off): %v", err)
+	}
+	if err := testConfig().Validate(); err != nil {
+		t.Errorf("default all: %v", err)
+	}
+	bad := Config{Mode: ModeDeny}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "group") || !strings.Contains(err.Error(), "interval") {
+		t.Errorf("bad config: %v", err)
+	}
+	if _, err := ParseMode("some"); err == nil {
+		t.Error("ParseMode(some) ok")
 	}
 }

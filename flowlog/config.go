@@ -66,8 +66,12 @@ func Default() Config {
 	return Config{Mode: ModeOff, Group: 1700, Interval: time.Second, MaxFlows: 16384, MaxRecords: 65536, Idle: 5 * time.Minute}
 }
 
-// Validate reports every problem.
+// Validate reports every problem. Off (or the zero Config) needs nothing
+// else.
 func (c Config) Validate() error {
+	if c.Mode == "" || c.Mode == ModeOff {
+		return nil
+	}
 	var errs []error
 	if _, err := ParseMode(string(c.Mode)); err != nil {
 		errs = append(errs, err)

@@ -24,15 +24,17 @@ func (v fakeView) Endpoint(a netip.Addr) (api.FlowEndpoint, bool) {
 	return api.FlowEndpoint{Kind: api.FlowEndpointExternal}, false
 }
 
-type fakeOrigins []*policy.Origin
+// fakeOrigins indexes origins by id, as the agent does.
+type fakeOriginIndex map[string]*policy.Origin
 
-func (f fakeOrigins) Origin(id string) *policy.Origin {
-	for _, o := range f {
-		if o.ID() == id {
-			return o
-		}
+func (f fakeOriginIndex) Origin(id string) *policy.Origin { return f[id] }
+
+func fakeOrigins(os ...*policy.Origin) fakeOriginIndex {
+	m := fakeOriginIndex{}
+	for _, o := range os {
+		m[o.ID()] = o
 	}
-	return nil
+	return m
 }
 
 var (
@@ -58,7 +60,7 @@ func testConfig() Config {
 }
 
 func TestDenyAggregated(t *testing.T) {
-	a := New(testConfig(), "n1", view, fakeOrigins{denyIn})
+	a := New(testConfig(), "n1", view, fakeOrigins(denyIn))
 	for i := range 3 {
 		a.Packet(dataplane.PacketLog{Key: key(40000, 81), Prefix: dataplane.FlowLogPrefix(denyIn), Bytes: 60, Time: t0.Add(time.Duration(i) * time.Millisecond)})
 	}
@@ -87,7 +89,7 @@ func TestDenyAggregated(t *testing.T) {
 
 func TestAllowAttributedEitherOrder(t *testing.T) {
 	for _, conntrackFirst := range []bool{true, false} {
-		a := New(testConfig(), "n1", view, fakeOrigins{allowEg})
+		a := New(testConfig(), "n1", view, fakeOrigins(allowEg))
 		ev := dataplane.ConnEvent{Key: key(40001, 80), Packets: 1, Bytes: 60, Time: t0}
 		pkt := dataplane.PacketLog{Key: key(40001, 80), Prefix: dataplane.FlowLogPrefix(allowEg), Bytes: 60, Time: t0}
 		if conntrackFirst {
@@ -115,7 +117,7 @@ func TestAllowAttributedEitherOrder(t *testing.T) {
 }
 
 func TestNotLocalNotTracked(t *testing.T) {
-	a := New(testConfig(), "n1", view, fakeOrigins{})
+	a := New(testConfig(), "n1", view, fakeOrigins())
 	other := netip.MustParseAddr("198.18.0.5")
 	a.Conn(dataplane.ConnEvent{Key: dataplane.FlowKey{Proto: 6, Src: netip.AddrPortFrom(other, 1), Dst: netip.AddrPortFrom(other, 2)}, Packets: 1, Time: t0})
 	a.Conn(dataplane.ConnEvent{Key: key(5, 6), Packets: 1, Time: t0})
@@ -131,7 +133,7 @@ func TestNotLocalNotTracked(t *testing.T) {
 func TestFloodBounded(t *testing.T) {
 	cfg := testConfig()
 	cfg.MaxFlows, cfg.MaxRecords = 100, 50
-	a := New(cfg, "n1", view, fakeOrigins{denyIn})
+	a := New(cfg, "n1", view, fakeOrigins(denyIn))
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {

@@ -213,8 +213,8 @@ func ListenConntrack(ctx context.Context, out func(ConnEvent)) error {
 			t := f.TupleOrig
 			out(ConnEvent{
 				Key: FlowKey{Proto: t.Proto.Protocol,
-					Src: netip.AddrPortFrom(t.IP.SourceAddress, t.Proto.SourcePort),
-					Dst: netip.AddrPortFrom(t.IP.DestinationAddress, t.Proto.DestinationPort)},
+					Src: netip.AddrPortFrom(t.IP.SourceAddress.Unmap(), t.Proto.SourcePort),
+					Dst: netip.AddrPortFrom(t.IP.DestinationAddress.Unmap(), t.Proto.DestinationPort)},
 				Destroy: ev.Type == conntrack.EventDestroy,
 				Packets: f.CountersOrig.Packets + f.CountersReply.Packets,
 				Bytes:   f.CountersOrig.Bytes + f.CountersReply.Bytes,

@@ -41,11 +41,11 @@ func TestOrigins(t *testing.T) {
 			}
 		}
 		want := []string{
-			"/NetworkPolicy/prod/web/ingress/0/Allow mark set mark & 0xfffeffff | 0x10000",
-			"/NetworkPolicy/prod/web/ingress/1/Allow mark set mark & 0xfffeffff | 0x10000",
-			"/GlobalNetworkPolicy//g/ingress/0/Deny drop",
-			"/GlobalNetworkPolicy//g/ingress/1/Allow mark set mark & 0xfffeffff | 0x10000",
-			"////ingress/-1/Deny drop",
+			"default/NetworkPolicy/prod/web/ingress/0/Allow mark set mark & 0xfffeffff | 0x10000",
+			"default/NetworkPolicy/prod/web/ingress/1/Allow mark set mark & 0xfffeffff | 0x10000",
+			"default/GlobalNetworkPolicy//g/ingress/0/Deny drop",
+			"default/GlobalNetworkPolicy//g/ingress/1/Allow mark set mark & 0xfffeffff | 0x10000",
+			"default////ingress/-1/Deny drop",
 		}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("%s: origins (-want +got):\n%s", comp.name, diff)

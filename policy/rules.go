@@ -62,7 +62,7 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 		}
 	}
 	for i, r := range rules {
-		origin := &Origin{Kind: OriginNamespaced, Namespace: ns, Name: p.Metadata.Name, Direction: dir.String(), Index: i, Action: "Allow"}
+		origin := &Origin{Tier: api.TierDefault, Kind: OriginNamespaced, Namespace: ns, Name: p.Metadata.Name, Direction: dir.String(), Index: i, Action: "Allow"}
 		peers := c.npPeers(id, ns, r.peers, dir)
 		ports := c.npPorts(id, i, r.ports)
 		for _, peer := range peers {

@@ -43,6 +43,37 @@ var (
 	HookOutput  = Hook{Table: TableFilter, From: "OUTPUT"}
 )
 
+// HookPreDNAT is where host endpoints' preDNAT policy meets every packet
+// arriving at a node, before FORWARD or INPUT.
+var HookPreDNAT = Hook{Table: TableMangle, From: "PREROUTING"}
+
+// Paths through a node, as the hooks a packet meets in order.
+var (
+	// PathForward: a packet routed through the node (to or from a pod).
+	PathForward = []Hook{HookPreDNAT, HookForward}
+	// PathInput: a packet to the node itself.
+	PathInput = []Hook{HookPreDNAT, HookInput}
+	// PathOutput: a packet from the node itself.
+	PathOutput = []Hook{HookOutput}
+)
+
+// Paths names the paths for Packet.Query and ParsePacketQuery.
+var Paths = map[string][]Hook{"forward": PathForward, "input": PathInput, "output": PathOutput}
+
+// EvalPath evaluates pkt at each hook of path in order, until one drops
+// it, and returns the traces of the hooks it met; accepted is the last
+// one's verdict.
+func EvalPath(rs *Ruleset, path []Hook, pkt Packet) (traces []Trace, accepted bool, err error) {
+	for _, h := range path {
+		tr, err := Eval(rs, h, pkt)
+		traces = append(traces, tr)
+		if err != nil || !tr.Accepted {
+			return traces, false, err
+		}
+	}
+	return traces, true, nil
+}
+
 // Step kinds of a Trace.
 const (
 	// StepEnter: the walk entered Chain (a jump, goto or dispatch).

@@ -17,6 +17,7 @@ import (
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/flowlog"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -38,6 +39,7 @@ type Agent struct {
 	routes   *routeOwner
 	bgp      *bgpOwner
 	policy   *policyOwner // nil without a firewall
+	flows    *flowOwner   // nil with flow logs off
 	gc       *nodeGC
 	tunnel   *tunnelOwner // nil without Deps.VXLAN
 	handler  *cniHandler
@@ -75,6 +77,9 @@ type Deps struct {
 	// (dataplane.WatchLinks), so that a host endpoint waiting for its
 	// interface is reported policed at once rather than at the resync.
 	WatchLinks func(ctx context.Context) (<-chan string, error)
+	// FlowSources read the kernel for flow logs (used when
+	// Config.FlowLog.Mode is not off).
+	FlowSources FlowSources
 }
 
 // Run starts a production agent and blocks until ctx is done.
@@ -93,7 +98,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{Firewall: string(cfg.FirewallBackend)})
+	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{Firewall: string(cfg.FirewallBackend), FlowLog: dataplane.FlowLogRules{
+		Deny: cfg.FlowLog.Mode.Denies(), Allow: cfg.FlowLog.Mode.Allows(), Group: cfg.FlowLog.Group}})
 	if err != nil {
 		return fmt.Errorf("setting up the firewall: %w", err)
 	}
@@ -103,7 +109,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	newSpeaker := func() bgp.Speaker { return bgp.NewSpeaker(log.With("component", "bgp")) }
 	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw, VXLAN: vx,
-		WatchLinks: func(ctx context.Context) (<-chan string, error) { return dataplane.WatchLinks(ctx, "") }})
+		WatchLinks:  func(ctx context.Context) (<-chan string, error) { return dataplane.WatchLinks(ctx, "") },
+		FlowSources: FlowSources{NFLOG: dataplane.ListenNFLOG, Conntrack: dataplane.ListenConntrack, Accounting: dataplane.EnableConntrackAccounting}})
 	return a.Run(ctx)
 }
 
@@ -217,6 +224,14 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.policy.toHost, a.policy.protected = string(a.cfg.EndpointToHostAction), a.cfg.HostProtectedPorts()
 		a.policy.host.healthPort = a.cfg.HTTPListen.Port()
 		a.policy.agentPorts = a.cfg.AgentPorts()
+		if a.cfg.FlowLog.Mode != "" && a.cfg.FlowLog.Mode != flowlog.ModeOff {
+			a.flows = newFlowOwner(a.cfg.FlowLog, a.cfg.NodeName, a.view, a.deps.FlowSources, a.log.With("component", "flows"))
+			a.policy.onApplied = a.flows.applied
+			a.metrics.watchFlows(a.flows.agg)
+		}
+		if rc, ok := a.deps.Firewall.(ruleCounterReader); ok {
+			a.metrics.watchRuleCounters(rc)
+		}
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}
@@ -272,6 +287,9 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	g.Go(func() error { a.statusLoop(gctx); return nil })
 	if a.policy != nil {
 		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
+		if a.flows != nil {
+			g.Go(func() error { a.flows.run(gctx, a.cfg.NodeName); return nil })
+		}
 		if a.deps.WatchLinks != nil {
 			g.Go(func() error { a.policy.watchLinks(gctx, a.deps.WatchLinks); return nil })
 		}

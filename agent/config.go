@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/flowlog"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -62,6 +63,8 @@ type Config struct {
 	// NodeGCMaxPerPass caps how many nodes one node GC pass releases; see
 	// DefaultNodeGCMaxPerPass.
 	NodeGCMaxPerPass int
+	// FlowLog configures flow logs (docs/flows.md); off by default.
+	FlowLog flowlog.Config
 }
 
 // FirewallBackend names the packet filter that enforces policy.
@@ -195,6 +198,7 @@ func Default() Config {
 		EndpointToHostAction: EndpointToHostDrop,
 		NodeGCGrace:          DefaultNodeGCGrace,
 		NodeGCMaxPerPass:     DefaultNodeGCMaxPerPass,
+		FlowLog:              flowlog.Default(),
 	}
 }
 
@@ -262,6 +266,9 @@ func (c *Config) Validate() error {
 		if b.v < b.min || b.v > b.max {
 			errs = append(errs, fmt.Errorf("%s: %s must be between %s and %s", b.name, b.v, b.min, b.max))
 		}
+	}
+	if err := c.FlowLog.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	etcd := c.Etcd
 	etcd.Default()

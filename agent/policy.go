@@ -60,6 +60,9 @@ type policyOwner struct {
 	// recompiles what it touches, and unchanged chains and sets are the
 	// very objects of the last pass, which the firewall skips by identity.
 	compiler *policy.Compiler
+	// onApplied, when set, is told of every ruleset the firewall now
+	// enforces (flow logs map log prefixes to rules with it).
+	onApplied func(*policy.Ruleset)
 }
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
@@ -191,6 +194,9 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		p.applied = nil
 		p.published.Store(nil)
 		return fmt.Errorf("applying firewall state: %w", err)
+	}
+	if p.onApplied != nil && !p.applied.Equal(rs) {
+		p.onApplied(rs)
 	}
 	p.applied, p.okOnce = rs, true
 	p.published.Store(rs)

@@ -35,6 +35,8 @@ type FirewallConfig struct {
 	// FirewallIPTables or FirewallAuto ("", nftables where the kernel
 	// has it).
 	Firewall string
+	// FlowLog says which policy rules log to NFLOG (flow logs).
+	FlowLog FlowLogRules
 	// Backend is the iptables mode: BackendLegacy, BackendNFT or BackendAuto (""): what the
 	// `iptables` command uses, unless only the other backend holds rules in
 	// the namespace (then Tabby's rules go beside those, e.g. kube-proxy's).

@@ -370,7 +370,8 @@ func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
 		extra = append(extra, *sp)
 	}
 	ch.Rules = append(ch.Rules, ruleEstablished)
-	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, egress))...)
+	global, namespaced := c.policiesFor(ep, egress)
+	ch.Rules = append(ch.Rules, policyRules(global, namespaced, egress)...)
 	return ch, extra
 }
 
@@ -378,7 +379,8 @@ func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
 func (c *compiler) toWorkloadChain(ep *endpoint) Chain {
 	ch := Chain{Table: TableFilter, Name: Prefix + "tw-" + ep.iface}
 	ch.Rules = append(ch.Rules, ruleEstablished)
-	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, ingress))...)
+	global, namespaced := c.policiesFor(ep, ingress)
+	ch.Rules = append(ch.Rules, policyRules(global, namespaced, ingress)...)
 	return ch
 }
 
@@ -386,8 +388,9 @@ func (c *compiler) toWorkloadChain(ep *endpoint) Chain {
 // to set the accept mark ending evaluation with RETURN (allowed); then the
 // namespaced ones, which only ever allow, so that one check after all of
 // them suffices. A selected endpoint that nothing allowed is dropped.
-// Without policies the chain falls through (default allow).
-func policyRules(global, namespaced []string) []Rule {
+// Without policies the chain falls through (default allow). The final drop
+// carries dir's default-deny Origin.
+func policyRules(global, namespaced []string, dir direction) []Rule {
 	if len(global)+len(namespaced) == 0 {
 		return nil
 	}
@@ -401,7 +404,7 @@ func policyRules(global, namespaced []string) []Rule {
 	if len(namespaced) > 0 {
 		rules = append(rules, ruleReturnIfOK)
 	}
-	return append(rules, ruleDrop)
+	return append(rules, withOrigin(ruleDrop, defaultDeny(dir)))
 }
 
 // forwardChain sends workload traffic through both dispatches and accepts

@@ -29,6 +29,7 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 	}
 	ch := Chain{Table: TableFilter, Name: name}
 	for i, r := range rules {
+		origin := &Origin{Kind: OriginGlobal, Name: g.Metadata.Name, Direction: dir.String(), Index: i, Action: r.Action}
 		var action Verdict
 		switch r.Action {
 		case api.ActionAllow:
@@ -92,7 +93,7 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 					m := append([]Match{}, base...)
 					m = append(m, sp...)
 					m = append(m, dp...)
-					ch.Rules = append(ch.Rules, Rule{Match: withFamily(f, m), Verdict: action})
+					ch.Rules = append(ch.Rules, Rule{Match: withFamily(f, m), Verdict: action, Origin: origin})
 				}
 			}
 		}

@@ -32,6 +32,7 @@ var agentEnv = map[string]string{
 	"etcd-key-file":           "TABBY_ETCD_KEY_FILE",
 	"endpoint-to-host-action": "TABBY_ENDPOINT_TO_HOST_ACTION",
 	"firewall-backend":        "TABBY_FIREWALL_BACKEND",
+	"flow-logs":               "TABBY_FLOW_LOGS",
 	"node-gc-grace":           "TABBY_NODE_GC_GRACE",
 	"log-level":               "TABBY_LOG_LEVEL",
 }
@@ -73,6 +74,11 @@ func newRootCmd() *cobra.Command {
 	f.TextVar(&cfg.FirewallBackend, "firewall-backend", cfg.FirewallBackend, "auto (nftables where the kernel has it), nftables or iptables (env TABBY_FIREWALL_BACKEND)")
 	f.DurationVar(&cfg.ResyncInterval, "resync-interval", cfg.ResyncInterval, "period of full reconcile passes")
 	f.DurationVar(&cfg.NodeGCGrace, "node-gc-grace", cfg.NodeGCGrace, "how long a node must be gone (no Node record, no liveness record) before its endpoints, addresses and blocks are released (1s to 24h; env TABBY_NODE_GC_GRACE)")
+	f.Var(&cfg.FlowLog.Mode, "flow-logs", "flow logs: off, deny (denied flows, NFLOG) or all (also allowed flows, conntrack events) (env TABBY_FLOW_LOGS)")
+	f.Uint16Var(&cfg.FlowLog.Group, "flow-log-group", cfg.FlowLog.Group, "NFLOG group of the flow logs")
+	f.DurationVar(&cfg.FlowLog.Interval, "flow-log-interval", cfg.FlowLog.Interval, "flow log aggregation interval (100ms to 1m)")
+	f.IntVar(&cfg.FlowLog.MaxFlows, "flow-log-max-flows", cfg.FlowLog.MaxFlows, "flows tracked at once; new flows beyond are counted as dropped")
+	f.IntVar(&cfg.FlowLog.MaxRecords, "flow-log-max-records", cfg.FlowLog.MaxRecords, "flow records kept for GET /flows; the oldest are evicted")
 	logLevel = cmdutil.LogLevel(f, "debug, info, warn or error (env TABBY_LOG_LEVEL)")
 	env.Apply(f, agentEnv)
 	cmd.AddCommand(newInstallCNICmd(), newCleanupCmd())

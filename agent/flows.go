@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/flowlog"
+	"github.com/tabbynet/tabby/policy"
+	"github.com/tabbynet/tabby/syncer"
+)
+
+// FlowSources read the kernel for flow logs (dataplane.ListenNFLOG and
+// dataplane.ListenConntrack in production; tests pass fakes).
+type FlowSources struct {
+	NFLOG     func(ctx context.Context, group uint16, out func(dataplane.PacketLog), lost func()) error
+	Conntrack func(ctx context.Context, out func(dataplane.ConnEvent)) error
+	// Accounting turns conntrack accounting on (nil: nothing to do).
+	Accounting func() error
+}
+
+// flowOwner runs the flow logs (docs/flows.md): it feeds the aggregator
+// from the kernel, keeps the origin and endpoint indexes it reads, and
+// flushes it every interval.
+type flowOwner struct {
+	cfg  flowlog.Config
+	agg  *flowlog.Aggregator
+	view *syncer.Syncer
+	src  FlowSources
+	log  *slog.Logger
+	sub  *syncer.Signal
+
+	origins atomic.Pointer[map[string]*policy.Origin]
+	eps     atomic.Pointer[map[netip.Addr]endpointInfo]
+}
+
+type endpointInfo struct {
+	ep    api.FlowEndpoint
+	local bool
+}
+
+func newFlowOwner(cfg flowlog.Config, node string, view *syncer.Syncer, src FlowSources, log *slog.Logger) *flowOwner {
+	f := &flowOwner{cfg: cfg, view: view, src: src, log: log}
+	f.agg = flowlog.New(cfg, node, f, f)
+	f.sub = view.Notify("flows", syncer.On[api.WorkloadEndpoint](nil), syncer.On[api.Node](nil))
+	empty := map[string]*policy.Origin{}
+	f.origins.Store(&empty)
+	return f
+}
+
+// Origin implements flowlog.Origins.
+func (f *flowOwner) Origin(id string) *policy.Origin { return (*f.origins.Load())[id] }
+
+// Endpoint implements flowlog.Resolver from the index of the view.
+func (f *flowOwner) Endpoint(a netip.Addr) (api.FlowEndpoint, bool) {
+	if m := f.eps.Load(); m != nil {
+		if e, ok := (*m)[a.Unmap()]; ok {
+			return e.ep, e.local
+		}
+	}
+	return api.FlowEndpoint{Kind: api.FlowEndpointExternal}, false
+}
+
+// applied indexes the origins of a ruleset the firewall now enforces.
+func (f *flowOwner) applied(rs *policy.Ruleset) {
+	m := map[string]*policy.Origin{}
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			if r.Origin != nil {
+				m[r.Origin.ID()] = r.Origin
+			}
+		}
+	}
+	f.origins.Store(&m)
+}
+
+// reindex rebuilds the address index from the view: pods (local ones
+// marked) and nodes.
+func (f *flowOwner) reindex(node string) {
+	m := map[netip.Addr]endpointInfo{}
+	for _, n := range f.view.Nodes() {
+		for _, p := range []func() (netip.Prefix, bool){n.IPv4, n.IPv6} {
+			if a, ok := p(); ok {
+				m[a.Addr()] = endpointInfo{ep: api.FlowEndpoint{Kind: api.FlowEndpointHost, Name: n.Metadata.Name}}
+			}
+		}
+	}
+	for _, w := range f.view.Endpoints() {
+		addrs, _ := w.Addrs()
+		ns := w.Metadata.Namespace
+		if ns == "" {
+			ns = "default"
+		}
+		name := w.Spec.Pod
+		if name == "" {
+			name = w.Metadata.Name
+		}
+		for _, a := range addrs {
+			m[a.Unmap()] = endpointInfo{ep: api.FlowEndpoint{Kind: api.FlowEndpointPod, Namespace: ns, Name: name, Labels: w.Metadata.Labels}, local: w.Spec.Node == node}
+		}
+	}
+	f.eps.Store(&m)
+}
+
+// run feeds and flushes the aggregator until ctx ends. Each source runs
+// in one goroutine, restarted after a failure.
+func (f *flowOwner) run(ctx context.Context, node string) {
+	f.reindex(node)
+	var wg sync.WaitGroup
+	keep := func(name string, run func() error) {
+		wg.Go(func() {
+			for attempt := 0; ctx.Err() == nil; attempt++ {
+				if err := run(); err != nil && ctx.Err() == nil {
+					f.log.Warn("flow log source failed, restarting", "source", name, "err", err)
+					f.agg.Lost()
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff(attempt)):
+				}
+			}
+		})
+	}
+	if f.cfg.Mode.Denies() && f.src.NFLOG != nil {
+		keep("nflog", func() error { return f.src.NFLOG(ctx, f.cfg.Group, f.agg.Packet, f.agg.Lost) })
+	}
+	if f.cfg.Mode.Allows() && f.src.Conntrack != nil {
+		if f.src.Accounting != nil {
+			if err := f.src.Accounting(); err != nil {
+				f.log.Warn("flow logs: allowed flows will have no packet counts", "err", err)
+			}
+		}
+		keep("conntrack", func() error { return f.src.Conntrack(ctx, f.agg.Conn) })
+	}
+	t := time.NewTicker(f.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		case <-f.sub.C():
+			f.reindex(node)
+		case now := <-t.C:
+			f.agg.Flush(now)
+		}
+	}
+}
+
+// serveFlows answers GET /flows: the records the query's filter keeps, as
+// JSON lines, oldest first.
+func (a *Agent) serveFlows(w http.ResponseWriter, r *http.Request) {
+	if a.flows == nil {
+		http.Error(w, "flow logs are off on node "+a.cfg.NodeName+" (tabby-agent --flow-logs deny|all)", http.StatusNotFound)
+		return
+	}
+	f, err := api.ParseFlowFilter(r.URL.Query())
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/jsonl")
+	enc := json.NewEncoder(w)
+	for _, rec := range a.flows.agg.Query(f) {
+		if err := enc.Encode(rec); err != nil {
+			if !errors.Is(err, context.Canceled) {
+				a.log.Debug("writing flows", "err", err)
+			}
+			return
+		}
+	}
+}

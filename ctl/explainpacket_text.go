@@ -36,7 +36,7 @@ func (x PacketExplanation) write(b *strings.Builder) {
 		fmt.Fprintf(b, "\n%s, %s: %s\n", h.Node, h.Side, verdictWord(h.Accepted))
 		fmt.Fprintf(b, "  route    %s\n", h.Route)
 		fmt.Fprintf(b, "  hooks    %s, in %s, out %s\n", hookNames(h.Traces), ifaceOrUplink(h.Packet.In), ifaceOrUplink(h.Packet.Out))
-		if s, ok := decidingStep(h.Traces); ok {
+		if s, ok := policy.Decider(h.Traces); ok {
 			fmt.Fprintf(b, "  decided  %s\n", stepText(s))
 		} else {
 			b.WriteString("  decided  no rule of Tabby's ended the walk: the hook's own policy (ACCEPT)\n")
@@ -79,25 +79,27 @@ func hookNames(trs []policy.Trace) string {
 	return strings.Join(s, " then ")
 }
 
-// decidingStep is the step that ended the last hook's walk.
-func decidingStep(trs []policy.Trace) (policy.Step, bool) {
-	if len(trs) == 0 {
-		return policy.Step{}, false
-	}
-	steps := trs[len(trs)-1].Steps
-	for i := len(steps) - 1; i >= 0; i-- {
-		if steps[i].Terminal {
-			return steps[i], true
-		}
-	}
-	return policy.Step{}, false
-}
-
 func stepText(s policy.Step) string {
 	if s.Kind == policy.StepNoTarget {
 		return fmt.Sprintf("%s: no chain for the interface, drop", s.Chain)
 	}
+	if o := s.Origin; o != nil {
+		return fmt.Sprintf("%s (%s rule %d: %s)", OriginText(o), s.Chain, s.Rule, s.Text)
+	}
 	return fmt.Sprintf("%s rule %d: %s", s.Chain, s.Rule, s.Text)
+}
+
+// OriginText names a policy rule: "NetworkPolicy alpha/web ingress rule 0
+// (Allow)", "default Deny of ingress (no policy allowed it)".
+func OriginText(o *policy.Origin) string {
+	if o.Default() {
+		return fmt.Sprintf("default %s at the end of %s policies (none allowed it)", o.Action, o.Direction)
+	}
+	tier := ""
+	if o.Tier != "" {
+		tier = " in tier " + o.Tier
+	}
+	return fmt.Sprintf("%s %s%s %s rule %d (%s)", o.Kind, o.Policy(), tier, o.Direction, o.Index, o.Action)
 }
 
 func stepLine(s policy.Step) string {

@@ -100,6 +100,35 @@ type Step struct {
 	Verdict string `json:"verdict,omitempty"`
 	// Terminal marks the step that ended the walk with Accepted.
 	Terminal bool `json:"terminal,omitempty"`
+	// Origin is the matched rule's (StepMatch): the policy rule it was
+	// compiled from, nil for Tabby's own rules.
+	Origin *Origin `json:"origin,omitempty"`
+}
+
+// Decider is the step whose policy rule decided the walks of a node's
+// hooks: the last matched rule with a (not staged) Origin — a policy's
+// allow that set the accept mark, a Deny, or the default deny at the end
+// of a direction's policies — or, when no policy rule matched, the step
+// that ended the walk. ok is false when nothing decided (the hooks'
+// policy accepted).
+func Decider(trs []Trace) (s Step, ok bool) {
+	var term *Step
+	for i := len(trs) - 1; i >= 0; i-- {
+		steps := trs[i].Steps
+		for j := len(steps) - 1; j >= 0; j-- {
+			st := &steps[j]
+			if st.Origin != nil && !st.Origin.Staged {
+				return *st, true
+			}
+			if st.Terminal && term == nil {
+				term = st
+			}
+		}
+	}
+	if term != nil {
+		return *term, true
+	}
+	return Step{}, false
 }
 
 // Trace is the result of Eval: the verdict and every chain entered and
@@ -204,7 +233,7 @@ func (e *evaluator) run(chain string) (accepted, done bool, err error) {
 		if !ok {
 			continue
 		}
-		s := Step{Kind: StepMatch, Chain: chain, Rule: i, Text: r.String(), Verdict: r.Verdict.String()}
+		s := Step{Kind: StepMatch, Chain: chain, Rule: i, Text: r.String(), Verdict: r.Verdict.String(), Origin: r.Origin}
 		v := r.Verdict
 		switch v.Kind {
 		case VerdictAccept, VerdictDrop:

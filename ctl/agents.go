@@ -53,20 +53,9 @@ func (t AgentTemplate) Get(ctx context.Context, node, path string) (int, []byte,
 	if !perNode && t.Local != "" && t.Local != node {
 		return 0, nil, fmt.Errorf("agent of %s: %s reaches only the agent of %s; give --agent with {node} or {addr}", node, tmpl, t.Local)
 	}
-	target := strings.ReplaceAll(tmpl, "{node}", node)
-	if strings.Contains(target, "{addr}") {
-		var a netip.Addr
-		if t.Addr != nil {
-			a = t.Addr(ctx, node)
-		}
-		if !a.IsValid() {
-			return 0, nil, fmt.Errorf("agent of %s: the node has no address", node)
-		}
-		host := a.String()
-		if a.Is6() {
-			host = "[" + host + "]"
-		}
-		target = strings.ReplaceAll(target, "{addr}", host)
+	target, err := t.expand(ctx, tmpl, node)
+	if err != nil {
+		return 0, nil, err
 	}
 	c := &http.Client{Timeout: 10 * time.Second}
 	url := strings.TrimSuffix(target, "/") + path
@@ -94,6 +83,43 @@ func (t AgentTemplate) Get(ctx context.Context, node, path string) (int, []byte,
 		return 0, nil, fmt.Errorf("agent of %s: %w", node, err)
 	}
 	return resp.StatusCode, body, nil
+}
+
+// expand fills the template for node.
+func (t AgentTemplate) expand(ctx context.Context, tmpl, node string) (string, error) {
+	target := strings.ReplaceAll(tmpl, "{node}", node)
+	if strings.Contains(target, "{addr}") {
+		var a netip.Addr
+		if t.Addr != nil {
+			a = t.Addr(ctx, node)
+		}
+		if !a.IsValid() {
+			return "", fmt.Errorf("agent of %s: the node has no address", node)
+		}
+		host := a.String()
+		if a.Is6() {
+			host = "[" + host + "]"
+		}
+		target = strings.ReplaceAll(target, "{addr}", host)
+	}
+	return target, nil
+}
+
+// Endpoints are the template's addresses of nodes, for QueryFlows.
+func (t AgentTemplate) Endpoints(ctx context.Context, nodes []string) ([]AgentEndpoint, error) {
+	tmpl := t.Template
+	if tmpl == "" {
+		tmpl = DefaultAgentAddress
+	}
+	var out []AgentEndpoint
+	for _, n := range nodes {
+		u, err := t.expand(ctx, tmpl, n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, AgentEndpoint{Node: n, URL: u})
+	}
+	return out, nil
 }
 
 // NodeAddr is a node's BGP (IPv4) address from the datastore, invalid

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -39,6 +40,8 @@ type policyOwner struct {
 	last    dataplane.ApplyStats
 	lastAt  time.Time
 	applied *policy.Ruleset // what the last successful Apply programmed
+	// published is applied, for readers outside passes (the what-if API).
+	published atomic.Pointer[policy.Ruleset]
 	// toHost and protected are the endpoint-to-host action and the ports
 	// no pod may reach (policy.Input).
 	toHost    string
@@ -192,12 +195,14 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	}
 	if err != nil && !onlyStaleCleanup(err) {
 		p.applied = nil
+		p.published.Store(nil)
 		return fmt.Errorf("applying firewall state: %w", err)
 	}
 	if p.onApplied != nil && !p.applied.Equal(rs) {
 		p.onApplied(rs)
 	}
 	p.applied, p.okOnce = rs, true
+	p.published.Store(rs)
 	return err
 }
 

@@ -102,7 +102,7 @@ func ports(list string) []int {
 func serveAll(name, tcpPorts, udpPorts string) (int, error) {
 	out := make(chan string, 64)
 	for _, p := range ports(tcpPorts) {
-		ln, err := net.Listen("tcp4", fmt.Sprintf(":%d", p))
+		ln, err := net.Listen("tcp", fmt.Sprintf(":%d", p)) // both families (explain_test.go probes IPv6 too)
 		if err != nil {
 			return 1, err
 		}
@@ -120,7 +120,7 @@ func serveAll(name, tcpPorts, udpPorts string) (int, error) {
 		}()
 	}
 	for _, p := range ports(udpPorts) {
-		pc, err := net.ListenPacket("udp4", fmt.Sprintf(":%d", p))
+		pc, err := net.ListenPacket("udp", fmt.Sprintf(":%d", p))
 		if err != nil {
 			return 1, err
 		}

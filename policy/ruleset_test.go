@@ -2,29 +2,10 @@ package policy
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 )
 
 // Test helpers over a compiled Ruleset: lookups and a text rendering.
-
-// Chain returns the named chain of the table, if the ruleset has it.
-func (r *Ruleset) Chain(table, name string) (Chain, bool) {
-	i := slices.IndexFunc(r.Chains, func(c Chain) bool { return c.Table == table && c.Name == name })
-	if i < 0 {
-		return Chain{}, false
-	}
-	return r.Chains[i], true
-}
-
-// Set returns the named set, if the ruleset has it.
-func (r *Ruleset) Set(name string) (Set, bool) {
-	i := slices.IndexFunc(r.Sets, func(s Set) bool { return s.Name == name })
-	if i < 0 {
-		return Set{}, false
-	}
-	return r.Sets[i], true
-}
 
 // Lines renders the ruleset as text for tests and debugging, in the
 // model's nft-like notation: per table the hooks and chains, then the

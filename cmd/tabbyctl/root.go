@@ -111,7 +111,7 @@ with the flags' names as keys), else ` + ctl.DefaultEndpoint + `.`,
 	pf.DurationVar(&a.timeout, "timeout", ctl.DefaultTimeout, "timeout of connecting to etcd and of each request")
 
 	root.AddCommand(
-		a.getCmd(), a.applyCmd(), a.createCmd(), a.deleteCmd(), a.labelCmd(), a.validateCmd(), a.ipamCmd(), a.nodeCmd(), a.explainCmd(), a.bgpCmd(), a.flowsCmd(),
+		a.getCmd(), a.applyCmd(), a.createCmd(), a.deleteCmd(), a.labelCmd(), a.validateCmd(), a.ipamCmd(), a.nodeCmd(), a.explainCmd(), a.bgpCmd(), a.flowsCmd(), a.uiCmd(),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

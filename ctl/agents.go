@@ -1,0 +1,134 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// Agents reaches the status API of a node's agent.
+type Agents interface {
+	// Get fetches path (with its query) from node's agent and returns the
+	// HTTP status and the body.
+	Get(ctx context.Context, node, path string) (int, []byte, error)
+}
+
+// DefaultAgentAddress is where the agent of the node tabbyctl runs on
+// serves its status API (agent.Config's StatusSocket).
+const DefaultAgentAddress = "unix:///var/run/tabby/status.sock"
+
+// AgentTemplate reaches agents at an address made from a template:
+// "unix:///PATH" (a status socket; "{node}" in PATH is the node's name, as
+// in a lab's "unix:///run/tabby-lab/lab/{node}/status.sock") or
+// "http://HOST:PORT" ("{node}" the name, "{addr}" the node's BGP address,
+// for agents started with --http-listen on the node's address). Without
+// "{node}" or "{addr}" only Local is reached.
+type AgentTemplate struct {
+	Template string
+	// Local is the node the template reaches when it names no node; ""
+	// = any.
+	Local string
+	// Addr gives a node's address for "{addr}".
+	Addr func(ctx context.Context, node string) netip.Addr
+}
+
+// maxAgentAnswer bounds what is read from an agent.
+const maxAgentAnswer = 64 << 20
+
+// Get implements Agents.
+func (t AgentTemplate) Get(ctx context.Context, node, path string) (int, []byte, error) {
+	tmpl := t.Template
+	if tmpl == "" {
+		tmpl = DefaultAgentAddress
+	}
+	perNode := strings.Contains(tmpl, "{node}") || strings.Contains(tmpl, "{addr}")
+	if !perNode && t.Local != "" && t.Local != node {
+		return 0, nil, fmt.Errorf("agent of %s: %s reaches only the agent of %s; give --agent with {node} or {addr}", node, tmpl, t.Local)
+	}
+	target, err := t.expand(ctx, tmpl, node)
+	if err != nil {
+		return 0, nil, err
+	}
+	c := &http.Client{Timeout: 10 * time.Second}
+	url := strings.TrimSuffix(target, "/") + path
+	if sock, ok := strings.CutPrefix(target, "unix://"); ok {
+		c.Transport = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}}
+		url = "http://agent" + path
+	} else if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
+		return 0, nil, fmt.Errorf("agent address %q: want unix:///PATH or http://HOST:PORT", tmpl)
+	}
+	defer c.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("agent of %s: %w", node, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAgentAnswer))
+	if err != nil {
+		return 0, nil, fmt.Errorf("agent of %s: %w", node, err)
+	}
+	return resp.StatusCode, body, nil
+}
+
+// expand fills the template for node.
+func (t AgentTemplate) expand(ctx context.Context, tmpl, node string) (string, error) {
+	target := strings.ReplaceAll(tmpl, "{node}", node)
+	if strings.Contains(target, "{addr}") {
+		var a netip.Addr
+		if t.Addr != nil {
+			a = t.Addr(ctx, node)
+		}
+		if !a.IsValid() {
+			return "", fmt.Errorf("agent of %s: the node has no address", node)
+		}
+		host := a.String()
+		if a.Is6() {
+			host = "[" + host + "]"
+		}
+		target = strings.ReplaceAll(target, "{addr}", host)
+	}
+	return target, nil
+}
+
+// Endpoints are the template's addresses of nodes, for QueryFlows.
+func (t AgentTemplate) Endpoints(ctx context.Context, nodes []string) ([]AgentEndpoint, error) {
+	tmpl := t.Template
+	if tmpl == "" {
+		tmpl = DefaultAgentAddress
+	}
+	var out []AgentEndpoint
+	for _, n := range nodes {
+		u, err := t.expand(ctx, tmpl, n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, AgentEndpoint{Node: n, URL: u})
+	}
+	return out, nil
+}
+
+// NodeAddr is a node's BGP (IPv4) address from the datastore, invalid
+// when it has none.
+func (c *Client) NodeAddr(ctx context.Context, node string) netip.Addr {
+	n, err := datastore.GetAs[*api.Node](ctx, c.Store, api.KindNode, "", node)
+	if err != nil {
+		return netip.Addr{}
+	}
+	p, _ := n.IPv4()
+	return p.Addr()
+}

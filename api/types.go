@@ -379,6 +379,7 @@ type NetworkPolicyPort struct {
 const (
 	ActionAllow = "Allow"
 	ActionDeny  = "Deny"
+	ActionPass  = "Pass"
 )
 
 // GlobalNetworkPolicy is a cluster-wide ordered policy with Allow and Deny
@@ -392,6 +393,7 @@ type GlobalNetworkPolicy struct {
 // GlobalNetworkPolicySpec selects endpoints and lists rules. Lower order
 // comes first; a nil order comes last.
 type GlobalNetworkPolicySpec struct {
+	Tier              string         `json:"tier,omitempty"`
 	Order             *float64       `json:"order,omitempty"`
 	Selector          *LabelSelector `json:"selector,omitempty"`
 	NamespaceSelector *LabelSelector `json:"namespaceSelector,omitempty"`

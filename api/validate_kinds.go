@@ -439,7 +439,7 @@ func (p *GlobalNetworkPolicy) Validate() error {
 
 func (v *validator) rule(path string, r *Rule) {
 	switch r.Action {
-	case ActionAllow, ActionDeny:
+	case ActionAllow, ActionDeny, ActionPass:
 	case "":
 		v.add(path+".action", "is required (Allow or Deny)")
 	default:

@@ -217,6 +217,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.policy.toHost, a.policy.protected = string(a.cfg.EndpointToHostAction), a.cfg.HostProtectedPorts()
 		a.policy.host.healthPort = a.cfg.HTTPListen.Port()
 		a.policy.agentPorts = a.cfg.AgentPorts()
+		if src, ok := a.deps.Firewall.(ruleCounterSource); ok {
+			a.metrics.reg.MustRegister(newStagedCollector(src))
+		}
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}

@@ -62,6 +62,7 @@ type policyOwner struct {
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
+		syncer.On[api.Tier](nil), syncer.On[api.StagedGlobalNetworkPolicy](nil),
 		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint),
 		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost),
 		syncer.On(nodeAddrsChanged), syncer.On[api.BGPPeer](nil), syncer.On[api.BGPConfiguration](nil),
@@ -159,6 +160,8 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		Endpoints:            p.view.Endpoints(),
 		NetworkPolicies:      p.view.NetworkPolicies(),
 		GlobalPolicies:       p.view.GlobalNetworkPolicies(),
+		Tiers:                p.view.Tiers(),
+		StagedPolicies:       p.view.StagedGlobalNetworkPolicies(),
 		Pools:                p.view.Pools(),
 		EndpointToHostAction: p.toHost,
 		HostProtectedPorts:   p.protected,

@@ -41,6 +41,8 @@ var kinds = []KindInfo{
 	{Kind: KindService, Plural: "services", ShortNames: []string{"svc", "svcs"}, Namespaced: true},
 	{Kind: KindHostEndpoint, Plural: "hostendpoints", ShortNames: []string{"hep", "heps"}},
 	{Kind: KindClusterConfiguration, Plural: "clusterconfigurations", ShortNames: []string{"clusterconfig", "clusterconfigs", "clustercfg"}, Singleton: true},
+	{Kind: KindTier, Plural: "tiers"},
+	{Kind: KindStagedGlobalNetworkPolicy, Plural: "stagedglobalnetworkpolicies", ShortNames: []string{"sgnp", "sgnps"}},
 }
 
 // kindIndex maps every lowercase spelling (kind, plural, short names) to its
@@ -119,6 +121,10 @@ func New(kind string) (Object, error) {
 		obj = &HostEndpoint{}
 	case KindClusterConfiguration:
 		obj = &ClusterConfiguration{}
+	case KindTier:
+		obj = &Tier{}
+	case KindStagedGlobalNetworkPolicy:
+		obj = &StagedGlobalNetworkPolicy{}
 	default:
 		panic("api: kind registered without a type: " + info.Kind)
 	}
@@ -154,6 +160,10 @@ func KindOf(obj Object) string {
 		return KindHostEndpoint
 	case *ClusterConfiguration:
 		return KindClusterConfiguration
+	case *Tier:
+		return KindTier
+	case *StagedGlobalNetworkPolicy:
+		return KindStagedGlobalNetworkPolicy
 	}
 	return ""
 }

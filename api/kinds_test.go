@@ -40,7 +40,7 @@ func TestKindsScope(t *testing.T) {
 	want := map[string][2]bool{
 		KindNode: {}, KindIPPool: {}, KindIPAMConfig: {false, true}, KindBGPConfiguration: {false, true}, KindBGPPeer: {}, KindBGPFilter: {},
 		KindWorkloadEndpoint: {true, false}, KindNetworkPolicy: {true, false}, KindGlobalNetworkPolicy: {}, KindService: {true, false},
-		KindHostEndpoint: {}, KindClusterConfiguration: {false, true},
+		KindHostEndpoint: {}, KindClusterConfiguration: {false, true}, KindTier: {}, KindStagedGlobalNetworkPolicy: {},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Kinds() scope (-want +got):\n%s", diff)

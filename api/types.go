@@ -379,11 +379,11 @@ type NetworkPolicyPort struct {
 const (
 	ActionAllow = "Allow"
 	ActionDeny  = "Deny"
-	ActionPass  = "Pass"
 )
 
-// GlobalNetworkPolicy is a cluster-wide ordered policy with Allow and Deny
-// rules, evaluated before namespaced NetworkPolicy.
+// GlobalNetworkPolicy is a cluster-wide ordered policy with Allow, Deny and
+// Pass rules, in a Tier (spec.tier, default "default"). In tier default it
+// is evaluated before namespaced NetworkPolicy.
 type GlobalNetworkPolicy struct {
 	TypeMeta `json:",inline"`
 	Metadata ObjectMeta              `json:"metadata"`
@@ -393,6 +393,7 @@ type GlobalNetworkPolicy struct {
 // GlobalNetworkPolicySpec selects endpoints and lists rules. Lower order
 // comes first; a nil order comes last.
 type GlobalNetworkPolicySpec struct {
+	// Tier names the policy's Tier (api/tier.go); empty means TierDefault.
 	Tier              string         `json:"tier,omitempty"`
 	Order             *float64       `json:"order,omitempty"`
 	Selector          *LabelSelector `json:"selector,omitempty"`
@@ -407,7 +408,8 @@ type GlobalNetworkPolicySpec struct {
 	DoNotTrack     bool `json:"doNotTrack,omitempty"`
 }
 
-// Rule is one GlobalNetworkPolicy rule.
+// Rule is one GlobalNetworkPolicy rule. Action is Allow, Deny or Pass
+// (ActionPass: on to the next tier).
 type Rule struct {
 	Action      string     `json:"action"`
 	Protocol    *string    `json:"protocol,omitempty"`

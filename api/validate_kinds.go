@@ -412,7 +412,18 @@ func (p *GlobalNetworkPolicy) Validate() error {
 	var v validator
 	v.typeMeta(&p.TypeMeta, KindGlobalNetworkPolicy)
 	v.meta(&p.Metadata, kindInfoOf(p))
+	v.gnpSpec(p)
+	return v.err()
+}
+
+// gnpSpec validates the spec of a GlobalNetworkPolicy or of a staged one.
+func (v *validator) gnpSpec(p *GlobalNetworkPolicy) {
 	s := &p.Spec
+	if s.Tier != "" {
+		if msg := checkDNSLabel(s.Tier); msg != "" {
+			v.add("spec.tier", "%s", msg)
+		}
+	}
 	if s.Order != nil && (math.IsNaN(*s.Order) || math.IsInf(*s.Order, 0)) {
 		v.add("spec.order", "must be a finite number")
 	}
@@ -434,16 +445,15 @@ func (p *GlobalNetworkPolicy) Validate() error {
 		v.rule(idx("spec.egress", i), &r)
 	}
 	v.hostPolicyFlags(p)
-	return v.err()
 }
 
 func (v *validator) rule(path string, r *Rule) {
 	switch r.Action {
 	case ActionAllow, ActionDeny, ActionPass:
 	case "":
-		v.add(path+".action", "is required (Allow or Deny)")
+		v.add(path+".action", "is required (Allow, Deny or Pass)")
 	default:
-		v.add(path+".action", "%q is not one of Allow, Deny", r.Action)
+		v.add(path+".action", "%q is not one of Allow, Deny, Pass", r.Action)
 	}
 	portsOK := false
 	if r.Protocol != nil {

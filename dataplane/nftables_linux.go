@@ -45,6 +45,9 @@ type NFTFirewall struct {
 	gen    *nlGen
 	table  *nftables.Table
 	resync time.Duration
+	// flowLog is fixed for the firewall's life (the memo's hashes
+	// depend on it).
+	flowLog FlowLogRules
 
 	rec    *nftState // the table as last read and written; nil = read it
 	recGen uint32
@@ -76,12 +79,14 @@ type NFTConfig struct {
 	// the first Apply, after a failure and when the generation moved.
 	// Default DefaultFirewallResync; negative reads on every Apply.
 	Resync time.Duration
+	// FlowLog says which policy rules log to NFLOG.
+	FlowLog FlowLogRules
 }
 
 // NewNFTFirewall opens netlink connections in the namespace and checks that
 // the kernel has nf_tables. Close releases them.
 func NewNFTFirewall(cfg NFTConfig) (*NFTFirewall, error) {
-	f := &NFTFirewall{resync: cfg.Resync, table: &nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet}}
+	f := &NFTFirewall{resync: cfg.Resync, flowLog: cfg.FlowLog, table: &nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet}}
 	if f.resync == 0 {
 		f.resync = DefaultFirewallResync
 	}
@@ -237,7 +242,7 @@ type nftSetMemo struct {
 
 // desiredNFT computes the desired chains and sets. With memo it reuses and
 // updates memo's content; without, it computes everything.
-func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nftSetState, error) {
+func desiredNFT(s FirewallState, memo *nftMemo, fl FlowLogRules) ([]nftWantChain, map[string]*nftSetState, error) {
 	record := memo != nil
 	if !record {
 		memo = &nftMemo{}
@@ -248,6 +253,7 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 	}
 	memo.pass++
 	d := &nftDesired{
+		fl:     fl,
 		memo:   memo,
 		pass:   memo.pass,
 		chains: slices.Grow(memo.want[:0], len(s.Chains)+len(nftBases)),
@@ -277,6 +283,7 @@ func desiredNFT(s FirewallState, memo *nftMemo) ([]nftWantChain, map[string]*nft
 // nftDesired is one desiredNFT computation: what it has built so far and
 // which memo entries this pass used.
 type nftDesired struct {
+	fl                   FlowLogRules
 	memo                 *nftMemo
 	pass                 uint64
 	usedChains, usedSets int
@@ -335,7 +342,7 @@ func (d *nftDesired) chain(pc *policy.Chain) {
 	} else {
 		texts := make([]string, 0, len(pc.Rules))
 		for _, r := range pc.Rules {
-			texts = append(texts, r.String())
+			texts = append(texts, r.String()+ruleExtrasText(r, d.fl))
 		}
 		c.hashes = nftRuleHashes(c.name, texts)
 		if cm == nil {
@@ -576,7 +583,7 @@ func (f *NFTFirewall) Apply(ctx context.Context, state FirewallState) (ApplyStat
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	chains, sets, err := desiredNFT(state, &f.memo)
+	chains, sets, err := desiredNFT(state, &f.memo, f.flowLog)
 	if err != nil {
 		f.memo = nftMemo{}
 		return ApplyStats{}, err
@@ -704,7 +711,7 @@ func (p *nftProgram) checkRules() error {
 			continue
 		}
 		for _, r := range ch.src.Rules {
-			if _, _, err := nftRuleExprs(p.t, r); err != nil {
+			if _, _, err := nftRuleExprs(p.t, r, p.f.flowLog); err != nil {
 				return fmt.Errorf("chain %s: rule %s: %w", ch.name, r, err)
 			}
 		}
@@ -978,7 +985,7 @@ func (f *NFTFirewall) addRules(nc *nftables.Chain, ch nftWantChain) error {
 		exprs = nftDispatchExprs(*ch.src)
 	default:
 		for _, r := range ch.src.Rules {
-			ex, anon, err := nftRuleExprs(f.table, r)
+			ex, anon, err := nftRuleExprs(f.table, r, f.flowLog)
 			if err != nil {
 				return err
 			}
@@ -1035,7 +1042,7 @@ func (f *NFTFirewall) Diff(ctx context.Context, desired FirewallState) ([]string
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	chains, sets, err := desiredNFT(desired, nil)
+	chains, sets, err := desiredNFT(desired, nil, f.flowLog)
 	if err != nil {
 		return nil, err
 	}

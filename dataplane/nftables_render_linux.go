@@ -105,7 +105,10 @@ type nftAnonSet struct {
 // nftRuleExprs renders one rule. Anonymous sets it needs are returned to
 // be added to the batch before the rule; their Lookup refers to them by
 // the ID AddSet assigns, so call it once per batch.
-func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonSet, error) {
+//
+// A rule with an Origin counts its packets and bytes, and logs them to
+// NFLOG where fl says so, before its verdict.
+func nftRuleExprs(table *nftables.Table, r policy.Rule, fl FlowLogRules) ([]expr.Any, []*nftAnonSet, error) {
 	rr := &nftRuleRender{table: table}
 	for _, m := range r.Match {
 		if f := m.AddrFamily(); f != 0 {
@@ -115,6 +118,12 @@ func nftRuleExprs(table *nftables.Table, r policy.Rule) ([]expr.Any, []*nftAnonS
 		}
 		if err := rr.match(m); err != nil {
 			return nil, nil, err
+		}
+	}
+	if r.Origin != nil {
+		rr.add(&expr.Counter{})
+		if fl.Logs(r) {
+			rr.add(&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX, Group: fl.Group, Data: []byte(FlowLogPrefix(r.Origin))})
 		}
 	}
 	if err := rr.verdict(r.Verdict); err != nil {

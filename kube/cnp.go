@@ -24,8 +24,8 @@ const CNPPrefix = "cnp."
 
 // The built-in tiers the translations go to (contract B).
 const (
-	TierKubeAdmin    = "kube-admin"
-	TierKubeBaseline = "kube-baseline"
+	TierKubeAdmin    = api.TierKubeAdmin
+	TierKubeBaseline = api.TierKubeBaseline
 )
 
 // maxCNPRules bounds the rules one object expands to (rules × peers ×

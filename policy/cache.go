@@ -47,10 +47,14 @@ type Compiler struct {
 	// The ordered policies of the last pass, and whether this pass has
 	// the same ones (globals; namespaced by namespace).
 	gnps        []*api.GlobalNetworkPolicy
+	sgnps       []*api.GlobalNetworkPolicy // staged, as asGlobal made them
 	nps         map[string][]*api.NetworkPolicy
 	globalsSame bool
 	nsChanged   map[string]bool
 	emitted     map[policyRef]bool // policy chains this pass emitted for cached endpoints
+	// staged maps each staged policy to the GlobalNetworkPolicy standing
+	// for it (tiers.go), so that its identity, the cache's key, lasts.
+	staged map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy
 	// hostChains are the last pass's host endpoint chains (host.go).
 	hostChains map[string]Chain
 }
@@ -109,11 +113,11 @@ func (cc *Compiler) begin(c *compiler) {
 		return
 	}
 	other := c.in
-	other.Endpoints, other.NetworkPolicies, other.GlobalPolicies, other.Pools = nil, nil, nil, nil
+	other.Endpoints, other.NetworkPolicies, other.GlobalPolicies, other.Pools, other.StagedPolicies = nil, nil, nil, nil, nil
 	if !cc.started || !reflect.DeepEqual(other, cc.other) {
 		*cc = Compiler{started: true, other: other, names: map[chainKey]string{},
 			eps: map[*api.WorkloadEndpoint]*epEntry{}, chains: map[*api.WorkloadEndpoint]*epChains{},
-			policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{}}
+			policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{}, staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}}
 	}
 	c.names = cc.names
 	// The maps of the pass before last are emptied and refilled: a pass
@@ -235,7 +239,7 @@ func (cc *Compiler) prepare(c *compiler) {
 	for _, s := range cc.sets {
 		s.update(removed, cc.added)
 	}
-	cc.globalsSame = slices.Equal(cc.gnps, c.gnps)
+	cc.globalsSame = slices.Equal(cc.gnps, c.gnps) && slices.Equal(cc.sgnps, c.sgnps)
 	nps := c.npsByNs
 	cc.nsChanged = map[string]bool{}
 	for ns, ps := range nps {
@@ -248,7 +252,7 @@ func (cc *Compiler) prepare(c *compiler) {
 			cc.nsChanged[ns] = true
 		}
 	}
-	cc.gnps, cc.nps = c.gnps, nps
+	cc.gnps, cc.sgnps, cc.nps = c.gnps, c.sgnps, nps
 }
 
 // end keeps what this pass used for the next one.
@@ -260,6 +264,7 @@ func (cc *Compiler) end(c *compiler) {
 	cc.spareChains, cc.chains, cc.nextChains = cc.chains, cc.nextChains, nil
 	cc.sparePolicies, cc.policies, cc.nextPolicies = cc.policies, cc.nextPolicies, nil
 	maps.DeleteFunc(cc.sets, func(name string, s *liveSet) bool { return c.sets[name] != s.set })
+	maps.DeleteFunc(cc.staged, func(_ *api.StagedGlobalNetworkPolicy, g *api.GlobalNetworkPolicy) bool { return !c.staged[g] })
 	cc.added = nil
 }
 
@@ -269,7 +274,8 @@ func (c *compiler) endpointChains(ep *endpoint) (fw, tw Chain, extra []Chain) {
 	cc := c.cache
 	if cc == nil {
 		fw, extra = c.fromWorkloadChain(ep)
-		return fw, c.toWorkloadChain(ep), extra
+		tw, twExtra := c.toWorkloadChain(ep)
+		return fw, tw, append(extra, twExtra...)
 	}
 	e := cc.chains[ep.wep]
 	if e != nil && cc.globalsSame && !cc.nsChanged[ep.namespace] {
@@ -292,7 +298,8 @@ func (c *compiler) endpointChains(ep *endpoint) (fw, tw Chain, extra []Chain) {
 	var refs []policyRef
 	c.refs = &refs
 	fw, extra = c.fromWorkloadChain(ep)
-	tw = c.toWorkloadChain(ep)
+	tw, twExtra := c.toWorkloadChain(ep)
+	extra = append(extra, twExtra...)
 	c.refs = nil
 	if e != nil && fw.Equal(e.fw) && tw.Equal(e.tw) && slices.EqualFunc(extra, e.extra, Chain.Equal) {
 		// A policy of its namespace changed, but not its chains: keep

@@ -14,9 +14,13 @@ import (
 // compiler holds one compilation's state.
 type compiler struct {
 	in       Input
-	eps      []*endpoint // every endpoint, by name
-	local    []*endpoint // this node's, by interface
-	gnps     []*api.GlobalNetworkPolicy
+	eps      []*endpoint                // every endpoint, by name
+	local    []*endpoint                // this node's, by interface
+	gnps     []*api.GlobalNetworkPolicy // enforced, by tier, order, name
+	sgnps    []*api.GlobalNetworkPolicy // staged (asGlobal), by tier, order, name
+	tiers    []*api.Tier                // in order
+	tierIdx  map[string]int             // index in tiers by name
+	staged   map[*api.GlobalNetworkPolicy]bool
 	nps      []*api.NetworkPolicy
 	npsByNs  map[string][]*api.NetworkPolicy // nps by namespace, in order
 	sets     map[string]*Set
@@ -190,27 +194,11 @@ func namespaceLabels(ns string, labels map[string]string) map[string]string {
 	return out
 }
 
-// orderPolicies sorts global policies by order (none last), then name, and
-// namespaced ones by namespace and name.
+// orderPolicies sorts global policies by tier (tiers.go), then order
+// (none last), then name, and namespaced ones by namespace and name.
+// Policies of a tier that does not exist are left out whole.
 func (c *compiler) orderPolicies() {
-	for _, g := range c.in.GlobalPolicies {
-		if g != nil {
-			c.gnps = append(c.gnps, g)
-		}
-	}
-	slices.SortStableFunc(c.gnps, func(x, y *api.GlobalNetworkPolicy) int {
-		switch {
-		case x.Spec.Order == nil && y.Spec.Order != nil:
-			return 1
-		case x.Spec.Order != nil && y.Spec.Order == nil:
-			return -1
-		case x.Spec.Order != nil && y.Spec.Order != nil:
-			if r := cmp.Compare(*x.Spec.Order, *y.Spec.Order); r != 0 {
-				return r
-			}
-		}
-		return cmp.Compare(x.Metadata.Name, y.Metadata.Name)
-	})
+	c.orderGlobals()
 	for _, p := range c.in.NetworkPolicies {
 		if p != nil {
 			c.nps = append(c.nps, p)
@@ -246,42 +234,6 @@ const (
 	ingress direction = iota
 	egress
 )
-
-// policiesFor returns the chains of the global and of the namespaced
-// policies that select ep in dir, each in evaluation order. It emits each
-// chain the first time it is needed.
-func (c *compiler) policiesFor(ep *endpoint, dir direction) (global, namespaced []string) {
-	for _, g := range c.gnps {
-		in, eg := g.AppliesTo()
-		if (dir == ingress && !in) || (dir == egress && !eg) || g.Spec.PreDNAT || g.Spec.DoNotTrack {
-			continue // preDNAT policy is for host endpoints only
-		}
-		if g.Spec.Selector != nil && !g.Spec.Selector.Matches(ep.labels) {
-			continue
-		}
-		if g.Spec.NamespaceSelector != nil && !g.Spec.NamespaceSelector.Matches(ep.nsLabels) {
-			continue
-		}
-		global = append(global, c.globalPolicyChain(g, dir))
-		if c.refs != nil {
-			*c.refs = append(*c.refs, policyRef{g: g, dir: dir})
-		}
-	}
-	for _, p := range c.npsByNs[ep.namespace] {
-		in, eg := p.AppliesTo()
-		if (dir == ingress && !in) || (dir == egress && !eg) {
-			continue
-		}
-		if !p.Spec.PodSelector.Matches(ep.labels) {
-			continue
-		}
-		namespaced = append(namespaced, c.networkPolicyChain(p, dir))
-		if c.refs != nil {
-			*c.refs = append(*c.refs, policyRef{np: p, dir: dir})
-		}
-	}
-	return global, namespaced
-}
 
 // policyChainName is policyChainName, remembered: endpoints ask for the
 // same policies' chains over and over.
@@ -370,38 +322,19 @@ func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
 		extra = append(extra, *sp)
 	}
 	ch.Rules = append(ch.Rules, ruleEstablished)
-	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, egress))...)
-	return ch, extra
+	rules, tierChains := c.tieredRules(ep, egress)
+	ch.Rules = append(ch.Rules, rules...)
+	return ch, append(extra, tierChains...)
 }
 
 // toWorkloadChain is the ingress chain of a local endpoint.
-func (c *compiler) toWorkloadChain(ep *endpoint) Chain {
+// Its tier chains are returned as extra chains.
+func (c *compiler) toWorkloadChain(ep *endpoint) (Chain, []Chain) {
 	ch := Chain{Table: TableFilter, Name: Prefix + "tw-" + ep.iface}
 	ch.Rules = append(ch.Rules, ruleEstablished)
-	ch.Rules = append(ch.Rules, policyRules(c.policiesFor(ep, ingress))...)
-	return ch
-}
-
-// policyRules evaluates the policy chains: global ones in order, the first
-// to set the accept mark ending evaluation with RETURN (allowed); then the
-// namespaced ones, which only ever allow, so that one check after all of
-// them suffices. A selected endpoint that nothing allowed is dropped.
-// Without policies the chain falls through (default allow).
-func policyRules(global, namespaced []string) []Rule {
-	if len(global)+len(namespaced) == 0 {
-		return nil
-	}
-	rules := []Rule{ruleClearMark}
-	for _, name := range global {
-		rules = append(rules, jumpTo(name), ruleReturnIfOK)
-	}
-	for _, name := range namespaced {
-		rules = append(rules, jumpTo(name))
-	}
-	if len(namespaced) > 0 {
-		rules = append(rules, ruleReturnIfOK)
-	}
-	return append(rules, ruleDrop)
+	rules, extra := c.tieredRules(ep, ingress)
+	ch.Rules = append(ch.Rules, rules...)
+	return ch, extra
 }
 
 // forwardChain sends workload traffic through both dispatches and accepts

@@ -70,12 +70,15 @@ func findPod(name string) (testPod, bool) {
 
 // cluster is the policy set of one test case.
 type cluster struct {
-	nps  []*api.NetworkPolicy
-	gnps []*api.GlobalNetworkPolicy
+	nps    []*api.NetworkPolicy
+	gnps   []*api.GlobalNetworkPolicy
+	tiers  []*api.Tier // stored tiers (api.EffectiveTiers adds the built-in ones)
+	staged []*api.StagedGlobalNetworkPolicy
 }
 
 func (c cluster) input(node string) Input {
-	in := Input{Node: node, NetworkPolicies: c.nps, GlobalPolicies: c.gnps, Pools: pools}
+	in := Input{Node: node, NetworkPolicies: c.nps, GlobalPolicies: c.gnps, Pools: pools,
+		Tiers: api.EffectiveTiers(c.tiers), StagedPolicies: c.staged}
 	for _, p := range pods {
 		in.Endpoints = append(in.Endpoints, p.endpoint())
 	}

@@ -12,8 +12,15 @@ import (
 // one direction. Rules run in order: Allow sets the accept mark and returns
 // at once, Deny drops; a packet no rule matches falls through to the next
 // policy.
+//
+// A staged policy's chain (tiers.go) has the same matches, but every rule
+// returns: it counts under its Origin and decides nothing.
 func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) string {
-	id := "gnp/" + g.Metadata.Name
+	staged := c.staged[g]
+	id, kind := "gnp/"+g.Metadata.Name, OriginGlobal
+	if staged {
+		id, kind = "sgnp/"+g.Metadata.Name, OriginStagedGlobal
+	}
 	name := c.policyChainName(id, dir)
 	if _, ok := c.chains[name]; ok {
 		return name
@@ -29,15 +36,21 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 	}
 	ch := Chain{Table: TableFilter, Name: name}
 	for i, r := range rules {
+		origin := &Origin{Tier: g.TierName(), Kind: kind, Name: g.Metadata.Name, Direction: dir.String(), Index: i, Action: r.Action, Staged: staged}
 		var action Verdict
 		switch r.Action {
 		case api.ActionAllow:
 			action = actionAllow
 		case api.ActionDeny:
 			action = actionDrop
+		case api.ActionPass:
+			action = actionPass
 		default:
-			c.warnf("%s: rule %d: action %q is not Allow or Deny: skipped", id, i, r.Action)
+			c.warnf("%s: rule %d: action %q is not Allow, Deny or Pass: skipped", id, i, r.Action)
 			continue
+		}
+		if staged {
+			action = Verdict{Kind: VerdictReturn}
 		}
 		proto := ""
 		if r.Protocol != nil {
@@ -92,12 +105,16 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 					m := append([]Match{}, base...)
 					m = append(m, sp...)
 					m = append(m, dp...)
-					ch.Rules = append(ch.Rules, Rule{Match: withFamily(f, m), Verdict: action})
+					ch.Rules = append(ch.Rules, Rule{Match: withFamily(f, m), Verdict: action, Origin: origin})
 				}
 			}
 		}
-		if r.Action == api.ActionAllow {
+		switch {
+		case staged:
+		case r.Action == api.ActionAllow:
 			ch.Rules = append(ch.Rules, ruleReturnIfOK)
+		case r.Action == api.ActionPass:
+			ch.Rules = append(ch.Rules, ruleReturnIfPass)
 		}
 	}
 	c.chains[name] = ch

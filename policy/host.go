@@ -206,7 +206,7 @@ func (c *compiler) hostChains() (chains []Chain, jumps []Jump, hooks hostHooks) 
 		if pols := c.hostPolicies(*all, ingress, hostNormal); len(pols) > 0 {
 			ch.Rules = append(ch.Rules, ruleEstablishedReturn)
 			ch.Rules = append(ch.Rules, hostPolicyRules(pols, ruleReturnIfOK)...)
-			ch.Rules = append(ch.Rules, ruleDrop)
+			ch.Rules = append(ch.Rules, withOrigin(ruleDrop, defaultDeny(ingress)))
 		}
 		chains = append(chains, ch)
 		hooks.toHost = []Rule{{Match: []Match{inIface(WorkloadIfacePrefix + "+")}, Verdict: Verdict{Kind: VerdictJump, Chain: ch.Name}}}
@@ -253,7 +253,7 @@ func (c *compiler) endpointHostChains(h hostEP, in, out []Rule) []Chain {
 		if len(pols) == 0 && h.hep.DefaultAllow() {
 			ch.Rules = append(ch.Rules, Rule{Verdict: Verdict{Kind: VerdictAccept}})
 		} else {
-			ch.Rules = append(ch.Rules, ruleDrop)
+			ch.Rules = append(ch.Rules, withOrigin(ruleDrop, defaultDeny(d.dir)))
 		}
 		chains = append(chains, ch)
 	}
@@ -266,7 +266,7 @@ func (c *compiler) endpointHostChains(h hostEP, in, out []Rule) []Chain {
 		if pols := c.hostPolicies(h, d.dir, hostForward); len(pols) > 0 {
 			ch.Rules = append(ch.Rules, ruleEstablishedReturn)
 			ch.Rules = append(ch.Rules, hostPolicyRules(pols, ruleReturnIfOK)...)
-			ch.Rules = append(ch.Rules, ruleDrop)
+			ch.Rules = append(ch.Rules, withOrigin(ruleDrop, defaultDeny(d.dir)))
 		}
 		chains = append(chains, ch)
 	}

@@ -44,6 +44,11 @@ type DispatchTarget struct {
 type Rule struct {
 	Match   []Match
 	Verdict Verdict
+	// Origin is the API rule this rule was compiled from, or the default
+	// action it applies; nil for Tabby's own rules. Renderers keep it in
+	// the rule's identity, so that equal matches of two policies stay two
+	// rules with counters of their own.
+	Origin *Origin
 }
 
 // MatchKind says which field of Match a term uses.
@@ -441,7 +446,7 @@ func (c Chain) Equal(o Chain) bool {
 
 // Equal reports whether two rules are the same.
 func (r Rule) Equal(o Rule) bool {
-	return r.Verdict == o.Verdict && slices.EqualFunc(r.Match, o.Match, Match.Equal)
+	return r.Verdict == o.Verdict && r.Origin.Equal(o.Origin) && slices.EqualFunc(r.Match, o.Match, Match.Equal)
 }
 
 // Equal reports whether two match terms are the same.

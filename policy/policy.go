@@ -61,6 +61,9 @@ const (
 	// rules allows the packet. It stays clear of kube-proxy's 0x4000 and
 	// 0x8000.
 	MarkAccept = 0x10000
+	// MarkPass is the bit a policy chain sets for a Pass rule: the rest
+	// of the tier is skipped (tiers.go).
+	MarkPass = 0x20000
 
 	// MaxChainName is the longest iptables chain name (the kernel's limit
 	// is 29 bytes with the terminating NUL).
@@ -100,6 +103,11 @@ type Input struct {
 	GlobalPolicies []*api.GlobalNetworkPolicy
 	// Pools are every IPPool.
 	Pools []*api.IPPool
+	// Tiers are the tiers in evaluation order (api.EffectiveTiers); nil
+	// means the built-in ones. A change of tiers recompiles everything.
+	Tiers []*api.Tier
+	// StagedPolicies are every StagedGlobalNetworkPolicy: they only count.
+	StagedPolicies []*api.StagedGlobalNetworkPolicy
 	// EndpointToHostAction is what a packet from a local workload to this
 	// node meets once it passed the workload's anti-spoofing check and
 	// egress policy (Calico's DefaultEndpointToHostAction):

@@ -62,6 +62,7 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 		}
 	}
 	for i, r := range rules {
+		origin := &Origin{Tier: api.TierDefault, Kind: OriginNamespaced, Namespace: ns, Name: p.Metadata.Name, Direction: dir.String(), Index: i, Action: "Allow"}
 		peers := c.npPeers(id, ns, r.peers, dir)
 		ports := c.npPorts(id, i, r.ports)
 		for _, peer := range peers {
@@ -69,7 +70,7 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 				m := append([]Match{}, peer.match...)
 				m = append(m, port.match...)
 				if port.named == "" {
-					ch.Rules = append(ch.Rules, Rule{Match: m, Verdict: actionAllow})
+					ch.Rules = append(ch.Rules, Rule{Match: m, Verdict: actionAllow, Origin: origin})
 					continue
 				}
 				// The destination's port: the policy's own endpoints
@@ -89,7 +90,7 @@ func (c *compiler) networkPolicyChain(p *api.NetworkPolicy, dir direction) strin
 				}
 				for _, f := range fams {
 					set := c.namedPortSet(target, f, port.proto, port.named)
-					ch.Rules = append(ch.Rules, Rule{Match: append(slices.Clone(m), addrPortSetMatch(set, f, true)), Verdict: actionAllow})
+					ch.Rules = append(ch.Rules, Rule{Match: append(slices.Clone(m), addrPortSetMatch(set, f, true)), Verdict: actionAllow, Origin: origin})
 				}
 			}
 		}

@@ -14,7 +14,7 @@ import (
 type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |
 		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy | api.Service |
-		api.HostEndpoint | api.ClusterConfiguration |
+		api.HostEndpoint | api.ClusterConfiguration | api.Tier | api.StagedGlobalNetworkPolicy |
 		ipam.BlockSummary | ipam.Affinity | datastore.KV | datastore.BGPMeshKey
 }
 

@@ -180,12 +180,12 @@ func (s *Syncer) NodesWithState() []string {
 	return slices.Sorted(maps.Keys(set))
 }
 
-// PolicyCount returns how many NetworkPolicies and GlobalNetworkPolicies
+// PolicyCount returns how many NetworkPolicies, GlobalNetworkPolicies and staged ones
 // the view holds; cheap enough for a subscription filter.
 func (s *Syncer) PolicyCount() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return len(s.st.byKind[api.KindNetworkPolicy]) + len(s.st.byKind[api.KindGlobalNetworkPolicy])
+	return len(s.st.byKind[api.KindNetworkPolicy]) + len(s.st.byKind[api.KindGlobalNetworkPolicy]) + len(s.st.byKind[api.KindStagedGlobalNetworkPolicy])
 }
 
 // NodeGCRecords returns node GC's records (gc/nodes/<node>) as stored,

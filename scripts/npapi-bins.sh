@@ -17,7 +17,7 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 GO=${GO:-go}
-npv=$(sed -n 's/^require sigs.k8s.io\/network-policy-api \(v[0-9.]*\)$/\1/p' "$here/npapi-conformance/go.mod")
+npv=$(awk '$1=="sigs.k8s.io/network-policy-api"{print $2}' "$here/npapi-conformance/go.mod")
 kv=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$here/kube-build/go.mod")
 [ -n "$npv" ] && [ -n "$kv" ] || { echo "npapi-bins: no versions in the go.mod files" >&2; exit 1; }
 dir=${NPAPI_CACHE:-/var/cache/tabby/npapi}/$npv-k8s$kv

@@ -56,6 +56,11 @@ func (c *Client) Apply(ctx context.Context, out io.Writer, o ManifestOptions) er
 	if err != nil {
 		return err
 	}
+	tierWarnings, err := c.checkTiers(ctx, items)
+	if err != nil {
+		return err
+	}
+	printWarnings(out, tierWarnings)
 	var errs []error
 	var stored []api.Object
 	for _, it := range items {
@@ -232,6 +237,11 @@ func (c *Client) Create(ctx context.Context, out io.Writer, o ManifestOptions) e
 	if err != nil {
 		return err
 	}
+	tierWarnings, err := c.checkTiers(ctx, items)
+	if err != nil {
+		return err
+	}
+	printWarnings(out, tierWarnings)
 	var errs []error
 	var stored []api.Object
 	for _, it := range items {
@@ -286,6 +296,11 @@ func (c *Client) Delete(ctx context.Context, out io.Writer, kind, namespace stri
 
 func (c *Client) deleteOne(ctx context.Context, out io.Writer, info api.KindInfo, ns, name string, ignoreNotFound bool) error {
 	var err error
+	if info.Kind == api.KindTier {
+		if err := c.checkTierDelete(ctx, name); err != nil {
+			return err
+		}
+	}
 	if info.Kind == api.KindIPPool {
 		err = c.deletePool(ctx, name)
 	} else {

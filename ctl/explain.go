@@ -48,6 +48,7 @@ type cluster struct {
 	allocs   []ipam.Allocation
 	statuses map[string]api.AgentStatus
 	gnps     []*api.GlobalNetworkPolicy
+	tiers    []*api.Tier // stored; api.EffectiveTiers adds the built-in ones
 	services []*api.Service
 	ippools  []*api.IPPool // for their VXLAN modes (tunnel.go)
 }
@@ -76,6 +77,9 @@ func (c *Client) loadCluster(ctx context.Context) (*cluster, error) {
 	}
 	if cl.gnps, _, err = datastore.ListAs[*api.GlobalNetworkPolicy](ctx, c.Store, api.KindGlobalNetworkPolicy, ""); err != nil {
 		return nil, fmt.Errorf("listing global network policies: %w", err)
+	}
+	if cl.tiers, _, err = datastore.ListAs[*api.Tier](ctx, c.Store, api.KindTier, ""); err != nil {
+		return nil, fmt.Errorf("listing tiers: %w", err)
 	}
 	if cl.services, _, err = datastore.ListAs[*api.Service](ctx, c.Store, api.KindService, ""); err != nil {
 		return nil, fmt.Errorf("listing service records: %w", err)
@@ -279,7 +283,14 @@ func explainEndpoint(cl *cluster, w *api.WorkloadEndpoint, nps []*api.NetworkPol
 // selects every endpoint, as in Calico.
 func (e *explanation) policiesFor(cl *cluster, w *api.WorkloadEndpoint, nps []*api.NetworkPolicy) {
 	gnps := slices.Clone(cl.gnps)
+	tierIdx := map[string]int{}
+	for i, t := range api.EffectiveTiers(cl.tiers) {
+		tierIdx[t.Metadata.Name] = i
+	}
 	slices.SortStableFunc(gnps, func(x, y *api.GlobalNetworkPolicy) int {
+		if c := cmp.Compare(tierIdx[x.TierName()], tierIdx[y.TierName()]); c != 0 {
+			return c
+		}
 		switch {
 		case x.Spec.Order == nil && y.Spec.Order == nil:
 		case x.Spec.Order == nil:
@@ -306,6 +317,15 @@ func (e *explanation) policiesFor(cl *cluster, w *api.WorkloadEndpoint, nps []*a
 		}
 		in, eg := g.AppliesTo()
 		name := "GlobalNetworkPolicy " + g.Metadata.Name
+		if _, ok := tierIdx[g.TierName()]; !ok {
+			e.policies = append(e.policies, fmt.Sprintf("%s (tier %s does not exist: ignored)", name, g.TierName()))
+			continue
+		}
+		if g.TierName() != api.TierDefault {
+			// Tier default is every policy's without tiers: named only
+			// when it is another.
+			name += " [tier " + g.TierName() + "]"
+		}
 		e.policies = append(e.policies, fmt.Sprintf("%s (%s, selector %s): %s", name, order, gnpSelector(g.Spec.Selector), types(in, eg)))
 		e.addDirections(name, in, eg)
 	}

@@ -48,6 +48,13 @@ func (c *Client) Get(ctx context.Context, out, errOut io.Writer, o GetOptions) e
 	}
 	var objs []api.Object
 	var errs []error
+	if info.Kind == api.KindTier && o.Output != OutputYAML && o.Output != OutputJSON {
+		objs, counts, err := c.tierObjects(ctx, o.Names)
+		if err != nil {
+			return err
+		}
+		return c.printTiers(out, objs, counts, o.Output == OutputWide)
+	}
 	if len(o.Names) == 0 {
 		if objs, _, err = c.Store.List(ctx, info.Kind, ns); err != nil {
 			return fmt.Errorf("listing %s: %w", info.Plural, err)
@@ -146,4 +153,22 @@ func (c *Client) bgpConfig(ctx context.Context) (*api.BGPConfiguration, error) {
 		return nil, nil
 	}
 	return bc, err
+}
+
+// printTiers prints the effective tiers in evaluation order with how many
+// policies (and, wide, staged policies) each holds.
+func (c *Client) printTiers(out io.Writer, objs []api.Object, counts map[string][2]int, wide bool) error {
+	header := []string{"NAME", "ORDER", "DEFAULT-ACTION", "POLICIES"}
+	if wide {
+		header = append(header, "STAGED")
+	}
+	t := newTable(header...)
+	for _, obj := range objs {
+		cells, w := tierRow(obj.(*api.Tier), counts)
+		if wide {
+			cells = append(cells, w...)
+		}
+		t.add(cells...)
+	}
+	return t.writePlain(out)
 }

@@ -192,18 +192,7 @@ func hostEndpointTraffic(t *testing.T, l hostLab, f dataplane.Firewall) {
 	for _, s := range steps {
 		in := base
 		in.HostEndpoints, in.GlobalPolicies = s.heps, s.gnps
-		if _, err := f.Apply(ctx, *comp.Compile(in)); err != nil {
-			t.Fatalf("%s: apply: %v", s.name, err)
-		}
-		if df, ok := f.(interface {
-			Diff(context.Context, dataplane.FirewallState) ([]string, error)
-		}); ok {
-			if d, err := df.Diff(ctx, *policy.Compile(in)); err != nil || len(d) > 0 {
-				t.Fatalf("%s: kernel differs from a fresh compile: %v %v", s.name, d, err)
-			}
-		} else if st, err := f.Apply(ctx, *policy.Compile(in)); err != nil || st.Changed() {
-			t.Fatalf("%s: a fresh compile changes the kernel: %+v %v", s.name, st, err)
-		}
+		applyChecked(ctx, t, f, comp, in, s.name)
 		for _, p := range s.probes {
 			if got := dials(t, p.from, p.addr); got != p.expected {
 				t.Errorf("%s: %s: connected %v, want %v", s.name, p.name, got, p.expected)

@@ -50,6 +50,15 @@ spec:
   order: 10
   selector: {matchLabels: {role: db}}
   ingress: [{action: Deny}]
+---
+apiVersion: tabby.dev/v1
+kind: GlobalNetworkPolicy
+metadata: {name: admin-db}
+spec:
+  tier: kube-admin
+  order: 1
+  selector: {matchLabels: {role: db}}
+  ingress: [{action: Pass}]
 `
 
 // fakeRunner answers commands from a table; anything else fails.

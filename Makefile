@@ -11,7 +11,7 @@ TESTFLAGS ?= -count=1 -timeout 20m -p 2
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := -s -w $(if $(VERSION),-X github.com/tabbynet/tabby/internal/version.stamped=$(VERSION))
 
-.PHONY: all build test unit lint deps demo demo-k8s clean kube-bins images
+.PHONY: all build test unit lint deps demo demo-k8s clean kube-bins images npapi-bins conformance-npapi
 
 all: build
 
@@ -32,7 +32,8 @@ images: build
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $(BIN)/ ./internal/cmd/pause ./internal/cmd/echo ./internal/cmd/mkimage
 	CGO_ENABLED=0 GOBIN=$(BIN) $(GO) install -trimpath -ldflags "-s -w" \
 		github.com/containernetworking/plugins/plugins/meta/portmap@$$($(GO) list -m -f '{{.Version}}' github.com/containernetworking/plugins)
-	$(BIN)/mkimage -bin $(BIN) -tag $(IMAGE_TAG) -out $(BIN)/images $(if $(wildcard $(COREDNS_BIN)),-coredns $(COREDNS_BIN))
+	$(BIN)/mkimage -bin $(BIN) -tag $(IMAGE_TAG) -out $(BIN)/images $(if $(wildcard $(COREDNS_BIN)),-coredns $(COREDNS_BIN)) \
+		$(if $(wildcard $(NPAPI_DIR)/agnhost),-agnhost $(NPAPI_DIR))
 
 # Every tier: unit (with -race), then as root privileged and end-to-end;
 # ends with which tiers ran and which were skipped, and why
@@ -55,6 +56,20 @@ unit:
 kube-bins:
 	GO=$(GO) ./scripts/kube-bins.sh
 	GO=$(GO) ./scripts/coredns-bins.sh
+
+# The network-policy-api conformance suite (scripts/npapi-conformance) and
+# its pod image's agnhost, built from the module proxy into
+# /var/cache/tabby/npapi (scripts/npapi-bins.sh); `make images` then adds
+# bin/images/agnhost.oci.tar. `make conformance-npapi` runs the whole suite
+# against a Kubernetes lab (e2e TestNPAPIConformance with NPAPI_FULL=1);
+# `make test` runs its short subset when all this is built.
+NPAPI_DIR ?= $(or $(NPAPI_CACHE),/var/cache/tabby/npapi)/$(shell awk '$$1=="sigs.k8s.io/network-policy-api"{print $$2}' scripts/npapi-conformance/go.mod)-k8s$(shell sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$$/\1/p' scripts/kube-build/go.mod)
+export NPAPI_DIR
+npapi-bins:
+	GO=$(GO) ./scripts/npapi-bins.sh
+
+conformance-npapi: build kube-bins npapi-bins images
+	NPAPI_FULL=1 NPAPI_DIR=$(NPAPI_DIR) TABBY_BIN=$(BIN) $(GO) test -count=1 -timeout 90m -p 1 -v -run '^TestNPAPIConformance$$' ./e2e/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

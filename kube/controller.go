@@ -82,11 +82,13 @@ type controller struct {
 	svc     serviceSync
 	lb      lbState
 	refused refusedState
+	cnp     cnpState
 }
 
-func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger) *controller {
+func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger, opts options) *controller {
 	c := &controller{
 		cfg: cfg, kc: kc, store: store, log: log,
+		cnp:     cnpState{client: opts.cnp},
 		ipam:    ipam.New(store),
 		view:    syncer.New(store, log),
 		factory: informers.NewSharedInformerFactory(kc, 0),
@@ -167,6 +169,7 @@ func (c *controller) run(ctx context.Context) error {
 	c.indexEndpoints(nil, true)
 	c.log.Info("informers and etcd view synced; reconciling")
 	defer c.runLB(ctx)()
+	wg.Go(func() { c.startCNP(ctx) })
 
 	for range c.cfg.Workers {
 		wg.Go(func() {
@@ -222,6 +225,9 @@ func (c *controller) processNext(ctx context.Context) bool {
 		err = c.syncPolicy(ctx, k.ns, k.name)
 	case kindNode:
 		err = c.syncNode(ctx, k.name)
+		c.queueCNPsOnNodes()
+	case kindCNP:
+		err = c.syncCNP(ctx, k.name)
 	case kindService:
 		err = c.syncService(ctx, k.ns, k.name)
 
@@ -344,6 +350,7 @@ func (c *controller) sweep() {
 	}
 	c.sweepPolicies()
 	c.sweepServices()
+	c.sweepCNP()
 
 	c.sweepLB(context.Background())
 }

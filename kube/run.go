@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 
 	"github.com/tabbynet/tabby/datastore"
 )
@@ -120,16 +121,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	npa, err := npaclient.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
 	store, err := datastore.New(ctx, cfg.Etcd)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	return RunWith(ctx, cfg, kc, store, log)
+	return RunWith(ctx, cfg, kc, store, log, WithClusterNetworkPolicies(npa))
 }
 
 // RunWith is Run with clients made by the caller (tests).
-func RunWith(parent context.Context, cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger) error {
+func RunWith(parent context.Context, cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger, opt ...Option) error {
+	var opts options
+	for _, o := range opt {
+		o(&opts)
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -164,7 +173,7 @@ func RunWith(parent context.Context, cfg Config, kc kubernetes.Interface, store 
 	case <-elected:
 	case lctx := <-leading:
 		log.Info("leading", "identity", cfg.Identity)
-		runErr = newController(cfg, kc, store, log).run(lctx)
+		runErr = newController(cfg, kc, store, log, opts).run(lctx)
 		if lctx.Err() != nil {
 			runErr = nil // the term ended: not the controller's failure
 		}

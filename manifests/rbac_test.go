@@ -53,7 +53,8 @@ subjects: [{kind: ServiceAccount, name: tabby-node, namespace: tabby-system}]
 
 // allowedWrite: the only writes Tabby needs, all tabby-kube-controllers':
 // patching a node's status (NetworkUnavailable), its leader Lease, and for
-// LoadBalancer IPAM a Service's status and events.
+// LoadBalancer IPAM a Service's status and events, and the Accepted
+// condition on a ClusterNetworkPolicy's status.
 func allowedWrite(role string, r rbacv1.PolicyRule, verb string) bool {
 	is := func(group, resource string) bool {
 		return slices.Equal(r.APIGroups, []string{group}) && slices.Equal(r.Resources, []string{resource})
@@ -63,7 +64,8 @@ func allowedWrite(role string, r rbacv1.PolicyRule, verb string) bool {
 		return verb == "patch" && is("", "nodes/status") ||
 			// LoadBalancer IPAM: the Service's status, and events on it.
 			verb == "update" && is("", "services/status") ||
-			(verb == "create" || verb == "patch") && is("", "events")
+			(verb == "create" || verb == "patch") && is("", "events") ||
+			verb == "update" && is("policy.networking.k8s.io", "clusternetworkpolicies/status")
 	case "Role/tabby-system/tabby-kube-controllers":
 		return is("coordination.k8s.io", "leases") && (verb == "create" ||
 			verb == "update" && slices.Equal(r.ResourceNames, []string{"tabby-kube-controllers"}))

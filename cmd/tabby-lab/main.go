@@ -118,6 +118,11 @@ func (u *upOptions) kubeOptions(o lab.Options) (kube.KubeOptions, error) {
 		}
 		ko.Images = append(ko.Images, p)
 	}
+	// agnhost, for the network-policy-api conformance suite
+	// (`make conformance-npapi`), when it was built.
+	if p := filepath.Join(dir, "agnhost.oci.tar"); fileExists(p) {
+		ko.Images = append(ko.Images, p)
+	}
 	for _, f := range []string{"tabby-etcd.yaml", "tabby-kube-controllers.yaml"} {
 		if _, err := os.Stat(filepath.Join(u.manifestDir, f)); err != nil {
 			return kube.KubeOptions{}, fmt.Errorf("--kubernetes: manifest %v (run from the repository or pass --manifests)", err)
@@ -467,4 +472,9 @@ func cniCmd() *cobra.Command {
 		_ = c.MarkFlagRequired(f)
 	}
 	return c
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

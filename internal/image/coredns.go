@@ -34,3 +34,24 @@ func Echo() Spec {
 		Entrypoint: []string{"/echo"},
 	}
 }
+
+// AgnhostName is the reference of the network-policy-api conformance
+// suite's pod image: the name and tag its base manifests use, so that a
+// lab node needs no registry. It is agnhost built from k8s.io/kubernetes at
+// the lab's release with a static bash (scripts/npapi-bins.sh), the two
+// files the suite's pods run (`/bin/bash -c "/agnhost ..."`), not the
+// upstream image.
+const AgnhostName = "registry.k8s.io/e2e-test-images/agnhost:2.45"
+
+// Agnhost is that image: entrypoint /agnhost and command pause, as
+// upstream's, so that a container with no command pauses and one with a
+// command runs it.
+func Agnhost() Spec {
+	return Spec{
+		Name:       AgnhostName,
+		Files:      []File{{"agnhost", "/agnhost", 0o755}, {"bash", "/bin/bash", 0o755}},
+		Env:        []string{PathEnv},
+		Entrypoint: []string{"/agnhost"},
+		Cmd:        []string{"pause"},
+	}
+}

@@ -171,6 +171,9 @@ func (l *Cluster) DeployTabby(ctx context.Context, o DeployOptions) error {
 		{"-n", "tabby-system", "rollout", "status", "daemonset/tabby-node", timeout},
 		{"wait", "--for=condition=Ready", "node", "--all", timeout},
 		{"apply", "-f", servicesEndpoint},
+		// The network-policy-api CRDs the controllers translate (the
+		// README: before the controllers, so that they watch them at once).
+		{"apply", "--server-side", "-f", filepath.Join(o.ManifestDir, "network-policy-api")},
 		{"apply", "-f", filepath.Join(o.ManifestDir, "tabby-kube-controllers.yaml")},
 		{"-n", "tabby-system", "rollout", "status", "deployment/tabby-kube-controllers", timeout},
 	} {

@@ -10,8 +10,10 @@
 // (docker.io/library/tabby-echo:lab, the lab's Service backend, from
 // -bin/echo). With -coredns FILE it also writes
 // bin/images/coredns.oci.tar (registry.k8s.io/coredns/coredns:v1.15.0, the
-// lab's cluster DNS) from that binary (`make kube-bins` builds it). `make
-// images` builds the binaries and runs it.
+// lab's cluster DNS) from that binary (`make kube-bins` builds it); with
+// -agnhost DIR, bin/images/agnhost.oci.tar (image.AgnhostName, for the
+// network-policy-api conformance suite) from DIR's agnhost and bash
+// (`make npapi-bins`). `make images` builds the binaries and runs it.
 package main
 
 import (
@@ -28,11 +30,21 @@ func main() {
 	tag := flag.String("tag", "dev", "tag of the Tabby image")
 	out := flag.String("out", "bin/images", "directory to write the archives into")
 	coredns := flag.String("coredns", "", "also write coredns.oci.tar from this coredns binary (scripts/coredns-bins.sh)")
+	agnhost := flag.String("agnhost", "", "also write agnhost.oci.tar from this directory's agnhost and bash (scripts/npapi-bins.sh)")
 	flag.Parse()
 	if err := run(*bin, *tag, *out, *coredns); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
+	if *agnhost == "" {
+		return
+	}
+	p := filepath.Join(*out, "agnhost.oci.tar")
+	if err := image.Write(p, image.Agnhost(), *agnhost); err != nil {
+		fmt.Fprintln(os.Stderr, "mkimage:", err)
+		os.Exit(1)
+	}
+	fmt.Printf("%s %s\n", p, image.AgnhostName)
 }
 
 func run(bin, tag, out, coredns string) error {

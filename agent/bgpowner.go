@@ -60,6 +60,10 @@ type bgpOwner struct {
 	lastPass time.Time
 	// unusableFilters: see warnUnusableFilters.
 	unusableFilters []string
+	bgpProblems
+	// problemLines, meshProblem: see noteBGPProblems, meshPassword.
+	problemLines []string
+	meshProblem  string
 }
 
 // speakerLife is the running speaker and the configuration (identity) it
@@ -82,10 +86,12 @@ type bgpSessions struct {
 	peerStatus   []bgp.PeerStatus
 	allUpSince   time.Time
 	converged    bool
-	// meshPassword is the cluster sessions' password of the last pass
-	// (meshPasswordSet once there was one): see holdLearnedOnRotation.
-	meshPassword    string
-	meshPasswordSet bool
+	// passwords are the sessions' passwords of the last pass, by peer
+	// address: see holdLearnedOnRotation.
+	passwords map[netip.Addr]string
+	// meshSecret is the last nodeMeshPassword that resolved from a
+	// Secret: see meshPassword.
+	meshSecret string
 	// lastMeshKey is the last mesh key the view had, meshKeyLost whether
 	// the view has lost it since: see meshKey.
 	lastMeshKey string
@@ -138,6 +144,7 @@ func (b *bgpOwner) affects() []syncer.Filter {
 	return []syncer.Filter{
 		syncer.On[api.Node](nil), syncer.On[api.BGPConfiguration](nil), syncer.On[api.BGPPeer](nil),
 		syncer.On[api.BGPFilter](nil), syncer.On[api.IPPool](nil), syncer.On[datastore.BGPMeshKey](nil),
+		syncer.On[datastore.BGPSecrets](nil),
 		syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOfOrLendingTo(b.node)) }),
 		syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf(b.node)) }),
 		syncer.On(serviceAffects(b.node)),
@@ -239,10 +246,14 @@ func (b *bgpOwner) reconcilePolicy(ctx context.Context, sp bgp.Speaker, pools []
 func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.BGPConfiguration) ([]bgp.Peer, error) {
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
 	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
-	desired := bgp.DesiredPeers(b.node, b.view.Nodes(), bc, bgpPeers, filters)
-	pw := bgp.MeshPassword(bc, b.meshKey())
+	nodes := b.view.Nodes()
+	desired := bgp.DesiredPeers(b.node, nodes, bc, bgpPeers, filters)
+	lookup := b.view.BGPSecrets().Lookup
+	pw := b.meshPassword(bc, lookup)
+	desired, down := bgp.ResolvePasswords(desired, lookup)
 	desired = bgp.WithMeshPassword(desired, pw)
-	b.holdLearnedOnRotation(pw)
+	b.noteBGPProblems(down, bgp.LocalASProblems(nodes, bgpPeers))
+	b.holdLearnedOnRotation(desired)
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		return desired, fmt.Errorf("setting peers: %w", err)
 	}
@@ -270,29 +281,38 @@ func (b *bgpOwner) meshKey() string {
 	return key
 }
 
-// holdLearnedOnRotation starts BGP's convergence over when the cluster
-// sessions' password changes (a mesh key rotation, docs/bgp.md): GoBGP
-// re-creates a neighbour whose password changes and drops its paths at
-// once, so the learned routes are held in the kernel, as after a start,
-// until every cluster peer is Established again and sent End-of-RIB on its
-// new session, or the settle time passed. The data path does not need the
-// session, so a rotation then costs no traffic. Called before SetPeers.
-func (b *bgpOwner) holdLearnedOnRotation(pw string) {
+// holdLearnedOnRotation starts BGP's convergence over when the password
+// of a session that stays changes (a mesh key rotation, a Secret rotated;
+// docs/bgp.md): GoBGP re-creates a neighbour whose password changes and
+// drops its paths at once, so the learned routes are held in the kernel,
+// as after a start, until every peer is Established again (a cluster peer
+// has sent End-of-RIB on its new session), or the settle time passed. The
+// data path does not need the session, so a rotation then costs no
+// traffic. Called before SetPeers.
+func (b *bgpOwner) holdLearnedOnRotation(desired []bgp.Peer) {
+	pws := make(map[netip.Addr]string, len(desired))
+	for _, p := range desired {
+		pws[p.Address] = p.Password
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.meshPasswordSet && b.meshPassword == pw {
-		return
+	last := b.passwords
+	b.passwords = pws
+	var rotated []netip.Addr
+	for a, pw := range pws {
+		if old, ok := last[a]; ok && old != pw {
+			rotated = append(rotated, a)
+		}
 	}
-	rotated := b.meshPasswordSet
-	b.meshPassword, b.meshPasswordSet = pw, true
-	if !rotated {
+	if len(rotated) == 0 {
 		return
 	}
 	b.converged, b.started, b.allUpSince = false, time.Now(), time.Time{}
 	if b.table != nil {
 		b.table.HoldDeletes(routetable.Learned, true)
 	}
-	b.log.Info("bgp mesh password changed: cluster sessions are re-created, learned routes held until they converge again")
+	slices.SortFunc(rotated, netip.Addr.Compare)
+	b.log.Info("bgp password changed: sessions are re-created, learned routes held until they converge again", "peers", rotated)
 }
 
 // reconcileAdvertisements gives the speaker what the advertisement sources

@@ -22,18 +22,18 @@ func TestRotationHoldsLearnedRoutes(t *testing.T) {
 	routes := fake.NewRoutes()
 	b := newTestBGPOwner(t, newFakeSpeaker(), routes)
 	route := bgp.LearnedRoute{Prefix: netip.MustParsePrefix("10.244.1.0/26"), NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.12")}}
-	b.holdLearnedOnRotation("key-1")
+	b.holdLearnedOnRotation(peerWithPassword("key-1"))
 	b.converged = true
 	b.learned = []bgp.LearnedRoute{route}
 	if _, err := b.syncLearned(); err != nil {
 		t.Fatal(err)
 	}
-	b.holdLearnedOnRotation("key-1")
+	b.holdLearnedOnRotation(peerWithPassword("key-1"))
 	if !b.isConverged() {
 		t.Fatal("the same password again started convergence over")
 	}
 
-	b.holdLearnedOnRotation("key-2")
+	b.holdLearnedOnRotation(peerWithPassword("key-2"))
 	if b.isConverged() {
 		t.Fatal("a new password did not start convergence over")
 	}
@@ -51,6 +51,11 @@ func TestRotationHoldsLearnedRoutes(t *testing.T) {
 	if got := routes.String(); strings.Contains(got, "10.244.1.0/26") {
 		t.Errorf("after converging again the withdrawn route stayed:\n%s", got)
 	}
+}
+
+// peerWithPassword is one cluster peer with password pw.
+func peerWithPassword(pw string) []bgp.Peer {
+	return []bgp.Peer{{Address: netip.MustParseAddr("198.18.0.12"), Type: bgp.PeerMesh, Password: pw}}
 }
 
 // The view losing the mesh key (deleted, or rewritten so that it does not

@@ -59,6 +59,7 @@ func (a *Agent) Status() api.AgentStatus {
 		st.Advertised = append(st.Advertised, p.String())
 	}
 	st.Services = b.serviceStatus()
+	b.problemStatus(&st)
 	return st
 }
 

@@ -51,7 +51,57 @@ type BGPFilterRule struct {
 	CIDR          string                 `json:"cidr,omitempty"`
 	MatchOperator string                 `json:"matchOperator,omitempty"`
 	PrefixLength  *BGPFilterPrefixLength `json:"prefixLength,omitempty"`
-	Action        string                 `json:"action"`
+	// PeerType narrows the rule to the peer's sessions of one kind:
+	// eBGP (the peer's AS differs from the one this node speaks as on
+	// the session) or iBGP (Calico 3.32's field).
+	PeerType string `json:"peerType,omitempty"`
+	// Communities narrows the rule to routes carrying a community
+	// (standard "65001:100" or large "65001:1:100"; one value, as Calico).
+	Communities *BGPFilterCommunityMatch `json:"communities,omitempty"`
+	// ASPathPrefix narrows the rule to routes whose AS path begins with
+	// these AS numbers, in order.
+	ASPathPrefix []uint32 `json:"asPathPrefix,omitempty"`
+	Action       string   `json:"action"`
+	// Operations change a route the rule accepts, in order (Accept only).
+	Operations []BGPFilterOperation `json:"operations,omitempty"`
+}
+
+// Values of BGPFilterRule.PeerType (Calico's).
+const (
+	FilterPeerEBGP = "eBGP"
+	FilterPeerIBGP = "iBGP"
+)
+
+// BGPFilterCommunityMatch is the community a rule matches.
+type BGPFilterCommunityMatch struct {
+	Values []string `json:"values"`
+}
+
+// BGPFilterOperation is one change to an accepted route; exactly one field
+// is set. AddCommunity and PrependASPath are Calico 3.32's;
+// SetLocalPreference is Tabby's (Calico's setPriority sets a kernel route
+// metric, which Tabby's learned routes do not carry).
+type BGPFilterOperation struct {
+	AddCommunity       *BGPFilterAddCommunity       `json:"addCommunity,omitempty"`
+	PrependASPath      *BGPFilterPrependASPath      `json:"prependASPath,omitempty"`
+	SetLocalPreference *BGPFilterSetLocalPreference `json:"setLocalPreference,omitempty"`
+}
+
+// BGPFilterAddCommunity adds a standard or large community.
+type BGPFilterAddCommunity struct {
+	Value string `json:"value"`
+}
+
+// BGPFilterPrependASPath prepends AS numbers: the path then begins with
+// Prefix in the order listed.
+type BGPFilterPrependASPath struct {
+	Prefix []uint32 `json:"prefix"`
+}
+
+// BGPFilterSetLocalPreference sets LOCAL_PREF (import: this node's choice
+// among paths; export: what iBGP peers get).
+type BGPFilterSetLocalPreference struct {
+	Value uint32 `json:"value"`
 }
 
 // BGPFilterPrefixLength bounds the prefix lengths a rule matches, both
@@ -105,6 +155,8 @@ func (f *BGPFilter) Validate() error {
 // its cidr is of that family and prefix lengths go up to 32, respectively
 // 128.
 func (v *validator) filterRule(path string, r BGPFilterRule, v6 bool) {
+	v.filterMatch(path, r)
+	v.filterOperations(path, r)
 	switch r.Action {
 	case FilterActionAccept, FilterActionReject:
 	case "":

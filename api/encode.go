@@ -10,8 +10,10 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Encode renders obj as "yaml" or "json" (indented). When obj's apiVersion
-// or kind is unset, the output carries the right ones; obj is not modified.
+// Encode renders obj as "yaml" or "json" (indented) for people to read:
+// a plain password is printed as RedactedPassword (Redactor). When obj's
+// apiVersion or kind is unset, the output carries the right ones; obj is
+// not modified.
 func Encode(obj Object, format string) ([]byte, error) {
 	if obj == nil || reflect.ValueOf(obj).IsNil() {
 		return nil, errors.New("encoding: nil object")
@@ -19,6 +21,9 @@ func Encode(obj Object, format string) ([]byte, error) {
 	kind := KindOf(obj)
 	if kind == "" {
 		return nil, fmt.Errorf("encoding: %T is not a Tabby resource", obj)
+	}
+	if r, ok := obj.(Redactor); ok {
+		obj = r.Redacted() // a copy: obj is not modified
 	}
 	if tm := obj.GetTypeMeta(); tm.APIVersion != APIVersion || tm.Kind != kind {
 		cp := reflect.New(reflect.TypeOf(obj).Elem())

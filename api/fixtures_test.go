@@ -32,7 +32,7 @@ func validBGPConfig() *BGPConfiguration {
 		Metadata: ObjectMeta{Name: "default"},
 		Spec: BGPConfigurationSpec{
 			ASNumber: ptr(uint32(64512)), NodeToNodeMeshEnabled: ptr(false), ListenPort: ptr(uint16(1179)),
-			NodeMeshPassword: "secret", KeepaliveTime: &Duration{3e9}, HoldTime: &Duration{9e9},
+			NodeMeshPassword: BGPPassword{SecretKeyRef: &SecretKeyRef{Name: "bgp-mesh", Key: "password"}}, KeepaliveTime: &Duration{3e9}, HoldTime: &Duration{9e9},
 			NodeMeshMaxRestartTime: &Duration{120e9},
 		},
 	}
@@ -44,9 +44,10 @@ func validPeer() *BGPPeer {
 		Spec: BGPPeerSpec{
 			PeerIP: "198.18.0.1", ASNumber: 65000,
 			NodeSelector: &LabelSelector{MatchLabels: map[string]string{"rack": "r1"}},
-			Password:     "md5", HoldTime: &Duration{30e9}, SourceAddress: SourceAddressUseNodeIP,
+			Password:     BGPPassword{SecretKeyRef: &SecretKeyRef{Name: "bgp-tor", Key: "md5"}}, HoldTime: &Duration{30e9}, SourceAddress: SourceAddressUseNodeIP,
 			AcceptDefault: true, MaxPrefixes: 100, Filters: []string{"tor-in", "tor-out"},
-			BFD: &BGPPeerBFD{Enabled: true, Interval: &Duration{100e6}, Multiplier: ptr(uint32(5))},
+			BFD:           &BGPPeerBFD{Enabled: true, Interval: &Duration{100e6}, Multiplier: ptr(uint32(5))},
+			LocalASNumber: 65010, NextHopMode: NextHopModeKeep,
 		},
 	}
 }
@@ -59,6 +60,8 @@ func validFilter() *BGPFilter {
 				{CIDR: "203.0.113.0/24", MatchOperator: MatchOperatorIn, PrefixLength: &BGPFilterPrefixLength{Min: ptr(int32(25)), Max: ptr(int32(28))}, Action: FilterActionAccept},
 				{CIDR: "0.0.0.0/0", MatchOperator: MatchOperatorEqual, Action: FilterActionAccept},
 				{CIDR: "198.51.100.0/24", MatchOperator: MatchOperatorNotIn, Action: FilterActionReject},
+				{Communities: &BGPFilterCommunityMatch{Values: []string{"65001:1:7"}}, ASPathPrefix: []uint32{65001}, PeerType: FilterPeerEBGP, Action: FilterActionAccept,
+					Operations: []BGPFilterOperation{{AddCommunity: &BGPFilterAddCommunity{Value: "65010:20"}}, {SetLocalPreference: &BGPFilterSetLocalPreference{Value: 200}}}},
 			},
 			ExportV4: []BGPFilterRule{{CIDR: "10.244.128.0/17", MatchOperator: MatchOperatorIn, Action: FilterActionReject}, {Action: FilterActionAccept}},
 			ImportV6: []BGPFilterRule{

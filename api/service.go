@@ -220,7 +220,7 @@ func (v *validator) serviceAdvertisement(c *BGPConfiguration) {
 		set  bool
 	}{
 		{"asNumber", s.ASNumber != nil}, {"nodeToNodeMeshEnabled", s.NodeToNodeMeshEnabled != nil},
-		{"listenPort", s.ListenPort != nil}, {"nodeMeshPassword", s.NodeMeshPassword != ""},
+		{"listenPort", s.ListenPort != nil}, {"nodeMeshPassword", !s.NodeMeshPassword.IsZero()},
 		{"nodeMeshMaxRestartTime", s.NodeMeshMaxRestartTime != nil},
 		{"keepaliveTime", s.KeepaliveTime != nil}, {"holdTime", s.HoldTime != nil},
 	} {

@@ -21,6 +21,11 @@ type AgentStatus struct {
 	HostEndpoints []HostEndpointStatus `json:"hostEndpoints,omitempty"`
 	// Tunnels are the node's VXLAN tunnels, IPv4 then IPv6 (docs/vxlan.md).
 	Tunnels []TunnelStatus `json:"tunnels,omitempty"`
+	// BGPProblems are BGP settings the node could not apply as asked (a
+	// nodeMeshPassword whose Secret key does not resolve, a localASNumber
+	// ignored); sessions left out for their password are in Peers, Idle,
+	// with the reason as Info.
+	BGPProblems []string `json:"bgpProblems,omitempty"`
 }
 
 // PeerStatus is one BGP session of an agent.

@@ -206,13 +206,13 @@ type BGPConfiguration struct {
 
 // BGPConfigurationSpec holds cluster-wide BGP settings.
 type BGPConfigurationSpec struct {
-	ASNumber               *uint32   `json:"asNumber,omitempty"`
-	NodeToNodeMeshEnabled  *bool     `json:"nodeToNodeMeshEnabled,omitempty"`
-	ListenPort             *uint16   `json:"listenPort,omitempty"`
-	NodeMeshPassword       string    `json:"nodeMeshPassword,omitempty"`
-	NodeMeshMaxRestartTime *Duration `json:"nodeMeshMaxRestartTime,omitempty"`
-	KeepaliveTime          *Duration `json:"keepaliveTime,omitempty"`
-	HoldTime               *Duration `json:"holdTime,omitempty"`
+	ASNumber               *uint32     `json:"asNumber,omitempty"`
+	NodeToNodeMeshEnabled  *bool       `json:"nodeToNodeMeshEnabled,omitempty"`
+	ListenPort             *uint16     `json:"listenPort,omitempty"`
+	NodeMeshPassword       BGPPassword `json:"nodeMeshPassword,omitzero"`
+	NodeMeshMaxRestartTime *Duration   `json:"nodeMeshMaxRestartTime,omitempty"`
+	KeepaliveTime          *Duration   `json:"keepaliveTime,omitempty"`
+	HoldTime               *Duration   `json:"holdTime,omitempty"`
 
 	// ServiceClusterIPs are the ClusterIP ranges every node advertises
 	// as they are (Calico's field); see docs/bgp.md, "Services".
@@ -256,7 +256,7 @@ type BGPPeerSpec struct {
 	Node           string         `json:"node,omitempty"`
 	NodeSelector   *LabelSelector `json:"nodeSelector,omitempty"`
 	PeerSelector   *LabelSelector `json:"peerSelector,omitempty"`
-	Password       string         `json:"password,omitempty"`
+	Password       BGPPassword    `json:"password,omitzero"`
 	KeepaliveTime  *Duration      `json:"keepaliveTime,omitempty"`
 	HoldTime       *Duration      `json:"holdTime,omitempty"`
 	MaxRestartTime *Duration      `json:"maxRestartTime,omitempty"`
@@ -274,7 +274,27 @@ type BGPPeerSpec struct {
 	Filters []string `json:"filters,omitempty"`
 	// BFD enables fast failure detection on the peering.
 	BFD *BGPPeerBFD `json:"bfd,omitempty"`
+
+	// LocalASNumber is the AS number this node speaks as on the sessions
+	// the BGPPeer makes, instead of its own (Calico 3.31's field). Only
+	// with peerIP towards a router outside the cluster.
+	LocalASNumber uint32 `json:"localASNumber,omitempty"`
+	// KeepOriginalNextHop sends routes to the peer with their original
+	// next hop (Calico's field; the same as nextHopMode Keep).
+	KeepOriginalNextHop bool `json:"keepOriginalNextHop,omitempty"`
+	// NextHopMode says which next hop routes sent to the peer carry:
+	// Auto (the default: this node for its own routes and towards eBGP
+	// peers, except a third-party next hop on the shared subnet), Self
+	// (always this node) or Keep (the route's original next hop).
+	NextHopMode string `json:"nextHopMode,omitempty"`
 }
+
+// Values of BGPPeerSpec.NextHopMode (Calico's).
+const (
+	NextHopModeAuto = "Auto"
+	NextHopModeSelf = "Self"
+	NextHopModeKeep = "Keep"
+)
 
 // ---------------------------------------------------------------- WorkloadEndpoint
 

@@ -335,15 +335,6 @@ func checkASN(asn uint32) string {
 	return ""
 }
 
-// maxMD5KeyLen is the kernel's TCP_MD5SIG_MAXKEYLEN.
-const maxMD5KeyLen = 80
-
-func (v *validator) password(path, pw string) {
-	if len(pw) > maxMD5KeyLen {
-		v.add(path, "is %d bytes long; TCP MD5 keys are at most %d", len(pw), maxMD5KeyLen)
-	}
-}
-
 // bgpTimers validates keepalive, hold and restart times: whole seconds, in
 // the ranges the BGP messages can carry, keepalive below hold.
 func (v *validator) bgpTimers(prefix string, keepalive, hold, restart *Duration, restartField string) {

@@ -234,7 +234,41 @@ func (p *BGPPeer) Validate() error {
 		seen[name] = true
 	}
 	v.bfd("spec.bfd", s.BFD)
+	v.peerASAndNextHop(s)
 	return v.err()
+}
+
+// peerASAndNextHop validates a BGPPeer's localASNumber, keepOriginalNextHop
+// and nextHopMode.
+func (v *validator) peerASAndNextHop(s *BGPPeerSpec) {
+	if s.LocalASNumber != 0 {
+		switch {
+		case checkASN(s.LocalASNumber) != "":
+			v.add("spec.localASNumber", "%s", checkASN(s.LocalASNumber))
+		case s.PeerSelector != nil:
+			v.add("spec.localASNumber", "must not be set with peerSelector: cluster nodes peer as their own AS numbers (a local AS is for a router outside the cluster, spec.peerIP)")
+		}
+	}
+	switch s.NextHopMode {
+	case "", NextHopModeAuto, NextHopModeSelf, NextHopModeKeep:
+		if s.KeepOriginalNextHop && s.NextHopMode != "" {
+			v.add("spec.keepOriginalNextHop", "keepOriginalNextHop and nextHopMode cannot both be set (keepOriginalNextHop is nextHopMode Keep)")
+		}
+	default:
+		v.add("spec.nextHopMode", "%q is not one of %s, %s, %s", s.NextHopMode, NextHopModeAuto, NextHopModeSelf, NextHopModeKeep)
+	}
+}
+
+// EffectiveNextHopMode is the peer's next-hop mode: nextHopMode, Keep for
+// keepOriginalNextHop, else Auto.
+func (s *BGPPeerSpec) EffectiveNextHopMode() string {
+	switch {
+	case s.NextHopMode != "":
+		return s.NextHopMode
+	case s.KeepOriginalNextHop:
+		return NextHopModeKeep
+	}
+	return NextHopModeAuto
 }
 
 // Validate implements Object.

@@ -120,7 +120,7 @@ func TestValidateInvalid(t *testing.T) {
 		}, []string{"spec.keepaliveTime: 9s must be less than holdTime 9s"}},
 		{"bgpconfig long password", func() Object {
 			c := validBGPConfig()
-			c.Spec.NodeMeshPassword = strings.Repeat("p", 81)
+			c.Spec.NodeMeshPassword = PlainPassword(strings.Repeat("p", 81))
 			return c
 		}, []string{"spec.nodeMeshPassword: is 81 bytes long"}},
 		{"peer filters and bfd", func() Object {

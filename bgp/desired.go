@@ -2,6 +2,7 @@ package bgp
 
 import (
 	"cmp"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -249,10 +250,11 @@ func (pl *peerPlan) peerIPSession(bp *api.BGPPeer) (Peer, bool) {
 }
 
 // applySpec sets what a BGPPeer says of every session it makes: password,
-// timers, source address, default route, prefix limit, BFD and filters.
+// timers, source address, default route, prefix limit, BFD, local AS,
+// next hop and filters.
 func (pl *peerPlan) applySpec(bp *api.BGPPeer, p Peer) Peer {
 	s := bp.Spec
-	p.Password = s.Password
+	p.Password, p.PasswordRef = s.Password.Value, s.Password.SecretKeyRef
 	p.Keepalive, p.Hold = pl.keepalive, pl.hold
 	if s.KeepaliveTime != nil {
 		p.Keepalive = s.KeepaliveTime.Duration
@@ -269,14 +271,30 @@ func (pl *peerPlan) applySpec(bp *api.BGPPeer, p Peer) Peer {
 	if b := s.BFD; b != nil && b.Enabled {
 		p.BFD = &BFD{Interval: b.EffectiveInterval(), Multiplier: uint8(min(b.EffectiveMultiplier(), 255))}
 	}
+	// A cluster node peers as its own AS: a local AS would break the
+	// session from the other end (LocalASProblems reports it).
+	if !p.ClusterNode && s.LocalASNumber != 0 && s.LocalASNumber != pl.me.asn {
+		p.LocalASN = s.LocalASNumber
+	}
+	switch s.EffectiveNextHopMode() {
+	case api.NextHopModeSelf:
+		p.NextHop = NextHopSelf
+	case api.NextHopModeKeep:
+		p.NextHop = NextHopKeep
+	}
+	local := pl.me.asn
+	if p.LocalASN != 0 {
+		local = p.LocalASN
+	}
+	ebgp := p.ASN != local
 	for _, name := range s.Filters {
 		if f, ok := pl.usable[name]; ok {
 			// A rule matches routes of its own family only, so the IPv6
 			// rules after the IPv4 ones keep the order within each family.
-			p.Import = append(p.Import, filterRules(f.Spec.ImportV4, false)...)
-			p.Import = append(p.Import, filterRules(f.Spec.ImportV6, true)...)
-			p.Export = append(p.Export, filterRules(f.Spec.ExportV4, false)...)
-			p.Export = append(p.Export, filterRules(f.Spec.ExportV6, true)...)
+			p.Import = append(p.Import, filterRules(f.Spec.ImportV4, false, ebgp)...)
+			p.Import = append(p.Import, filterRules(f.Spec.ImportV6, true, ebgp)...)
+			p.Export = append(p.Export, filterRules(f.Spec.ExportV4, false, ebgp)...)
+			p.Export = append(p.Export, filterRules(f.Spec.ExportV6, true, ebgp)...)
 		}
 	}
 	return p
@@ -295,7 +313,7 @@ func (pl *peerPlan) addMesh() {
 		}
 		pl.result[n.addr] = Peer{
 			Address: n.addr, ASN: n.asn, Type: PeerMesh, Name: n.name, ClusterNode: true,
-			Password: spec.NodeMeshPassword, Keepalive: pl.keepalive, Hold: pl.hold,
+			Password: spec.NodeMeshPassword.Value, Keepalive: pl.keepalive, Hold: pl.hold,
 			RestartTime: dur(spec.NodeMeshMaxRestartTime), LocalAddress: pl.me.addr, Port: pl.listenPort,
 		}
 	}
@@ -342,15 +360,19 @@ func UnusableFilters(peers []*api.BGPPeer, filters []*api.BGPFilter) []string {
 }
 
 // filterRules converts validated BGPFilter rules of one family (v6: an
-// importV6/exportV6 list): a rule without a cidr matches every prefix of
-// the family, a cidr without an operator means In.
-func filterRules(rules []api.BGPFilterRule, v6 bool) []FilterRule {
+// importV6/exportV6 list) for a session that is eBGP or not: a rule
+// without a cidr matches every prefix of the family, a cidr without an
+// operator means In, and a rule for the other peer type is left out.
+func filterRules(rules []api.BGPFilterRule, v6, ebgp bool) []FilterRule {
 	all := netip.MustParsePrefix("0.0.0.0/0")
 	if v6 {
 		all = netip.MustParsePrefix("::/0")
 	}
 	out := make([]FilterRule, 0, len(rules))
 	for _, r := range rules {
+		if (r.PeerType == api.FilterPeerEBGP && !ebgp) || (r.PeerType == api.FilterPeerIBGP && ebgp) {
+			continue
+		}
 		fr := FilterRule{CIDR: all, Operator: MatchIn, Accept: r.Action == api.FilterActionAccept}
 		if r.CIDR != "" {
 			fr.CIDR = netip.MustParsePrefix(r.CIDR) // validated
@@ -367,8 +389,61 @@ func filterRules(rules []api.BGPFilterRule, v6 bool) []FilterRule {
 				fr.PrefixLength.Max = uint8(*pl.Max)
 			}
 		}
+		if c := r.Communities; c != nil && len(c.Values) == 1 {
+			if fc, err := api.ParseFilterCommunity(c.Values[0]); err == nil { // validated
+				fr.Community = &fc
+			}
+		}
+		fr.ASPathPrefix = slices.Clone(r.ASPathPrefix)
+		fr.Operations = ruleOperations(r.Operations)
 		out = append(out, fr)
 	}
+	return out
+}
+
+// ruleOperations converts validated BGPFilter operations.
+func ruleOperations(ops []api.BGPFilterOperation) RuleOperations {
+	var out RuleOperations
+	for _, op := range ops {
+		switch {
+		case op.AddCommunity != nil:
+			if fc, err := api.ParseFilterCommunity(op.AddCommunity.Value); err == nil {
+				out.AddCommunities = append(out.AddCommunities, fc)
+			}
+		case op.PrependASPath != nil:
+			out.Prepend = append(out.Prepend, api.ASRuns(op.PrependASPath.Prefix)...)
+		case op.SetLocalPreference != nil:
+			v := op.SetLocalPreference.Value
+			out.LocalPref = &v
+		}
+	}
+	return out
+}
+
+// LocalASProblems describes, sorted, every BGPPeer whose localASNumber
+// DesiredPeers ignores because its peerIP is a cluster node's address
+// (cluster nodes peer as their own AS numbers).
+func LocalASProblems(nodes []*api.Node, peers []*api.BGPPeer) []string {
+	addrs := map[netip.Addr]string{}
+	for _, n := range nodes {
+		if n == nil {
+			continue
+		}
+		if p, ok := n.IPv4(); ok {
+			addrs[p.Addr()] = n.Metadata.Name
+		}
+	}
+	var out []string
+	for _, p := range peers {
+		if p == nil || p.Spec.LocalASNumber == 0 || p.Spec.PeerIP == "" {
+			continue
+		}
+		if a, _, ok := parsePeerIP(p.Spec.PeerIP); ok && addrs[a] != "" {
+			out = append(out, fmt.Sprintf("bgppeer/%s: spec.localASNumber %d ignored: spec.peerIP %s is node %s, which peers as its own AS number",
+				p.Metadata.Name, p.Spec.LocalASNumber, a, addrs[a]))
+		}
+	}
+	slices.Sort(out)
 	return out
 }
 

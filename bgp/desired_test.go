@@ -101,7 +101,7 @@ func TestDesiredPeers(t *testing.T) {
 			self:  "n1",
 			nodes: threeNodes,
 			cfg: &api.BGPConfiguration{Spec: api.BGPConfigurationSpec{
-				ASNumber: &asn65000, NodeMeshPassword: "s3cret", ListenPort: &port,
+				ASNumber: &asn65000, NodeMeshPassword: api.PlainPassword("s3cret"), ListenPort: &port,
 				KeepaliveTime: &api.Duration{Duration: 3 * time.Second}, HoldTime: &api.Duration{Duration: 9 * time.Second},
 				NodeMeshMaxRestartTime: &api.Duration{Duration: 2 * time.Minute},
 			}},
@@ -169,7 +169,7 @@ func TestDesiredPeers(t *testing.T) {
 			self:  "n3",
 			nodes: threeNodes,
 			peers: []*api.BGPPeer{bgpPeer("tor", api.BGPPeerSpec{
-				PeerIP: "198.18.0.254:1179", ASNumber: 65001, Password: "md5pw", SourceAddress: api.SourceAddressNone,
+				PeerIP: "198.18.0.254:1179", ASNumber: 65001, Password: api.PlainPassword("md5pw"), SourceAddress: api.SourceAddressNone,
 				HoldTime: &api.Duration{Duration: 30 * time.Second},
 			})},
 			want: []Peer{
@@ -216,8 +216,8 @@ func TestDesiredPeers(t *testing.T) {
 				node("n2", "198.18.0.2/24", withASN(65099)),
 			},
 			peers: []*api.BGPPeer{
-				bgpPeer("b", api.BGPPeerSpec{PeerIP: "198.18.0.2", Password: "second"}),
-				bgpPeer("a", api.BGPPeerSpec{PeerIP: "198.18.0.2", Password: "first"}),
+				bgpPeer("b", api.BGPPeerSpec{PeerIP: "198.18.0.2", Password: api.PlainPassword("second")}),
+				bgpPeer("a", api.BGPPeerSpec{PeerIP: "198.18.0.2", Password: api.PlainPassword("first")}),
 				bgpPeer("self", api.BGPPeerSpec{PeerIP: "198.18.0.1", ASNumber: 65000}),
 				bgpPeer("bad", api.BGPPeerSpec{PeerIP: "not-an-ip", ASNumber: 65000}),
 			},

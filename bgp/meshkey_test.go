@@ -20,9 +20,9 @@ func TestWithMeshPassword(t *testing.T) {
 	off := false
 	peers := []*api.BGPPeer{
 		{Metadata: api.ObjectMeta{Name: "to-rr"}, Spec: api.BGPPeerSpec{PeerSelector: &api.LabelSelector{MatchLabels: map[string]string{"rr": "yes"}}}},
-		{Metadata: api.ObjectMeta{Name: "to-c"}, Spec: api.BGPPeerSpec{PeerSelector: &api.LabelSelector{MatchLabels: map[string]string{"secret": "own"}}, Password: "own"}},
+		{Metadata: api.ObjectMeta{Name: "to-c"}, Spec: api.BGPPeerSpec{PeerSelector: &api.LabelSelector{MatchLabels: map[string]string{"secret": "own"}}, Password: api.PlainPassword("own")}},
 		{Metadata: api.ObjectMeta{Name: "tor"}, Spec: api.BGPPeerSpec{PeerIP: "198.18.0.254", ASNumber: 65000}},
-		{Metadata: api.ObjectMeta{Name: "tor-pw"}, Spec: api.BGPPeerSpec{PeerIP: "198.18.0.253", ASNumber: 65000, Password: "tor"}},
+		{Metadata: api.ObjectMeta{Name: "tor-pw"}, Spec: api.BGPPeerSpec{PeerIP: "198.18.0.253", ASNumber: 65000, Password: api.PlainPassword("tor")}},
 	}
 	for _, c := range []struct {
 		name string
@@ -31,7 +31,7 @@ func TestWithMeshPassword(t *testing.T) {
 	}{
 		{"mesh on", nil, map[string]string{
 			"198.18.0.2": "k", "198.18.0.3": "k", "198.18.0.4": "own", "198.18.0.254": "", "198.18.0.253": "tor"}},
-		{"mesh on, nodeMeshPassword", &api.BGPConfiguration{Spec: api.BGPConfigurationSpec{NodeMeshPassword: "explicit"}}, map[string]string{
+		{"mesh on, nodeMeshPassword", &api.BGPConfiguration{Spec: api.BGPConfigurationSpec{NodeMeshPassword: api.PlainPassword("explicit")}}, map[string]string{
 			"198.18.0.2": "explicit", "198.18.0.3": "explicit", "198.18.0.4": "own", "198.18.0.254": "", "198.18.0.253": "tor"}},
 		{"mesh off", &api.BGPConfiguration{Spec: api.BGPConfigurationSpec{NodeToNodeMeshEnabled: &off}}, map[string]string{
 			"198.18.0.3": "k", "198.18.0.4": "own", "198.18.0.254": "", "198.18.0.253": "tor"}},

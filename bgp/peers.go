@@ -28,10 +28,11 @@ type sessionKey struct {
 	passive      bool
 	maxPrefixes  uint32
 	bfd          BFD // zero when off
+	localASN     uint32
 }
 
 func (s *speaker) keyOf(p Peer) sessionKey {
-	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p), maxPrefixes(p), bfdTimers(p)}
+	return sessionKey{p.ASN, p.Password, p.RRClient, p.RestartTime, p.LocalAddress, p.Port, s.passive(p), maxPrefixes(p), bfdTimers(p), p.LocalASN}
 }
 
 // bfdTimers returns p's effective BFD timers, the zero BFD when it is off.
@@ -103,6 +104,7 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 		Conf: &gobgpapi.PeerConf{
 			NeighborAddress: p.Address.String(),
 			PeerAsn:         p.ASN,
+			LocalAsn:        p.LocalASN, // 0: the speaker's AS
 			AuthPassword:    p.Password,
 		},
 		Timers: &gobgpapi.Timers{Config: &gobgpapi.TimersConfig{

@@ -58,6 +58,7 @@ const (
 
 // policyInput is what the policy is built from.
 type policyInput struct {
+	asn         uint32 // the speaker's AS (Config.ASN)
 	peers       []Peer // sorted by address
 	pools       []netip.Prefix
 	communities []PrefixCommunities // sorted by prefix
@@ -133,6 +134,7 @@ func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *
 			})
 		}
 	}
+	nextHopStatements(in, gen, req, exp)
 	aggregateStatements(in, gen, req, exp)
 	serviceStatements(in, gen, req, exp)
 	for _, p := range in.peers {
@@ -142,8 +144,8 @@ func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *
 		peerSet := gen + "tabby-export-peer-" + p.Address.String()
 		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: []string{hostPrefix(p.Address)}})
 		for i, r := range p.Export {
-			exp.Statements = append(exp.Statements, ruleStatement(req, exp.Name, peerSet, i, r,
-				&gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT}))
+			exp.Statements = append(exp.Statements, ruleStatements(req, exp.Name, peerSet, i, r,
+				&gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_ACCEPT}, in.exportPathHead(p))...)
 		}
 	}
 	return exp
@@ -227,30 +229,6 @@ func serviceStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRequ
 	})
 }
 
-// ruleStatement returns the statement of rule i of the peer that peerSet
-// names, and adds the rule's prefix set to req. accept is the action of an
-// Accept rule; a Reject rule rejects.
-func ruleStatement(req *gobgpapi.SetPoliciesRequest, policy, peerSet string, i int, r FilterRule, accept *gobgpapi.Actions) *gobgpapi.Statement {
-	name := fmt.Sprintf("%s-rule%d", peerSet, i)
-	match := gobgpapi.MatchSet_TYPE_ANY
-	if r.Operator == MatchNotIn {
-		match = gobgpapi.MatchSet_TYPE_INVERT
-	}
-	req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_PREFIX, Name: name, Prefixes: []*gobgpapi.Prefix{rulePrefix(r)}})
-	a := &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT}
-	if r.Accept {
-		a = accept
-	}
-	return &gobgpapi.Statement{
-		Name: fmt.Sprintf("%s-%s-rule%d", policy, peerSet, i),
-		Conditions: &gobgpapi.Conditions{
-			NeighborSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: peerSet},
-			PrefixSet:   &gobgpapi.MatchSet{Type: match, Name: name},
-		},
-		Actions: a,
-	}
-}
-
 // buildImport returns the import policy for in and the defined sets it
 // uses, every name prefixed with gen. It is pure.
 func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
@@ -327,7 +305,7 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 			peerSet := gen + "tabby-peer-" + p.Address.String()
 			neighborSet(peerSet, []string{hostPrefix(p.Address)})
 			for i, r := range p.Import {
-				imp.Statements = append(imp.Statements, ruleStatement(req, importPolicy, peerSet, i, r, acceptTagged))
+				imp.Statements = append(imp.Statements, ruleStatements(req, importPolicy, peerSet, i, r, acceptTagged, nil)...)
 			}
 		}
 	}
@@ -461,7 +439,7 @@ func (s *speaker) SetPolicy(ctx context.Context, pol Policy) error {
 // ones are deleted, so no update ever meets a half-built policy. Called
 // with s.mu held.
 func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
-	in := policyInput{peers: peers, pools: s.pools, communities: s.communities, aggregates: s.aggregates}
+	in := policyInput{asn: s.cfg.ASN, peers: peers, pools: s.pools, communities: s.communities, aggregates: s.aggregates}
 	key := buildPolicies(in, "")
 	if s.lastPolicy != nil && proto.Equal(key, s.lastPolicy) {
 		return nil

@@ -76,7 +76,30 @@ type Peer struct {
 	// BFD, when set, runs BFD with the peer: the session goes down once
 	// BFD.Multiplier × BFD.Interval pass without a BFD packet.
 	BFD *BFD
+
+	// PasswordRef, when set, names the Secret key that holds the
+	// session's password (BGPPeer password.secretKeyRef): ResolvePasswords
+	// fills Password from it.
+	PasswordRef *api.SecretKeyRef
+	// LocalASN is the AS number we speak as on this session; 0 means
+	// Config.ASN (BGPPeer localASNumber).
+	LocalASN uint32
+	// NextHop says which next hop routes sent to the peer carry.
+	NextHop NextHopMode
 }
+
+// NextHopMode is a peer's next-hop handling (BGPPeer nextHopMode).
+type NextHopMode string
+
+// Next-hop modes. Auto (the zero value): this node for its own routes
+// and towards eBGP peers, except a third-party next hop on the shared
+// subnet (see nexthop.go); Self: always this node's session address; Keep:
+// the route's original next hop (this node's for its own routes).
+const (
+	NextHopAuto NextHopMode = ""
+	NextHopSelf NextHopMode = "Self"
+	NextHopKeep NextHopMode = "Keep"
+)
 
 // BFD are a peer's BFD timers. Zero values mean DefaultBFDInterval and
 // DefaultBFDMultiplier.
@@ -121,7 +144,24 @@ type FilterRule struct {
 	CIDR         netip.Prefix
 	Operator     MatchOperator
 	PrefixLength *PrefixLengthRange
+	// Community, when set, narrows the rule to routes carrying it.
+	Community *api.FilterCommunity
+	// ASPathPrefix, when set, narrows the rule to routes whose AS path
+	// begins with it (on export to an eBGP peer: after this node's own AS,
+	// which GoBGP has put in front already).
+	ASPathPrefix []uint32
 	Accept       bool // false rejects
+	// Operations change what an Accept rule accepts.
+	Operations RuleOperations
+}
+
+// RuleOperations are the changes an Accept rule makes to a route.
+type RuleOperations struct {
+	AddCommunities []api.FilterCommunity
+	// Prepend are the AS numbers to prepend, as runs; the path then
+	// begins with them in this order.
+	Prepend   []api.ASRun
+	LocalPref *uint32
 }
 
 // PrefixLengthRange bounds the prefix length a FilterRule matches.

@@ -241,6 +241,9 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	}
 	fmt.Fprintf(&b, "Affine blocks: %s\n", orNone(strings.Join(st.Blocks, ", ")))
 	fmt.Fprintf(&b, "Advertised:    %s\n", orNone(strings.Join(st.Advertised, ", ")))
+	for _, p := range st.BGPProblems {
+		fmt.Fprintf(&b, "BGP problem:   %s\n", p)
+	}
 	if lines := serviceStatusLines(st); len(lines) > 0 {
 		b.WriteString("Service advertisements\n")
 		for _, l := range lines {

@@ -90,7 +90,7 @@ func rowOf(obj api.Object, pc printContext) (cells, wide []string) {
 			asn = strconv.FormatUint(uint64(o.Spec.ASNumber), 10)
 		}
 		pw := "no"
-		if o.Spec.Password != "" {
+		if !o.Spec.Password.IsZero() {
 			pw = "yes"
 		}
 		maxPfx := "<default>"

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -115,18 +116,8 @@ func (c *controller) nodeAddrs() NodeAddrs {
 	for _, n := range ns {
 		out = append(out, NodeInfoOf(n))
 	}
-	slices.SortFunc(out, func(a, b NodeInfo) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b NodeInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // syncCNP writes (or deletes) the translation of one object and reports

@@ -83,6 +83,7 @@ type controller struct {
 	lb      lbState
 	refused refusedState
 	cnp     cnpState
+	secrets secretSync
 }
 
 func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, log *slog.Logger, opts options) *controller {
@@ -118,6 +119,7 @@ func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, 
 	handle(nodes.Informer(), kindNode)
 	handle(pols.Informer(), kindPolicy)
 	c.watchServices()
+	c.watchSecrets()
 
 	c.initLB()
 	return c
@@ -148,8 +150,9 @@ func (c *controller) run(ctx context.Context) error {
 	viewErr := make(chan error, 1)
 	wg.Go(func() { viewErr <- c.view.Run(ctx) })
 	c.factory.Start(ctx.Done())
-	defer func() { cancel(); c.factory.Shutdown() }()
-	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
+	c.secrets.factory.Start(ctx.Done())
+	defer func() { cancel(); c.factory.Shutdown(); c.secrets.factory.Shutdown() }()
+	if !cache.WaitForCacheSync(ctx.Done(), append(c.synced, c.secrets.synced)...) {
 		return fmt.Errorf("waiting for the informers: %w", context.Cause(ctx))
 	}
 	if err := c.view.WaitSynced(ctx); err != nil {
@@ -166,6 +169,9 @@ func (c *controller) run(ctx context.Context) error {
 	// A changed BGPConfiguration may refuse Service addresses or stop
 	// refusing them (reportRefused).
 	bgpConfigs := syncer.Watch[api.BGPConfiguration](c.view, "kube-controllers", nil)
+	// BGP password references name the Secret keys copied to etcd.
+	bgpPeers := syncer.Watch[api.BGPPeer](c.view, "kube-controllers", nil)
+	c.markSecretsDirty()
 	c.indexEndpoints(nil, true)
 	c.log.Info("informers and etcd view synced; reconciling")
 	defer c.runLB(ctx)()
@@ -197,8 +203,17 @@ func (c *controller) run(ctx context.Context) error {
 		case <-bgpConfigs.C():
 			bgpConfigs.Take()
 			c.sweepServices()
+			c.markSecretsDirty()
+		case <-bgpPeers.C():
+			bgpPeers.Take()
+			c.markSecretsDirty()
+		case <-c.secrets.dirty:
+			if err := c.syncBGPSecrets(ctx); err != nil {
+				c.log.Warn("copying BGP password keys from Secrets; retrying at the next resync", "err", err)
+			}
 		case <-resync.C:
 			c.sweep()
+			c.markSecretsDirty()
 		case <-gcTick.C:
 			if n, err := c.gcPass(ctx, time.Now()); err != nil {
 				c.log.Error("address GC", "err", err)

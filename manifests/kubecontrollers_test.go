@@ -1,6 +1,8 @@
 package manifests
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -39,7 +41,17 @@ func TestKubeControllersDeployment(t *testing.T) {
 	}
 	// The role's Lease is the one the binary elects on by default.
 	r := find[*rbacv1.Role](t, o, "tabby-kube-controllers")
-	if r.Namespace != "tabby-system" || len(r.Rules) != 2 || r.Rules[1].ResourceNames[0] != "tabby-kube-controllers" {
+	if r.Namespace != "tabby-system" || len(r.Rules) != 3 || r.Rules[1].ResourceNames[0] != "tabby-kube-controllers" {
 		t.Errorf("lease role %+v", r)
+	}
+	// Secrets (BGP passwords, docs/bgp.md) are read in the controllers'
+	// own namespace only: never through the ClusterRole.
+	if sr := r.Rules[2]; len(sr.Resources) != 1 || sr.Resources[0] != "secrets" || strings.Join(sr.Verbs, ",") != "get,list,watch" {
+		t.Errorf("secrets rule %+v", sr)
+	}
+	for _, rule := range find[*rbacv1.ClusterRole](t, o, "tabby-kube-controllers").Rules {
+		if slices.Contains(rule.Resources, "secrets") {
+			t.Errorf("the ClusterRole grants secrets: %+v", rule)
+		}
 	}
 }

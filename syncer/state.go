@@ -39,6 +39,7 @@ type state struct {
 	affinities   map[string]map[netip.Prefix]ipam.Affinity     // node → block → claim
 	nodeGC       map[string]datastore.KV                       // key → node GC record
 	meshKey      string                                        // the cluster's BGP mesh key, "" without one
+	bgpSecrets   datastore.BGPSecrets                          // the copied Secret keys of BGP passwords
 }
 
 func newState() *state {
@@ -72,6 +73,9 @@ func decode(kv datastore.KV) (kind string, val any, err error) {
 	case kv.Key == datastore.BGPMeshKeyKey:
 		k, err := datastore.DecodeBGPMeshKey(kv.Value)
 		return kindMeshKey, &k, err
+	case kv.Key == datastore.BGPSecretsKey:
+		s, err := datastore.DecodeBGPSecrets(kv.Value)
+		return kindBGPSecrets, &s, err
 	}
 	obj, err := datastore.DecodeResource(kv)
 	if err != nil {
@@ -238,6 +242,8 @@ func (st *state) index(key string, it item) {
 		st.nodeGC[key] = *v
 	case *datastore.BGPMeshKey:
 		st.meshKey = v.Key
+	case *datastore.BGPSecrets:
+		st.bgpSecrets = *v
 	case *api.WorkloadEndpoint:
 		addTo(st.byKind, it.kind, key, api.Object(v))
 		addTo(st.epByNode, v.Spec.Node, key, v)
@@ -264,6 +270,8 @@ func (st *state) unindex(key string, it item) {
 		delete(st.nodeGC, key)
 	case *datastore.BGPMeshKey:
 		st.meshKey = ""
+	case *datastore.BGPSecrets:
+		st.bgpSecrets = datastore.BGPSecrets{}
 	case *api.WorkloadEndpoint:
 		removeFrom(st.byKind, it.kind, key)
 		removeFrom(st.epByNode, v.Spec.Node, key)

@@ -38,6 +38,8 @@ const (
 	kindAffinity = "Affinity"   // ipam.Affinity
 	kindNodeGC   = "NodeGC"     // datastore.KV of gc/nodes/<node>, which node GC decodes itself
 	kindMeshKey  = "BGPMeshKey" // datastore.BGPMeshKey of config/bgp-mesh-key
+	// kindBGPSecrets is datastore.BGPSecrets of config/bgp-secrets.
+	kindBGPSecrets = "BGPSecrets"
 )
 
 // Source is where the view's events come from: datastore.Store.Watch.
@@ -99,7 +101,7 @@ func relevant(key string) bool {
 	return strings.HasPrefix(key, datastore.ResourcesPrefix) ||
 		strings.HasPrefix(key, ipam.BlocksPrefix) ||
 		strings.HasPrefix(key, datastore.NodeGCPrefix) ||
-		key == datastore.BGPMeshKeyKey ||
+		key == datastore.BGPMeshKeyKey || key == datastore.BGPSecretsKey ||
 		strings.HasPrefix(key, ipam.AffinitiesPrefix)
 }
 

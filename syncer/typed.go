@@ -15,7 +15,8 @@ type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |
 		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy | api.Service |
 		api.HostEndpoint | api.ClusterConfiguration | api.Tier | api.StagedGlobalNetworkPolicy |
-		ipam.BlockSummary | ipam.Affinity | datastore.KV | datastore.BGPMeshKey
+		ipam.BlockSummary | ipam.Affinity | datastore.KV | datastore.BGPMeshKey |
+		datastore.BGPSecrets
 }
 
 // kindOf names the kind whose values are T. The view's one place that
@@ -32,6 +33,8 @@ func kindOf[T Value]() string {
 		return kindAffinity
 	case *datastore.BGPMeshKey:
 		return kindMeshKey
+	case *datastore.BGPSecrets:
+		return kindBGPSecrets
 	default: // *datastore.KV, the constraint allows nothing else
 		return kindNodeGC
 	}

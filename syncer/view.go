@@ -203,3 +203,12 @@ func (s *Syncer) BGPMeshKey() string {
 	defer s.mu.RUnlock()
 	return s.st.meshKey
 }
+
+// BGPSecrets returns the Secret keys tabby-kube-controllers copied for BGP
+// passwords (datastore.BGPSecretsKey); empty when there is no record or it
+// does not decode. Shared with the view: read-only.
+func (s *Syncer) BGPSecrets() datastore.BGPSecrets {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.bgpSecrets
+}

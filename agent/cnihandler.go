@@ -680,6 +680,10 @@ func (s storeEndpoints) Put(ctx context.Context, wep *api.WorkloadEndpoint, fres
 	return strconv.ParseInt(obj.GetMeta().ResourceVersion, 10, 64)
 }
 
+func (s storeEndpoints) CreateOp(wep *api.WorkloadEndpoint) (*api.WorkloadEndpoint, datastore.Cmp, datastore.Op, error) {
+	return datastore.CreateOp(wep)
+}
+
 func (s storeEndpoints) Restore(ctx context.Context, wep *api.WorkloadEndpoint) error {
 	ctx, cancel := bounded(ctx)
 	defer cancel()

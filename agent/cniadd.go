@@ -105,7 +105,7 @@ func (p *addPlan) assign(ctx context.Context) error {
 		return nil
 	}
 	for i, areq := range p.reqs {
-		if i == len(p.reqs)-1 && !p.readPrior {
+		if i == len(p.reqs)-1 && !p.readPrior && !p.h.endpointApart {
 			// A new attachment: its endpoint commits with its last address.
 			areq.With = p.endpointWith
 		}

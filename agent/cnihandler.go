@@ -52,6 +52,8 @@ type cniHandler struct {
 	// ipam and endpoints bound every call with storeCallTimeout.
 	ipam      attach.Addresses
 	endpoints attach.Endpoints
+	// endpointApart: no endpoint rides on the IPAM transaction (Deps).
+	endpointApart bool
 	wl        dataplane.Workloads
 	// view answers GC's question which endpoints this node has.
 	view *syncer.Syncer

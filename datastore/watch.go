@@ -25,6 +25,10 @@ const (
 	// replacing whatever the receiver knew; events after it continue from
 	// Revision+1.
 	EventResync
+	// EventProgress: the watch reached Revision without a change the
+	// receiver takes (every key of the watch response was refused by
+	// WatchSpec.Keep, or etcd reported progress).
+	EventProgress
 )
 
 // String returns "put", "delete" or "resync".
@@ -36,6 +40,8 @@ func (t EventType) String() string {
 		return "delete"
 	case EventResync:
 		return "resync"
+	case EventProgress:
+		return "progress"
 	}
 	return fmt.Sprintf("EventType(%d)", int(t))
 }
@@ -164,14 +170,23 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 			}
 			continue
 		}
+		kept := false
 		for _, ev := range resp.Events {
-			if w.keep(ev.Kv.Key) && !w.send(ctx, w.event(ev)) {
-				return ctx.Err()
+			if w.keep(ev.Kv.Key) {
+				if !w.send(ctx, w.event(ev)) {
+					return ctx.Err()
+				}
+				kept = true
 			}
 			w.next = ev.Kv.ModRevision + 1
 		}
 		if resp.IsProgressNotify() && resp.Header.Revision >= w.next {
 			w.next = resp.Header.Revision + 1
+		}
+		// Whoever waits for a revision of a refused key still sees it
+		// reached: one event without a value, not a copy of each.
+		if !kept && (len(resp.Events) > 0 || resp.IsProgressNotify()) && !w.send(ctx, Event{Type: EventProgress, Revision: w.next - 1}) {
+			return ctx.Err()
 		}
 	}
 	if err := ctx.Err(); err != nil {

@@ -54,7 +54,7 @@ type cniHandler struct {
 	endpoints attach.Endpoints
 	// endpointApart: no endpoint rides on the IPAM transaction (Deps).
 	endpointApart bool
-	wl        dataplane.Workloads
+	wl            dataplane.Workloads
 	// view answers GC's question which endpoints this node has.
 	view *syncer.Syncer
 	// routes installs a new pod's routes (the one writer of them).

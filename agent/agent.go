@@ -73,6 +73,10 @@ type Deps struct {
 	// CNIFault, for tests, is called with the step's name after each step
 	// of a CNI request's plan (docs/agent.md); an error fails the step there.
 	CNIFault func(step string) error
+	// EndpointApart, for benchmarks, writes an ADD's endpoint in a
+	// transaction of its own after the address, as before the endpoint
+	// rode on the assignment's (docs/agent.md).
+	EndpointApart bool
 	// WatchLinks, when set, reports interfaces appearing on the node
 	// (dataplane.WatchLinks), so that a host endpoint waiting for its
 	// interface is reported policed at once rather than at the resync.
@@ -239,6 +243,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.handler = newCNIHandler(gctx, a.cfg.NodeName, a.store, a.ipam, a.deps.Workloads, a.view, a.routes, a.log.With("component", "cni"))
 	a.handler.observe, a.handler.observeAssign = a.metrics.observeCNI, a.metrics.observeAssign
 	a.handler.runner = attach.Runner{Fault: a.deps.CNIFault, Observe: a.metrics.observeStep}
+	a.handler.endpointApart = a.deps.EndpointApart
 	if a.policy != nil {
 		a.handler.policy = attach.PolicyFunc(a.policy.syncFor)
 	}

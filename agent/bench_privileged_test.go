@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,8 +39,11 @@ import (
 // and a NetworkPolicy selecting every pod, so that each ADD also writes the
 // pod's policy chains and set members ("nft-policy"), and like "nft" on a
 // dual-stack network, each pod getting an IPv4 and an IPv6 address
-// ("nft-dual", to compare with "nft"); the reference is
-// "ref". Every iteration adds and deletes one pod with each configuration
+// ("nft-dual", to compare with "nft"), and like "nft" against an etcd that
+// fsyncs as the lab's and production's do, the tests' etcd skipping it
+// ("nft-fsync"; "nft-fsync-apart" the same with the endpoint written in a
+// transaction of its own after the address, as before it rode on IPAM's);
+// TABBY_BENCH_CASES=nft,nft-fsync,… picks some. The reference is "ref". Every iteration adds and deletes one pod with each configuration
 // in turn (the order rotating), so that all meet the same load. Metrics
 // are prefixed with the configuration; add-p50/ref and add-p99/ref are the
 // ratios to the reference, reap-p99-ms the 99th percentile of the time
@@ -59,13 +64,20 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 	}
 	var cases []*addDelCase
 	for _, c := range []struct {
-		name      string
-		firewall  bool
-		policy    bool
-		dualStack bool
-	}{{"tabby", false, false, false}, {"nft", true, false, false}, {"nft-policy", true, true, false}, {"nft-dual", true, false, true}} {
+		name                    string
+		firewall, policy        bool
+		dualStack, fsync, apart bool
+	}{
+		{name: "tabby"}, {name: "nft", firewall: true}, {name: "nft-policy", firewall: true, policy: true},
+		{name: "nft-dual", firewall: true, dualStack: true},
+		{name: "nft-fsync", firewall: true, fsync: true}, {name: "nft-fsync-apart", firewall: true, fsync: true, apart: true},
+	} {
+		if !benchCase(c.name) {
+			continue
+		}
 		steps := &stepLog{}
-		e := newNodeEnvWith(b, nodeEnvOptions{firewall: c.firewall, log: slog.New(steps), resync: Default().ResyncInterval, dualStack: c.dualStack})
+		e := newNodeEnvWith(b, nodeEnvOptions{firewall: c.firewall, log: slog.New(steps), resync: Default().ResyncInterval, dualStack: c.dualStack,
+			fsync: c.fsync, endpointApart: c.apart})
 		e.setFault(steps.fault)
 		if c.policy {
 			createPolicies(b, e)
@@ -107,6 +119,13 @@ func BenchmarkPrivilegedCNIAddDel(b *testing.B) {
 	for _, c := range cases {
 		c.report(b, ref)
 	}
+}
+
+// benchCase says whether TABBY_BENCH_CASES (a comma-separated list of
+// configurations; unset: all) names the configuration.
+func benchCase(name string) bool {
+	list := os.Getenv("TABBY_BENCH_CASES")
+	return list == "" || slices.Contains(strings.Split(list, ","), name)
 }
 
 // requireStatic fails the benchmark when the plugin at path is linked

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -16,6 +17,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -38,12 +40,15 @@ type addPlan struct {
 	prep      dataplane.Prepared    // prepare
 	st        dataplane.WorkloadStatus
 	completed bool                  // complete
-	wep       *api.WorkloadEndpoint // endpoint
+	wep       *api.WorkloadEndpoint // endpoint (or assign, when rode)
 	rev       int64
 	stored    bool
-	adv       []netip.Prefix // advertise: the new routes waited for
-	advErr    error
-	advTook   time.Duration
+	// rode: the endpoint was created by the assignment's transaction
+	// (one durable write for both); assign's undo then removes it.
+	rode    bool
+	adv     []netip.Prefix // advertise: the new routes waited for
+	advErr  error
+	advTook time.Duration
 }
 
 func newAddPlan(h *cniHandler, a *attachment) *addPlan {
@@ -99,7 +104,11 @@ func (p *addPlan) assign(ctx context.Context) error {
 		p.asgs, p.handle, p.readPrior = []ipam.Assignment{{Addr: p.info.noIPAM}}, "", true
 		return nil
 	}
-	for _, areq := range p.reqs {
+	for i, areq := range p.reqs {
+		if i == len(p.reqs)-1 && !p.readPrior && !p.h.endpointApart {
+			// A new attachment: its endpoint commits with its last address.
+			areq.With = p.endpointWith
+		}
 		a, err := p.h.ipam.Assign(ctx, areq)
 		if p.h.observeAssign != nil {
 			p.h.observeAssign(a.Borrowed, err)
@@ -112,8 +121,28 @@ func (p *addPlan) assign(ctx context.Context) error {
 		}
 		p.asgs = append(p.asgs, a)
 		p.readPrior = p.readPrior || a.Existing
+		if a.WithRev != 0 {
+			p.wep.Metadata.ResourceVersion = strconv.FormatInt(a.WithRev, 10)
+			p.rev, p.stored, p.rode = a.WithRev, true, true
+		}
 	}
 	return nil
+}
+
+// endpointWith is the endpoint's creation for the assignment's
+// transaction, with addr as its last address. Called again on a retry;
+// the last call is what commits.
+func (p *addPlan) endpointWith(addr netip.Addr) ([]datastore.Cmp, []datastore.Op, error) {
+	addrs := make([]netip.Addr, 0, len(p.asgs)+1)
+	for _, a := range p.asgs {
+		addrs = append(addrs, a.Addr)
+	}
+	wep, cmp, op, err := p.h.endpoints.CreateOp(p.endpoint(append(addrs, addr)))
+	if err != nil {
+		return nil, nil, fmt.Errorf("preparing endpoint %s: %w", p.a.endpointName(p.h.node), err)
+	}
+	p.wep = wep
+	return []datastore.Cmp{cmp}, []datastore.Op{op}, nil
 }
 
 // unassign releases what assign took: on a repeat only the addresses that
@@ -121,6 +150,14 @@ func (p *addPlan) assign(ctx context.Context) error {
 func (p *addPlan) unassign(ctx context.Context) error {
 	if p.handle == "" || len(p.asgs) == 0 {
 		return nil
+	}
+	if p.rode {
+		// The endpoint came with the address: it goes first, so that no
+		// endpoint ever names an address that is free.
+		m := p.wep.Metadata
+		if err := p.h.endpoints.Delete(ctx, m.Namespace, m.Name, ""); err != nil {
+			return fmt.Errorf("removing endpoint %s: %w", m.Name, err)
+		}
 	}
 	if !p.readPrior {
 		return p.h.ipam.ReleaseHandle(ctx, p.handle)
@@ -192,9 +229,21 @@ func (p *addPlan) unwire(context.Context) error {
 	return nil
 }
 
+// putEndpoint writes the endpoint, unless assign's transaction did.
 func (p *addPlan) putEndpoint(ctx context.Context) (err error) {
+	if p.rode {
+		return nil
+	}
+	p.wep = p.endpoint(p.addrs)
+	p.rev, err = p.h.endpoints.Put(ctx, p.wep, !p.readPrior)
+	p.stored = err == nil
+	return err
+}
+
+// endpoint is the pod's WorkloadEndpoint with addrs.
+func (p *addPlan) endpoint(addrs []netip.Addr) *api.WorkloadEndpoint {
 	a, h := p.a, p.h
-	wep := buildEndpoint(h.node, a.w, p.handle, p.addrs, a.hostIf, p.spec.MAC, a.args.Labels)
+	wep := buildEndpoint(h.node, a.w, p.handle, addrs, a.hostIf, p.spec.MAC, a.args.Labels)
 	wep.Spec.NamespaceLabels = p.info.nsLabels
 	wep.Spec.Ports = p.info.ports
 	wep.Metadata.Annotations = map[string]string{api.AnnotationOrigin: api.OriginAgent}
@@ -205,17 +254,17 @@ func (p *addPlan) putEndpoint(ctx context.Context) (err error) {
 	if p.info.noIPAM.IsValid() {
 		wep.Metadata.Annotations[api.AnnotationNoIPAM] = "true"
 	}
-	p.wep = wep
-	p.rev, err = h.endpoints.Put(ctx, wep, !p.readPrior)
-	p.stored = err == nil
-	return err
+	return wep
 }
 
 // unputEndpoint puts a live pod's record back as it was, or removes the
 // new one. A write that failed may still have committed (a timeout): then
-// the endpoint goes if it names this container.
+// the endpoint goes if it names this container. One that came with the
+// address is assign's to undo.
 func (p *addPlan) unputEndpoint(ctx context.Context) error {
 	switch {
+	case p.rode:
+		return nil
 	case p.prior != nil:
 		return p.h.endpoints.Restore(ctx, p.prior)
 	case p.stored:

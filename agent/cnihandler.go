@@ -52,7 +52,9 @@ type cniHandler struct {
 	// ipam and endpoints bound every call with storeCallTimeout.
 	ipam      attach.Addresses
 	endpoints attach.Endpoints
-	wl        dataplane.Workloads
+	// endpointApart: no endpoint rides on the IPAM transaction (Deps).
+	endpointApart bool
+	wl            dataplane.Workloads
 	// view answers GC's question which endpoints this node has.
 	view *syncer.Syncer
 	// routes installs a new pod's routes (the one writer of them).
@@ -678,6 +680,10 @@ func (s storeEndpoints) Put(ctx context.Context, wep *api.WorkloadEndpoint, fres
 		return 0, err
 	}
 	return strconv.ParseInt(obj.GetMeta().ResourceVersion, 10, 64)
+}
+
+func (s storeEndpoints) CreateOp(wep *api.WorkloadEndpoint) (*api.WorkloadEndpoint, datastore.Cmp, datastore.Op, error) {
+	return datastore.CreateOp(wep)
 }
 
 func (s storeEndpoints) Restore(ctx context.Context, wep *api.WorkloadEndpoint) error {

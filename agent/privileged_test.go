@@ -88,6 +88,11 @@ type nodeEnvOptions struct {
 	// dualStack gives the agent an IPv6 pool too; conflistChain then asks
 	// for an address of each family.
 	dualStack bool
+	// fsync runs etcd with fsync on, as the lab and production do (the
+	// tests' etcd skips it).
+	fsync bool
+	// endpointApart writes the endpoint after the address (Deps).
+	endpointApart bool
 }
 
 func newNodeEnv(t testing.TB) *nodeEnv {
@@ -113,6 +118,9 @@ func newNodeEnvWith(t testing.TB, opts nodeEnvOptions) *nodeEnv {
 	}
 
 	etcd := storetest.Etcd(t)
+	if opts.fsync {
+		etcd = storetest.EtcdFsync(t)
+	}
 	e.store = storetest.Connect(t, etcd)
 	wl, err := dataplane.NewWorkloads(e.nodePath)
 	if err != nil {
@@ -157,7 +165,7 @@ func newNodeEnvWith(t testing.TB, opts nodeEnvOptions) *nodeEnv {
 		log = testLogger()
 	}
 	e.agent = New(cfg, log, Deps{
-		Workloads: wl, Routes: routes, Speaker: newFakeSpeaker(), Firewall: fw,
+		Workloads: wl, Routes: routes, Speaker: newFakeSpeaker(), Firewall: fw, EndpointApart: opts.endpointApart,
 		CNIFault: func(step string) error {
 			e.faultMu.Lock()
 			defer e.faultMu.Unlock()

@@ -65,17 +65,26 @@ func (s *Store) GetKV(ctx context.Context, key string) (KV, error) {
 // the list was taken at. Large lists are fetched in pages at one revision, so
 // the result is a consistent snapshot.
 func (s *Store) ListKV(ctx context.Context, prefix string) ([]KV, int64, error) {
+	return s.listRange(ctx, prefix, "", nil)
+}
+
+// listRange lists [prefix, end) (prefix's own range when end is ""),
+// leaving out the absolute keys keep refuses (nil keeps all).
+func (s *Store) listRange(ctx context.Context, prefix, end string, keep func(abs []byte) bool) ([]KV, int64, error) {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	start := s.abs(prefix)
-	end := clientv3.GetPrefixRangeEnd(start)
+	rangeEnd := clientv3.GetPrefixRangeEnd(start)
+	if end != "" {
+		rangeEnd = s.abs(end)
+	}
 	var (
 		out []KV
 		rev int64
 	)
 	for {
 		opts := []clientv3.OpOption{
-			clientv3.WithRange(end),
+			clientv3.WithRange(rangeEnd),
 			clientv3.WithLimit(listPageSize),
 			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
 		}
@@ -91,7 +100,9 @@ func (s *Store) ListKV(ctx context.Context, prefix string) ([]KV, int64, error) 
 			rev = resp.Header.Revision
 		}
 		for _, kv := range resp.Kvs {
-			out = append(out, s.toKV(kv))
+			if keep == nil || keep(kv.Key) {
+				out = append(out, s.toKV(kv))
+			}
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return out, rev, nil

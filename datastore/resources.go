@@ -241,8 +241,28 @@ func (s *Store) Create(ctx context.Context, obj api.Object) (api.Object, error) 
 	return s.create(ctx, c, key)
 }
 
-// create stores c, already prepared, at key.
-func (s *Store) create(ctx context.Context, c api.Object, key string) (api.Object, error) {
+// CreateOp is Create as part of a transaction (Txn, or a write that
+// rides on another's, ipam.AssignRequest.With): the comparison that the
+// key does not exist and the put. The returned object is obj prepared as
+// Create stores it (defaults, uid, creationTimestamp; obj itself is not
+// modified); set its resourceVersion to the transaction's revision once
+// it commits. A failed comparison means the resource exists.
+func CreateOp[T api.Object](obj T) (T, Cmp, Op, error) {
+	var zero T
+	c, key, err := prepare(obj)
+	if err != nil {
+		return zero, Cmp{}, Op{}, err
+	}
+	data, err := stamp(c, key)
+	if err != nil {
+		return zero, Cmp{}, Op{}, err
+	}
+	t, err := as[T](c)
+	return t, Cmp{Key: key, ModRevision: 0}, Op{Key: key, Value: data}, err
+}
+
+// stamp gives a new resource its uid and creation time and encodes it.
+func stamp(c api.Object, key string) ([]byte, error) {
 	m := c.GetMeta()
 	uid, err := newUID()
 	if err != nil {
@@ -253,6 +273,16 @@ func (s *Store) create(ctx context.Context, c api.Object, key string) (api.Objec
 	data, err := encodeResource(c)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", key, err)
+	}
+	return data, nil
+}
+
+// create stores c, already prepared, at key.
+func (s *Store) create(ctx context.Context, c api.Object, key string) (api.Object, error) {
+	m := c.GetMeta()
+	data, err := stamp(c, key)
+	if err != nil {
+		return nil, err
 	}
 	rev, err := s.CreateKV(ctx, key, data, 0)
 	if err != nil {

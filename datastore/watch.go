@@ -25,6 +25,10 @@ const (
 	// replacing whatever the receiver knew; events after it continue from
 	// Revision+1.
 	EventResync
+	// EventProgress: the watch reached Revision without a change the
+	// receiver takes (every key of the watch response was refused by
+	// WatchSpec.Keep, or etcd reported progress).
+	EventProgress
 )
 
 // String returns "put", "delete" or "resync".
@@ -36,6 +40,8 @@ func (t EventType) String() string {
 		return "delete"
 	case EventResync:
 		return "resync"
+	case EventProgress:
+		return "progress"
 	}
 	return fmt.Sprintf("EventType(%d)", int(t))
 }
@@ -59,7 +65,33 @@ const (
 var errGap = errors.New("watch gap")
 
 // Watch streams the changes below prefix (a plain string prefix, as in
-// ListKV) in revision order.
+// ListKV) in revision order, with the previous values of updated and
+// deleted keys: WatchKeys with WatchSpec{Prefix: prefix, PrevKV: true}.
+func (s *Store) Watch(ctx context.Context, prefix string, fromRev int64) <-chan Event {
+	return s.WatchKeys(ctx, WatchSpec{Prefix: prefix, PrevKV: true}, fromRev)
+}
+
+// WatchSpec says which keys a watch follows and what it hands out.
+type WatchSpec struct {
+	// Prefix: the keys starting with it (relative to the store's prefix).
+	Prefix string
+	// End, when set, bounds the range instead of Prefix's own end: the keys
+	// in [Prefix, End). A watcher that needs most of the layout but not
+	// the keys sorting after End (status/: every agent's status, rewritten
+	// as it changes) does not receive them at all, nor pay for their
+	// re-list.
+	End string
+	// PrevKV asks etcd for the previous value of every update and delete
+	// (Event.PrevKV). etcd reads it for every event and watcher and sends
+	// it along: twice the bytes of an update.
+	PrevKV bool
+	// Keep, when set, drops the keys it refuses before anything is copied
+	// or sent (the key is relative, and must not be retained); a watch
+	// response of refused keys only moves the revision.
+	Keep func(key []byte) bool
+}
+
+// WatchKeys streams the changes of the keys spec names in revision order.
 //
 // fromRev > 0 starts with the events at revision fromRev (so pass the
 // revision of a ListKV plus one); fromRev <= 0 starts with an EventResync
@@ -68,19 +100,21 @@ var errGap = errors.New("watch gap")
 // the watch re-lists and sends one EventResync with the full state, then
 // continues after it. Disconnections and leader loss are retried with
 // backoff for as long as ctx lives. The channel is closed when ctx is done
-// (or the Store is closed).
-func (s *Store) Watch(ctx context.Context, prefix string, fromRev int64) <-chan Event {
+// (or the Store is closed). The events of one watch response are sent
+// back to back, so that a receiver that drains the channel takes them in
+// one go.
+func (s *Store) WatchKeys(ctx context.Context, spec WatchSpec, fromRev int64) <-chan Event {
 	out := make(chan Event, 16)
-	w := &watcher{s: s, prefix: prefix, out: out, next: fromRev}
+	w := &watcher{s: s, spec: spec, out: out, next: fromRev}
 	go w.run(ctx)
 	return out
 }
 
 type watcher struct {
-	s      *Store
-	prefix string
-	out    chan<- Event
-	next   int64 // first revision not yet delivered
+	s    *Store
+	spec WatchSpec
+	out  chan<- Event
+	next int64 // first revision not yet delivered
 }
 
 func (w *watcher) run(ctx context.Context) {
@@ -95,13 +129,13 @@ func (w *watcher) run(ctx context.Context) {
 			return
 		}
 		if errors.Is(err, errGap) {
-			w.s.log.Info("etcd watch resyncing", "prefix", w.prefix, "reason", err)
+			w.s.log.Info("etcd watch resyncing", "prefix", w.spec.Prefix, "reason", err)
 			if !w.resync(ctx) {
 				return
 			}
 			continue
 		}
-		w.s.log.Debug("etcd watch interrupted, retrying", "prefix", w.prefix, "next", w.next, "err", err)
+		w.s.log.Debug("etcd watch interrupted, retrying", "prefix", w.spec.Prefix, "next", w.next, "err", err)
 		if !b.wait(ctx) {
 			return
 		}
@@ -112,15 +146,22 @@ func (w *watcher) run(ctx context.Context) {
 func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := w.s.client.Watch(wctx, w.s.abs(w.prefix),
-		clientv3.WithPrefix(), clientv3.WithRev(w.next), clientv3.WithPrevKV(),
-		clientv3.WithCreatedNotify(), clientv3.WithProgressNotify())
+	opts := []clientv3.OpOption{clientv3.WithRev(w.next), clientv3.WithCreatedNotify(), clientv3.WithProgressNotify()}
+	if w.spec.End != "" {
+		opts = append(opts, clientv3.WithRange(w.s.abs(w.spec.End)))
+	} else {
+		opts = append(opts, clientv3.WithPrefix())
+	}
+	if w.spec.PrevKV {
+		opts = append(opts, clientv3.WithPrevKV())
+	}
+	wch := w.s.client.Watch(wctx, w.s.abs(w.spec.Prefix), opts...)
 	for resp := range wch {
 		if resp.CompactRevision != 0 {
 			return fmt.Errorf("%w: revision %d compacted (up to %d)", errGap, w.next, resp.CompactRevision)
 		}
 		if err := resp.Err(); err != nil {
-			return w.s.etcdErr(fmt.Sprintf("watching %s", w.prefix), err)
+			return w.s.etcdErr(fmt.Sprintf("watching %s", w.spec.Prefix), err)
 		}
 		if resp.Created {
 			b.reset()
@@ -129,20 +170,34 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 			}
 			continue
 		}
+		kept := false
 		for _, ev := range resp.Events {
-			if !w.send(ctx, w.event(ev)) {
-				return ctx.Err()
+			if w.keep(ev.Kv.Key) {
+				if !w.send(ctx, w.event(ev)) {
+					return ctx.Err()
+				}
+				kept = true
 			}
 			w.next = ev.Kv.ModRevision + 1
 		}
 		if resp.IsProgressNotify() && resp.Header.Revision >= w.next {
 			w.next = resp.Header.Revision + 1
 		}
+		// Whoever waits for a revision of a refused key still sees it
+		// reached: one event without a value, not a copy of each.
+		if !kept && (len(resp.Events) > 0 || resp.IsProgressNotify()) && !w.send(ctx, Event{Type: EventProgress, Revision: w.next - 1}) {
+			return ctx.Err()
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return w.s.etcdErr(fmt.Sprintf("watching %s", w.prefix), errors.New("watch closed"))
+	return w.s.etcdErr(fmt.Sprintf("watching %s", w.spec.Prefix), errors.New("watch closed"))
+}
+
+// keep applies spec.Keep to an absolute key.
+func (w *watcher) keep(abs []byte) bool {
+	return w.spec.Keep == nil || w.spec.Keep(abs[min(len(w.s.base), len(abs)):])
 }
 
 func (w *watcher) event(ev *clientv3.Event) Event {
@@ -163,7 +218,7 @@ func (w *watcher) event(ev *clientv3.Event) Event {
 func (w *watcher) resync(ctx context.Context) bool {
 	b := backoff{d: watchBackoffMin}
 	for {
-		kvs, rev, err := w.s.ListKV(ctx, w.prefix)
+		kvs, rev, err := w.s.listRange(ctx, w.spec.Prefix, w.spec.End, w.keep)
 		if err == nil {
 			if !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev}) {
 				return false
@@ -174,7 +229,7 @@ func (w *watcher) resync(ctx context.Context) bool {
 		if ctx.Err() != nil || w.s.client.Ctx().Err() != nil {
 			return false
 		}
-		w.s.log.Debug("etcd watch re-list failed, retrying", "prefix", w.prefix, "err", err)
+		w.s.log.Debug("etcd watch re-list failed, retrying", "prefix", w.spec.Prefix, "err", err)
 		if !b.wait(ctx) {
 			return false
 		}

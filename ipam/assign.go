@@ -39,6 +39,15 @@ type AssignRequest struct {
 	// empty) or Tunnel (a node's tunnel device). Only pools whose
 	// allowedUses include it serve the request.
 	Use api.IPPoolUse
+	// With, when set, rides on the assignment's transaction: it is called
+	// with the address about to be committed (again at every attempt) and
+	// returns comparisons and writes (keys as datastore.Txn takes them)
+	// that commit with the address or not at all — a pod's endpoint, so
+	// that an ADD pays one durable write, not two. A transaction that
+	// fails its comparisons may have failed on these: the assignment is
+	// then retried without them, and Assignment.WithRev is 0 (the caller
+	// writes them itself). A repeat (Existing) never writes them.
+	With func(addr netip.Addr) ([]datastore.Cmp, []datastore.Op, error)
 }
 
 // use resolves req.Use.
@@ -74,7 +83,15 @@ type Assignment struct {
 	// NewBlock: the address is the first of a block claimed for the node by
 	// this call (its route is not advertised yet).
 	NewBlock bool
+	// WithRev is the revision of the transaction that committed the
+	// request's With writes along with the address; 0 when they were not
+	// written.
+	WithRev int64
 }
+
+// errRetryAlone is errRetry of a transaction that carried the request's
+// With writes: the next attempt goes without them.
+var errRetryAlone = fmt.Errorf("%w (with the request's own writes)", errRetry)
 
 // Assign allocates an address for req.Handle. It is idempotent per handle:
 // when the handle already holds an address, that address is returned.
@@ -115,14 +132,21 @@ func (a *Allocator) Assign(ctx context.Context, req AssignRequest) (Assignment, 
 	defer lock.Unlock()
 
 	if !req.Addr.IsValid() {
-		if res, ok, err := a.assignCached(ctx, req, attr); ok {
+		res, ok, err := a.assignCached(ctx, req, attr)
+		if ok {
 			return res, err
+		}
+		if errors.Is(err, errRetryAlone) {
+			req.With = nil
 		}
 	}
 	var res Assignment
 	err := a.retry(ctx, fmt.Sprintf("ipam: assigning address for %s on %s", req.Handle, req.Node), func() error {
 		var err error
 		res, err = a.assignOnce(ctx, req, attr)
+		if errors.Is(err, errRetryAlone) {
+			req.With = nil
+		}
 		return err
 	})
 	return res, err
@@ -159,7 +183,7 @@ func (a *Allocator) assignCached(ctx context.Context, req AssignRequest, attr at
 		addr, _ := nb.allocate(attr)
 		res, err := a.commit(ctx, commit{b: nb, pool: p, node: c.node, req: req, addr: addr, handleRev: hrev, keep: keep})
 		if errors.Is(err, errRetry) {
-			return Assignment{}, false, nil
+			return Assignment{}, false, err
 		}
 		return res, true, err
 	}
@@ -472,7 +496,18 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 		cmps = append(cmps, datastore.Cmp{Key: akey, ModRevision: 0})
 		ops = append(ops, datastore.Op{Key: akey, Value: encodeAffinity(affinityConfirmed)})
 	}
+	var withRev bool
+	if c.req.With != nil {
+		wc, wo, err := c.req.With(c.addr)
+		if err != nil {
+			return Assignment{}, fmt.Errorf("ipam: assigning %s for %s: %w", c.addr, c.req.Handle, err)
+		}
+		cmps, ops, withRev = append(cmps, wc...), append(ops, wo...), true
+	}
 	rev, err := a.txn(ctx, cmps, ops)
+	if withRev && errors.Is(err, errRetry) {
+		return Assignment{}, errRetryAlone
+	}
 	if err != nil {
 		return Assignment{}, err
 	}
@@ -483,8 +518,12 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 	if err := a.written("assign"); err != nil {
 		return Assignment{}, err
 	}
-	return Assignment{Addr: c.addr, Block: c.b.cidr, Pool: c.pool.name, Borrowed: c.b.node != c.req.Node,
-		NewBlock: c.created && c.b.node == c.req.Node}, nil
+	res := Assignment{Addr: c.addr, Block: c.b.cidr, Pool: c.pool.name, Borrowed: c.b.node != c.req.Node,
+		NewBlock: c.created && c.b.node == c.req.Node}
+	if withRev {
+		res.WithRev = rev
+	}
+	return res, nil
 }
 
 // repairAffinities fixes the node's affinity records against their blocks:

@@ -42,10 +42,16 @@ const (
 	kindBGPSecrets = "BGPSecrets"
 )
 
-// Source is where the view's events come from: datastore.Store.Watch.
+// Source is where the view's events come from: datastore.Store.WatchKeys.
 type Source interface {
-	Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event
+	WatchKeys(ctx context.Context, spec datastore.WatchSpec, fromRev int64) <-chan datastore.Event
 }
+
+// watchSpec is what the view watches: every key up to the status records
+// (each agent's, rewritten as its sessions change: every agent would
+// receive every other's), without previous values, and of the rest only
+// the keys the view holds (relevantKey), dropped before they are copied.
+var watchSpec = datastore.WatchSpec{End: datastore.StatusPrefix, Keep: relevantKey}
 
 // Syncer holds the view. Build it with New, start it with Run.
 type Syncer struct {
@@ -86,8 +92,27 @@ var ErrWatchEnded = errors.New("the cluster view's watch ended")
 // error then, or ErrWatchEnded if the watch ends first: it never returns
 // nil. The first event is a full list; after it the view reports Synced.
 func (s *Syncer) Run(ctx context.Context) error {
-	for ev := range s.src.Watch(ctx, "", 0) {
-		s.apply(ev)
+	ch := s.src.WatchKeys(ctx, watchSpec, 0)
+	batch := make([]datastore.Event, 0, maxBatch)
+	for ev := range ch {
+		// Whatever else is queued (the rest of a watch response, a burst
+		// of writes) is applied with it: one lock, one offer to the
+		// subscribers, one wake-up of the revision's waiters.
+		batch = append(batch[:0], ev)
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case ev, ok := <-ch:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, ev)
+			default:
+				break drain
+			}
+		}
+		s.apply(batch...)
+		clear(batch) // the events' values belong to the view now, or to nobody
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -95,8 +120,12 @@ func (s *Syncer) Run(ctx context.Context) error {
 	return ErrWatchEnded
 }
 
-// relevant says whether a key is part of the view. Handles and status
-// records are not: they change with every pod and every agent.
+// maxBatch bounds the events applied together.
+const maxBatch = 256
+
+// relevant says whether a key is part of the view. Handles, Kubernetes
+// records and status records are not: they change with every pod and
+// every agent.
 func relevant(key string) bool {
 	return strings.HasPrefix(key, datastore.ResourcesPrefix) ||
 		strings.HasPrefix(key, ipam.BlocksPrefix) ||
@@ -105,12 +134,47 @@ func relevant(key string) bool {
 		strings.HasPrefix(key, ipam.AffinitiesPrefix)
 }
 
-// apply folds one watch event into the view and wakes the subscribers
-// whose filter takes any of the resulting updates.
-func (s *Syncer) apply(ev datastore.Event) {
+// relevantKey is relevant for a key as the watch has it, without copying
+// it.
+func relevantKey(key []byte) bool {
+	// The conversion does not allocate: the string does not escape.
+	return relevant(string(key))
+}
+
+// apply folds watch events into the view and wakes the subscribers whose
+// filter takes any of the resulting updates.
+func (s *Syncer) apply(evs ...datastore.Event) {
 	var ups []change
 	s.mu.Lock()
-	wasSynced := s.synced
+	wasSynced, resynced, rev := s.synced, false, s.rev
+	for _, ev := range evs {
+		ups = s.applyLocked(ev, ups)
+		resynced = resynced || ev.Type == datastore.EventResync
+		rev = max(rev, ev.Revision)
+	}
+	subs := s.subs
+	s.mu.Unlock()
+	for _, sub := range subs {
+		sub.offer(ups)
+		if !wasSynced && resynced {
+			sub.wake() // the first complete view, even an empty one
+		}
+	}
+	// The revision moves only after every subscriber was offered the
+	// updates: whoever waited for it finds them queued.
+	s.mu.Lock()
+	if resynced {
+		s.synced = true
+	}
+	s.rev = max(s.rev, rev)
+	close(s.waiters)
+	s.waiters = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// applyLocked folds one event into the state and appends its updates.
+func (s *Syncer) applyLocked(ev datastore.Event, ups []change) []change {
+	n := len(ups)
 	s.stats.Events++
 	switch ev.Type {
 	case datastore.EventResync:
@@ -145,30 +209,11 @@ func (s *Syncer) apply(ev datastore.Event) {
 			}
 		}
 	}
-	if len(ups) == 0 {
+	if len(ups) == n {
 		s.stats.Ignored++
 	}
-	s.stats.Updates += int64(len(ups))
-	subs := s.subs
-	s.mu.Unlock()
-	for _, sub := range subs {
-		sub.offer(ups)
-		if !wasSynced && ev.Type == datastore.EventResync {
-			sub.wake() // the first complete view, even an empty one
-		}
-	}
-	// The revision moves only after every subscriber was offered the
-	// updates: whoever waited for it finds them queued.
-	s.mu.Lock()
-	if ev.Type == datastore.EventResync {
-		s.synced = true
-	}
-	if ev.Revision > s.rev {
-		s.rev = ev.Revision
-	}
-	close(s.waiters)
-	s.waiters = make(chan struct{})
-	s.mu.Unlock()
+	s.stats.Updates += int64(len(ups) - n)
+	return ups
 }
 
 // Synced reports whether the initial list has been applied.
@@ -192,8 +237,10 @@ func (s *Syncer) Stats() Stats {
 	return s.stats
 }
 
-// WaitRevision blocks until the view is synced and has reached rev (a
-// write's revision: the view then holds that write), or ctx ends.
+// WaitRevision blocks until the view is synced and has reached rev, or ctx
+// ends. rev must be the revision of a write of a key the view holds (an
+// endpoint, a block): the view moves only with those, and then holds that
+// write.
 func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
 	for {
 		s.mu.RLock()

@@ -221,7 +221,7 @@ func TestResyncReportsDifferences(t *testing.T) {
 // endedSource is a watch that ends at once, as a closed store's does.
 type endedSource struct{}
 
-func (endedSource) Watch(context.Context, string, int64) <-chan datastore.Event {
+func (endedSource) WatchKeys(context.Context, datastore.WatchSpec, int64) <-chan datastore.Event {
 	ch := make(chan datastore.Event)
 	close(ch)
 	return ch

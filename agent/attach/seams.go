@@ -6,6 +6,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -36,6 +37,10 @@ type Endpoints interface {
 	// Delete removes the endpoint if its resource version is rv ("" for
 	// any); a missing endpoint is success.
 	Delete(ctx context.Context, namespace, name, rv string) error
+	// CreateOp is the endpoint's creation as part of a transaction (see
+	// datastore.CreateOp): the endpoint as it will be stored, the
+	// comparison that it does not exist yet, and the put.
+	CreateOp(wep *api.WorkloadEndpoint) (*api.WorkloadEndpoint, datastore.Cmp, datastore.Op, error)
 }
 
 // HostRoutes is the one writer of the pods' host routes (the agent's route

@@ -19,11 +19,24 @@ const startTimeout = 30 * time.Second
 // directory is in t.TempDir(), so Stop followed by Restart keeps the data.
 func Etcd(t testing.TB) *embedded.Etcd {
 	t.Helper()
+	return start(t, true)
+}
+
+// EtcdFsync is Etcd with fsync on, as etcd runs in production and in the
+// lab: for benchmarks of what a durable write costs (its data directory
+// is t.TempDir(): a write costs that file system's fsync).
+func EtcdFsync(t testing.TB) *embedded.Etcd {
+	t.Helper()
+	return start(t, false)
+}
+
+func start(t testing.TB, noFsync bool) *embedded.Etcd {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	e, err := embedded.Start(ctx, embedded.Config{
 		Dir:           t.TempDir(),
-		UnsafeNoFsync: true,
+		UnsafeNoFsync: noFsync,
 	})
 	if err != nil {
 		t.Fatalf("starting embedded etcd: %v", err)

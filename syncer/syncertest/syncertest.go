@@ -16,8 +16,8 @@ import (
 // should be an EventResync (the initial list).
 type Script chan datastore.Event
 
-// Watch implements syncer.Source.
-func (s Script) Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event {
+// WatchKeys implements syncer.Source.
+func (s Script) WatchKeys(ctx context.Context, _ datastore.WatchSpec, fromRev int64) <-chan datastore.Event {
 	out := make(chan datastore.Event)
 	go func() {
 		defer close(out)
@@ -40,8 +40,8 @@ func (s Script) Watch(ctx context.Context, prefix string, fromRev int64) <-chan 
 // Static is a cluster that never changes: one list, then silence.
 type Static []datastore.KV
 
-// Watch implements syncer.Source.
-func (s Static) Watch(ctx context.Context, prefix string, fromRev int64) <-chan datastore.Event {
+// WatchKeys implements syncer.Source.
+func (s Static) WatchKeys(ctx context.Context, _ datastore.WatchSpec, fromRev int64) <-chan datastore.Event {
 	ch := make(chan datastore.Event, 1)
 	ch <- datastore.Event{Type: datastore.EventResync, Snapshot: s, Revision: 1}
 	go func() { <-ctx.Done(); close(ch) }()

@@ -1,0 +1,261 @@
+package syncer_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/embedded"
+	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/syncer"
+)
+
+// benchEtcdEnv makes the test binary an etcd that writes pod ADDs on
+// command (see TestMain): the writer's and etcd's CPU stay out of the
+// benchmark's process.
+const benchEtcdEnv = "TABBY_SYNCER_BENCH_ETCD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(benchEtcdEnv) != "" {
+		if err := runBenchEtcd(os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// BenchmarkRemotePodEvents is what a pod added on another node costs one
+// agent's cluster view, end to end: a real etcd in another process
+// (written by the real IPAM allocator and the endpoint create an ADD
+// makes: the block and handle in one transaction, then the endpoint), this
+// process's etcd client and watch, the view's decoding and indexes, and
+// the agent's owners' filters deciding "nothing for me". The view starts
+// with 30 nodes of 30 pods each. It reports this process's CPU time (user
+// + system, getrusage) per remote ADD: cpu-µs/pod; allocs/op are this
+// process's too, per ADD.
+func BenchmarkRemotePodEvents(b *testing.B) {
+	ch := startBenchEtcd(b)
+	ch.do(b, "preload 30 30")
+	store, err := datastore.New(b.Context(), datastore.Config{Endpoints: []string{ch.url}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	v := syncer.New(store, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(b.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = v.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	woken := agentLikeOwners(v, "node0")
+	if err := v.WaitSynced(ctx); err != nil {
+		b.Fatal(err)
+	}
+	// Warm up: the node's first pod claims its block.
+	v.WaitRevision(ctx, ch.do(b, "add 20"))
+
+	const chunk = 50
+	b.ReportAllocs()
+	before, n := cpuTime(), 0
+	b.ResetTimer()
+	for n < b.N {
+		k := min(chunk, b.N-n)
+		if err := v.WaitRevision(ctx, ch.do(b, fmt.Sprintf("add %d", k))); err != nil {
+			b.Fatal(err)
+		}
+		n += k
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/pod")
+	// A new block of the other node (every 64th pod) wakes the tunnel
+	// owner; nothing else should.
+	b.ReportMetric(float64(woken())/float64(b.N), "wakes/pod")
+}
+
+// agentLikeOwners subscribes the agent's owners' filters for node (routes,
+// BGP, tunnel, node GC, policy without policies) and returns how many
+// updates they took.
+func agentLikeOwners(v *syncer.Syncer, node string) func() int64 {
+	mine := func(w *api.WorkloadEndpoint) bool { return w.Spec.Node == node }
+	blockOf := func(b *ipam.BlockSummary) bool { return b.Affinity == node }
+	claimOf := func(a *ipam.Affinity) bool { return a.Node == node }
+	subs := []*syncer.Signal{
+		v.Notify("routes", syncer.On[api.IPPool](nil),
+			syncer.On(func(u syncer.Update[api.WorkloadEndpoint]) bool { return u.Either(mine) }),
+			syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOf) }),
+			syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf) })),
+		v.Notify("bgp", syncer.On[api.Node](nil), syncer.On[api.BGPConfiguration](nil), syncer.On[api.BGPPeer](nil),
+			syncer.On(func(u syncer.Update[ipam.BlockSummary]) bool { return u.Either(blockOf) }),
+			syncer.On(func(u syncer.Update[ipam.Affinity]) bool { return u.Either(claimOf) })),
+		v.Notify("tunnel", syncer.On[api.IPPool](nil), syncer.On[api.Node](nil), syncer.On[ipam.BlockSummary](nil)),
+		v.Notify("nodegc", syncer.On(func(u syncer.Update[api.Node]) bool { return u.Old == nil || u.New == nil }), syncer.On[datastore.KV](nil)),
+		v.Notify("policy", syncer.On[api.NetworkPolicy](nil),
+			syncer.On(func(u syncer.Update[api.WorkloadEndpoint]) bool { return u.Either(mine) || v.PolicyCount() > 0 }), syncer.On[api.GlobalNetworkPolicy](nil)),
+	}
+	start := make([]int64, len(subs))
+	for i, s := range subs {
+		start[i] = s.Matched()
+	}
+	return func() int64 {
+		var n int64
+		for i, s := range subs {
+			n += s.Matched() - start[i]
+		}
+		return n
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchChild is the etcd process: commands on its stdin, answers (the
+// revision reached) on its stdout.
+type benchChild struct {
+	url string
+	in  io.Writer
+	out *bufio.Scanner
+}
+
+func (c *benchChild) do(b *testing.B, cmd string) int64 {
+	b.Helper()
+	fmt.Fprintln(c.in, cmd)
+	if !c.out.Scan() {
+		b.Fatalf("bench etcd: %s: no answer", cmd)
+	}
+	rev, err := strconv.ParseInt(strings.TrimPrefix(c.out.Text(), "ok "), 10, 64)
+	if err != nil {
+		b.Fatalf("bench etcd: %s: %s", cmd, c.out.Text())
+	}
+	return rev
+}
+
+func startBenchEtcd(b *testing.B) *benchChild {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), benchEtcdEnv+"=1")
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { in.Close(); _ = cmd.Wait() })
+	c := &benchChild{in: in, out: bufio.NewScanner(out)}
+	if !c.out.Scan() {
+		b.Fatal("bench etcd did not start")
+	}
+	c.url = c.out.Text()
+	return c
+}
+
+// runBenchEtcd is the child: an embedded etcd (no fsync: only the
+// receiving side is measured) and a writer making pod ADDs as the agent
+// does. "preload N P" adds P pods on each of N nodes, "add K" K pods on
+// node1.
+func runBenchEtcd(in io.Reader, out io.Writer) error {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "tabby-bench-etcd-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	e, err := embedded.Start(ctx, embedded.Config{Dir: dir, UnsafeNoFsync: true})
+	if err != nil {
+		return err
+	}
+	defer e.Stop()
+	store, err := datastore.New(ctx, datastore.Config{Endpoints: e.Endpoints()})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	alloc := ipam.New(store)
+	if _, err := alloc.CreatePool(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "default"},
+		Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16"}}); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, e.Endpoints()[0])
+	pods := 0
+	add := func(node string) (int64, error) {
+		pods++
+		return benchAdd(ctx, store, alloc, node, pods)
+	}
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		var rev int64
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) == 3 && f[0] == "preload":
+			nodes, _ := strconv.Atoi(f[1])
+			per, _ := strconv.Atoi(f[2])
+			for n := range nodes {
+				for range per {
+					if rev, err = add(fmt.Sprintf("node%d", n+2)); err != nil {
+						return err
+					}
+				}
+			}
+		case len(f) == 2 && f[0] == "add":
+			k, _ := strconv.Atoi(f[1])
+			for range k {
+				if rev, err = add("node1"); err != nil {
+					return err
+				}
+			}
+		default:
+			return fmt.Errorf("bench etcd: unknown command %q", sc.Text())
+		}
+		fmt.Fprintf(out, "ok %d\n", rev)
+	}
+	return sc.Err()
+}
+
+// benchAdd writes what an ADD of pod i on node writes: the IPAM
+// assignment, then the WorkloadEndpoint (as the agent builds it).
+func benchAdd(ctx context.Context, store *datastore.Store, alloc *ipam.Allocator, node string, i int) (int64, error) {
+	id := fmt.Sprintf("%064x", i)
+	pod := fmt.Sprintf("web-%d", i)
+	handle := "k8s-pod-network." + id
+	a, err := alloc.Assign(ctx, ipam.AssignRequest{Node: node, Handle: handle, Family: 4,
+		Attrs: ipam.Attributes{Node: node, Namespace: "default", Pod: pod, ContainerID: id}})
+	if err != nil {
+		return 0, err
+	}
+	w := &api.WorkloadEndpoint{
+		Metadata: api.ObjectMeta{Namespace: "default", Name: node + "-k8s-" + pod + "-eth0",
+			Labels:      map[string]string{"app": "web", "tier": "frontend", "pod-template-hash": "5d8f7c9b4"},
+			Annotations: map[string]string{api.AnnotationOrigin: api.OriginKubernetes}},
+		Spec: api.WorkloadEndpointSpec{Node: node, Orchestrator: "k8s", Pod: pod, ContainerID: id, Endpoint: "eth0",
+			InterfaceName: "cali" + id[:11], MAC: "0e:11:22:33:44:55", IPAMHandle: handle,
+			IPNetworks:      []string{netip.PrefixFrom(a.Addr, 32).String()},
+			NamespaceLabels: map[string]string{"kubernetes.io/metadata.name": "default"}},
+	}
+	w.SetDefaults()
+	obj, err := store.Create(ctx, w)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(obj.GetMeta().ResourceVersion, 10, 64)
+}

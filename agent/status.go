@@ -59,6 +59,17 @@ func (a *Agent) Status() api.AgentStatus {
 		st.Advertised = append(st.Advertised, p.String())
 	}
 	st.Services = b.serviceStatus()
+	for _, r := range b.refused {
+		rs := api.RefusedPeerStatus{Name: r.Name, Reason: r.Reason}
+		if r.Address.IsValid() {
+			rs.Address = r.Address.String()
+		}
+		st.RefusedPeers = append(st.RefusedPeers, rs)
+	}
+	if a.view != nil {
+		self, _ := a.view.Node(a.cfg.NodeName)
+		st.Reflectors = a.reflectors.status(a.view.BGPConfiguration(), self)
+	}
 	return st
 }
 

@@ -259,3 +259,17 @@ func (pl *peerPlan) addAutoReflectors() {
 		pl.result[a] = p
 	}
 }
+
+// RouterIDFor is the 32-bit BGP router ID of a node without an IPv4
+// address: configured (Node spec.bgp.routerID, validated) when set, else
+// 240.x.y.z with x.y.z the low 24 bits of the FNV-1a hash of the node's
+// name (class E: never a real address). docs/ipv6.md, "IPv6 BGP sessions".
+func RouterIDFor(node, configured string) netip.Addr {
+	if a, err := netip.ParseAddr(configured); err == nil && a.Is4() && !a.IsUnspecified() {
+		return a
+	}
+	h := fnv.New32a()
+	h.Write([]byte(node))
+	v := h.Sum32()
+	return netip.AddrFrom4([4]byte{240, byte(v >> 16), byte(v >> 8), byte(v)})
+}

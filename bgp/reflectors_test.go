@@ -140,3 +140,15 @@ func TestAutoReflectorPeering(t *testing.T) {
 		t.Errorf("manual mode, mesh off: %v", got)
 	}
 }
+
+// TestRouterIDFor: a configured router ID wins; otherwise a stable
+// class-E ID from the name, different for different names.
+func TestRouterIDFor(t *testing.T) {
+	if got := RouterIDFor("n1", "10.0.0.7"); got.String() != "10.0.0.7" {
+		t.Errorf("configured: %v", got)
+	}
+	a, b := RouterIDFor("n1", ""), RouterIDFor("n2", "")
+	if a != RouterIDFor("n1", "") || a == b || a.As4()[0] != 240 || b.As4()[0] != 240 {
+		t.Errorf("derived: n1 %v, n2 %v", a, b)
+	}
+}

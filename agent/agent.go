@@ -33,17 +33,19 @@ type Agent struct {
 	metrics *metrics
 
 	// Set up by Run before any goroutine starts; read-only afterwards.
-	store    *datastore.Store
-	ipam     *ipam.Allocator
-	view     *syncer.Syncer
-	routes   *routeOwner
-	bgp      *bgpOwner
-	policy   *policyOwner // nil without a firewall
-	flows    *flowOwner   // nil with flow logs off
-	gc       *nodeGC
-	tunnel   *tunnelOwner // nil without Deps.VXLAN
-	handler  *cniHandler
-	nodeAddr netip.Prefix
+	store  *datastore.Store
+	ipam   *ipam.Allocator
+	view   *syncer.Syncer
+	routes *routeOwner
+	bgp    *bgpOwner
+	policy *policyOwner // nil without a firewall
+	flows  *flowOwner   // nil with flow logs off
+	gc     *nodeGC
+	tunnel *tunnelOwner // nil without Deps.VXLAN
+	// reflectors elects route reflectors (routeReflectorMode Auto).
+	reflectors *reflectorElector
+	handler    *cniHandler
+	nodeAddr   netip.Prefix
 	// nodeAddr6 is the node's IPv6 underlay address; invalid when it has
 	// none.
 	nodeAddr6 netip.Prefix
@@ -206,6 +208,8 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.routes.table, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
 	a.bgp.nodeAddr6 = a.nodeAddr6
+	a.reflectors = newReflectorElector(a.cfg.NodeName, a.store, a.view, a.log.With("component", "reflectors"), a.bgp.wake)
+	a.bgp.reflectors = a.reflectors.current
 	// Learned routes are held until BGP converged only to protect those an
 	// earlier run left in the kernel; with none there, a withdrawal (a
 	// peer lost right after the start) reaches the kernel at once.
@@ -288,6 +292,7 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	g.Go(func() error { a.routes.loop(every, a.metrics).run(gctx); return nil })
 	g.Go(func() error { a.bgp.loop(every).run(gctx); return nil })
 	g.Go(func() error { a.bgp.learnedLoop(gctx); return nil })
+	g.Go(func() error { a.reflectors.run(gctx); return nil })
 	g.Go(func() error { a.gc.loop(every, a.metrics).run(gctx); return nil })
 	g.Go(func() error { a.lease.keep(gctx); return nil })
 	g.Go(func() error { a.statusLoop(gctx); return nil })

@@ -64,6 +64,11 @@ type bgpOwner struct {
 	// problemLines, meshProblem: see noteBGPProblems, meshPassword.
 	problemLines []string
 	meshProblem  string
+	// reflectors is the elected route reflectors (routeReflectorMode
+	// Auto); nil returns nil. refused are the sessions the last pass
+	// could not have (bgp.PlanPeers).
+	reflectors func() *bgp.ReflectorChoice
+	refused    []bgp.RefusedPeer
 }
 
 // speakerLife is the running speaker and the configuration (identity) it
@@ -247,7 +252,8 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
 	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
 	nodes := b.view.Nodes()
-	desired := bgp.DesiredPeers(b.node, nodes, bc, bgpPeers, filters)
+	desired, refused := bgp.PlanPeers(bgp.PeerInput{Self: b.node, Nodes: nodes, Config: bc, Peers: bgpPeers, Filters: filters, Reflectors: b.electedReflectors()})
+	b.noteRefused(refused)
 	lookup := b.view.BGPSecrets().Lookup
 	pw := b.meshPassword(bc, lookup)
 	desired, down := bgp.ResolvePasswords(desired, lookup)
@@ -406,7 +412,7 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 	if !ok {
 		return nil
 	}
-	asn, clusterID := self.EffectiveASN(bc), self.RouteReflectorClusterID()
+	asn, clusterID := self.EffectiveASN(bc), b.clusterID(self, bc)
 	b.mu.Lock()
 	cfg := b.speakerCfg
 	b.mu.Unlock()
@@ -437,6 +443,37 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 	b.mu.Unlock()
 	b.log.Info("bgp identity changed, speaker restarted", "asn", asn, "clusterID", clusterID)
 	return nil
+}
+
+// electedReflectors is the choice of routeReflectorMode Auto, nil without one.
+func (b *bgpOwner) electedReflectors() *bgp.ReflectorChoice {
+	if b.reflectors == nil {
+		return nil
+	}
+	return b.reflectors()
+}
+
+// clusterID is self's route-reflector cluster ID: the one an operator set,
+// else its zone's when it is an elected reflector (Auto mode), else "".
+func (b *bgpOwner) clusterID(self *api.Node, bc *api.BGPConfiguration) string {
+	if id := self.RouteReflectorClusterID(); id != "" || !bc.AutoReflectors() {
+		return id
+	}
+	return b.electedReflectors().ClusterIDOf(b.node)
+}
+
+// noteRefused keeps the sessions the pass could not have, and logs them
+// once per change.
+func (b *bgpOwner) noteRefused(refused []bgp.RefusedPeer) {
+	b.mu.Lock()
+	changed := !slices.Equal(refused, b.refused)
+	b.refused = refused
+	b.mu.Unlock()
+	if changed {
+		for _, r := range refused {
+			b.log.Warn("bgp session refused", "peer", r.Name, "address", r.Address, "reason", r.Reason)
+		}
+	}
 }
 
 // importContext is what no learned route may override: this node's

@@ -60,6 +60,17 @@ func (a *Agent) Status() api.AgentStatus {
 	}
 	st.Services = b.serviceStatus()
 	b.problemStatus(&st)
+	for _, r := range b.refused {
+		rs := api.RefusedPeerStatus{Name: r.Name, Reason: r.Reason}
+		if r.Address.IsValid() {
+			rs.Address = r.Address.String()
+		}
+		st.RefusedPeers = append(st.RefusedPeers, rs)
+	}
+	if a.view != nil {
+		self, _ := a.view.Node(a.cfg.NodeName)
+		st.Reflectors = a.reflectors.status(a.view.BGPConfiguration(), self)
+	}
 	return st
 }
 

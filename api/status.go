@@ -26,6 +26,11 @@ type AgentStatus struct {
 	// ignored); sessions left out for their password are in Peers, Idle,
 	// with the reason as Info.
 	BGPProblems []string `json:"bgpProblems,omitempty"`
+	// RefusedPeers are sessions the configuration asks for that this
+	// node cannot have.
+	RefusedPeers []RefusedPeerStatus `json:"refusedPeers,omitempty"`
+	// Reflectors is the route reflector election (routeReflectorMode Auto).
+	Reflectors *ReflectorStatus `json:"reflectors,omitempty"`
 }
 
 // PeerStatus is one BGP session of an agent.
@@ -63,3 +68,39 @@ const (
 	// (yet); its rules apply once it appears.
 	HostEndpointNoInterface = "interface missing"
 )
+
+// ReflectorStatus is the automatic route reflector election as one agent
+// sees it (routeReflectorMode Auto).
+type ReflectorStatus struct {
+	Mode      string `json:"mode"`
+	ZoneLabel string `json:"zoneLabel"`
+	PerZone   int    `json:"perZone"`
+	Grace     string `json:"grace"`
+	Zone      string `json:"zone"` // this node's
+	Role      string `json:"role"` // reflector or client
+	Reason    string `json:"reason,omitempty"`
+	// Elected are every zone's reflectors.
+	Elected []ElectedReflector `json:"elected,omitempty"`
+	// LastDropped explains the reflectors this agent's last write
+	// replaced.
+	LastDropped []string `json:"lastDropped,omitempty"`
+}
+
+// ElectedReflector is one elected reflector.
+type ElectedReflector struct {
+	Zone      string    `json:"zone"`
+	Node      string    `json:"node"`
+	ClusterID string    `json:"clusterID"`
+	Since     time.Time `json:"since"`
+	Reason    string    `json:"reason"`
+	Live      bool      `json:"live"`
+}
+
+// RefusedPeerStatus is a BGP session the configuration asks for that the
+// node cannot have, and why (an IPv6 peer on a node without an IPv6
+// address, say).
+type RefusedPeerStatus struct {
+	Address string `json:"address,omitempty"`
+	Name    string `json:"name"`
+	Reason  string `json:"reason"`
+}

@@ -74,6 +74,11 @@ type NodeBGPSpec struct {
 	// RouteReflectorClusterID makes the node a route reflector with that
 	// cluster ID (an IPv4 address in dotted form).
 	RouteReflectorClusterID string `json:"routeReflectorClusterID,omitempty"`
+	// RouterID is the node's 32-bit BGP router ID (dotted IPv4). Needed
+	// by nobody with an IPv4 address (it is the router ID); a node with
+	// IPv6 only gets one derived from its name unless this sets it
+	// (docs/ipv6.md, "IPv6-only nodes").
+	RouterID string `json:"routerID,omitempty"`
 }
 
 // ---------------------------------------------------------------- IPPool
@@ -232,6 +237,10 @@ type BGPConfigurationSpec struct {
 	// every agent watches; VXLAN needs no BGP session. See docs/vxlan.md.
 	VXLANVNI  *uint32 `json:"vxlanVNI,omitempty"`
 	VXLANPort *uint16 `json:"vxlanPort,omitempty"`
+
+	// Automatic route reflectors (docs/bgp.md, "Reflectors that place
+	// themselves"); see api/reflectors.go.
+	AutoReflectorSpec `json:",inline"`
 }
 
 // BGPPeer is an explicit BGP session: global (no node, no nodeSelector), for

@@ -310,20 +310,6 @@ func (v *validator) cidr4(path, s string) (netip.Prefix, bool) {
 	return v.cidr(path, s)
 }
 
-// addr4 validates an IPv4 address.
-func (v *validator) addr4(path, s string) (netip.Addr, bool) {
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		v.add(path, "%q is not a valid IP address", s)
-		return netip.Addr{}, false
-	}
-	if !a.Is4() {
-		v.add(path, "%q: IPv6 is not supported yet, only IPv4", s)
-		return netip.Addr{}, false
-	}
-	return a, true
-}
-
 // ---------------------------------------------------------------- numbers
 
 // checkASN returns what is wrong with an AS number, or "".

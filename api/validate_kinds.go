@@ -56,6 +56,9 @@ func (n *Node) Validate() error {
 				v.add("spec.bgp.routeReflectorClusterID", "%q must be an IPv4 address in dotted form, like \"224.0.0.1\"", id)
 			}
 		}
+		if b.RouterID != "" {
+			v.routerID("spec.bgp.routerID", b.RouterID)
+		}
 	}
 	v.nodeVXLAN(&n.Spec)
 	return v.err()
@@ -176,6 +179,7 @@ func (c *BGPConfiguration) Validate() error {
 	v.bgpTimers("spec.", c.Spec.KeepaliveTime, c.Spec.HoldTime, c.Spec.NodeMeshMaxRestartTime, "nodeMeshMaxRestartTime")
 	v.serviceAdvertisement(c)
 	v.vxlanSettings(&c.Spec)
+	v.autoReflectors(&c.Spec.AutoReflectorSpec)
 	return v.err()
 }
 
@@ -192,7 +196,7 @@ func (p *BGPPeer) Validate() error {
 		v.add("spec.peerSelector", "must not be set together with spec.peerIP")
 	}
 	if s.PeerIP != "" {
-		v.addr4("spec.peerIP", s.PeerIP)
+		v.peerAddr("spec.peerIP", s.PeerIP)
 		if s.ASNumber == 0 {
 			v.add("spec.asNumber", "is required with peerIP")
 		}

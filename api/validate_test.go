@@ -206,8 +206,18 @@ func TestValidateInvalid(t *testing.T) {
 			p.Spec.SourceAddress = "Auto"
 			return p
 		}, []string{`spec.peerIP: "198.18.0.300" is not a valid IP address`, "spec.asNumber: 23456 is a reserved", `spec.sourceAddress: "Auto"`}},
-		{"peer ipv6", func() Object { p := validPeer(); p.Spec.PeerIP = "fd00::1"; return p },
-			[]string{"spec.peerIP:", "IPv6"}},
+		{"peer ipv6 link-local", func() Object { p := validPeer(); p.Spec.PeerIP = "fe80::1"; return p },
+			[]string{"spec.peerIP:", "link-local"}},
+		{"peer ipv4-mapped", func() Object { p := validPeer(); p.Spec.PeerIP = "::ffff:198.18.0.1"; return p },
+			[]string{"spec.peerIP:", "as IPv4"}},
+		{"node router ID", func() Object { n := validNode(); n.Spec.BGP.RouterID = "fd00::1"; return n },
+			[]string{"spec.bgp.routerID:", "32 bits"}},
+		{"auto reflectors", func() Object {
+			c := &BGPConfiguration{TypeMeta: TypeMeta{APIVersion: APIVersion, Kind: KindBGPConfiguration}, Metadata: ObjectMeta{Name: "default"}}
+			zero := uint32(0)
+			c.Spec.RouteReflectorMode, c.Spec.RouteReflectorsPerZone, c.Spec.ZoneLabel = "auto", &zero, "bad key/"
+			return c
+		}, []string{"spec.routeReflectorMode:", "Manual or Auto", "spec.routeReflectorsPerZone:", "between 1 and 16", "spec.zoneLabel:"}},
 		{"peer missing asn", func() Object { p := validPeer(); p.Spec.ASNumber = 0; return p },
 			[]string{"spec.asNumber: is required with peerIP"}},
 		{"peer selector with asn", func() Object { p := validRRPeer(); p.Spec.ASNumber = 65000; return p },

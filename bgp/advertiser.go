@@ -114,6 +114,8 @@ func (s *speaker) SetAdvertisements(ctx context.Context, ads []Advertisement) er
 			errs = append(errs, fmt.Errorf("prefix %v: not an IPv4 or IPv6 prefix", p))
 		case p.Addr().Is6() && !s.cfg.RouterID6.IsValid():
 			errs = append(errs, fmt.Errorf("prefix %v: the speaker has no IPv6 address to advertise it with", p))
+		case p.Addr().Is4() && s.cfg.IPv6Only:
+			errs = append(errs, fmt.Errorf("prefix %v: an IPv6-only speaker has no IPv4 next hop to advertise it with", p))
 		default:
 			valid = append(valid, a)
 		}

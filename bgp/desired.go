@@ -16,18 +16,26 @@ import (
 // nodeInfo is what DesiredPeers needs to know about a node.
 type nodeInfo struct {
 	name      string
-	addr      netip.Addr
+	addr      netip.Addr // IPv4 underlay address, invalid when the node has none
+	addr6     netip.Addr // IPv6 underlay address, invalid when the node has none
 	asn       uint32
 	clusterID string
 	labels    map[string]string
 }
 
+// newNodeInfo is n's nodeInfo; ok is false when n has neither an IPv4 nor
+// an IPv6 address.
 func newNodeInfo(n *api.Node, defaultASN uint32) (nodeInfo, bool) {
-	p, ok := n.IPv4()
-	if !ok {
+	ni := nodeInfo{name: n.Metadata.Name, asn: defaultASN, labels: n.Metadata.Labels}
+	if p, ok := n.IPv4(); ok {
+		ni.addr = p.Addr()
+	}
+	if p, ok := n.IPv6(); ok {
+		ni.addr6 = p.Addr()
+	}
+	if !ni.addr.IsValid() && !ni.addr6.IsValid() {
 		return nodeInfo{}, false
 	}
-	ni := nodeInfo{name: n.Metadata.Name, addr: p.Addr(), asn: defaultASN, labels: n.Metadata.Labels}
 	if b := n.Spec.BGP; b != nil {
 		if b.ASNumber != nil {
 			ni.asn = *b.ASNumber
@@ -35,6 +43,33 @@ func newNodeInfo(n *api.Node, defaultASN uint32) (nodeInfo, bool) {
 		ni.clusterID = b.RouteReflectorClusterID
 	}
 	return ni, true
+}
+
+// sessionWith is the address of the session between self (me) and n: IPv4
+// when both have an IPv4 address (IPv6 then rides on it, MP-BGP), else
+// IPv6 when both have an IPv6 address; ok is false when they share no
+// family.
+func (me nodeInfo) sessionWith(n nodeInfo) (remote netip.Addr, ok bool) {
+	switch {
+	case me.addr.IsValid() && n.addr.IsValid():
+		return n.addr, true
+	case me.addr6.IsValid() && n.addr6.IsValid():
+		return n.addr6, true
+	}
+	return netip.Addr{}, false
+}
+
+// localFor is self's address of peer's family, invalid when self has none.
+func (me nodeInfo) localFor(peer netip.Addr) netip.Addr {
+	if peer.Is4() {
+		return me.addr
+	}
+	return me.addr6
+}
+
+// isSelf reports whether a is one of self's addresses.
+func (me nodeInfo) isSelf(a netip.Addr) bool {
+	return a.IsValid() && (a == me.addr || a == me.addr6)
 }
 
 // DesiredPeers computes the BGP sessions node self should have.
@@ -63,7 +98,7 @@ func newNodeInfo(n *api.Node, defaultASN uint32) (nodeInfo, bool) {
 // sourceAddress is "None". The result has one entry per address (explicit
 // BGPPeers beat the mesh; among BGPPeers the one with the smallest name
 // wins), never self's own address, sorted by address. It is nil when self is
-// unknown or has no IPv4 address.
+// unknown or has no address (see PlanPeers).
 //
 // A BGPPeer's acceptDefault, maxPrefixes, bfd and filters apply to every
 // session it makes. Its filters are looked up by name in filters; their
@@ -71,15 +106,53 @@ func newNodeInfo(n *api.Node, defaultASN uint32) (nodeInfo, bool) {
 // concatenated in the order the BGPPeer lists them. A filter that does not
 // exist or does not validate is left out (UnusableFilters names them).
 func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, peers []*api.BGPPeer, filters []*api.BGPFilter) []Peer {
-	pl, ok := newPeerPlan(self, nodes, cfg, filters)
+	out, _ := PlanPeers(PeerInput{Self: self, Nodes: nodes, Config: cfg, Peers: peers, Filters: filters})
+	return out
+}
+
+// PeerInput is what PlanPeers computes a node's sessions from.
+type PeerInput struct {
+	Self    string
+	Nodes   []*api.Node
+	Config  *api.BGPConfiguration
+	Peers   []*api.BGPPeer
+	Filters []*api.BGPFilter
+	// Reflectors is the cluster's elected reflectors (routeReflectorMode
+	// Auto, see Elect); nil or ignored in manual mode.
+	Reflectors *ReflectorChoice
+}
+
+// RefusedPeer is a session PlanPeers leaves out because of the
+// configuration, with the reason (shown by tabbyctl node status).
+type RefusedPeer struct {
+	Address netip.Addr // invalid when the peer has no usable address
+	Name    string     // the BGPPeer or the peer node
+	Reason  string
+}
+
+// PlanPeers is DesiredPeers with the sessions it leaves out and why: a
+// peer of an address family self has no underlay address of (an IPv6
+// peerIP on a node without spec.bgp.ipv6Address, a node sharing no family
+// with self). Sessions between two nodes use IPv4 when both have an IPv4
+// address (IPv6 routes ride on it) and IPv6 otherwise; a session's local
+// address is self's address of the peer's family. With
+// routeReflectorMode Auto the elected reflectors (in.Reflectors) are
+// reflectors as if their routeReflectorClusterID were set, and
+// addAutoReflectors adds the sessions an operator would have configured
+// with BGPPeers.
+func PlanPeers(in PeerInput) ([]Peer, []RefusedPeer) {
+	pl, ok := newPeerPlan(in)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	sorted := slices.Clone(peers)
+	sorted := slices.Clone(in.Peers)
 	sorted = slices.DeleteFunc(sorted, func(p *api.BGPPeer) bool { return p == nil })
 	slices.SortFunc(sorted, func(a, b *api.BGPPeer) int { return cmp.Compare(a.Metadata.Name, b.Metadata.Name) })
 	for _, bp := range sorted {
 		pl.addBGPPeer(bp)
+	}
+	if pl.spec.RouteReflectorMode == api.RouteReflectorModeAuto {
+		pl.addAutoReflectors()
 	}
 	if pl.spec.NodeToNodeMeshEnabled == nil || *pl.spec.NodeToNodeMeshEnabled {
 		pl.addMesh()
@@ -89,7 +162,10 @@ func DesiredPeers(self string, nodes []*api.Node, cfg *api.BGPConfiguration, pee
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return a.Address.Compare(b.Address) })
-	return out
+	slices.SortFunc(pl.refused, func(a, b RefusedPeer) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), a.Address.Compare(b.Address))
+	})
+	return out, slices.Compact(pl.refused)
 }
 
 // peerPlan is DesiredPeers' work in progress: the inputs it derived and
@@ -99,20 +175,22 @@ type peerPlan struct {
 	listenPort      uint16 // 0 for the default port
 	keepalive, hold time.Duration
 	me              nodeInfo
-	others          []nodeInfo // the other nodes with an IPv4 address, by name
+	others          []nodeInfo // the other nodes with an address, by name
 	byAddr          map[netip.Addr]nodeInfo
 	usable          map[string]*api.BGPFilter // see usableFilters
+	reflectors      *ReflectorChoice          // Auto mode's choice, nil without one
 
 	result   map[netip.Addr]Peer
 	explicit map[netip.Addr]bool // addresses a BGPPeer gave a session
+	refused  []RefusedPeer
 }
 
 // newPeerPlan derives the plan's inputs; ok is false when self is unknown
-// or has no IPv4 address.
-func newPeerPlan(self string, nodes []*api.Node, cfg *api.BGPConfiguration, filters []*api.BGPFilter) (*peerPlan, bool) {
+// or has no address.
+func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 	pl := &peerPlan{byAddr: map[netip.Addr]nodeInfo{}, result: map[netip.Addr]Peer{}, explicit: map[netip.Addr]bool{}}
-	if cfg != nil {
-		pl.spec = cfg.Spec
+	if in.Config != nil {
+		pl.spec = in.Config.Spec
 	}
 	defaultASN := api.DefaultASNumber
 	if pl.spec.ASNumber != nil {
@@ -122,13 +200,19 @@ func newPeerPlan(self string, nodes []*api.Node, cfg *api.BGPConfiguration, filt
 		pl.listenPort = *lp
 	}
 	pl.keepalive, pl.hold = dur(pl.spec.KeepaliveTime), dur(pl.spec.HoldTime)
+	if pl.spec.RouteReflectorMode == api.RouteReflectorModeAuto {
+		pl.reflectors = in.Reflectors
+	}
 	found := false
-	for _, n := range nodes {
+	for _, n := range in.Nodes {
 		if n == nil {
 			continue
 		}
 		ni, ok := newNodeInfo(n, defaultASN)
-		if n.Metadata.Name == self {
+		if ni.clusterID == "" {
+			ni.clusterID = pl.reflectors.ClusterIDOf(ni.name)
+		}
+		if n.Metadata.Name == in.Self {
 			if !ok {
 				return nil, false
 			}
@@ -137,31 +221,56 @@ func newPeerPlan(self string, nodes []*api.Node, cfg *api.BGPConfiguration, filt
 		}
 		if ok {
 			pl.others = append(pl.others, ni)
-			if _, dup := pl.byAddr[ni.addr]; !dup {
-				pl.byAddr[ni.addr] = ni
+			for _, a := range []netip.Addr{ni.addr, ni.addr6} {
+				if _, dup := pl.byAddr[a]; a.IsValid() && !dup {
+					pl.byAddr[a] = ni
+				}
 			}
 		}
 	}
 	slices.SortFunc(pl.others, func(a, b nodeInfo) int { return cmp.Compare(a.name, b.name) })
-	pl.usable = usableFilters(filters)
+	pl.usable = usableFilters(in.Filters)
 	return pl, found
 }
 
 // addExplicit adds a BGPPeer's session unless an earlier BGPPeer (by name)
 // has one to the address already, or it is self.
 func (pl *peerPlan) addExplicit(p Peer) {
-	if p.Address == pl.me.addr || pl.explicit[p.Address] {
+	if pl.me.isSelf(p.Address) || pl.explicit[p.Address] {
 		return
 	}
 	pl.explicit[p.Address] = true
 	pl.result[p.Address] = p
 }
 
+// sessionTo is the session address towards node n; when self and n share
+// no address family it records why under name and returns false.
+func (pl *peerPlan) sessionTo(n nodeInfo, name string) (netip.Addr, bool) {
+	a, ok := pl.me.sessionWith(n)
+	if !ok {
+		pl.refused = append(pl.refused, RefusedPeer{Name: name,
+			Reason: fmt.Sprintf("node %s shares no address family with this node (%s; it has %s)", n.name, families(pl.me), families(n))})
+	}
+	return a, ok
+}
+
+// families describes the underlay addresses of a node.
+func families(n nodeInfo) string {
+	var fs []string
+	if n.addr.IsValid() {
+		fs = append(fs, "IPv4 "+n.addr.String())
+	}
+	if n.addr6.IsValid() {
+		fs = append(fs, "IPv6 "+n.addr6.String())
+	}
+	return strings.Join(fs, ", ")
+}
+
 // nodePeer is a session to cluster node n, with the reflector relationship
 // between self and n filled in.
-func (pl *peerPlan) nodePeer(n nodeInfo, asn uint32, typ PeerType) Peer {
+func (pl *peerPlan) nodePeer(n nodeInfo, addr netip.Addr, asn uint32, typ PeerType) Peer {
 	me := pl.me
-	p := Peer{Address: n.addr, ASN: asn, Type: typ, Name: n.name, Port: pl.listenPort, ClusterNode: true}
+	p := Peer{Address: addr, ASN: asn, Type: typ, Name: n.name, Port: pl.listenPort, ClusterNode: true}
 	if asn == me.asn {
 		switch {
 		case me.clusterID != "" && n.clusterID != me.clusterID:
@@ -194,7 +303,7 @@ func (pl *peerPlan) addBGPPeer(bp *api.BGPPeer) {
 	if reverse {
 		for _, n := range pl.others {
 			if appliesTo(n.name, n.labels) {
-				pl.addExplicit(pl.applySpec(bp, pl.nodePeer(n, n.asn, PeerNode)))
+				pl.addSelected(bp, n)
 			}
 		}
 	}
@@ -209,9 +318,16 @@ func (pl *peerPlan) addBGPPeer(bp *api.BGPPeer) {
 	if s.PeerSelector != nil {
 		for _, n := range pl.others {
 			if s.PeerSelector.Matches(n.labels) {
-				pl.addExplicit(pl.applySpec(bp, pl.nodePeer(n, n.asn, PeerNode)))
+				pl.addSelected(bp, n)
 			}
 		}
+	}
+}
+
+// addSelected adds the session to node n that BGPPeer bp selects.
+func (pl *peerPlan) addSelected(bp *api.BGPPeer, n nodeInfo) {
+	if a, ok := pl.sessionTo(n, "bgppeer/"+bp.Metadata.Name); ok {
+		pl.addExplicit(pl.applySpec(bp, pl.nodePeer(n, a, n.asn, PeerNode)))
 	}
 }
 
@@ -224,13 +340,22 @@ func (pl *peerPlan) peerIPSession(bp *api.BGPPeer) (Peer, bool) {
 	if !ok {
 		return Peer{}, false
 	}
+	if !pl.me.localFor(addr).IsValid() {
+		fam, field := "IPv6", "spec.bgp.ipv6Address"
+		if addr.Is4() {
+			fam, field = "IPv4", "spec.bgp.ipv4Address"
+		}
+		pl.refused = append(pl.refused, RefusedPeer{Address: addr, Name: "bgppeer/" + bp.Metadata.Name,
+			Reason: fmt.Sprintf("spec.peerIP %s is %s and node %s has no %s address (%s)", addr, fam, pl.me.name, fam, field)})
+		return Peer{}, false
+	}
 	var p Peer
 	if n, isNode := pl.byAddr[addr]; isNode {
 		asn := n.asn
 		if s.ASNumber != 0 {
 			asn = s.ASNumber
 		}
-		p = pl.nodePeer(n, asn, PeerNode)
+		p = pl.nodePeer(n, addr, asn, PeerNode)
 	} else {
 		p = Peer{Address: addr, ASN: s.ASNumber, Type: PeerNode, Name: bp.Metadata.Name}
 		if p.ASN == 0 {
@@ -264,7 +389,7 @@ func (pl *peerPlan) applySpec(bp *api.BGPPeer, p Peer) Peer {
 	}
 	p.RestartTime = dur(s.MaxRestartTime)
 	if s.SourceAddress != api.SourceAddressNone {
-		p.LocalAddress = pl.me.addr
+		p.LocalAddress = pl.me.localFor(p.Address)
 	}
 	p.AcceptDefault = s.AcceptDefault
 	p.MaxPrefixes = s.MaxPrefixes
@@ -305,16 +430,17 @@ func (pl *peerPlan) applySpec(bp *api.BGPPeer, p Peer) Peer {
 func (pl *peerPlan) addMesh() {
 	spec := pl.spec
 	for _, n := range pl.others {
-		if n.addr == pl.me.addr || pl.explicit[n.addr] {
+		a, ok := pl.sessionTo(n, "mesh")
+		if !ok || pl.me.isSelf(a) || pl.explicit[a] {
 			continue
 		}
-		if _, dup := pl.result[n.addr]; dup {
+		if _, dup := pl.result[a]; dup {
 			continue
 		}
-		pl.result[n.addr] = Peer{
-			Address: n.addr, ASN: n.asn, Type: PeerMesh, Name: n.name, ClusterNode: true,
+		pl.result[a] = Peer{
+			Address: a, ASN: n.asn, Type: PeerMesh, Name: n.name, ClusterNode: true,
 			Password: spec.NodeMeshPassword.Value, Keepalive: pl.keepalive, Hold: pl.hold,
-			RestartTime: dur(spec.NodeMeshMaxRestartTime), LocalAddress: pl.me.addr, Port: pl.listenPort,
+			RestartTime: dur(spec.NodeMeshMaxRestartTime), LocalAddress: pl.me.localFor(a), Port: pl.listenPort,
 		}
 	}
 }

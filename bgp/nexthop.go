@@ -33,14 +33,17 @@ const (
 // same (IPv4) sessions, so the peers are still matched by subnet, and an
 // IPv6 route whose original next hop lies inside subnet6 keeps it too.
 func thirdPartyNextHopPolicy(subnet, subnet6 netip.Prefix) (*gobgpapi.DefinedSet, *gobgpapi.Policy) {
-	nextHops := []string{subnet.String()}
-	if subnet6.IsValid() {
-		nextHops = append(nextHops, subnet6.Masked().String())
+	var nextHops []string
+	for _, p := range []netip.Prefix{subnet, subnet6} {
+		if p.IsValid() {
+			nextHops = append(nextHops, p.Masked().String())
+		}
 	}
+	// Peers on either subnet: IPv6 sessions (an IPv6-only node's) too.
 	set := &gobgpapi.DefinedSet{
 		DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR,
 		Name:        sharedSubnetSet,
-		List:        []string{subnet.String()},
+		List:        nextHops,
 	}
 	pol := &gobgpapi.Policy{
 		Name: thirdPartyPolicy,

@@ -70,6 +70,9 @@ func (s *speaker) passive(p Peer) bool {
 		local := p.LocalAddress
 		if !local.IsValid() {
 			local = s.cfg.RouterID
+			if !p.Address.Is4() {
+				local = s.cfg.RouterID6
+			}
 		}
 		return local.Less(p.Address)
 	}
@@ -78,10 +81,10 @@ func (s *speaker) passive(p Peer) bool {
 
 func seconds(d time.Duration) uint64 { return uint64((d + time.Second - 1) / time.Second) }
 
-func (s *speaker) routerID() netip.Addr {
+func (s *speaker) config() Config {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cfg.RouterID
+	return s.cfg
 }
 
 // toAPIPeer builds GoBGP's peer configuration for p.
@@ -115,9 +118,12 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 		}},
 		Transport: &gobgpapi.Transport{RemotePort: uint32(p.Port), PassiveMode: s.passive(p)},
 	}
-	afis := []gobgpapi.Family_Afi{gobgpapi.Family_AFI_IP}
+	var afis []gobgpapi.Family_Afi
+	if !s.cfg.IPv6Only {
+		afis = append(afis, gobgpapi.Family_AFI_IP)
+	}
 	if s.cfg.RouterID6.IsValid() {
-		// MP-BGP: IPv6 unicast on the same (IPv4) session.
+		// MP-BGP: both families on one session, of either family.
 		afis = append(afis, gobgpapi.Family_AFI_IP6)
 	}
 	limit := maxPrefixes(p)
@@ -168,14 +174,19 @@ func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
 func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 	desired := map[netip.Addr]Peer{}
 	var errs []error
+	cfg := s.config()
 	for _, p := range peers {
 		switch {
-		case !p.Address.Is4():
-			errs = append(errs, fmt.Errorf("peer %v: not an IPv4 address", p.Address))
+		case !p.Address.IsValid() || p.Address.Is4In6() || p.Address.Zone() != "":
+			errs = append(errs, fmt.Errorf("peer %v: not a plain IPv4 or IPv6 address", p.Address))
+		case !p.Address.Is4() && !cfg.RouterID6.IsValid():
+			errs = append(errs, fmt.Errorf("peer %v: an IPv6 peer needs the node's IPv6 address (spec.bgp.ipv6Address)", p.Address))
+		case p.Address.Is4() && cfg.IPv6Only:
+			errs = append(errs, fmt.Errorf("peer %v: an IPv4 peer needs the node's IPv4 address (spec.bgp.ipv4Address)", p.Address))
 		case p.ASN == 0:
 			errs = append(errs, fmt.Errorf("peer %v: ASN must not be 0", p.Address))
-		case p.Address == s.routerID():
-			errs = append(errs, fmt.Errorf("peer %v: that is our own router ID", p.Address))
+		case p.Address == cfg.RouterID || p.Address == cfg.RouterID6:
+			errs = append(errs, fmt.Errorf("peer %v: that is our own address", p.Address))
 		default:
 			desired[p.Address] = p
 		}

@@ -344,7 +344,7 @@ func installExport(ctx context.Context, srv *server.BgpServer, subnet, subnet6 n
 		Conditions: &gobgpapi.Conditions{CommunitySet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: externalTagSet}},
 		Actions:    &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT},
 	}}}}
-	if subnet.IsValid() {
+	if subnet.IsValid() || subnet6.IsValid() {
 		set, pol := thirdPartyNextHopPolicy(subnet.Masked(), subnet6)
 		sets = append(sets, set)
 		policies = append(policies, pol)

@@ -167,6 +167,12 @@ func (c Config) validate() error {
 	if c.ListenAddr.IsValid() && !c.ListenAddr.Is4() {
 		errs = append(errs, fmt.Errorf("listen address %v is not an IPv4 address", c.ListenAddr))
 	}
+	if c.ListenAddr6.IsValid() && (!c.ListenAddr6.Is6() || c.ListenAddr6.Is4In6()) {
+		errs = append(errs, fmt.Errorf("IPv6 listen address %v is not an IPv6 address", c.ListenAddr6))
+	}
+	if c.IPv6Only && !c.RouterID6.IsValid() {
+		errs = append(errs, errors.New("an IPv6-only speaker needs an IPv6 router address"))
+	}
 	if c.ListenPort < -1 || c.ListenPort > 65535 {
 		errs = append(errs, fmt.Errorf("listen port %d out of range", c.ListenPort))
 	}
@@ -184,6 +190,24 @@ func (c Config) validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// listenAddresses are the addresses BGP listens on (see Config.ListenAddr).
+func listenAddresses(cfg Config) []string {
+	var out []string
+	switch {
+	case cfg.ListenAddr.IsValid():
+		out = append(out, cfg.ListenAddr.String())
+	case !cfg.IPv6Only:
+		out = append(out, netip.IPv4Unspecified().String())
+	}
+	switch {
+	case cfg.ListenAddr6.IsValid():
+		out = append(out, cfg.ListenAddr6.String())
+	case cfg.IPv6Only:
+		out = append(out, netip.IPv6Unspecified().String())
+	}
+	return out
 }
 
 // checkLoopback accepts host:port where host is a loopback IP or localhost.
@@ -230,16 +254,14 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 	srv := server.NewBgpServer(opts...)
 	go srv.Serve()
 
-	listen := cfg.ListenAddr
-	if !listen.IsValid() {
-		listen = netip.IPv4Unspecified()
-	}
 	global := &gobgpapi.Global{
 		Asn:             cfg.ASN,
 		RouterId:        cfg.RouterID.String(),
 		ListenPort:      cfg.ListenPort,
-		ListenAddresses: []string{listen.String()},
-		Families:        []uint32{uint32(oc.AfiSafiTypeToIntMap[oc.AFI_SAFI_TYPE_IPV4_UNICAST])},
+		ListenAddresses: listenAddresses(cfg),
+	}
+	if !cfg.IPv6Only {
+		global.Families = append(global.Families, uint32(oc.AfiSafiTypeToIntMap[oc.AFI_SAFI_TYPE_IPV4_UNICAST]))
 	}
 	if cfg.RouterID6.IsValid() {
 		global.Families = append(global.Families, uint32(oc.AfiSafiTypeToIntMap[oc.AFI_SAFI_TYPE_IPV6_UNICAST]))
@@ -429,10 +451,14 @@ func startBgp(ctx context.Context, srv *server.BgpServer, global *gobgpapi.Globa
 func (s *speaker) families() []gobgp.Family {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cfg.RouterID6.IsValid() {
-		return []gobgp.Family{gobgp.RF_IPv4_UC, gobgp.RF_IPv6_UC}
+	var out []gobgp.Family
+	if !s.cfg.IPv6Only {
+		out = append(out, gobgp.RF_IPv4_UC)
 	}
-	return []gobgp.Family{gobgp.RF_IPv4_UC}
+	if s.cfg.RouterID6.IsValid() {
+		out = append(out, gobgp.RF_IPv6_UC)
+	}
+	return out
 }
 
 func forgetServer(srv *server.BgpServer) {

@@ -203,7 +203,12 @@ type Aggregate struct {
 }
 
 // Config configures a Speaker. RouterID is also the next hop of every
-// IPv4 prefix the speaker originates.
+// IPv4 prefix the speaker originates (but with IPv6Only). Sessions go to
+// IPv4 and, with RouterID6, IPv6 peer addresses; every session negotiates
+// the families the speaker carries (IPv4 unicast, IPv6 unicast), so IPv4
+// routes can ride on an IPv6 session and the other way round. GoBGP
+// announces the extended next hop capability (RFC 8950) for IPv4 unicast
+// on every session; Tabby's IPv4 routes keep an IPv4 next hop.
 type Config struct {
 	RouterID netip.Addr
 	ASN      uint32
@@ -223,8 +228,16 @@ type Config struct {
 	// BIRD does; zero means next-hop-self for every eBGP peer.
 	Subnet netip.Prefix
 	// ListenAddr is the address BGP listens on; zero means all IPv4
-	// addresses (0.0.0.0).
+	// addresses (0.0.0.0), or none with IPv6Only.
 	ListenAddr netip.Addr
+	// ListenAddr6 is the IPv6 address BGP also listens on, for sessions
+	// to IPv6 peer addresses; zero means none, or all IPv6 addresses
+	// (::) with IPv6Only.
+	ListenAddr6 netip.Addr
+	// IPv6Only says the node has no IPv4 underlay address: RouterID is
+	// an identifier only (never a next hop), every session is IPv6 and
+	// carries IPv6 unicast only, and RouterID6 is required.
+	IPv6Only bool
 	// ListenPort is the BGP port; 0 means 179 and -1 means do not listen
 	// (the speaker only connects out).
 	ListenPort int32

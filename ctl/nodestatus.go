@@ -252,6 +252,7 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	}
 	hostEndpointLines(&b, st.HostEndpoints)
 	writeTunnels(&b, st)
+	writeBGPExtras(&b, st)
 	_, err := io.WriteString(out, b.String())
 	return err
 }

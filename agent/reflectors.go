@@ -1,0 +1,225 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/syncer"
+)
+
+// reflectorElector takes part in the election of route reflectors
+// (routeReflectorMode Auto, bgp.Elect): it follows the nodes' liveness
+// records and the choice in etcd, proposes the next choice whenever its
+// inputs call for one and writes it with a compare-and-swap on the
+// record's revision. Every agent does; the first write wins, and the
+// others then read a record they would have written themselves. The BGP
+// owner peers by the record read back from etcd, never by its own
+// proposal, so all agents act on one choice.
+type reflectorElector struct {
+	node    string
+	store   *datastore.Store
+	view    *syncer.Syncer
+	log     *slog.Logger
+	started time.Time
+	changed func() // the choice in etcd changed
+
+	mu           sync.Mutex
+	choice       *bgp.ReflectorChoice
+	rev          int64 // the record's ModRevision, 0 when there is none
+	live         map[string]bool
+	goneSince    map[string]time.Time
+	liveSynced   bool
+	choiceSynced bool
+	lastDropped  []string
+	lastErr      error
+}
+
+func newReflectorElector(node string, store *datastore.Store, view *syncer.Syncer, log *slog.Logger, changed func()) *reflectorElector {
+	return &reflectorElector{node: node, store: store, view: view, log: log, started: time.Now(), changed: changed,
+		live: map[string]bool{}, goneSince: map[string]time.Time{}}
+}
+
+// current is the choice in etcd (nil when there is none).
+func (e *reflectorElector) current() *bgp.ReflectorChoice {
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.choice
+}
+
+// run follows liveness and the record and elects until ctx ends. It
+// re-checks every second: a reflector's grace period ends without any
+// event.
+func (e *reflectorElector) run(ctx context.Context) {
+	lives := e.store.Watch(ctx, datastore.NodeLivenessPrefix, 0)
+	records := e.store.Watch(ctx, datastore.BGPReflectorsKey, 0)
+	sub := e.view.Notify("reflectors", syncer.On[api.Node](nil), syncer.On[api.BGPConfiguration](nil))
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-lives:
+			if !ok {
+				return
+			}
+			e.applyLiveness(ev, time.Now())
+		case ev, ok := <-records:
+			if !ok {
+				return
+			}
+			e.applyRecord(ev)
+		case <-sub.C():
+		case <-tick.C:
+		}
+		if err := e.elect(ctx); err != nil && !errors.Is(err, datastore.ErrConflict) {
+			e.log.Warn("route reflector election", "err", err)
+		}
+	}
+}
+
+// applyLiveness folds a liveness event in; a node seen going is gone
+// since now, one never seen live since this agent started.
+func (e *reflectorElector) applyLiveness(ev datastore.Event, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	name := func(key string) string { return strings.TrimPrefix(key, datastore.NodeLivenessPrefix) }
+	switch ev.Type {
+	case datastore.EventResync:
+		was := e.live
+		e.live = map[string]bool{}
+		for _, kv := range ev.Snapshot {
+			e.live[name(kv.Key)] = true
+		}
+		for n := range was {
+			if !e.live[n] {
+				e.goneSince[n] = now
+			}
+		}
+		e.liveSynced = true
+	case datastore.EventPut:
+		e.live[name(ev.KV.Key)] = true
+		delete(e.goneSince, name(ev.KV.Key))
+	case datastore.EventDelete:
+		delete(e.live, name(ev.KV.Key))
+		e.goneSince[name(ev.KV.Key)] = now
+	}
+}
+
+// applyRecord takes the record's new value.
+func (e *reflectorElector) applyRecord(ev datastore.Event) {
+	var kv *datastore.KV
+	switch ev.Type {
+	case datastore.EventResync:
+		if len(ev.Snapshot) > 0 {
+			kv = &ev.Snapshot[0]
+		}
+	case datastore.EventPut:
+		kv = &ev.KV
+	}
+	var choice *bgp.ReflectorChoice
+	var rev int64
+	if kv != nil {
+		c := &bgp.ReflectorChoice{}
+		if err := json.Unmarshal(kv.Value, c); err != nil {
+			e.log.Warn("the route reflector record does not decode; it will be replaced", "key", datastore.BGPReflectorsKey, "err", err)
+			c = nil
+		}
+		choice, rev = c, kv.ModRevision
+	}
+	e.mu.Lock()
+	old := e.choice
+	e.choice, e.rev, e.choiceSynced = choice, rev, true
+	e.mu.Unlock()
+	if !old.Equal(choice) {
+		e.log.Info("route reflectors changed", "count", choice.Count())
+		e.changed()
+	}
+}
+
+// elect proposes the next choice when the inputs call for one.
+func (e *reflectorElector) elect(ctx context.Context) error {
+	bc := e.view.BGPConfiguration()
+	if !bc.AutoReflectors() {
+		return nil
+	}
+	e.mu.Lock()
+	if !e.liveSynced || !e.choiceSynced {
+		e.mu.Unlock()
+		return nil
+	}
+	prev, rev := e.choice, e.rev
+	in := bgp.ElectInput{Spec: bc.Spec.AutoReflectorSpec, Nodes: e.view.Nodes(), Live: maps.Clone(e.live), GoneSince: maps.Clone(e.goneSince), Now: time.Now()}
+	for _, n := range in.Nodes {
+		if _, seen := in.GoneSince[n.Metadata.Name]; !seen && !in.Live[n.Metadata.Name] {
+			in.GoneSince[n.Metadata.Name] = e.started
+		}
+	}
+	e.mu.Unlock()
+	next, changed, dropped := bgp.Elect(prev, in)
+	if !changed {
+		return nil
+	}
+	val, err := json.Marshal(next)
+	if err != nil {
+		return err
+	}
+	_, err = e.store.Txn(ctx, []datastore.Cmp{{Key: datastore.BGPReflectorsKey, ModRevision: rev}}, []datastore.Op{{Key: datastore.BGPReflectorsKey, Value: val}})
+	if err != nil {
+		return fmt.Errorf("writing the route reflector choice: %w", err)
+	}
+	e.mu.Lock()
+	e.lastDropped = dropped
+	e.mu.Unlock()
+	e.log.Info("elected route reflectors", "count", next.Count(), "dropped", dropped)
+	return nil
+}
+
+// status describes the choice for tabbyctl node status.
+func (e *reflectorElector) status(bc *api.BGPConfiguration, self *api.Node) *api.ReflectorStatus {
+	if e == nil || !bc.AutoReflectors() {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := &api.ReflectorStatus{Mode: api.RouteReflectorModeAuto, PerZone: bc.Spec.EffectiveReflectorsPerZone(),
+		ZoneLabel: bc.Spec.EffectiveZoneLabel(), Grace: bc.Spec.EffectiveReflectorGrace().String(), LastDropped: e.lastDropped}
+	if self != nil {
+		st.Zone = self.Metadata.Labels[st.ZoneLabel]
+	}
+	st.Role = "client"
+	if r, ok := e.choice.Find(e.node); ok {
+		st.Role, st.Reason = "reflector", r.Reason
+	} else if self != nil && !bc.Spec.Eligible(self.Metadata.Labels) {
+		st.Reason = "not eligible (routeReflectorNodeSelector)"
+	}
+	if e.choice != nil {
+		for z, rs := range e.choice.Zones {
+			for _, r := range rs {
+				st.Elected = append(st.Elected, api.ElectedReflector{Zone: z, Node: r.Node, ClusterID: r.ClusterID, Since: r.Since, Reason: r.Reason, Live: e.live[r.Node]})
+			}
+		}
+	}
+	return st
+}
+
+// wake asks the BGP owner for a pass (the reflector choice changed).
+func (b *bgpOwner) wake() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,154 @@
+package bgp
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// zoneNodes makes n nodes per zone, named <zone>-<i>, with 198.18.<z>.<i>.
+func zoneNodes(zones []string, n int) []*api.Node {
+	var out []*api.Node
+	for z, zone := range zones {
+		for i := range n {
+			out = append(out, node(fmt.Sprintf("%s-%d", zone, i), fmt.Sprintf("198.18.%d.%d/16", z, i+1), withLabels(api.DefaultZoneLabel, zone)))
+		}
+	}
+	return out
+}
+
+func liveAll(nodes []*api.Node) map[string]bool {
+	m := map[string]bool{}
+	for _, n := range nodes {
+		m[n.Metadata.Name] = true
+	}
+	return m
+}
+
+func electedNames(c *ReflectorChoice) map[string][]string {
+	out := map[string][]string{}
+	for z, rs := range c.Zones {
+		for _, r := range rs {
+			out[z] = append(out[z], r.Node)
+		}
+	}
+	return out
+}
+
+// TestElect: from none, each zone gets routeReflectorsPerZone live
+// eligible nodes; the choice is stable under joins, a missed heartbeat
+// shorter than the grace, and recomputation; a reflector gone for longer
+// than the grace is replaced by the next-ranked node of its zone, and
+// only it; an ineligible node is never elected.
+func TestElect(t *testing.T) {
+	nodes := zoneNodes([]string{"a", "b"}, 4)
+	nodes = append(nodes, node("c-0", "198.18.9.1/16", withLabels(api.DefaultZoneLabel, "c", "no-rr", "true")))
+	notIn := &api.LabelSelector{MatchExpressions: []api.LabelSelectorRequirement{{Key: "no-rr", Operator: api.OpDoesNotExist}}}
+	spec := api.AutoReflectorSpec{RouteReflectorMode: api.RouteReflectorModeAuto, RouteReflectorNodeSelector: notIn}
+	now := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	in := ElectInput{Spec: spec, Nodes: nodes, Live: liveAll(nodes), Now: now}
+	first, changed, _ := Elect(nil, in)
+	if !changed || first.Count() != 4 {
+		t.Fatalf("first election: changed %v, %v", changed, electedNames(first))
+	}
+	if _, ok := first.Zones["c"]; ok {
+		t.Errorf("zone c's only node is not eligible, yet elected: %v", electedNames(first))
+	}
+	// Recomputing, or the same inputs elsewhere, changes nothing.
+	if again, changed, _ := Elect(first, in); changed || !again.Equal(first) {
+		t.Fatalf("recomputed: changed %v, %v", changed, electedNames(again))
+	}
+	// Nodes join: no healthy reflector moves.
+	joined := append(zoneNodes([]string{"a", "b"}, 8), nodes[8])
+	in2 := ElectInput{Spec: spec, Nodes: joined, Live: liveAll(joined), Now: now.Add(time.Minute)}
+	if next, changed, _ := Elect(first, in2); changed {
+		t.Fatalf("joins moved reflectors: %v → %v", electedNames(first), electedNames(next))
+	}
+	// A reflector's liveness goes: kept within the grace, replaced after.
+	victim := first.Zones["a"][0].Node
+	in2.Live = liveAll(joined)
+	delete(in2.Live, victim)
+	in2.GoneSince = map[string]time.Time{victim: in2.Now}
+	in2.Now = in2.Now.Add(api.DefaultRouteReflectorGrace)
+	if _, changed, _ := Elect(first, in2); changed {
+		t.Fatal("a reflector was replaced within the grace period")
+	}
+	in2.Now = in2.Now.Add(time.Second)
+	next, changed, dropped := Elect(first, in2)
+	if !changed || len(dropped) != 1 {
+		t.Fatalf("after the grace: changed %v, dropped %v", changed, dropped)
+	}
+	want := electedNames(first)
+	got := electedNames(next)
+	if cmp.Diff(want["b"], got["b"]) != "" || len(got["a"]) != 2 || got["a"][0] == victim || got["a"][1] == victim {
+		t.Errorf("after %s left: %v, was %v", victim, got, want)
+	}
+	stay := want["a"][1]
+	if got["a"][0] != stay && got["a"][1] != stay {
+		t.Errorf("the healthy reflector %s of zone a lost its role: %v", stay, got)
+	}
+	// Lowering the count keeps the best-ranked per zone.
+	one := uint32(1)
+	in2.Spec.RouteReflectorsPerZone = &one
+	low, _, _ := Elect(next, in2)
+	if low.Count() != 2 {
+		t.Errorf("one per zone: %v", electedNames(low))
+	}
+}
+
+// TestAutoReflectorPeering: auto mode's sessions are manual mode's: a
+// client peers with its zone's reflectors, a reflector with every other
+// reflector and its zone's clients, with the reflector types.
+func TestAutoReflectorPeering(t *testing.T) {
+	nodes := zoneNodes([]string{"a", "b"}, 3)
+	f := false
+	cfg := &api.BGPConfiguration{Spec: api.BGPConfigurationSpec{NodeToNodeMeshEnabled: &f,
+		AutoReflectorSpec: api.AutoReflectorSpec{RouteReflectorMode: api.RouteReflectorModeAuto}}}
+	choice := &ReflectorChoice{Zones: map[string][]Reflector{
+		"a": {{Node: "a-0", ClusterID: ZoneClusterID("a")}, {Node: "a-1", ClusterID: ZoneClusterID("a")}},
+		"b": {{Node: "b-0", ClusterID: ZoneClusterID("b")}},
+	}}
+	peersOf := func(self string) map[string]string {
+		ps, refused := PlanPeers(PeerInput{Self: self, Nodes: nodes, Config: cfg, Reflectors: choice})
+		if len(refused) > 0 {
+			t.Errorf("%s refused %v", self, refused)
+		}
+		out := map[string]string{}
+		for _, p := range ps {
+			out[p.Name] = string(p.Type)
+		}
+		return out
+	}
+	tests := map[string]map[string]string{
+		"a-2": {"a-0": "rr", "a-1": "rr"},
+		"b-1": {"b-0": "rr"},
+		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr-client"},
+		"b-0": {"a-0": "rr-client", "a-1": "rr-client", "b-1": "rr-client", "b-2": "rr-client"},
+	}
+	for self, want := range tests {
+		if d := cmp.Diff(want, peersOf(self)); d != "" {
+			t.Errorf("%s peers (-want +got):\n%s", self, d)
+		}
+	}
+	// Manual mode ignores the choice.
+	cfg.Spec.RouteReflectorMode = ""
+	if got := peersOf("a-2"); len(got) != 0 {
+		t.Errorf("manual mode, mesh off: %v", got)
+	}
+}
+
+// TestRouterIDFor: a configured router ID wins; otherwise a stable
+// class-E ID from the name, different for different names.
+func TestRouterIDFor(t *testing.T) {
+	if got := RouterIDFor("n1", "10.0.0.7"); got.String() != "10.0.0.7" {
+		t.Errorf("configured: %v", got)
+	}
+	a, b := RouterIDFor("n1", ""), RouterIDFor("n2", "")
+	if a != RouterIDFor("n1", "") || a == b || a.As4()[0] != 240 || b.As4()[0] != 240 {
+		t.Errorf("derived: n1 %v, n2 %v", a, b)
+	}
+}

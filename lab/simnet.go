@@ -17,7 +17,7 @@ import (
 // are all local there (`local 198.18.4.0/22 dev lo`, any address of it can
 // be bound). The real nodes reach simSubnet through one route via
 // simGateway: a thousand sessions cost each reflector one neighbour entry,
-// and the sim namespace one per reflector (and etcd).
+// etcd one more, and the sim namespace one per reflector and etcd.
 //
 // The simulated nodes advertise their blocks with their own address as
 // next hop, as a node does, and the agents install `<block> via <sim
@@ -51,7 +51,8 @@ func (l *Lab) makeSimNet(ctx context.Context) error {
 			return fmt.Errorf("%s: %w", n.Name, err)
 		}
 	}
-	return nil
+	// etcd answers the simulated nodes' clients (one more entry there).
+	return ip(ctx, "-n", st.EtcdNS(), "route", "replace", simSubnet.String(), "via", simGateway.Addr().String(), "dev", "eth0")
 }
 
 func (l *Lab) routeToSim(ctx context.Context, nodeNS string) error {

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -67,6 +68,9 @@ type Config struct {
 	// Logger receives the watch's reconnect and resync notices and etcd
 	// client warnings; nil = silent.
 	Logger *slog.Logger
+	// Dialer, when set, opens the connections to the endpoints (addr is
+	// host:port); the scale harness dials from inside a lab namespace.
+	Dialer func(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // Default fills unset fields with their defaults.
@@ -148,6 +152,19 @@ func (s *Store) Requests() Requests {
 	return Requests{Get: s.count.get.Load(), List: s.count.list.Load(), Txn: s.count.txn.Load(), Put: s.count.put.Load()}
 }
 
+// dialOptions: gRPC's default reconnect backoff grows to two minutes; an
+// agent should notice a restarted etcd within seconds.
+func dialOptions(cfg Config) []grpc.DialOption {
+	opts := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           grpcbackoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
+		MinConnectTimeout: cfg.DialTimeout,
+	})}
+	if cfg.Dialer != nil {
+		opts = append(opts, grpc.WithContextDialer(cfg.Dialer))
+	}
+	return opts
+}
+
 // New connects to etcd and checks within DialTimeout that it answers; the
 // error names the endpoints.
 func New(ctx context.Context, cfg Config) (*Store, error) {
@@ -173,12 +190,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		Username:             cfg.Username,
 		Password:             cfg.Password,
 		Logger:               zapslog.New(cfg.Logger),
-		// gRPC's default reconnect backoff grows to two minutes; an agent
-		// should notice a restarted etcd within seconds.
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           grpcbackoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 3 * time.Second},
-			MinConnectTimeout: cfg.DialTimeout,
-		})},
+		DialOptions:          dialOptions(cfg),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("connecting to etcd at %s: %w", endpoints, err)

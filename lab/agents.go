@@ -109,7 +109,7 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 		filepath.Join(st.BinDir, BinAgent),
 		"--node-name", n.Name,
 		"--node-ip", n.IP.String(),
-		"--etcd-endpoints", strings.Join(st.EtcdEndpoints(), ","),
+		"--etcd-endpoints", strings.Join(st.agentEtcdEndpoints(), ","),
 		"--cni-socket", l.cniSocket(n.Name),
 		"--status-socket", l.statusSocket(n.Name),
 		"--state-dir", filepath.Join(d, "state"),

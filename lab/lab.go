@@ -113,6 +113,11 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := l.StartEtcd(ctx); err != nil {
 		return nil, err
 	}
+	if o.EtcdProxy {
+		if err := l.startEtcdProxy(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if o.VXLANMode != "" && !o.NoAgents {
 		if err := l.createPools(ctx, o.VXLANMode); err != nil {
 			return nil, err

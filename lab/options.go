@@ -83,6 +83,10 @@ type Options struct {
 	// (default) or several, each its own process and data directory, as
 	// users run etcd. Agents and the lab get every member's endpoint.
 	EtcdMembers int
+	// EtcdProxy runs the etcd project's gRPC proxy (`etcd grpc-proxy
+	// start`) in front of etcd and points the agents at it
+	// (lab/etcdproxy.go).
+	EtcdProxy bool
 	// NoAgents brings up the fabric, ToR, etcd and node namespaces only.
 	NoAgents bool
 	// DualStack gives the fabric an IPv6 underlay (2001:db8::/64), every

@@ -46,6 +46,8 @@ type State struct {
 	// Etcd lists the members of the lab's etcd cluster, recorded before
 	// any is started.
 	Etcd []EtcdMember `json:"etcdMembers"`
+	// EtcdProxy is the etcd gRPC proxy the agents use (Options.EtcdProxy).
+	EtcdProxy *Proc `json:"etcdProxy,omitempty"`
 	// Kube is the Kubernetes control plane, once StartControlPlane ran.
 	Kube  *ControlPlane `json:"kube,omitempty"`
 	Nodes []NodeState   `json:"nodes"`
@@ -97,6 +99,9 @@ func (s *State) etcdMember(name string) *EtcdMember {
 // etcdProcs are the processes of the etcd members that were started.
 func (s *State) etcdProcs() []*Proc {
 	var ps []*Proc
+	if s.EtcdProxy != nil {
+		ps = append(ps, s.EtcdProxy)
+	}
 	for _, m := range s.Etcd {
 		if m.Proc != nil {
 			ps = append(ps, m.Proc)

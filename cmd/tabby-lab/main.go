@@ -52,7 +52,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.name, "name", lab.DefaultName, "lab name, the prefix of its namespaces")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", lab.DefaultRunDir, "directory holding one directory per lab")
-	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), cniCmd())
+	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), etcdProxyCmd(), simCmd(g), cniCmd())
 	return root
 }
 
@@ -62,6 +62,7 @@ type upOptions struct {
 	etcdMembers      int
 	binDir           string
 	noAgents         bool
+	etcdProxy        bool
 	dualStack        bool
 	ipv6Only         bool
 	twoSubnets       bool
@@ -84,6 +85,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().BoolVar(&u.ipv6Only, "ipv6", false, "like --dual-stack, but every pod gets an IPv6 address only (the underlay keeps IPv4 for etcd and the BGP sessions, which carry IPv6)")
 	c.Flags().BoolVar(&u.twoSubnets, "two-subnets", false, "nodes in two underlay subnets (198.18.0.0/24, 198.18.1.0/24: node1, node3, … and node2, node4, …) joined by a router that routes no pod address and speaks no BGP; pods across it need --vxlan-mode")
 	c.Flags().StringVar(&u.vxlanMode, "vxlan-mode", "", "create the pools with this vxlanMode before the agents start: Never, Always or CrossSubnet (docs/vxlan.md)")
+	c.Flags().BoolVar(&u.etcdProxy, "etcd-proxy", false, "run etcd's gRPC proxy (etcd grpc-proxy start) in front of etcd and point the agents at it: etcd serves one watch per proxy (docs/scale.md)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 	c.Flags().BoolVar(&u.kubernetes, "kubernetes", false, "make the lab a Kubernetes cluster (control plane, containerd and a kubelet per node; needs `make kube-bins images`) and deploy Tabby from the manifests with kubectl, instead of starting agents itself")
@@ -149,7 +151,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
 		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only,
-		TwoSubnets: u.twoSubnets, VXLANMode: api.VXLANMode(u.vxlanMode),
+		TwoSubnets: u.twoSubnets, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
 	}, nil
 }
 

@@ -1,0 +1,81 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// TestSimSessionAdvertisesToRealSpeaker: a simulated node (the higher
+// address, so the one that connects) opens a session with a real speaker,
+// announces two blocks and withdraws one; the speaker learns
+// them with the node's address as next hop, then forgets the withdrawn one.
+func TestSimSessionAdvertisesToRealSpeaker(t *testing.T) {
+	rr := netip.MustParseAddr("127.77.90.1")
+	simAddr := netip.MustParseAddr("127.77.90.2")
+	port := freePort(t, []netip.Addr{rr, simAddr})
+	n := startNode(t, "rr", Config{RouterID: rr, ASN: api.DefaultASNumber, ListenAddr: rr, ListenPort: int32(port),
+		ClusterID: "244.0.0.1", GracefulRestart: true})
+	if err := n.sp.SetPeers(context.Background(), []Peer{{Address: simAddr, ASN: api.DefaultASNumber, Type: PeerMesh,
+		ClusterNode: true, Port: port, LocalAddress: rr}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dialUntilAccepted(t, simAddr, netip.AddrPortFrom(rr, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: simAddr, HoldTime: 9 * time.Second})
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Logf("sim session ended: %v", err)
+		}
+	}()
+	select {
+	case <-s.Established():
+	case err := <-runErr:
+		t.Fatalf("session ended before established: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("session not established in 30s")
+	}
+	b1, b2 := netip.MustParsePrefix("10.244.7.0/26"), netip.MustParsePrefix("10.244.7.64/26")
+	if err := s.Announce([]netip.Prefix{b1, b2}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	if rs, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, b1, simAddr) && hasRoute(rs, b2, simAddr)
+	}); !ok {
+		t.Fatalf("speaker did not learn both blocks via %s: %s", simAddr, routesString(rs))
+	}
+	if err := s.Withdraw([]netip.Prefix{b2}); err != nil {
+		t.Fatal(err)
+	}
+	if rs, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
+		return hasRoute(rs, b1, simAddr) && lacksRoute(rs, b2)
+	}); !ok {
+		t.Fatalf("speaker kept the withdrawn block: %s", routesString(rs))
+	}
+}
+
+// dialUntilAccepted connects from local to the speaker, again while it
+// refuses (its peer may not be configured yet).
+func dialUntilAccepted(t *testing.T, local netip.Addr, to netip.AddrPort) (net.Conn, error) {
+	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0))}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := d.Dial("tcp", to.String())
+		if err == nil || time.Now().After(deadline) {
+			return c, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/server/v3/etcdmain"
+
+	"github.com/tabbynet/tabby/lab"
+)
+
+// simCmd runs the scale harness (docs/scale.md).
+func simCmd(g *globalFlags) *cobra.Command {
+	var (
+		o     lab.SimOptions
+		sizes string
+	)
+	c := &cobra.Command{
+		Use:   "sim",
+		Short: "Scale harness: real agents and reflectors plus N simulated nodes; reports cost against N",
+		Long: `sim brings up a lab of real route reflectors and real client agents, then
+grows it through --sizes simulated nodes (each a real etcd client writing its
+Node, blocks, affinities and endpoints, and a real BGP session to every
+reflector) and measures at each size: agent CPU per remote pod event, RSS and
+idle CPU; reflector RSS and CPU per client; new block to route in every real
+kernel; agent restart to Ready; a one-label policy change to the kernel; etcd
+CPU and watchers. Writes results.md, results.json and scale.png to --out.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var err error
+			if o.Sizes, err = lab.ParseSizes(sizes); err != nil {
+				return err
+			}
+			o.Name, o.RunDir, o.Log = g.name, g.runDir, os.Stderr
+			if o.BinDir == "" {
+				o.BinDir = os.Getenv("TABBY_BIN")
+			}
+			res, err := lab.Sim(c.Context(), o)
+			if len(res) > 0 {
+				fmt.Print(lab.SimTable(res))
+			}
+			return err
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&sizes, "sizes", "10", "simulated node counts, ascending, comma-separated (at most 1000)")
+	f.IntVar(&o.RealNodes, "real-nodes", 2, "real agents that are reflector clients (a pod each)")
+	f.IntVar(&o.RouteReflectors, "route-reflectors", 2, "real agents in route-reflector mode")
+	f.IntVar(&o.EndpointsPerNode, "endpoints-per-node", 30, "endpoints on every simulated node")
+	f.IntVar(&o.Policies, "policies", 1000, "NetworkPolicies")
+	f.Float64Var(&o.ChurnRate, "churn", 20, "pod events per second during the churn window")
+	f.DurationVar(&o.ChurnWindow, "churn-window", 20*time.Second, "how long the churn is measured")
+	f.DurationVar(&o.IdleWindow, "idle-window", 10*time.Second, "how long the rest is measured")
+	f.IntVar(&o.Samples, "samples", 10, "latency samples per size")
+	f.BoolVar(&o.Watch, "watch", true, "simulated nodes watch the whole prefix during the measurements, as agents do")
+	f.BoolVar(&o.EtcdProxy, "etcd-proxy", false, "agents and simulated nodes reach etcd through etcd's gRPC proxy")
+	f.StringVar(&o.Out, "out", "", "directory for results.md, results.json and scale.png")
+	f.StringVar(&o.BinDir, "bin-dir", "", "directory with tabby-agent and tabby (default $TABBY_BIN, else go build)")
+	return c
+}
+
+// etcdProxyCmd runs the etcd project's own `etcd grpc-proxy` (the
+// etcdmain of the etcd server release go.mod names) with the arguments
+// after "--"; the lab starts it with --etcd-proxy.
+func etcdProxyCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "etcd-proxy -- grpc-proxy start [etcd flags]",
+		Short:              "Run etcd's gRPC proxy (etcd grpc-proxy start)",
+		Hidden:             true,
+		DisableFlagParsing: true,
+		RunE: func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 && args[0] == "--" {
+				args = args[1:]
+			}
+			if len(args) == 0 || args[0] != "grpc-proxy" {
+				return fmt.Errorf("etcd-proxy: want grpc-proxy start [flags], got %q", args)
+			}
+			// etcdmain parses os.Args itself (cobra's default).
+			os.Args = append([]string{"etcd"}, args...)
+			etcdmain.Main(os.Args)
+			return nil
+		},
+	}
+}

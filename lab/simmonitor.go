@@ -1,0 +1,160 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// kernelMonitor follows one namespace's kernel changes as they happen
+// (`ip monitor route`, `nft monitor`): the harness times "in the kernel"
+// without polling. It remembers when each token (a route's destination, an
+// address in a set element) was first seen after the last reset.
+type kernelMonitor struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	seen map[string]time.Time
+	wake chan struct{} // closed and replaced on every line
+}
+
+// startMonitor runs argv inside the network namespace ns and indexes its
+// output lines with tokens.
+func startMonitor(ctx context.Context, ns string, tokens func(string) []string, argv ...string) (*kernelMonitor, error) {
+	full := append([]string{"--net=" + NetNSPath(ns), "--"}, argv...)
+	cmd := exec.CommandContext(ctx, "nsenter", full...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %v in %s: %w", argv, ns, err)
+	}
+	m := &kernelMonitor{cmd: cmd, seen: map[string]time.Time{}, wake: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			now := time.Now()
+			toks := tokens(sc.Text())
+			m.mu.Lock()
+			for _, t := range toks {
+				if _, ok := m.seen[t]; !ok {
+					m.seen[t] = now
+				}
+			}
+			close(m.wake)
+			m.wake = make(chan struct{})
+			m.mu.Unlock()
+		}
+	}()
+	return m, nil
+}
+
+// routeTokens: an added route's destination ("Deleted …" lines give none).
+func routeTokens(line string) []string {
+	f := strings.Fields(line)
+	if len(f) == 0 || f[0] == "Deleted" {
+		return nil
+	}
+	return f[:1]
+}
+
+// elementTokens: "add:<addr>" / "delete:<addr>" for every address of a set
+// element line of `nft monitor`.
+func elementTokens(line string) []string {
+	verb, _, ok := strings.Cut(line, " element ")
+	if !ok {
+		return nil
+	}
+	_, body, ok := strings.Cut(line, "{")
+	if !ok {
+		return nil
+	}
+	body, _, _ = strings.Cut(body, "}")
+	var out []string
+	for _, e := range strings.Split(body, ",") {
+		e = strings.TrimSpace(e)
+		if e != "" {
+			out = append(out, verb+":"+strings.Fields(e)[0])
+		}
+	}
+	return out
+}
+
+// forget drops token, so that the next time it shows is timed afresh.
+func (m *kernelMonitor) forget(token string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.seen, token)
+}
+
+// wait returns when token was first seen, waiting for it until ctx ends.
+func (m *kernelMonitor) wait(ctx context.Context, token string) (time.Time, error) {
+	for {
+		m.mu.Lock()
+		t, ok := m.seen[token]
+		wake := m.wake
+		m.mu.Unlock()
+		if ok {
+			return t, nil
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return time.Time{}, fmt.Errorf("waiting for %s in the kernel: %w", token, ctx.Err())
+		}
+	}
+}
+
+// waitAll returns the latest time any of ms first saw token.
+func waitAll(ctx context.Context, ms []*kernelMonitor, token string) (time.Time, error) {
+	var last time.Time
+	for _, m := range ms {
+		t, err := m.wait(ctx, token)
+		if err != nil {
+			return time.Time{}, err
+		}
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last, nil
+}
+
+func (m *kernelMonitor) stop() {
+	if m.cmd.Process != nil {
+		_ = m.cmd.Process.Kill()
+		_ = m.cmd.Wait()
+	}
+}
+
+// procUsage is a process's CPU time so far (seconds) and resident memory
+// (MiB), from /proc.
+func procUsage(pid int) (cpu float64, rssMiB float64, err error) {
+	f, err := ProcStat(pid)
+	if err != nil {
+		return 0, 0, err
+	}
+	// ProcStat's fields start after the command name: utime and stime
+	// are fields 14 and 15 of stat, indices 11 and 12 here.
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			rssMiB = kb / 1024
+		}
+	}
+	return (u + s) / 100, rssMiB, nil
+}

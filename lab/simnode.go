@@ -1,0 +1,266 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
+)
+
+// simNode is one simulated node of the scale harness: no namespace, no
+// agent, no kernel, but a real etcd client of its own (its Node record, a
+// liveness record under a lease, its blocks and affinities through the real
+// IPAM code, its WorkloadEndpoints) and a real iBGP session with every
+// route reflector, on which it advertises its blocks.
+type simNode struct {
+	name  string
+	addr  netip.Addr
+	store *datastore.Store
+	alloc *ipam.Allocator
+
+	mu       sync.Mutex
+	sessions map[netip.Addr]*bgp.SimSession // by reflector address
+	blocks   map[netip.Prefix]bool
+	eps      []simEndpoint // live endpoints, oldest first
+	seq      int
+	watchEnd context.CancelFunc
+}
+
+type simEndpoint struct {
+	name, handle string
+	addr         netip.Addr
+	labels       map[string]string
+}
+
+// simNamespace is the Kubernetes namespace of the simulated endpoints (the
+// real pods' too, so that NetworkPolicy pod selectors reach both).
+const simNamespace = "default"
+
+// simSubnet holds the simulated nodes' addresses (lab/simnet.go).
+var simSubnet = netip.MustParsePrefix("198.18.4.0/22")
+
+// simAddr is the address of simulated node i (1-based).
+func simAddr(i int) netip.Addr {
+	a := simSubnet.Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) + uint32(i)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func newSimNode(i int) *simNode {
+	return &simNode{name: fmt.Sprintf("sim%d", i), addr: simAddr(i), sessions: map[netip.Addr]*bgp.SimSession{}, blocks: map[netip.Prefix]bool{}}
+}
+
+// connect opens the node's own etcd client from inside the sim namespace,
+// from the node's own address, and writes its Node record and liveness
+// (under a lease kept alive until ctx ends).
+func (n *simNode) connect(ctx context.Context, simNS string, endpoints []string) error {
+	local := &net.TCPAddr{IP: n.addr.AsSlice()}
+	s, err := datastore.New(ctx, datastore.Config{Endpoints: endpoints, Dialer: func(ctx context.Context, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := inNetNS(simNS, func() (err error) {
+			d := net.Dialer{LocalAddr: local}
+			c, err = d.DialContext(ctx, "tcp", addr)
+			return err
+		})
+		return c, err
+	}})
+	if err != nil {
+		return fmt.Errorf("%s: %w", n.name, err)
+	}
+	n.store, n.alloc = s, ipam.New(s)
+	node := &api.Node{Metadata: api.ObjectMeta{Name: n.name, Labels: map[string]string{"tabby.io/simulated": "true"}},
+		Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: netip.PrefixFrom(n.addr, simSubnet.Bits()).String()}}}
+	if _, err := s.Apply(ctx, node); err != nil {
+		return fmt.Errorf("%s: writing node: %w", n.name, err)
+	}
+	lease, err := s.GrantLease(ctx, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("%s: lease: %w", n.name, err)
+	}
+	b, _ := json.Marshal(map[string]any{"node": n.name, "address": n.addr.String(), "started": time.Now()})
+	if _, err := s.PutKV(ctx, datastore.NodeLivenessKey(n.name), b, lease); err != nil {
+		return fmt.Errorf("%s: liveness: %w", n.name, err)
+	}
+	go func() { _ = s.KeepAlive(ctx, lease) }()
+	return nil
+}
+
+// attach runs a session with a reflector until it ends,
+// announcing the node's blocks once it is established.
+func (n *simNode) attach(ctx context.Context, conn net.Conn, peer netip.Addr) {
+	s := bgp.NewSimSession(conn, bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr})
+	go func() {
+		select {
+		case <-s.Established():
+		case <-ctx.Done():
+			return
+		}
+		n.mu.Lock()
+		n.sessions[peer] = s
+		blocks := keysOf(n.blocks)
+		n.mu.Unlock()
+		_ = s.Announce(blocks)
+	}()
+	_ = s.Run(ctx)
+	n.mu.Lock()
+	if n.sessions[peer] == s {
+		delete(n.sessions, peer)
+	}
+	n.mu.Unlock()
+}
+
+func keysOf(m map[netip.Prefix]bool) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// established is how many reflector sessions are up.
+func (n *simNode) established() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.sessions)
+}
+
+// addEndpoint does what an agent does for a pod ADD, minus the kernel: an
+// address from IPAM (claiming a block when needed, then advertising it on
+// every session) and the WorkloadEndpoint. It returns the address's block
+// and whether it was claimed by this call.
+func (n *simNode) addEndpoint(ctx context.Context, labels map[string]string) (block netip.Prefix, newBlock bool, err error) {
+	n.mu.Lock()
+	n.seq++
+	seq := n.seq
+	n.mu.Unlock()
+	ep := simEndpoint{name: fmt.Sprintf("%s-p%d", n.name, seq), labels: labels}
+	ep.handle = "k8s-pod-network." + ep.name
+	a, err := n.alloc.Assign(ctx, ipam.AssignRequest{Node: n.name, Handle: ep.handle})
+	if err != nil {
+		return netip.Prefix{}, false, fmt.Errorf("%s: assigning: %w", n.name, err)
+	}
+	ep.addr = a.Addr
+	if !a.Borrowed {
+		n.advertise(a.Block)
+	}
+	if _, err := n.store.Create(ctx, n.endpoint(ep)); err != nil {
+		return a.Block, a.NewBlock, fmt.Errorf("%s: writing endpoint: %w", n.name, err)
+	}
+	n.mu.Lock()
+	n.eps = append(n.eps, ep)
+	n.mu.Unlock()
+	return a.Block, a.NewBlock, nil
+}
+
+// advertise announces block on every session unless it is announced.
+func (n *simNode) advertise(block netip.Prefix) {
+	n.mu.Lock()
+	if n.blocks[block] {
+		n.mu.Unlock()
+		return
+	}
+	n.blocks[block] = true
+	var ss []*bgp.SimSession
+	for _, s := range n.sessions {
+		ss = append(ss, s)
+	}
+	n.mu.Unlock()
+	for _, s := range ss {
+		_ = s.Announce([]netip.Prefix{block})
+	}
+}
+
+func (n *simNode) endpoint(ep simEndpoint) *api.WorkloadEndpoint {
+	w := &api.WorkloadEndpoint{
+		Metadata: api.ObjectMeta{Name: ep.name, Namespace: simNamespace, Labels: ep.labels},
+		Spec: api.WorkloadEndpointSpec{Node: n.name, Orchestrator: "k8s", Pod: ep.name, ContainerID: ep.name, Endpoint: "eth0",
+			InterfaceName: "cali" + fmt.Sprintf("%011x", uint64(ep.addr.As4()[2])<<8|uint64(ep.addr.As4()[3])|uint64(len(n.name))<<32),
+			IPNetworks:    []string{netip.PrefixFrom(ep.addr, 32).String()}, IPAMHandle: ep.handle},
+	}
+	w.SetDefaults()
+	return w
+}
+
+// deleteOldest does what an agent does for a pod DEL of its oldest pod:
+// the endpoint goes, then its address.
+func (n *simNode) deleteOldest(ctx context.Context) error {
+	n.mu.Lock()
+	if len(n.eps) == 0 {
+		n.mu.Unlock()
+		return nil
+	}
+	ep := n.eps[0]
+	n.eps = n.eps[1:]
+	n.mu.Unlock()
+	if err := n.store.Delete(ctx, api.KindWorkloadEndpoint, simNamespace, ep.name, ""); err != nil {
+		return fmt.Errorf("%s: deleting endpoint: %w", n.name, err)
+	}
+	if err := n.alloc.ReleaseHandle(ctx, ep.handle); err != nil {
+		return fmt.Errorf("%s: releasing: %w", n.name, err)
+	}
+	return nil
+}
+
+// relabel sets one label of the node's first endpoint and returns its
+// address.
+func (n *simNode) relabel(ctx context.Context, key, value string) (netip.Addr, error) {
+	n.mu.Lock()
+	if len(n.eps) == 0 {
+		n.mu.Unlock()
+		return netip.Addr{}, fmt.Errorf("%s has no endpoint", n.name)
+	}
+	ep := &n.eps[0]
+	addr := ep.addr
+	labels := map[string]string{}
+	for k, v := range ep.labels {
+		labels[k] = v
+	}
+	labels[key] = value
+	ep.labels = labels
+	w := n.endpoint(*ep)
+	n.mu.Unlock()
+	if _, err := n.store.Apply(ctx, w); err != nil {
+		return netip.Addr{}, fmt.Errorf("%s: relabelling: %w", n.name, err)
+	}
+	return addr, nil
+}
+
+// watch holds a watch of the whole prefix from revision rev on, as an
+// agent's view does after its initial list, and drops what it receives
+// (etcd's fan-out is what it is for); stopWatch ends it.
+func (n *simNode) watch(ctx context.Context, rev int64) {
+	ctx, cancel := context.WithCancel(ctx)
+	n.mu.Lock()
+	n.watchEnd = cancel
+	n.mu.Unlock()
+	ch := n.store.Watch(ctx, "", rev)
+	go func() {
+		for range ch {
+		}
+	}()
+}
+
+func (n *simNode) stopWatch() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.watchEnd != nil {
+		n.watchEnd()
+		n.watchEnd = nil
+	}
+}
+
+func (n *simNode) close() error {
+	n.stopWatch()
+	if n.store == nil {
+		return nil
+	}
+	return n.store.Close()
+}

@@ -1,0 +1,85 @@
+package lab
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// SimResult is what the harness measured at one size (docs/scale.md says
+// how each figure is taken).
+type SimResult struct {
+	Nodes     int  `json:"simulatedNodes"`
+	Endpoints int  `json:"endpoints"`
+	Policies  int  `json:"policies"`
+	EtcdProxy bool `json:"etcdProxy"`
+	Events    int  `json:"churnEvents"`
+	// Real client agents (medians).
+	AgentUsPerEvent float64 `json:"agentCPUMicrosPerEvent"`
+	AgentIdlePct    float64 `json:"agentIdleCPUPercent"`
+	AgentRSSMiB     float64 `json:"agentRSSMiB"`
+	// Route reflectors (medians); per client = per BGP session.
+	RRIdlePct             float64 `json:"rrIdleCPUPercent"`
+	RRIdleUsPerClientPerS float64 `json:"rrIdleCPUMicrosPerClientPerSecond"`
+	RRRSSMiB              float64 `json:"rrRSSMiB"`
+	RRKiBPerClient        float64 `json:"rrKiBPerClient"`
+	// Latencies.
+	RouteP50Ms  float64 `json:"blockToRouteP50Ms"`
+	RouteP99Ms  float64 `json:"blockToRouteP99Ms"`
+	PolicyP50Ms float64 `json:"policyToKernelP50Ms"`
+	PolicyP99Ms float64 `json:"policyToKernelP99Ms"`
+	ReadyS      float64 `json:"restartToReadySeconds"`
+	// etcd (first member) and the proxy.
+	EtcdIdlePct      float64 `json:"etcdIdleCPUPercent"`
+	EtcdChurnPct     float64 `json:"etcdChurnCPUPercent"`
+	EtcdRSSMiB       float64 `json:"etcdRSSMiB"`
+	EtcdWatchers     int     `json:"etcdWatchers"`
+	EtcdWatchStreams int     `json:"etcdWatchStreams"`
+	ProxyChurnPct    float64 `json:"proxyChurnCPUPercent,omitempty"`
+}
+
+func (r SimResult) summary() string {
+	return fmt.Sprintf("agent %.0f µs/event, idle %.2f%%, %.0f MiB; RR %.0f MiB; route p99 %.0f ms; policy p99 %.0f ms; ready %.1f s; etcd %d watchers",
+		r.AgentUsPerEvent, r.AgentIdlePct, r.AgentRSSMiB, r.RRRSSMiB, r.RouteP99Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdWatchers)
+}
+
+// SimTable renders results as a Markdown table, one row per size.
+func SimTable(rs []SimResult) string {
+	var b strings.Builder
+	b.WriteString("| sim nodes | endpoints | agent µs/event | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		proxy := "—"
+		if r.EtcdProxy {
+			proxy = fmt.Sprintf("%.1f", r.ProxyChurnPct)
+		}
+		fmt.Fprintf(&b, "| %d | %d | %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s |\n",
+			r.Nodes, r.Endpoints, r.AgentUsPerEvent, r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
+			r.RouteP50Ms, r.RouteP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy)
+	}
+	return b.String()
+}
+
+// WriteSimResults writes results.md, results.json and scale.png into dir
+// ("" = nothing).
+func WriteSimResults(dir string, rs []SimResult) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	j, err := json.MarshalIndent(rs, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)), 0o644); err != nil {
+		return err
+	}
+	return PlotSim(filepath.Join(dir, "scale.png"), rs)
+}

@@ -1,0 +1,257 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// simRun is one run of the harness: the real lab, the simulated nodes,
+// and the kernel monitors of the real nodes.
+type simRun struct {
+	o       SimOptions
+	l       *Lab
+	wg      *sync.WaitGroup
+	nodes   []*simNode
+	routes  []*kernelMonitor // every real node: `ip monitor route`
+	sets    []*kernelMonitor // every client node: `nft monitor`
+	clients []string         // the real non-reflector nodes
+	rrs     []string
+}
+
+// Sim runs the harness (docs/scale.md): it brings up a lab named o.Name,
+// grows it through o.Sizes simulated nodes, measures at each size, writes
+// the results (o.Out) after each, and takes the lab down.
+func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
+	o.Default()
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid sim options: %w", err)
+	}
+	l, err := Up(ctx, Options{Name: o.Name, Nodes: o.RealNodes + o.RouteReflectors, RouteReflectors: o.RouteReflectors,
+		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, Log: o.Log})
+	if err != nil {
+		return nil, err
+	}
+	r := &simRun{o: o, l: l}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+		for _, n := range r.nodes {
+			err = errors.Join(err, n.close())
+		}
+		for _, m := range append(r.routes, r.sets...) {
+			m.stop()
+		}
+		err = errors.Join(err, l.Down())
+	}()
+	if err := r.setUp(ctx, &wg); err != nil {
+		return nil, err
+	}
+	var results []SimResult
+	for _, size := range o.Sizes {
+		res, err := r.step(ctx, size)
+		if err != nil {
+			return results, fmt.Errorf("at %d simulated nodes: %w", size, err)
+		}
+		results = append(results, res)
+		l.Progress("%d simulated nodes: %s", size, res.summary())
+		if err := WriteSimResults(o.Out, results); err != nil {
+			return results, err
+		}
+	}
+	return results, nil
+}
+
+// setUp adds the sim namespace, the BGP listener, a pod on every client
+// node, the policies and the kernel monitors.
+func (r *simRun) setUp(ctx context.Context, wg *sync.WaitGroup) error {
+	l := r.l
+	if err := l.makeSimNet(ctx); err != nil {
+		return err
+	}
+	r.wg = wg
+	for i, n := range l.State().Nodes {
+		if i < r.o.RouteReflectors {
+			r.rrs = append(r.rrs, n.Name)
+		} else {
+			r.clients = append(r.clients, n.Name)
+		}
+		m, err := startMonitor(ctx, n.NetNS, routeTokens, "ip", "-o", "monitor", "route")
+		if err != nil {
+			return err
+		}
+		r.routes = append(r.routes, m)
+	}
+	for _, c := range r.clients {
+		if _, err := l.AddPod(ctx, c, "t-"+c, PodOptions{Labels: map[string]string{"app": "sim-target"}}); err != nil {
+			return err
+		}
+		m, err := startMonitor(ctx, l.State().Node(c).NetNS, elementTokens, "nft", "monitor")
+		if err != nil {
+			return err
+		}
+		r.sets = append(r.sets, m)
+	}
+	return r.writePolicies(ctx)
+}
+
+// writePolicies writes o.Policies NetworkPolicies: sim-target selects the
+// real pods and admits role=probe; the others select simulated endpoints.
+func (r *simRun) writePolicies(ctx context.Context) error {
+	s, err := r.l.connect(ctx)
+	if err != nil {
+		return err
+	}
+	r.l.Progress("writing %d policies", r.o.Policies)
+	tcp := "TCP"
+	pol := func(name string, sel, from map[string]string) *api.NetworkPolicy {
+		return &api.NetworkPolicy{Metadata: api.ObjectMeta{Name: name, Namespace: simNamespace},
+			Spec: api.NetworkPolicySpec{PodSelector: api.LabelSelector{MatchLabels: sel},
+				Ingress: []api.NetworkPolicyIngressRule{{From: []api.NetworkPolicyPeer{{PodSelector: &api.LabelSelector{MatchLabels: from}}}},
+					{Ports: []api.NetworkPolicyPort{{Protocol: &tcp}}}},
+				PolicyTypes: []api.PolicyType{api.PolicyTypeIngress}}}
+	}
+	objs := []api.Object{pol("sim-target", map[string]string{"app": "sim-target"}, map[string]string{"role": "probe"})}
+	for i := 1; i < r.o.Policies; i++ {
+		objs = append(objs, pol(fmt.Sprintf("sim-p%d", i), map[string]string{"app": fmt.Sprintf("svc-%d", i%100)},
+			map[string]string{"role": fmt.Sprintf("r-%d", i%50)}))
+	}
+	return parallel(ctx, 16, len(objs), func(i int) error {
+		_, err := s.Apply(ctx, objs[i])
+		return err
+	})
+}
+
+// parallel runs fn(0..n-1) on workers goroutines and returns every error.
+func parallel(ctx context.Context, workers, n int, fn func(i int) error) error {
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		next = make(chan int)
+	)
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				if err := fn(i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for i := range n {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errors.Join(append(errs, ctx.Err())...)
+}
+
+// simLabels are the labels of simulated endpoint k.
+func simLabels(k int) map[string]string {
+	return map[string]string{"app": fmt.Sprintf("svc-%d", k%100), "role": fmt.Sprintf("r-%d", k%50)}
+}
+
+// grow adds simulated nodes up to size, waits for their sessions and fills
+// them with endpoints; the last o.Samples new nodes' first endpoints are
+// the block-to-route samples it returns.
+func (r *simRun) grow(ctx context.Context, size int) ([]time.Duration, error) {
+	from := len(r.nodes)
+	st := r.l.State()
+	eps := st.EtcdEndpoints()
+	if st.EtcdProxy != nil {
+		eps = []string{st.EtcdProxyURL()}
+	}
+	r.l.Progress("adding simulated nodes sim%d-sim%d", from+1, size)
+	added := make([]*simNode, size-from)
+	if err := parallel(ctx, 16, size-from, func(i int) error {
+		n := newSimNode(from + i + 1)
+		added[i] = n
+		if err := n.connect(ctx, st.SimNS(), eps); err != nil {
+			return err
+		}
+		for _, rr := range r.rrs {
+			a := st.Node(rr).IP.Addr()
+			r.wg.Go(func() { n.keepSession(ctx, st.SimNS(), a) })
+		}
+		return nil
+	}); err != nil {
+		for _, n := range added {
+			if n != nil && n.store != nil {
+				err = errors.Join(err, n.close())
+			}
+		}
+		return nil, err
+	}
+	r.nodes = append(r.nodes, added...)
+	if err := r.waitSessions(ctx, added); err != nil {
+		return nil, err
+	}
+	nSamples := min(r.o.Samples, len(added))
+	fill, samples := added[:len(added)-nSamples], added[len(added)-nSamples:]
+	r.l.Progress("adding %d endpoints", len(added)*r.o.EndpointsPerNode)
+	if err := parallel(ctx, 32, len(fill), func(i int) error { return r.fill(ctx, fill[i], 0) }); err != nil {
+		return nil, err
+	}
+	var lat []time.Duration
+	for _, n := range samples {
+		t0 := time.Now()
+		block, _, err := n.addEndpoint(ctx, simLabels(0))
+		if err != nil {
+			return nil, err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		t1, err := waitAll(wctx, r.routes, block.String())
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("block %s of %s: %w", block, n.name, err)
+		}
+		lat = append(lat, t1.Sub(t0))
+		if err := r.fill(ctx, n, 1); err != nil {
+			return nil, err
+		}
+	}
+	return lat, nil
+}
+
+// fill adds node n's endpoints from the have-th on.
+func (r *simRun) fill(ctx context.Context, n *simNode, have int) error {
+	for k := have; k < r.o.EndpointsPerNode; k++ {
+		if _, _, err := n.addEndpoint(ctx, simLabels(k)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitSessions waits until every node has a session with every reflector.
+func (r *simRun) waitSessions(ctx context.Context, nodes []*simNode) error {
+	r.l.Progress("waiting for %d simulated nodes' sessions with the reflectors", len(nodes))
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	var missing []string
+	err := Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		missing = missing[:0]
+		for _, n := range nodes {
+			if n.established() < r.o.RouteReflectors {
+				missing = append(missing, n.name)
+			}
+		}
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("sessions of %d simulated nodes not established (first %v): %w", len(missing), missing[:min(5, len(missing))], err)
+	}
+	return nil
+}

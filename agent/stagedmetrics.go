@@ -9,7 +9,6 @@ import (
 	"github.com/tabbynet/tabby/dataplane"
 )
 
-
 // maxStagedSeries bounds tabby_staged_policy_packets_total: staged
 // policies beyond it are summed under policy "(other)".
 const maxStagedSeries = 1000

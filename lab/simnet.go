@@ -65,18 +65,23 @@ func (l *Lab) routeToSim(ctx context.Context, nodeNS string) error {
 // keepSession holds node n's session with the reflector at rr: the
 // simulated node has the higher address, and between cluster nodes only
 // the higher address connects (bgp.speaker.passive), so it dials, from its
-// own address inside the sim namespace, and dials again whenever the
-// session ends or the reflector refuses (its peer not configured yet),
-// until ctx ends.
+// own address inside the sim namespace, signing with the cluster's
+// TCP-MD5 password (lab/simmd5.go, read again for every dial), and dials
+// again whenever the session ends or the reflector refuses (its peer not
+// configured yet), until ctx ends.
 func (n *simNode) keepSession(ctx context.Context, ns string, rr netip.Addr) {
 	to := netip.AddrPortFrom(rr, 179).String()
 	for ctx.Err() == nil {
 		var c net.Conn
-		err := inNetNS(ns, func() (err error) {
-			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(n.addr, 0)), Timeout: 5 * time.Second}
-			c, err = d.DialContext(ctx, "tcp", to)
-			return err
-		})
+		pw, err := n.meshPassword(ctx)
+		if err == nil {
+			err = inNetNS(ns, func() (err error) {
+				d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(n.addr, 0)), Timeout: 5 * time.Second,
+					Control: md5Control(rr, pw)}
+				c, err = d.DialContext(ctx, "tcp", to)
+				return err
+			})
+		}
 		if err == nil {
 			n.attach(ctx, c, rr)
 		}

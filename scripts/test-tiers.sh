@@ -7,7 +7,8 @@
 #   e2e         ./e2e: the lab with real agents, as root
 #
 # Environment: GO, BIN (built binaries, given to tests as TABBY_BIN),
-# TESTFLAGS, RACEFLAGS, TIERS (default "unit privileged e2e").
+# TESTFLAGS, RACEFLAGS, TIERS (default "unit privileged e2e"), E2E_TIMEOUT
+# (default 45m: the e2e package's deadline, after TESTFLAGS' -timeout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -62,7 +63,8 @@ if ! want e2e; then
 elif [ -n "$privReason" ]; then
 	skip e2e 3 "$privReason"
 else
-	tier e2e 3 env TABBY_BIN="$BIN" "$GO" test -json $TESTFLAGS ./e2e
+	# One package of many labs: its own, longer deadline (the last -timeout wins).
+	tier e2e 3 env TABBY_BIN="$BIN" "$GO" test -json $TESTFLAGS -timeout "${E2E_TIMEOUT:-45m}" ./e2e
 fi
 "$report" summary "$rec"/*.json || status=1
 exit $status

@@ -153,7 +153,7 @@ func serveAll(name, tcpPorts, udpPorts string) (int, error) {
 func probe(proto, addr string) (int, error) {
 	switch proto {
 	case "tcp":
-		c, err := net.DialTimeout("tcp4", addr, probeTimeout)
+		c, err := net.DialTimeout("tcp", addr, probeTimeout)
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -176,7 +176,7 @@ func probe(proto, addr string) (int, error) {
 		fmt.Print(line)
 		return 0, nil
 	case "udp":
-		c, err := net.Dial("udp4", addr)
+		c, err := net.Dial("udp", addr)
 		if err != nil {
 			return 1, err
 		}

@@ -9,8 +9,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	gobgpapi "github.com/osrg/gobgp/v4/api"
-	"github.com/osrg/gobgp/v4/pkg/apiutil"
-	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
 	"github.com/tabbynet/tabby/api"
 )
@@ -72,35 +70,13 @@ func TestPoolCommunities(t *testing.T) {
 }
 
 // communitiesAt returns the communities of the best path for each prefix
-// in n's global RIB, read the way readRIB reads it (see there for the
-// locking), without the NO_ADVERTISE tag n's own import adds to routes
-// from external peers.
+// learned from a peer in n's global RIB (pathsAt's, without the
+// NO_ADVERTISE tag n's own import adds to routes from external peers).
 func communitiesAt(t *testing.T, n *testNode) map[netip.Prefix][]uint32 {
 	t.Helper()
 	out := map[netip.Prefix][]uint32{}
-	servers.RLock()
-	err := n.sp.srv.ListPath(apiutil.ListPathRequest{TableType: gobgpapi.TableType_TABLE_TYPE_GLOBAL, Family: gobgp.RF_IPv4_UC},
-		func(_ gobgp.NLRI, paths []*apiutil.Path) {
-			for _, p := range paths {
-				nlri, ok := p.Nlri.(*gobgp.IPAddrPrefix)
-				if !ok || !p.PeerAddress.IsValid() {
-					continue
-				}
-				cs := []uint32{}
-				for _, a := range p.Attrs {
-					if c, ok := a.(*gobgp.PathAttributeCommunities); ok {
-						cs = append(cs, slices.DeleteFunc(slices.Clone(c.Value), func(v uint32) bool { return v == 0xFFFFFF02 })...)
-					}
-				}
-				out[nlri.Prefix.Masked()] = cs
-			}
-		})
-	servers.RUnlock()
-	if _, berr := n.sp.srv.GetBgp(context.Background(), &gobgpapi.GetBgpRequest{}); berr != nil && err == nil {
-		err = berr
-	}
-	if err != nil {
-		t.Fatalf("reading %s's RIB: %v", n.name, err)
+	for p, pi := range pathsAt(t, n) {
+		out[p] = append([]uint32{}, pi.Communities...)
 	}
 	return out
 }

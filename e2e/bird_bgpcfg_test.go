@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -49,12 +48,7 @@ protocol bgp node1 {
 )
 
 func TestBIRDLocalASCommunitiesNextHop(t *testing.T) {
-	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("skipped: %s not installed (Debian package bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	l := upLab(t, lab.Options{Name: "cfgbird", Nodes: 2, PodsPerNode: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

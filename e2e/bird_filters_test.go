@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -63,12 +62,7 @@ protocol bgp %s from tabby_node {
 // measures how long BIRD takes to notice each (BFD vs hold time), when BIRD
 // drops node 1's routes and when node 1 drops the ToR's route.
 func TestBIRDFiltersCommunitiesBFD(t *testing.T) {
-	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("skipped: %s not installed (Debian package bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	l := upLab(t, lab.Options{Name: "e2ebirdf", Nodes: 2, PodsPerNode: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

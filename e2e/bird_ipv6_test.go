@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -81,12 +80,7 @@ template bgp tabby_node {
 // the filter accepts too) and the foreign prefix no rule matches; a
 // withdrawal leaves every node's kernel.
 func TestPrivilegedBIRDIPv6(t *testing.T) {
-	testkit.RequirePrivileged(t, "ip", "nsenter", "ping")
-	for _, bin := range []string{"bird", "birdc"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("skipped: %s not installed (Debian package bird2)", bin)
-		}
-	}
+	requireBIRD(t)
 	l := upLab(t, lab.Options{Name: "b6bird", Nodes: 2, PodsPerNode: 1, DualStack: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -119,12 +119,13 @@ func waitBIRDVia(ctx context.Context, tb testing.TB, b *bird, want map[string][]
 	})
 }
 
+// requireBIRD skips tb when not root or when BIRD 2 (bird, birdc) is not installed.
 func requireBIRD(tb testing.TB) {
 	tb.Helper()
 	testkit.RequirePrivileged(tb, "ip", "nsenter", "ping")
 	for _, bin := range []string{"bird", "birdc"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			tb.Skipf("BIRD Service advertisement test skipped: %s not installed (Debian package bird2)", bin)
+			tb.Skipf("BIRD test skipped: %s not installed (Debian package bird2)", bin)
 		}
 	}
 }

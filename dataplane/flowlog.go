@@ -3,6 +3,7 @@ package dataplane
 import (
 	"strconv"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -26,11 +27,13 @@ func (fl FlowLogRules) Logs(r policy.Rule) bool {
 	if r.Origin == nil {
 		return false
 	}
-	switch r.Verdict.Kind {
-	case policy.VerdictDrop:
-		return fl.Deny
-	case policy.VerdictAccept, policy.VerdictSetMark:
-		return fl.Allow
+	// By the API's action, not the verdict: a Pass rule marks the packet
+	// (VerdictSetMark) as an allow does, and must not log as one.
+	switch r.Origin.Action {
+	case string(api.ActionDeny):
+		return fl.Deny && r.Verdict.Kind == policy.VerdictDrop
+	case string(api.ActionAllow):
+		return fl.Allow && (r.Verdict.Kind == policy.VerdictAccept || r.Verdict.Kind == policy.VerdictSetMark)
 	}
 	return false
 }

@@ -239,7 +239,6 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 		if rc, ok := a.deps.Firewall.(ruleCounterReader); ok {
 			a.metrics.watchRuleCounters(rc)
-			a.metrics.reg.MustRegister(newStagedCollector(rc))
 		}
 	} else {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")

@@ -10,10 +10,11 @@ import (
 
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/flowlog"
+	"github.com/tabbynet/tabby/policy"
 )
 
 // ruleCounterReader is a firewall that reads its per-rule counters
-// (dataplane.NFTFirewall, dataplane.IPTablesFirewall).
+// (dataplane.NFTFirewall; the iptables backend has no such counters yet).
 type ruleCounterReader interface {
 	RuleCounters(ctx context.Context) ([]dataplane.RuleCounter, error)
 }
@@ -29,14 +30,15 @@ const MaxRuleSeries = 4096
 // from zero; the collector keeps each series monotonic by adding the count
 // it had seen before such a drop.
 type ruleCollector struct {
-	rc             ruleCounterReader
-	packets, bytes *prometheus.Desc
+	rc                     ruleCounterReader
+	packets, bytes, staged *prometheus.Desc
 
 	mu     sync.Mutex
 	series map[string]*ruleSeries
 }
 
 type ruleSeries struct {
+	origin              *policy.Origin
 	labels              []string
 	basePkts, baseBytes uint64
 	lastPkts, lastBytes uint64
@@ -49,10 +51,17 @@ func newRuleCollector(rc ruleCounterReader) *ruleCollector {
 	return &ruleCollector{rc: rc, series: map[string]*ruleSeries{},
 		packets: prometheus.NewDesc("tabby_policy_rule_packets_total", "Packets matched by each policy rule (and default action) this node enforces, by the rule's origin; at most MaxRuleSeries series, the rest under policy=\"_other\".", ruleLabels, nil),
 		bytes:   prometheus.NewDesc("tabby_policy_rule_bytes_total", "Bytes matched by each policy rule (and default action) this node enforces; see tabby_policy_rule_packets_total.", ruleLabels, nil),
+		staged: prometheus.NewDesc("tabby_staged_policy_packets_total",
+			"Packets opening a connection that a rule of a staged policy matched (and would have decided with action), counted, never enforced.",
+			[]string{"policy", "action"}, nil),
 	}
 }
 
-func (c *ruleCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.packets; ch <- c.bytes }
+func (c *ruleCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.packets
+	ch <- c.bytes
+	ch <- c.staged
+}
 
 func (c *ruleCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -69,16 +78,18 @@ func (c *ruleCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	type sum struct{ p, b uint64 }
 	other := sum{}
+	var staged []dataplane.RuleCounter // monotonic totals of staged rules
 	for _, rc := range counters {
 		k := rc.Origin.String()
 		s := c.series[k]
 		if s == nil {
 			if len(c.series) >= MaxRuleSeries {
 				other.p, other.b = other.p+rc.Packets, other.b+rc.Bytes
+				staged = append(staged, rc)
 				continue
 			}
 			o := rc.Origin
-			s = &ruleSeries{labels: []string{o.Tier, o.Kind, o.Namespace, o.Name, o.Direction, strconv.Itoa(o.Index), o.Action}}
+			s = &ruleSeries{origin: o, labels: []string{o.Tier, o.Kind, o.Namespace, o.Name, o.Direction, strconv.Itoa(o.Index), o.Action}}
 			c.series[k] = s
 		}
 		if rc.Packets < s.lastPkts || rc.Bytes < s.lastBytes {
@@ -93,6 +104,10 @@ func (c *ruleCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(s.basePkts+s.lastPkts), s.labels...)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(s.baseBytes+s.lastBytes), s.labels...)
+		staged = append(staged, dataplane.RuleCounter{Origin: s.origin, Packets: s.basePkts + s.lastPkts})
+	}
+	for k, v := range stagedSums(staged) {
+		ch <- prometheus.MustNewConstMetric(c.staged, prometheus.CounterValue, float64(v), k[0], k[1])
 	}
 	if other != (sum{}) {
 		l := []string{"", "", "", "_other", "", "", ""}

@@ -465,11 +465,7 @@ func (b *bgpOwner) clusterID(self *api.Node, bc *api.BGPConfiguration) string {
 // noteRefused keeps the sessions the pass could not have, and logs them
 // once per change.
 func (b *bgpOwner) noteRefused(refused []bgp.RefusedPeer) {
-	b.mu.Lock()
-	changed := !slices.Equal(refused, b.refused)
-	b.refused = refused
-	b.mu.Unlock()
-	if changed {
+	if replaced(&b.mu, &b.refused, refused) {
 		for _, r := range refused {
 			b.log.Warn("bgp session refused", "peer", r.Name, "address", r.Address, "reason", r.Reason)
 		}

@@ -41,7 +41,6 @@ type reflectorElector struct {
 	liveSynced   bool
 	choiceSynced bool
 	lastDropped  []string
-	lastErr      error
 }
 
 func newReflectorElector(node string, store *datastore.Store, view *syncer.Syncer, log *slog.Logger, changed func()) *reflectorElector {

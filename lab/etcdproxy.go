@@ -25,11 +25,6 @@ func (s *State) EtcdProxyURL() string {
 	return "http://" + netip.AddrPortFrom(etcdAddr, etcdProxyPort).String()
 }
 
-// EtcdProxyMetricsURL is the proxy's metrics endpoint.
-func (s *State) EtcdProxyMetricsURL() string {
-	return "http://" + netip.AddrPortFrom(etcdAddr, etcdProxyMetricsPort).String() + "/metrics"
-}
-
 // agentEtcdEndpoints are the endpoints agents get: the proxy's when the
 // lab has one, else every member's.
 func (s *State) agentEtcdEndpoints() []string {

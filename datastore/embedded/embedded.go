@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -129,11 +130,47 @@ func Start(ctx context.Context, cfg Config) (*Etcd, error) {
 		e.peerURL = url.URL{Scheme: u.Scheme, Host: u.Host}
 	}
 
-	if err := e.start(ctx); err != nil {
-		e.removeDir()
-		return nil, err
+	// A port freePort found can be taken by another process before etcd
+	// binds it (tests start many etcds at once): pick again and retry.
+	for attempt := 1; ; attempt++ {
+		err := e.start(ctx)
+		if err == nil {
+			return e, nil
+		}
+		if attempt == 5 || !addrInUse(err) || (cfg.ClientURL != "" && cfg.PeerURL != "") {
+			e.removeDir()
+			return nil, err
+		}
+		if err := e.repick(cfg, host); err != nil {
+			e.removeDir()
+			return nil, err
+		}
 	}
-	return e, nil
+}
+
+// addrInUse reports whether err is a bind to a port already in use.
+func addrInUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
+}
+
+// repick gives the URLs Start chose itself (not the configured ones) new
+// free ports.
+func (e *Etcd) repick(cfg Config, host string) error {
+	if cfg.ClientURL == "" {
+		port, err := freePort(host)
+		if err != nil {
+			return err
+		}
+		e.clientURL.Host = net.JoinHostPort(host, port)
+	}
+	if cfg.PeerURL == "" {
+		port, err := freePort(host)
+		if err != nil {
+			return err
+		}
+		e.peerURL.Host = net.JoinHostPort(host, port)
+	}
+	return nil
 }
 
 // freePort returns a TCP port on host that was free a moment ago.

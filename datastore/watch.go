@@ -170,13 +170,13 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 			}
 			continue
 		}
-		kept := false
+		sent := w.next - 1 // the last revision the receiver has been given
 		for _, ev := range resp.Events {
 			if w.keep(ev.Kv.Key) {
 				if !w.send(ctx, w.event(ev)) {
 					return ctx.Err()
 				}
-				kept = true
+				sent = ev.Kv.ModRevision
 			}
 			w.next = ev.Kv.ModRevision + 1
 		}
@@ -184,8 +184,10 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 			w.next = resp.Header.Revision + 1
 		}
 		// Whoever waits for a revision of a refused key still sees it
-		// reached: one event without a value, not a copy of each.
-		if !kept && (len(resp.Events) > 0 || resp.IsProgressNotify()) && !w.send(ctx, Event{Type: EventProgress, Revision: w.next - 1}) {
+		// reached: one event without a value, not a copy of each. Also
+		// when the response's refused events follow kept ones (a burst of
+		// writes in one response): the receiver must reach the last.
+		if sent < w.next-1 && !w.send(ctx, Event{Type: EventProgress, Revision: w.next - 1}) {
 			return ctx.Err()
 		}
 	}

@@ -117,6 +117,12 @@ func Read(name string, r io.Reader, w io.Writer) (*Tier, error) {
 					// Failed without a failed test: build error, panic, timeout.
 					t.FailedNames = append(t.FailedNames, ev.Package)
 					fmt.Fprint(w, strings.Join(out[k], ""))
+					// A panic or timeout is told in the output of the
+					// tests still running, which never end: name them.
+					for _, name := range unended(out, ev.Package) {
+						t.FailedNames = append(t.FailedNames, ev.Package+"."+name+" (did not end)")
+						fmt.Fprint(w, head(out[testKey{ev.Package, name}], unendedLines))
+					}
 				}
 				report(w, ev, p, true)
 				continue
@@ -136,6 +142,31 @@ func Read(name string, r io.Reader, w io.Writer) (*Tier, error) {
 		return t, fmt.Errorf("reading go test output: %w", err)
 	}
 	return t, nil
+}
+
+// unendedLines bounds the output shown of a test that did not end (a
+// timeout's goroutine dump runs to thousands of lines).
+const unendedLines = 80
+
+// unended returns the top-level tests of pkg that started and neither
+// passed, failed nor skipped, sorted.
+func unended(out map[testKey][]string, pkg string) []string {
+	var names []string
+	for k := range out {
+		if k.pkg == pkg && k.test != "" && !strings.Contains(k.test, "/") {
+			names = append(names, k.test)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// head joins the first n lines, saying how many were left out.
+func head(lines []string, n int) string {
+	if len(lines) <= n {
+		return strings.Join(lines, "")
+	}
+	return strings.Join(lines[:n], "") + fmt.Sprintf("    … %d more lines\n", len(lines)-n)
 }
 
 // report writes a package's result line.

@@ -33,6 +33,14 @@ const stream = `{"Action":"start","Package":"x/a"}
 {"Action":"output","Package":"x/c","Output":"FAIL\tx/c [build failed]\n"}
 {"Action":"fail","Package":"x/c","Elapsed":0}
 {"Action":"skip","Package":"x/d","Elapsed":0}
+{"Action":"run","Package":"x/t","Test":"TestQuick"}
+{"Action":"output","Package":"x/t","Test":"TestQuick","Output":"=== RUN   TestQuick\n"}
+{"Action":"pass","Package":"x/t","Test":"TestQuick","Elapsed":0}
+{"Action":"run","Package":"x/t","Test":"TestHang"}
+{"Action":"output","Package":"x/t","Test":"TestHang","Output":"=== RUN   TestHang\n"}
+{"Action":"output","Package":"x/t","Test":"TestHang","Output":"panic: test timed out after 20m0s\n"}
+{"Action":"output","Package":"x/t","Output":"FAIL\tx/t\t1200.3s\n"}
+{"Action":"fail","Package":"x/t","Elapsed":1200.3}
 not json
 `
 
@@ -43,13 +51,13 @@ func TestRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Tier{
-		Name: "unit", Ran: true, Passed: 1, Failed: 1, Skipped: 3,
+		Name: "unit", Ran: true, Passed: 2, Failed: 1, Skipped: 3,
 		Skips: []Skip{
 			{Package: "x/a", Test: "TestRoot", Reason: "privileged test skipped: needs root"},
 			{Package: "x/e2e", Test: "TestLab", Reason: "end-to-end test skipped: needs root"},
 			{Package: "x/e2e", Test: "TestMesh", Reason: "end-to-end test skipped: needs root"},
 		},
-		FailedNames: []string{"x/b.TestBad", "x/c"},
+		FailedNames: []string{"x/b.TestBad", "x/c", "x/t", "x/t.TestHang (did not end)"},
 	}
 	if diff := cmp.Diff(want, tier); diff != "" {
 		t.Errorf("tier (-want +got):\n%s", diff)
@@ -63,6 +71,8 @@ func TestRead(t *testing.T) {
 		"c.go:1:1: syntax error",
 		"FAIL  x/c  0s  (0 passed, 0 failed, 0 skipped)",
 		"not json",
+		"panic: test timed out after 20m0s",
+		"FAIL  x/t  20m0.3s  (1 passed, 0 failed, 0 skipped)",
 	} {
 		if !strings.Contains(got, line+"\n") {
 			t.Errorf("report lacks %q:\n%s", line, got)

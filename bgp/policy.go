@@ -513,6 +513,8 @@ func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
 	if err != nil {
 		return fmt.Errorf("listing BGP peers: %w", err)
 	}
+	s.softResetMu.Lock()
+	defer s.softResetMu.Unlock()
 	for _, a := range established {
 		if err := s.srv.ResetPeer(ctx, &gobgpapi.ResetPeerRequest{Address: a, Soft: true, Direction: gobgpapi.ResetPeerRequest_DIRECTION_BOTH}); err != nil {
 			errs = append(errs, fmt.Errorf("re-applying policy to %s: %w", a, err))

@@ -265,6 +265,9 @@ func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
 //     read can still overlap it (a one-byte flag, no torn values);
 //     upstream's fix makes the flag atomic.
 //
+// Our own soft resets in (applyPolicy) race with ListPath the same way (a
+// path's local ID); those we do keep apart, under softResetMu.
+//
 // SetAdvertisements no longer reads the RIB at all (see advertiser).
 func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[netip.Prefix][]candidate, error) {
 	s.mu.Lock()
@@ -328,6 +331,7 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 	// StartBgp writes (see servers).
 	var err error
 	servers.RLock()
+	s.softResetMu.RLock()
 	for _, req := range reqs {
 		err = srv.ListPath(req, func(_ gobgp.NLRI, paths []*apiutil.Path) {
 			for _, p := range paths {
@@ -343,6 +347,7 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 			break
 		}
 	}
+	s.softResetMu.RUnlock()
 	servers.RUnlock()
 	// The barrier described above; run it whatever ListPath returned.
 	if _, berr := srv.GetBgp(ctx, &gobgpapi.GetBgpRequest{}); berr != nil && err == nil {

@@ -98,6 +98,14 @@ type ribState struct {
 	resyncAll bool
 	// ribUpdates carries the RIB reader's results to the publisher.
 	ribUpdates chan ribUpdate
+	// softResetMu keeps our soft resets in and our RIB reads apart. GoBGP
+	// v4.8.0's soft reset in re-imports a session's paths and writes each
+	// one's local ID (destination.implicitWithdraw) while ListPath converts
+	// the same path objects outside GoBGP's lock (toPathApiUtil reads it):
+	// a data race inside GoBGP. Both calls are ours, so the RIB reader
+	// holds the read lock across its ListPath and applyPolicy the lock
+	// across its ResetPeer calls (each returns once GoBGP has done it).
+	softResetMu sync.RWMutex
 }
 
 // bfdState: the BFD watch (bfd.go) and the route publisher share these

@@ -58,15 +58,16 @@ func (e *reflectorElector) current() *bgp.ReflectorChoice {
 	return e.choice
 }
 
-// run follows liveness and the record and elects until ctx ends. It
-// re-checks every second: a reflector's grace period ends without any
-// event.
+// run follows liveness and the record and elects until ctx ends. Between
+// events it sleeps until the next grace period ends (a reflector's grace
+// ends without any event), so that an idle cluster costs nothing.
 func (e *reflectorElector) run(ctx context.Context) {
 	lives := e.store.Watch(ctx, datastore.NodeLivenessPrefix, 0)
 	records := e.store.Watch(ctx, datastore.BGPReflectorsKey, 0)
 	sub := e.view.Notify("reflectors", syncer.On[api.Node](nil), syncer.On[api.BGPConfiguration](nil))
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -82,13 +83,23 @@ func (e *reflectorElector) run(ctx context.Context) {
 			}
 			e.applyRecord(ev)
 		case <-sub.C():
-		case <-tick.C:
+		case <-timer.C:
 		}
-		if err := e.elect(ctx); err != nil && !errors.Is(err, datastore.ErrConflict) {
+		next, err := e.elect(ctx)
+		if err != nil && !errors.Is(err, datastore.ErrConflict) {
 			e.log.Warn("route reflector election", "err", err)
+			next = time.Now().Add(electRetry)
+		}
+		timer.Stop()
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
 		}
 	}
 }
+
+// electRetry is when an election that failed (etcd) is tried again
+// without any event.
+const electRetry = time.Second
 
 // applyLiveness folds a liveness event in; a node seen going is gone
 // since now, one never seen live since this agent started.
@@ -149,16 +160,18 @@ func (e *reflectorElector) applyRecord(ev datastore.Event) {
 	}
 }
 
-// elect proposes the next choice when the inputs call for one.
-func (e *reflectorElector) elect(ctx context.Context) error {
+// elect proposes the next choice when the inputs call for one, and
+// returns when it must look again without an event (zero: not before the
+// next event).
+func (e *reflectorElector) elect(ctx context.Context) (time.Time, error) {
 	bc := e.view.BGPConfiguration()
 	if !bc.AutoReflectors() {
-		return nil
+		return time.Time{}, nil
 	}
 	e.mu.Lock()
 	if !e.liveSynced || !e.choiceSynced {
 		e.mu.Unlock()
-		return nil
+		return time.Time{}, nil
 	}
 	prev, rev := e.choice, e.rev
 	in := bgp.ElectInput{Spec: bc.Spec.AutoReflectorSpec, Nodes: e.view.Nodes(), Live: maps.Clone(e.live), GoneSince: maps.Clone(e.goneSince), Now: time.Now()}
@@ -168,23 +181,24 @@ func (e *reflectorElector) elect(ctx context.Context) error {
 		}
 	}
 	e.mu.Unlock()
+	deadline := in.NextDeadline()
 	next, changed, dropped := bgp.Elect(prev, in)
 	if !changed {
-		return nil
+		return deadline, nil
 	}
 	val, err := json.Marshal(next)
 	if err != nil {
-		return err
+		return deadline, err
 	}
 	_, err = e.store.Txn(ctx, []datastore.Cmp{{Key: datastore.BGPReflectorsKey, ModRevision: rev}}, []datastore.Op{{Key: datastore.BGPReflectorsKey, Value: val}})
 	if err != nil {
-		return fmt.Errorf("writing the route reflector choice: %w", err)
+		return deadline, fmt.Errorf("writing the route reflector choice: %w", err)
 	}
 	e.mu.Lock()
 	e.lastDropped = dropped
 	e.mu.Unlock()
 	e.log.Info("elected route reflectors", "count", next.Count(), "dropped", dropped)
-	return nil
+	return deadline, nil
 }
 
 // status describes the choice for tabbyctl node status.

@@ -111,6 +111,26 @@ type ElectInput struct {
 	Now       time.Time
 }
 
+// NextDeadline is the earliest moment after in.Now at which the grace
+// period of a node gone from liveness ends, when Elect may then decide
+// otherwise with nothing else changing; zero when there is none. An
+// elector waits for it (or for an event), not polls.
+func (in ElectInput) NextDeadline() time.Time {
+	grace := in.Spec.EffectiveReflectorGrace()
+	var next time.Time
+	for n, since := range in.GoneSince {
+		// Elect drops a reflector gone for more than grace.
+		at := since.Add(grace + time.Millisecond)
+		if in.Live[n] || !at.After(in.Now) {
+			continue
+		}
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	return next
+}
+
 // Elect computes the next choice from prev (nil at first). It is
 // deterministic: every agent with the same inputs computes the same
 // reflectors. Per zone (the nodes' zone label):

@@ -152,3 +152,36 @@ func TestRouterIDFor(t *testing.T) {
 		t.Errorf("derived: n1 %v, n2 %v", a, b)
 	}
 }
+
+// TestElectNextDeadline: an elector sleeps until the first grace period
+// that has not ended; Elect at that moment drops the reflector it covers.
+func TestElectNextDeadline(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 0, 0, 0, 0, time.UTC)
+	grace := api.DefaultRouteReflectorGrace
+	nodes := zoneNodes([]string{"a"}, 4)
+	in := ElectInput{Nodes: nodes, Live: liveAll(nodes), GoneSince: map[string]time.Time{}, Now: t0}
+	if d := in.NextDeadline(); !d.IsZero() {
+		t.Fatalf("all live: deadline %v, want none", d)
+	}
+	first, _, _ := Elect(nil, in)
+	gone := first.Zones["a"][0].Node
+	delete(in.Live, gone)
+	in.GoneSince[gone] = t0
+	in.GoneSince["a-x"] = t0.Add(-2 * grace) // long gone: its grace is over
+	in.Now = t0.Add(grace / 2)
+	d := in.NextDeadline()
+	if want := t0.Add(grace + time.Millisecond); !d.Equal(want) {
+		t.Fatalf("deadline %v, want %v (the end of %s's grace)", d, want, gone)
+	}
+	if _, changed, _ := Elect(first, in); changed {
+		t.Fatalf("Elect changed the choice before the deadline")
+	}
+	in.Now = d
+	if _, changed, dropped := Elect(first, in); !changed || len(dropped) != 1 {
+		t.Fatalf("Elect at the deadline: changed %v, dropped %v; want %s dropped", changed, dropped, gone)
+	}
+	in.Live[gone] = true
+	if d := in.NextDeadline(); !d.IsZero() {
+		t.Errorf("back live: deadline %v, want none", d)
+	}
+}

@@ -497,16 +497,18 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 		ops = append(ops, datastore.Op{Key: akey, Value: encodeAffinity(affinityConfirmed)})
 	}
 	var withRev bool
+	var withCmps []datastore.Cmp
 	if c.req.With != nil {
 		wc, wo, err := c.req.With(c.addr)
 		if err != nil {
 			return Assignment{}, fmt.Errorf("ipam: assigning %s for %s: %w", c.addr, c.req.Handle, err)
 		}
+		withCmps = wc
 		cmps, ops, withRev = append(cmps, wc...), append(ops, wo...), true
 	}
 	rev, err := a.txn(ctx, cmps, ops)
 	if withRev && errors.Is(err, errRetry) {
-		return Assignment{}, errRetryAlone
+		return Assignment{}, a.withConflict(ctx, withCmps)
 	}
 	if err != nil {
 		return Assignment{}, err
@@ -524,6 +526,23 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 		res.WithRev = rev
 	}
 	return res, nil
+}
+
+// withConflict tells, after a transaction carrying a request's With
+// writes failed its comparisons, whether the With's own comparisons failed
+// (errRetryAlone: the next attempt goes without them, and the caller
+// writes them itself) or only IPAM's (errRetry: a block changed behind the
+// cache, say; the next attempt still carries them, so that the ADD still
+// pays one durable write). It asks etcd with a read-only transaction of
+// the With's comparisons alone; when that fails too, it drops them.
+func (a *Allocator) withConflict(ctx context.Context, withCmps []datastore.Cmp) error {
+	if len(withCmps) == 0 {
+		return errRetry
+	}
+	if _, err := a.store.Txn(ctx, withCmps, nil); err != nil {
+		return errRetryAlone
+	}
+	return errRetry
 }
 
 // repairAffinities fixes the node's affinity records against their blocks:

@@ -135,26 +135,50 @@ func (m *kernelMonitor) stop() {
 	}
 }
 
-// procUsage is a process's CPU time so far (seconds) and resident memory
-// (MiB), from /proc.
-func procUsage(pid int) (cpu float64, rssMiB float64, err error) {
+// ProcUsage is what a process has used: its CPU time so far (user and
+// system), and its resident memory now and at its peak, from /proc.
+type ProcUsage struct {
+	CPUSeconds     float64
+	RSSMiB, HWMMiB float64
+}
+
+// ReadProcUsage reads a process's ProcUsage.
+func ReadProcUsage(pid int) (ProcUsage, error) {
 	f, err := ProcStat(pid)
 	if err != nil {
-		return 0, 0, err
+		return ProcUsage{}, err
+	}
+	if len(f) < 13 {
+		return ProcUsage{}, fmt.Errorf("short /proc/%d/stat", pid)
 	}
 	// ProcStat's fields start after the command name: utime and stime
-	// are fields 14 and 15 of stat, indices 11 and 12 here.
+	// are fields 14 and 15 of stat, indices 11 and 12 here, in USER_HZ
+	// (100) ticks.
 	u, _ := strconv.ParseFloat(f[11], 64)
 	s, _ := strconv.ParseFloat(f[12], 64)
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, err
+		return ProcUsage{}, err
 	}
+	pu := ProcUsage{CPUSeconds: (u + s) / 100}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			rssMiB = kb / 1024
+		name, v, ok := strings.Cut(line, ":")
+		if !ok || (name != "VmRSS" && name != "VmHWM") {
+			continue
+		}
+		kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+		if name == "VmRSS" {
+			pu.RSSMiB = kb / 1024
+		} else {
+			pu.HWMMiB = kb / 1024
 		}
 	}
-	return (u + s) / 100, rssMiB, nil
+	return pu, nil
+}
+
+// procUsage is a process's CPU time so far (seconds) and resident memory
+// (MiB).
+func procUsage(pid int) (cpu float64, rssMiB float64, err error) {
+	pu, err := ReadProcUsage(pid)
+	return pu.CPUSeconds, pu.RSSMiB, err
 }

@@ -137,3 +137,40 @@ func TestUIRefusesWhatItNeverTakes(t *testing.T) {
 		t.Errorf("server bounds: %+v", srv)
 	}
 }
+
+// TestUIServerOverTCP: the server of tabbyctl ui over a real connection —
+// headers over its bound get 431, an 8 MiB body 413 without the server
+// reading it all, and the page still answers after.
+func TestUIServerOverTCP(t *testing.T) {
+	u := &UI{Client: NewClient(storetest.New(t), nil), Agents: AgentTemplate{Template: "unix:///nonexistent/{node}.sock"}}
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config = u.Server()
+	srv.Start()
+	defer srv.Close()
+	do := func(method, path string, body io.Reader, header string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+path, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if header != "" {
+			req.Header.Set("X-Big", header)
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return resp.StatusCode, string(b)
+	}
+	if code, body := do(http.MethodGet, "/api/pods", nil, strings.Repeat("h", 64<<10)); code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("huge header: %d %.200s", code, body)
+	}
+	if code, body := do(http.MethodGet, "/api/pods", strings.NewReader(strings.Repeat("b", 8<<20)), ""); code != http.StatusRequestEntityTooLarge || !strings.Contains(body, "takes none") {
+		t.Errorf("8 MiB body: %d %.200s", code, body)
+	}
+	if code, body := do(http.MethodGet, "/", nil, ""); code != http.StatusOK || !strings.Contains(body, "<title>Tabby</title>") {
+		t.Errorf("page after: %d %.200s", code, body)
+	}
+}

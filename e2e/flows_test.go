@@ -31,7 +31,8 @@ type flowWant struct {
 // denies another; every node involved shows both with the deciding policy
 // and rule, within 2 s of the connection (measured; the assert is generous
 // for a loaded machine). Then a flood of short flows: the buffers stay
-// bounded, drops are counted and the agents keep serving.
+// bounded, drops are counted and the agents keep serving. WebView shows
+// the same in headless Chromium (webview_test.go).
 func TestFlowLogs(t *testing.T) {
 	l := upLab(t, lab.Options{Name: "flw", Nodes: 2, AgentArgs: []string{"--firewall-backend", "nftables",
 		"--flow-logs", "all", "--flow-log-interval", "500ms", "--flow-log-max-flows", "400", "--flow-log-max-records", "2000"}})
@@ -126,6 +127,7 @@ func TestFlowLogs(t *testing.T) {
 	if code, body, err := l.AgentGet(ctx, "node2", "/flows?pod="+strings.Repeat("x", 5000)); err != nil || code != 400 || !strings.Contains(string(body), "longer than") {
 		t.Errorf("hostile query: %d %v %s", code, err, body)
 	}
+	t.Run("WebView", func(t *testing.T) { testWebView(ctx, t, l) })
 	t.Run("Flood", func(t *testing.T) { testFlowFlood(ctx, t, l, agents, webIP) })
 }
 

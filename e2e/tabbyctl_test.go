@@ -18,6 +18,18 @@ import (
 // else one built for the lab (the lab builds only what it runs itself).
 func tabbyctl(t *testing.T, l *lab.Lab, args ...string) (string, error) {
 	t.Helper()
+	bin := tabbyctlBin(t, l)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	argv := append([]string{"--etcd-endpoints", "unix://" + filepath.Join(l.Dir(), "etcd.sock")}, args...)
+	out, err := exec.CommandContext(ctx, bin, argv...).CombinedOutput()
+	return string(out), err
+}
+
+// tabbyctlBin is the tabbyctl binary of $TABBY_BIN, or one built into the
+// lab's directory.
+func tabbyctlBin(t *testing.T, l *lab.Lab) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	bin := filepath.Join(os.Getenv("TABBY_BIN"), "tabbyctl")
@@ -33,11 +45,7 @@ func tabbyctl(t *testing.T, l *lab.Lab, args ...string) (string, error) {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("tabbyctl binary: %v", err)
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	argv := append([]string{"--etcd-endpoints", "unix://" + filepath.Join(l.Dir(), "etcd.sock")}, args...)
-	out, err := exec.CommandContext(ctx, bin, argv...).CombinedOutput()
-	return string(out), err
+	return bin
 }
 
 // testTabbyctl: node status shows every session Established, explain names

@@ -2,7 +2,7 @@
 # Installs the Debian packages Tabby needs at run and test time. A no-op when
 # they are all present; only acts as root on a Debian-like system.
 set -eu
-PKGS="iptables ipset nftables iproute2 iputils-ping conntrack procps util-linux bird2 containernetworking-plugins containerd bash-static"
+PKGS="iptables ipset nftables iproute2 iputils-ping conntrack procps util-linux bird2 containernetworking-plugins containerd bash-static chromium"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

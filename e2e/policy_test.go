@@ -262,7 +262,8 @@ func setPolicies(ctx context.Context, t *testing.T, l *lab.Lab, objs []api.Objec
 			t.Fatalf("applying %s %s: %v", api.KindOf(o), m.Name, err)
 		}
 	}
-	for _, kind := range []string{api.KindNetworkPolicy, api.KindGlobalNetworkPolicy} {
+	// Tiers last: a tier goes once no policy names it.
+	for _, kind := range []string{api.KindNetworkPolicy, api.KindGlobalNetworkPolicy, api.KindStagedGlobalNetworkPolicy, api.KindTier} {
 		cur, _, err := l.Store().List(ctx, kind, "")
 		if err != nil {
 			t.Fatal(err)
@@ -399,6 +400,16 @@ func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
 	if err := list(api.KindIPPool, func(o api.Object) { in.Pools = append(in.Pools, o.(*api.IPPool)) }); err != nil {
 		return "", err
 	}
+	if err := list(api.KindStagedGlobalNetworkPolicy, func(o api.Object) {
+		in.StagedPolicies = append(in.StagedPolicies, o.(*api.StagedGlobalNetworkPolicy))
+	}); err != nil {
+		return "", err
+	}
+	var tiers []*api.Tier
+	if err := list(api.KindTier, func(o api.Object) { tiers = append(tiers, o.(*api.Tier)) }); err != nil {
+		return "", err
+	}
+	in.Tiers = api.EffectiveTiers(tiers) // as the agents' view hands them out
 	guard, err := labNodeGuard(ctx, l)
 	if err != nil {
 		return "", err

@@ -199,9 +199,58 @@ func testPolicyTiers(t *testing.T, backend, name string) {
 			}
 		})
 		if !ok {
-			break
+			return
 		}
 	}
+	t.Run("BadInputChangesNothing", func(t *testing.T) {
+		step := tierSteps[1] // an admin Deny over a namespace Allow
+		applyTierStep(t, l, filepath.Join(dir, "bad-base.yaml"), step.manifest, prev)
+		testTierBadInput(t, l, dir)
+		waitPolicyConverged(ctx, t, l)
+		checkCases(ctx, t, l, ips, step.cases)
+	})
+}
+
+// testTierBadInput gives tabbyctl what it must refuse or warn about, on
+// the lab: Pass in the last tier, a tier whose order another has, deleting
+// a tier in use. A refusal names the field and changes nothing.
+func testTierBadInput(t *testing.T, l *lab.Lab, dir string) {
+	write := func(name, doc string) string {
+		f := filepath.Join(dir, name)
+		if err := os.WriteFile(f, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	expect := func(wantErr bool, want string, args ...string) {
+		t.Helper()
+		out, err := tabbyctl(t, l, args...)
+		if (err != nil) != wantErr || !strings.Contains(out, want) {
+			t.Errorf("tabbyctl %s: %v, want error %v and %q in\n%s", strings.Join(args, " "), err, wantErr, want, out)
+		}
+	}
+	tier := func(name, order, policy, action string) string {
+		return fmt.Sprintf("apiVersion: tabby.dev/v1\nkind: Tier\nmetadata: {name: %s}\nspec: {%s}\n---\n"+
+			"apiVersion: tabby.dev/v1\nkind: GlobalNetworkPolicy\nmetadata: {name: %s}\n"+
+			"spec: {tier: %s, namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: red}}, ingress: [{action: %s}]}\n",
+			name, order, policy, name, action)
+	}
+	last := write("pass-last.yaml", tier("last", "", "pass-in-last", "Pass"))
+	expect(true, "GlobalNetworkPolicy pass-in-last: spec.ingress[0].action: Pass in tier last, the last tier", "apply", "-f", last)
+	expect(true, "nothing was changed", "apply", "-f", last)
+	expect(false, "kube-baseline", "get", "tiers")
+	if out, _ := tabbyctl(t, l, "get", "tiers"); strings.Contains(out, "last") {
+		t.Errorf("a refused manifest stored its tier:\n%s", out)
+	}
+	expect(true, "not found", "get", "globalnetworkpolicy", "pass-in-last")
+
+	// A tie is a warning; the tier's Deny-less policy allows nothing new.
+	tie := write("tie.yaml", tier("tied", "order: 1000", "tied-pass", "Pass"))
+	expect(false, "warning: Tier tied: spec.order: 1000 is also tier kube-admin's order", "apply", "-f", tie)
+	expect(true, "tier/tied: cannot delete: 1 policy still name it", "delete", "tier", "tied")
+	expect(false, "tied-pass", "get", "globalnetworkpolicies")
+	expect(false, "tier/tied deleted", "delete", "-f", tie)
+	expect(true, "not found", "get", "globalnetworkpolicy", "tied-pass")
 }
 
 // applyTierStep writes manifest to file, applies it with tabbyctl, then

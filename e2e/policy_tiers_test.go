@@ -66,11 +66,28 @@ spec:
     source: {namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: blue}}}
     destination: {ports: [80]}
 `
+	// In tier default, ordered before the admin policy: were the tiers one
+	// ordered list, it would win.
+	tierDefaultAllow80 = `apiVersion: tabby.dev/v1
+kind: GlobalNetworkPolicy
+metadata: {name: default-allow-blue-80}
+spec:
+  order: 1
+  namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: red}}
+  ingress:
+  - action: Allow
+    protocol: TCP
+    source: {namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: blue}}}
+    destination: {ports: [80]}
+`
+	// Ordered first of all global policies: were the tiers one ordered
+	// list, it would come before the NetworkPolicies and win.
 	tierBaselineDeny = `apiVersion: tabby.dev/v1
 kind: GlobalNetworkPolicy
 metadata: {name: baseline-deny-all}
 spec:
   tier: kube-baseline
+  order: 1
   namespaceSelector:
     matchExpressions:
     - {key: kubernetes.io/metadata.name, operator: In, values: [red, blue]}
@@ -116,8 +133,8 @@ var tierSteps = []tierStep{
 		{"rcli", "rweb", "tcp", 80, false}, // red is isolated: only blue may come in
 		{"rcli", "bweb", "tcp", 80, true},
 	}},
-	{"an admin Deny overrides a namespace Allow", []string{tierRedFromBlue, tierAdminDeny80}, []policyCase{
-		{"bcli", "rweb", "tcp", 80, false},  // the admin Deny, though the NetworkPolicy allows it
+	{"an admin Deny overrides a namespace Allow", []string{tierRedFromBlue, tierDefaultAllow80, tierAdminDeny80}, []policyCase{
+		{"bcli", "rweb", "tcp", 80, false},  // the admin Deny, though tier default allows it
 		{"bcli", "rweb", "tcp", 8080, true}, // no admin rule matches: kube-admin's default Pass, then the Allow
 		{"rcli", "rweb", "tcp", 8080, false},
 		{"bcli", "bweb", "tcp", 80, true}, // blue: no policy

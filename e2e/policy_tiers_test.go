@@ -100,7 +100,9 @@ metadata: {name: admin-pass-blue}
 spec:
   tier: kube-admin
   order: 20
-  namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: red}}
+  namespaceSelector:
+    matchExpressions:
+    - {key: kubernetes.io/metadata.name, operator: In, values: [red, blue]}
   ingress:
   - action: Pass
     source: {namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: blue}}}
@@ -149,7 +151,8 @@ var tierSteps = []tierStep{
 		{"bcli", "rweb", "tcp", 80, true},    // passed, then the NetworkPolicy allows
 		{"bcli", "rweb", "tcp", 8080, false}, // passed, then tier default's Deny
 		{"rcli", "rweb", "tcp", 80, false},   // the admin policy's Deny after the Pass
-		{"rcli", "bweb", "tcp", 80, true},
+		{"bcli", "bweb", "tcp", 80, true},    // passed, and no later tier selects bweb: allowed
+		{"rcli", "bweb", "tcp", 8080, false}, // the admin Deny
 	}},
 	{"a staged Deny changes nothing", []string{tierStagedDeny}, []policyCase{
 		{"bcli", "rweb", "tcp", 80, true},

@@ -170,9 +170,9 @@ var tierSteps = []tierStep{
 // operator would, checking each step with real TCP connections across
 // nodes: an admin Deny overrides a NetworkPolicy Allow, a baseline Deny
 // yields to it, an admin Pass hands the decision to tier default, and a
-// staged Deny changes nothing but its counter (nftables: the agent's
-// tabby_staged_policy_packets_total; the iptables backend does not export
-// it, docs/policy.md).
+// staged Deny changes nothing but its counter (the agent's
+// tabby_staged_policy_packets_total: nftables, and iptables once that
+// backend exports it); then bad input, refused with nothing changed.
 func TestPolicyTiers(t *testing.T) {
 	for _, b := range []struct{ backend, lab string }{
 		{dataplane.FirewallNFTables, "tiern"},

@@ -121,4 +121,3 @@ func TestParseSaveCounters(t *testing.T) {
 		}
 	}
 }
-

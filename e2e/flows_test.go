@@ -14,6 +14,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/ctl"
+	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -27,13 +28,23 @@ type flowWant struct {
 	index        int
 }
 
-// TestFlowLogs (nftables): a NetworkPolicy allows one connection and
-// denies another; every node involved shows both with the deciding policy
-// and rule, within 2 s of the connection (measured; the assert is generous
-// for a loaded machine). Then a flood of short flows: the buffers stay
-// bounded, drops are counted and the agents keep serving.
+// TestFlowLogs, on each firewall backend: a NetworkPolicy allows one
+// connection and denies another; every node involved shows both with the
+// deciding policy and rule, within 2 s of the connection (measured; the
+// assert is generous for a loaded machine). Then a flood of short flows:
+// the buffers stay bounded, drops are counted, the default deny's rule
+// counter moved and the agents keep serving.
 func TestFlowLogs(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "flw", Nodes: 2, AgentArgs: []string{"--firewall-backend", "nftables",
+	for _, b := range []struct{ backend, lab string }{
+		{dataplane.FirewallNFTables, "flw"},
+		{dataplane.FirewallIPTables, "flwi"},
+	} {
+		t.Run(b.backend, func(t *testing.T) { testFlowLogs(t, b.backend, b.lab) })
+	}
+}
+
+func testFlowLogs(t *testing.T, backend, name string) {
+	l := upLab(t, lab.Options{Name: name, Nodes: 2, AgentArgs: []string{"--firewall-backend", backend,
 		"--flow-logs", "all", "--flow-log-interval", "500ms", "--flow-log-max-flows", "400", "--flow-log-max-records", "2000"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

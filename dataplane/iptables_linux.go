@@ -147,7 +147,23 @@ func newIPTablesFirewall(cfg FirewallConfig, fam policy.Family) (*LinuxFirewall,
 	if _, err := exec.LookPath("ipset"); err != nil {
 		return nil, fmt.Errorf("ipset: %w", err)
 	}
+	if cfg.FlowLog.Deny || cfg.FlowLog.Allow {
+		if err := checkNFLOGTarget(ipt); err != nil {
+			return nil, fmt.Errorf("flow logs: %w", err)
+		}
+	}
 	return f, nil
+}
+
+// checkNFLOGTarget makes sure the iptables command at path knows the NFLOG
+// target the flow logs' rules use, so that the agent refuses to start with
+// flow logs it cannot write rather than failing at every Apply.
+func checkNFLOGTarget(path string) error {
+	out, err := exec.Command(path, "-j", "NFLOG", "--help").CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--nflog-group")) {
+		return fmt.Errorf("%s has no NFLOG target (the iptables NFLOG extension, libxt_NFLOG): %v", path, err)
+	}
+	return nil
 }
 
 // Backend returns the iptables backend in use: "legacy" or "nft".

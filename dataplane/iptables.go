@@ -76,10 +76,7 @@ func hashComment(h string, o *policy.Origin) []string {
 	return []string{"-m", "comment", "--comment", c}
 }
 
-var (
-	hashRE   = regexp.MustCompile(`--comment "?tabby:([A-Za-z0-9_-]{16})`)
-	originRE = regexp.MustCompile(`--comment "?tabby:[A-Za-z0-9_-]{16},([a-z2-7]{12})`)
-)
+var hashRE = regexp.MustCompile(`--comment "?tabby:([A-Za-z0-9_-]{16})`)
 
 // tableState is what iptables-save says about one table.
 type tableState struct {

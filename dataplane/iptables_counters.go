@@ -21,8 +21,8 @@ func parseSaveCounters(out string, sums map[string]iptCounts) error {
 		if !strings.HasPrefix(line, "[") || !strings.Contains(line, "] -A ") {
 			continue
 		}
-		m := originRE.FindStringSubmatch(line)
-		if m == nil {
+		id, ok := commentOrigin(line)
+		if !ok {
 			continue
 		}
 		pb, _, _ := strings.Cut(line[1:], "]")
@@ -38,12 +38,34 @@ func parseSaveCounters(out string, sums map[string]iptCounts) error {
 		if err != nil {
 			return fmt.Errorf("counters %q: %w", pb, err)
 		}
-		c := sums[m[1]]
+		c := sums[id]
 		c.packets += packets
 		c.bytes += bytes
-		sums[m[1]] = c
+		sums[id] = c
 	}
 	return nil
+}
+
+// commentOrigin finds the origin ID in a saved rule's hash comment
+// (`--comment "tabby:<16 characters>,<origin id>"`, quoted or not),
+// without a regular expression: a scrape reads every rule of the node.
+func commentOrigin(line string) (string, bool) {
+	const tag, hashLen, idLen = "--comment ", 16, 12
+	for {
+		i := strings.Index(line, tag)
+		if i < 0 {
+			return "", false
+		}
+		line = strings.TrimPrefix(line[i+len(tag):], `"`)
+		rest, ok := strings.CutPrefix(line, "tabby:")
+		if !ok || len(rest) < hashLen+1+idLen || rest[hashLen] != ',' {
+			continue
+		}
+		id := rest[hashLen+1 : hashLen+1+idLen]
+		if strings.Trim(id, "abcdefghijklmnopqrstuvwxyz234567") == "" {
+			return id, true
+		}
+	}
 }
 
 // countersByOrigin turns sums by origin ID into RuleCounters, in the order

@@ -556,9 +556,11 @@ func kernelPolicy(ctx context.Context, t *testing.T, l *lab.Lab, node string) (m
 		case "create":
 			got["set "+f[1]] = 0
 		case "add":
+			// ipset prints a host member of a hash:net set without its
+			// prefix length: /32 or, in a family inet6 set, /128.
 			m := f[2]
-			if !strings.ContainsAny(m, "/,") {
-				m += "/32"
+			if a, err := netip.ParseAddr(m); err == nil {
+				m = netip.PrefixFrom(a, a.BitLen()).String()
 			}
 			got["set "+f[1]+" "+m] = 1
 		}

@@ -172,17 +172,24 @@ func speakerConfig(node *api.Node, nodeAddr, nodeAddr6 netip.Prefix, bc *api.BGP
 		restart = bc.Spec.NodeMeshMaxRestartTime.Duration
 	}
 	var addr6 netip.Addr
-	var subnet6 netip.Prefix
+	var subnet, subnet6 netip.Prefix
 	if nodeAddr6.IsValid() {
 		addr6, subnet6 = nodeAddr6.Addr(), nodeAddr6.Masked()
 	}
+	if nodeAddr.IsValid() {
+		subnet = nodeAddr.Masked()
+	}
 	return bgp.Config{
-		RouterID:        nodeAddr.Addr(),
-		Subnet:          nodeAddr.Masked(),
-		RouterID6:       addr6,
-		Subnet6:         subnet6,
-		ASN:             asn,
+		RouterID:  nodeAddr.Addr(), // the agent replaces it on an IPv6-only node (routerID)
+		Subnet:    subnet,
+		RouterID6: addr6,
+		Subnet6:   subnet6,
+		ASN:       asn,
+		// Both families' addresses: sessions to a node that shares only
+		// IPv6 with this one are IPv6.
 		ListenAddr:      nodeAddr.Addr(),
+		ListenAddr6:     addr6,
+		IPv6Only:        !nodeAddr.IsValid(),
 		ListenPort:      port,
 		ClusterID:       clusterID,
 		GracefulRestart: true,
@@ -477,7 +484,10 @@ func (b *bgpOwner) noteRefused(refused []bgp.RefusedPeer) {
 // the cluster's Service prefixes. The
 // node's own (non-Tabby) kernel routes are the route table's to guard.
 func (b *bgpOwner) importContext() bgp.ImportContext {
-	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
+	var ic bgp.ImportContext
+	if b.nodeAddr.IsValid() {
+		ic.NodeSubnets = append(ic.NodeSubnets, b.nodeAddr.Masked())
+	}
 	if b.nodeAddr6.IsValid() {
 		ic.NodeSubnets = append(ic.NodeSubnets, b.nodeAddr6.Masked())
 	}

@@ -67,7 +67,7 @@ func TestNodeAddressing(t *testing.T) {
 // and addressed as the single etcd of a one-member lab.
 func TestEtcdMembers(t *testing.T) {
 	var got []string
-	for _, m := range etcdMembers(MaxEtcdMembers) {
+	for _, m := range etcdMembers(MaxEtcdMembers, false) {
 		got = append(got, m.Name+" "+m.ClientURL()+" "+m.peerURL())
 	}
 	want := []string{
@@ -77,11 +77,11 @@ func TestEtcdMembers(t *testing.T) {
 	if diff := cmp.Diff(want, got[:2]); diff != "" {
 		t.Errorf("members (-want +got):\n%s", diff)
 	}
-	last := etcdMembers(MaxEtcdMembers)[MaxEtcdMembers-1].Addr
+	last := etcdMembers(MaxEtcdMembers, false)[MaxEtcdMembers-1].Addr
 	if !last.Less(nodePrefix(firstNodeHost).Addr()) || !torAddr.Less(etcdAddr) {
 		t.Errorf("etcd members up to %s collide with the ToR %s or node1 %s", last, torAddr, nodePrefix(firstNodeHost).Addr())
 	}
-	st := State{Etcd: etcdMembers(3)}
+	st := State{Etcd: etcdMembers(3, false)}
 	if diff := cmp.Diff([]string{"http://198.18.0.2:2379", "http://198.18.0.3:2379", "http://198.18.0.4:2379"}, st.EtcdEndpoints()); diff != "" {
 		t.Errorf("endpoints (-want +got):\n%s", diff)
 	}

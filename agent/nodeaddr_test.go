@@ -212,3 +212,50 @@ func TestCNIAddIPv6OnlyNode(t *testing.T) {
 		t.Fatalf("IPv6 ADD on an IPv6-only node: %v, %v", res, err)
 	}
 }
+
+// IPv6 autodetection (--node-ip6 autodetect) picks a global IPv6 address
+// by the same methods as IPv4's, never a link-local one; its cidr and
+// can-reach values are IPv6.
+func TestSelectAddress6(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	ifaces := []Interface{
+		{Name: "lo", Up: true, Loopback: true, Addrs: []netip.Prefix{pfx("::1/128")}},
+		{Name: "cali0123456789a", Up: true, Addrs: []netip.Prefix{pfx("fd00:10:244::1/128")}},
+		{Name: "eth0", Up: true, Addrs: []netip.Prefix{pfx("fe80::1/64"), pfx("198.18.0.11/24"), pfx("2001:db8::b/64")}},
+		{Name: "eth1", Up: true, Addrs: []netip.Prefix{pfx("fe80::2/64"), pfx("fd00:198:19::5/64")}},
+	}
+	tests := []struct {
+		method string
+		local  netip.Addr
+		want   string
+	}{
+		{"first-found", netip.Addr{}, "2001:db8::b/64 eth0"},
+		{"interface=eth1", netip.Addr{}, "fd00:198:19::5/64 eth1"},
+		{"skip-interface=eth0", netip.Addr{}, "fd00:198:19::5/64 eth1"},
+		{"cidr=fd00:198:19::/48", netip.Addr{}, "fd00:198:19::5/64 eth1"},
+		{"can-reach=2001:db8::1", netip.MustParseAddr("2001:db8::b"), "2001:db8::b/64 eth0"},
+		{"interface=lo", netip.Addr{}, "no IPv6 address found"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method, func(t *testing.T) {
+			var m AutodetectMethod6
+			if err := m.UnmarshalText([]byte(tt.method)); err != nil {
+				t.Fatal(err)
+			}
+			p, name, err := SelectAddress6(ifaces, m.AutodetectMethod, tt.local)
+			got := p.String() + " " + name
+			if err != nil {
+				got = err.Error()
+			}
+			if !strings.Contains(got, tt.want) {
+				t.Errorf("SelectAddress6 = %q, want %q", got, tt.want)
+			}
+		})
+	}
+	for _, bad := range []string{"cidr=10.0.0.0/8", "can-reach=198.18.0.1"} {
+		var m AutodetectMethod6
+		if err := m.UnmarshalText([]byte(bad)); err == nil || !strings.Contains(err.Error(), "is not an IPv6") {
+			t.Errorf("IPv6 method %q: %v, want an IPv6 error", bad, err)
+		}
+	}
+}

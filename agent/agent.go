@@ -207,6 +207,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.routes.table, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
 	a.bgp.nodeAddr6 = a.nodeAddr6
+	a.bgp.routerIDFor = func(n *api.Node) netip.Addr { return routerID(a.cfg, n, a.nodeAddr) }
 	a.reflectors = newReflectorElector(a.cfg.NodeName, a.store, a.view, a.log.With("component", "reflectors"), a.bgp.wake)
 	a.bgp.reflectors = a.reflectors.current
 	// Learned routes are held until BGP converged only to protect those an

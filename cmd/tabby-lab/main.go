@@ -169,6 +169,10 @@ func upCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			if u.kubernetes {
+				if o.IPv6OnlyFabric {
+					// Its kubelets and API server use IPv4 addresses.
+					return errors.New("--ipv6-only: not available with --kubernetes yet")
+				}
 				return upKubernetes(c.Context(), u, o)
 			}
 			// A lab whose sessions did not come up stays for a look.

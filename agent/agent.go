@@ -13,6 +13,7 @@ import (
 
 	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/agent/routetable"
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
@@ -162,12 +163,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.ipam = ipam.New(a.store, ipam.WithLogger(a.log.With("component", "ipam")))
 	a.metrics.watchIPAM(a.ipam)
 
-	addr, err := a.nodeAddress()
-	if err != nil {
+	if err := a.nodeAddresses(); err != nil {
 		return err
 	}
-	a.nodeAddr = addr
-	a.nodeAddr6 = a.cfg.NodeIP6
 	node, err := a.registerNode(ctx)
 	if err != nil {
 		return err
@@ -204,10 +202,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, addrPortOrEmpty(a.cfg.GoBGPAPI))
+	bcfg.RouterID = routerID(a.cfg, node, a.nodeAddr)
 	a.routes = newRouteOwner(a.cfg.NodeName, a.view, routetable.New(a.deps.Routes, a.cfg.ResyncInterval), a.log.With("component", "routes"))
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.routes.table, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
 	a.bgp.nodeAddr6 = a.nodeAddr6
+	a.bgp.routerIDFor = func(n *api.Node) netip.Addr { return routerID(a.cfg, n, a.nodeAddr) }
 	a.reflectors = newReflectorElector(a.cfg.NodeName, a.store, a.view, a.log.With("component", "reflectors"), a.bgp.wake)
 	a.bgp.reflectors = a.reflectors.current
 	// Learned routes are held until BGP converged only to protect those an
@@ -219,7 +219,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.bgp.start(ctx, bcfg); err != nil {
 		return fmt.Errorf("starting the BGP speaker: %w", err)
 	}
-	a.log.Info("agent started", "node", a.cfg.NodeName, "address", a.nodeAddr, "asn", bcfg.ASN, "restarting", restarting)
+	a.log.Info("agent started", "node", a.cfg.NodeName, "address", a.nodeAddr, "address6", a.nodeAddr6, "router_id", bcfg.RouterID, "asn", bcfg.ASN, "restarting", restarting)
 	a.gc = newNodeGC(a.view, a.store, a.ipam, a.cfg.NodeGCGrace, a.log.With("component", "nodegc"))
 	if a.cfg.NodeGCMaxPerPass > 0 { // Run validates; New does not
 		a.gc.maxPerPass = a.cfg.NodeGCMaxPerPass
@@ -244,6 +244,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.log.Warn("no firewall: network policy, anti-spoofing and natOutgoing are not enforced")
 	}
 	a.handler = newCNIHandler(gctx, a.cfg.NodeName, a.store, a.ipam, a.deps.Workloads, a.view, a.routes, a.log.With("component", "cni"))
+	a.handler.ipv6Only = !a.nodeAddr.IsValid()
 	a.handler.observe, a.handler.observeAssign = a.metrics.observeCNI, a.metrics.observeAssign
 	a.handler.runner = attach.Runner{Fault: a.deps.CNIFault, Observe: a.metrics.observeStep}
 	a.handler.endpointApart = a.deps.EndpointApart
@@ -321,16 +322,48 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	return err
 }
 
-func (a *Agent) nodeAddress() (netip.Prefix, error) {
-	if a.cfg.NodeIP.IsValid() {
-		return a.cfg.NodeIP, nil
+// nodeAddresses sets the node's addresses from the configuration or by
+// autodetection: IPv4 unless the node is IPv6-only (--node-ip none), IPv6
+// when given or autodetected (--node-ip6 autodetect).
+func (a *Agent) nodeAddresses() error {
+	a.nodeAddr, a.nodeAddr6 = a.cfg.NodeIP, a.cfg.NodeIP6
+	if !a.nodeAddr.IsValid() && !a.cfg.NoIPv4 {
+		p, err := Autodetect(a.cfg.AutodetectMethod)
+		if err != nil {
+			return fmt.Errorf("autodetecting the node address: %w", err)
+		}
+		a.log.Info("autodetected node address", "address", p, "method", a.cfg.AutodetectMethod)
+		a.nodeAddr = p
 	}
-	p, err := Autodetect(a.cfg.AutodetectMethod)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("autodetecting the node address: %w", err)
+	if !a.nodeAddr6.IsValid() && a.cfg.AutodetectIPv6 {
+		p, err := Autodetect6(a.cfg.AutodetectMethod6.AutodetectMethod)
+		if err != nil {
+			return fmt.Errorf("autodetecting the node's IPv6 address: %w", err)
+		}
+		a.log.Info("autodetected node IPv6 address", "address", p, "method", a.cfg.AutodetectMethod6)
+		a.nodeAddr6 = p
 	}
-	a.log.Info("autodetected node address", "address", p, "method", a.cfg.AutodetectMethod)
-	return p, nil
+	if !a.nodeAddr.IsValid() && !a.nodeAddr6.IsValid() {
+		return errors.New("the node has no address: set --node-ip or --node-ip6")
+	}
+	return nil
+}
+
+// routerID is the node's BGP router ID: --router-id, else its IPv4
+// address, else (IPv6-only) the Node's spec.bgp.routerID or one derived
+// from its name (bgp.RouterIDFor).
+func routerID(cfg Config, node *api.Node, addr netip.Prefix) netip.Addr {
+	switch {
+	case cfg.RouterID.IsValid():
+		return cfg.RouterID
+	case addr.IsValid():
+		return addr.Addr()
+	}
+	configured := ""
+	if node != nil && node.Spec.BGP != nil {
+		configured = node.Spec.BGP.RouterID
+	}
+	return bgp.RouterIDFor(cfg.NodeName, configured)
 }
 
 // addrPortOrEmpty is ap as "host:port", or "" when it is not set.

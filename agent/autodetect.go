@@ -28,8 +28,17 @@ type AutodetectMethod struct {
 	Target  netip.Addr
 }
 
-// ParseAutodetectMethod parses the Calico-style method string.
-func ParseAutodetectMethod(s string) (AutodetectMethod, error) {
+// ParseAutodetectMethod parses the Calico-style method string
+// (IP_AUTODETECTION_METHOD: cidr and can-reach take IPv4).
+func ParseAutodetectMethod(s string) (AutodetectMethod, error) { return parseAutodetect(s, false) }
+
+// parseAutodetect parses a method whose cidr and can-reach values are of
+// the family v6 says.
+func parseAutodetect(s string, v6 bool) (AutodetectMethod, error) {
+	fam := "IPv4"
+	if v6 {
+		fam = "IPv6"
+	}
 	if s == "" || s == "first-found" {
 		return AutodetectMethod{Kind: "first-found"}, nil
 	}
@@ -47,14 +56,14 @@ func ParseAutodetectMethod(s string) (AutodetectMethod, error) {
 		m.Pattern = re
 	case "cidr":
 		p, err := netip.ParsePrefix(val)
-		if err != nil || !p.Addr().Is4() {
-			return m, fmt.Errorf("ip autodetection method %q: %q is not an IPv4 CIDR", s, val)
+		if err != nil || p.Addr().Is6() != v6 || p.Addr().Is4In6() {
+			return m, fmt.Errorf("ip autodetection method %q: %q is not an %s CIDR", s, val, fam)
 		}
 		m.CIDR = p.Masked()
 	case "can-reach":
 		a, err := netip.ParseAddr(val)
-		if err != nil || !a.Is4() {
-			return m, fmt.Errorf("ip autodetection method %q: %q is not an IPv4 address", s, val)
+		if err != nil || a.Is6() != v6 || a.Is4In6() {
+			return m, fmt.Errorf("ip autodetection method %q: %q is not an %s address", s, val, fam)
 		}
 		m.Target = a
 	default:
@@ -93,9 +102,33 @@ func (m *AutodetectMethod) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// SelectAddress picks the node address from ifaces. For can-reach, local is
-// the source address the kernel chose towards the target.
+// AutodetectMethod6 is a parsed --ip6-autodetection-method (Calico's
+// IP6_AUTODETECTION_METHOD): cidr and can-reach take IPv6.
+type AutodetectMethod6 struct{ AutodetectMethod }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (m *AutodetectMethod6) UnmarshalText(b []byte) error {
+	p, err := parseAutodetect(string(b), true)
+	if err != nil {
+		return err
+	}
+	m.AutodetectMethod = p
+	return nil
+}
+
+// SelectAddress picks the node's IPv4 address from ifaces. For can-reach,
+// local is the source address the kernel chose towards the target.
 func SelectAddress(ifaces []Interface, m AutodetectMethod, local netip.Addr) (netip.Prefix, string, error) {
+	return selectAddress(ifaces, m, local, false)
+}
+
+// SelectAddress6 is SelectAddress for the node's IPv6 address (global
+// unicast: link-local addresses are skipped).
+func SelectAddress6(ifaces []Interface, m AutodetectMethod, local netip.Addr) (netip.Prefix, string, error) {
+	return selectAddress(ifaces, m, local, true)
+}
+
+func selectAddress(ifaces []Interface, m AutodetectMethod, local netip.Addr, v6 bool) (netip.Prefix, string, error) {
 	for _, ifc := range ifaces {
 		if !ifc.Up || ifc.Loopback {
 			continue
@@ -115,7 +148,7 @@ func SelectAddress(ifaces []Interface, m AutodetectMethod, local netip.Addr) (ne
 			}
 		}
 		for _, a := range ifc.Addrs {
-			if !a.Addr().Is4() || a.Addr().IsLinkLocalUnicast() || a.Addr().IsLoopback() {
+			if a.Addr().Is6() != v6 || a.Addr().Is4In6() || !a.Addr().IsGlobalUnicast() {
 				continue
 			}
 			switch m.Kind {
@@ -131,7 +164,11 @@ func SelectAddress(ifaces []Interface, m AutodetectMethod, local netip.Addr) (ne
 			return a, ifc.Name, nil
 		}
 	}
-	return netip.Prefix{}, "", fmt.Errorf("no IPv4 address found by method %s on %d interfaces (loopback, down and cali/docker/bridge-like interfaces are skipped)", m.Kind, len(ifaces))
+	fam := "IPv4"
+	if v6 {
+		fam = "IPv6"
+	}
+	return netip.Prefix{}, "", fmt.Errorf("no %s address found by method %s on %d interfaces (loopback, down and cali/docker/bridge-like interfaces are skipped)", fam, m.Kind, len(ifaces))
 }
 
 // HostInterfaces lists this network namespace's interfaces.
@@ -165,11 +202,20 @@ func HostInterfaces() ([]Interface, error) {
 }
 
 // Autodetect finds the node's IPv4 address with the given method.
-func Autodetect(m AutodetectMethod) (netip.Prefix, error) {
+func Autodetect(m AutodetectMethod) (netip.Prefix, error) { return autodetect(m, false) }
+
+// Autodetect6 finds the node's IPv6 address with the given method.
+func Autodetect6(m AutodetectMethod) (netip.Prefix, error) { return autodetect(m, true) }
+
+func autodetect(m AutodetectMethod, v6 bool) (netip.Prefix, error) {
 	var local netip.Addr
 	if m.Kind == "can-reach" {
+		network := "udp4"
+		if v6 {
+			network = "udp6"
+		}
 		// A UDP "connection" sends nothing; it only asks the kernel for a route.
-		c, err := net.Dial("udp4", netip.AddrPortFrom(m.Target, 9).String())
+		c, err := net.Dial(network, netip.AddrPortFrom(m.Target, 9).String())
 		if err != nil {
 			return netip.Prefix{}, fmt.Errorf("finding the route to %s: %w", m.Target, err)
 		}
@@ -182,6 +228,6 @@ func Autodetect(m AutodetectMethod) (netip.Prefix, error) {
 	if err != nil {
 		return netip.Prefix{}, err
 	}
-	p, _, err := SelectAddress(ifaces, m, local)
+	p, _, err := selectAddress(ifaces, m, local, v6)
 	return p, err
 }

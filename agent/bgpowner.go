@@ -41,12 +41,15 @@ type bgpOwner struct {
 	// it BGP carries IPv6 too, and IPv6 blocks, borrowed addresses and
 	// pools are passed to the speaker.
 	nodeAddr6 netip.Prefix
-	view      *syncer.Syncer
-	table     *routetable.Table
-	log       *slog.Logger
-	metrics   *metrics
-	sub       *syncer.Signal
-	kick      chan struct{}
+	// routerIDFor is the router ID the node's record asks for (the
+	// agent's routerID); nil keeps the one the speaker started with.
+	routerIDFor func(*api.Node) netip.Addr
+	view        *syncer.Syncer
+	table       *routetable.Table
+	log         *slog.Logger
+	metrics     *metrics
+	sub         *syncer.Signal
+	kick        chan struct{}
 
 	// learnedMu serialises syncs of the learned routes.
 	learnedMu sync.Mutex
@@ -172,17 +175,24 @@ func speakerConfig(node *api.Node, nodeAddr, nodeAddr6 netip.Prefix, bc *api.BGP
 		restart = bc.Spec.NodeMeshMaxRestartTime.Duration
 	}
 	var addr6 netip.Addr
-	var subnet6 netip.Prefix
+	var subnet, subnet6 netip.Prefix
 	if nodeAddr6.IsValid() {
 		addr6, subnet6 = nodeAddr6.Addr(), nodeAddr6.Masked()
 	}
+	if nodeAddr.IsValid() {
+		subnet = nodeAddr.Masked()
+	}
 	return bgp.Config{
-		RouterID:        nodeAddr.Addr(),
-		Subnet:          nodeAddr.Masked(),
-		RouterID6:       addr6,
-		Subnet6:         subnet6,
-		ASN:             asn,
+		RouterID:  nodeAddr.Addr(), // the agent replaces it on an IPv6-only node (routerID)
+		Subnet:    subnet,
+		RouterID6: addr6,
+		Subnet6:   subnet6,
+		ASN:       asn,
+		// Both families' addresses: sessions to a node that shares only
+		// IPv6 with this one are IPv6.
 		ListenAddr:      nodeAddr.Addr(),
+		ListenAddr6:     addr6,
+		IPv6Only:        !nodeAddr.IsValid(),
 		ListenPort:      port,
 		ClusterID:       clusterID,
 		GracefulRestart: true,
@@ -403,8 +413,9 @@ func (b *bgpOwner) waitAdvertised(ctx context.Context, p netip.Prefix) error {
 	}
 }
 
-// ensureSpeakerIdentity restarts the speaker when this node's AS number or
-// route-reflector cluster ID changed since it started (an operator made the
+// ensureSpeakerIdentity restarts the speaker when this node's AS number,
+// route-reflector cluster ID or router ID (routerIDFor: an IPv6-only
+// node's spec.bgp.routerID) changed since it started (an operator made the
 // node a reflector, say). The old speaker stops gracefully, so peers keep
 // its routes until the new one has re-sent them.
 func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfiguration) error {
@@ -416,13 +427,17 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 	b.mu.Lock()
 	cfg := b.speakerCfg
 	b.mu.Unlock()
-	if cfg.ASN == asn && cfg.ClusterID == clusterID {
+	rid := cfg.RouterID
+	if b.routerIDFor != nil {
+		rid = b.routerIDFor(self)
+	}
+	if cfg.ASN == asn && cfg.ClusterID == clusterID && cfg.RouterID == rid {
 		return nil
 	}
 	if b.newSpeaker == nil {
-		return fmt.Errorf("bgp identity changed (AS %d → %d, cluster ID %q → %q): restart the agent to apply it", cfg.ASN, asn, cfg.ClusterID, clusterID)
+		return fmt.Errorf("bgp identity changed (AS %d → %d, cluster ID %q → %q, router ID %v → %v): restart the agent to apply it", cfg.ASN, asn, cfg.ClusterID, clusterID, cfg.RouterID, rid)
 	}
-	cfg.ASN, cfg.ClusterID = asn, clusterID
+	cfg.ASN, cfg.ClusterID, cfg.RouterID = asn, clusterID, rid
 	cfg.LocalRestarting = true
 	// The new speaker needs the old one's listening port: stop the old one
 	// first (gracefully), after publishing the new one so that the
@@ -441,7 +456,7 @@ func (b *bgpOwner) ensureSpeakerIdentity(ctx context.Context, bc *api.BGPConfigu
 	b.mu.Lock()
 	b.speakerCfg = cfg
 	b.mu.Unlock()
-	b.log.Info("bgp identity changed, speaker restarted", "asn", asn, "clusterID", clusterID)
+	b.log.Info("bgp identity changed, speaker restarted", "asn", asn, "clusterID", clusterID, "router_id", rid)
 	return nil
 }
 
@@ -477,7 +492,10 @@ func (b *bgpOwner) noteRefused(refused []bgp.RefusedPeer) {
 // the cluster's Service prefixes. The
 // node's own (non-Tabby) kernel routes are the route table's to guard.
 func (b *bgpOwner) importContext() bgp.ImportContext {
-	ic := bgp.ImportContext{NodeSubnets: []netip.Prefix{b.nodeAddr.Masked()}}
+	var ic bgp.ImportContext
+	if b.nodeAddr.IsValid() {
+		ic.NodeSubnets = append(ic.NodeSubnets, b.nodeAddr.Masked())
+	}
 	if b.nodeAddr6.IsValid() {
 		ic.NodeSubnets = append(ic.NodeSubnets, b.nodeAddr6.Masked())
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -83,6 +84,9 @@ type cniHandler struct {
 	autoMTU func() int
 	// wlocks serialises requests of one workload across its sandboxes.
 	wlocks cni.KeyedLocks
+	// ipv6Only: the node has no IPv4 address (--node-ip none), so an ADD
+	// that asks for an IPv4 address fails (refuseIPv4).
+	ipv6Only bool
 
 	// spareBusy marks the families whose spare-block claim is running
 	// (claimSpare); spares holds the claims' goroutines, which the agent
@@ -281,6 +285,9 @@ func (h *cniHandler) waitSpares() {
 // annotations (Kubernetes). A requested address of a family the network
 // does not assign is an error.
 func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.Request, conf *cni.NetConf, args *cni.Args, handle string) ([]ipam.AssignRequest, podInfo, error) {
+	if h.ipv6Only && conf.WantsIPv4() {
+		return nil, podInfo{}, h.refuseIPv4(conf)
+	}
 	base := ipam.AssignRequest{
 		Node:   h.node,
 		Handle: handle,
@@ -319,6 +326,26 @@ func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.
 		}
 	}
 	return out, info, nil
+}
+
+// refuseIPv4 is the error of an ADD that asks an IPv6-only node for an
+// IPv4 address: the node could neither route nor advertise it. It names
+// the IPv4 pod pools the address would come from.
+func (h *cniHandler) refuseIPv4(conf *cni.NetConf) error {
+	pools := slices.Clone(conf.IPv4Pools)
+	if len(pools) == 0 {
+		for _, p := range h.view.Pools() {
+			if pfx, err := p.Prefix(); err == nil && pfx.Addr().Is4() && !p.IsLoadBalancer() {
+				pools = append(pools, p.Metadata.Name+" "+pfx.String())
+			}
+		}
+	}
+	from := "no IPv4 pool exists"
+	if len(pools) > 0 {
+		from = "IPv4 pools: " + strings.Join(pools, ", ")
+	}
+	return &types.Error{Code: types.ErrInvalidNetworkConfig,
+		Msg: fmt.Sprintf("node %s is IPv6-only (--node-ip none): it cannot give a pod an IPv4 address (%s); set \"ipam\": {\"assign_ipv4\": \"false\", \"assign_ipv6\": \"true\"} in network %s", h.node, from, conf.Name)}
 }
 
 func ignoreNotFound(err error) error {

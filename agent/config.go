@@ -31,13 +31,25 @@ type Config struct {
 	// (its pods' IPv6 addresses are reachable on the node only).
 	NodeIP6          netip.Prefix
 	AutodetectMethod AutodetectMethod
-	Etcd             datastore.Config
-	CNISocket        string
-	StatusSocket     string
-	HTTPListen       netip.AddrPort // invalid = off
-	StateDir         string
-	GoBGPAPI         netip.AddrPort // invalid = off; loopback only
-	DefaultPoolCIDR  netip.Prefix   // invalid = do not create a pool
+	// NoIPv4 makes the node IPv6-only (Calico's IP=none): no IPv4 address,
+	// no IPv4 autodetection, IPv6 BGP sessions, IPv6 pools only. It needs
+	// NodeIP6 or AutodetectIPv6.
+	NoIPv4 bool
+	// AutodetectIPv6 finds NodeIP6 with AutodetectMethod6 (Calico's
+	// IP6=autodetect) when NodeIP6 is not set.
+	AutodetectIPv6    bool
+	AutodetectMethod6 AutodetectMethod6
+	// RouterID is the node's 32-bit BGP router ID (Calico's BGP routerID);
+	// invalid = the IPv4 address, or on an IPv6-only node the Node's
+	// spec.bgp.routerID, else one derived from the name (bgp.RouterIDFor).
+	RouterID        netip.Addr
+	Etcd            datastore.Config
+	CNISocket       string
+	StatusSocket    string
+	HTTPListen      netip.AddrPort // invalid = off
+	StateDir        string
+	GoBGPAPI        netip.AddrPort // invalid = off; loopback only
+	DefaultPoolCIDR netip.Prefix   // invalid = do not create a pool
 	// DefaultPoolCIDR6 is an IPv6 pool to create when no IPv6 pool exists.
 	DefaultPoolCIDR6 netip.Prefix
 	ResyncInterval   time.Duration
@@ -180,17 +192,18 @@ func (c *Config) AgentPorts() []uint16 {
 func Default() Config {
 	host, _ := os.Hostname()
 	return Config{
-		NodeName:         host,
-		AutodetectMethod: AutodetectMethod{Kind: "first-found"},
-		Etcd:             datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}},
-		CNISocket:        "/var/run/tabby/cni.sock",
-		StatusSocket:     "/var/run/tabby/status.sock",
-		HTTPListen:       netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 9099),
-		StateDir:         "/var/lib/tabby",
-		ResyncInterval:   30 * time.Second,
-		LeaseTTL:         20 * time.Second,
-		BGPSettleTime:    30 * time.Second,
-		FirewallBackend:  FirewallAuto,
+		NodeName:          host,
+		AutodetectMethod:  AutodetectMethod{Kind: "first-found"},
+		AutodetectMethod6: AutodetectMethod6{AutodetectMethod{Kind: "first-found"}},
+		Etcd:              datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}},
+		CNISocket:         "/var/run/tabby/cni.sock",
+		StatusSocket:      "/var/run/tabby/status.sock",
+		HTTPListen:        netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 9099),
+		StateDir:          "/var/lib/tabby",
+		ResyncInterval:    30 * time.Second,
+		LeaseTTL:          20 * time.Second,
+		BGPSettleTime:     30 * time.Second,
+		FirewallBackend:   FirewallAuto,
 		// Calico's default: a pod reaches its node only where the node's
 		// own rules (Return) or the operator (Accept) say so. Replies to
 		// the node's connections (kubelet probes) pass; DNS goes to the
@@ -200,6 +213,39 @@ func Default() Config {
 		NodeGCMaxPerPass:     DefaultNodeGCMaxPerPass,
 		FlowLog:              flowlog.Default(),
 	}
+}
+
+// validateFamilies reports the problems of the node's addresses: an
+// IPv6-only node (NoIPv4) needs an IPv6 address and no IPv4 one, nor an
+// IPv4 default pool; the router ID is a dotted IPv4 identifier.
+func (c *Config) validateFamilies() []error {
+	var errs []error
+	if !c.NodeIP.IsValid() && !c.NoIPv4 {
+		// Flags and env parse it; this catches one built in code.
+		if _, err := ParseAutodetectMethod(c.AutodetectMethod.String()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.AutodetectIPv6 && !c.NodeIP6.IsValid() {
+		if _, err := parseAutodetect(c.AutodetectMethod6.String(), true); err != nil {
+			errs = append(errs, fmt.Errorf("ipv6 autodetection: %w", err))
+		}
+	}
+	if c.NoIPv4 {
+		if c.NodeIP.IsValid() {
+			errs = append(errs, fmt.Errorf("node ip: none (IPv6-only) and an address %s given together", c.NodeIP))
+		}
+		if !c.NodeIP6.IsValid() && !c.AutodetectIPv6 {
+			errs = append(errs, errors.New("node ip: none needs an IPv6 address: set --node-ip6 to a CIDR or autodetect (env IP6); a node needs an address of one family at least"))
+		}
+		if c.DefaultPoolCIDR.IsValid() {
+			errs = append(errs, fmt.Errorf("default ipv4 pool: %s on an IPv6-only node (node ip none): its pods could not be routed; create IPv6 pools only", c.DefaultPoolCIDR))
+		}
+	}
+	if r := c.RouterID; r.IsValid() && (!r.Is4() || r.IsUnspecified()) {
+		errs = append(errs, fmt.Errorf("router id: %s is not a dotted IPv4 router ID like 240.0.0.1 (and not 0.0.0.0)", r))
+	}
+	return errs
 }
 
 // Validate reports every problem with the configuration.
@@ -217,12 +263,7 @@ func (c *Config) Validate() error {
 	if p := c.NodeIP; p.IsValid() && !p.Addr().Is4() {
 		errs = append(errs, fmt.Errorf("node ip: %s is not an IPv4 CIDR like 198.18.0.11/24", p))
 	}
-	if !c.NodeIP.IsValid() {
-		// Flags and env parse it; this catches one built in code.
-		if _, err := ParseAutodetectMethod(c.AutodetectMethod.String()); err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, c.validateFamilies()...)
 	if !c.EndpointToHostAction.valid() {
 		errs = append(errs, fmt.Errorf("endpoint to host action: %q is not Drop, Accept or Return", c.EndpointToHostAction))
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -30,7 +31,7 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 					Labels:      map[string]string{"kubernetes.io/hostname": a.cfg.NodeName},
 					Annotations: map[string]string{api.AnnotationOrigin: api.OriginAgent},
 				},
-				Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: a.nodeAddr.String(), IPv6Address: a.ipv6AddressField()}},
+				Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: prefixField(a.nodeAddr), IPv6Address: a.ipv6AddressField()}},
 			}
 			created, cerr := datastore.CreateAs(ctx, a.store, n)
 			if errors.Is(cerr, datastore.ErrExists) {
@@ -43,13 +44,14 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 		case err != nil:
 			return nil, fmt.Errorf("reading node %s: %w", a.cfg.NodeName, err)
 		}
-		if n.Spec.BGP != nil && n.Spec.BGP.IPv4Address == a.nodeAddr.String() && (!a.nodeAddr6.IsValid() || n.Spec.BGP.IPv6Address == a.ipv6AddressField()) {
+		if n.Spec.BGP != nil && n.Spec.BGP.IPv4Address == prefixField(a.nodeAddr) && (!a.nodeAddr6.IsValid() || n.Spec.BGP.IPv6Address == a.ipv6AddressField()) {
 			return n, nil
 		}
 		if n.Spec.BGP == nil {
 			n.Spec.BGP = &api.NodeBGPSpec{}
 		}
-		n.Spec.BGP.IPv4Address = a.nodeAddr.String()
+		// An IPv6-only node clears an IPv4 address an earlier run set.
+		n.Spec.BGP.IPv4Address = prefixField(a.nodeAddr)
 		if a.nodeAddr6.IsValid() {
 			n.Spec.BGP.IPv6Address = a.ipv6AddressField()
 		}
@@ -67,11 +69,24 @@ func (a *Agent) registerNode(ctx context.Context) (*api.Node, error) {
 
 // ipv6AddressField is the node's IPv6 address as the Node record holds
 // it, "" when it has none.
-func (a *Agent) ipv6AddressField() string {
-	if !a.nodeAddr6.IsValid() {
+func (a *Agent) ipv6AddressField() string { return prefixField(a.nodeAddr6) }
+
+// prefixField is p as a Node record or status holds it, "" when invalid
+// (an IPv6-only node's IPv4 address).
+func prefixField(p netip.Prefix) string {
+	if !p.IsValid() {
 		return ""
 	}
-	return a.nodeAddr6.String()
+	return p.String()
+}
+
+// primaryAddress is the node's address in liveness and status records:
+// its IPv4 address, else its IPv6 address (an IPv6-only node).
+func (a *Agent) primaryAddress() string {
+	if a.nodeAddr.IsValid() {
+		return a.nodeAddr.String()
+	}
+	return prefixField(a.nodeAddr6)
 }
 
 // DefaultPoolName6 is the IPPool the agent creates from --default-ipv6-pool.
@@ -138,7 +153,7 @@ type liveness struct {
 }
 
 func (a *Agent) publishLiveness(ctx context.Context, lease datastore.LeaseID) error {
-	b, err := json.Marshal(liveness{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), Started: a.started})
+	b, err := json.Marshal(liveness{Node: a.cfg.NodeName, Address: a.primaryAddress(), Started: a.started})
 	if err != nil {
 		return err
 	}

@@ -394,6 +394,28 @@ func TestSpeakerRestartsWhenIdentityChanges(t *testing.T) {
 	if got := made[0].cfg; got.ClusterID != "244.0.0.1" || !got.LocalRestarting {
 		t.Errorf("new speaker config %+v", got)
 	}
+
+	// An IPv6-only node's router ID comes from its record: a new one
+	// restarts the speaker with it.
+	b.routerIDFor = func(n *api.Node) netip.Addr { return routerID(Config{NodeName: "node1"}, n, netip.Prefix{}) }
+	b.speakerCfg.RouterID = bgp.RouterIDFor("node1", "")
+	cur, err = datastore.GetAs[*api.Node](ctx, store, api.KindNode, "", "node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Spec.BGP.RouterID = "240.0.0.9"
+	if upd, err = store.Update(ctx, cur); err != nil {
+		t.Fatal(err)
+	}
+	if err := v.WaitRevision(ctx, mustRev(t, upd)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ensureSpeakerIdentity(ctx, bc); err != nil {
+		t.Fatal(err)
+	}
+	if len(made) != 2 || made[1].cfg.RouterID != netip.MustParseAddr("240.0.0.9") {
+		t.Fatalf("router ID change: %d speakers made, last config %+v", len(made), made[len(made)-1].cfg)
+	}
 }
 
 // The loop passes again when a grace ends, without waiting for the

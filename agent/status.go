@@ -22,7 +22,7 @@ import (
 // Status reports the agent's current state.
 func (a *Agent) Status() api.AgentStatus {
 	ready, _ := a.readiness()
-	st := api.AgentStatus{Node: a.cfg.NodeName, Address: a.nodeAddr.String(), Ready: ready,
+	st := api.AgentStatus{Node: a.cfg.NodeName, Address: a.primaryAddress(), Ready: ready,
 		Peers: []api.PeerStatus{}, Blocks: []string{}, Advertised: []string{}}
 	if a.view != nil {
 		st.Workloads = len(a.view.EndpointsOn(a.cfg.NodeName))

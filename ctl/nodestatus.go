@@ -205,7 +205,7 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	if len(st.Peers) == 0 {
 		b.WriteString("No BGP peers.\n")
 	} else {
-		b.WriteString("IPv4 BGP status\n")
+		b.WriteString(sessionsHeading(st.Peers))
 		peers := slices.Clone(st.Peers)
 		slices.SortFunc(peers, func(x, y api.PeerStatus) int { return strings.Compare(x.Address, y.Address) })
 		// The BFD column appears only when some session runs BFD.
@@ -255,4 +255,23 @@ func WriteNodeStatus(out io.Writer, st api.AgentStatus) error {
 	writeBGPExtras(&b, st)
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// sessionsHeading names the sessions' address family as calicoctl does
+// ("IPv4 BGP status"); sessions of both families (an IPv6-only peer) are
+// "BGP status".
+func sessionsHeading(peers []api.PeerStatus) string {
+	v6 := 0
+	for _, p := range peers {
+		if strings.Contains(p.Address, ":") {
+			v6++
+		}
+	}
+	switch v6 {
+	case 0:
+		return "IPv4 BGP status\n"
+	case len(peers):
+		return "IPv6 BGP status\n"
+	}
+	return "BGP status\n"
 }

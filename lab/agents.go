@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -75,8 +76,10 @@ func (l *Lab) writeConflist(node string) error {
 		return fmt.Errorf("writing CNI configuration: %w", err)
 	}
 	files := map[string][]byte{l.ConflistPath(node): b}
-	if l.State().DualStack {
-		if files[l.ConflistPath(node)], err = withFamilies(b, true, true); err != nil {
+	if st := l.State(); st.DualStack {
+		// Without an IPv4 underlay every pod is IPv6-only, also the
+		// runtime's (lab/kube) through the node's default network.
+		if files[l.ConflistPath(node)], err = withFamilies(b, !st.NoIPv4, true); err != nil {
 			return fmt.Errorf("writing CNI configuration: %w", err)
 		}
 		if files[l.conflistPath6(node)], err = withFamilies(b, false, true); err != nil {
@@ -108,13 +111,17 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 	argv := []string{
 		filepath.Join(st.BinDir, BinAgent),
 		"--node-name", n.Name,
-		"--node-ip", n.IP.String(),
 		"--etcd-endpoints", strings.Join(st.agentEtcdEndpoints(), ","),
 		"--cni-socket", l.cniSocket(n.Name),
 		"--status-socket", l.statusSocket(n.Name),
 		"--state-dir", filepath.Join(d, "state"),
 		"--http-listen", AgentHTTPListen,
-		"--default-ipv4-pool", PodPool,
+	}
+	if n.IP.IsValid() {
+		argv = append(argv, "--node-ip", n.IP.String(), "--default-ipv4-pool", PodPool)
+	} else {
+		// An IPv6-only node (Calico's IP=none): no IPv4 autodetection.
+		argv = append(argv, "--node-ip", "none")
 	}
 	if n.IP6.IsValid() {
 		argv = append(argv, "--node-ip6", n.IP6.String(), "--default-ipv6-pool", PodPool6)
@@ -134,7 +141,7 @@ func (l *Lab) StartAgent(ctx context.Context, node string) error {
 	if err := os.MkdirAll(filepath.Join(d, "state"), 0o755); err != nil {
 		return fmt.Errorf("creating agent state directory: %w", err)
 	}
-	progress(l.log, "starting tabby-agent on %s (%s)", node, n.IP)
+	progress(l.log, "starting tabby-agent on %s (%s)", node, n.Underlay())
 	p, done, err := startDetached("agent "+node, n.NetNS, l.agentArgv(st, n), filepath.Join(d, "agent.log"), PIDFile(d, "agent"))
 	if err != nil {
 		return err
@@ -259,7 +266,8 @@ func (l *Lab) configureRouteReflectors(ctx context.Context, k int) error {
 		objs = append(objs, &api.Node{
 			Metadata: api.ObjectMeta{Name: n.Name, Labels: map[string]string{"route-reflector": "true"}},
 			Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{
-				IPv4Address:             n.IP.String(),
+				IPv4Address:             prefixOrEmpty(n.IP),
+				IPv6Address:             prefixOrEmpty(n.IP6),
 				RouteReflectorClusterID: rrClusterID,
 			}},
 		})
@@ -425,6 +433,14 @@ func parseRoutes(out string) map[string][]string {
 		}
 	}
 	return routes
+}
+
+// prefixOrEmpty is p as a Node record holds it, "" when invalid.
+func prefixOrEmpty(p netip.Prefix) string {
+	if !p.IsValid() {
+		return ""
+	}
+	return p.String()
 }
 
 // removeNodeResource deletes the node's Node resource (missing is fine).

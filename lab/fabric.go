@@ -72,13 +72,17 @@ func (l *Lab) makeFabric(ctx context.Context) error {
 	if err := l.newNamespace(ctx, tor); err != nil {
 		return err
 	}
-	if err := l.attach(ctx, tor, "v-tor", netip.PrefixFrom(torAddr, fabricNet.Bits())); err != nil {
+	if st.NoIPv4 {
+		if err := l.attach(ctx, tor, "v-tor", netip.PrefixFrom(torAddr6, fabricNet6.Bits())); err != nil {
+			return err
+		}
+	} else if err := l.attach(ctx, tor, "v-tor", netip.PrefixFrom(torAddr, fabricNet.Bits())); err != nil {
 		return err
 	}
 	if err := setSysctl(tor, "net.ipv4.ip_forward", "1"); err != nil {
 		return err
 	}
-	if st.DualStack {
+	if st.DualStack && !st.NoIPv4 {
 		if err := ip(ctx, "-n", tor, "-6", "addr", "add", netip.PrefixFrom(torAddr6, fabricNet6.Bits()).String(), "dev", "eth0", "nodad"); err != nil {
 			return err
 		}
@@ -90,15 +94,30 @@ func (l *Lab) makeFabric(ctx context.Context) error {
 	if err := l.newNamespace(ctx, etcd); err != nil {
 		return err
 	}
-	if err := l.attach(ctx, etcd, "v-etcd", netip.PrefixFrom(etcdAddr, fabricNet.Bits())); err != nil {
+	bits := fabricNet.Bits()
+	if st.NoIPv4 {
+		bits = fabricNet6.Bits()
+	}
+	if err := l.attach(ctx, etcd, "v-etcd", netip.PrefixFrom(st.Etcd[0].Addr, bits)); err != nil {
 		return err
 	}
 	for _, m := range st.Etcd[1:] {
-		if err := ip(ctx, "-n", etcd, "addr", "add", netip.PrefixFrom(m.Addr, fabricNet.Bits()).String(), "dev", "eth0"); err != nil {
+		if err := ip(ctx, addrAdd(etcd, netip.PrefixFrom(m.Addr, bits))...); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// addrAdd is the `ip` command line that adds addr to eth0 in ns; an IPv6
+// address skips duplicate address detection (the lab hands out the
+// addresses), so that it can be bound at once.
+func addrAdd(ns string, addr netip.Prefix) []string {
+	args := []string{"-n", ns, "addr", "add", addr.String(), "dev", "eth0"}
+	if addr.Addr().Is6() {
+		args = append(args, "nodad")
+	}
+	return args
 }
 
 // attach connects namespace ns to the fabric bridge: a veth pair made inside
@@ -111,7 +130,7 @@ func (l *Lab) attach(ctx context.Context, ns, fabricIf string, addr netip.Prefix
 	steps := [][]string{
 		{"-n", fab, "link", "add", fabricIf, "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{"-n", fab, "link", "set", fabricIf, "master", bridge, "up"},
-		{"-n", ns, "addr", "add", addr.String(), "dev", "eth0"},
+		addrAdd(ns, addr),
 		{"-n", ns, "link", "set", "eth0", "up"},
 	}
 	for _, s := range steps {
@@ -136,13 +155,16 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 		}
 		used := map[byte]bool{} // last octets: unique across both subnets
 		for _, n := range s.Nodes {
-			used[n.IP.Addr().As4()[3]] = true
+			used[n.host()] = true
 		}
 		for h := firstNodeHost; h <= maxNodeHost; h++ {
-			if p := nodePrefix(h); !used[p.Addr().As4()[3]] {
-				node = NodeState{Name: name, NetNS: s.Name + "-" + name, IP: p}
+			if !used[byte(h)] {
+				node = NodeState{Name: name, NetNS: s.Name + "-" + name, IP: nodePrefix(h)}
 				if s.DualStack {
 					node.IP6 = nodePrefix6(h)
+				}
+				if s.NoIPv4 {
+					node.IP = netip.Prefix{}
 				}
 				if s.TwoSubnets && inSecondSubnet(len(s.Nodes)) {
 					b4, b6 := secondSubnetPrefixes(h)
@@ -166,28 +188,42 @@ func (l *Lab) addNodeNamespace(ctx context.Context, name string) error {
 	if err := l.newNamespace(ctx, node.NetNS); err != nil {
 		return err
 	}
-	if err := l.attach(ctx, node.NetNS, "v-"+name, node.IP); err != nil {
-		return err
-	}
-	_, gw4, gw6 := bridgeAndGateways(node.IP.Addr())
-	if err := ip(ctx, "-n", node.NetNS, "route", "add", "default", "via", gw4.String(), "dev", "eth0"); err != nil {
+	if err := l.attachNode(ctx, node); err != nil {
 		return err
 	}
 	if err := setSysctl(node.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
 		return err
 	}
-	if node.IP6.IsValid() {
+	_, _, gw6 := bridgeAndGateways(node.Underlay().Addr())
+	if node.IP6.IsValid() && node.IP.IsValid() {
 		// No duplicate address detection (the lab hands out the
 		// addresses), and a default route to the ToR, a dead end like the
 		// IPv4 one.
 		if err := ip(ctx, "-n", node.NetNS, "-6", "addr", "add", node.IP6.String(), "dev", "eth0", "nodad"); err != nil {
 			return err
 		}
+	}
+	if node.IP6.IsValid() {
 		if err := ip(ctx, "-n", node.NetNS, "-6", "route", "add", "default", "via", gw6.String(), "dev", "eth0"); err != nil {
 			return err
 		}
 	}
 	return l.writeConflist(name)
+}
+
+// attachNode connects the node's namespace to the fabric with its
+// underlay address (IPv4, or IPv6 on an IPv6-only fabric) and, with IPv4,
+// a default route via the ToR (which also covers 169.254.1.1, as proxy
+// ARP for IPv4 pods needs).
+func (l *Lab) attachNode(ctx context.Context, node NodeState) error {
+	if err := l.attach(ctx, node.NetNS, "v-"+node.Name, node.Underlay()); err != nil {
+		return err
+	}
+	if !node.IP.IsValid() {
+		return nil
+	}
+	_, gw4, _ := bridgeAndGateways(node.IP.Addr())
+	return ip(ctx, "-n", node.NetNS, "route", "add", "default", "via", gw4.String(), "dev", "eth0")
 }
 
 // NodeDir is the directory of the node's files (its agent's sockets, logs,

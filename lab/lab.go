@@ -78,8 +78,8 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs, DualStack: o.DualStack || o.IPv6Only, IPv6Only: o.IPv6Only, TwoSubnets: o.TwoSubnets,
-		Etcd: etcdMembers(o.EtcdMembers)}
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs, DualStack: o.DualStack || o.IPv6Only || o.IPv6OnlyFabric, IPv6Only: o.IPv6Only || o.IPv6OnlyFabric, NoIPv4: o.IPv6OnlyFabric, TwoSubnets: o.TwoSubnets,
+		Etcd: etcdMembers(o.EtcdMembers, o.IPv6OnlyFabric)}
 	if err := claim(st, o.RunDir); err != nil {
 		return nil, err
 	}

@@ -30,6 +30,9 @@ func TestOptionsValidate(t *testing.T) {
 		{"etcd cluster", Options{Nodes: 1, EtcdMembers: 3}, nil},
 		{"too many etcd members", Options{Nodes: 1, EtcdMembers: MaxEtcdMembers + 1}, []string{"etcd members: 10"}},
 		{"every problem", Options{Name: "-", Nodes: -1, PodsPerNode: -1}, []string{"name", "nodes: -1", "pods per node: -1"}},
+		{"ipv6-only fabric", Options{Nodes: 3, IPv6OnlyFabric: true, PodsPerNode: 1, EtcdMembers: 3}, nil},
+		{"ipv6-only fabric on ipv4 parts", Options{Nodes: 3, IPv6OnlyFabric: true, TwoSubnets: true, EtcdProxy: true},
+			[]string{"two subnets: not available with an IPv6-only fabric", "etcd proxy: not available with an IPv6-only fabric"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,7 +70,7 @@ func TestNodeAddressing(t *testing.T) {
 // and addressed as the single etcd of a one-member lab.
 func TestEtcdMembers(t *testing.T) {
 	var got []string
-	for _, m := range etcdMembers(MaxEtcdMembers) {
+	for _, m := range etcdMembers(MaxEtcdMembers, false) {
 		got = append(got, m.Name+" "+m.ClientURL()+" "+m.peerURL())
 	}
 	want := []string{
@@ -77,13 +80,41 @@ func TestEtcdMembers(t *testing.T) {
 	if diff := cmp.Diff(want, got[:2]); diff != "" {
 		t.Errorf("members (-want +got):\n%s", diff)
 	}
-	last := etcdMembers(MaxEtcdMembers)[MaxEtcdMembers-1].Addr
+	last := etcdMembers(MaxEtcdMembers, false)[MaxEtcdMembers-1].Addr
 	if !last.Less(nodePrefix(firstNodeHost).Addr()) || !torAddr.Less(etcdAddr) {
 		t.Errorf("etcd members up to %s collide with the ToR %s or node1 %s", last, torAddr, nodePrefix(firstNodeHost).Addr())
 	}
-	st := State{Etcd: etcdMembers(3)}
+	st := State{Etcd: etcdMembers(3, false)}
 	if diff := cmp.Diff([]string{"http://198.18.0.2:2379", "http://198.18.0.3:2379", "http://198.18.0.4:2379"}, st.EtcdEndpoints()); diff != "" {
 		t.Errorf("endpoints (-want +got):\n%s", diff)
+	}
+}
+
+// An IPv6-only fabric: etcd members on 2001:db8::2 on, agents without an
+// IPv4 address (--node-ip none) nor IPv4 pool, a node's underlay address
+// its IPv6 one.
+func TestIPv6OnlyFabric(t *testing.T) {
+	st := &State{Etcd: etcdMembers(2, true), NoIPv4: true, DualStack: true, BinDir: "/b"}
+	if diff := cmp.Diff([]string{"http://[2001:db8::2]:2379", "http://[2001:db8::3]:2379"}, st.EtcdEndpoints()); diff != "" {
+		t.Errorf("endpoints (-want +got):\n%s", diff)
+	}
+	n := &NodeState{Name: "node1", IP6: nodePrefix6(firstNodeHost)}
+	if n.Underlay() != n.IP6 || n.host() != firstNodeHost {
+		t.Errorf("underlay %v, host %d", n.Underlay(), n.host())
+	}
+	l := &Lab{dir: "/run/x"}
+	argv := strings.Join(l.agentArgv(st, n), " ")
+	for _, want := range []string{"--node-ip none", "--node-ip6 2001:db8::b/64", "--default-ipv6-pool " + PodPool6, "--etcd-endpoints http://[2001:db8::2]:2379,http://[2001:db8::3]:2379"} {
+		if !strings.Contains(argv, want) {
+			t.Errorf("agent argv %q: want %q", argv, want)
+		}
+	}
+	if strings.Contains(argv, "ipv4-pool") {
+		t.Errorf("agent argv %q: an IPv4 pool on an IPv6-only node", argv)
+	}
+	d4 := &NodeState{Name: "node2", IP: nodePrefix(firstNodeHost + 1)}
+	if d4.Underlay() != d4.IP || d4.host() != firstNodeHost+1 {
+		t.Errorf("IPv4 node: underlay %v, host %d", d4.Underlay(), d4.host())
 	}
 }
 

@@ -25,6 +25,9 @@ var (
 	// address's last octet.
 	fabricNet6 = netip.MustParsePrefix("2001:db8::/64")
 	torAddr6   = netip.MustParseAddr("2001:db8::1")
+	// etcdAddr6 is the first etcd member's address in a lab with an
+	// IPv6-only fabric (Options.IPv6OnlyFabric).
+	etcdAddr6 = netip.MustParseAddr("2001:db8::2")
 )
 
 const (
@@ -98,6 +101,12 @@ type Options struct {
 	// address and no IPv4 one. The underlay keeps its IPv4 addresses for
 	// etcd and the BGP sessions, which carry IPv6 (MP-BGP).
 	IPv6Only bool
+	// IPv6OnlyFabric builds a fabric without IPv4: the ToR, etcd and every
+	// node have an address from 2001:db8::/64 only, the agents run with
+	// --node-ip none (IPv6-only nodes: IPv6 BGP sessions, router IDs
+	// derived from the node names), the pool is PodPool6 and every pod is
+	// IPv6-only (tabby-lab up --ipv6-only).
+	IPv6OnlyFabric bool
 	// TwoSubnets puts the nodes in two underlay subnets joined by the ToR,
 	// which routes only the underlay (no BGP, no pod routes): node1,
 	// node3, … in 198.18.0.0/24, node2, node4, … in 198.18.1.0/24. See
@@ -171,6 +180,15 @@ func (o *Options) Validate() error {
 	case "", api.VXLANModeNever, api.VXLANModeAlways, api.VXLANModeCrossSubnet:
 	default:
 		errs = append(errs, fmt.Errorf("vxlan mode %q: want Never, Always or CrossSubnet", o.VXLANMode))
+	}
+	if o.IPv6OnlyFabric {
+		// Both build on IPv4 underlay addresses.
+		if o.TwoSubnets {
+			errs = append(errs, errors.New("two subnets: not available with an IPv6-only fabric"))
+		}
+		if o.EtcdProxy {
+			errs = append(errs, errors.New("etcd proxy: not available with an IPv6-only fabric"))
+		}
 	}
 	if o.RunDir != "" && !filepath.IsAbs(o.RunDir) {
 		errs = append(errs, fmt.Errorf("run dir %q must be absolute", o.RunDir))

@@ -38,6 +38,8 @@ type State struct {
 	TwoSubnets bool `json:"twoSubnets,omitempty"`
 	// IPv6Only: see Options.IPv6Only.
 	IPv6Only bool `json:"ipv6Only,omitempty"`
+	// NoIPv4: the fabric is IPv6-only (Options.IPv6OnlyFabric).
+	NoIPv4 bool `json:"noIPv4,omitempty"`
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string `json:"agentArgs,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
@@ -74,9 +76,12 @@ func (m *EtcdMember) peerURL() string {
 }
 
 // etcdMembers names and addresses the n members of a lab's etcd cluster.
-func etcdMembers(n int) []EtcdMember {
+func etcdMembers(n int, v6 bool) []EtcdMember {
 	ms := make([]EtcdMember, n)
 	a := etcdAddr
+	if v6 {
+		a = etcdAddr6
+	}
 	for i := range ms {
 		ms[i] = EtcdMember{Name: "etcd", Addr: a}
 		if i > 0 {
@@ -118,6 +123,24 @@ func (s *State) EtcdEndpoints() []string {
 		eps = append(eps, m.ClientURL())
 	}
 	return eps
+}
+
+// Underlay is the node's address on its fabric link: the IPv4 one, or the
+// IPv6 one on an IPv6-only fabric.
+func (n *NodeState) Underlay() netip.Prefix {
+	if n.IP.IsValid() {
+		return n.IP
+	}
+	return n.IP6
+}
+
+// host is the last byte of the node's underlay address (unique in a lab).
+func (n *NodeState) host() byte {
+	b := n.Underlay().Addr().AsSlice()
+	if len(b) == 0 {
+		return 0
+	}
+	return b[len(b)-1]
 }
 
 // NodeState is one node of the lab.

@@ -24,7 +24,7 @@ func (l *Lab) WriteStatus(ctx context.Context, w io.Writer) error {
 		if !st.NoAgents {
 			agent = "agent " + procState(n.Agent)
 		}
-		fmt.Fprintf(w, "%s  %s  netns %s  %s\n", n.Name, n.IP, n.NetNS, agent)
+		fmt.Fprintf(w, "%s  %s  netns %s  %s\n", n.Name, n.Underlay(), n.NetNS, agent)
 		if st.NoAgents || !n.Agent.Alive() {
 			fmt.Fprintln(w)
 			continue

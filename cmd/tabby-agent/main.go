@@ -20,21 +20,23 @@ func main() {
 // agentEnv names the environment variable of each flag (Calico's names
 // where Calico has one).
 var agentEnv = map[string]string{
-	"node-name":               "NODENAME",
-	"node-ip":                 "IP",
-	"node-ip6":                "IP6",
-	"ip-autodetection-method": "IP_AUTODETECTION_METHOD",
-	"default-ipv4-pool":       "TABBY_IPV4POOL_CIDR",
-	"default-ipv6-pool":       "TABBY_IPV6POOL_CIDR",
-	"etcd-endpoints":          "TABBY_ETCD_ENDPOINTS",
-	"etcd-ca-file":            "TABBY_ETCD_CA_FILE",
-	"etcd-cert-file":          "TABBY_ETCD_CERT_FILE",
-	"etcd-key-file":           "TABBY_ETCD_KEY_FILE",
-	"endpoint-to-host-action": "TABBY_ENDPOINT_TO_HOST_ACTION",
-	"firewall-backend":        "TABBY_FIREWALL_BACKEND",
-	"flow-logs":               "TABBY_FLOW_LOGS",
-	"node-gc-grace":           "TABBY_NODE_GC_GRACE",
-	"log-level":               "TABBY_LOG_LEVEL",
+	"node-name":                "NODENAME",
+	"node-ip":                  "IP",
+	"node-ip6":                 "IP6",
+	"ip-autodetection-method":  "IP_AUTODETECTION_METHOD",
+	"ip6-autodetection-method": "IP6_AUTODETECTION_METHOD",
+	"router-id":                "TABBY_ROUTER_ID",
+	"default-ipv4-pool":        "TABBY_IPV4POOL_CIDR",
+	"default-ipv6-pool":        "TABBY_IPV6POOL_CIDR",
+	"etcd-endpoints":           "TABBY_ETCD_ENDPOINTS",
+	"etcd-ca-file":             "TABBY_ETCD_CA_FILE",
+	"etcd-cert-file":           "TABBY_ETCD_CERT_FILE",
+	"etcd-key-file":            "TABBY_ETCD_KEY_FILE",
+	"endpoint-to-host-action":  "TABBY_ENDPOINT_TO_HOST_ACTION",
+	"firewall-backend":         "TABBY_FIREWALL_BACKEND",
+	"flow-logs":                "TABBY_FLOW_LOGS",
+	"node-gc-grace":            "TABBY_NODE_GC_GRACE",
+	"log-level":                "TABBY_LOG_LEVEL",
 }
 
 func newRootCmd() *cobra.Command {
@@ -56,8 +58,10 @@ func newRootCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this node's name (env NODENAME; default: hostname)")
-	f.TextVar(&cfg.NodeIP, "node-ip", cfg.NodeIP, "this node's IPv4 address as a CIDR (env IP; default: autodetect)")
-	f.TextVar(&cfg.NodeIP6, "node-ip6", cfg.NodeIP6, "this node's IPv6 underlay address as a CIDR, the next hop of its IPv6 pod routes (env IP6; default: none)")
+	f.Var(agent.NodeIPFlag{Cfg: &cfg}, "node-ip", "this node's IPv4 address as a CIDR, autodetect, or none for an IPv6-only node (env IP)")
+	f.Var(agent.NodeIPFlag{Cfg: &cfg, V6: true}, "node-ip6", "this node's IPv6 underlay address as a CIDR, the next hop of its IPv6 pod routes, autodetect, or none (env IP6)")
+	f.TextVar(&cfg.AutodetectMethod6, "ip6-autodetection-method", cfg.AutodetectMethod6, "how --node-ip6 autodetect finds the address: first-found, interface=RE, skip-interface=RE, can-reach=ADDR6 or cidr=CIDR6 (env IP6_AUTODETECTION_METHOD)")
+	f.TextVar(&cfg.RouterID, "router-id", cfg.RouterID, "BGP router ID, dotted IPv4 (env TABBY_ROUTER_ID; default: the IPv4 address, or on an IPv6-only node the Node's spec.bgp.routerID or one derived from the node name)")
 	f.TextVar(&cfg.DefaultPoolCIDR6, "default-ipv6-pool", cfg.DefaultPoolCIDR6, "create this IPv6 pool when no IPv6 pool exists (env TABBY_IPV6POOL_CIDR)")
 	f.TextVar(&cfg.AutodetectMethod, "ip-autodetection-method", cfg.AutodetectMethod, "first-found, interface=RE, skip-interface=RE, can-reach=ADDR or cidr=CIDR (env IP_AUTODETECTION_METHOD)")
 	f.TextVar((*cmdutil.List)(&cfg.Etcd.Endpoints), "etcd-endpoints", cmdutil.List(cfg.Etcd.Endpoints), "etcd endpoints, comma separated (env TABBY_ETCD_ENDPOINTS)")

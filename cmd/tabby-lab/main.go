@@ -65,6 +65,7 @@ type upOptions struct {
 	etcdProxy        bool
 	dualStack        bool
 	ipv6Only         bool
+	ipv6OnlyFabric   bool
 	twoSubnets       bool
 	vxlanMode        string
 	agentArgs        []string
@@ -82,6 +83,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().IntVar(&u.etcdMembers, "etcd-members", 1, fmt.Sprintf("members of the lab's etcd cluster (1-%d); agents get every member's endpoint", lab.MaxEtcdMembers))
 	c.Flags().StringVar(&u.binDir, "bin-dir", "", "directory with tabby-agent and tabby (default $TABBY_BIN, then this program's directory, else go build)")
 	c.Flags().BoolVar(&u.dualStack, "dual-stack", false, "IPv6 underlay (2001:db8::/64) and an IPv6 pool ("+lab.PodPool6+") beside the IPv4 ones: every pod gets an address of each family")
+	c.Flags().BoolVar(&u.ipv6OnlyFabric, "ipv6-only", false, "an IPv6-only fabric (2001:db8::/64, no IPv4 on the ToR, etcd or the nodes): IPv6-only nodes (agents with --node-ip none), IPv6 BGP sessions, IPv6-only pods from "+lab.PodPool6)
 	c.Flags().BoolVar(&u.ipv6Only, "ipv6", false, "like --dual-stack, but every pod gets an IPv6 address only (the underlay keeps IPv4 for etcd and the BGP sessions, which carry IPv6)")
 	c.Flags().BoolVar(&u.twoSubnets, "two-subnets", false, "nodes in two underlay subnets (198.18.0.0/24, 198.18.1.0/24: node1, node3, … and node2, node4, …) joined by a router that routes no pod address and speaks no BGP; pods across it need --vxlan-mode")
 	c.Flags().StringVar(&u.vxlanMode, "vxlan-mode", "", "create the pools with this vxlanMode before the agents start: Never, Always or CrossSubnet (docs/vxlan.md)")
@@ -150,7 +152,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 	return lab.Options{
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
-		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only,
+		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only, IPv6OnlyFabric: u.ipv6OnlyFabric,
 		TwoSubnets: u.twoSubnets, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
 	}, nil
 }
@@ -167,6 +169,10 @@ func upCmd(g *globalFlags) *cobra.Command {
 				return err
 			}
 			if u.kubernetes {
+				if o.IPv6OnlyFabric {
+					// Its kubelets and API server use IPv4 addresses.
+					return errors.New("--ipv6-only: not available with --kubernetes yet")
+				}
 				return upKubernetes(c.Context(), u, o)
 			}
 			// A lab whose sessions did not come up stays for a look.

@@ -22,7 +22,7 @@ import (
 // npapiSubset is what `make test` runs of the network-policy-api
 // conformance suite: two tests that between them cover both tiers, both
 // directions, TCP and UDP, Accept, Deny and Pass, rule order and ports
-// (about 2.5 minutes of suite, measured: BENCHMARKS.md). NPAPI_FULL=1
+// (2 minutes of suite, measured: BENCHMARKS.md). NPAPI_FULL=1
 // (`make conformance-npapi`) runs every test.
 const npapiSubset = `^TestConformance$/^(CNPAdminTierEgressTCP|CNPBaselineTierIngressUDP)$`
 

@@ -69,9 +69,10 @@ func APIServerURL() string {
 // runs: what Deployments, DaemonSets, node lifecycle (the not-ready taint,
 // evictions), pod garbage collection and service account tokens need, and
 // the EndpointSlices of Services (kube-proxy and CoreDNS read them;
-// mirroring gives selectorless Services' Endpoints slices too).
+// mirroring gives selectorless Services' Endpoints slices too), and
+// StatefulSets (the network-policy-api conformance suite's pods).
 var KubeControllers = []string{
-	"daemonset-controller", "deployment-controller", "replicaset-controller", "garbage-collector-controller",
+	"daemonset-controller", "deployment-controller", "replicaset-controller", "statefulset-controller", "garbage-collector-controller",
 	"namespace-controller", "node-lifecycle-controller", "taint-eviction-controller", "pod-garbage-collector-controller",
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller", "disruption-controller",
 	"endpointslice-controller", "endpointslice-mirroring-controller",

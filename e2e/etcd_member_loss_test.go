@@ -95,13 +95,33 @@ func TestEtcdMemberLoss(t *testing.T) {
 	}
 	defer stopChurn()
 
+	// A phase lasts its time, and longer until it holds enough ADDs to
+	// compare (a loaded machine adds a pod every second or two).
+	waitAdds := func(from time.Time, least time.Duration) {
+		deadline := time.Now().Add(3 * time.Minute)
+		for time.Since(from) < least || time.Now().Before(deadline) {
+			mu.Lock()
+			n := 0
+			for _, a := range adds {
+				if !a.start.Before(from) {
+					n++
+				}
+			}
+			mu.Unlock()
+			if n >= minPhaseAdds && time.Since(from) >= least {
+				return
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
 	t0 := time.Now()
-	time.Sleep(15 * time.Second)
+	waitAdds(t0, 15*time.Second)
 	tKill := time.Now()
 	if err := l.StopEtcdMember(ctx, victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Second)
+	// The phase compared starts 5 s after the kill.
+	waitAdds(tKill.Add(5*time.Second), 15*time.Second)
 	tRestart := time.Now()
 	if err := l.StartEtcdMember(ctx, victim); err != nil {
 		t.Fatal(err)
@@ -136,7 +156,7 @@ func TestEtcdMemberLoss(t *testing.T) {
 			downRuntime, downAgent = r, a
 		}
 	}
-	if len(upRuntime) < 10 || len(downRuntime) < 10 {
+	if len(upRuntime) < minPhaseAdds || len(downRuntime) < minPhaseAdds {
 		t.Errorf("too few ADDs to compare: %d with all members up, %d with one down", len(upRuntime), len(downRuntime))
 	} else {
 		// A dead first endpoint must not cost an ADD a dial timeout: the
@@ -166,6 +186,10 @@ func TestEtcdMemberLoss(t *testing.T) {
 	}
 	pingMatrix(t, l)
 }
+
+// minPhaseAdds is how many ADDs a phase of TestEtcdMemberLoss needs for
+// its medians to be compared.
+const minPhaseAdds = 10
 
 // moveLeader makes member the etcd cluster's leader.
 func moveLeader(ctx context.Context, t *testing.T, l *lab.Lab, member string) {

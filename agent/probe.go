@@ -33,46 +33,6 @@ const (
 	maxProbeTimeout     = 5 * time.Second
 )
 
-// ProbeRequest is the body of POST /policy/probe.
-type ProbeRequest struct {
-	// Namespace and Pod name a pod on this node: the probe leaves from its
-	// network namespace, from its address of Dst's family.
-	Namespace string `json:"namespace"`
-	Pod       string `json:"pod"`
-	// Dst must be in one of the cluster's IP pools or a node's address.
-	Dst   string `json:"dst"`
-	Proto string `json:"proto"` // "tcp" or "udp"
-	Port  int    `json:"port"`
-	// TimeoutMS is the probe's timeout (0 = 2 s; 100 to 5000).
-	TimeoutMS int `json:"timeoutMs,omitempty"`
-}
-
-// ProbeAnswer is POST /policy/probe's answer.
-type ProbeAnswer struct {
-	Node   string                `json:"node"`
-	Src    netip.Addr            `json:"src"`
-	Dst    netip.AddrPort        `json:"dst"`
-	Proto  string                `json:"proto"`
-	Result dataplane.ProbeResult `json:"result"`
-}
-
-// OriginCount is one policy rule's kernel counters, summed over every
-// compiled rule that carries its Origin.
-type OriginCount struct {
-	Origin  policy.Origin `json:"origin"`
-	Packets uint64        `json:"packets"`
-	Bytes   uint64        `json:"bytes"`
-}
-
-// RuleCounters is GET /policy/counters' answer. Available is false on a
-// firewall without per-rule counters (the iptables backend, for now).
-type RuleCounters struct {
-	Node      string        `json:"node"`
-	Available bool          `json:"available"`
-	Reason    string        `json:"reason,omitempty"`
-	Counters  []OriginCount `json:"counters,omitempty"`
-}
-
 // probeRoutes adds `explain packet --live`'s endpoints to the status API:
 //
 //	POST /policy/probe   one probe from a pod on this node (ProbeRequest)
@@ -85,7 +45,7 @@ func (a *Agent) probeRoutes(mux *http.ServeMux) {
 }
 
 func (a *Agent) serveProbe(w http.ResponseWriter, r *http.Request) {
-	var req ProbeRequest
+	var req policy.ProbeRequest
 	dec := json.NewDecoder(io.LimitReader(r.Body, maxProbeBody+1))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
@@ -113,12 +73,13 @@ func (a *Agent) serveProbe(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.log.Info("probe sent", "pod", req.Namespace+"/"+req.Pod, "dst", spec.Dst, "proto", spec.Proto, "outcome", res.Outcome)
-	writeJSON(w, ProbeAnswer{Node: a.cfg.NodeName, Src: spec.Src, Dst: spec.Dst, Proto: spec.Proto, Result: res})
+	writeJSON(w, policy.ProbeAnswer{Node: a.cfg.NodeName, Src: spec.Src, Dst: spec.Dst, Proto: spec.Proto,
+		Outcome: res.Outcome, Passed: res.Passed, NetNS: res.NetNS, Took: res.Took, Detail: res.Detail})
 }
 
 // probeSpec checks a probe request against the safety rules: a pod on this
 // node, a destination inside the cluster, TCP or UDP to a real port.
-func (a *Agent) probeSpec(req ProbeRequest) (dataplane.ProbeSpec, int, error) {
+func (a *Agent) probeSpec(req policy.ProbeRequest) (dataplane.ProbeSpec, int, error) {
 	var errs []error
 	dst, err := netip.ParseAddr(req.Dst)
 	if err != nil {
@@ -189,8 +150,8 @@ func (a *Agent) localPod(namespace, name string) *api.WorkloadEndpoint {
 }
 
 // ruleCounters reads the firewall's per-rule counters, summed by Origin.
-func (a *Agent) ruleCounters(ctx context.Context) RuleCounters {
-	out := RuleCounters{Node: a.cfg.NodeName}
+func (a *Agent) ruleCounters(ctx context.Context) policy.RuleCounters {
+	out := policy.RuleCounters{Node: a.cfg.NodeName}
 	rc, ok := a.deps.Firewall.(ruleCounterReader)
 	if !ok {
 		out.Reason = "this node's firewall backend has no per-rule counters (the iptables backend: not yet)"
@@ -212,12 +173,12 @@ func (a *Agent) ruleCounters(ctx context.Context) RuleCounters {
 		i, ok := idx[k]
 		if !ok {
 			i, idx[k] = len(out.Counters), len(out.Counters)
-			out.Counters = append(out.Counters, OriginCount{Origin: *c.Origin})
+			out.Counters = append(out.Counters, policy.OriginCount{Origin: *c.Origin})
 		}
 		out.Counters[i].Packets += c.Packets
 		out.Counters[i].Bytes += c.Bytes
 	}
-	slices.SortFunc(out.Counters, func(x, y OriginCount) int { return strings.Compare(x.Origin.String(), y.Origin.String()) })
+	slices.SortFunc(out.Counters, func(x, y policy.OriginCount) int { return strings.Compare(x.Origin.String(), y.Origin.String()) })
 	out.Available = true
 	return out
 }

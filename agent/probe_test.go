@@ -140,10 +140,10 @@ func TestProbeRateLimit(t *testing.T) {
 // TestRuleCountersAPI: GET /policy/counters sums the kernel's counters by
 // Origin, and says so rather than fails on a firewall without them.
 func TestRuleCountersAPI(t *testing.T) {
-	get := func(h http.Handler) RuleCounters {
+	get := func(h http.Handler) policy.RuleCounters {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/policy/counters", nil))
-		var rc RuleCounters
+		var rc policy.RuleCounters
 		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &rc) != nil {
 			t.Fatalf("GET /policy/counters: %d %s", rec.Code, rec.Body)
 		}
@@ -159,7 +159,7 @@ func TestRuleCountersAPI(t *testing.T) {
 		{Origin: deny, Packets: 2, Bytes: 120}, {Origin: allow, Packets: 5, Bytes: 300}, {Origin: deny, Packets: 1, Bytes: 60}, {Packets: 9},
 	}}
 	_, _, h = probeTestAgent(t, fw)
-	want := RuleCounters{Node: "node1", Available: true, Counters: []OriginCount{{Origin: *deny, Packets: 3, Bytes: 180}, {Origin: *allow, Packets: 5, Bytes: 300}}}
+	want := policy.RuleCounters{Node: "node1", Available: true, Counters: []policy.OriginCount{{Origin: *deny, Packets: 3, Bytes: 180}, {Origin: *allow, Packets: 5, Bytes: 300}}}
 	if diff := cmp.Diff(want, get(h)); diff != "" {
 		t.Errorf("counters (-want +got):\n%s", diff)
 	}

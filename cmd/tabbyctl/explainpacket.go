@@ -22,8 +22,6 @@ func (f *packetFlags) add(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&f.o.Family, "family", 0, "explain packet: 4 or 6 for pods of both families (default: IPv4 when both ends have it)")
 	cmd.Flags().StringVar(&f.agent, "agent", ctl.DefaultAgentAddress,
 		"explain packet: the agents' status API, unix:///PATH or http://HOST:PORT; {node} is a node's name, {addr} its address")
-	cmd.Flags().BoolVar(&f.o.Live, "live", false,
-		"explain packet: also send one probe from the source pod (TCP connect or UDP datagram, to a cluster address only) and check the deciding rules' kernel counters moved")
 	cmd.Flags().StringVarP(&f.output, "output", "o", "", "explain packet: \"json\" for the explanation as JSON")
 }
 

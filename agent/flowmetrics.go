@@ -14,7 +14,7 @@ import (
 )
 
 // ruleCounterReader is a firewall that reads its per-rule counters
-// (dataplane.NFTFirewall; the iptables backend has no such counters yet).
+// (dataplane.NFTFirewall and dataplane.LinuxFirewall, the iptables one).
 type ruleCounterReader interface {
 	RuleCounters(ctx context.Context) ([]dataplane.RuleCounter, error)
 }

@@ -154,7 +154,7 @@ func (a *Agent) ruleCounters(ctx context.Context) policy.RuleCounters {
 	out := policy.RuleCounters{Node: a.cfg.NodeName}
 	rc, ok := a.deps.Firewall.(ruleCounterReader)
 	if !ok {
-		out.Reason = "this node's firewall backend has no per-rule counters (the iptables backend: not yet)"
+		out.Reason = "this node's firewall has no per-rule counters"
 		return out
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)

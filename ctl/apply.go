@@ -1,10 +1,12 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/tabbynet/tabby/api"
@@ -266,6 +268,17 @@ func (c *Client) DeleteManifests(ctx context.Context, out io.Writer, o ManifestO
 	if len(errs) > 0 {
 		return fmt.Errorf("%w\nnothing was deleted", errors.Join(errs...))
 	}
+	keys := map[string]bool{}
+	for _, it := range items {
+		keys[objectKey(it.obj)] = true
+	}
+	if err := c.checkTierDeletes(ctx, keys); err != nil {
+		return fmt.Errorf("%w\nnothing was deleted", err)
+	}
+	// Tiers last: the policies that name them go first.
+	slices.SortStableFunc(items, func(a, b item) int {
+		return cmp.Compare(boolInt(api.KindOf(a.obj) == api.KindTier), boolInt(api.KindOf(b.obj) == api.KindTier))
+	})
 	for _, it := range items {
 		info, _ := api.LookupKind(api.KindOf(it.obj))
 		m := it.obj.GetMeta()
@@ -276,6 +289,13 @@ func (c *Client) DeleteManifests(ctx context.Context, out io.Writer, o ManifestO
 	return errors.Join(errs...)
 }
 
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Delete deletes resources of one kind by name.
 func (c *Client) Delete(ctx context.Context, out io.Writer, kind, namespace string, names []string, ignoreNotFound bool) error {
 	info, err := ResolveKind(kind)
@@ -284,6 +304,15 @@ func (c *Client) Delete(ctx context.Context, out io.Writer, kind, namespace stri
 	}
 	if len(names) == 0 {
 		return fmt.Errorf("delete %s: give the names to delete (or -f FILE)", info.Plural)
+	}
+	if info.Kind == api.KindTier {
+		keys := map[string]bool{}
+		for _, name := range names {
+			keys[api.KindTier+"/"+name] = true
+		}
+		if err := c.checkTierDeletes(ctx, keys); err != nil {
+			return fmt.Errorf("%w\nnothing was deleted", err)
+		}
 	}
 	var errs []error
 	for _, name := range names {
@@ -297,7 +326,7 @@ func (c *Client) Delete(ctx context.Context, out io.Writer, kind, namespace stri
 func (c *Client) deleteOne(ctx context.Context, out io.Writer, info api.KindInfo, ns, name string, ignoreNotFound bool) error {
 	var err error
 	if info.Kind == api.KindTier {
-		if err := c.checkTierDelete(ctx, name); err != nil {
+		if err := c.checkTierDeletes(ctx, map[string]bool{api.KindTier + "/" + name: true}); err != nil {
 			return err
 		}
 	}

@@ -27,3 +27,7 @@ func HardenIPv6(nsPath, ifName string) error {
 	defer nsh.Close()
 	return hardenIPv6(nsh, ifName, false)
 }
+
+// CheckNFLOGTarget is checkNFLOGTarget: whether the iptables command at
+// path knows the NFLOG target.
+var CheckNFLOGTarget = checkNFLOGTarget

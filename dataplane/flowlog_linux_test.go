@@ -20,15 +20,46 @@ import (
 // packet's five-tuple.
 func TestPrivilegedNFTablesRuleCountersAndNFLOG(t *testing.T) {
 	testkit.RequirePrivileged(t, "ip")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	n := testkit.NewNetNS(t, "flw")
-	const group = 1777
-	fw, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: n.Path, FlowLog: dataplane.FlowLogRules{Deny: true, Allow: true, Group: group}})
+	fw, err := dataplane.NewNFTFirewall(dataplane.NFTConfig{NetNS: n.Path, FlowLog: flowLogAll})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fw.Close()
+	ruleCountersAndNFLOG(t, n, fw)
+}
+
+// TestPrivilegedIPTablesRuleCountersAndNFLOG is the same on the iptables
+// backend, legacy and nft: counters read with one iptables-save -c per
+// family, NFLOG rules before the deciding ones.
+func TestPrivilegedIPTablesRuleCountersAndNFLOG(t *testing.T) {
+	testkit.RequirePrivileged(t, "ip", "iptables", "ipset")
+	for _, b := range []string{dataplane.BackendLegacy, dataplane.BackendNFT} {
+		t.Run(b, func(t *testing.T) {
+			n := testkit.NewNetNS(t, "flw")
+			fw, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{NetNS: n.Path, Backend: b, Resync: -1, FlowLog: flowLogAll})
+			if err != nil {
+				t.Skipf("iptables backend %s: %v", b, err)
+			}
+			ruleCountersAndNFLOG(t, n, fw)
+			if err := fw.Remove(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+const flowLogGroup = 1777
+
+var flowLogAll = dataplane.FlowLogRules{Deny: true, Allow: true, Group: flowLogGroup}
+
+func ruleCountersAndNFLOG(t *testing.T, n testkit.NetNS, fw interface {
+	dataplane.Firewall
+	RuleCounters(context.Context) ([]dataplane.RuleCounter, error)
+}) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const group = flowLogGroup
 	deny := &policy.Origin{Kind: policy.OriginGlobal, Name: "g", Direction: policy.DirIngress, Index: 0, Action: "Deny"}
 	allow := &policy.Origin{Kind: policy.OriginGlobal, Name: "g", Direction: policy.DirIngress, Index: 1, Action: "Allow"}
 	udp := func(port uint16) []policy.Match {

@@ -17,6 +17,18 @@ type IPTChain struct {
 	Table string // "filter", "nat", …
 	Name  string // starts with FirewallPrefix
 	Rules [][]string
+	// Origins, when not nil, holds each rule's policy.Origin (nil for
+	// Tabby's own rules and NFLOG rules): it is part of the rule's
+	// identity and goes into its comment, where RuleCounters reads it.
+	Origins []*policy.Origin
+}
+
+// origin is rule i's origin.
+func (c IPTChain) origin(i int) *policy.Origin {
+	if i < len(c.Origins) {
+		return c.Origins[i]
+	}
+	return nil
 }
 
 // IPSet is one Tabby ipset. Members are in ipset's syntax:
@@ -44,16 +56,27 @@ func ruleHashes(c IPTChain) []string {
 	for i, r := range c.Rules {
 		h := sha256.New()
 		fmt.Fprintf(h, "%s\x00%s\x00%s", c.Name, prev, strings.Join(r, "\x00"))
+		if o := c.origin(i); o != nil {
+			fmt.Fprintf(h, "\x00origin %s", o)
+		}
 		prev = base64.RawURLEncoding.EncodeToString(h.Sum(nil))[:16]
 		out[i] = prev
 	}
 	return out
 }
 
-// hashComment marks a rule with its identity.
-func hashComment(h string) []string { return []string{"-m", "comment", "--comment", "tabby:" + h} }
+// hashComment marks a rule with its identity and, after a comma, the ID
+// of its origin: "tabby:<hash>,<origin id>" (29 characters, well under the
+// 256 of the comment match).
+func hashComment(h string, o *policy.Origin) []string {
+	c := "tabby:" + h
+	if o != nil {
+		c += "," + o.ID()
+	}
+	return []string{"-m", "comment", "--comment", c}
+}
 
-var hashRE = regexp.MustCompile(`--comment "?tabby:([A-Za-z0-9_-]{16})"?`)
+var hashRE = regexp.MustCompile(`--comment "?tabby:([A-Za-z0-9_-]{16})`)
 
 // tableState is what iptables-save says about one table.
 type tableState struct {
@@ -296,7 +319,7 @@ func (p tablePlan) restoreInput(withDeletes bool) string {
 		for i, h := range ruleHashes(c) {
 			b.WriteString("-A ")
 			b.WriteString(c.Name)
-			for _, a := range append(hashComment(h), c.Rules[i]...) {
+			for _, a := range append(hashComment(h, c.origin(i)), c.Rules[i]...) {
 				b.WriteByte(' ')
 				b.WriteString(quoteArg(a))
 			}

@@ -78,6 +78,7 @@ func totalRules(rs *policy.Ruleset) int {
 //	label-change   one pod's labels change (sets and its chains)
 //	pod-add-del    a pod comes or goes (its chains, dispatch, sets)
 //	noop           nothing changed (compile, diff, write nothing)
+//	rule-counters  one read of the per-rule counters (a metrics scrape)
 //
 // Every operation includes compiling with a long-lived policy.Compiler, as
 // the agent does; changed objects are new objects, as the cluster view
@@ -149,6 +150,19 @@ func BenchmarkPrivilegedPolicyApply(b *testing.B) {
 			})
 			in.Endpoints = all
 			b.Run("noop", func(b *testing.B) { pass(b, func(int) {}) })
+			// One read of every rule's counter (a metrics scrape).
+			b.Run("rule-counters", func(b *testing.B) {
+				rc := f.(interface {
+					RuleCounters(context.Context) ([]dataplane.RuleCounter, error)
+				})
+				var cs []dataplane.RuleCounter
+				for b.Loop() {
+					if cs, err = rc.RuleCounters(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(len(cs)), "origins")
+			})
 			if err := f.Remove(ctx); err != nil {
 				b.Error(err)
 			}

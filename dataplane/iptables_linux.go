@@ -74,6 +74,7 @@ type LinuxFirewall struct {
 	restore string
 	wait    int // seconds
 	resync  time.Duration
+	flowLog FlowLogRules
 
 	// What the kernel held when last read, updated with what Apply wrote
 	// since; guarded by mu.
@@ -81,6 +82,9 @@ type LinuxFirewall struct {
 	sets   map[string]*kernelSet
 	setsAt time.Time
 	reads  int
+	// origins are those of the rules the last Apply rendered, each once,
+	// for RuleCounters; guarded by mu.
+	origins []*policy.Origin
 }
 
 type cachedTable struct {
@@ -108,7 +112,7 @@ func NewIPTablesFirewall(cfg FirewallConfig) (*LinuxFirewall, error) {
 }
 
 func newIPTablesFirewall(cfg FirewallConfig, fam policy.Family) (*LinuxFirewall, error) {
-	f := &LinuxFirewall{netns: cfg.NetNS, family: fam, wait: 10, resync: cfg.Resync, tables: map[string]*cachedTable{}}
+	f := &LinuxFirewall{netns: cfg.NetNS, family: fam, wait: 10, resync: cfg.Resync, flowLog: cfg.FlowLog, tables: map[string]*cachedTable{}}
 	if f.resync == 0 {
 		f.resync = DefaultFirewallResync
 	}
@@ -143,7 +147,23 @@ func newIPTablesFirewall(cfg FirewallConfig, fam policy.Family) (*LinuxFirewall,
 	if _, err := exec.LookPath("ipset"); err != nil {
 		return nil, fmt.Errorf("ipset: %w", err)
 	}
+	if cfg.FlowLog.Deny || cfg.FlowLog.Allow {
+		if err := checkNFLOGTarget(ipt); err != nil {
+			return nil, fmt.Errorf("flow logs: %w", err)
+		}
+	}
 	return f, nil
+}
+
+// checkNFLOGTarget makes sure the iptables command at path knows the NFLOG
+// target the flow logs' rules use, so that the agent refuses to start with
+// flow logs it cannot write rather than failing at every Apply.
+func checkNFLOGTarget(path string) error {
+	out, err := exec.Command(path, "-j", "NFLOG", "--help").CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--nflog-group")) {
+		return fmt.Errorf("%s has no NFLOG target (the iptables NFLOG extension, libxt_NFLOG): %v", path, err)
+	}
+	return nil
 }
 
 // Backend returns the iptables backend in use: "legacy" or "nft".
@@ -274,9 +294,10 @@ func (f *LinuxFirewall) Apply(ctx context.Context, state FirewallState) (ApplySt
 
 // apply programs the part of state of this firewall's family.
 func (f *LinuxFirewall) apply(ctx context.Context, state FirewallState) (ApplyStats, error) {
-	desired := RenderIPTablesFamily(state, f.family)
+	desired := renderIPTables(state, f.family, f.flowLog)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.origins = originsOf(desired.Chains)
 	var stats ApplyStats
 	var errs []error
 

@@ -3,7 +3,9 @@ package dataplane_test
 import (
 	"context"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -206,5 +208,30 @@ func testFirewall(t *testing.T, backend string) {
 func TestFirewallBadBackend(t *testing.T) {
 	if _, err := dataplane.NewIPTablesFirewall(dataplane.FirewallConfig{Backend: "ebtables"}); err == nil {
 		t.Error("unknown backend accepted")
+	}
+}
+
+// TestCheckNFLOGTarget: an iptables without the NFLOG extension is refused
+// (the agent does not start with flow logs it cannot write); one that
+// prints NFLOG's options passes.
+func TestCheckNFLOGTarget(t *testing.T) {
+	dir := t.TempDir()
+	script := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	with := script("with", `echo "NFLOG target options:"; echo " --nflog-group NUM		NETLINK group used for logging"`)
+	without := script("without", `echo "iptables v1.8.11 (legacy): Couldn't load target 'NFLOG'" >&2; exit 2`)
+	silent := script("silent", `echo "Usage: iptables -[ACD] chain rule-specification [options]"`)
+	if err := dataplane.CheckNFLOGTarget(with); err != nil {
+		t.Errorf("with NFLOG: %v", err)
+	}
+	for _, p := range []string{without, silent} {
+		if err := dataplane.CheckNFLOGTarget(p); err == nil || !strings.Contains(err.Error(), "no NFLOG target") {
+			t.Errorf("%s: %v, want no NFLOG target", filepath.Base(p), err)
+		}
 	}
 }

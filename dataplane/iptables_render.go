@@ -28,6 +28,14 @@ func RenderIPTables(s FirewallState) IPTablesState { return RenderIPTablesFamily
 // family terms of this one vanish (the table is the family), and so do
 // the other family's sets. Chains and jumps are the same in both.
 func RenderIPTablesFamily(s FirewallState, fam policy.Family) IPTablesState {
+	return renderIPTables(s, fam, FlowLogRules{})
+}
+
+// renderIPTables is RenderIPTablesFamily with flow logs: a rule that logs
+// (fl.Logs) is preceded by the same matches with an NFLOG target (an
+// iptables rule has one target), and every rule with an Origin carries it
+// (IPTChain.Origins) for its counters.
+func renderIPTables(s FirewallState, fam policy.Family, fl FlowLogRules) IPTablesState {
 	out := IPTablesState{Jumps: slices.Clone(s.Jumps)}
 	for _, c := range s.Chains {
 		if c.Dispatch != nil {
@@ -36,7 +44,21 @@ func RenderIPTablesFamily(s FirewallState, fam policy.Family) IPTablesState {
 		}
 		ic := IPTChain{Table: c.Table, Name: c.Name, Rules: make([][]string, 0, len(c.Rules))}
 		for _, r := range c.Rules {
-			ic.Rules = append(ic.Rules, iptRules(r, fam)...)
+			for _, args := range iptRules(r, fam) {
+				if r.Origin != nil && ic.Origins == nil {
+					ic.Origins = make([]*policy.Origin, len(ic.Rules), cap(ic.Rules))
+				}
+				if fl.Logs(r) {
+					ic.Rules = append(ic.Rules, iptLogRule(args, fl.Group, r.Origin))
+					if ic.Origins != nil {
+						ic.Origins = append(ic.Origins, nil) // the verdict's rule counts
+					}
+				}
+				ic.Rules = append(ic.Rules, args)
+				if ic.Origins != nil {
+					ic.Origins = append(ic.Origins, r.Origin)
+				}
+			}
 		}
 		out.Chains = append(out.Chains, ic)
 	}
@@ -155,6 +177,17 @@ func iptRule(r policy.Rule) []string {
 		panic(fmt.Sprintf("iptables: unknown verdict kind %d", v.Kind))
 	}
 	return a
+}
+
+// iptLogRule is the NFLOG rule that goes before a rule (its arguments
+// args) that logs: the same matches, the NFLOG target with the origin's
+// prefix.
+func iptLogRule(args []string, group uint16, o *policy.Origin) []string {
+	i := len(args)
+	for i > 0 && args[i-1] != "-j" && args[i-1] != "-g" {
+		i--
+	}
+	return append(slices.Clone(args[:max(i-1, 0)]), "-j", "NFLOG", "--nflog-group", strconv.Itoa(int(group)), "--nflog-prefix", FlowLogPrefix(o))
 }
 
 // iptDispatchChains renders a dispatch chain as interface matches with

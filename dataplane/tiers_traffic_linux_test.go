@@ -72,41 +72,54 @@ func tiersTraffic(t *testing.T, f dataplane.Firewall, client, server testkit.Net
 		gnps   []*api.GlobalNetworkPolicy
 		staged []*api.StagedGlobalNetworkPolicy
 		want   bool
+		// decides names the policy (and action) whose rule's counter the
+		// connection must move.
+		decides, action string
 	}{
-		{"namespace Allow", []*api.NetworkPolicy{allow}, nil, nil, true},
-		{"admin Deny overrides it", []*api.NetworkPolicy{allow}, []*api.GlobalNetworkPolicy{gnp(api.TierKubeAdmin, "admin-deny", 1, api.ActionDeny)}, nil, false},
+		{"namespace Allow", []*api.NetworkPolicy{allow}, nil, nil, true, "allow-client", api.ActionAllow},
+		{"admin Deny overrides it", []*api.NetworkPolicy{allow}, []*api.GlobalNetworkPolicy{gnp(api.TierKubeAdmin, "admin-deny", 1, api.ActionDeny)}, nil, false, "admin-deny", api.ActionDeny},
 		{"admin Pass hands over, skipping a later admin Deny", []*api.NetworkPolicy{allow},
-			[]*api.GlobalNetworkPolicy{gnp(api.TierKubeAdmin, "admin-pass", 1, api.ActionPass), gnp(api.TierKubeAdmin, "admin-deny", 2, api.ActionDeny)}, nil, true},
-		{"baseline Deny yields to the namespace Allow", []*api.NetworkPolicy{allow}, []*api.GlobalNetworkPolicy{gnp(api.TierKubeBaseline, "base-deny", 1, api.ActionDeny)}, nil, true},
-		{"baseline Deny without a namespace policy", nil, []*api.GlobalNetworkPolicy{gnp(api.TierKubeBaseline, "base-deny", 1, api.ActionDeny)}, nil, false},
-		{"staged Deny counts, drops nothing", nil, nil, []*api.StagedGlobalNetworkPolicy{staged}, true},
+			[]*api.GlobalNetworkPolicy{gnp(api.TierKubeAdmin, "admin-pass", 1, api.ActionPass), gnp(api.TierKubeAdmin, "admin-deny", 2, api.ActionDeny)}, nil, true, "allow-client", api.ActionAllow},
+		{"baseline Deny yields to the namespace Allow", []*api.NetworkPolicy{allow}, []*api.GlobalNetworkPolicy{gnp(api.TierKubeBaseline, "base-deny", 1, api.ActionDeny)}, nil, true, "allow-client", api.ActionAllow},
+		{"baseline Deny without a namespace policy", nil, []*api.GlobalNetworkPolicy{gnp(api.TierKubeBaseline, "base-deny", 1, api.ActionDeny)}, nil, false, "base-deny", api.ActionDeny},
+		{"staged Deny counts, drops nothing", nil, nil, []*api.StagedGlobalNetworkPolicy{staged}, true, "try-deny", api.ActionDeny},
 	} {
 		in.NetworkPolicies, in.GlobalPolicies, in.StagedPolicies = step.nps, step.gnps, step.staged
 		applyChecked(ctx, t, f, comp, in, step.name)
+		before := decidingCount(ctx, t, f, step.decides, step.action)
 		if got := dials(t, client, srv); got != step.want {
 			t.Errorf("step %d (%s): connected %v, want %v", i, step.name, got, step.want)
 		}
-	}
-	if rc, ok := f.(interface {
-		RuleCounters(context.Context) ([]dataplane.RuleCounter, error)
-	}); ok {
-		counters, err := rc.RuleCounters(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n uint64
-		for _, c := range counters {
-			if c.Origin.Staged && c.Origin.Name == "try-deny" && c.Origin.Action == api.ActionDeny {
-				n += c.Packets
-			}
-		}
-		if n == 0 {
-			t.Errorf("the staged Deny counted no packet: %v", counters)
+		if after := decidingCount(ctx, t, f, step.decides, step.action); after <= before {
+			t.Errorf("step %d (%s): the counter of %s's %s rule did not move (%d, then %d)", i, step.name, step.decides, step.action, before, after)
 		}
 	}
 	if err := f.Remove(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// decidingCount is the packet count of the rules of policy name with
+// action on a firewall with rule counters (both backends have them).
+func decidingCount(ctx context.Context, t *testing.T, f dataplane.Firewall, name, action string) uint64 {
+	t.Helper()
+	rc, ok := f.(interface {
+		RuleCounters(context.Context) ([]dataplane.RuleCounter, error)
+	})
+	if !ok {
+		t.Fatalf("%T reads no rule counters", f)
+	}
+	counters, err := rc.RuleCounters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, c := range counters {
+		if c.Origin.Name == name && c.Origin.Action == action {
+			n += c.Packets
+		}
+	}
+	return n
 }
 
 // applyChecked applies what comp compiles from in, then checks that a

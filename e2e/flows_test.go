@@ -14,6 +14,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/ctl"
+	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/lab"
 )
@@ -27,14 +28,24 @@ type flowWant struct {
 	index        int
 }
 
-// TestFlowLogs (nftables): a NetworkPolicy allows one connection and
-// denies another; every node involved shows both with the deciding policy
-// and rule, within 2 s of the connection (measured; the assert is generous
-// for a loaded machine). Then a flood of short flows: the buffers stay
-// bounded, drops are counted and the agents keep serving. WebView shows
-// the same in headless Chromium (webview_test.go).
+// TestFlowLogs, on each firewall backend: a NetworkPolicy allows one
+// connection and denies another; every node involved shows both with the
+// deciding policy and rule, within 2 s of the connection (measured; the
+// assert is generous for a loaded machine). Then a flood of short flows:
+// the buffers stay bounded, drops are counted, the default deny's rule
+// counter moved and the agents keep serving. WebView (nftables) shows the
+// same in headless Chromium (webview_test.go).
 func TestFlowLogs(t *testing.T) {
-	l := upLab(t, lab.Options{Name: "flw", Nodes: 2, AgentArgs: []string{"--firewall-backend", "nftables",
+	for _, b := range []struct{ backend, lab string }{
+		{dataplane.FirewallNFTables, "flw"},
+		{dataplane.FirewallIPTables, "flwi"},
+	} {
+		t.Run(b.backend, func(t *testing.T) { testFlowLogs(t, b.backend, b.lab) })
+	}
+}
+
+func testFlowLogs(t *testing.T, backend, name string) {
+	l := upLab(t, lab.Options{Name: name, Nodes: 2, AgentArgs: []string{"--firewall-backend", backend,
 		"--flow-logs", "all", "--flow-log-interval", "500ms", "--flow-log-max-flows", "400", "--flow-log-max-records", "2000"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -127,7 +138,9 @@ func TestFlowLogs(t *testing.T) {
 	if code, body, err := l.AgentGet(ctx, "node2", "/flows?pod="+strings.Repeat("x", 5000)); err != nil || code != 400 || !strings.Contains(string(body), "longer than") {
 		t.Errorf("hostile query: %d %v %s", code, err, body)
 	}
-	t.Run("WebView", func(t *testing.T) { testWebView(ctx, t, l) })
+	if backend == dataplane.FirewallNFTables {
+		t.Run("WebView", func(t *testing.T) { testWebView(ctx, t, l) })
+	}
 	t.Run("Flood", func(t *testing.T) { testFlowFlood(ctx, t, l, agents, webIP) })
 }
 

@@ -174,7 +174,8 @@ func policySteps(ips map[string]netip.Addr) []policyStep {
 
 // TestPolicy brings up a 3-node lab with pods in three namespaces and
 // checks a truth table of real TCP and UDP connections under a series of
-// policy sets, then anti-spoofing and natOutgoing, once per firewall
+// policy sets (with admin policies present that select none of the
+// table's pods), then anti-spoofing and natOutgoing, once per firewall
 // backend.
 func TestPolicy(t *testing.T) {
 	for _, b := range []struct{ backend, lab string }{
@@ -212,10 +213,16 @@ func testPolicy(t *testing.T, backend, name string) {
 		}
 	}
 
+	// Every step runs with admin policies present that select only
+	// namespace zulu (issue 31): the verdicts must not change. zulu's one
+	// pod, in no case of the table, shows they are in force.
+	if _, err := l.AddPod(ctx, "node3", "zadm", lab.PodOptions{Namespace: "zulu", Labels: map[string]string{"app": "client"}}); err != nil {
+		t.Fatalf("adding pod zadm: %v", err)
+	}
 	total := 0
 	for _, step := range policySteps(ips) {
 		ok := t.Run(step.name, func(t *testing.T) {
-			setPolicies(ctx, t, l, step.objs)
+			setPolicies(ctx, t, l, append(slices.Clone(step.objs), bystanderAdminPolicies()...))
 			waitPolicyConverged(ctx, t, l)
 			checkCases(ctx, t, l, ips, step.cases)
 		})
@@ -225,9 +232,28 @@ func testPolicy(t *testing.T, backend, name string) {
 		}
 	}
 	t.Logf("%d truth-table cases", total)
+	t.Run("AdminPoliciesInForce", func(t *testing.T) {
+		checkCases(ctx, t, l, ips, []policyCase{
+			{"zadm", "aweb", "tcp", 80, false},  // across nodes
+			{"zadm", "adb", "tcp", 5432, false}, // same node
+		})
+	})
 	t.Run("NewPodReadyAtOnce", func(t *testing.T) { testNewPodReady(ctx, t, l, ips) })
 	t.Run("AntiSpoofing", func(t *testing.T) { testSpoofing(ctx, t, l, ips, servers["aweb"]) })
 	t.Run("NATOutgoing", func(t *testing.T) { testNATOutgoing(ctx, t, l, ips) })
+}
+
+// bystanderAdminPolicies deny everything in and out of namespace zulu,
+// in tier kube-admin and in tier kube-baseline: no pod of the truth table
+// is in zulu, so its verdicts must not change.
+func bystanderAdminPolicies() []api.Object {
+	var out []api.Object
+	for _, tier := range []string{api.TierKubeAdmin, api.TierKubeBaseline} {
+		deny := []api.Rule{{Action: api.ActionDeny}}
+		out = append(out, globalpol(tier+"-deny-zulu", 1, api.GlobalNetworkPolicySpec{Tier: tier, NamespaceSelector: nsName("zulu"),
+			Ingress: deny, Egress: deny}))
+	}
+	return out
 }
 
 // nameAWebPort gives aweb's endpoint the named port http=8080, as a
@@ -262,7 +288,8 @@ func setPolicies(ctx context.Context, t *testing.T, l *lab.Lab, objs []api.Objec
 			t.Fatalf("applying %s %s: %v", api.KindOf(o), m.Name, err)
 		}
 	}
-	for _, kind := range []string{api.KindNetworkPolicy, api.KindGlobalNetworkPolicy} {
+	// Tiers last: a tier goes once no policy names it.
+	for _, kind := range []string{api.KindNetworkPolicy, api.KindGlobalNetworkPolicy, api.KindStagedGlobalNetworkPolicy, api.KindTier} {
 		cur, _, err := l.Store().List(ctx, kind, "")
 		if err != nil {
 			t.Fatal(err)
@@ -399,6 +426,16 @@ func policyDiff(ctx context.Context, t *testing.T, l *lab.Lab) (string, error) {
 	if err := list(api.KindIPPool, func(o api.Object) { in.Pools = append(in.Pools, o.(*api.IPPool)) }); err != nil {
 		return "", err
 	}
+	if err := list(api.KindStagedGlobalNetworkPolicy, func(o api.Object) {
+		in.StagedPolicies = append(in.StagedPolicies, o.(*api.StagedGlobalNetworkPolicy))
+	}); err != nil {
+		return "", err
+	}
+	var tiers []*api.Tier
+	if err := list(api.KindTier, func(o api.Object) { tiers = append(tiers, o.(*api.Tier)) }); err != nil {
+		return "", err
+	}
+	in.Tiers = api.EffectiveTiers(tiers) // as the agents' view hands them out
 	guard, err := labNodeGuard(ctx, l)
 	if err != nil {
 		return "", err
@@ -519,9 +556,11 @@ func kernelPolicy(ctx context.Context, t *testing.T, l *lab.Lab, node string) (m
 		case "create":
 			got["set "+f[1]] = 0
 		case "add":
+			// ipset prints a host member of a hash:net set without its
+			// prefix length: /32 or, in a family inet6 set, /128.
 			m := f[2]
-			if !strings.ContainsAny(m, "/,") {
-				m += "/32"
+			if a, err := netip.ParseAddr(m); err == nil {
+				m = netip.PrefixFrom(a, a.BitLen()).String()
 			}
 			got["set "+f[1]+" "+m] = 1
 		}

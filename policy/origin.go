@@ -66,7 +66,7 @@ func (o *Origin) Policy() string {
 // policy's rule.
 func (o *Origin) Default() bool { return o != nil && o.Index < 0 }
 
-// ID is a short stable identifier of the origin (12 hex characters of a
+// ID is a short stable identifier of the origin (12 base32 characters of a
 // hash of String), small enough for a kernel log prefix; "" for nil.
 func (o *Origin) ID() string {
 	if o == nil {

@@ -207,6 +207,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	pairs := crossNodePairs(t, nodes, byNode)
 	if failed := pingPairs(ctx, t, pairs, 3); len(failed) > 0 {
 		t.Errorf("ping matrix: %d of %d pod pairs across nodes do not answer: %v", len(failed), len(pairs), failed)
+		diagnosePairs(ctx, t, l, failed)
 	} else {
 		t.Logf("ping matrix: %d of %d pod pairs across nodes answered", len(pairs), len(pairs))
 	}
@@ -435,6 +436,30 @@ func pingPairs(ctx context.Context, t *testing.T, pairs []podPair, timeout int) 
 		}
 	}
 	return failed
+}
+
+// diagnosePairs logs, for pod pairs that did not answer, the source
+// node's route to the destination and the tail of both nodes' agents'
+// logs: what tells a missing route from a policy drop or an agent that
+// was away.
+func diagnosePairs(ctx context.Context, t *testing.T, l *Cluster, failed []podPair) {
+	t.Helper()
+	for _, p := range failed {
+		out, err := l.Exec(ctx, p.from, "ip", "route", "get", p.dst.String())
+		t.Logf("%s: ip route get %s on %s: %v\n%s", p, p.dst, p.from, err, out)
+		for _, n := range []string{p.from, p.to} {
+			pods, err := l.Kubectl(ctx, "-n", "tabby-system", "get", "pods", "-l", "app.kubernetes.io/name=tabby-node",
+				"--field-selector", "spec.nodeName="+n, "-o", "name")
+			if err != nil {
+				t.Logf("agent pod on %s: %v", n, err)
+				continue
+			}
+			for _, pod := range strings.Fields(string(pods)) {
+				out, err := l.Kubectl(ctx, "-n", "tabby-system", "logs", "--all-containers", "--tail=40", pod)
+				t.Logf("agent logs (%s, %s): %v\n%s", n, pod, err, out)
+			}
+		}
+	}
 }
 
 // seqPinger pings every 20 ms from a pod's namespace and records which

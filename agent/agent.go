@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/time/rate"
 
 	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/agent/routetable"
@@ -56,6 +57,8 @@ type Agent struct {
 	wired chan struct{}
 
 	cniListening atomic.Bool
+	// probes rate-limits POST /policy/probe (probe.go).
+	probes *rate.Limiter
 }
 
 // Deps are the kernel and BGP implementations the agent drives; tests pass
@@ -87,6 +90,9 @@ type Deps struct {
 	// FlowSources read the kernel for flow logs (used when
 	// Config.FlowLog.Mode is not off).
 	FlowSources FlowSources
+	// Prober sends `explain packet --live`'s probe from a pod on this node
+	// (dataplane.Probe); nil refuses probes (POST /policy/probe).
+	Prober func(ctx context.Context, spec dataplane.ProbeSpec) (dataplane.ProbeResult, error)
 }
 
 // Run starts a production agent and blocks until ctx is done.
@@ -115,7 +121,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	newSpeaker := func() bgp.Speaker { return bgp.NewSpeaker(log.With("component", "bgp")) }
-	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw, VXLAN: vx,
+	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw, VXLAN: vx, Prober: dataplane.Probe,
 		WatchLinks:  func(ctx context.Context) (<-chan string, error) { return dataplane.WatchLinks(ctx, "") },
 		FlowSources: FlowSources{NFLOG: dataplane.ListenNFLOG, Conntrack: dataplane.ListenConntrack, Accounting: dataplane.EnableConntrackAccounting}})
 	return a.Run(ctx)
@@ -123,7 +129,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 // New builds an agent over the given dependencies.
 func New(cfg Config, log *slog.Logger, d Deps) *Agent {
-	return &Agent{cfg: cfg, log: log, deps: d, metrics: newMetrics(), wired: make(chan struct{})}
+	return &Agent{cfg: cfg, log: log, deps: d, metrics: newMetrics(), wired: make(chan struct{}),
+		probes: rate.NewLimiter(probeRate, probeBurst)}
 }
 
 // connect opens the datastore, retrying until it answers or ctx ends.

@@ -193,6 +193,7 @@ func (a *Agent) httpHandler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	a.whatifRoutes(mux)
+	a.probeRoutes(mux)
 	mux.HandleFunc("GET /flows", a.serveFlows)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
 	return mux

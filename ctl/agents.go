@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -43,8 +44,25 @@ type AgentTemplate struct {
 // maxAgentAnswer bounds what is read from an agent.
 const maxAgentAnswer = 64 << 20
 
+// AgentPoster is Agents that also post: `explain packet --live` asks the
+// source's agent for a probe (POST /policy/probe).
+type AgentPoster interface {
+	Agents
+	// Post sends body (JSON) to path on node's agent.
+	Post(ctx context.Context, node, path string, body []byte) (int, []byte, error)
+}
+
 // Get implements Agents.
 func (t AgentTemplate) Get(ctx context.Context, node, path string) (int, []byte, error) {
+	return t.do(ctx, http.MethodGet, node, path, nil)
+}
+
+// Post implements AgentPoster.
+func (t AgentTemplate) Post(ctx context.Context, node, path string, body []byte) (int, []byte, error) {
+	return t.do(ctx, http.MethodPost, node, path, body)
+}
+
+func (t AgentTemplate) do(ctx context.Context, method, node, path string, body []byte) (int, []byte, error) {
 	tmpl := t.Template
 	if tmpl == "" {
 		tmpl = DefaultAgentAddress
@@ -69,20 +87,23 @@ func (t AgentTemplate) Get(ctx context.Context, node, path string) (int, []byte,
 		return 0, nil, fmt.Errorf("agent address %q: want unix:///PATH or http://HOST:PORT", tmpl)
 	}
 	defer c.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("agent of %s: %w", node, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAgentAnswer))
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, maxAgentAnswer))
 	if err != nil {
 		return 0, nil, fmt.Errorf("agent of %s: %w", node, err)
 	}
-	return resp.StatusCode, body, nil
+	return resp.StatusCode, answer, nil
 }
 
 // expand fills the template for node.

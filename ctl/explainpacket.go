@@ -32,6 +32,9 @@ type PacketOptions struct {
 	SrcPort uint16
 	// Agents reaches the nodes' agents.
 	Agents Agents
+	// Live also sends a probe from the source pod and checks the deciding
+	// rules' kernel counters (explainlive.go); Agents must be AgentPoster.
+	Live bool
 }
 
 // PacketEnd is one end of a packet.
@@ -82,6 +85,8 @@ type PacketExplanation struct {
 	Allowed bool        `json:"allowed"`
 	// DeniedAt names the node whose rules drop the packet.
 	DeniedAt string `json:"deniedAt,omitempty"`
+	// Live is --live's probe and counters.
+	Live *LiveCheck `json:"live,omitempty"`
 }
 
 // ParsePortProto parses "80/tcp", "53/udp", "8080" (tcp) or "icmp".
@@ -146,6 +151,11 @@ func (c *Client) ExplainPacket(ctx context.Context, o PacketOptions) ([]PacketEx
 		x := PacketExplanation{From: from, To: dst, Via: to.via, Proto: proto, Port: port}
 		if err := r.evaluate(ctx, o, &x); err != nil {
 			return nil, err
+		}
+		if o.Live {
+			if err := liveProbe(ctx, o, &x); err != nil {
+				return nil, err
+			}
 		}
 		out = append(out, x)
 	}

@@ -49,6 +49,9 @@ func (x PacketExplanation) write(b *strings.Builder) {
 			}
 		}
 	}
+	if x.Live != nil {
+		x.Live.write(b)
+	}
 	switch {
 	case x.Allowed:
 		b.WriteString("\nVerdict: ALLOWED\n")

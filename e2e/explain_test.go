@@ -96,6 +96,9 @@ func testExplainPacket(t *testing.T, backend, name string) {
 			t.Errorf("explain packet lacks %q:\n%s", want, out)
 		}
 	}
+	t.Run("live", func(t *testing.T) {
+		checkExplainLive(ctx, t, l, c, agents, ips, true) // both backends count per rule
+	})
 }
 
 // compareWhatIf checks every case of one family: what-if and the kernel

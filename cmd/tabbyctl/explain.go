@@ -22,6 +22,9 @@ policies that select the pod.
 
 With --live, run on a node (or with --netns PATH), it also reads the kernel's
 routes and says where they disagree with the datastore (non-zero exit).
+With explain packet --live, the source pod's agent sends one probe (TCP or
+UDP, to a cluster address only, rate-limited) and the deciding rules' kernel
+counters on each node say whether the kernel agrees with the what-if.
 
 explain packet asks the agents of the nodes a packet crosses (the source
 pod's node for its egress, the destination's for its ingress) to evaluate
@@ -33,6 +36,7 @@ on a lab, unix:///run/tabby-lab/NAME/{node}/status.sock.`,
   tabbyctl explain pod 10.244.0.48
   tabbyctl explain pod shop/web-0 --live --netns /run/netns/node-2
   tabbyctl explain packet --from pod/shop/client --to pod/shop/web-0 --port 80/tcp
+  tabbyctl explain packet --live --from pod/shop/client --to pod/shop/web-0 --port 80/tcp
   tabbyctl explain packet --from 198.51.100.7 --to svc/shop/web --port 8080/tcp -o json`,
 		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -40,6 +44,7 @@ on a lab, unix:///run/tabby-lab/NAME/{node}/status.sock.`,
 				if len(args) != 1 || pf.o.From == "" || pf.o.To == "" || pf.o.Port == "" {
 					return fmt.Errorf("explain packet: want --from, --to and --port, and no argument")
 				}
+				pf.o.Live = o.Live // one --live flag: the probe and counters for a packet
 				return a.explainPacket(cmd, &pf)
 			}
 			if len(args) != 2 {
@@ -63,7 +68,8 @@ on a lab, unix:///run/tabby-lab/NAME/{node}/status.sock.`,
 		},
 	}
 	cmd.Flags().StringVarP(&o.Namespace, "namespace", "n", "", "namespace of a pod given by NAME (default \"default\")")
-	cmd.Flags().BoolVar(&o.Live, "live", false, "compare with this node's kernel routes")
+	cmd.Flags().BoolVar(&o.Live, "live", false, "explain pod: compare with this node's kernel routes; explain packet: also send one probe from the source pod "+
+		"(TCP connect or UDP datagram, to a cluster address only) and check the deciding rules' kernel counters moved")
 	cmd.Flags().StringVar(&o.NetNS, "netns", "", "with --live: the node's network namespace (path); implies --live")
 	cmd.Flags().StringVar(&o.Node, "node", "", "with --live: the node this runs on (default: found by its addresses)")
 	pf.add(cmd)

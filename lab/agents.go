@@ -318,6 +318,10 @@ func (l *Lab) WaitEstablished(ctx context.Context) error {
 	want := expectedPeers(st)
 	var problem error
 	err := Poll(ctx, 200*time.Millisecond, func() (bool, error) {
+		if st.AutoReflectors > 0 {
+			problem = l.autoEstablished(ctx, st)
+			return problem == nil, nil
+		}
 		var errs []error
 		for _, n := range st.Nodes {
 			s, err := l.NodeStatus(ctx, n.Name)

@@ -67,7 +67,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 		return nil, err
 	}
 	if !o.NoAgents {
-		if err := checkHostFits(o.Log, o.Nodes, o.RouteReflectors, o.PodsPerNode); err != nil {
+		if err := checkHostFits(o.Log, o.Nodes, o.RouteReflectors+o.AutoReflectors*o.Zones, o.PodsPerNode); err != nil {
 			return nil, err
 		}
 	}
@@ -78,7 +78,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AgentArgs: o.AgentArgs, DualStack: o.DualStack || o.IPv6Only || o.IPv6OnlyFabric, IPv6Only: o.IPv6Only || o.IPv6OnlyFabric, NoIPv4: o.IPv6OnlyFabric, TwoSubnets: o.TwoSubnets,
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AutoReflectors: o.AutoReflectors, Zones: o.Zones, AgentArgs: o.AgentArgs, DualStack: o.DualStack || o.IPv6Only || o.IPv6OnlyFabric, IPv6Only: o.IPv6Only || o.IPv6OnlyFabric, NoIPv4: o.IPv6OnlyFabric, TwoSubnets: o.TwoSubnets,
 		Etcd: etcdMembers(o.EtcdMembers, o.IPv6OnlyFabric)}
 	if err := claim(st, o.RunDir); err != nil {
 		return nil, err
@@ -134,6 +134,11 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	}
 	if o.RouteReflectors > 0 {
 		if err := l.configureRouteReflectors(ctx, o.RouteReflectors); err != nil {
+			return nil, err
+		}
+	}
+	if o.AutoReflectors > 0 {
+		if err := l.configureAutoReflectors(ctx, o); err != nil {
 			return nil, err
 		}
 	}

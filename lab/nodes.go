@@ -18,7 +18,7 @@ func (l *Lab) AddNode(ctx context.Context, name string) error {
 		if len(st.Nodes) > 0 {
 			pods = (len(st.Pods) + len(st.Nodes) - 1) / len(st.Nodes)
 		}
-		if err := checkHostFits(l.log, len(st.Nodes)+1, st.RouteReflectors, pods); err != nil {
+		if err := checkHostFits(l.log, len(st.Nodes)+1, st.RouteReflectors+st.AutoReflectors*st.Zones, pods); err != nil {
 			return fmt.Errorf("adding node %s: %w", name, err)
 		}
 	}
@@ -27,6 +27,11 @@ func (l *Lab) AddNode(ctx context.Context, name string) error {
 	}
 	if l.State().NoAgents {
 		return nil
+	}
+	if l.State().AutoReflectors > 0 {
+		if err := l.registerZone(ctx, name); err != nil {
+			return err
+		}
 	}
 	if err := l.StartAgent(ctx, name); err != nil {
 		return err

@@ -69,6 +69,15 @@ type Options struct {
 	// RouteReflectors makes node1 … nodeK route reflectors and turns the
 	// node-to-node mesh off.
 	RouteReflectors int
+	// AutoReflectors, when set, turns the mesh off and has the agents
+	// elect this many route reflectors per zone (routeReflectorMode Auto);
+	// the nodes are spread round robin over Zones zones (default 2) by the
+	// label topology.kubernetes.io/zone. lab/autorr.go.
+	AutoReflectors int
+	Zones          int
+	// ReflectorGrace is the routeReflectorGracePeriod of an
+	// AutoReflectors lab; 0 keeps the default.
+	ReflectorGrace time.Duration
 	// PodsPerNode pods are added on every node after the agents started.
 	PodsPerNode int
 	// RunDir holds the lab's directory RunDir/Name (state, logs, sockets,
@@ -150,6 +159,9 @@ func (o *Options) Default() {
 	if o.EtcdMembers == 0 {
 		o.EtcdMembers = 1
 	}
+	if o.AutoReflectors > 0 && o.Zones == 0 {
+		o.Zones = 2
+	}
 }
 
 // Validate reports every problem of the options.
@@ -163,6 +175,15 @@ func (o *Options) Validate() error {
 	}
 	if o.RouteReflectors < 0 || o.RouteReflectors > o.Nodes {
 		errs = append(errs, fmt.Errorf("route reflectors: %d out of range 0-%d (the number of nodes)", o.RouteReflectors, o.Nodes))
+	}
+	if o.AutoReflectors < 0 || o.AutoReflectors > 16 {
+		errs = append(errs, fmt.Errorf("auto reflectors: %d out of range 0-16 (routeReflectorsPerZone)", o.AutoReflectors))
+	}
+	if o.AutoReflectors > 0 && o.RouteReflectors > 0 {
+		errs = append(errs, errors.New("auto reflectors: not with route reflectors chosen by hand"))
+	}
+	if o.Zones < 0 || o.Zones > 26 {
+		errs = append(errs, fmt.Errorf("zones: %d out of range 0-26", o.Zones))
 	}
 	if o.EtcdMembers < 1 || o.EtcdMembers > MaxEtcdMembers {
 		errs = append(errs, fmt.Errorf("etcd members: %d out of range 1-%d", o.EtcdMembers, MaxEtcdMembers))

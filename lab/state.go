@@ -32,6 +32,9 @@ type State struct {
 	NoAgents  bool      `json:"noAgents,omitempty"`
 	// RouteReflectors is how many of the first nodes are route reflectors.
 	RouteReflectors int `json:"routeReflectors,omitempty"`
+	// AutoReflectors and Zones: see Options.AutoReflectors.
+	AutoReflectors int `json:"autoReflectors,omitempty"`
+	Zones          int `json:"zones,omitempty"`
 	// DualStack: see Options.DualStack (also set for IPv6Only).
 	DualStack bool `json:"dualStack,omitempty"`
 	// TwoSubnets: see Options.TwoSubnets.
@@ -151,6 +154,8 @@ type NodeState struct {
 	// IP6 is the node's IPv6 fabric address in a dual-stack lab.
 	IP6   netip.Prefix `json:"ip6,omitzero"`
 	Agent *Proc        `json:"agent,omitempty"`
+	// Zone is the node's zone label in an AutoReflectors lab.
+	Zone string `json:"zone,omitempty"`
 	// Containerd is the node's containerd, when the lab started one.
 	Containerd *Proc `json:"containerd,omitempty"`
 	// Kubelet is the node's kubelet, and CgroupRoot its cgroup root

@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/lab"
+)
+
+// Automatic route reflectors (issue 30 part 5, docs/bgp.md "Reflectors that
+// place themselves"). TABBY_AUTORR_NODES sets the lab's size (default 8;
+// `make e2e-autorr` runs 30).
+const (
+	autorrPerZone = 2
+	autorrZones   = 2
+	autorrGrace   = 5 * time.Second
+	// autorrLeaseTTL is the agents' liveness lease (agent.Config.LeaseTTL).
+	autorrLeaseTTL = 20 * time.Second
+)
+
+// TestAutoReflectors: N nodes in two zones, mesh off, routeReflectorMode
+// Auto with 2 reflectors per zone and none chosen at first. The choice
+// converges and every node peers by it (lab.WaitEstablished checks each
+// node's sessions against the choice); the full pod matrix pings; nodes
+// join and leave without changing the choice; a reflector's agent is
+// SIGKILLed and replaced within lease TTL + grace + a few seconds while
+// pods on two other nodes ping each other without loss; over the run the
+// record is written only to add reflectors at first and once for the
+// replacement.
+func TestAutoReflectors(t *testing.T) {
+	n := 8
+	if s := os.Getenv("TABBY_AUTORR_NODES"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 6 {
+			t.Fatalf("TABBY_AUTORR_NODES=%q: want a number of nodes, at least 6", s)
+		}
+		n = v
+	}
+	start := time.Now()
+	l := upLab(t, lab.Options{Name: "e2eautorr", Nodes: n, AutoReflectors: autorrPerZone, Zones: autorrZones,
+		ReflectorGrace: autorrGrace, PodsPerNode: 1, ConvergeTimeout: 3 * time.Minute})
+	t.Logf("FIGURE nodes=%d lab up with every session per the elected choice and routes in %v", n, time.Since(start).Round(100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	initial := checkChoice(t, ctx, l)
+	pingMatrix(t, l)
+	if t.Failed() {
+		return
+	}
+
+	clients := clientNodes(l, initial)
+	from, to, leaver := pickClients(t, clients)
+	p := startSeqPinger(t, l, podOf(from), podOf(to))
+	defer p.stop()
+	// Joins: one node per zone.
+	for i := 1; i <= autorrZones; i++ {
+		name := lab.NodeName(n + i)
+		if err := l.AddNode(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitEstablished(t, ctx, l)
+	// A leave: a client that carries no test traffic.
+	if err := l.RemoveNode(ctx, leaver); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, ctx, l)
+
+	victim := initial.Zones[lab.ZoneName(0)][0].Node
+	t.Logf("killing the agent of reflector %s (traffic %s -> %s)", victim, from, to)
+	killed := time.Now()
+	if err := l.StopAgent(ctx, victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	replaced := waitReplaced(t, ctx, l, victim, killed)
+	t.Logf("FIGURE nodes=%d reflector %s replaced %v after SIGKILL (bound: lease TTL %v + grace %v + a few seconds)",
+		n, victim, replaced.Round(100*time.Millisecond), autorrLeaseTTL, autorrGrace)
+	// The dead node leaves; the others' sessions follow the new choice.
+	if err := l.RemoveNode(ctx, victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.AddNode(ctx, lab.NodeName(n+autorrZones+1)); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, ctx, l)
+	time.Sleep(2 * time.Second) // traffic after the new sessions, so that a late loss would show
+	sent, lost := p.stop()
+	t.Logf("FIGURE nodes=%d pings %s -> %s across the replacement: %d sent, %d lost", n, from, to, sent, len(lost))
+	if len(lost) > 0 || sent == 0 {
+		t.Errorf("ping %s -> %s lost %v of %d across the replacement", from, to, lost, sent)
+	}
+	checkChoice(t, ctx, l)
+	checkHistory(t, ctx, l, initial, victim)
+}
+
+func waitEstablished(t *testing.T, ctx context.Context, l *lab.Lab) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := l.WaitEstablished(wctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkChoice checks that every zone has its reflectors and every agent
+// reports the recorded choice and its own role (tabbyctl node status reads
+// the same status).
+func checkChoice(t *testing.T, ctx context.Context, l *lab.Lab) *bgp.ReflectorChoice {
+	t.Helper()
+	c, _, err := l.ReflectorChoice(ctx)
+	if err != nil || c == nil {
+		t.Fatalf("reflector choice: %v, %v", c, err)
+	}
+	for i := range autorrZones {
+		if got := len(c.Zones[lab.ZoneName(i)]); got != autorrPerZone {
+			t.Errorf("zone %s has %d reflectors, want %d: %+v", lab.ZoneName(i), got, autorrPerZone, c.Zones)
+		}
+	}
+	want := choiceMembers(c)
+	for _, nd := range l.State().Nodes {
+		st, err := l.NodeStatus(ctx, nd.Name)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		r := st.Reflectors
+		if r == nil {
+			t.Errorf("%s reports no reflector status", nd.Name)
+			continue
+		}
+		got := map[string]string{}
+		for _, e := range r.Elected {
+			got[e.Node] = e.Zone
+		}
+		role := "client"
+		if _, ok := want[nd.Name]; ok {
+			role = "reflector"
+		}
+		if !maps.Equal(got, want) || r.Role != role || r.Zone != nd.Zone {
+			t.Errorf("%s reports %s in zone %q, elected %v; want %s in zone %q, elected %v", nd.Name, r.Role, r.Zone, got, role, nd.Zone, want)
+		}
+	}
+	return c
+}
+
+// choiceMembers maps every elected node to its zone.
+func choiceMembers(c *bgp.ReflectorChoice) map[string]string {
+	m := map[string]string{}
+	if c == nil {
+		return m
+	}
+	for z, rs := range c.Zones {
+		for _, r := range rs {
+			m[r.Node] = z
+		}
+	}
+	return m
+}
+
+// clientNodes are the lab's nodes with a pod that are not reflectors, by zone.
+func clientNodes(l *lab.Lab, c *bgp.ReflectorChoice) map[string][]string {
+	rr := choiceMembers(c)
+	out := map[string][]string{}
+	for _, nd := range l.State().Nodes {
+		if _, ok := rr[nd.Name]; !ok {
+			out[nd.Zone] = append(out[nd.Zone], nd.Name)
+		}
+	}
+	return out
+}
+
+// pickClients picks a client in each of the first two zones to ping
+// between and a third client to remove.
+func pickClients(t *testing.T, clients map[string][]string) (from, to, leaver string) {
+	t.Helper()
+	a, b := clients[lab.ZoneName(0)], clients[lab.ZoneName(1)]
+	if len(a) < 2 || len(b) < 1 {
+		t.Fatalf("too few clients: %v", clients)
+	}
+	return a[0], b[0], a[1]
+}
+
+// podOf is the pod Up added to a node (nodeI has nIp1).
+func podOf(node string) string { return "n" + strings.TrimPrefix(node, "node") + "p1" }
+
+// waitReplaced waits until victim left the choice and its zone is full
+// again, and returns how long after killed.
+func waitReplaced(t *testing.T, ctx context.Context, l *lab.Lab, victim string, killed time.Time) time.Duration {
+	t.Helper()
+	bound := autorrLeaseTTL + autorrGrace + 15*time.Second
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	var last *bgp.ReflectorChoice
+	err := lab.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		c, _, err := l.ReflectorChoice(wctx)
+		if err != nil {
+			return false, nil
+		}
+		last = c
+		_, still := c.Find(victim)
+		return !still && len(c.Zones[lab.ZoneName(0)]) == autorrPerZone, nil
+	})
+	if err != nil {
+		t.Fatalf("%s not replaced within %v: %v; choice %+v", victim, bound, err, last)
+	}
+	return time.Since(killed)
+}
+
+// checkHistory checks every write of the reflector record over the run:
+// at first each write only adds reflectors up to the initial choice, then
+// exactly one write replaces the victim by one node of its zone, and
+// nothing else (joins and leaves of clients never rewrite it).
+func checkHistory(t *testing.T, ctx context.Context, l *lab.Lab, initial *bgp.ReflectorChoice, victim string) {
+	t.Helper()
+	hist, err := l.ReflectorHistory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var desc []string
+	for _, c := range hist {
+		desc = append(desc, fmt.Sprint(slices.Sorted(maps.Keys(choiceMembers(c)))))
+	}
+	t.Logf("FIGURE writes of election/bgp-reflectors over the run: %d (%s)", len(hist), strings.Join(desc, " → "))
+	k := slices.IndexFunc(hist, initial.Equal) + 1
+	if k < 1 || k != len(hist)-1 || choiceMembers(hist[k])[victim] != "" {
+		t.Fatalf("want the initial choice, then the replacement as the last write; history %v", desc)
+	}
+	for i := range k {
+		prev := map[string]string{}
+		if i > 0 {
+			prev = choiceMembers(hist[i-1])
+		}
+		for node, z := range prev {
+			if choiceMembers(hist[i])[node] != z {
+				t.Errorf("write %d dropped or moved reflector %s before the kill: %v", i+1, node, desc)
+			}
+		}
+	}
+	if !hist[k-1].Equal(initial) {
+		t.Errorf("the choice before the kill is %s, want the initial one", desc[k-1])
+	}
+	before, after := choiceMembers(hist[k-1]), choiceMembers(hist[k])
+	var added []string
+	for node, z := range after {
+		if before[node] != z {
+			added = append(added, node)
+		}
+	}
+	delete(before, victim)
+	for node, z := range before {
+		if after[node] != z {
+			t.Errorf("the replacement dropped %s too: %v", node, desc)
+		}
+	}
+	if len(added) != 1 || after[added[0]] != choiceMembers(initial)[victim] {
+		t.Errorf("the replacement added %v, want one node of %s's zone: %v", added, victim, desc)
+	}
+}

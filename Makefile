@@ -11,7 +11,7 @@ TESTFLAGS ?= -count=1 -timeout 20m -p 2
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null)
 LDFLAGS := -s -w $(if $(VERSION),-X github.com/tabbynet/tabby/internal/version.stamped=$(VERSION))
 
-.PHONY: all build test unit lint deps demo demo-k8s clean kube-bins images npapi-bins conformance-npapi
+.PHONY: all build test unit lint deps demo demo-k8s clean kube-bins images npapi-bins conformance-npapi e2e-autorr
 
 all: build
 
@@ -70,6 +70,13 @@ npapi-bins:
 
 conformance-npapi: build kube-bins npapi-bins images
 	NPAPI_FULL=1 NPAPI_DIR=$(NPAPI_DIR) TABBY_BIN=$(BIN) $(GO) test -count=1 -timeout 90m -p 1 -v -run '^TestNPAPIConformance$$' ./e2e/
+
+# Automatic route reflectors at 30 nodes in two zones (e2e TestAutoReflectors;
+# `make test` runs it with 8): convergence from no choice, a reflector's
+# SIGKILL with continuous ping, joins and leaves, the record's writes.
+AUTORR_NODES ?= 30
+e2e-autorr: build
+	TABBY_AUTORR_NODES=$(AUTORR_NODES) TABBY_BIN=$(BIN) $(GO) test -count=1 -timeout 30m -p 1 -v -run '^TestAutoReflectors$$' ./e2e/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

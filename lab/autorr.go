@@ -131,25 +131,23 @@ func (l *Lab) ReflectorHistory(ctx context.Context) ([]*bgp.ReflectorChoice, err
 	return nil, fmt.Errorf("reading the history of %s: %w", datastore.BGPReflectorsKey, wctx.Err())
 }
 
-// autoExpectedPeers is, per node with a running agent, the underlay
-// addresses of the nodes it should have sessions with under choice (the
-// peering of bgp's addAutoReflectors), or an error while the choice lacks
-// reflectors for a zone with live nodes.
-func autoExpectedPeers(st *State, c *bgp.ReflectorChoice) (map[string][]string, error) {
+// autoExpectedPeers is, per node of nodes (those with a running agent),
+// the underlay addresses of the nodes it should have sessions with under
+// choice (the peering of bgp's addAutoReflectors), or an error while the
+// choice lacks reflectors (perZone, or all a zone has) for a zone.
+func autoExpectedPeers(nodes []NodeState, perZone int, c *bgp.ReflectorChoice) (map[string][]string, error) {
 	live := map[string]NodeState{}
-	perZone := map[string]int{}
-	for _, n := range st.Nodes {
-		if n.Agent != nil && n.Agent.Alive() {
-			live[n.Name] = n
-			perZone[n.Zone]++
-		}
+	inZone := map[string]int{}
+	for _, n := range nodes {
+		live[n.Name] = n
+		inZone[n.Zone]++
 	}
 	if c == nil {
 		return nil, errors.New("no route reflector elected yet")
 	}
-	for z, k := range perZone {
-		if got := len(c.Zones[z]); got != min(k, st.AutoReflectors) {
-			return nil, fmt.Errorf("zone %q has %d reflectors, want %d", z, got, min(k, st.AutoReflectors))
+	for z, k := range inZone {
+		if got := len(c.Zones[z]); got != min(k, perZone) {
+			return nil, fmt.Errorf("zone %q has %d reflectors, want %d", z, got, min(k, perZone))
 		}
 	}
 	want := map[string][]string{}
@@ -177,7 +175,13 @@ func (l *Lab) autoEstablished(ctx context.Context, st *State) error {
 	if err != nil {
 		return err
 	}
-	want, err := autoExpectedPeers(st, c)
+	var running []NodeState
+	for _, n := range st.Nodes {
+		if n.Agent != nil && n.Agent.Alive() {
+			running = append(running, n)
+		}
+	}
+	want, err := autoExpectedPeers(running, st.AutoReflectors, c)
 	if err != nil {
 		return err
 	}

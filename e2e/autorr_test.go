@@ -50,7 +50,8 @@ func TestAutoReflectors(t *testing.T) {
 	start := time.Now()
 	l := upLab(t, lab.Options{Name: "e2eautorr", Nodes: n, AutoReflectors: autorrPerZone, Zones: autorrZones,
 		ReflectorGrace: autorrGrace, PodsPerNode: 1, ConvergeTimeout: 3 * time.Minute})
-	t.Logf("FIGURE nodes=%d lab up with every session per the elected choice and routes in %v", n, time.Since(start).Round(100*time.Millisecond))
+	t.Logf("FIGURE nodes=%d converged (agents started → reflectors elected, every session per the choice established) in %v; lab up with pods and routes in %v",
+		n, l.ConvergedIn().Round(100*time.Millisecond), time.Since(start).Round(100*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	initial := checkChoice(t, ctx, l)

@@ -28,7 +28,8 @@ func upLab(t *testing.T, o lab.Options) *lab.Lab {
 	o.Log = testWriter{t}
 	// A lab left by an earlier crashed run of the same test goes first.
 	_ = lab.Teardown(context.Background(), runDir, o.Name, io.Discard)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// 3 minutes, and 5 s more per node beyond 10 (30-node labs under load).
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute+time.Duration(max(o.Nodes-10, 0))*5*time.Second)
 	defer cancel()
 	l, err := lab.Up(ctx, o)
 	if err != nil {

@@ -55,6 +55,19 @@ type Lab struct {
 	// exited holds, per pid this process started, a channel closed when
 	// that process exits.
 	exited map[int]<-chan struct{}
+	// converged is how long Up took from starting the first agent until
+	// every expected BGP session was established.
+	converged time.Duration
+}
+
+// ConvergedIn is how long Up took from starting the first agent until every
+// expected BGP session was established (in an AutoReflectors lab: the
+// reflectors elected and every node peering by the choice); 0 for a lab
+// from Open.
+func (l *Lab) ConvergedIn() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.converged
 }
 
 // Up creates a lab. On failure it removes whatever it had created.
@@ -142,6 +155,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 			return nil, err
 		}
 	}
+	agentsStarted := time.Now()
 	for i := 1; i <= o.Nodes; i++ {
 		if err := l.StartAgent(ctx, NodeName(i)); err != nil {
 			return nil, err
@@ -159,6 +173,9 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 		}
 		return nil, err
 	}
+	l.mu.Lock()
+	l.converged = time.Since(agentsStarted)
+	l.mu.Unlock()
 	for i := 1; i <= o.Nodes; i++ {
 		for j := 1; j <= o.PodsPerNode; j++ {
 			if _, err := l.AddPod(ctx, NodeName(i), podName(i, j), PodOptions{}); err != nil {

@@ -24,7 +24,7 @@ import (
 const (
 	autorrPerZone = 2
 	autorrZones   = 2
-	autorrGrace   = 5 * time.Second
+	autorrGrace   = 10 * time.Second
 	// autorrLeaseTTL is the agents' liveness lease (agent.Config.LeaseTTL).
 	autorrLeaseTTL = 20 * time.Second
 )
@@ -33,8 +33,8 @@ const (
 // Auto with 2 reflectors per zone and none chosen at first. The choice
 // converges and every node peers by it (lab.WaitEstablished checks each
 // node's sessions against the choice); the full pod matrix pings; nodes
-// join and leave without changing the choice; a reflector's agent is
-// SIGKILLed and replaced within lease TTL + grace + a few seconds while
+// join and leave, and a reflector's agent restarts within the grace,
+// without changing the choice; a reflector's agent is SIGKILLed and replaced within lease TTL + grace + a few seconds while
 // pods on two other nodes ping each other without loss; over the run the
 // record is written only to add reflectors at first and once for the
 // replacement.
@@ -78,6 +78,20 @@ func TestAutoReflectors(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEstablished(t, ctx, l)
+
+	// A reflector's agent restarts (SIGTERM revokes its lease: liveness
+	// gone at once) and is back within the grace: it keeps its role.
+	restarted := initial.Zones[lab.ZoneName(1)][0].Node
+	stopped := time.Now()
+	if err := l.StopAgent(ctx, restarted, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StartAgent(ctx, restarted); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, ctx, l)
+	t.Logf("FIGURE nodes=%d reflector %s restarted (SIGTERM, start) and every session back in %v; it stays a reflector",
+		n, restarted, time.Since(stopped).Round(100*time.Millisecond))
 
 	victim := initial.Zones[lab.ZoneName(0)][0].Node
 	t.Logf("killing the agent of reflector %s (traffic %s -> %s)", victim, from, to)
@@ -289,7 +303,7 @@ func checkNodeStatus(t *testing.T, l *lab.Lab, replaced string) {
 		t.Fatalf("node status --all: %v\n%s", err, out)
 	}
 	n := len(l.State().Nodes)
-	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 5s): this node is a ")
+	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 10s): this node is a ")
 	rrs := strings.Count(out, "this node is a reflector in zone")
 	if roles != n || rrs != autorrPerZone*autorrZones {
 		t.Errorf("node status --all shows %d roles and %d reflectors, want %d and %d:\n%s", roles, rrs, n, autorrPerZone*autorrZones, out)

@@ -117,6 +117,9 @@ func (l *Lab) ReflectorHistory(ctx context.Context) ([]*bgp.ReflectorChoice, err
 	defer cancel()
 	var out []*bgp.ReflectorChoice
 	for ev := range s.Watch(wctx, datastore.BGPReflectorsKey, 1) {
+		if ev.Type == datastore.EventResync {
+			return nil, fmt.Errorf("the history of %s is compacted", datastore.BGPReflectorsKey)
+		}
 		if ev.Type == datastore.EventPut {
 			c := &bgp.ReflectorChoice{}
 			if err := json.Unmarshal(ev.KV.Value, c); err != nil {

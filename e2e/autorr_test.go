@@ -86,12 +86,19 @@ func TestAutoReflectors(t *testing.T) {
 	if err := l.StopAgent(ctx, restarted, syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := l.Store().GetKV(ctx, datastore.NodeLivenessKey(restarted)); !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatalf("liveness of %s after a clean stop: %v, want it revoked", restarted, err)
+	}
 	if err := l.StartAgent(ctx, restarted); err != nil {
 		t.Fatal(err)
 	}
+	back := waitLiveness(t, ctx, l, restarted).Sub(stopped)
 	waitEstablished(t, ctx, l)
-	t.Logf("FIGURE nodes=%d reflector %s restarted (SIGTERM, start) and every session back in %v; it stays a reflector",
-		n, restarted, time.Since(stopped).Round(100*time.Millisecond))
+	t.Logf("FIGURE nodes=%d reflector %s restarted (SIGTERM, start): liveness back after %v (grace %v), every session after %v; it stays a reflector",
+		n, restarted, back.Round(100*time.Millisecond), autorrGrace, time.Since(stopped).Round(100*time.Millisecond))
+	if back >= autorrGrace {
+		t.Fatalf("the restart of %s took %v, not within the grace %v: the check of its role cannot hold (machine overloaded?)", restarted, back, autorrGrace)
+	}
 
 	victim := initial.Zones[lab.ZoneName(0)][0].Node
 	t.Logf("killing the agent of reflector %s (traffic %s -> %s)", victim, from, to)
@@ -211,6 +218,21 @@ func pickClients(t *testing.T, clients map[string][]string) (from, to, leaver st
 
 // podOf is the pod Up added to a node (nodeI has nIp1).
 func podOf(node string) string { return "n" + strings.TrimPrefix(node, "node") + "p1" }
+
+// waitLiveness waits until node's liveness record is there and returns when.
+func waitLiveness(t *testing.T, ctx context.Context, l *lab.Lab, node string) time.Time {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err := lab.Poll(wctx, 50*time.Millisecond, func() (bool, error) {
+		_, err := l.Store().GetKV(wctx, datastore.NodeLivenessKey(node))
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("liveness of %s: %v", node, err)
+	}
+	return time.Now()
+}
 
 // waitReplaced waits until victim left the choice and its zone is full
 // again, and returns how long after killed its liveness record was gone

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,7 +73,10 @@ func TestAgentReturnsTheViewsError(t *testing.T) {
 			t.Errorf("agent returned %v, want the view's %v", err, syncer.ErrWatchEnded)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("the agent kept running after its view stopped")
+		// Which of the agent's loops did not end: their stacks.
+		var stacks strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&stacks, 1)
+		t.Fatalf("the agent kept running after its view stopped; goroutines:\n%s", stacks.String())
 	}
 }
 

@@ -204,7 +204,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	if len(byNode) != daemonSetNodes {
 		t.Errorf("web pods on %d nodes, want %d: %v", len(byNode), daemonSetNodes, byNode)
 	}
-	pairs := crossNodePairs(t, nodes, byNode)
+	pairs := crossNodePairs(ctx, t, l, nodes, byNode)
 	if failed := pingPairs(ctx, t, pairs, 3); len(failed) > 0 {
 		t.Errorf("ping matrix: %d of %d pod pairs across nodes do not answer: %v", len(failed), len(pairs), failed)
 		diagnosePairs(ctx, t, l, failed)
@@ -262,7 +262,7 @@ func TestPrivilegedDaemonSet(t *testing.T) {
 	// node's pod pings a pod on the next node: not one packet lost.
 	byNode = podsByNode(t, pods)
 	var pingers []*seqPinger
-	for _, p := range crossNodePairs(t, nodes, byNode) {
+	for _, p := range crossNodePairs(ctx, t, l, nodes, byNode) {
 		if p.from == nodes[0] && p.to == nodes[1] || p.from == nodes[1] && p.to == nodes[2] || p.from == nodes[2] && p.to == nodes[0] {
 			pingers = append(pingers, startSeqPinger(t, p))
 		}
@@ -399,7 +399,11 @@ type podPair struct {
 func (p podPair) String() string { return fmt.Sprintf("%s(%s)→%s(%s)", p.src, p.from, p.dst, p.to) }
 
 // crossNodePairs pairs each node's first pod with each other node's first.
-func crossNodePairs(t *testing.T, nodes []string, byNode map[string][]netip.Addr) []podPair {
+// A pod's network namespace is looked up among this lab's only: pod
+// addresses repeat from lab to lab, and a namespace left behind by an
+// interrupted run elsewhere on the host holds the same address (the pings
+// then left from a dead lab's pod, and failed).
+func crossNodePairs(ctx context.Context, t *testing.T, l *Cluster, nodes []string, byNode map[string][]netip.Addr) []podPair {
 	t.Helper()
 	netnsOf := map[netip.Addr]string{}
 	var pairs []podPair
@@ -409,7 +413,11 @@ func crossNodePairs(t *testing.T, nodes []string, byNode map[string][]netip.Addr
 				continue
 			}
 			if len(netnsOf) == 0 {
-				netnsOf = podNetnsByAddr(t)
+				nss, err := l.KubePodNetns(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				netnsOf = netnsByAddr(nss)
 			}
 			src := byNode[from][0]
 			pairs = append(pairs, podPair{from: from, to: to, netns: netnsOf[src], src: src, dst: byNode[to][0]})
@@ -447,6 +455,10 @@ func diagnosePairs(ctx context.Context, t *testing.T, l *Cluster, failed []podPa
 	for _, p := range failed {
 		out, err := l.Exec(ctx, p.from, "ip", "route", "get", p.dst.String())
 		t.Logf("%s: ip route get %s on %s: %v\n%s", p, p.dst, p.from, err, out)
+		out, err = l.Exec(ctx, p.from, "conntrack", "-L", "-s", p.src.String())
+		t.Logf("%s: conntrack -L -s %s on %s: %v\n%s", p, p.src, p.from, err, out)
+		out, err = l.Exec(ctx, p.from, "nft", "list", "ruleset")
+		t.Logf("%s: nft list ruleset on %s: %v\n%s", p, p.from, err, out)
 		for _, n := range []string{p.from, p.to} {
 			pods, err := l.Kubectl(ctx, "-n", "tabby-system", "get", "pods", "-l", "app.kubernetes.io/name=tabby-node",
 				"--field-selector", "spec.nodeName="+n, "-o", "name")
@@ -539,16 +551,6 @@ spec:
       app: web
   policyTypes: [Ingress]
 `
-
-// podNetnsByAddr is PodNetnsByAddr for a test.
-func podNetnsByAddr(t *testing.T) map[netip.Addr]string {
-	t.Helper()
-	m, err := PodNetnsByAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
 
 // nodeReady reports the node's Ready condition and its message.
 func nodeReady(ctx context.Context, kc kubernetes.Interface, node string) (bool, string) {

@@ -194,16 +194,6 @@ func PodNetns() ([]string, error) {
 	return out, nil
 }
 
-// PodNetnsByAddr maps each IPv4 address of a runtime's pod network
-// namespace to the namespace's name.
-func PodNetnsByAddr() (map[netip.Addr]string, error) {
-	nss, err := PodNetns()
-	if err != nil {
-		return nil, err
-	}
-	return netnsByAddr(nss), nil
-}
-
 // netnsByAddr maps each IPv4 address of the network namespaces nss to
 // the namespace's name.
 func netnsByAddr(nss []string) map[netip.Addr]string {

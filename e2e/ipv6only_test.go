@@ -66,27 +66,7 @@ func TestIPv6Only(t *testing.T) {
 		t.Fatalf("%d pods, want one per node", len(pods))
 	}
 
-	t.Run("PingMatrix", func(t *testing.T) {
-		var failed []string
-		for _, from := range pods {
-			for _, to := range pods {
-				if from.Name == to.Name {
-					continue
-				}
-				// One retry: a first packet may wait for neighbour
-				// discovery.
-				ip := to.IPs[0].Addr()
-				if err := l.Ping(ctx, from.Name, ip); err != nil {
-					if err := l.Ping(ctx, from.Name, ip); err != nil {
-						failed = append(failed, fmt.Sprintf("%s(%s) -> %s(%s): %v", from.Name, from.Node, to.Name, ip, err))
-					}
-				}
-			}
-		}
-		if len(failed) > 0 {
-			t.Errorf("%d of %d pings failed:\n%s", len(failed), len(pods)*(len(pods)-1), strings.Join(failed, "\n"))
-		}
-	})
+	t.Run("PingMatrix", func(t *testing.T) { pingMatrix(t, l) })
 
 	t.Run("TCPMatrix", func(t *testing.T) {
 		port := uint16(8090)

@@ -97,7 +97,7 @@ func testExplainPacket(t *testing.T, backend, name string) {
 		}
 	}
 	t.Run("live", func(t *testing.T) {
-		checkExplainLive(ctx, t, l, c, agents, ips, true) // both backends count per rule
+		checkExplainLive(ctx, t, l, c, agents, ips) // both backends count per rule
 	})
 }
 

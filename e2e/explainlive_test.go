@@ -16,9 +16,8 @@ import (
 // cases of policySteps (across nodes and on one node, TCP and UDP, ingress
 // and egress deciders) and requires the kernel to agree: the probe's
 // outcome fits the verdict and the deciding rule's counter moved on every
-// node asked. On a backend without per-rule counters it requires --live
-// to say so rather than fail.
-func checkExplainLive(ctx context.Context, t *testing.T, l *lab.Lab, c *ctl.Client, agents ctl.AgentTemplate, ips map[string]netip.Addr, counters bool) {
+// node asked (both backends count per rule).
+func checkExplainLive(ctx context.Context, t *testing.T, l *lab.Lab, c *ctl.Client, agents ctl.AgentTemplate, ips map[string]netip.Addr) {
 	steps := policySteps(ips)
 	for _, run := range []struct {
 		step  int
@@ -55,13 +54,11 @@ func checkExplainLive(ctx context.Context, t *testing.T, l *lab.Lab, c *ctl.Clie
 				switch {
 				case s.Moved:
 					counted++
-				case counters && s.Origin != nil:
+				case s.Origin != nil:
 					t.Errorf("%s: %s's deciding rule %v did not count the probe: %s", name, s.Node, s.Origin, s.Note)
-				case !counters && !strings.Contains(s.Note, "no counters"):
-					t.Errorf("%s: %s: without per-rule counters --live must say so, got %+v", name, s.Node, s)
 				}
 			}
-			if counters && counted == 0 {
+			if counted == 0 {
 				t.Errorf("%s: no deciding rule's counter checked: %+v", name, lc.Sides)
 			}
 			t.Logf("%s: %s, probe %s in %s, %d counter(s) moved", name, map[bool]string{true: "allowed", false: "denied"}[x.Allowed], lc.Probe.Outcome, lc.Probe.Took, counted)

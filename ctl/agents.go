@@ -3,6 +3,7 @@ package ctl
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -75,19 +76,13 @@ func (t AgentTemplate) do(ctx context.Context, method, node, path string, body [
 	if err != nil {
 		return 0, nil, err
 	}
-	c := &http.Client{Timeout: 10 * time.Second}
-	url := strings.TrimSuffix(target, "/") + path
-	if sock, ok := strings.CutPrefix(target, "unix://"); ok {
-		c.Transport = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
-		}}
-		url = "http://agent" + path
-	} else if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
-		return 0, nil, fmt.Errorf("agent address %q: want unix:///PATH or http://HOST:PORT", tmpl)
+	c, base, err := agentClient(target)
+	if err != nil {
+		return 0, nil, fmt.Errorf("agent address %q: %w", tmpl, err)
 	}
+	c.Timeout = 10 * time.Second
 	defer c.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, method, base+path, bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, err
 	}
@@ -104,6 +99,21 @@ func (t AgentTemplate) do(ctx context.Context, method, node, path string, body [
 		return 0, nil, fmt.Errorf("agent of %s: %w", node, err)
 	}
 	return resp.StatusCode, answer, nil
+}
+
+// agentClient returns an HTTP client for an agent's address (unix:///PATH
+// or http(s)://HOST:PORT) and the base URL its paths go after.
+func agentClient(target string) (*http.Client, string, error) {
+	if sock, ok := strings.CutPrefix(target, "unix://"); ok {
+		return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}}}, "http://agent", nil
+	}
+	if !strings.HasPrefix(target, "http://") && !strings.HasPrefix(target, "https://") {
+		return nil, "", errors.New("want unix:///PATH or http://HOST:PORT")
+	}
+	return &http.Client{}, strings.TrimSuffix(target, "/"), nil
 }
 
 // expand fills the template for node.

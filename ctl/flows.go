@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -69,19 +68,11 @@ const maxFlowLine = 1 << 20
 
 // agentFlows fetches one agent's records the filter keeps.
 func agentFlows(ctx context.Context, ep AgentEndpoint, f api.FlowFilter) ([]api.FlowRecord, error) {
-	u, err := url.Parse(ep.URL)
+	hc, base, err := agentClient(ep.URL)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("node %s: agent address %q: %w", ep.Node, ep.URL, err)
 	}
-	hc := &http.Client{}
-	base := u.Scheme + "://" + u.Host
-	if u.Scheme == "unix" {
-		sock := u.Path
-		hc.Transport = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}
-		base = "http://agent"
-	}
+	defer hc.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/flows?"+url.Values(f.Query()).Encode(), nil)
 	if err != nil {
 		return nil, err

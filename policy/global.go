@@ -52,63 +52,11 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 		if staged {
 			action = Verdict{Kind: VerdictReturn}
 		}
-		proto := ""
-		if r.Protocol != nil {
-			proto = strings.ToLower(*r.Protocol)
-		}
-		if proto == "" && (len(r.Source.Ports) > 0 || len(r.Destination.Ports) > 0) {
-			c.warnf("%s: rule %d: ports without a protocol: skipped", id, i)
-			continue
-		}
-		var nets [4][]netip.Prefix // source nets, notNets, destination nets, notNets
-		ok := true
-		for k, l := range [][]string{r.Source.Nets, r.Source.NotNets, r.Destination.Nets, r.Destination.NotNets} {
-			if nets[k], ok = c.parseNets(id, i, l); !ok {
-				break
-			}
-		}
+		rs, ok := c.globalRuleMatches(id, i, r, action, origin)
 		if !ok {
 			continue
 		}
-		srcNets, srcNot, dstNets, dstNot := nets[0], nets[1], nets[2], nets[3]
-		// A rule about addresses is one rule per family, each with the
-		// sets of its family; any other rule matches both families.
-		fams := []Family{0}
-		if addressed(r.Source) || addressed(r.Destination) {
-			fams = Families
-		}
-		switch proto { // ICMP is IPv4's, ICMPv6 IPv6's
-		case "icmp":
-			fams = []Family{IPv4}
-		case "icmpv6":
-			fams = []Family{IPv6}
-		}
-		for _, f := range fams {
-			var base []Match
-			if proto != "" {
-				base = []Match{protoMatch(proto)}
-			}
-			if f != 0 && ((len(srcNets) > 0 && len(ofFamily(srcNets, f)) == 0) || (len(dstNets) > 0 && len(ofFamily(dstNets, f)) == 0)) {
-				// Nets only of the other family: the rule matches no
-				// packet of this one. (Checked before any set is made:
-				// every set Compile emits is used by a rule.)
-				continue
-			}
-			src := c.entityMatch(r.Source, srcNets, srcNot, f, false)
-			dst := c.entityMatch(r.Destination, dstNets, dstNot, f, true)
-			base = append(base, src...)
-			base = append(base, dst...)
-			srcPorts := c.entityPorts(r.Source, proto, f, false)
-			dstPorts := c.entityPorts(r.Destination, proto, f, true)
-			for _, sp := range srcPorts {
-				for _, dp := range dstPorts {
-					m := append([]Match{}, base...)
-					m = append(m, sp...)
-					m = append(m, dp...)
-					ch.Rules = append(ch.Rules, Rule{Match: withFamily(f, m), Verdict: action, Origin: origin})
-				}
-			}
-		}
+		ch.Rules = append(ch.Rules, rs...)
 		switch {
 		case staged:
 		case r.Action == api.ActionAllow:
@@ -120,6 +68,72 @@ func (c *compiler) globalPolicyChain(g *api.GlobalNetworkPolicy, dir direction) 
 	c.chains[name] = ch
 	c.cache.storePolicyChain(ref, ch, c.warnings[w0:])
 	return name
+}
+
+// globalRuleMatches compiles rule i of policy id into one rule per
+// combination of family and ports, each with the given verdict and origin.
+// It returns false, after a warning, for a rule it skips; a rule whose nets
+// are all of one family yields no rule in the other, and true.
+func (c *compiler) globalRuleMatches(id string, i int, r api.Rule, action Verdict, origin *Origin) ([]Rule, bool) {
+	var out []Rule
+	proto := ""
+	if r.Protocol != nil {
+		proto = strings.ToLower(*r.Protocol)
+	}
+	if proto == "" && (len(r.Source.Ports) > 0 || len(r.Destination.Ports) > 0) {
+		c.warnf("%s: rule %d: ports without a protocol: skipped", id, i)
+		return nil, false
+	}
+	var nets [4][]netip.Prefix // source nets, notNets, destination nets, notNets
+	ok := true
+	for k, l := range [][]string{r.Source.Nets, r.Source.NotNets, r.Destination.Nets, r.Destination.NotNets} {
+		if nets[k], ok = c.parseNets(id, i, l); !ok {
+			break
+		}
+	}
+	if !ok {
+		return nil, false
+	}
+	srcNets, srcNot, dstNets, dstNot := nets[0], nets[1], nets[2], nets[3]
+	// A rule about addresses is one rule per family, each with the
+	// sets of its family; any other rule matches both families.
+	fams := []Family{0}
+	if addressed(r.Source) || addressed(r.Destination) {
+		fams = Families
+	}
+	switch proto { // ICMP is IPv4's, ICMPv6 IPv6's
+	case "icmp":
+		fams = []Family{IPv4}
+	case "icmpv6":
+		fams = []Family{IPv6}
+	}
+	for _, f := range fams {
+		var base []Match
+		if proto != "" {
+			base = []Match{protoMatch(proto)}
+		}
+		if f != 0 && ((len(srcNets) > 0 && len(ofFamily(srcNets, f)) == 0) || (len(dstNets) > 0 && len(ofFamily(dstNets, f)) == 0)) {
+			// Nets only of the other family: the rule matches no
+			// packet of this one. (Checked before any set is made:
+			// every set Compile emits is used by a rule.)
+			continue
+		}
+		src := c.entityMatch(r.Source, srcNets, srcNot, f, false)
+		dst := c.entityMatch(r.Destination, dstNets, dstNot, f, true)
+		base = append(base, src...)
+		base = append(base, dst...)
+		srcPorts := c.entityPorts(r.Source, proto, f, false)
+		dstPorts := c.entityPorts(r.Destination, proto, f, true)
+		for _, sp := range srcPorts {
+			for _, dp := range dstPorts {
+				m := append([]Match{}, base...)
+				m = append(m, sp...)
+				m = append(m, dp...)
+				out = append(out, Rule{Match: withFamily(f, m), Verdict: action, Origin: origin})
+			}
+		}
+	}
+	return out, true
 }
 
 // entityMatch matches the endpoints (selector, namespaceSelector) and

@@ -2,10 +2,12 @@ package kube
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"text/template"
 	"time"
 
 	"github.com/tabbynet/tabby/internal/image"
@@ -61,111 +63,21 @@ func indent(s string, n int) string {
 // Deployment (spread over the nodes, ready when its ready plugin says so)
 // and the kube-dns Service.
 func DNSManifest() string {
-	return `apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: coredns
-  namespace: kube-system
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: system:coredns
-rules:
-- apiGroups: [""]
-  resources: [endpoints, services, pods, namespaces]
-  verbs: [list, watch]
-- apiGroups: [discovery.k8s.io]
-  resources: [endpointslices]
-  verbs: [list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: system:coredns
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: system:coredns
-subjects:
-- kind: ServiceAccount
-  name: coredns
-  namespace: kube-system
----
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: coredns
-  namespace: kube-system
-data:
-  Corefile: |
-` + indent(corefile, 4) + `---
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: coredns
-  namespace: kube-system
-  labels:
-    k8s-app: kube-dns
-spec:
-  replicas: ` + fmt.Sprint(DNSReplicas) + `
-  selector:
-    matchLabels:
-      k8s-app: kube-dns
-  template:
-    metadata:
-      labels:
-        k8s-app: kube-dns
-    spec:
-      serviceAccountName: coredns
-      # Its own resolver is the node's (empty in the lab), never itself.
-      dnsPolicy: Default
-      terminationGracePeriodSeconds: 5
-      topologySpreadConstraints:
-      - maxSkew: 1
-        topologyKey: kubernetes.io/hostname
-        whenUnsatisfiable: ScheduleAnyway
-        labelSelector:
-          matchLabels:
-            k8s-app: kube-dns
-      containers:
-      - name: coredns
-        image: ` + image.CoreDNSName + `
-        imagePullPolicy: Never
-        args: ["-conf", "/etc/coredns/Corefile"]
-        ports:
-        - {name: dns, containerPort: 53, protocol: UDP}
-        - {name: dns-tcp, containerPort: 53, protocol: TCP}
-        readinessProbe:
-          httpGet: {path: /ready, port: 8181}
-          periodSeconds: 2
-        livenessProbe:
-          httpGet: {path: /health, port: 8080}
-          initialDelaySeconds: 30
-          periodSeconds: 10
-        volumeMounts:
-        - {name: config, mountPath: /etc/coredns, readOnly: true}
-      volumes:
-      - name: config
-        configMap:
-          name: coredns
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: kube-dns
-  namespace: kube-system
-  labels:
-    k8s-app: kube-dns
-spec:
-  clusterIP: ` + DNSServiceIP + `
-  selector:
-    k8s-app: kube-dns
-  ports:
-  - {name: dns, port: 53, protocol: UDP}
-  - {name: dns-tcp, port: 53, protocol: TCP}
-`
+	var b strings.Builder
+	err := dnsTemplate.Execute(&b, struct {
+		Corefile, Image, ServiceIP string
+		Replicas                   int
+	}{corefile, image.CoreDNSName, DNSServiceIP, DNSReplicas})
+	if err != nil {
+		panic(err) // the template and its fields are fixed at build time
+	}
+	return b.String()
 }
+
+//go:embed dns.yaml
+var dnsYAML string
+
+var dnsTemplate = template.Must(template.New("dns.yaml").Funcs(template.FuncMap{"indent": indent}).Parse(dnsYAML))
 
 // DeployDNS applies DNSManifest with kubectl and waits until the CoreDNS
 // Deployment is available. The nodes need the CoreDNS image

@@ -220,7 +220,48 @@ func (l *Cluster) StartControlPlane(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	ca, caKey, err := createCA(st.Name)
+	if err := writeControlPlaneCerts(dir, st.Name); err != nil {
+		return err
+	}
+	if err := l.Update(func(s *lab.State) error {
+		if s.Kube == nil {
+			s.Kube = &lab.ControlPlane{}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	f := func(name string) string { return filepath.Join(dir, name) }
+	if err := l.startAPIServer(ctx, bins["kube-apiserver"], st, dir); err != nil {
+		return err
+	}
+	kcm := []string{bins["kube-controller-manager"],
+		"--kubeconfig=" + l.AdminKubeconfig(),
+		"--controllers=" + strings.Join(KubeControllers, ","),
+		"--root-ca-file=" + f("ca.crt"),
+		"--service-account-private-key-file=" + f("sa.key"),
+		// Tabby's IPAM gives pods their addresses, not node CIDRs.
+		"--allocate-node-cidrs=false",
+		"--leader-elect=false", "--secure-port=0", "--v=1",
+	}
+	p, _, err := l.StartDetached("kube-controller-manager", st.EtcdNS(), kcm, f("kube-controller-manager.log"), lab.PIDFile(dir, "kube-controller-manager"))
+	if err != nil {
+		return err
+	}
+	if err := l.Update(func(s *lab.State) error { s.Kube.ControllerManager = p; return nil }); err != nil {
+		return err
+	}
+	sched := []string{bins["kube-scheduler"], "--kubeconfig=" + l.AdminKubeconfig(), "--leader-elect=false", "--secure-port=0", "--v=1"}
+	if p, _, err = l.StartDetached("kube-scheduler", st.EtcdNS(), sched, f("kube-scheduler.log"), lab.PIDFile(dir, "kube-scheduler")); err != nil {
+		return err
+	}
+	return l.Update(func(s *lab.State) error { s.Kube.Scheduler = p; return nil })
+}
+
+// writeControlPlaneCerts creates the lab's CA and the certificates and
+// keys the control plane uses, and the admin's kubeconfig, in dir.
+func writeControlPlaneCerts(dir, labName string) error {
+	ca, caKey, err := createCA(labName)
 	if err != nil {
 		return fmt.Errorf("creating the lab CA: %w", err)
 	}
@@ -255,16 +296,15 @@ func (l *Cluster) StartControlPlane(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("writing the control plane's files: %w", err)
 	}
-	if err := l.Update(func(s *lab.State) error {
-		if s.Kube == nil {
-			s.Kube = &lab.ControlPlane{}
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
+	return nil
+}
+
+// startAPIServer starts kube-apiserver (bin) in the control-plane
+// namespace with the files in dir, records it in the lab's state and
+// waits until it is ready.
+func (l *Cluster) startAPIServer(ctx context.Context, bin string, st *lab.State, dir string) error {
 	f := func(name string) string { return filepath.Join(dir, name) }
-	apiserver := []string{bins["kube-apiserver"],
+	apiserver := []string{bin,
 		"--etcd-servers=" + strings.Join(st.EtcdEndpoints(), ","),
 		"--etcd-prefix=/registry",
 		"--bind-address=" + apiServerAddr.String(),
@@ -311,26 +351,7 @@ func (l *Cluster) StartControlPlane(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("waiting for kube-apiserver: %w", err)
 	}
-	kcm := []string{bins["kube-controller-manager"],
-		"--kubeconfig=" + l.AdminKubeconfig(),
-		"--controllers=" + strings.Join(KubeControllers, ","),
-		"--root-ca-file=" + f("ca.crt"),
-		"--service-account-private-key-file=" + f("sa.key"),
-		// Tabby's IPAM gives pods their addresses, not node CIDRs.
-		"--allocate-node-cidrs=false",
-		"--leader-elect=false", "--secure-port=0", "--v=1",
-	}
-	if p, _, err = l.StartDetached("kube-controller-manager", st.EtcdNS(), kcm, f("kube-controller-manager.log"), lab.PIDFile(dir, "kube-controller-manager")); err != nil {
-		return err
-	}
-	if err := l.Update(func(s *lab.State) error { s.Kube.ControllerManager = p; return nil }); err != nil {
-		return err
-	}
-	sched := []string{bins["kube-scheduler"], "--kubeconfig=" + l.AdminKubeconfig(), "--leader-elect=false", "--secure-port=0", "--v=1"}
-	if p, _, err = l.StartDetached("kube-scheduler", st.EtcdNS(), sched, f("kube-scheduler.log"), lab.PIDFile(dir, "kube-scheduler")); err != nil {
-		return err
-	}
-	return l.Update(func(s *lab.State) error { s.Kube.Scheduler = p; return nil })
+	return nil
 }
 
 // ControlPlaneRunning reports whether every control-plane process lives,

@@ -210,7 +210,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, addrPortOrEmpty(a.cfg.GoBGPAPI))
 	bcfg.RouterID = routerID(a.cfg, node, a.nodeAddr)
-	a.routes = newRouteOwner(a.cfg.NodeName, a.view, routetable.New(a.deps.Routes, a.cfg.ResyncInterval), a.log.With("component", "routes"))
+	a.routes = newRouteOwner(a.cfg.NodeName, a.view, a.newRouteTable(), a.log.With("component", "routes"))
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.routes.table, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
 	a.bgp.nodeAddr6 = a.nodeAddr6
@@ -268,6 +268,21 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	err = a.runLoops(g, gctx, srv)
 	a.log.Info("agent stopped", "node", a.cfg.NodeName)
 	return err
+}
+
+// newRouteTable returns the node's route table, told which classes the
+// owners will set: the routes an earlier run left in the kernel stay until
+// their owner's first pass, whichever owner applies the table first (a
+// restart without a packet lost; docs/agent.md, "Restart without loss").
+// Learned routes have their own hold, until BGP converged (newBGPOwner).
+func (a *Agent) newRouteTable() *routetable.Table {
+	t := routetable.New(a.deps.Routes, a.cfg.ResyncInterval)
+	expect := []routetable.Class{routetable.Workload, routetable.Blackhole, routetable.Aggregate, routetable.Service}
+	if a.deps.VXLAN != nil {
+		expect = append(expect, routetable.Tunnel)
+	}
+	t.Expect(expect...)
+	return t
 }
 
 // claimFirstBlock claims the node's first block, before any pod: its route

@@ -18,6 +18,14 @@ import (
 // endpoints, logging to log.
 func newFakeAgent(t *testing.T, endpoints []string, node, ip string, log *slog.Logger) *Agent {
 	t.Helper()
+	routes := fake.NewRoutes()
+	return newFakeAgentOn(t, endpoints, node, ip, log, Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker()})
+}
+
+// newFakeAgentOn makes a whole agent on deps (a fake kernel an earlier
+// agent programmed, say), against etcd at endpoints, logging to log.
+func newFakeAgentOn(t *testing.T, endpoints []string, node, ip string, log *slog.Logger, deps Deps) *Agent {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := Default()
 	cfg.NodeName = node
@@ -27,8 +35,7 @@ func newFakeAgent(t *testing.T, endpoints []string, node, ip string, log *slog.L
 	cfg.StatusSocket = ""
 	cfg.HTTPListen = netip.AddrPort{}
 	cfg.DefaultPoolCIDR = netip.MustParsePrefix("10.244.0.0/16")
-	routes := fake.NewRoutes()
-	return New(cfg, log, Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker()})
+	return New(cfg, log, deps)
 }
 
 // startFakeAgent runs a whole agent on fake kernel and BGP, against etcd at

@@ -177,7 +177,8 @@ func (t *Table) wanted(dst netip.Prefix, have dataplane.Route) bool {
 }
 
 // remove deletes the kernel's route of ours for dst, unless its class
-// holds deletes; it returns the class the route is taken to be of. t.mu
+// holds deletes or a class declared with Expect and not yet set could own
+// it; it returns the class the route is taken to be of. t.mu
 // is held.
 func (t *Table) remove(dst netip.Prefix) (Class, error) {
 	have, ok := t.applied[dst]
@@ -186,7 +187,7 @@ func (t *Table) remove(dst netip.Prefix) (Class, error) {
 		return 0, nil
 	}
 	c := classOfProto(have.Proto)
-	if t.hold[c] {
+	if t.hold[c] || t.awaited(have.Proto) {
 		t.held[dst] = true
 		delete(t.dirty, dst)
 		return c, nil

@@ -42,6 +42,9 @@ type Table struct {
 	needFull bool
 	lastFull time.Time
 	stats    Stats
+	// pending are the classes declared with Expect that have not been
+	// set yet: their routes from an earlier run are not orphans.
+	pending map[Class]bool
 }
 
 // Stats counts what the table did, for tests, metrics and benchmarks.
@@ -66,6 +69,7 @@ func New(kernel dataplane.Routes, resyncEvery time.Duration) *Table {
 		dirty:    map[netip.Prefix]bool{},
 		hold:     map[Class]bool{},
 		held:     map[netip.Prefix]bool{},
+		pending:  map[Class]bool{},
 		needFull: true,
 	}
 }
@@ -116,7 +120,43 @@ func (t *Table) SetClass(c Class, routes []dataplane.Route) error {
 		}
 	}
 	t.classes[c] = next
+	if t.pending[c] {
+		delete(t.pending, c)
+		for dst := range t.held {
+			t.dirty[dst] = true // remove holds them again if still needed
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// Expect declares the classes that owners will set (SetClass). Until a
+// declared class has been set once, a route of ours that no class wants
+// but that has that class's protocol is kept, not deleted: at a restart the
+// kernel holds the routes of the earlier run, and the first Apply of one
+// owner (BGP's learned class, say) must not delete another owner's routes
+// (a pod's host route, a block's blackhole) before that owner's first pass
+// hands them over again — the destination would have no route until then,
+// and packets in flight to it would be lost. Declaring a class that is
+// already set does nothing.
+func (t *Table) Expect(classes ...Class) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range classes {
+		if _, set := t.classes[c]; !set && c.valid() {
+			t.pending[c] = true
+		}
+	}
+}
+
+// awaited reports whether a declared class not yet set could own a route
+// with protocol proto; t.mu is held.
+func (t *Table) awaited(proto int) bool {
+	for c := range t.pending {
+		if c.Proto() == proto {
+			return true
+		}
+	}
+	return false
 }
 
 // HoldDeletes switches the hold on deletes of class c: while on, a route

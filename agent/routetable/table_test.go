@@ -427,3 +427,64 @@ func TestRefreshNodeRoutes(t *testing.T) {
 		t.Errorf("RefreshNodeRoutes with nothing kept off = %v, %v; want no read", changed, err)
 	}
 }
+
+// A restarted agent's table finds the earlier run's routes, and its owners
+// make their first passes in any order: BGP (learned and Service classes)
+// may apply before the route owner has handed over the local classes. No
+// route an owner still to pass will want again is deleted meanwhile (a
+// pod's host route deleted and re-added a pass later loses the packets in
+// flight to the pod); an orphan of the local classes (a block released
+// while the agent was away) goes once every expected class of its
+// protocol was set.
+func TestExpectKeepsRoutesUntilTheirOwnerPassed(t *testing.T) {
+	pod, block := wl("10.244.0.5/32", "cali0000000000a"), bh("10.244.0.0/26")
+	peer := learned("10.244.1.0/26", "198.18.0.12")
+	owners := map[string]map[Class][]dataplane.Route{
+		"routes":   {Workload: {pod}, Blackhole: {block}, Aggregate: nil},
+		"services": {Service: nil},
+		"bgp":      {Learned: {peer}},
+	}
+	kept := sortByDst(append([]string{
+		"10.244.0.5/32 dev cali0000000000a scope link proto 80",
+		"blackhole 10.244.0.0/26 proto 80",
+		"10.244.1.0/26 via 198.18.0.12 proto 81",
+	}, nodeLines...))
+	orphan := "blackhole 10.244.7.0/26 proto 80"
+	for _, order := range [][]string{
+		{"bgp", "services", "routes"},
+		{"services", "routes", "bgp"},
+		{"bgp", "routes", "services"},
+		{"routes", "services", "bgp"},
+	} {
+		t.Run(strings.Join(order, ","), func(t *testing.T) {
+			kernel := fake.NewRoutes(append(nodeRoutes(), pod, block, peer, bh("10.244.7.0/26"))...)
+			table := New(kernel, time.Hour)
+			table.Expect(Workload, Blackhole, Aggregate, Service)
+			table.HoldDeletes(Learned, true) // as the BGP owner does until it converged
+			passed := map[string]bool{}
+			for _, o := range order {
+				passed[o] = true
+				var classes []Class
+				for c, routes := range owners[o] {
+					if err := table.SetClass(c, routes); err != nil {
+						t.Fatal(err)
+					}
+					classes = append(classes, c)
+				}
+				if err := table.Apply(classes...); err != nil {
+					t.Fatal(err)
+				}
+				want := kept // the orphan goes once both local owners passed
+				if !passed["routes"] || !passed["services"] {
+					want = sortByDst(append(slices.Clone(kept), orphan))
+				}
+				if diff := cmp.Diff(want, kernel.Lines()); diff != "" {
+					t.Fatalf("after %s's first pass (-want +got):\n%s", o, diff)
+				}
+			}
+			if diff := cmp.Diff([]string{"delete " + orphan}, kernel.Ops()); diff != "" {
+				t.Errorf("kernel operations (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

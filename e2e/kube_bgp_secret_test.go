@@ -102,18 +102,24 @@ func TestKubeBGPPasswordFromSecret(t *testing.T) {
 	for i := 1; i <= rounds; i++ {
 		downs = append(downs, rotateSecret(ctx, t, l, b, kubectl, pw(i), false))
 	}
-	// An operator who changes the router first: the same.
-	rotateSecret(ctx, t, l, b, kubectl, pw(rounds+1), true)
 	if del := mon.deletions(); len(del) > 0 {
 		t.Errorf("node1's kernel lost %s during the rotation: %q", torPrefix, del)
 	}
+	// An operator who changes the router first: the session is down as
+	// long, but BIRD resets it with a Cease (it has no RFC 8538
+	// graceful restart on notifications), and GoBGP may drop its routes
+	// before the agent has the new key and holds them: counted, not
+	// asserted (docs/bgp.md says: the Secret first).
+	n := len(mon.deletions())
+	rotateSecret(ctx, t, l, b, kubectl, pw(rounds+1), true)
+	routerFirst := len(mon.deletions()) - n
 	var resets []time.Duration
 	for range rounds {
 		resets = append(resets, birdReset(ctx, t, l, b))
 	}
-	t.Logf("FIGURE rotations=%d BIRD-side down time: rotation median %v (%v), plain reset median %v (%v), ratio %.2f; node1's kernel lost %s %d times over the resets, 0 over the rotations",
+	t.Logf("FIGURE rotations=%d BIRD-side down time: rotation median %v (%v), plain reset median %v (%v), ratio %.2f; node1's kernel lost %s 0 times over the rotations, %d over the rotation with the router first, %d over the resets",
 		rounds, testkit.Quantile(downs, 0.5).Round(time.Millisecond), roundAll(downs), testkit.Quantile(resets, 0.5).Round(time.Millisecond), roundAll(resets),
-		float64(testkit.Quantile(downs, 0.5))/float64(testkit.Quantile(resets, 0.5)), torPrefix, len(mon.deletions()))
+		float64(testkit.Quantile(downs, 0.5))/float64(testkit.Quantile(resets, 0.5)), torPrefix, routerFirst, len(mon.deletions())-n-routerFirst)
 	// The monitor sees a withdrawal: BIRD stops announcing the prefix.
 	before := len(mon.deletions())
 	for _, cmd := range []string{"disable", "enable"} {

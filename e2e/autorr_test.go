@@ -101,12 +101,15 @@ func TestAutoReflectors(t *testing.T) {
 	}
 
 	victim := initial.Zones[lab.ZoneName(0)][0].Node
+	blocks := nodeBlocks(t, ctx, l)
 	t.Logf("killing the agent of reflector %s (traffic %s -> %s)", victim, from, to)
 	killed := time.Now()
 	if err := l.StopAgent(ctx, victim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	gone, replaced := waitReplaced(t, ctx, l, victim, killed)
+	gone, replaced := waitReplaced(t, ctx, l, victim, killed, func() {
+		checkStaleRoutes(t, ctx, l, victim, blocks, killed)
+	})
 	t.Logf("FIGURE nodes=%d reflector %s replaced %v after SIGKILL: liveness gone after %v (lease TTL %v), choice rewritten %v later (grace %v)",
 		n, victim, replaced.Round(100*time.Millisecond), gone.Round(100*time.Millisecond), autorrLeaseTTL,
 		(replaced - gone).Round(100*time.Millisecond), autorrGrace)
@@ -236,9 +239,10 @@ func waitLiveness(t *testing.T, ctx context.Context, l *lab.Lab, node string) ti
 
 // waitReplaced waits until victim left the choice and its zone is full
 // again, and returns how long after killed its liveness record was gone
-// and it was replaced. The bound it allows is docs/bgp.md's: lease TTL +
+// and it was replaced. It calls whenGone once, as soon as the liveness
+// record is gone (the grace still to run before the replacement). The bound it allows is docs/bgp.md's: lease TTL +
 // grace + a few seconds.
-func waitReplaced(t *testing.T, ctx context.Context, l *lab.Lab, victim string, killed time.Time) (gone, replaced time.Duration) {
+func waitReplaced(t *testing.T, ctx context.Context, l *lab.Lab, victim string, killed time.Time, whenGone func()) (gone, replaced time.Duration) {
 	t.Helper()
 	bound := autorrLeaseTTL + autorrGrace + 15*time.Second
 	wctx, cancel := context.WithTimeout(ctx, bound)
@@ -248,6 +252,7 @@ func waitReplaced(t *testing.T, ctx context.Context, l *lab.Lab, victim string, 
 		if gone == 0 {
 			if _, err := l.Store().GetKV(wctx, datastore.NodeLivenessKey(victim)); errors.Is(err, datastore.ErrNotFound) {
 				gone = time.Since(killed)
+				whenGone()
 			}
 		}
 		c, _, err := l.ReflectorChoice(wctx)
@@ -262,6 +267,82 @@ func waitReplaced(t *testing.T, ctx context.Context, l *lab.Lab, victim string, 
 		t.Fatalf("%s not replaced within %v: %v; choice %+v", victim, bound, err, last)
 	}
 	return gone, time.Since(killed)
+}
+
+// nodeBlocks maps every node to the blocks its agent reports.
+func nodeBlocks(t *testing.T, ctx context.Context, l *lab.Lab) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, nd := range l.State().Nodes {
+		st, err := l.NodeStatus(ctx, nd.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[nd.Name] = st.Blocks
+	}
+	return out
+}
+
+// checkStaleRoutes: with the killed reflector victim not yet replaced,
+// read from the kernels, every client still routes to each block of the
+// other zone's nodes (the victim's own blocks included) via the owner;
+// the clients that peered with the victim have lost that session, so
+// graceful restart keeps its routes stale meanwhile.
+func checkStaleRoutes(t *testing.T, ctx context.Context, l *lab.Lab, victim string, blocks map[string][]string, killed time.Time) {
+	t.Helper()
+	c, _, err := l.ReflectorChoice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := choiceMembers(c)
+	zone, addr := map[string]string{}, map[string]string{}
+	for _, nd := range l.State().Nodes {
+		zone[nd.Name], addr[nd.Name] = nd.Zone, nd.IP.Addr().String()
+	}
+	clients, routes, lostSession := 0, 0, 0
+	for _, nd := range l.State().Nodes {
+		if _, ok := rr[nd.Name]; ok {
+			continue
+		}
+		clients++
+		have, err := l.LearnedRoutes(ctx, nd.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for o, bs := range blocks {
+			for _, b := range bs {
+				if zone[o] == nd.Zone {
+					continue
+				}
+				routes++
+				if !slices.Contains(have[b], addr[o]) {
+					t.Errorf("%s lost its route to %s (%s's block, zone %q) %v after %s's agent was killed: %v",
+						nd.Name, b, o, zone[o], time.Since(killed).Round(100*time.Millisecond), victim, have[b])
+				}
+			}
+		}
+		st, err := l.NodeStatus(ctx, nd.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range st.Peers {
+			if p.Address == addr[victim] && p.State != "Established" {
+				lostSession++
+			}
+		}
+	}
+	after, _, err := l.ReflectorChoice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, still := after.Find(victim); !still {
+		t.Errorf("%s was replaced before the check of the clients' routes ended: the check proves nothing (machine overloaded?)", victim)
+	}
+	t.Logf("FIGURE %v after the kill, %s not yet replaced: %d clients hold all %d routes to the other zone's blocks (%d of them lost their session to %s: stale under graceful restart)",
+		time.Since(killed).Round(100*time.Millisecond), victim, clients, routes, lostSession, victim)
+	if lostSession == 0 {
+		t.Errorf("no client reports its session to %s down: the routes were not held stale", victim)
+	}
 }
 
 // checkHistory checks every write of the reflector record over the run:

@@ -72,25 +72,40 @@ template bgp tabby_node {
 }
 {{range .Nodes}}
 protocol bgp {{.Name}} from tabby_node {
-	neighbor {{.Addr}} as {{$.NodeASN}};
+	neighbor {{.Addr}} as {{$.NodeASN}};{{if .Password}}
+	password "{{.Password}}";{{end}}
 }
 {{end}}`))
 
-type birdNode struct{ Name, Addr string }
+// birdNode is a session of birdConf: the protocol's name, the node's
+// address and the TCP-MD5 password ("" for none).
+type birdNode struct{ Name, Addr, Password string }
 
 // bird is a BIRD daemon this test started in the lab's ToR namespace.
 type bird struct {
-	ctl, log string
+	ctl, log, conf string
 }
 
 // startBIRD writes the configuration and runs BIRD in the ToR namespace
 // until the test ends.
 func startBIRD(t testing.TB, l *lab.Lab) *bird {
 	t.Helper()
+	return runBIRD(t, l, birdConfText(t, birdNodes(l, nil)))
+}
+
+// birdNodes are the lab's nodes as birdConf sessions, with the passwords
+// passwords gives by node name.
+func birdNodes(l *lab.Lab, passwords map[string]string) []birdNode {
 	var nodes []birdNode
 	for _, n := range l.State().Nodes {
-		nodes = append(nodes, birdNode{Name: n.Name, Addr: n.IP.Addr().String()})
+		nodes = append(nodes, birdNode{Name: n.Name, Addr: n.IP.Addr().String(), Password: passwords[n.Name]})
 	}
+	return nodes
+}
+
+// birdConfText is birdConf for the sessions nodes.
+func birdConfText(t testing.TB, nodes []birdNode) string {
+	t.Helper()
 	var sb strings.Builder
 	err := birdConf.Execute(&sb, map[string]any{
 		"RouterID": torAddr, "ASN": torASN, "Prefix": torPrefix,
@@ -99,7 +114,23 @@ func startBIRD(t testing.TB, l *lab.Lab) *bird {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return runBIRD(t, l, sb.String())
+	return sb.String()
+}
+
+// reconfigure replaces BIRD's configuration with text (birdc configure):
+// BIRD restarts the sessions whose configuration changed.
+func (b *bird) reconfigure(ctx context.Context, text string) error {
+	if err := os.WriteFile(b.conf, []byte(text), 0o644); err != nil {
+		return err
+	}
+	out, err := b.c(ctx, "configure")
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(out, "Reconfigured") && !strings.Contains(out, "Reconfiguration in progress") {
+		return fmt.Errorf("birdc configure: %s", out)
+	}
+	return nil
 }
 
 // runBIRD runs BIRD with the configuration text in the lab's ToR namespace
@@ -107,8 +138,8 @@ func startBIRD(t testing.TB, l *lab.Lab) *bird {
 func runBIRD(t testing.TB, l *lab.Lab, text string) *bird {
 	t.Helper()
 	dir := t.TempDir()
-	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log")}
-	conf := filepath.Join(dir, "bird.conf")
+	b := &bird{ctl: filepath.Join(dir, "bird.ctl"), log: filepath.Join(dir, "bird.log"), conf: filepath.Join(dir, "bird.conf")}
+	conf := b.conf
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}

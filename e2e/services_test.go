@@ -223,10 +223,26 @@ func TestKubeServices(t *testing.T) {
 // binaries and images.
 func upKubeProxyLab(ctx context.Context, t testing.TB, prefix string, nodes int) *kube.Cluster {
 	t.Helper()
+	l := upKubeLabWith(ctx, t, prefix, nodes, []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar", "echo.oci.tar"},
+		kube.UpOptions{Kube: kube.KubeOptions{KubeProxy: kube.ProxyNFTables}})
+	for _, n := range l.State().Nodes {
+		if out, err := exec.Command("ip", "netns", "exec", n.NetNS, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); err != nil {
+			t.Fatalf("%s: no kube-proxy nftables table: %v\n%s", n.Name, err, out)
+		}
+	}
+	return l
+}
+
+// upKubeLabWith brings up a Kubernetes lab of n nodes (Tabby from the
+// manifests) as o says, the images named (archives of $TABBY_BIN/images)
+// imported into every node. It skips, saying why, without the Kubernetes
+// binaries or the images, and takes the lab down when t ends.
+func upKubeLabWith(ctx context.Context, t testing.TB, prefix string, nodes int, images []string, o kube.UpOptions) *kube.Cluster {
+	t.Helper()
 	testkit.RequirePrivileged(t, "ip", "nsenter", "nft")
 	kubetest.Require(t, kubebins.Names...)
 	binDir := os.Getenv("TABBY_BIN")
-	archives, err := kube.HostCheck(binDir, []string{"pause.oci.tar", "tabby.oci.tar", "coredns.oci.tar", "echo.oci.tar"}, nil, nil)
+	archives, err := kube.HostCheck(binDir, images, nil, nil)
 	if err != nil {
 		t.Skip(err.Error())
 	}
@@ -246,16 +262,12 @@ func upKubeProxyLab(ctx context.Context, t testing.TB, prefix string, nodes int)
 		}
 	})
 	start := time.Now()
-	if err := l.Up(ctx, kube.UpOptions{Kube: kube.KubeOptions{Images: archives, KubeProxy: kube.ProxyNFTables},
-		Deploy: kube.DeployOptions{ManifestDir: "../manifests"}}); err != nil {
+	o.Kube.Images = archives
+	o.Deploy.ManifestDir = "../manifests"
+	if err := l.Up(ctx, o); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("cluster with kube-proxy, Tabby and CoreDNS up in %v", time.Since(start).Round(time.Second))
-	for _, n := range l.State().Nodes {
-		if out, err := exec.Command("ip", "netns", "exec", n.NetNS, "nft", "list", "table", "ip", "kube-proxy").CombinedOutput(); err != nil {
-			t.Fatalf("%s: no kube-proxy nftables table: %v\n%s", n.Name, err, out)
-		}
-	}
+	t.Logf("Kubernetes lab (kube-proxy %q, no DNS %v), Tabby up in %v", o.Kube.KubeProxy, o.NoDNS, time.Since(start).Round(time.Second))
 	return l
 }
 

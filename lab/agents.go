@@ -368,21 +368,10 @@ func (l *Lab) WaitRoutes(ctx context.Context) error {
 			blocks[n.Name] = s.Blocks
 		}
 		for _, n := range st.Nodes {
-			out, err := run(ctx, "ip", "-n", n.NetNS, "-4", "route", "show", "proto", "81")
+			have, err := learnedRoutes(ctx, n)
 			if err != nil {
 				errs = append(errs, err)
 				continue
-			}
-			have := parseRoutes(string(out))
-			if n.IP6.IsValid() {
-				// IPv6 blocks (BGP carries them between nodes with an
-				// IPv6 address), via the owner's IPv6 address.
-				out6, err := run(ctx, "ip", "-n", n.NetNS, "-6", "route", "show", "proto", "81")
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				maps.Copy(have, parseRoutes(string(out6)))
 			}
 			for _, o := range st.Nodes {
 				if o.Name == n.Name {
@@ -416,6 +405,35 @@ func (l *Lab) WaitRoutes(ctx context.Context) error {
 
 // parseRoutes maps each destination of `ip route` output to its gateways
 // ("via X", or "nexthop via X" lines of a multipath route).
+// LearnedRoutes reads the routes node's agent learned over BGP (proto
+// 81) from its kernel: destination → next hops. A node with an IPv6
+// address has its IPv6 routes in it too.
+func (l *Lab) LearnedRoutes(ctx context.Context, node string) (map[string][]string, error) {
+	n := l.State().Node(node)
+	if n == nil {
+		return nil, fmt.Errorf("no node %s in lab %s", node, l.State().Name)
+	}
+	return learnedRoutes(ctx, *n)
+}
+
+func learnedRoutes(ctx context.Context, n NodeState) (map[string][]string, error) {
+	out, err := run(ctx, "ip", "-n", n.NetNS, "-4", "route", "show", "proto", "81")
+	if err != nil {
+		return nil, err
+	}
+	have := parseRoutes(string(out))
+	if n.IP6.IsValid() {
+		// IPv6 blocks (BGP carries them between nodes with an IPv6
+		// address), via the owner's IPv6 address.
+		out6, err := run(ctx, "ip", "-n", n.NetNS, "-6", "route", "show", "proto", "81")
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(have, parseRoutes(string(out6)))
+	}
+	return have, nil
+}
+
 func parseRoutes(out string) map[string][]string {
 	routes := map[string][]string{}
 	dst := ""

@@ -213,7 +213,6 @@ func (a *Allocator) syncSummary(ctx context.Context, cmps []datastore.Cmp, op da
 	return true, nil
 }
 
-
 // checkSummaries reports the summary records that disagree with their
 // block (SyncSummaries repairs them). Unreadable records are already
 // reported as such.

@@ -170,4 +170,3 @@ func TestDecodeSummaryRecord(t *testing.T) {
 		})
 	}
 }
-

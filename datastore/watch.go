@@ -53,6 +53,13 @@ type Event struct {
 	PrevKV   *KV // EventPut (nil for a create), EventDelete
 	Snapshot []KV
 	Revision int64
+	// Reached, when not 0, is the revision through which the watch has
+	// delivered every event, this one included. Only a watch with
+	// WatchSpec.Skip sets it: its parts arrive independently, so Revision
+	// may go back between events of different parts; a receiver that
+	// tracks how far it got uses Reached. Without Skip events come in
+	// revision order and Revision says it.
+	Reached int64
 }
 
 // Backoff between watch or re-list attempts while etcd is unreachable.
@@ -89,7 +96,16 @@ type WatchSpec struct {
 	// or sent (the key is relative, and must not be retained); a watch
 	// response of refused keys only moves the revision.
 	Keep func(key []byte) bool
+	// Skip names ranges of keys inside the watched range that are not
+	// received at all (not even by etcd's gRPC stream): the watch is one
+	// etcd watch per remaining part, on one stream, and sets
+	// Event.Reached (see watchparts.go). A re-list still reads them and
+	// drops them.
+	Skip []KeyRange
 }
+
+// KeyRange is the keys [From, To), relative to the store's prefix.
+type KeyRange struct{ From, To string }
 
 // WatchKeys streams the changes of the keys spec names in revision order.
 //
@@ -105,6 +121,11 @@ type WatchSpec struct {
 // one go.
 func (s *Store) WatchKeys(ctx context.Context, spec WatchSpec, fromRev int64) <-chan Event {
 	out := make(chan Event, 16)
+	if len(spec.Skip) > 0 {
+		w := &partsWatcher{s: s, spec: spec, out: out, parts: s.watchParts(spec)}
+		go w.run(ctx, fromRev)
+		return out
+	}
 	w := &watcher{s: s, spec: spec, out: out, next: fromRev}
 	go w.run(ctx)
 	return out
@@ -173,7 +194,7 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 		sent := w.next - 1 // the last revision the receiver has been given
 		for _, ev := range resp.Events {
 			if w.keep(ev.Kv.Key) {
-				if !w.send(ctx, w.event(ev)) {
+				if !w.send(ctx, w.s.watchEvent(ev)) {
 					return ctx.Err()
 				}
 				sent = ev.Kv.ModRevision
@@ -202,14 +223,14 @@ func (w *watcher) keep(abs []byte) bool {
 	return w.spec.Keep == nil || w.spec.Keep(abs[min(len(w.s.base), len(abs)):])
 }
 
-func (w *watcher) event(ev *clientv3.Event) Event {
-	e := Event{Type: EventPut, KV: w.s.toKV(ev.Kv), Revision: ev.Kv.ModRevision}
+func (s *Store) watchEvent(ev *clientv3.Event) Event {
+	e := Event{Type: EventPut, KV: s.toKV(ev.Kv), Revision: ev.Kv.ModRevision}
 	if ev.Type == mvccpb.DELETE {
 		e.Type = EventDelete
 		e.KV = KV{Key: e.KV.Key, ModRevision: ev.Kv.ModRevision}
 	}
 	if ev.PrevKv != nil {
-		prev := w.s.toKV(ev.PrevKv)
+		prev := s.toKV(ev.PrevKv)
 		e.PrevKV = &prev
 	}
 	return e

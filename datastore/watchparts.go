@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"reflect"
 	"strings"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -151,47 +151,38 @@ type partResp struct {
 	closed bool
 }
 
-// watchOnce runs one etcd watch per part until one fails.
+// watchOnce runs one etcd watch per part until one fails. It selects over
+// the parts' channels itself (reflect.Select): a goroutine per part would
+// cost every event one more wake-up.
 func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	defer cancel()
-	in := make(chan partResp)
+	const ctxCase, nudgeCase, firstPart = 0, 1, 2
+	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}, {Dir: reflect.SelectRecv}}
 	for i, p := range w.parts {
 		wch := w.s.client.Watch(wctx, p.from, clientv3.WithRange(p.to), clientv3.WithRev(w.reached[i]+1),
 			clientv3.WithCreatedNotify(), clientv3.WithProgressNotify())
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for resp := range wch {
-				select {
-				case in <- partResp{i: i, resp: resp}:
-				case <-wctx.Done():
-					return
-				}
-			}
-			select {
-			case in <- partResp{i: i, closed: true}:
-			case <-wctx.Done():
-			}
-		}()
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(wch)})
 	}
-	var nudge <-chan time.Time
 	for {
-		select {
-		case <-ctx.Done():
+		chosen, v, ok := reflect.Select(cases)
+		switch {
+		case chosen == ctxCase:
 			return ctx.Err()
-		case <-nudge:
-			nudge = nil
+		case chosen == nudgeCase:
+			cases[nudgeCase].Chan = reflect.Value{}
 			_ = w.s.client.RequestProgress(wctx) // best effort: the next lag asks again
-		case r := <-in:
-			if err := w.handle(ctx, r, b); err != nil {
-				return err
-			}
-			if nudge == nil && w.least() < slices.Max(w.reached) {
-				nudge = time.After(progressEvery)
-			}
+			continue
+		}
+		r := partResp{i: chosen - firstPart, closed: !ok}
+		if ok {
+			r.resp = v.Interface().(clientv3.WatchResponse)
+		}
+		if err := w.handle(ctx, r, b); err != nil {
+			return err
+		}
+		if !cases[nudgeCase].Chan.IsValid() && w.least() < slices.Max(w.reached) {
+			cases[nudgeCase].Chan = reflect.ValueOf(time.After(progressEvery))
 		}
 	}
 }

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 

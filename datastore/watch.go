@@ -143,20 +143,27 @@ func (w *watcher) run(ctx context.Context) {
 	if w.next <= 0 && !w.resync(ctx) {
 		return
 	}
+	w.s.follow(ctx, w.spec.Prefix, w.watchOnce, w.resync, func() int64 { return w.next })
+}
+
+// follow runs watchOnce until ctx ends: after a gap it re-lists (resync;
+// false: ctx ended), after any other failure it waits with backoff and
+// watches again from where it got (next, for the log).
+func (s *Store) follow(ctx context.Context, prefix string, watchOnce func(context.Context, *backoff) error, resync func(context.Context) bool, next func() int64) {
 	b := backoff{d: watchBackoffMin}
-	for ctx.Err() == nil && w.s.client.Ctx().Err() == nil {
-		err := w.watchOnce(ctx, &b)
+	for ctx.Err() == nil && s.client.Ctx().Err() == nil {
+		err := watchOnce(ctx, &b)
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errGap) {
-			w.s.log.Info("etcd watch resyncing", "prefix", w.spec.Prefix, "reason", err)
-			if !w.resync(ctx) {
+			s.log.Info("etcd watch resyncing", "prefix", prefix, "reason", err)
+			if !resync(ctx) {
 				return
 			}
 			continue
 		}
-		w.s.log.Debug("etcd watch interrupted, retrying", "prefix", w.spec.Prefix, "next", w.next, "err", err)
+		s.log.Debug("etcd watch interrupted, retrying", "prefix", prefix, "next", next(), "err", err)
 		if !b.wait(ctx) {
 			return
 		}
@@ -239,22 +246,29 @@ func (s *Store) watchEvent(ev *clientv3.Event) Event {
 // resync lists the prefix until it succeeds, sends the snapshot and moves
 // w.next after it. It returns false when ctx is done.
 func (w *watcher) resync(ctx context.Context) bool {
+	kvs, rev, ok := w.s.relist(ctx, w.spec, w.keep)
+	if !ok || !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev}) {
+		return false
+	}
+	w.next = rev + 1
+	return true
+}
+
+// relist lists spec's range (the keys keep takes) until it succeeds, with
+// backoff; false when ctx or the store ended first.
+func (s *Store) relist(ctx context.Context, spec WatchSpec, keep func([]byte) bool) ([]KV, int64, bool) {
 	b := backoff{d: watchBackoffMin}
 	for {
-		kvs, rev, err := w.s.listRange(ctx, w.spec.Prefix, w.spec.End, w.keep)
+		kvs, rev, err := s.listRange(ctx, spec.Prefix, spec.End, keep)
 		if err == nil {
-			if !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev}) {
-				return false
-			}
-			w.next = rev + 1
-			return true
+			return kvs, rev, true
 		}
-		if ctx.Err() != nil || w.s.client.Ctx().Err() != nil {
-			return false
+		if ctx.Err() != nil || s.client.Ctx().Err() != nil {
+			return nil, 0, false
 		}
-		w.s.log.Debug("etcd watch re-list failed, retrying", "prefix", w.spec.Prefix, "err", err)
+		s.log.Debug("etcd watch re-list failed, retrying", "prefix", spec.Prefix, "err", err)
 		if !b.wait(ctx) {
-			return false
+			return nil, 0, false
 		}
 	}
 }

@@ -96,24 +96,7 @@ func (w *partsWatcher) run(ctx context.Context, fromRev int64) {
 	} else if !w.resync(ctx) {
 		return
 	}
-	b := backoff{d: watchBackoffMin}
-	for ctx.Err() == nil && w.s.client.Ctx().Err() == nil {
-		err := w.watchOnce(ctx, &b)
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, errGap) {
-			w.s.log.Info("etcd watch resyncing", "prefix", w.spec.Prefix, "reason", err)
-			if !w.resync(ctx) {
-				return
-			}
-			continue
-		}
-		w.s.log.Debug("etcd watch interrupted, retrying", "prefix", w.spec.Prefix, "reached", w.least(), "err", err)
-		if !b.wait(ctx) {
-			return
-		}
-	}
+	w.s.follow(ctx, w.spec.Prefix, w.watchOnce, w.resync, w.least)
 }
 
 func (w *partsWatcher) keep(abs []byte) bool {
@@ -123,26 +106,14 @@ func (w *partsWatcher) keep(abs []byte) bool {
 // resync lists the whole range at one revision (the skipped keys are read
 // and dropped) and moves every part after it.
 func (w *partsWatcher) resync(ctx context.Context) bool {
-	b := backoff{d: watchBackoffMin}
-	for {
-		kvs, rev, err := w.s.listRange(ctx, w.spec.Prefix, w.spec.End, w.keep)
-		if err == nil {
-			if !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev, Reached: rev}) {
-				return false
-			}
-			for i := range w.reached {
-				w.reached[i] = rev
-			}
-			return true
-		}
-		if ctx.Err() != nil || w.s.client.Ctx().Err() != nil {
-			return false
-		}
-		w.s.log.Debug("etcd watch re-list failed, retrying", "prefix", w.spec.Prefix, "err", err)
-		if !b.wait(ctx) {
-			return false
-		}
+	kvs, rev, ok := w.s.relist(ctx, w.spec, w.keep)
+	if !ok || !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev, Reached: rev}) {
+		return false
 	}
+	for i := range w.reached {
+		w.reached[i] = rev
+	}
+	return true
 }
 
 type partResp struct {
@@ -236,10 +207,5 @@ func (w *partsWatcher) handle(ctx context.Context, r partResp, b *backoff) error
 }
 
 func (w *partsWatcher) send(ctx context.Context, e Event) bool {
-	select {
-	case w.out <- e:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return (&watcher{out: w.out}).send(ctx, e)
 }

@@ -183,6 +183,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if err := a.ensureMeshKey(ctx); err != nil {
 		return err
 	}
+	a.syncBlockSummaries(ctx)
 	a.lease = &leaseHolder{store: a.store, ttl: a.cfg.LeaseTTL, log: a.log, publish: a.publishLiveness}
 	if err := a.lease.grant(ctx); err != nil {
 		return err
@@ -283,6 +284,21 @@ func (a *Agent) newRouteTable() *routetable.Table {
 	}
 	t.Expect(expect...)
 	return t
+}
+
+// syncBlockSummaries writes the block summaries that blocks written by an
+// older release lack (or that such an agent left stale) before the view
+// lists them: the view reads summaries, never blocks (ipam.SyncSummaries,
+// docs/datastore.md "Upgrades"). A failure leaves them to the next agent
+// that starts.
+func (a *Agent) syncBlockSummaries(ctx context.Context) {
+	ectx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
+	if n, err := a.ipam.SyncSummaries(ectx); err != nil {
+		a.log.Warn("writing missing IPAM block summaries", "written", n, "err", err)
+	} else if n > 0 {
+		a.log.Info("wrote missing or stale IPAM block summaries", "records", n)
+	}
 }
 
 // claimFirstBlock claims the node's first block, before any pod: its route

@@ -139,6 +139,10 @@ func (e *reflectorElector) applyRecord(ev datastore.Event) {
 		}
 	case datastore.EventPut:
 		kv = &ev.KV
+	case datastore.EventProgress:
+		// Only the revision moved (etcd reports progress to every watch
+		// of the stream, e.g. when the view asks): the record did not go.
+		return
 	}
 	var choice *bgp.ReflectorChoice
 	var rev int64

@@ -109,3 +109,20 @@ func drainEvents(ch <-chan datastore.Event) []datastore.Event {
 		}
 	}
 }
+
+// A progress report (the view's watch asks etcd for them, and etcd sends
+// them to every watch of the stream) moves only the revision: the elector
+// keeps the record it has; a deletion clears it.
+func TestReflectorRecordProgressKeepsChoice(t *testing.T) {
+	e := newReflectorElector("n1", nil, nil, testLogger(), func() {})
+	rec := datastore.KV{Key: datastore.BGPReflectorsKey, Value: []byte(`{"zones":{"a":[{"node":"n2"}]}}`), ModRevision: 5}
+	e.applyRecord(datastore.Event{Type: datastore.EventPut, KV: rec, Revision: 5})
+	e.applyRecord(datastore.Event{Type: datastore.EventProgress, Revision: 9})
+	if c := e.current(); c == nil || len(c.Zones["a"]) != 1 || c.Zones["a"][0].Node != "n2" {
+		t.Fatalf("choice after a progress report = %+v, want n2 in zone a", c)
+	}
+	e.applyRecord(datastore.Event{Type: datastore.EventDelete, KV: datastore.KV{Key: rec.Key}, Revision: 10})
+	if c := e.current(); c != nil {
+		t.Errorf("choice after the record's deletion = %+v, want none", c)
+	}
+}

@@ -81,8 +81,8 @@ func (c *cluster) desired(node string) (routes []dataplane.Route, peers []bgp.Pe
 	for _, k := range keys {
 		kv := c.kvs[k]
 		switch {
-		case strings.HasPrefix(k, ipam.BlocksPrefix):
-			s, err := ipam.DecodeBlockSummary(k, kv.Value)
+		case strings.HasPrefix(k, ipam.BlockSummariesPrefix):
+			s, err := ipam.DecodeSummaryRecord(k, kv.Value)
 			if err != nil {
 				c.t.Fatal(err)
 			}
@@ -140,26 +140,17 @@ func (c *cluster) desired(node string) (routes []dataplane.Route, peers []bgp.Pe
 // blockRecord writes a valid IPAM block record: owners maps ordinals to
 // the node using them.
 func blockRecord(cidr netip.Prefix, affinity string, owners map[int]string) map[string]any {
-	size := 1 << (32 - cidr.Bits())
-	allocs := make([]*int, size)
-	var unalloc []int
-	var attrs []map[string]any
-	for ord := range size {
-		if n, ok := owners[ord]; ok {
-			i := len(attrs)
-			allocs[ord] = &i
-			attrs = append(attrs, map[string]any{"handle": fmt.Sprintf("h-%s-%d", cidr.Addr(), ord), "node": n, "time": time.Time{}})
-			continue
+	// The view reads a block's summary record (ipam/block-summaries/):
+	// its affinity and the addresses other nodes borrowed from it.
+	var borrowed []map[string]any
+	for ord := range 1 << (32 - cidr.Bits()) {
+		if n, ok := owners[ord]; ok && n != affinity {
+			a := cidr.Addr().As4()
+			a[3] += byte(ord)
+			borrowed = append(borrowed, map[string]any{"addr": netip.AddrFrom4(a).String(), "node": n})
 		}
-		unalloc = append(unalloc, ord)
 	}
-	r := map[string]any{"cidr": cidr.String(), "allocations": allocs, "unallocated": unalloc, "attributes": attrs}
-	if unalloc == nil {
-		r["unallocated"] = []int{}
-	}
-	if attrs == nil {
-		r["attributes"] = []any{}
-	}
+	r := map[string]any{"cidr": cidr.String(), "borrowed": borrowed}
 	if affinity != "" {
 		r["affinity"] = "host:" + affinity
 	}
@@ -224,10 +215,10 @@ func replay(t *testing.T, seed uint64, steps int) {
 					owners[ord] = pick(nodes)
 				}
 			}
-			return c.put(ipam.BlocksPrefix+strings.Replace(b.String(), "/", "-", 1), blockRecord(b, aff, owners)), fmt.Sprintf("put block %s affine to %q lending %v", b, aff, owners), true
+			return c.put(ipam.BlockSummariesPrefix+strings.Replace(b.String(), "/", "-", 1), blockRecord(b, aff, owners)), fmt.Sprintf("put block %s affine to %q lending %v", b, aff, owners), true
 		case 3: // a block is released
 			b := blocks[rng.IntN(len(blocks))]
-			ev, ok := c.del(ipam.BlocksPrefix + strings.Replace(b.String(), "/", "-", 1))
+			ev, ok := c.del(ipam.BlockSummariesPrefix + strings.Replace(b.String(), "/", "-", 1))
 			return ev, "delete block " + b.String(), ok
 		case 4: // a claim is written or confirmed
 			n, b := pick(nodes[:2]), blocks[rng.IntN(len(blocks))]

@@ -53,6 +53,13 @@ type Event struct {
 	PrevKV   *KV // EventPut (nil for a create), EventDelete
 	Snapshot []KV
 	Revision int64
+	// Reached, when not 0, is the revision through which the watch has
+	// delivered every event, this one included. Only a watch with
+	// WatchSpec.Skip sets it: its parts arrive independently, so Revision
+	// may go back between events of different parts; a receiver that
+	// tracks how far it got uses Reached. Without Skip events come in
+	// revision order and Revision says it.
+	Reached int64
 }
 
 // Backoff between watch or re-list attempts while etcd is unreachable.
@@ -89,7 +96,16 @@ type WatchSpec struct {
 	// or sent (the key is relative, and must not be retained); a watch
 	// response of refused keys only moves the revision.
 	Keep func(key []byte) bool
+	// Skip names ranges of keys inside the watched range that are not
+	// received at all (not even by etcd's gRPC stream): the watch is one
+	// etcd watch per remaining part, on one stream, and sets
+	// Event.Reached (see watchparts.go). A re-list still reads them and
+	// drops them.
+	Skip []KeyRange
 }
+
+// KeyRange is the keys [From, To), relative to the store's prefix.
+type KeyRange struct{ From, To string }
 
 // WatchKeys streams the changes of the keys spec names in revision order.
 //
@@ -105,6 +121,11 @@ type WatchSpec struct {
 // one go.
 func (s *Store) WatchKeys(ctx context.Context, spec WatchSpec, fromRev int64) <-chan Event {
 	out := make(chan Event, 16)
+	if len(spec.Skip) > 0 {
+		w := &partsWatcher{s: s, spec: spec, out: out, parts: s.watchParts(spec)}
+		go w.run(ctx, fromRev)
+		return out
+	}
 	w := &watcher{s: s, spec: spec, out: out, next: fromRev}
 	go w.run(ctx)
 	return out
@@ -122,20 +143,27 @@ func (w *watcher) run(ctx context.Context) {
 	if w.next <= 0 && !w.resync(ctx) {
 		return
 	}
+	w.s.follow(ctx, w.spec.Prefix, w.watchOnce, w.resync, func() int64 { return w.next })
+}
+
+// follow runs watchOnce until ctx ends: after a gap it re-lists (resync;
+// false: ctx ended), after any other failure it waits with backoff and
+// watches again from where it got (next, for the log).
+func (s *Store) follow(ctx context.Context, prefix string, watchOnce func(context.Context, *backoff) error, resync func(context.Context) bool, next func() int64) {
 	b := backoff{d: watchBackoffMin}
-	for ctx.Err() == nil && w.s.client.Ctx().Err() == nil {
-		err := w.watchOnce(ctx, &b)
+	for ctx.Err() == nil && s.client.Ctx().Err() == nil {
+		err := watchOnce(ctx, &b)
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errGap) {
-			w.s.log.Info("etcd watch resyncing", "prefix", w.spec.Prefix, "reason", err)
-			if !w.resync(ctx) {
+			s.log.Info("etcd watch resyncing", "prefix", prefix, "reason", err)
+			if !resync(ctx) {
 				return
 			}
 			continue
 		}
-		w.s.log.Debug("etcd watch interrupted, retrying", "prefix", w.spec.Prefix, "next", w.next, "err", err)
+		s.log.Debug("etcd watch interrupted, retrying", "prefix", prefix, "next", next(), "err", err)
 		if !b.wait(ctx) {
 			return
 		}
@@ -173,7 +201,7 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 		sent := w.next - 1 // the last revision the receiver has been given
 		for _, ev := range resp.Events {
 			if w.keep(ev.Kv.Key) {
-				if !w.send(ctx, w.event(ev)) {
+				if !w.send(ctx, w.s.watchEvent(ev)) {
 					return ctx.Err()
 				}
 				sent = ev.Kv.ModRevision
@@ -202,14 +230,14 @@ func (w *watcher) keep(abs []byte) bool {
 	return w.spec.Keep == nil || w.spec.Keep(abs[min(len(w.s.base), len(abs)):])
 }
 
-func (w *watcher) event(ev *clientv3.Event) Event {
-	e := Event{Type: EventPut, KV: w.s.toKV(ev.Kv), Revision: ev.Kv.ModRevision}
+func (s *Store) watchEvent(ev *clientv3.Event) Event {
+	e := Event{Type: EventPut, KV: s.toKV(ev.Kv), Revision: ev.Kv.ModRevision}
 	if ev.Type == mvccpb.DELETE {
 		e.Type = EventDelete
 		e.KV = KV{Key: e.KV.Key, ModRevision: ev.Kv.ModRevision}
 	}
 	if ev.PrevKv != nil {
-		prev := w.s.toKV(ev.PrevKv)
+		prev := s.toKV(ev.PrevKv)
 		e.PrevKV = &prev
 	}
 	return e
@@ -218,22 +246,29 @@ func (w *watcher) event(ev *clientv3.Event) Event {
 // resync lists the prefix until it succeeds, sends the snapshot and moves
 // w.next after it. It returns false when ctx is done.
 func (w *watcher) resync(ctx context.Context) bool {
+	kvs, rev, ok := w.s.relist(ctx, w.spec, w.keep)
+	if !ok || !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev}) {
+		return false
+	}
+	w.next = rev + 1
+	return true
+}
+
+// relist lists spec's range (the keys keep takes) until it succeeds, with
+// backoff; false when ctx or the store ended first.
+func (s *Store) relist(ctx context.Context, spec WatchSpec, keep func([]byte) bool) ([]KV, int64, bool) {
 	b := backoff{d: watchBackoffMin}
 	for {
-		kvs, rev, err := w.s.listRange(ctx, w.spec.Prefix, w.spec.End, w.keep)
+		kvs, rev, err := s.listRange(ctx, spec.Prefix, spec.End, keep)
 		if err == nil {
-			if !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev}) {
-				return false
-			}
-			w.next = rev + 1
-			return true
+			return kvs, rev, true
 		}
-		if ctx.Err() != nil || w.s.client.Ctx().Err() != nil {
-			return false
+		if ctx.Err() != nil || s.client.Ctx().Err() != nil {
+			return nil, 0, false
 		}
-		w.s.log.Debug("etcd watch re-list failed, retrying", "prefix", w.spec.Prefix, "err", err)
+		s.log.Debug("etcd watch re-list failed, retrying", "prefix", spec.Prefix, "err", err)
 		if !b.wait(ctx) {
-			return false
+			return nil, 0, false
 		}
 	}
 }

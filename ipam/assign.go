@@ -181,7 +181,7 @@ func (a *Allocator) assignCached(ctx context.Context, req AssignRequest, attr at
 		}
 		nb := b.clone()
 		addr, _ := nb.allocate(attr)
-		res, err := a.commit(ctx, commit{b: nb, pool: p, node: c.node, req: req, addr: addr, handleRev: hrev, keep: keep})
+		res, err := a.commit(ctx, commit{b: nb, old: b, pool: p, node: c.node, req: req, addr: addr, handleRev: hrev, keep: keep})
 		if errors.Is(err, errRetry) {
 			return Assignment{}, false, err
 		}
@@ -287,7 +287,7 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 		}
 		nb := b.clone()
 		addr, _ := nb.allocate(attr)
-		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev, keep: st.otherAddrs()})
+		return a.commit(ctx, commit{b: nb, old: b, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev, keep: st.otherAddrs()})
 	}
 
 	// 2. Claim a free block. Every block is needed from here on.
@@ -321,7 +321,7 @@ func (a *Allocator) assignOnce(ctx context.Context, req AssignRequest, attr attr
 			p, _ := poolFor(usable, b.cidr)
 			nb := b.clone()
 			addr, _ := nb.allocate(attr)
-			return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev, keep: st.otherAddrs()})
+			return a.commit(ctx, commit{b: nb, old: b, pool: p, node: st.node, req: req, addr: addr, handleRev: handleRev, keep: st.otherAddrs()})
 		}
 	}
 	return Assignment{}, &ExhaustedError{Node: req.Node, Pools: poolNames(usable)}
@@ -418,7 +418,7 @@ func (a *Allocator) assignSpecific(ctx context.Context, req AssignRequest, attr 
 		if err := nb.allocateAddr(req.Addr, attr); err != nil {
 			return Assignment{}, fmt.Errorf("ipam: %w", err)
 		}
-		return a.commit(ctx, commit{b: nb, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev(), keep: st.otherAddrs()})
+		return a.commit(ctx, commit{b: nb, old: b, pool: p, node: st.node, req: req, addr: req.Addr, handleRev: st.handleRev(), keep: st.otherAddrs()})
 	case !errors.Is(err, datastore.ErrNotFound):
 		return Assignment{}, err
 	}
@@ -465,6 +465,7 @@ func (a *Allocator) existing(ctx context.Context, req AssignRequest, h *handle) 
 // commit describes one allocation write.
 type commit struct {
 	b         *block // the modified copy
+	old       *block // the block as read (nil when created)
 	created   bool   // b is new: it must not exist yet
 	pool      poolInfo
 	node      nodeInfo
@@ -490,7 +491,7 @@ func (a *Allocator) commit(ctx context.Context, c commit) (Assignment, error) {
 		cmps = append(cmps, datastore.Cmp{Key: c.node.key, ModRevision: c.node.rev})
 	}
 	h := &handle{handleRecord: handleRecord{Handle: c.req.Handle, Node: c.req.Node, Addrs: append(slices.Clip(c.keep), handleAddr{Addr: c.addr, Block: c.b.cidr})}}
-	ops := []datastore.Op{{Key: bkey, Value: c.b.encode()}, {Key: hkey, Value: h.encode()}}
+	ops := append([]datastore.Op{{Key: bkey, Value: c.b.encode()}, {Key: hkey, Value: h.encode()}}, summaryOps(c.old, c.b)...)
 	if c.created && c.b.node != "" {
 		akey := affinityKey(c.b.node, c.b.cidr)
 		cmps = append(cmps, datastore.Cmp{Key: akey, ModRevision: 0})
@@ -559,6 +560,7 @@ func (a *Allocator) repairAffinities(ctx context.Context, node string, st *assig
 		key := affinityKey(node, af.block)
 		var cmps []datastore.Cmp
 		var op datastore.Op
+		var ops []datastore.Op // besides op
 		switch {
 		case b == nil || b.node != node:
 			cmps = []datastore.Cmp{{Key: key, ModRevision: af.rev}}
@@ -572,11 +574,14 @@ func (a *Allocator) repairAffinities(ctx context.Context, node string, st *assig
 		case af.state == affinityPending:
 			cmps = []datastore.Cmp{{Key: key, ModRevision: af.rev}, {Key: blockKey(b.cidr), ModRevision: b.rev}}
 			op = datastore.Op{Key: key, Value: encodeAffinity(affinityConfirmed)}
+			// A multi-step writer wrote no summary: write it (unconditionally:
+			// this path is rare).
+			ops = append(ops, datastore.Op{Key: summaryKey(b.cidr), Value: encodeSummary(b.summary())})
 			a.log.Info("confirming pending block affinity", "node", node, "block", af.block)
 		default:
 			continue
 		}
-		if _, err := a.txn(ctx, cmps, []datastore.Op{op}); err != nil {
+		if _, err := a.txn(ctx, cmps, append([]datastore.Op{op}, ops...)); err != nil {
 			if errors.Is(err, errRetry) {
 				return true, nil
 			}
@@ -596,7 +601,7 @@ func (a *Allocator) adopt(ctx context.Context, node string, b *block) error {
 	a.log.Info("adopting block without affinity record", "node", node, "block", b.cidr)
 	_, err := a.txn(ctx,
 		[]datastore.Cmp{{Key: key, ModRevision: 0}, {Key: blockKey(b.cidr), ModRevision: b.rev}},
-		[]datastore.Op{{Key: key, Value: encodeAffinity(affinityConfirmed)}})
+		[]datastore.Op{{Key: key, Value: encodeAffinity(affinityConfirmed)}, {Key: summaryKey(b.cidr), Value: encodeSummary(b.summary())}})
 	if err != nil {
 		if errors.Is(err, errRetry) {
 			return nil

@@ -64,6 +64,7 @@ const (
 	BlockInLoadBalancerPool = "block-in-loadbalancer-pool" // a pod block inside a LoadBalancer pool
 	LBAddressOutsidePools   = "lb-address-outside-pools"   // a LoadBalancer address in no LoadBalancer pool
 	LBRecordMismatch        = "lb-record-mismatch"         // address and Service records of LoadBalancer IPAM disagree
+	SummaryMismatch         = "summary-mismatch"           // a block's summary record is missing or says otherwise, or its block is gone
 )
 
 // Inconsistency is one problem found by Check.
@@ -93,6 +94,7 @@ type snapshot struct {
 	endpoints  []endpointInfo
 	lb         []LBAllocation // sorted by key, so by address text
 	lbServices []lbServiceRecord
+	summaries  map[netip.Prefix]BlockSummary // the block summary records, by CIDR
 	// bad holds records that did not decode, by key.
 	bad map[string]error
 }
@@ -107,6 +109,7 @@ func checkSnapshot(s *snapshot, now time.Time, grace time.Duration) Report {
 	for _, key := range slices.Sorted(maps.Keys(s.bad)) {
 		add(InvalidRecord, key, "%v", s.bad[key])
 	}
+	checkSummaries(s, add)
 
 	type holder struct {
 		block *block

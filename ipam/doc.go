@@ -14,6 +14,10 @@
 //	                                 attributes), unallocated (free ordinals, in the
 //	                                 order they are handed out), attributes
 //	                                 [{handle, node, namespace, pod, containerID, time}]
+//	ipam/block-summaries/<block>     what other nodes read of a block: cidr, affinity,
+//	                                 pool, borrowed [{addr, node}]; written in the
+//	                                 block's transaction when one of them changes
+//	                                 (summary.go)
 //	ipam/affinities/<node>/<block>   {"state": "confirmed"} (pending and pendingDeletion
 //	                                 are understood, never written)
 //	ipam/handles/<handle>            {handle, node, addrs: [{addr, block}]}

@@ -84,7 +84,8 @@ func (a *Allocator) ensureBlock(ctx context.Context, node string, family int, ne
 			if p.pool.Spec.NodeSelector != nil {
 				cmps = append(cmps, datastore.Cmp{Key: st.node.key, ModRevision: st.node.rev})
 			}
-			rev, err := a.txn(ctx, cmps, []datastore.Op{{Key: bkey, Value: nb.encode()}, {Key: akey, Value: encodeAffinity(affinityConfirmed)}})
+			ops := append([]datastore.Op{{Key: bkey, Value: nb.encode()}, {Key: akey, Value: encodeAffinity(affinityConfirmed)}}, summaryOps(nil, nb)...)
+			rev, err := a.txn(ctx, cmps, ops)
 			if err != nil {
 				return err
 			}

@@ -144,7 +144,7 @@ func (a *Allocator) deletePoolOnce(ctx context.Context, name string) error {
 	for _, b := range blocks {
 		done[b.cidr] = true
 		cmps := []datastore.Cmp{{Key: blockKey(b.cidr), ModRevision: b.rev}}
-		ops := []datastore.Op{{Key: blockKey(b.cidr), Delete: true}}
+		ops := []datastore.Op{{Key: blockKey(b.cidr), Delete: true}, {Key: summaryKey(b.cidr), Delete: true}}
 		for _, af := range affs {
 			if af.block == b.cidr {
 				cmps = append(cmps, datastore.Cmp{Key: affinityKey(af.node, af.block), ModRevision: af.rev})

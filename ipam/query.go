@@ -215,12 +215,19 @@ func (a *Allocator) loadSnapshot(ctx context.Context, withEndpoints bool) (*snap
 	if err != nil {
 		return nil, fmt.Errorf("listing ipam records: %w", err)
 	}
-	s := &snapshot{rev: rev, bad: map[string]error{}}
+	s := &snapshot{rev: rev, bad: map[string]error{}, summaries: map[netip.Prefix]BlockSummary{}}
 	var blockKVs []datastore.KV
 	for _, kv := range kvs {
 		switch {
 		case strings.HasPrefix(kv.Key, blocksPrefix):
 			blockKVs = append(blockKVs, kv)
+		case strings.HasPrefix(kv.Key, blockSummariesPrefix):
+			sum, err := DecodeSummaryRecord(kv.Key, kv.Value)
+			if err != nil {
+				s.bad[kv.Key] = err
+				continue
+			}
+			s.summaries[sum.CIDR] = sum
 		case strings.HasPrefix(kv.Key, affinitiesPrefix):
 			af, err := decodeAffinity(kv.Key, kv.Value, kv.ModRevision)
 			if err != nil {

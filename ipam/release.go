@@ -197,7 +197,7 @@ func (a *Allocator) free(ctx context.Context, targets []target, owner *handle, p
 		if nb.inUse() == b.inUse() {
 			continue
 		}
-		c, o := blockWrite(nb)
+		c, o := blockWrite(b, nb)
 		cmps, ops = append(cmps, c...), append(ops, o...)
 		wrote = append(wrote, nb)
 	}
@@ -248,15 +248,16 @@ func (a *Allocator) free(ctx context.Context, targets []target, owner *handle, p
 // A block left empty is deleted when no node has affinity to it (its node
 // was released, or it was created for a specific address without claim); an
 // empty affine block stays, ready for the node's next pods, until
-// ReleaseEmptyBlocks or ReleaseNode. A deleted block gets rev -1.
-func blockWrite(nb *block) ([]datastore.Cmp, []datastore.Op) {
+// ReleaseEmptyBlocks or ReleaseNode. A deleted block gets rev -1. The
+// block's summary record follows (summaryOps; old is the block as read).
+func blockWrite(old, nb *block) ([]datastore.Cmp, []datastore.Op) {
 	key := blockKey(nb.cidr)
 	cmps := []datastore.Cmp{{Key: key, ModRevision: nb.rev}}
 	if nb.empty() && nb.node == "" {
 		nb.rev = -1
-		return cmps, []datastore.Op{{Key: key, Delete: true}}
+		return cmps, append([]datastore.Op{{Key: key, Delete: true}}, summaryOps(old, nb)...)
 	}
-	return cmps, []datastore.Op{{Key: key, Value: nb.encode()}}
+	return cmps, append([]datastore.Op{{Key: key, Value: nb.encode()}}, summaryOps(old, nb)...)
 }
 
 // ReleaseNode removes a node from IPAM: its affinity records are deleted,
@@ -317,11 +318,12 @@ func (a *Allocator) releaseNodeOnce(ctx context.Context, node string, releaseAdd
 		cmps := []datastore.Cmp{{Key: key, ModRevision: b.rev}}
 		var ops []datastore.Op
 		if b.empty() {
-			ops = append(ops, datastore.Op{Key: key, Delete: true})
+			ops = append(ops, datastore.Op{Key: key, Delete: true}, datastore.Op{Key: summaryKey(b.cidr), Delete: true})
 		} else {
 			nb := b.clone()
 			nb.node = ""
 			ops = append(ops, datastore.Op{Key: key, Value: nb.encode()})
+			ops = append(ops, summaryOps(b, nb)...)
 		}
 		akey := affinityKey(node, b.cidr)
 		if af, ok := recs[b.cidr]; ok {
@@ -375,7 +377,7 @@ func (a *Allocator) ReleaseEmptyBlocks(ctx context.Context, node string) (int, e
 			akey := affinityKey(node, b.cidr)
 			if _, err := a.txn(ctx,
 				[]datastore.Cmp{{Key: blockKey(b.cidr), ModRevision: b.rev}, {Key: akey, ModRevision: af.rev}},
-				[]datastore.Op{{Key: blockKey(b.cidr), Delete: true}, {Key: akey, Delete: true}}); err != nil {
+				[]datastore.Op{{Key: blockKey(b.cidr), Delete: true}, {Key: akey, Delete: true}, {Key: summaryKey(b.cidr), Delete: true}}); err != nil {
 				return err
 			}
 			n++

@@ -61,8 +61,8 @@ func (st *state) keys() []string { return slices.Collect(maps.Keys(st.items)) }
 // decode turns a stored record into the view's value for it.
 func decode(kv datastore.KV) (kind string, val any, err error) {
 	switch {
-	case strings.HasPrefix(kv.Key, ipam.BlocksPrefix):
-		b, err := ipam.DecodeBlockSummary(kv.Key, kv.Value)
+	case strings.HasPrefix(kv.Key, ipam.BlockSummariesPrefix):
+		b, err := ipam.DecodeSummaryRecord(kv.Key, kv.Value)
 		return kindBlock, &b, err
 	case strings.HasPrefix(kv.Key, ipam.AffinitiesPrefix):
 		a, err := ipam.DecodeAffinity(kv.Key, kv.Value)
@@ -130,7 +130,7 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
 			log.Warn("skipping a record that does not decode", "key", kv.Key, "err", err)
 		}
 		st.bad[kv.Key] = err
-		if strings.HasPrefix(kv.Key, ipam.BlocksPrefix) {
+		if strings.HasPrefix(kv.Key, ipam.BlockSummariesPrefix) {
 			return st.putUnreadableBlock(kv)
 		}
 		// What was there is no longer what is stored.
@@ -163,7 +163,7 @@ func (st *state) putUnreadableBlock(kv datastore.KV) (change, bool) {
 	if old, had := st.items[kv.Key]; had && old.kind == kindBlock {
 		return change{}, false
 	}
-	cidr, err := ipam.ParseBlockKey(kv.Key)
+	cidr, err := ipam.ParseSummaryKey(kv.Key)
 	if err != nil {
 		return st.del(kv.Key, kv.ModRevision)
 	}
@@ -189,7 +189,7 @@ func (st *state) putUnreadableBlock(kv datastore.KV) (change, bool) {
 func (st *state) unreadableBlocks() []string {
 	var out []string
 	for k := range st.bad {
-		if strings.HasPrefix(k, ipam.BlocksPrefix) {
+		if strings.HasPrefix(k, ipam.BlockSummariesPrefix) {
 			out = append(out, k)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
@@ -49,9 +50,14 @@ type Source interface {
 
 // watchSpec is what the view watches: every key up to the status records
 // (each agent's, rewritten as its sessions change: every agent would
-// receive every other's), without previous values, and of the rest only
-// the keys the view holds (relevantKey), dropped before they are copied.
-var watchSpec = datastore.WatchSpec{End: datastore.StatusPrefix, Keep: relevantKey}
+// receive every other's), without previous values, except the range from
+// the IPAM blocks to the resources — blocks (rewritten by every pod added
+// anywhere; the view reads their summaries, ipam.BlockSummariesPrefix),
+// handles, LoadBalancer records and Kubernetes records — which etcd does
+// not even send; of the rest only the keys the view holds (relevantKey),
+// dropped before they are copied.
+var watchSpec = datastore.WatchSpec{End: datastore.StatusPrefix, Keep: relevantKey,
+	Skip: []datastore.KeyRange{{From: ipam.BlocksPrefix, To: datastore.ResourcesPrefix}}}
 
 // Syncer holds the view. Build it with New, start it with Run.
 type Syncer struct {
@@ -128,7 +134,7 @@ const maxBatch = 256
 // every agent.
 func relevant(key string) bool {
 	return strings.HasPrefix(key, datastore.ResourcesPrefix) ||
-		strings.HasPrefix(key, ipam.BlocksPrefix) ||
+		strings.HasPrefix(key, ipam.BlockSummariesPrefix) ||
 		strings.HasPrefix(key, datastore.NodeGCPrefix) ||
 		key == datastore.BGPMeshKeyKey || key == datastore.BGPSecretsKey ||
 		strings.HasPrefix(key, ipam.AffinitiesPrefix)
@@ -150,7 +156,11 @@ func (s *Syncer) apply(evs ...datastore.Event) {
 	for _, ev := range evs {
 		ups = s.applyLocked(ev, ups)
 		resynced = resynced || ev.Type == datastore.EventResync
-		rev = max(rev, ev.Revision)
+		if ev.Reached != 0 {
+			rev = max(rev, ev.Reached) // a watch of several parts (WatchSpec.Skip)
+		} else {
+			rev = max(rev, ev.Revision)
+		}
 	}
 	subs := s.subs
 	s.mu.Unlock()
@@ -241,21 +251,43 @@ func (s *Syncer) Stats() Stats {
 // ends. rev must be the revision of a write of a key the view holds (an
 // endpoint, a block): the view moves only with those, and then holds that
 // write.
+//
+// A view whose source watches in parts (the datastore's) reaches a
+// revision only when every part has: it asks the source for a progress
+// report while it waits, so that a part without writes catches up.
 func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
-	for {
+	var retry <-chan time.Time
+	for asked := false; ; {
 		s.mu.RLock()
-		done, ch := s.synced && s.rev >= rev, s.waiters
+		done, synced, ch := s.synced && s.rev >= rev, s.synced, s.waiters
 		s.mu.RUnlock()
 		if done {
 			return nil
 		}
+		if p, ok := s.src.(progressSource); ok && synced && (!asked || retry == nil) {
+			asked = true
+			_ = p.RequestWatchProgress(ctx) // best effort: asked again below
+			retry = time.After(progressRetry)
+		}
 		select {
 		case <-ch:
+		case <-retry:
+			retry = nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
 }
+
+// progressSource is a Source that can be asked how far its watch got
+// (datastore.Store).
+type progressSource interface {
+	RequestWatchProgress(ctx context.Context) error
+}
+
+// progressRetry: etcd answers a progress request only while every watch
+// of the stream is in step; a wait asks again this often.
+const progressRetry = 100 * time.Millisecond
 
 // WaitSynced blocks until the initial list has been applied or ctx ends.
 func (s *Syncer) WaitSynced(ctx context.Context) error { return s.WaitRevision(ctx, 0) }

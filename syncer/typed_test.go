@@ -166,11 +166,11 @@ func TestTypedKinds(t *testing.T) {
 	node.SetDefaults()
 	pool := &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/24", BlockSize: 26}}
 	pool.SetDefaults()
-	blockVal, _ := json.Marshal(map[string]any{"cidr": "10.244.0.0/26", "affinity": "host:n1", "allocations": make([]*int, 64)})
+	blockVal, _ := json.Marshal(map[string]any{"cidr": "10.244.0.0/26", "affinity": "host:n1"})
 	kvs := []datastore.KV{
 		resourceKV(t, node, 2),
 		resourceKV(t, pool, 3),
-		{Key: ipam.BlocksPrefix + "10.244.0.0-26", Value: blockVal, ModRevision: 4},
+		{Key: ipam.BlockSummariesPrefix + "10.244.0.0-26", Value: blockVal, ModRevision: 4},
 		{Key: ipam.AffinitiesPrefix + "n1/10.244.0.0-26", Value: []byte(`{"state":"confirmed"}`), ModRevision: 5},
 		{Key: datastore.NodeGCPrefix + "n2", Value: []byte(`{"node":"n2"}`), ModRevision: 6},
 	}

@@ -1,0 +1,211 @@
+package datastore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A watch with WatchSpec.Skip is one etcd watch per part of its range
+// outside the skipped ranges. etcd has no watch of several ranges, and
+// the parts' responses arrive on separate channels, so nothing orders
+// events of different parts: each part's events are delivered as they
+// come (in revision order within the part), and Event.Reached says up to
+// which revision every part has been delivered — the least revision the
+// parts have reached. A part that sees no writes does not move by itself;
+// while one lags the others, the watch asks etcd for a progress report of
+// the stream (every progressEvery at most), and RequestWatchProgress asks
+// at once (the cluster view does when someone waits for a revision).
+// A gap in any part (compaction, a wiped etcd) re-lists the whole range
+// at one revision and restarts every part after it.
+
+// progressEvery bounds how often a lagging watch asks etcd for progress.
+const progressEvery = 200 * time.Millisecond
+
+// absRange is a part of a watch, in absolute keys.
+type absRange struct{ from, to string }
+
+// watchParts splits spec's range around its skipped ranges.
+func (s *Store) watchParts(spec WatchSpec) []absRange {
+	from := s.abs(spec.Prefix)
+	end := clientv3.GetPrefixRangeEnd(from)
+	if spec.End != "" {
+		end = s.abs(spec.End)
+	}
+	skips := slices.Clone(spec.Skip)
+	slices.SortFunc(skips, func(x, y KeyRange) int { return strings.Compare(x.From, y.From) })
+	var parts []absRange
+	for _, sk := range skips {
+		a, b := s.abs(sk.From), s.abs(sk.To)
+		if a > from {
+			parts = append(parts, absRange{from, min(a, end)})
+		}
+		from = max(from, b)
+	}
+	if from < end {
+		parts = append(parts, absRange{from, end})
+	}
+	return slices.DeleteFunc(parts, func(p absRange) bool { return p.from >= p.to })
+}
+
+// skipped reports whether an absolute key lies in none of the parts.
+func skipped(parts []absRange, abs []byte) bool {
+	k := string(abs)
+	for _, p := range parts {
+		if k >= p.from && k < p.to {
+			return false
+		}
+	}
+	return true
+}
+
+// RequestWatchProgress asks etcd to report how far the store's watches
+// have got; a watch with WatchSpec.Skip then moves Event.Reached to etcd's
+// revision. Cheap (one message on the watch stream), answered only when
+// every watch of the stream is in step with etcd.
+func (s *Store) RequestWatchProgress(ctx context.Context) error {
+	// The watches' stream is the one of their context's metadata.
+	return s.client.RequestProgress(clientv3.WithRequireLeader(ctx))
+}
+
+type partsWatcher struct {
+	s     *Store
+	spec  WatchSpec
+	out   chan<- Event
+	parts []absRange
+	// reached is, per part, the revision through which its events have
+	// been delivered.
+	reached []int64
+}
+
+func (w *partsWatcher) least() int64 { return slices.Min(w.reached) }
+
+func (w *partsWatcher) run(ctx context.Context, fromRev int64) {
+	defer close(w.out)
+	w.reached = make([]int64, len(w.parts))
+	if fromRev > 0 {
+		for i := range w.reached {
+			w.reached[i] = fromRev - 1
+		}
+	} else if !w.resync(ctx) {
+		return
+	}
+	w.s.follow(ctx, w.spec.Prefix, w.watchOnce, w.resync, w.least)
+}
+
+func (w *partsWatcher) keep(abs []byte) bool {
+	return !skipped(w.parts, abs) && (w.spec.Keep == nil || w.spec.Keep(abs[min(len(w.s.base), len(abs)):]))
+}
+
+// resync lists the whole range at one revision (the skipped keys are read
+// and dropped) and moves every part after it.
+func (w *partsWatcher) resync(ctx context.Context) bool {
+	kvs, rev, ok := w.s.relist(ctx, w.spec, w.keep)
+	if !ok || !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev, Reached: rev}) {
+		return false
+	}
+	for i := range w.reached {
+		w.reached[i] = rev
+	}
+	return true
+}
+
+type partResp struct {
+	i      int
+	resp   clientv3.WatchResponse
+	closed bool
+}
+
+// watchOnce runs one etcd watch per part until one fails. It selects over
+// the parts' channels itself (reflect.Select): a goroutine per part would
+// cost every event one more wake-up.
+func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	const ctxCase, nudgeCase, firstPart = 0, 1, 2
+	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}, {Dir: reflect.SelectRecv}}
+	for i, p := range w.parts {
+		wch := w.s.client.Watch(wctx, p.from, clientv3.WithRange(p.to), clientv3.WithRev(w.reached[i]+1),
+			clientv3.WithCreatedNotify(), clientv3.WithProgressNotify())
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(wch)})
+	}
+	for {
+		chosen, v, ok := reflect.Select(cases)
+		switch {
+		case chosen == ctxCase:
+			return ctx.Err()
+		case chosen == nudgeCase:
+			cases[nudgeCase].Chan = reflect.Value{}
+			_ = w.s.client.RequestProgress(wctx) // best effort: the next lag asks again
+			continue
+		}
+		r := partResp{i: chosen - firstPart, closed: !ok}
+		if ok {
+			r.resp = v.Interface().(clientv3.WatchResponse)
+		}
+		if err := w.handle(ctx, r, b); err != nil {
+			return err
+		}
+		if !cases[nudgeCase].Chan.IsValid() && w.least() < slices.Max(w.reached) {
+			cases[nudgeCase].Chan = reflect.ValueOf(time.After(progressEvery))
+		}
+	}
+}
+
+// handle delivers one part's watch response.
+func (w *partsWatcher) handle(ctx context.Context, r partResp, b *backoff) error {
+	resp := r.resp
+	switch {
+	case r.closed:
+		return w.s.etcdErr(fmt.Sprintf("watching %s", w.spec.Prefix), errors.New("watch closed"))
+	case resp.CompactRevision != 0:
+		return fmt.Errorf("%w: revision %d compacted (up to %d)", errGap, w.reached[r.i]+1, resp.CompactRevision)
+	case resp.Err() != nil:
+		return w.s.etcdErr(fmt.Sprintf("watching %s", w.spec.Prefix), resp.Err())
+	case resp.Created:
+		b.reset()
+		if resp.Header.Revision < w.reached[r.i] {
+			return fmt.Errorf("%w: etcd revision %d is behind %d", errGap, resp.Header.Revision, w.reached[r.i])
+		}
+		return nil
+	}
+	prev := w.least()
+	last := w.reached[r.i]
+	var kept []Event
+	for _, ev := range resp.Events {
+		if w.keep(ev.Kv.Key) {
+			kept = append(kept, w.s.watchEvent(ev))
+		}
+		last = max(last, ev.Kv.ModRevision)
+	}
+	if resp.IsProgressNotify() {
+		last = max(last, resp.Header.Revision)
+	}
+	w.reached[r.i] = last
+	now := w.least()
+	for j, e := range kept {
+		// Until the last event of the response is delivered, the others
+		// of its revision may not be.
+		e.Reached = prev
+		if j == len(kept)-1 {
+			e.Reached = now
+		}
+		if !w.send(ctx, e) {
+			return ctx.Err()
+		}
+	}
+	if len(kept) == 0 && now > prev && !w.send(ctx, Event{Type: EventProgress, Revision: now, Reached: now}) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+func (w *partsWatcher) send(ctx context.Context, e Event) bool {
+	return (&watcher{out: w.out}).send(ctx, e)
+}

@@ -296,6 +296,9 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 		return srv.Run(gctx)
 	})
 	g.Go(func() error { return a.serveStatus(gctx) })
+	if a.cfg.DebugPprof.IsValid() {
+		g.Go(func() error { return servePprof(gctx, a.cfg.DebugPprof, a.log) })
+	}
 	g.Go(func() error { a.routes.loop(every, a.metrics).run(gctx); return nil })
 	g.Go(func() error { a.bgp.loop(every).run(gctx); return nil })
 	g.Go(func() error { a.bgp.learnedLoop(gctx); return nil })

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -128,7 +129,21 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 		return err
 	}
 	res.EtcdWatchers, res.EtcdWatchStreams = int(g["etcd_debugging_mvcc_watcher_total"]), int(g["etcd_debugging_mvcc_watch_stream_total"])
-	return nil
+	res.Load, err = loadAverage1m()
+	return err
+}
+
+// loadAverage1m is the first field of /proc/loadavg.
+func loadAverage1m() (float64, error) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, fmt.Errorf("/proc/loadavg: empty")
+	}
+	return strconv.ParseFloat(f[0], 64)
 }
 
 // churn replaces endpoints of random simulated nodes (a DEL and an ADD,

@@ -32,7 +32,7 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 		return nil, fmt.Errorf("invalid sim options: %w", err)
 	}
 	l, err := Up(ctx, Options{Name: o.Name, Nodes: o.RealNodes + o.RouteReflectors, RouteReflectors: o.RouteReflectors,
-		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, Log: o.Log})
+		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, AgentArgs: o.AgentArgs, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}

@@ -52,9 +52,9 @@ type bgpOwner struct {
 	// asked for successfully.
 	md5Room func(keys int) error
 	md5Keys int
-	metrics     *metrics
-	sub         *syncer.Signal
-	kick        chan struct{}
+	metrics *metrics
+	sub     *syncer.Signal
+	kick    chan struct{}
 
 	// learnedMu serialises syncs of the learned routes.
 	learnedMu sync.Mutex

@@ -16,6 +16,8 @@ type SimResult struct {
 	Policies  int  `json:"policies"`
 	EtcdProxy bool `json:"etcdProxy"`
 	Events    int  `json:"churnEvents"`
+	// ChurnFailures are churn operations (a DEL and an ADD) that failed.
+	ChurnFailures int `json:"churnFailures,omitempty"`
 	// Real client agents (medians).
 	AgentUsPerEvent float64 `json:"agentCPUMicrosPerEvent"`
 	AgentIdlePct    float64 `json:"agentIdleCPUPercent"`

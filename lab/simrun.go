@@ -21,6 +21,8 @@ type simRun struct {
 	sets    []*kernelMonitor // every client node: `nft monitor`
 	clients []string         // the real non-reflector nodes
 	rrs     []string
+	// churnFailures counts the failed operations of the last churn.
+	churnFailures int
 }
 
 // Sim runs the harness (docs/scale.md): it brings up a lab named o.Name,

@@ -93,6 +93,9 @@ type Deps struct {
 	// Prober sends `explain packet --live`'s probe from a pod on this node
 	// (dataplane.Probe); nil refuses probes (POST /policy/probe).
 	Prober func(ctx context.Context, spec dataplane.ProbeSpec) (dataplane.ProbeResult, error)
+	// MD5KeyRoom makes room on the node for keys TCP-MD5 keys on the BGP
+	// listener (dataplane.EnsureMD5KeyRoom); nil leaves the node alone.
+	MD5KeyRoom func(keys int) error
 }
 
 // Run starts a production agent and blocks until ctx is done.
@@ -123,6 +126,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	newSpeaker := func() bgp.Speaker { return bgp.NewSpeaker(log.With("component", "bgp")) }
 	a := New(cfg, log, Deps{Workloads: wl, Routes: routes, Speaker: newSpeaker(), NewSpeaker: newSpeaker, Firewall: fw, VXLAN: vx, Prober: dataplane.Probe,
 		WatchLinks:  func(ctx context.Context) (<-chan string, error) { return dataplane.WatchLinks(ctx, "") },
+		MD5KeyRoom:  func(keys int) error { _, err := dataplane.EnsureMD5KeyRoom("", keys); return err },
 		FlowSources: FlowSources{NFLOG: dataplane.ListenNFLOG, Conntrack: dataplane.ListenConntrack, Accounting: dataplane.EnableConntrackAccounting}})
 	return a.Run(ctx)
 }
@@ -215,6 +219,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.bgp = newBGPOwner(a.cfg.NodeName, a.nodeAddr, a.view, a.routes.table, a.deps.Speaker, a.deps.NewSpeaker,
 		a.cfg.BGPSettleTime, a.metrics, a.log.With("component", "bgp"))
 	a.bgp.nodeAddr6 = a.nodeAddr6
+	a.bgp.md5Room = a.deps.MD5KeyRoom
 	a.bgp.routerIDFor = func(n *api.Node) netip.Addr { return routerID(a.cfg, n, a.nodeAddr) }
 	a.reflectors = newReflectorElector(a.cfg.NodeName, a.store, a.view, a.log.With("component", "reflectors"), a.bgp.wake)
 	a.bgp.reflectors = a.reflectors.current
@@ -327,6 +332,9 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 		return srv.Run(gctx)
 	})
 	g.Go(func() error { return a.serveStatus(gctx) })
+	if a.cfg.DebugPprof.IsValid() {
+		g.Go(func() error { return servePprof(gctx, a.cfg.DebugPprof, a.log) })
+	}
 	g.Go(func() error { a.routes.loop(every, a.metrics).run(gctx); return nil })
 	g.Go(func() error { a.bgp.loop(every).run(gctx); return nil })
 	g.Go(func() error { a.bgp.learnedLoop(gctx); return nil })

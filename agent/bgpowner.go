@@ -47,9 +47,14 @@ type bgpOwner struct {
 	view        *syncer.Syncer
 	table       *routetable.Table
 	log         *slog.Logger
-	metrics     *metrics
-	sub         *syncer.Signal
-	kick        chan struct{}
+	// md5Room makes room for that many TCP-MD5 keys on the BGP listener
+	// (Deps.MD5KeyRoom; nil = nothing to do); md5Keys is the most it was
+	// asked for successfully.
+	md5Room func(keys int) error
+	md5Keys int
+	metrics *metrics
+	sub     *syncer.Signal
+	kick    chan struct{}
 
 	// learnedMu serialises syncs of the learned routes.
 	learnedMu sync.Mutex
@@ -270,10 +275,36 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 	desired = bgp.WithMeshPassword(desired, pw)
 	b.noteBGPProblems(down, bgp.LocalASProblems(nodes, bgpPeers))
 	b.holdLearnedOnRotation(desired)
+	b.ensureMD5Room(desired)
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		return desired, fmt.Errorf("setting peers: %w", err)
 	}
 	return desired, nil
+}
+
+// ensureMD5Room makes room for the signed peers' keys before the speaker
+// sets them: the kernel refuses keys beyond net.core.optmem_max (960
+// signed clients of a reflector at the default; docs/scale.md), and GoBGP
+// only warns, leaving the peer's SYNs dropped. It asks again only when the
+// count grows; a failure is a warning and is retried on the next pass.
+func (b *bgpOwner) ensureMD5Room(desired []bgp.Peer) {
+	if b.md5Room == nil {
+		return
+	}
+	signed := 0
+	for _, p := range desired {
+		if p.Password != "" {
+			signed++
+		}
+	}
+	if signed <= b.md5Keys {
+		return
+	}
+	if err := b.md5Room(signed); err != nil {
+		b.log.Warn("cannot make room for the BGP sessions' TCP-MD5 keys; sessions beyond the limit will not establish", "keys", signed, "err", err)
+		return
+	}
+	b.md5Keys = signed
 }
 
 // meshKey is the cluster's mesh key from the view. When the view loses it

@@ -42,14 +42,17 @@ type Config struct {
 	// RouterID is the node's 32-bit BGP router ID (Calico's BGP routerID);
 	// invalid = the IPv4 address, or on an IPv6-only node the Node's
 	// spec.bgp.routerID, else one derived from the name (bgp.RouterIDFor).
-	RouterID        netip.Addr
-	Etcd            datastore.Config
-	CNISocket       string
-	StatusSocket    string
-	HTTPListen      netip.AddrPort // invalid = off
-	StateDir        string
-	GoBGPAPI        netip.AddrPort // invalid = off; loopback only
-	DefaultPoolCIDR netip.Prefix   // invalid = do not create a pool
+	RouterID     netip.Addr
+	Etcd         datastore.Config
+	CNISocket    string
+	StatusSocket string
+	HTTPListen   netip.AddrPort // invalid = off
+	StateDir     string
+	GoBGPAPI     netip.AddrPort // invalid = off; loopback only
+	// DebugPprof serves Go's net/http/pprof profiles on this loopback
+	// address:port (invalid = off; docs/scale.md, "Profiling an agent").
+	DebugPprof      netip.AddrPort
+	DefaultPoolCIDR netip.Prefix // invalid = do not create a pool
 	// DefaultPoolCIDR6 is an IPv6 pool to create when no IPv6 pool exists.
 	DefaultPoolCIDR6 netip.Prefix
 	ResyncInterval   time.Duration
@@ -185,6 +188,9 @@ func (c *Config) AgentPorts() []uint16 {
 	if c.GoBGPAPI.IsValid() {
 		out = append(out, c.GoBGPAPI.Port())
 	}
+	if c.DebugPprof.IsValid() {
+		out = append(out, c.DebugPprof.Port())
+	}
 	return out
 }
 
@@ -284,6 +290,9 @@ func (c *Config) Validate() error {
 	}
 	if ap := c.GoBGPAPI; ap.IsValid() && !ap.Addr().IsLoopback() {
 		errs = append(errs, fmt.Errorf("gobgp api: %s must be a loopback address:port (the API has no authentication)", ap))
+	}
+	if ap := c.DebugPprof; ap.IsValid() && !ap.Addr().IsLoopback() {
+		errs = append(errs, fmt.Errorf("debug pprof: %s must be a loopback address:port (profiles have no authentication)", ap))
 	}
 	if p := c.DefaultPoolCIDR; p.IsValid() && (!p.Addr().Is4() || p.Addr().Is4In6()) {
 		errs = append(errs, fmt.Errorf("default ipv4 pool: %s is not an IPv4 CIDR", p))

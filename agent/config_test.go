@@ -35,6 +35,8 @@ func TestConfigBounds(t *testing.T) {
 		{"ipv4 pool is IPv6", func(c *Config) { c.DefaultPoolCIDR = netip.MustParsePrefix("fd00::/48") }, "default ipv4 pool"},
 		{"gobgp api not loopback", func(c *Config) { c.GoBGPAPI = netip.MustParseAddrPort("198.18.0.11:50051") }, "gobgp api: 198.18.0.11:50051 must be a loopback"},
 		{"gobgp api loopback", func(c *Config) { c.GoBGPAPI = netip.MustParseAddrPort("127.0.0.1:50051") }, ""},
+		{"pprof not loopback", func(c *Config) { c.DebugPprof = netip.MustParseAddrPort("0.0.0.0:6060") }, "debug pprof: 0.0.0.0:6060 must be a loopback"},
+		{"pprof loopback", func(c *Config) { c.DebugPprof = netip.MustParseAddrPort("127.0.0.1:6060") }, ""},
 		{"unknown firewall", func(c *Config) { c.FirewallBackend = "pf" }, "firewall backend"},
 		{"no node gc per pass", func(c *Config) { c.NodeGCMaxPerPass = 0 }, "node gc max per pass: 0 must be at least 1"},
 		{"bad autodetect kind", func(c *Config) { c.AutodetectMethod = AutodetectMethod{Kind: "guess"} }, "ip autodetection method \"guess\""},

@@ -2,10 +2,13 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/dataplane/fake"
@@ -83,4 +86,42 @@ func TestMeshKeyKeptWhenLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, 10*time.Second, "the new key", testkit.Cond(func() bool { return b.meshKey() == "key-2" }))
+}
+
+// The BGP owner asks for room for its signed peers' TCP-MD5 keys before
+// setting them, again only when their count grows, and again after a
+// failure.
+func TestEnsureMD5Room(t *testing.T) {
+	var asked []int
+	fail := false
+	b := &bgpOwner{log: testLogger(), md5Room: func(keys int) error {
+		asked = append(asked, keys)
+		if fail {
+			return errors.New("read-only /proc/sys")
+		}
+		return nil
+	}}
+	peers := func(signed, plain int) []bgp.Peer {
+		var out []bgp.Peer
+		for i := range signed + plain {
+			p := bgp.Peer{Address: netip.AddrFrom4([4]byte{198, 18, 4, byte(i + 1)}), Type: bgp.PeerMesh}
+			if i < signed {
+				p.Password = "key"
+			}
+			out = append(out, p)
+		}
+		return out
+	}
+	b.ensureMD5Room(peers(0, 3)) // nothing signed: nothing to ask
+	b.ensureMD5Room(peers(2, 1))
+	b.ensureMD5Room(peers(2, 5)) // no more keys
+	b.ensureMD5Room(peers(1, 0)) // fewer: the room stays
+	fail = true
+	b.ensureMD5Room(peers(4, 0))
+	fail = false
+	b.ensureMD5Room(peers(4, 0)) // the failure is retried
+	b.ensureMD5Room(peers(4, 0))
+	if diff := cmp.Diff([]int{2, 4, 4}, asked); diff != "" {
+		t.Errorf("room asked for (-want +got):\n%s", diff)
+	}
 }

@@ -57,15 +57,26 @@ func (s *Store) commit(ctx context.Context, w casWrite) (*clientv3.TxnResponse, 
 			writes = append(writes, clientv3.OpPut(o.Key, string(o.Value), clientv3.WithLease(clientv3.LeaseID(o.Lease))))
 		}
 	}
+	unknown := false // an earlier attempt's outcome was lost
 	for {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		resp, err := s.txnCommit(actx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
 			return s.client.Txn(ctx).If(conds...).Then(writes...).Else(w.elses...).Commit()
 		})
 		cancel()
+		if err == nil && !resp.Succeeded && unknown {
+			// The read-back can run before etcd applies an attempt whose
+			// client gave up (the proposal is not withdrawn): the retry's
+			// comparisons then fail on that very write. Seen as "already
+			// exists" on a loaded host at 1,000 nodes (docs/scale.md).
+			if rev, applied, rerr := s.applied(ctx, w); rerr == nil && applied {
+				return &clientv3.TxnResponse{Succeeded: true, Header: &pb.ResponseHeader{Revision: rev}}, nil
+			}
+		}
 		if err == nil || ctx.Err() != nil || !outcomeUnknown(err) {
 			return resp, err
 		}
+		unknown = true
 		s.log.Debug("etcd write outcome unknown: reading it back", "err", err)
 		for {
 			rev, applied, rerr := s.applied(ctx, w)

@@ -113,6 +113,34 @@ func TestCommitResolvesLostOutcome(t *testing.T) {
 			t.Errorf("UpdateKV at an old revision: %v, want ErrConflict", err)
 		}
 	})
+	t.Run("applied after the read-back", func(t *testing.T) {
+		// The first attempt reaches etcd only after its outcome was lost
+		// and read back (still in etcd's pipeline): the retry's comparison
+		// fails on that very write, which is the caller's, applied.
+		var late commitFn
+		attempts := 0
+		s.commitFault = func(ctx context.Context, commit commitFn) (*clientv3.TxnResponse, error) {
+			attempts++
+			if attempts == 1 {
+				late = commit
+				return nil, rpctypes.ErrTimeoutDueToLeaderFail
+			}
+			if _, err := late(ctx); err != nil {
+				return nil, err
+			}
+			return commit(ctx)
+		}
+		rev, err := s.CreateKV(ctx, "c/late", []byte("v"), 0)
+		if err != nil {
+			t.Fatalf("CreateKV: %v, want the late write reported as applied", err)
+		}
+		if kv, err := s.GetKV(ctx, "c/late"); err != nil || kv.ModRevision != rev || string(kv.Value) != "v" {
+			t.Errorf("GetKV = %+v, %v; want v at %d", kv, err, rev)
+		}
+		if attempts != 2 {
+			t.Errorf("%d attempts, want 2", attempts)
+		}
+	})
 	t.Run("delete", func(t *testing.T) {
 		loseOutcome(s, 1, true)
 		kv, _ := s.GetKV(ctx, "c/other")

@@ -38,6 +38,10 @@ type SimOptions struct {
 	// EtcdProxy: agents and simulated nodes reach etcd through the etcd
 	// project's gRPC proxy (Options.EtcdProxy).
 	EtcdProxy bool
+	// AgentArgs are appended to every real agent's command line
+	// (Options.AgentArgs), e.g. --debug-pprof 127.0.0.1:6060 to profile
+	// them at a size (docs/scale.md, "Profiling an agent").
+	AgentArgs []string
 	// Out receives results.md, results.json and scale.png ("" = none).
 	Out string
 	Log io.Writer

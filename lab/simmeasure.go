@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,7 +100,7 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 		return err
 	}
 	busy := time.Since(t2).Seconds()
-	res.Events = events
+	res.Events, res.ChurnFailures = events, r.churnFailures
 	var perEvent, idlePct, rss []float64
 	for _, c := range r.clients {
 		rate := (s1[c].cpu - s0[c].cpu) / idle
@@ -128,7 +129,21 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 		return err
 	}
 	res.EtcdWatchers, res.EtcdWatchStreams = int(g["etcd_debugging_mvcc_watcher_total"]), int(g["etcd_debugging_mvcc_watch_stream_total"])
-	return nil
+	res.Load, err = loadAverage1m()
+	return err
+}
+
+// loadAverage1m is the first field of /proc/loadavg.
+func loadAverage1m() (float64, error) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, fmt.Errorf("/proc/loadavg: empty")
+	}
+	return strconv.ParseFloat(f[0], 64)
 }
 
 // churn replaces endpoints of random simulated nodes (a DEL and an ADD,
@@ -174,8 +189,14 @@ loop:
 	tick.Stop()
 	wg.Wait()
 	sleepCtx(ctx, 2*time.Second)
-	if len(errs) > 0 {
+	// A few failed operations (etcd's own request timeout on a loaded
+	// host at 1,000 nodes) are reported, not fatal: the events that
+	// completed are what the CPU is divided by.
+	r.churnFailures = len(errs)
+	if n := int(done.Load()); len(errs) > 0 && (n == 0 || len(errs) > n/2) {
 		return 0, fmt.Errorf("churn: %d failures, first: %w", len(errs), errs[0])
+	} else if len(errs) > 0 {
+		r.l.Progress("churn: %d of %d operations failed, first: %v", len(errs), len(errs)+n/2, errs[0])
 	}
 	return int(done.Load()), ctx.Err()
 }

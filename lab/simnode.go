@@ -58,24 +58,52 @@ func newSimNode(i int) *simNode {
 	return &simNode{name: fmt.Sprintf("sim%d", i), addr: simAddr(i), sessions: map[netip.Addr]*bgp.SimSession{}, blocks: map[netip.Prefix]bool{}}
 }
 
+// Timeouts of a simulated node's etcd client: growing a lab by hundreds
+// of nodes at once queues their first requests behind each other's (and
+// the reflectors' reactions to each new Node) on a loaded 2-core host, where
+// the product's 5 s defaults expired at 300 → 1,000 (docs/scale.md, Status).
+// A simulated node is load, not the product: it waits longer and retries.
+const (
+	simEtcdTimeout    = 30 * time.Second
+	simConnectTries   = 4
+	simConnectBackoff = 2 * time.Second
+)
+
 // connect opens the node's own etcd client from inside the sim namespace,
 // from the node's own address, and writes its Node record and liveness
-// (under a lease kept alive until ctx ends).
+// (under a lease kept alive until ctx ends), retrying a failed step.
 func (n *simNode) connect(ctx context.Context, simNS string, endpoints []string) error {
-	local := &net.TCPAddr{IP: n.addr.AsSlice()}
-	s, err := datastore.New(ctx, datastore.Config{Endpoints: endpoints, Dialer: func(ctx context.Context, addr string) (net.Conn, error) {
-		var c net.Conn
-		err := inNetNS(simNS, func() (err error) {
-			d := net.Dialer{LocalAddr: local}
-			c, err = d.DialContext(ctx, "tcp", addr)
-			return err
-		})
-		return c, err
-	}})
-	if err != nil {
-		return fmt.Errorf("%s: %w", n.name, err)
+	var err error
+	for try := range simConnectTries {
+		if try > 0 {
+			sleepCtx(ctx, time.Duration(try)*simConnectBackoff)
+		}
+		if err = n.connectOnce(ctx, simNS, endpoints); err == nil || ctx.Err() != nil {
+			break
+		}
 	}
-	n.store, n.alloc = s, ipam.New(s)
+	return err
+}
+
+func (n *simNode) connectOnce(ctx context.Context, simNS string, endpoints []string) error {
+	local := &net.TCPAddr{IP: n.addr.AsSlice()}
+	if n.store == nil {
+		s, err := datastore.New(ctx, datastore.Config{Endpoints: endpoints, DialTimeout: simEtcdTimeout, RequestTimeout: simEtcdTimeout,
+			Dialer: func(ctx context.Context, addr string) (net.Conn, error) {
+				var c net.Conn
+				err := inNetNS(simNS, func() (err error) {
+					d := net.Dialer{LocalAddr: local}
+					c, err = d.DialContext(ctx, "tcp", addr)
+					return err
+				})
+				return c, err
+			}})
+		if err != nil {
+			return fmt.Errorf("%s: %w", n.name, err)
+		}
+		n.store, n.alloc = s, ipam.New(s)
+	}
+	s := n.store
 	node := &api.Node{Metadata: api.ObjectMeta{Name: n.name, Labels: map[string]string{"tabby.io/simulated": "true"}},
 		Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: netip.PrefixFrom(n.addr, simSubnet.Bits()).String()}}}
 	if _, err := s.Apply(ctx, node); err != nil {

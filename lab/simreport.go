@@ -16,6 +16,8 @@ type SimResult struct {
 	Policies  int  `json:"policies"`
 	EtcdProxy bool `json:"etcdProxy"`
 	Events    int  `json:"churnEvents"`
+	// ChurnFailures are churn operations (a DEL and an ADD) that failed.
+	ChurnFailures int `json:"churnFailures,omitempty"`
 	// Real client agents (medians).
 	AgentUsPerEvent float64 `json:"agentCPUMicrosPerEvent"`
 	AgentIdlePct    float64 `json:"agentIdleCPUPercent"`
@@ -38,6 +40,9 @@ type SimResult struct {
 	EtcdWatchers     int     `json:"etcdWatchers"`
 	EtcdWatchStreams int     `json:"etcdWatchStreams"`
 	ProxyChurnPct    float64 `json:"proxyChurnCPUPercent,omitempty"`
+	// Load is the host's 1-minute load average after the churn window:
+	// on a shared host, how much else competed for the cores.
+	Load float64 `json:"loadAverage1m"`
 }
 
 func (r SimResult) summary() string {
@@ -48,16 +53,16 @@ func (r SimResult) summary() string {
 // SimTable renders results as a Markdown table, one row per size.
 func SimTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | endpoints | agent µs/event | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| sim nodes | endpoints | agent µs/event | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		proxy := "—"
 		if r.EtcdProxy {
 			proxy = fmt.Sprintf("%.1f", r.ProxyChurnPct)
 		}
-		fmt.Fprintf(&b, "| %d | %d | %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s |\n",
+		fmt.Fprintf(&b, "| %d | %d | %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
 			r.Nodes, r.Endpoints, r.AgentUsPerEvent, r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
-			r.RouteP50Ms, r.RouteP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy)
+			r.RouteP50Ms, r.RouteP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy, r.Load)
 	}
 	return b.String()
 }

@@ -21,6 +21,8 @@ type simRun struct {
 	sets    []*kernelMonitor // every client node: `nft monitor`
 	clients []string         // the real non-reflector nodes
 	rrs     []string
+	// churnFailures counts the failed operations of the last churn.
+	churnFailures int
 }
 
 // Sim runs the harness (docs/scale.md): it brings up a lab named o.Name,
@@ -32,7 +34,7 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 		return nil, fmt.Errorf("invalid sim options: %w", err)
 	}
 	l, err := Up(ctx, Options{Name: o.Name, Nodes: o.RealNodes + o.RouteReflectors, RouteReflectors: o.RouteReflectors,
-		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, Log: o.Log})
+		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, AgentArgs: o.AgentArgs, Log: o.Log})
 	if err != nil {
 		return nil, err
 	}

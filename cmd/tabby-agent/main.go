@@ -73,6 +73,7 @@ func newRootCmd() *cobra.Command {
 	f.TextVar(&cfg.HTTPListen, "http-listen", cfg.HTTPListen, "address:port of the HTTP health and metrics endpoints (\"\" = off)")
 	f.StringVar(&cfg.StateDir, "state-dir", cfg.StateDir, "directory for the agent's state")
 	f.TextVar(&cfg.GoBGPAPI, "gobgp-api", cfg.GoBGPAPI, "expose GoBGP's gRPC API on this loopback address:port for the gobgp CLI (\"\" = off)")
+	f.TextVar(&cfg.DebugPprof, "debug-pprof", cfg.DebugPprof, "serve Go's pprof profiles (/debug/pprof/) on this loopback address:port, for profiling (\"\" = off)")
 	f.TextVar(&cfg.DefaultPoolCIDR, "default-ipv4-pool", cfg.DefaultPoolCIDR, "create this IPv4 pool when no pool exists (env TABBY_IPV4POOL_CIDR)")
 	f.TextVar(&cfg.EndpointToHostAction, "endpoint-to-host-action", cfg.EndpointToHostAction, "what pod traffic to this node meets after the pod's egress policy: Drop, Accept or Return (to the node's own INPUT rules); etcd and the GoBGP API stay unreachable (env TABBY_ENDPOINT_TO_HOST_ACTION)")
 	f.TextVar(&cfg.FirewallBackend, "firewall-backend", cfg.FirewallBackend, "auto (nftables where the kernel has it), nftables or iptables (env TABBY_FIREWALL_BACKEND)")

@@ -13,6 +13,7 @@ import (
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 // simNode is one simulated node of the scale harness: no namespace, no
@@ -261,15 +262,16 @@ func (n *simNode) relabel(ctx context.Context, key, value string) (netip.Addr, e
 	return addr, nil
 }
 
-// watch holds a watch of the whole prefix from revision rev on, as an
-// agent's view does after its initial list, and drops what it receives
-// (etcd's fan-out is what it is for); stopWatch ends it.
+// watch holds the watch an agent's view holds after its initial list
+// (syncer.WatchSpec: the prefix without the IPAM blocks), from revision rev
+// on, and drops what it receives (etcd's fan-out is what it is for);
+// stopWatch ends it.
 func (n *simNode) watch(ctx context.Context, rev int64) {
 	ctx, cancel := context.WithCancel(ctx)
 	n.mu.Lock()
 	n.watchEnd = cancel
 	n.mu.Unlock()
-	ch := n.store.Watch(ctx, "", rev)
+	ch := n.store.WatchKeys(ctx, syncer.WatchSpec(), rev)
 	go func() {
 		for range ch {
 		}

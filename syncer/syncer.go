@@ -59,6 +59,10 @@ type Source interface {
 var watchSpec = datastore.WatchSpec{End: datastore.StatusPrefix, Keep: relevantKey,
 	Skip: []datastore.KeyRange{{From: ipam.BlocksPrefix, To: datastore.ResourcesPrefix}}}
 
+// WatchSpec returns what an agent's view watches, for a harness that loads
+// etcd with the watches agents hold (tabby-lab sim's simulated nodes).
+func WatchSpec() datastore.WatchSpec { return watchSpec }
+
 // Syncer holds the view. Build it with New, start it with Run.
 type Syncer struct {
 	src Source

@@ -251,11 +251,12 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 		Community:   &gobgpapi.CommunityAction{Type: gobgpapi.CommunityAction_TYPE_ADD, Communities: []string{externalCommunity}},
 	}
 
-	var external, cluster, acceptDef []string
+	var external, acceptDef []string
+	var clusterAddrs []netip.Addr
 	for _, p := range in.peers {
 		switch {
 		case p.IsCluster():
-			cluster = append(cluster, hostPrefix(p.Address))
+			clusterAddrs = append(clusterAddrs, p.Address)
 		default:
 			external = append(external, hostPrefix(p.Address))
 			if p.AcceptDefault {
@@ -316,7 +317,9 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 			stmt("accept-default"+f.suffix, &gobgpapi.Conditions{NeighborSet: any(acceptDefaultSet), PrefixSet: any(defaultRouteSet + f.suffix)}, acceptTagged)
 		}
 	}
-	if len(cluster) > 0 && (len(families[0].pools) > 0 || len(families[1].pools) > 0) {
+	// Cluster nodes are many, often at consecutive addresses: their set is
+	// the fewest prefixes that hold exactly them.
+	if cluster := coverPrefixes(clusterAddrs); len(cluster) > 0 && (len(families[0].pools) > 0 || len(families[1].pools) > 0) {
 		neighborSet(clusterSet, cluster)
 		for _, f := range families {
 			if len(f.pools) > 0 {

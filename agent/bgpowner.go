@@ -99,9 +99,12 @@ type bgpSessions struct {
 	peerStatus   []bgp.PeerStatus
 	allUpSince   time.Time
 	converged    bool
-	// passwords are the sessions' passwords of the last pass, by peer
+	// passwords are the passwords given to the speaker, by peer
 	// address: see holdLearnedOnRotation.
 	passwords map[netip.Addr]string
+	// rotatingSince is when a pass first saw a password not yet given to
+	// the speaker (zero: none pending): see rotationDelay.
+	rotatingSince time.Time
 	// meshSecret is the last nodeMeshPassword that resolved from a
 	// Secret: see meshPassword.
 	meshSecret string
@@ -274,7 +277,10 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 	desired, down := bgp.ResolvePasswords(desired, lookup)
 	desired = bgp.WithMeshPassword(desired, pw)
 	b.noteBGPProblems(down, bgp.LocalASProblems(nodes, bgpPeers))
-	b.holdLearnedOnRotation(desired)
+	desired, wait := b.holdLearnedOnRotation(desired, time.Now())
+	if wait > 0 {
+		time.AfterFunc(wait, b.wake)
+	}
 	b.ensureMD5Room(desired)
 	if err := sp.SetPeers(ctx, desired); err != nil {
 		return desired, fmt.Errorf("setting peers: %w", err)
@@ -328,6 +334,17 @@ func (b *bgpOwner) meshKey() string {
 	return key
 }
 
+// rotationDelay is how long a changed password waits before the sessions
+// are re-created with it. Every agent's view sees the new password (a mesh
+// key, a Secret) within milliseconds of the others and holds its learned
+// routes from then on; a session re-created at once sends its peer a Cease,
+// which GoBGP answers by dropping that peer's paths, and a peer whose own
+// view was a little late (a loaded node) did not hold them yet: its routes
+// to the rotating node went until the new session's UPDATEs (lost pings in
+// TestMeshKeyRotationInLab). Waiting a second first makes every agent hold
+// before any session goes; the session is down about as long as before.
+const rotationDelay = time.Second
+
 // holdLearnedOnRotation starts BGP's convergence over when the password
 // of a session that stays changes (a mesh key rotation, a Secret rotated;
 // docs/bgp.md): GoBGP re-creates a neighbour whose password changes and
@@ -335,31 +352,56 @@ func (b *bgpOwner) meshKey() string {
 // as after a start, until every peer is Established again (a cluster peer
 // has sent End-of-RIB on its new session), or the settle time passed. The
 // data path does not need the session, so a rotation then costs no
-// traffic. Called before SetPeers.
-func (b *bgpOwner) holdLearnedOnRotation(desired []bgp.Peer) {
-	pws := make(map[netip.Addr]string, len(desired))
-	for _, p := range desired {
-		pws[p.Address] = p.Password
-	}
+// traffic. It returns the peers to give the speaker: for rotationDelay
+// after the change was first seen the rotated peers keep the password
+// they have, and wait is how long until the new ones are due (0: desired
+// as it is). Called before SetPeers.
+func (b *bgpOwner) holdLearnedOnRotation(desired []bgp.Peer, now time.Time) (apply []bgp.Peer, wait time.Duration) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	last := b.passwords
-	b.passwords = pws
+	applied := b.passwords
 	var rotated []netip.Addr
-	for a, pw := range pws {
-		if old, ok := last[a]; ok && old != pw {
-			rotated = append(rotated, a)
+	for _, p := range desired {
+		if old, ok := applied[p.Address]; ok && old != p.Password {
+			rotated = append(rotated, p.Address)
 		}
 	}
-	if len(rotated) == 0 {
-		return
+	apply = desired
+	switch {
+	case len(rotated) == 0:
+		b.rotatingSince = time.Time{}
+	case b.rotatingSince.IsZero():
+		b.rotatingSince = now
+		b.restartConvergence(now)
+		slices.SortFunc(rotated, netip.Addr.Compare)
+		b.log.Info("bgp password changed: learned routes held; sessions are re-created with it shortly", "peers", rotated, "in", rotationDelay)
+		fallthrough
+	case now.Sub(b.rotatingSince) < rotationDelay:
+		wait = b.rotatingSince.Add(rotationDelay).Sub(now)
+		apply = slices.Clone(desired)
+		for i, p := range apply {
+			if old, ok := applied[p.Address]; ok {
+				apply[i].Password = old
+			}
+		}
+	default: // re-created now: convergence is timed from here
+		b.rotatingSince = time.Time{}
+		b.restartConvergence(now)
 	}
-	b.converged, b.started, b.allUpSince = false, time.Now(), time.Time{}
+	b.passwords = make(map[netip.Addr]string, len(apply))
+	for _, p := range apply {
+		b.passwords[p.Address] = p.Password
+	}
+	return apply, wait
+}
+
+// restartConvergence holds the learned routes until BGP converges again,
+// timed from now. Called with b.mu held.
+func (b *bgpOwner) restartConvergence(now time.Time) {
+	b.converged, b.started, b.allUpSince = false, now, time.Time{}
 	if b.table != nil {
 		b.table.HoldDeletes(routetable.Learned, true)
 	}
-	slices.SortFunc(rotated, netip.Addr.Compare)
-	b.log.Info("bgp password changed: sessions are re-created, learned routes held until they converge again", "peers", rotated)
 }
 
 // reconcileAdvertisements gives the speaker what the advertisement sources

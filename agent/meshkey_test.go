@@ -20,26 +20,39 @@ import (
 // A mesh key rotation holds the learned routes: after the password
 // changes, a peer's routes withdrawn (GoBGP re-creates the neighbour) stay
 // in the kernel until BGP has converged again; the first password, at
-// start, and the same password again change nothing.
+// start, and the same password again change nothing. The hold starts when
+// the change is seen, the new password reaches the speaker rotationDelay
+// later (so that every agent holds before any session is re-created).
 func TestRotationHoldsLearnedRoutes(t *testing.T) {
 	routes := fake.NewRoutes()
 	b := newTestBGPOwner(t, newFakeSpeaker(), routes)
 	route := bgp.LearnedRoute{Prefix: netip.MustParsePrefix("10.244.1.0/26"), NextHops: []netip.Addr{netip.MustParseAddr("198.18.0.12")}}
-	b.holdLearnedOnRotation(peerWithPassword("key-1"))
+	t0 := time.Date(2026, 12, 6, 8, 0, 0, 0, time.UTC)
+	rotate := func(pw string, at time.Duration, wantPassword string, wantWait time.Duration) {
+		t.Helper()
+		apply, wait := b.holdLearnedOnRotation(peerWithPassword(pw), t0.Add(at))
+		if got := apply[0].Password; got != wantPassword || wait != wantWait {
+			t.Fatalf("at %v with %s: the speaker gets %s, wait %v; want %s, %v", at, pw, got, wait, wantPassword, wantWait)
+		}
+	}
+	rotate("key-1", 0, "key-1", 0)
 	b.converged = true
 	b.learned = []bgp.LearnedRoute{route}
 	if _, err := b.syncLearned(); err != nil {
 		t.Fatal(err)
 	}
-	b.holdLearnedOnRotation(peerWithPassword("key-1"))
+	rotate("key-1", time.Second, "key-1", 0)
 	if !b.isConverged() {
 		t.Fatal("the same password again started convergence over")
 	}
 
-	b.holdLearnedOnRotation(peerWithPassword("key-2"))
+	rotate("key-2", 10*time.Second, "key-1", rotationDelay)
 	if b.isConverged() {
 		t.Fatal("a new password did not start convergence over")
 	}
+	rotate("key-2", 10*time.Second+rotationDelay/2, "key-1", rotationDelay/2)
+	rotate("key-2", 10*time.Second+rotationDelay, "key-2", 0)
+	rotate("key-2", 11*time.Second+rotationDelay, "key-2", 0)
 	b.learned = nil // the re-created session's paths are gone
 	if _, err := b.syncLearned(); err != nil {
 		t.Fatal(err)

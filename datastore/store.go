@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -134,6 +135,10 @@ type Store struct {
 	count     counters
 	// commitFault, when set (tests only), runs each write attempt.
 	commitFault func(context.Context, func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error)
+	// progress is whether etcd answers watch progress requests (see
+	// watchProgressAnswered), asked once.
+	progressOnce sync.Once
+	progressOK   bool
 }
 
 type counters struct{ get, list, txn, put atomic.Int64 }

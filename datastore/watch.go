@@ -122,8 +122,18 @@ type KeyRange struct{ From, To string }
 func (s *Store) WatchKeys(ctx context.Context, spec WatchSpec, fromRev int64) <-chan Event {
 	out := make(chan Event, 16)
 	if len(spec.Skip) > 0 {
-		w := &partsWatcher{s: s, spec: spec, out: out, parts: s.watchParts(spec)}
-		go w.run(ctx, fromRev)
+		go func() {
+			if s.watchProgressAnswered(ctx) {
+				w := &partsWatcher{s: s, spec: spec, out: out, parts: s.watchParts(spec)}
+				w.run(ctx, fromRev)
+				return
+			}
+			// The parts' Reached needs progress reports: without them
+			// (etcd's gRPC proxy), one watch of the whole range, the
+			// skipped keys received and dropped.
+			w := &watcher{s: s, spec: withoutSkip(spec), out: out, next: fromRev}
+			w.run(ctx)
+		}()
 		return out
 	}
 	w := &watcher{s: s, spec: spec, out: out, next: fromRev}

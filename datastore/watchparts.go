@@ -65,6 +65,58 @@ func skipped(parts []absRange, abs []byte) bool {
 	return true
 }
 
+// progressProbeTimeout bounds how long watchProgressAnswered waits for an
+// answer: etcd answers at once when its watches are in step.
+const progressProbeTimeout = 3 * time.Second
+
+// watchProgressAnswered reports whether the etcd endpoint answers watch
+// progress requests with a revision, as etcd does and its gRPC proxy does
+// not (it answers with an empty header, or not at all): a watch with
+// WatchSpec.Skip needs them to tell how far a quiet part has got. Asked
+// once per Store, with a watch of one key.
+func (s *Store) watchProgressAnswered(ctx context.Context) bool {
+	s.progressOnce.Do(func() {
+		pctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), progressProbeTimeout)
+		defer cancel()
+		wch := s.client.Watch(pctx, s.abs("progress-probe"), clientv3.WithCreatedNotify())
+		asked := false
+		for resp := range wch {
+			switch {
+			case resp.Canceled || resp.Err() != nil:
+				return
+			case resp.Created && !asked:
+				asked = true
+				if s.client.RequestProgress(pctx) != nil {
+					return
+				}
+			case asked && len(resp.Events) == 0 && !resp.Created:
+				s.progressOK = resp.Header.Revision > 0
+				return
+			}
+		}
+	})
+	if !s.progressOK {
+		s.log.Info("etcd does not answer watch progress requests (a gRPC proxy?): watching whole ranges")
+	}
+	return s.progressOK
+}
+
+// withoutSkip is spec as one watch of its whole range whose Keep also
+// drops the skipped keys.
+func withoutSkip(spec WatchSpec) WatchSpec {
+	skip, keep := spec.Skip, spec.Keep
+	spec.Skip = nil
+	spec.Keep = func(key []byte) bool {
+		for _, r := range skip {
+			if string(key) >= r.From && string(key) < r.To {
+				return false
+			}
+		}
+		return keep == nil || keep(key)
+	}
+	return spec
+}
+
 // RequestWatchProgress asks etcd to report how far the store's watches
 // have got; a watch with WatchSpec.Skip then moves Event.Reached to etcd's
 // revision. Cheap (one message on the watch stream), answered only when

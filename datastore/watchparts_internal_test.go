@@ -31,3 +31,27 @@ func TestWatchParts(t *testing.T) {
 		})
 	}
 }
+
+// Without progress reports (etcd's gRPC proxy) a watch with Skip is one
+// watch of the whole range whose Keep drops the skipped keys and what the
+// spec's own Keep refuses.
+func TestWithoutSkip(t *testing.T) {
+	spec := withoutSkip(WatchSpec{End: "status/", Skip: []KeyRange{{From: "ipam/blocks/", To: "resources/"}},
+		Keep: func(key []byte) bool { return string(key) != "resources/secret" }})
+	if spec.Skip != nil {
+		t.Fatalf("Skip %v, want none", spec.Skip)
+	}
+	for key, want := range map[string]bool{
+		"config/bgp-mesh-key":                true,
+		"ipam/block-summaries/10.244.0.0-26": true,
+		"ipam/blocks/10.244.0.0-26":          false,
+		"ipam/handles/x":                     false,
+		"kube/pods/x":                        false,
+		"resources/secret":                   false,
+		"resources/workloadendpoints/x":      true,
+	} {
+		if got := spec.Keep([]byte(key)); got != want {
+			t.Errorf("Keep(%q) = %v, want %v", key, got, want)
+		}
+	}
+}

@@ -80,6 +80,11 @@ func (s *Store) watchProgressAnswered(ctx context.Context) bool {
 		defer cancel()
 		wch := s.client.Watch(pctx, s.abs("progress-probe"), clientv3.WithCreatedNotify())
 		asked := false
+		defer func() {
+			if !s.progressOK {
+				s.log.Info("etcd does not answer watch progress requests (a gRPC proxy?): watching whole ranges")
+			}
+		}()
 		for resp := range wch {
 			switch {
 			case resp.Canceled || resp.Err() != nil:
@@ -95,9 +100,6 @@ func (s *Store) watchProgressAnswered(ctx context.Context) bool {
 			}
 		}
 	})
-	if !s.progressOK {
-		s.log.Info("etcd does not answer watch progress requests (a gRPC proxy?): watching whole ranges")
-	}
 	return s.progressOK
 }
 

@@ -212,6 +212,22 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.metrics.watchStore(a.store, a.view)
 	a.claimFirstBlock(ctx)
 
+	if err := a.startBGP(ctx, node); err != nil {
+		return err
+	}
+	a.wireOwners(gctx)
+	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
+	close(a.wired)
+
+	err = a.runLoops(g, gctx, srv)
+	a.log.Info("agent stopped", "node", a.cfg.NodeName)
+	return err
+}
+
+// startBGP builds the route and BGP owners and starts the speaker, told
+// whether this is a restart (own routes still in the kernel: peers keep
+// this node's routes while it comes back).
+func (a *Agent) startBGP(ctx context.Context, node *api.Node) error {
 	restarting := a.ownRoutesPresent()
 	bcfg := speakerConfig(node, a.nodeAddr, a.nodeAddr6, a.view.BGPConfiguration(), restarting, addrPortOrEmpty(a.cfg.GoBGPAPI))
 	bcfg.RouterID = routerID(a.cfg, node, a.nodeAddr)
@@ -233,6 +249,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("starting the BGP speaker: %w", err)
 	}
 	a.log.Info("agent started", "node", a.cfg.NodeName, "address", a.nodeAddr, "address6", a.nodeAddr6, "router_id", bcfg.RouterID, "asn", bcfg.ASN, "restarting", restarting)
+	return nil
+}
+
+// wireOwners builds the owners that follow the BGP speaker: node GC, the
+// VXLAN tunnel, policy (and flow logs) and the CNI handler that uses them.
+func (a *Agent) wireOwners(gctx context.Context) {
 	a.gc = newNodeGC(a.view, a.store, a.ipam, a.cfg.NodeGCGrace, a.log.With("component", "nodegc"))
 	if a.cfg.NodeGCMaxPerPass > 0 { // Run validates; New does not
 		a.gc.maxPerPass = a.cfg.NodeGCMaxPerPass
@@ -268,12 +290,6 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.tunnel != nil {
 		a.handler.autoMTU = a.tunnel.podMTU
 	}
-	srv := cni.NewServer(a.cfg.CNISocket, a.handler, a.log.With("component", "cni-server"))
-	close(a.wired)
-
-	err = a.runLoops(g, gctx, srv)
-	a.log.Info("agent stopped", "node", a.cfg.NodeName)
-	return err
 }
 
 // newRouteTable returns the node's route table, told which classes the

@@ -102,123 +102,19 @@ type snapshot struct {
 // checkSnapshot cross-checks a snapshot. Allocations younger than grace
 // (relative to now) are not leaks: their endpoint may not be written yet.
 func checkSnapshot(s *snapshot, now time.Time, grace time.Duration) Report {
-	r := Report{Revision: s.rev, Blocks: len(s.blocks), Affinities: len(s.affinities), Handles: len(s.handles), Endpoints: len(s.endpoints)}
-	add := func(kind, key, format string, args ...any) {
-		r.Inconsistencies = append(r.Inconsistencies, Inconsistency{Kind: kind, Key: key, Detail: fmt.Sprintf(format, args...)})
-	}
+	c := &checker{s: s, r: Report{Revision: s.rev, Blocks: len(s.blocks), Affinities: len(s.affinities), Handles: len(s.handles), Endpoints: len(s.endpoints)},
+		held: map[netip.Addr]holder{}, byCIDR: map[netip.Prefix]*block{}}
 	for _, key := range slices.Sorted(maps.Keys(s.bad)) {
-		add(InvalidRecord, key, "%v", s.bad[key])
+		c.add(InvalidRecord, key, "%v", s.bad[key])
 	}
-	checkSummaries(s, add)
-
-	type holder struct {
-		block *block
-		attr  attrRecord
-	}
-	held := map[netip.Addr]holder{}
-	affs := map[string]affinity{}
-	for _, af := range s.affinities {
-		affs[affinityKey(af.node, af.block)] = af
-	}
-	blocks := slices.Clone(s.blocks)
-	slices.SortFunc(blocks, func(x, y *block) int { return comparePrefix(x.cidr, y.cidr) })
-	byCIDR := map[netip.Prefix]*block{}
-	for i, b := range blocks {
-		name := blockName(b.cidr)
-		byCIDR[b.cidr] = b
-		for _, o := range blocks[i+1:] {
-			if !b.cidr.Contains(o.cidr.Addr()) {
-				break
-			}
-			add(BlocksOverlap, name, "block %s overlaps block %s", b.cidr, o.cidr)
-		}
-		if p, ok := poolFor(s.pools, b.cidr); !ok {
-			add(BlockOutsidePools, name, "no ip pool holds block %s (pool field %q)", b.cidr, b.pool)
-		} else if b.pool != p.name {
-			add(BlockPoolMismatch, name, "block %s names pool %q but lies in pool %s", b.cidr, b.pool, p.name)
-		}
-		if b.node != "" {
-			af, ok := affs[affinityKey(b.node, b.cidr)]
-			switch {
-			case !ok:
-				add(AffinityMissing, name, "block %s is affine to %s but the node has no affinity record for it", b.cidr, b.node)
-			case af.state != affinityConfirmed:
-				add(AffinityNotConfirmed, name, "affinity of %s to block %s is %s", b.node, b.cidr, af.state)
-			}
-		}
-		b.allocated(func(addr netip.Addr, attr attrRecord) {
-			r.Allocated++
-			if prev, dup := held[addr]; dup {
-				add(DuplicateAddress, name, "%s is allocated in block %s (handle %s) and in block %s (handle %s)",
-					addr, prev.block.cidr, prev.attr.Handle, b.cidr, attr.Handle)
-				return
-			}
-			held[addr] = holder{block: b, attr: attr}
-		})
-	}
-	for _, af := range s.affinities {
-		key := affinityKey(af.node, af.block)
-		b := byCIDR[af.block]
-		switch {
-		case b == nil:
-			add(AffinityStale, key, "affinity of %s (%s) names block %s, which does not exist", af.node, af.state, af.block)
-		case b.node != af.node:
-			add(AffinityStale, key, "affinity of %s (%s) names block %s, which is affine to %q", af.node, af.state, af.block, b.node)
-		}
-	}
-
-	// Handles against allocations, both ways.
-	listed := map[netip.Addr]string{}
-	for _, h := range s.handles {
-		if len(h.Addrs) == 0 {
-			r.OrphanHandles = append(r.OrphanHandles, OrphanHandle{Handle: h.Handle, Reason: "handle record lists no addresses"})
-		}
-		for _, ha := range h.Addrs {
-			listed[ha.Addr] = h.Handle
-			hd, ok := held[ha.Addr]
-			switch {
-			case !ok:
-				r.OrphanHandles = append(r.OrphanHandles, OrphanHandle{Handle: h.Handle, Addr: ha.Addr, Reason: "handle lists an address that is not allocated"})
-			case hd.attr.Handle != h.Handle:
-				r.OrphanHandles = append(r.OrphanHandles, OrphanHandle{Handle: h.Handle, Addr: ha.Addr, Reason: fmt.Sprintf("handle lists an address allocated to handle %q", hd.attr.Handle)})
-			case hd.block.cidr != ha.Block:
-				r.OrphanHandles = append(r.OrphanHandles, OrphanHandle{Handle: h.Handle, Addr: ha.Addr, Reason: fmt.Sprintf("handle names block %s, the address is in block %s", ha.Block, hd.block.cidr)})
-			}
-		}
-	}
-
-	// Endpoints against allocations.
-	used := map[netip.Addr]endpointInfo{}
-	for _, ep := range s.endpoints {
-		for _, addr := range ep.addrs {
-			used[addr] = ep
-			hd, ok := held[addr]
-			switch {
-			case !ok && ep.noIPAM:
-				// Given without IPAM (ipAddrsNoIpam): nothing to hold it.
-			case !ok:
-				add(EndpointUnallocated, ep.key, "endpoint %s on %s uses %s, which is not allocated", ep.key, ep.node, addr)
-			case ep.handle != "" && ep.handle != hd.attr.Handle:
-				add(EndpointHandleMismatch, ep.key, "endpoint %s has ipamHandle %q but %s is allocated to handle %q", ep.key, ep.handle, addr, hd.attr.Handle)
-			}
-		}
-	}
-
-	for _, addr := range slices.SortedFunc(maps.Keys(held), netip.Addr.Compare) {
-		hd := held[addr]
-		if listed[addr] != hd.attr.Handle {
-			r.OrphanHandles = append(r.OrphanHandles, OrphanHandle{Handle: hd.attr.Handle, Addr: addr, Reason: "allocation's handle has no record of it"})
-		}
-		if _, ok := used[addr]; ok || now.Sub(hd.attr.Time) < grace || IsTunnelHandle(hd.attr.Handle) {
-			continue // a tunnel address is the node's (node GC frees it)
-		}
-		r.Leaks = append(r.Leaks, Leak{
-			Addr: addr, Block: hd.block.cidr, Handle: hd.attr.Handle,
-			Node: hd.attr.Node, Namespace: hd.attr.Namespace, Pod: hd.attr.Pod, ContainerID: hd.attr.ContainerID,
-			Allocated: hd.attr.Time,
-		})
-	}
-	checkLB(s, add)
+	checkSummaries(s, c.add)
+	c.blocks()
+	c.affinities()
+	listed := c.handles()
+	used := c.endpoints()
+	c.leaks(listed, used, now, grace)
+	checkLB(s, c.add)
+	r := c.r
 	slices.SortFunc(r.OrphanHandles, func(x, y OrphanHandle) int {
 		return cmp.Or(strings.Compare(x.Handle, y.Handle), x.Addr.Compare(y.Addr), strings.Compare(x.Reason, y.Reason))
 	})
@@ -226,6 +122,150 @@ func checkSnapshot(s *snapshot, now time.Time, grace time.Duration) Report {
 		return cmp.Or(strings.Compare(x.Kind, y.Kind), strings.Compare(x.Key, y.Key))
 	})
 	return r
+}
+
+// checker carries one check's report and what its steps share: the
+// allocations found in blocks, and the blocks by CIDR.
+type checker struct {
+	s      *snapshot
+	r      Report
+	held   map[netip.Addr]holder
+	byCIDR map[netip.Prefix]*block
+}
+
+// holder is an allocation: the block it is in and its attributes.
+type holder struct {
+	block *block
+	attr  attrRecord
+}
+
+func (c *checker) add(kind, key, format string, args ...any) {
+	c.r.Inconsistencies = append(c.r.Inconsistencies, Inconsistency{Kind: kind, Key: key, Detail: fmt.Sprintf(format, args...)})
+}
+
+func (c *checker) orphan(h OrphanHandle) { c.r.OrphanHandles = append(c.r.OrphanHandles, h) }
+
+// blocks checks every block against the others (overlap), the pools and
+// its affinity record, and collects its allocations.
+func (c *checker) blocks() {
+	affs := map[string]affinity{}
+	for _, af := range c.s.affinities {
+		affs[affinityKey(af.node, af.block)] = af
+	}
+	blocks := slices.Clone(c.s.blocks)
+	slices.SortFunc(blocks, func(x, y *block) int { return comparePrefix(x.cidr, y.cidr) })
+	for i, b := range blocks {
+		name := blockName(b.cidr)
+		c.byCIDR[b.cidr] = b
+		for _, o := range blocks[i+1:] {
+			if !b.cidr.Contains(o.cidr.Addr()) {
+				break
+			}
+			c.add(BlocksOverlap, name, "block %s overlaps block %s", b.cidr, o.cidr)
+		}
+		if p, ok := poolFor(c.s.pools, b.cidr); !ok {
+			c.add(BlockOutsidePools, name, "no ip pool holds block %s (pool field %q)", b.cidr, b.pool)
+		} else if b.pool != p.name {
+			c.add(BlockPoolMismatch, name, "block %s names pool %q but lies in pool %s", b.cidr, b.pool, p.name)
+		}
+		if b.node != "" {
+			af, ok := affs[affinityKey(b.node, b.cidr)]
+			switch {
+			case !ok:
+				c.add(AffinityMissing, name, "block %s is affine to %s but the node has no affinity record for it", b.cidr, b.node)
+			case af.state != affinityConfirmed:
+				c.add(AffinityNotConfirmed, name, "affinity of %s to block %s is %s", b.node, b.cidr, af.state)
+			}
+		}
+		b.allocated(func(addr netip.Addr, attr attrRecord) {
+			c.r.Allocated++
+			if prev, dup := c.held[addr]; dup {
+				c.add(DuplicateAddress, name, "%s is allocated in block %s (handle %s) and in block %s (handle %s)",
+					addr, prev.block.cidr, prev.attr.Handle, b.cidr, attr.Handle)
+				return
+			}
+			c.held[addr] = holder{block: b, attr: attr}
+		})
+	}
+}
+
+// affinities reports affinity records whose block is gone or affine to
+// another node.
+func (c *checker) affinities() {
+	for _, af := range c.s.affinities {
+		key := affinityKey(af.node, af.block)
+		b := c.byCIDR[af.block]
+		switch {
+		case b == nil:
+			c.add(AffinityStale, key, "affinity of %s (%s) names block %s, which does not exist", af.node, af.state, af.block)
+		case b.node != af.node:
+			c.add(AffinityStale, key, "affinity of %s (%s) names block %s, which is affine to %q", af.node, af.state, af.block, b.node)
+		}
+	}
+}
+
+// handles checks handle records against allocations; it returns the
+// handle that lists each address.
+func (c *checker) handles() map[netip.Addr]string {
+	listed := map[netip.Addr]string{}
+	for _, h := range c.s.handles {
+		if len(h.Addrs) == 0 {
+			c.orphan(OrphanHandle{Handle: h.Handle, Reason: "handle record lists no addresses"})
+		}
+		for _, ha := range h.Addrs {
+			listed[ha.Addr] = h.Handle
+			hd, ok := c.held[ha.Addr]
+			switch {
+			case !ok:
+				c.orphan(OrphanHandle{Handle: h.Handle, Addr: ha.Addr, Reason: "handle lists an address that is not allocated"})
+			case hd.attr.Handle != h.Handle:
+				c.orphan(OrphanHandle{Handle: h.Handle, Addr: ha.Addr, Reason: fmt.Sprintf("handle lists an address allocated to handle %q", hd.attr.Handle)})
+			case hd.block.cidr != ha.Block:
+				c.orphan(OrphanHandle{Handle: h.Handle, Addr: ha.Addr, Reason: fmt.Sprintf("handle names block %s, the address is in block %s", ha.Block, hd.block.cidr)})
+			}
+		}
+	}
+	return listed
+}
+
+// endpoints checks endpoints against allocations; it returns the addresses
+// endpoints use.
+func (c *checker) endpoints() map[netip.Addr]bool {
+	used := map[netip.Addr]bool{}
+	for _, ep := range c.s.endpoints {
+		for _, addr := range ep.addrs {
+			used[addr] = true
+			hd, ok := c.held[addr]
+			switch {
+			case !ok && ep.noIPAM:
+				// Given without IPAM (ipAddrsNoIpam): nothing to hold it.
+			case !ok:
+				c.add(EndpointUnallocated, ep.key, "endpoint %s on %s uses %s, which is not allocated", ep.key, ep.node, addr)
+			case ep.handle != "" && ep.handle != hd.attr.Handle:
+				c.add(EndpointHandleMismatch, ep.key, "endpoint %s has ipamHandle %q but %s is allocated to handle %q", ep.key, ep.handle, addr, hd.attr.Handle)
+			}
+		}
+	}
+	return used
+}
+
+// leaks reports allocations no handle record lists, and those no endpoint
+// uses once older than grace.
+func (c *checker) leaks(listed map[netip.Addr]string, used map[netip.Addr]bool, now time.Time, grace time.Duration) {
+	for _, addr := range slices.SortedFunc(maps.Keys(c.held), netip.Addr.Compare) {
+		hd := c.held[addr]
+		if listed[addr] != hd.attr.Handle {
+			c.orphan(OrphanHandle{Handle: hd.attr.Handle, Addr: addr, Reason: "allocation's handle has no record of it"})
+		}
+		if used[addr] || now.Sub(hd.attr.Time) < grace || IsTunnelHandle(hd.attr.Handle) {
+			continue // a tunnel address is the node's (node GC frees it)
+		}
+		c.r.Leaks = append(c.r.Leaks, Leak{
+			Addr: addr, Block: hd.block.cidr, Handle: hd.attr.Handle,
+			Node: hd.attr.Node, Namespace: hd.attr.Namespace, Pod: hd.attr.Pod, ContainerID: hd.attr.ContainerID,
+			Allocated: hd.attr.Time,
+		})
+	}
 }
 
 // PoolUsage is the address usage of one pool. Blocks that no pool holds are

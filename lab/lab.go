@@ -115,63 +115,82 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := l.makeFabric(ctx); err != nil {
+	if err := l.makeInfra(ctx, o); err != nil {
 		return nil, err
-	}
-	if o.TwoSubnets {
-		if err := l.makeSecondSubnet(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if err := l.StartEtcd(ctx); err != nil {
-		return nil, err
-	}
-	if o.EtcdProxy {
-		if err := l.startEtcdProxy(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if o.VXLANMode != "" && !o.NoAgents {
-		if err := l.createPools(ctx, o.VXLANMode); err != nil {
-			return nil, err
-		}
-	}
-	for i := 1; i <= o.Nodes; i++ {
-		if err := l.addNodeNamespace(ctx, NodeName(i)); err != nil {
-			return nil, err
-		}
 	}
 	if o.NoAgents {
 		progress(o.Log, "lab %q is up (no agents)", o.Name)
 		return l, nil
 	}
+	if keep, err = l.startAgents(ctx, o); err != nil {
+		if keep {
+			return l, err
+		}
+		return nil, err
+	}
+	progress(o.Log, "lab %q is up: %d nodes, every BGP session established", o.Name, o.Nodes)
+	return l, nil
+}
+
+// makeInfra makes what the nodes' agents need: the fabric (and a second
+// subnet), etcd (and its proxy), the pools and the node namespaces.
+func (l *Lab) makeInfra(ctx context.Context, o Options) error {
+	if err := l.makeFabric(ctx); err != nil {
+		return err
+	}
+	if o.TwoSubnets {
+		if err := l.makeSecondSubnet(ctx); err != nil {
+			return err
+		}
+	}
+	if err := l.StartEtcd(ctx); err != nil {
+		return err
+	}
+	if o.EtcdProxy {
+		if err := l.startEtcdProxy(ctx); err != nil {
+			return err
+		}
+	}
+	if o.VXLANMode != "" && !o.NoAgents {
+		if err := l.createPools(ctx, o.VXLANMode); err != nil {
+			return err
+		}
+	}
+	for i := 1; i <= o.Nodes; i++ {
+		if err := l.addNodeNamespace(ctx, NodeName(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startAgents configures the reflectors, starts every node's agent, waits
+// for the BGP sessions and adds the pods. keep is true when the lab is to
+// be kept although its sessions did not converge (Options.KeepUnconverged).
+func (l *Lab) startAgents(ctx context.Context, o Options) (keep bool, err error) {
 	if o.RouteReflectors > 0 {
 		if err := l.configureRouteReflectors(ctx, o.RouteReflectors); err != nil {
-			return nil, err
+			return false, err
 		}
 	}
 	if o.AutoReflectors > 0 {
 		if err := l.configureAutoReflectors(ctx, o); err != nil {
-			return nil, err
+			return false, err
 		}
 	}
 	agentsStarted := time.Now()
 	for i := 1; i <= o.Nodes; i++ {
 		if err := l.StartAgent(ctx, NodeName(i)); err != nil {
-			return nil, err
+			return false, err
 		}
 	}
 	for i := 1; i <= o.Nodes; i++ {
 		if err := l.waitAgentServing(ctx, NodeName(i)); err != nil {
-			return nil, err
+			return false, err
 		}
 	}
 	if err := l.waitConverged(ctx, o.ConvergeTimeout); err != nil {
-		if o.KeepUnconverged {
-			keep = true
-			return l, err
-		}
-		return nil, err
+		return o.KeepUnconverged, err
 	}
 	l.mu.Lock()
 	l.converged = time.Since(agentsStarted)
@@ -179,12 +198,11 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	for i := 1; i <= o.Nodes; i++ {
 		for j := 1; j <= o.PodsPerNode; j++ {
 			if _, err := l.AddPod(ctx, NodeName(i), podName(i, j), PodOptions{}); err != nil {
-				return nil, err
+				return false, err
 			}
 		}
 	}
-	progress(o.Log, "lab %q is up: %d nodes, every BGP session established", o.Name, o.Nodes)
-	return l, nil
+	return false, nil
 }
 
 // waitConverged waits up to timeout for every expected BGP session. Its

@@ -435,36 +435,9 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired IP
 		stats.JumpsDeleted++
 	}
 	if !plan.emptyRestore() {
-		_, err := f.exec(ctx, []byte(plan.restoreInput(true)), f.restore, "--noflush", "-w", strconv.Itoa(f.wait))
-		if err != nil && len(plan.delete) > 0 {
-			// Something outside Tabby may still reference a stale chain;
-			// program the desired chains without deleting and report it.
-			errs = append(errs, fmt.Errorf("%w: restore with deletions of %v: %w", ErrStaleCleanup, plan.delete, err))
-			keep = false
-			plan.delete = nil
-			if plan.emptyRestore() {
-				err = nil
-			} else {
-				_, err = f.exec(ctx, []byte(plan.restoreInput(false)), f.restore, "--noflush", "-w", strconv.Itoa(f.wait))
-			}
-		}
-		if err != nil {
+		if err := f.restoreChains(ctx, &plan, ts, &stats); err != nil {
 			errs = append(errs, err)
 			keep = false
-		} else {
-			for _, c := range plan.write {
-				ts.chains[c.Name] = ruleHashes(c)
-				ts.rules[c.Name] = c.Rules
-			}
-			for _, name := range plan.delete {
-				delete(ts.chains, name)
-				delete(ts.rules, name)
-			}
-			stats.ChainsWritten += len(plan.write)
-			for _, c := range plan.write {
-				stats.RulesWritten += len(c.Rules)
-			}
-			stats.ChainsDeleted += len(plan.delete)
 		}
 	}
 	for _, j := range plan.missingJumps {
@@ -498,6 +471,39 @@ func (f *LinuxFirewall) applyTable(ctx context.Context, table string, desired IP
 		}
 	}
 	return stats, errors.Join(errs...)
+}
+
+// restoreChains writes the plan's changed chains and deletes its stale
+// ones in one restore, and records the result in ts. When the deletions
+// fail (something outside Tabby may still reference a stale chain), the
+// desired chains are programmed without them and the failure reported.
+func (f *LinuxFirewall) restoreChains(ctx context.Context, plan *tablePlan, ts tableState, stats *ApplyStats) error {
+	var errs []error
+	_, err := f.exec(ctx, []byte(plan.restoreInput(true)), f.restore, "--noflush", "-w", strconv.Itoa(f.wait))
+	if err != nil && len(plan.delete) > 0 {
+		errs = append(errs, fmt.Errorf("%w: restore with deletions of %v: %w", ErrStaleCleanup, plan.delete, err))
+		plan.delete = nil
+		if plan.emptyRestore() {
+			err = nil
+		} else {
+			_, err = f.exec(ctx, []byte(plan.restoreInput(false)), f.restore, "--noflush", "-w", strconv.Itoa(f.wait))
+		}
+	}
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, c := range plan.write {
+		ts.chains[c.Name] = ruleHashes(c)
+		ts.rules[c.Name] = c.Rules
+		stats.RulesWritten += len(c.Rules)
+	}
+	for _, name := range plan.delete {
+		delete(ts.chains, name)
+		delete(ts.rules, name)
+	}
+	stats.ChainsWritten += len(plan.write)
+	stats.ChainsDeleted += len(plan.delete)
+	return errors.Join(errs...)
 }
 
 // putJumpFirst makes j the first rule of its base chain and its only copy:

@@ -27,7 +27,8 @@ type SimOptions struct {
 	EndpointsPerNode, Policies int
 	// ChurnRate pod events per second (an add and a delete are one event
 	// each) during ChurnWindow; IdleWindow of rest precedes it. Defaults
-	// 20/s, 20 s, 10 s.
+	// 20/s, 20 s, 60 s: the rest spans two of the agents' 30 s resync
+	// passes, which a shorter window would catch or miss by chance.
 	ChurnRate               float64
 	ChurnWindow, IdleWindow time.Duration
 	// Samples of each latency per size (default 10).
@@ -86,7 +87,7 @@ func (o *SimOptions) Default() {
 		o.ChurnWindow = 20 * time.Second
 	}
 	if o.IdleWindow == 0 {
-		o.IdleWindow = 10 * time.Second
+		o.IdleWindow = 60 * time.Second
 	}
 }
 

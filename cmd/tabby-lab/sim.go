@@ -52,7 +52,7 @@ CPU and watchers. Writes results.md, results.json and scale.png to --out.`,
 	f.IntVar(&o.Policies, "policies", 1000, "NetworkPolicies")
 	f.Float64Var(&o.ChurnRate, "churn", 20, "pod events per second during the churn window")
 	f.DurationVar(&o.ChurnWindow, "churn-window", 20*time.Second, "how long the churn is measured")
-	f.DurationVar(&o.IdleWindow, "idle-window", 10*time.Second, "how long the rest is measured")
+	f.DurationVar(&o.IdleWindow, "idle-window", 60*time.Second, "how long the rest is measured (at least two of the agents' 30 s resync passes)")
 	f.IntVar(&o.Samples, "samples", 10, "latency samples per size")
 	f.BoolVar(&o.Watch, "watch", true, "simulated nodes watch the whole prefix during the measurements, as agents do")
 	f.BoolVar(&o.EtcdProxy, "etcd-proxy", false, "agents and simulated nodes reach etcd through etcd's gRPC proxy")

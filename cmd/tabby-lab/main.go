@@ -52,7 +52,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.name, "name", lab.DefaultName, "lab name, the prefix of its namespaces")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", lab.DefaultRunDir, "directory holding one directory per lab")
-	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), etcdProxyCmd(), simCmd(g), cniCmd())
+	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), etcdProxyCmd(), simCmd(g), cniCmd(), benchCmd(g))
 	return root
 }
 
@@ -143,21 +143,29 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 	if err != nil {
 		return lab.Options{}, fmt.Errorf("finding tabby-lab's own path: %w", err)
 	}
-	bin := u.binDir
-	if bin == "" {
-		bin = os.Getenv("TABBY_BIN")
-	}
-	if bin == "" {
-		if _, err := os.Stat(filepath.Join(filepath.Dir(self), "tabby-agent")); err == nil {
-			bin = filepath.Dir(self)
-		}
-	}
+	bin := binDir(u.binDir, self)
 	return lab.Options{
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, AutoReflectors: u.autoRRs, Zones: u.zones, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
 		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only, IPv6OnlyFabric: u.ipv6OnlyFabric,
 		TwoSubnets: u.twoSubnets, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
 	}, nil
+}
+
+// binDir is where the agent and the plugin are: the flag's directory, else
+// $TABBY_BIN, else this program's own directory when it holds tabby-agent,
+// else "" (the lab builds them).
+func binDir(flag, self string) string {
+	if flag != "" {
+		return flag
+	}
+	if env := os.Getenv("TABBY_BIN"); env != "" {
+		return env
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(self), "tabby-agent")); err == nil {
+		return filepath.Dir(self)
+	}
+	return ""
 }
 
 func upCmd(g *globalFlags) *cobra.Command {

@@ -137,11 +137,11 @@ type CNIBenchReport struct {
 
 // cniBenchPlugin is one plugin configuration under test.
 type cniBenchPlugin struct {
-	name  string
-	cfg   *libcni.CNIConfig
-	list  *libcni.NetworkConfigList
+	name   string
+	cfg    *libcni.CNIConfig
+	list   *libcni.NetworkConfigList
 	within netip.Prefix // its addresses must come from here
-	x     *timedExec
+	x      *timedExec
 	// leftovers lists what of the deleted pods remains.
 	leftovers func(ctx context.Context, pods []CNIBenchPod) ([]string, error)
 }

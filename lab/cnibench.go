@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -128,11 +129,14 @@ type CNIBenchRun struct {
 
 // CNIBenchReport is what BenchCNI measured.
 type CNIBenchReport struct {
-	Lab       string        `json:"lab"`
-	Node      string        `json:"node"`
-	Pool      netip.Prefix  `json:"pool"`      // tabby's addresses come from here
-	RefSubnet netip.Prefix  `json:"refSubnet"` // host-local's range
-	Runs      []CNIBenchRun `json:"runs"`
+	Lab       string       `json:"lab"`
+	Node      string       `json:"node"`
+	Pool      netip.Prefix `json:"pool"`      // tabby's addresses come from here
+	RefSubnet netip.Prefix `json:"refSubnet"` // host-local's range
+	// EtcdFS is the file system of the etcd's data (its fsync is free on
+	// tmpfs: such a run says nothing about a durable write).
+	EtcdFS string        `json:"etcdFS"`
+	Runs   []CNIBenchRun `json:"runs"`
 }
 
 // cniBenchPlugin is one plugin configuration under test.
@@ -171,7 +175,7 @@ func (l *Lab) BenchCNI(ctx context.Context, o CNIBenchOptions) (*CNIBenchReport,
 	if err != nil {
 		return nil, err
 	}
-	rep := &CNIBenchReport{Lab: st.Name, Node: o.Node, Pool: st.Pool4(), RefSubnet: o.RefSubnet}
+	rep := &CNIBenchReport{Lab: st.Name, Node: o.Node, Pool: st.Pool4(), RefSubnet: o.RefSubnet, EtcdFS: fsType(l.dir)}
 	for r := range o.Runs {
 		run, err := l.cniBenchRun(ctx, o, n, plugins, r)
 		rep.Runs = append(rep.Runs, run)
@@ -297,6 +301,27 @@ func newContainerID() (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(id[:]), nil
+}
+
+// fsType names the file system holding path, by its magic number.
+func fsType(path string) string {
+	var sfs syscall.Statfs_t
+	if err := syscall.Statfs(path, &sfs); err != nil {
+		return "unknown"
+	}
+	switch sfs.Type {
+	case 0xEF53:
+		return "ext4"
+	case 0x01021994:
+		return "tmpfs"
+	case 0x58465342:
+		return "xfs"
+	case 0x9123683E:
+		return "btrfs"
+	case 0x794c7630:
+		return "overlayfs"
+	}
+	return fmt.Sprintf("fs 0x%x", sfs.Type)
 }
 
 func fileExists(p string) bool {

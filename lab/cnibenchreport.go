@@ -80,8 +80,12 @@ func (rep *CNIBenchReport) Table() string {
 	if len(rep.Runs) > 0 {
 		pods = rep.Runs[0].Stats(CNIBenchTabby).Pods
 	}
-	fmt.Fprintf(&b, "CNI ADD+DEL on %s of lab %q, %d pods per plugin per run, interleaved: %s (pool %s, the lab's etcd fsyncs) against %s (%s)\n\n",
-		rep.Node, rep.Lab, pods, CNIBenchTabby, rep.Pool, CNIBenchRef, rep.RefSubnet)
+	fsync := "the lab's etcd fsyncs, its data on " + rep.EtcdFS
+	if rep.EtcdFS == "tmpfs" {
+		fsync = "WARNING: the lab's etcd data is on tmpfs, where fsync costs nothing: use --run-dir on a disk"
+	}
+	fmt.Fprintf(&b, "CNI ADD+DEL on %s of lab %q, %d pods per plugin per run, interleaved: %s (pool %s; %s) against %s (%s)\n\n",
+		rep.Node, rep.Lab, pods, CNIBenchTabby, rep.Pool, fsync, CNIBenchRef, rep.RefSubnet)
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "run\tload\tplugin\tADD p50\tp90\tp99\tDEL p50\tp90\tp99\texec p50\tagent p50\tagent ipam p50\t")
 	for r, run := range rep.Runs {

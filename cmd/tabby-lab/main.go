@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,6 +71,7 @@ type upOptions struct {
 	twoSubnets       bool
 	vxlanMode        string
 	agentArgs        []string
+	ipv4Pool         netip.Prefix
 	converge         time.Duration
 	// Kubernetes (--kubernetes): where the manifests and the images are.
 	kubernetes             bool
@@ -92,6 +94,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().StringVar(&u.vxlanMode, "vxlan-mode", "", "create the pools with this vxlanMode before the agents start: Never, Always or CrossSubnet (docs/vxlan.md)")
 	c.Flags().BoolVar(&u.etcdProxy, "etcd-proxy", false, "run etcd's gRPC proxy (etcd grpc-proxy start) in front of etcd and point the agents at it: etcd serves one watch per proxy (docs/scale.md)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
+	c.Flags().TextVar(&u.ipv4Pool, "ipv4-pool", netip.Prefix{}, "the agents' IPv4 pool, a prefix of "+lab.PodPool+" (default all of it); e.g. "+lab.CNIBenchPool.String()+" leaves room for bench cni --use-lab")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 	c.Flags().BoolVar(&u.kubernetes, "kubernetes", false, "make the lab a Kubernetes cluster (control plane, containerd and a kubelet per node; needs `make kube-bins images`) and deploy Tabby from the manifests with kubectl, instead of starting agents itself")
 	c.Flags().StringVar(&u.manifestDir, "manifests", "manifests", "with --kubernetes: the directory of tabby-etcd.yaml and tabby-kube-controllers.yaml")
@@ -148,7 +151,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, AutoReflectors: u.autoRRs, Zones: u.zones, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
 		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only, IPv6OnlyFabric: u.ipv6OnlyFabric,
-		TwoSubnets: u.twoSubnets, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
+		TwoSubnets: u.twoSubnets, IPv4Pool: u.ipv4Pool, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
 	}, nil
 }
 

@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -10,13 +11,17 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/tabbynet/tabby/api"
 )
@@ -117,6 +122,13 @@ type CNIBenchPod struct {
 	// (the pod's records written).
 	Agent     time.Duration `json:"agent,omitempty"`
 	AgentIPAM time.Duration `json:"agentIPAM,omitempty"`
+	// CPU is the CPU time the ADD cost: the plugin processes' (with the
+	// processes they ran) plus what the node's agent and the lab's etcd
+	// used meanwhile (for the reference that is their background, the
+	// floor under tabby's figure). Unlike the latencies it hardly depends
+	// on the machine's load.
+	CPU       time.Duration `json:"cpu"`
+	PluginCPU time.Duration `json:"pluginCPU"`
 }
 
 // CNIBenchRun is one run: every pod of both plugins, interleaved.
@@ -245,7 +257,7 @@ func (l *Lab) cniBenchPlugins(o CNIBenchOptions) ([]*cniBenchPlugin, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s configuration: %w", c.name, err)
 		}
-		x := &timedExec{DefaultExec: invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}}}
+		x := &timedExec{DefaultExec: invoke.DefaultExec{RawExec: &invoke.RawExec{}}}
 		out = append(out, &cniBenchPlugin{name: c.name, list: list, within: c.rng, x: x, leftovers: c.leftovers,
 			cfg: libcni.NewCNIConfigWithCacheDir([]string{c.binDir}, filepath.Join(dir, "cache-"+c.name), x)})
 	}
@@ -268,30 +280,71 @@ func onlyPlugin(raw []byte, typ string) ([]byte, error) {
 	return nil, fmt.Errorf("CNI configuration: no plugin of type %q", typ)
 }
 
-// timedExec executes plugins as libcni's default does and adds up how long
-// they ran.
+// timedExec executes plugins as libcni's RawExec does and adds up how
+// long they ran and the CPU they used (with their own waited-for children,
+// as wait4 reports it: ptp's includes host-local's).
 type timedExec struct {
 	invoke.DefaultExec
-	mu   sync.Mutex
-	took time.Duration
+	mu       sync.Mutex
+	took     time.Duration
+	cpu      time.Duration
+	exitCPUs []time.Duration
 }
 
 func (e *timedExec) ExecPlugin(ctx context.Context, path string, stdin []byte, environ []string) ([]byte, error) {
 	start := time.Now()
-	out, err := e.DefaultExec.ExecPlugin(ctx, path, stdin, environ)
+	c := exec.CommandContext(ctx, path)
+	c.Env, c.Stdin = environ, bytes.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	err := c.Run()
 	e.mu.Lock()
 	e.took += time.Since(start)
+	if c.ProcessState != nil {
+		e.cpu += c.ProcessState.UserTime() + c.ProcessState.SystemTime()
+	}
 	e.mu.Unlock()
-	return out, err
+	if err != nil {
+		// As RawExec: the plugin's CNI error from its stdout, if any.
+		var perr types.Error
+		if jerr := json.Unmarshal(stdout.Bytes(), &perr); jerr == nil && perr.Code != 0 {
+			return nil, &perr
+		}
+		return nil, fmt.Errorf("%s: %w: %s %s", path, err, stdout.Bytes(), stderr.Bytes())
+	}
+	return stdout.Bytes(), nil
 }
 
-// take returns the time added up since the last take.
-func (e *timedExec) take() time.Duration {
+// take returns the time and CPU added up since the last take.
+func (e *timedExec) take() (took, cpu time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	t := e.took
-	e.took = 0
-	return t
+	took, cpu = e.took, e.cpu
+	e.took, e.cpu = 0, 0
+	return took, cpu
+}
+
+// procsCPU is the CPU time the processes have used so far (every thread's
+// on-CPU time from /proc/<pid>/task/*/schedstat, in nanoseconds); a
+// process gone counts 0.
+func procsCPU(pids []int) time.Duration {
+	var sum time.Duration
+	for _, pid := range pids {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+		for _, t := range tasks {
+			b, err := os.ReadFile(t)
+			if err != nil {
+				continue
+			}
+			f := strings.Fields(string(b))
+			if len(f) > 0 {
+				if ns, err := strconv.ParseInt(f[0], 10, 64); err == nil {
+					sum += time.Duration(ns)
+				}
+			}
+		}
+	}
+	return sum
 }
 
 // newContainerID is a random 64-hex-digit ID, as runtimes make.

@@ -25,11 +25,19 @@ func (l *Lab) cniBenchRun(ctx context.Context, o CNIBenchOptions, n *NodeState, 
 	var run CNIBenchRun
 	run.LoadStart, _ = loadAverage1m()
 	logStart := fileSize(n.Agent.Log)
+	// Whose CPU an ADD costs besides the plugins': the node's agent and
+	// every etcd member.
+	cpuPIDs := []int{n.Agent.PID}
+	for _, m := range l.State().Etcd {
+		if m.Proc != nil {
+			cpuPIDs = append(cpuPIDs, m.Proc.PID)
+		}
+	}
 	for i := range o.Pods {
 		for k := range plugins {
 			// Each plugin in turn, the order swapping every pod.
 			p := plugins[(i+k)%len(plugins)]
-			pod, err := l.cniBenchPod(ctx, n, p, fmt.Sprintf("cb%d-%d-%d", r+1, i+1, (i+k)%len(plugins)))
+			pod, err := l.cniBenchPod(ctx, n, p, fmt.Sprintf("cb%d-%d-%d", r+1, i+1, (i+k)%len(plugins)), cpuPIDs)
 			if err != nil {
 				return run, fmt.Errorf("%s: %w", p.name, err)
 			}
@@ -62,7 +70,7 @@ func (l *Lab) cniBenchRun(ctx context.Context, o CNIBenchOptions, n *NodeState, 
 // cniBenchPod makes a pod namespace, adds the pod through plugin p and
 // deletes it, timing both calls; it removes the namespace, also on failure
 // (and then deletes the pod first).
-func (l *Lab) cniBenchPod(ctx context.Context, n *NodeState, p *cniBenchPlugin, name string) (pod CNIBenchPod, err error) {
+func (l *Lab) cniBenchPod(ctx context.Context, n *NodeState, p *cniBenchPlugin, name string, cpuPIDs []int) (pod CNIBenchPod, err error) {
 	id, err := newContainerID()
 	if err != nil {
 		return pod, err
@@ -87,9 +95,12 @@ func (l *Lab) cniBenchPod(ctx context.Context, n *NodeState, p *cniBenchPlugin, 
 	}()
 	err = inNetNS(n.NetNS, func() error {
 		p.x.take()
+		before := procsCPU(cpuPIDs)
 		start := time.Now()
 		res, err := p.cfg.AddNetworkList(ctx, p.list, rt)
-		pod.Add, pod.Exec = time.Since(start), p.x.take()
+		pod.Add = time.Since(start)
+		pod.Exec, pod.PluginCPU = p.x.take()
+		pod.CPU = pod.PluginCPU + procsCPU(cpuPIDs) - before
 		if err != nil {
 			return fmt.Errorf("ADD: %w", err)
 		}

@@ -87,8 +87,8 @@ func checkBenchPod(t *testing.T, rep lab.CNIBenchReport, p lab.CNIBenchPod) {
 	if !within.Contains(p.Addr.Addr()) || !strings.HasPrefix(p.HostIf, ifPrefix) || len(p.ContainerID) != 64 {
 		t.Errorf("%s pod %.12s: address %s (want in %s), host interface %q (want %s…)", p.Plugin, p.ContainerID, p.Addr, within, p.HostIf, ifPrefix)
 	}
-	if p.Add <= 0 || p.Del <= 0 || p.Exec <= 0 || p.Exec > p.Add {
-		t.Errorf("%s pod %.12s: ADD %v, DEL %v, plugin processes %v: want all > 0, the processes within ADD", p.Plugin, p.ContainerID, p.Add, p.Del, p.Exec)
+	if p.Add <= 0 || p.Del <= 0 || p.Exec <= 0 || p.Exec > p.Add || p.PluginCPU <= 0 || p.CPU <= 0 {
+		t.Errorf("%s pod %.12s: ADD %v, DEL %v, plugin processes %v (CPU %v), CPU %v: want all > 0, the processes within ADD", p.Plugin, p.ContainerID, p.Add, p.Del, p.Exec, p.PluginCPU, p.CPU)
 	}
 	if p.Plugin == lab.CNIBenchTabby && (p.Agent <= 0 || p.Agent > p.Exec || p.AgentIPAM <= 0 || p.AgentIPAM > p.Agent) {
 		t.Errorf("tabby pod %.12s: agent %v (ipam %v), plugin processes %v: want the agent's time within the plugin's, its ipam within it", p.ContainerID, p.Agent, p.AgentIPAM, p.Exec)

@@ -130,16 +130,16 @@ func TestCNIBenchTable(t *testing.T) {
 	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
 	run := func(tabby, ref float64) CNIBenchRun {
 		return CNIBenchRun{Pods: []CNIBenchPod{
-			{Plugin: CNIBenchTabby, Add: ms(tabby), Del: ms(tabby), Exec: ms(tabby - 1), Agent: ms(tabby / 2), AgentIPAM: ms(1)},
-			{Plugin: CNIBenchRef, Add: ms(ref), Del: ms(ref), Exec: ms(ref - 1)},
+			{Plugin: CNIBenchTabby, Add: ms(tabby), Del: ms(tabby), Exec: ms(tabby - 1), Agent: ms(tabby / 2), AgentIPAM: ms(1), CPU: ms(tabby)},
+			{Plugin: CNIBenchRef, Add: ms(ref), Del: ms(ref), Exec: ms(ref - 1), CPU: ms(ref)},
 		}}
 	}
 	rep := &CNIBenchReport{Lab: "l", Node: "node1", Runs: []CNIBenchRun{run(8, 10), run(6, 10), run(9, 10)}}
-	if diff := cmp.Diff(CNIBenchRatios{AddP50: 0.8, AddP90: 0.8, AddP99: 0.8, DelP50: 0.8}, rep.MedianRatios()); diff != "" {
+	if diff := cmp.Diff(CNIBenchRatios{AddP50: 0.8, AddP90: 0.8, AddP99: 0.8, DelP50: 0.8, CPU: 0.8}, rep.MedianRatios()); diff != "" {
 		t.Errorf("MedianRatios (-want +got):\n%s", diff)
 	}
 	tab := rep.Table()
-	for _, w := range []string{"median over 3 runs of tabby / ptp+host-local: ADD p50 0.80×", "0.60", "ptp+host-local"} {
+	for _, w := range []string{"median over 3 runs of tabby / ptp+host-local: ADD p50 0.80×", "CPU per ADD (plugins, agent, etcd) p50 0.80×", "0.60", "ptp+host-local"} {
 		if !strings.Contains(tab, w) {
 			t.Errorf("table lacks %q:\n%s", w, tab)
 		}

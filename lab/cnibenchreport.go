@@ -2,10 +2,11 @@ package lab
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/stats"
 )
 
 // CNIBenchStats summarises one plugin's pods of a run: quantiles by
@@ -36,9 +37,9 @@ func (r CNIBenchRun) Stats(plugin string) CNIBenchStats {
 	}
 	return CNIBenchStats{
 		Pods:   len(add),
-		AddP50: quantile(add, 0.5), AddP90: quantile(add, 0.9), AddP99: quantile(add, 0.99),
-		DelP50: quantile(del, 0.5), DelP90: quantile(del, 0.9), DelP99: quantile(del, 0.99),
-		ExecP50: quantile(ex, 0.5), CPUP50: quantile(cpu, 0.5), PluginCPUP50: quantile(pcpu, 0.5), AgentP50: quantile(ag, 0.5), AgentIPAMP50: quantile(agIPAM, 0.5),
+		AddP50: stats.Quantile(add, 0.5), AddP90: stats.Quantile(add, 0.9), AddP99: stats.Quantile(add, 0.99),
+		DelP50: stats.Quantile(del, 0.5), DelP90: stats.Quantile(del, 0.9), DelP99: stats.Quantile(del, 0.99),
+		ExecP50: stats.Quantile(ex, 0.5), CPUP50: stats.Quantile(cpu, 0.5), PluginCPUP50: stats.Quantile(pcpu, 0.5), AgentP50: stats.Quantile(ag, 0.5), AgentIPAMP50: stats.Quantile(agIPAM, 0.5),
 	}
 }
 
@@ -115,18 +116,6 @@ func (rep *CNIBenchReport) Table() string {
 	fmt.Fprintf(&b, "\nmedian over %d runs of %s / %s: ADD p50 %.2f×, p90 %.2f×, p99 %.2f×; DEL p50 %.2f×; CPU per ADD (plugins, agent, etcd) p50 %.2f×\n",
 		len(rep.Runs), CNIBenchTabby, CNIBenchRef, m.AddP50, m.AddP90, m.AddP99, m.DelP50, m.CPU)
 	return b.String()
-}
-
-// quantile is the q-quantile of ds by nearest rank (testkit.Quantile's
-// rule), 0 for none.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }
 
 // msec prints a duration in milliseconds with one decimal.

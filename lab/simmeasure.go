@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/stats"
 )
 
 // step grows the lab to size simulated nodes and measures.
@@ -308,5 +310,5 @@ func median(v []float64) float64 {
 // quantileMs returns the p50 and p99 (nearest rank) in milliseconds.
 func quantileMs(d []time.Duration) (p50, p99 float64) {
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	return ms(quantile(d, 0.5)), ms(quantile(d, 0.99))
+	return ms(stats.Quantile(d, 0.5)), ms(stats.Quantile(d, 0.99))
 }

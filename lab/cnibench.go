@@ -137,6 +137,9 @@ type CNIBenchRun struct {
 	// Load is /proc/loadavg's 1-minute figure at the start and the end.
 	LoadStart float64 `json:"loadStart"`
 	LoadEnd   float64 `json:"loadEnd"`
+	// Incomplete: the run stopped early (an error, Ctrl-C); its figures
+	// are of the pods done and the medians leave it out.
+	Incomplete bool `json:"incomplete,omitempty"`
 }
 
 // CNIBenchReport is what BenchCNI measured.

@@ -66,12 +66,26 @@ func (rep *CNIBenchReport) Ratios(r int) CNIBenchRatios {
 // MedianRatios are the medians over the runs of each ratio.
 func (rep *CNIBenchReport) MedianRatios() CNIBenchRatios {
 	var a50, a90, a99, d50, cpu []float64
-	for r := range rep.Runs {
+	for r, run := range rep.Runs {
+		if run.Incomplete && rep.complete() > 0 {
+			continue
+		}
 		x := rep.Ratios(r)
 		a50, a90, a99, d50 = append(a50, x.AddP50), append(a90, x.AddP90), append(a99, x.AddP99), append(d50, x.DelP50)
 		cpu = append(cpu, x.CPU)
 	}
 	return CNIBenchRatios{AddP50: median(a50), AddP90: median(a90), AddP99: median(a99), DelP50: median(d50), CPU: median(cpu)}
+}
+
+// complete counts the runs that did not stop early.
+func (rep *CNIBenchReport) complete() int {
+	n := 0
+	for _, run := range rep.Runs {
+		if !run.Incomplete {
+			n++
+		}
+	}
+	return n
 }
 
 func (rep *CNIBenchReport) ratioLine(r int) string {
@@ -97,6 +111,9 @@ func (rep *CNIBenchReport) Table() string {
 	fmt.Fprintln(w, "run\tload\tplugin\tADD p50\tp90\tp99\tDEL p50\tp90\tp99\texec p50\tagent p50\tagent ipam p50\tADD cpu p50\tplugin cpu p50\t")
 	for r, run := range rep.Runs {
 		load := fmt.Sprintf("%.1f→%.1f", run.LoadStart, run.LoadEnd)
+		if run.Incomplete {
+			load += " (stopped early)"
+		}
 		for _, name := range []string{CNIBenchTabby, CNIBenchRef} {
 			s := run.Stats(name)
 			agent, agentIPAM := "-", "-"
@@ -113,8 +130,12 @@ func (rep *CNIBenchReport) Table() string {
 	}
 	w.Flush()
 	m := rep.MedianRatios()
+	runs := rep.complete()
+	if runs == 0 {
+		runs = len(rep.Runs)
+	}
 	fmt.Fprintf(&b, "\nmedian over %d runs of %s / %s: ADD p50 %.2f×, p90 %.2f×, p99 %.2f×; DEL p50 %.2f×; CPU per ADD (plugins, agent, etcd) p50 %.2f×\n",
-		len(rep.Runs), CNIBenchTabby, CNIBenchRef, m.AddP50, m.AddP90, m.AddP99, m.DelP50, m.CPU)
+		runs, CNIBenchTabby, CNIBenchRef, m.AddP50, m.AddP90, m.AddP99, m.DelP50, m.CPU)
 	return b.String()
 }
 

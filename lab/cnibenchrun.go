@@ -21,9 +21,12 @@ import (
 
 // cniBenchRun is run r of BenchCNI: o.Pods pods through every plugin, then
 // the agent's timings from its log and the check for leftovers.
-func (l *Lab) cniBenchRun(ctx context.Context, o CNIBenchOptions, n *NodeState, plugins []*cniBenchPlugin, r int) (CNIBenchRun, error) {
-	var run CNIBenchRun
+func (l *Lab) cniBenchRun(ctx context.Context, o CNIBenchOptions, n *NodeState, plugins []*cniBenchPlugin, r int) (run CNIBenchRun, err error) {
 	run.LoadStart, _ = loadAverage1m()
+	defer func() {
+		run.LoadEnd, _ = loadAverage1m()
+		run.Incomplete = err != nil
+	}()
 	logStart := fileSize(n.Agent.Log)
 	// Whose CPU an ADD costs besides the plugins': the node's agent and
 	// every etcd member.
@@ -44,7 +47,6 @@ func (l *Lab) cniBenchRun(ctx context.Context, o CNIBenchOptions, n *NodeState, 
 			run.Pods = append(run.Pods, pod)
 		}
 	}
-	run.LoadEnd, _ = loadAverage1m()
 	if err := agentTimings(n.Agent.Log, logStart, run.Pods); err != nil {
 		return run, err
 	}

@@ -118,7 +118,7 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 		"--http-listen", AgentHTTPListen,
 	}
 	if n.IP.IsValid() {
-		argv = append(argv, "--node-ip", n.IP.String(), "--default-ipv4-pool", PodPool)
+		argv = append(argv, "--node-ip", n.IP.String(), "--default-ipv4-pool", st.Pool4().String())
 	} else {
 		// An IPv6-only node (Calico's IP=none): no IPv4 autodetection.
 		argv = append(argv, "--node-ip", "none")

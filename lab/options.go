@@ -28,6 +28,7 @@ var (
 	// etcdAddr6 is the first etcd member's address in a lab with an
 	// IPv6-only fabric (Options.IPv6OnlyFabric).
 	etcdAddr6 = netip.MustParseAddr("2001:db8::2")
+	podPool   = netip.MustParsePrefix(PodPool)
 )
 
 const (
@@ -124,6 +125,11 @@ type Options struct {
 	// VXLANMode, when set, is the vxlanMode of the pools the lab creates
 	// before the agents start (Never, Always, CrossSubnet).
 	VXLANMode api.VXLANMode
+	// IPv4Pool is the agents' default IPv4 pool, a prefix inside PodPool;
+	// invalid (unset) is PodPool. A narrower pool leaves the rest of
+	// PodPool to something else in the nodes' namespaces (`tabby-lab bench
+	// cni` gives the reference plugins a range of it).
+	IPv4Pool netip.Prefix
 	// AgentArgs are appended to every tabby-agent command line, also of
 	// agents started later (node add, restarts): the lab records them.
 	AgentArgs []string
@@ -210,6 +216,9 @@ func (o *Options) Validate() error {
 		if o.EtcdProxy {
 			errs = append(errs, errors.New("etcd proxy: not available with an IPv6-only fabric"))
 		}
+	}
+	if o.IPv4Pool.IsValid() && (!o.IPv4Pool.Addr().Is4() || o.IPv4Pool.Bits() < podPool.Bits() || !podPool.Contains(o.IPv4Pool.Addr()) || o.IPv4Pool.Bits() > 26) {
+		errs = append(errs, fmt.Errorf("ipv4 pool %s: want a prefix of %s between /%d and /26", o.IPv4Pool, PodPool, podPool.Bits()))
 	}
 	if o.RunDir != "" && !filepath.IsAbs(o.RunDir) {
 		errs = append(errs, fmt.Errorf("run dir %q must be absolute", o.RunDir))

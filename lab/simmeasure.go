@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/stats"
 )
 
 // step grows the lab to size simulated nodes and measures.
@@ -307,14 +309,6 @@ func median(v []float64) float64 {
 
 // quantileMs returns the p50 and p99 (nearest rank) in milliseconds.
 func quantileMs(d []time.Duration) (p50, p99 float64) {
-	if len(d) == 0 {
-		return 0, 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	at := func(q float64) float64 {
-		i := min(int(q*float64(len(s))+0.5), len(s)) - 1
-		return float64(s[max(i, 0)]) / float64(time.Millisecond)
-	}
-	return at(0.5), at(0.99)
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	return ms(stats.Quantile(d, 0.5)), ms(stats.Quantile(d, 0.99))
 }

@@ -43,6 +43,9 @@ type State struct {
 	IPv6Only bool `json:"ipv6Only,omitempty"`
 	// NoIPv4: the fabric is IPv6-only (Options.IPv6OnlyFabric).
 	NoIPv4 bool `json:"noIPv4,omitempty"`
+	// IPv4Pool is the agents' default IPv4 pool (Options.IPv4Pool); see
+	// Pool4.
+	IPv4Pool netip.Prefix `json:"ipv4Pool,omitzero"`
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string `json:"agentArgs,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
@@ -57,6 +60,14 @@ type State struct {
 	Kube  *ControlPlane `json:"kube,omitempty"`
 	Nodes []NodeState   `json:"nodes"`
 	Pods  []PodState    `json:"pods"`
+}
+
+// Pool4 is the agents' default IPv4 pool: Options.IPv4Pool, else PodPool.
+func (s *State) Pool4() netip.Prefix {
+	if s.IPv4Pool.IsValid() {
+		return s.IPv4Pool
+	}
+	return podPool
 }
 
 // EtcdMember is one member of the lab's etcd cluster: a `tabby-lab etcd`

@@ -78,7 +78,7 @@ func (l *Lab) createPools(ctx context.Context, mode api.VXLANMode) error {
 		return err
 	}
 	st := l.State()
-	pools := []*api.IPPool{{Metadata: api.ObjectMeta{Name: "default-ipv4-ippool"}, Spec: api.IPPoolSpec{CIDR: PodPool, NATOutgoing: true, VXLANMode: mode}}}
+	pools := []*api.IPPool{{Metadata: api.ObjectMeta{Name: "default-ipv4-ippool"}, Spec: api.IPPoolSpec{CIDR: st.Pool4().String(), NATOutgoing: true, VXLANMode: mode}}}
 	if st.DualStack {
 		pools = append(pools, &api.IPPool{Metadata: api.ObjectMeta{Name: "default-ipv6-ippool"}, Spec: api.IPPoolSpec{CIDR: PodPool6, VXLANMode: mode}})
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,7 +53,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.name, "name", lab.DefaultName, "lab name, the prefix of its namespaces")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", lab.DefaultRunDir, "directory holding one directory per lab")
-	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), etcdProxyCmd(), simCmd(g), cniCmd())
+	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), etcdProxyCmd(), simCmd(g), cniCmd(), benchCmd(g))
 	return root
 }
 
@@ -70,6 +71,7 @@ type upOptions struct {
 	twoSubnets       bool
 	vxlanMode        string
 	agentArgs        []string
+	ipv4Pool         netip.Prefix
 	converge         time.Duration
 	// Kubernetes (--kubernetes): where the manifests and the images are.
 	kubernetes             bool
@@ -92,6 +94,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().StringVar(&u.vxlanMode, "vxlan-mode", "", "create the pools with this vxlanMode before the agents start: Never, Always or CrossSubnet (docs/vxlan.md)")
 	c.Flags().BoolVar(&u.etcdProxy, "etcd-proxy", false, "run etcd's gRPC proxy (etcd grpc-proxy start) in front of etcd and point the agents at it: etcd serves one watch per proxy (docs/scale.md)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
+	c.Flags().TextVar(&u.ipv4Pool, "ipv4-pool", netip.Prefix{}, "the agents' IPv4 pool, a prefix of "+lab.PodPool+" (default all of it); e.g. "+lab.CNIBenchPool.String()+" leaves room for bench cni --use-lab")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
 	c.Flags().BoolVar(&u.kubernetes, "kubernetes", false, "make the lab a Kubernetes cluster (control plane, containerd and a kubelet per node; needs `make kube-bins images`) and deploy Tabby from the manifests with kubectl, instead of starting agents itself")
 	c.Flags().StringVar(&u.manifestDir, "manifests", "manifests", "with --kubernetes: the directory of tabby-etcd.yaml and tabby-kube-controllers.yaml")
@@ -143,21 +146,29 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 	if err != nil {
 		return lab.Options{}, fmt.Errorf("finding tabby-lab's own path: %w", err)
 	}
-	bin := u.binDir
-	if bin == "" {
-		bin = os.Getenv("TABBY_BIN")
-	}
-	if bin == "" {
-		if _, err := os.Stat(filepath.Join(filepath.Dir(self), "tabby-agent")); err == nil {
-			bin = filepath.Dir(self)
-		}
-	}
+	bin := binDir(u.binDir, self)
 	return lab.Options{
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, AutoReflectors: u.autoRRs, Zones: u.zones, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
 		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only, IPv6OnlyFabric: u.ipv6OnlyFabric,
-		TwoSubnets: u.twoSubnets, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
+		TwoSubnets: u.twoSubnets, IPv4Pool: u.ipv4Pool, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
 	}, nil
+}
+
+// binDir is where the agent and the plugin are: the flag's directory, else
+// $TABBY_BIN, else this program's own directory when it holds tabby-agent,
+// else "" (the lab builds them).
+func binDir(flag, self string) string {
+	if flag != "" {
+		return flag
+	}
+	if env := os.Getenv("TABBY_BIN"); env != "" {
+		return env
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(self), "tabby-agent")); err == nil {
+		return filepath.Dir(self)
+	}
+	return ""
 }
 
 func upCmd(g *globalFlags) *cobra.Command {

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"os/exec"
 	"os/signal"
 	"slices"
 	"strings"
@@ -37,12 +38,27 @@ func Main(name string, run func(ctx context.Context) error) {
 	if err == nil {
 		return
 	}
-	var ec ExitCoder
-	if errors.As(err, &ec) {
-		os.Exit(ec.ExitCode())
+	if code, ok := silentExit(err); ok {
+		os.Exit(code)
 	}
 	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 	os.Exit(1)
+}
+
+// silentExit is the status of an error that is an ExitCoder of the
+// command's own. A child process's *exec.ExitError also has an ExitCode
+// method, but an error wrapping one (a helper command that failed) must
+// be printed: exiting silently with the child's status hid why, e.g. an
+// interrupted `ip` under tabby-lab.
+func silentExit(err error) (int, bool) {
+	var ec ExitCoder
+	if !errors.As(err, &ec) {
+		return 0, false
+	}
+	if _, child := ec.(*exec.ExitError); child {
+		return 0, false
+	}
+	return ec.ExitCode(), true
 }
 
 // SplitList splits a comma-separated list, dropping spaces and empty items

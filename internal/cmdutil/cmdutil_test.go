@@ -1,8 +1,11 @@
 package cmdutil
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +13,33 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/pflag"
 )
+
+type ownExit struct{ code int }
+
+func (e *ownExit) Error() string { return "exit" }
+func (e *ownExit) ExitCode() int { return e.code }
+
+func TestSilentExit(t *testing.T) {
+	child := exec.Command("false").Run()
+	if child == nil {
+		t.Fatal("false succeeded")
+	}
+	for name, tc := range map[string]struct {
+		err  error
+		code int
+		ok   bool
+	}{
+		"plain":                   {errors.New("x"), 0, false},
+		"own":                     {&ownExit{3}, 3, true},
+		"own wrapped":             {fmt.Errorf("a: %w", &ownExit{4}), 4, true},
+		"child process's wrapped": {fmt.Errorf("ip netns add: %w", child), 0, false},
+	} {
+		code, ok := silentExit(tc.err)
+		if code != tc.code || ok != tc.ok {
+			t.Errorf("%s: silentExit = %d, %v; want %d, %v", name, code, ok, tc.code, tc.ok)
+		}
+	}
+}
 
 func TestSplitList(t *testing.T) {
 	for in, want := range map[string][]string{

@@ -142,6 +142,7 @@ type policyState struct {
 	staticExport  []string                     // export policies installed at Start, before the dynamic one
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest
+	lastInput     *policyInput // what lastPolicy was built from
 	policyGen     int
 }
 

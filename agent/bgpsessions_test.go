@@ -90,3 +90,24 @@ func TestSessionTrackerWaitsForRestartedPeersEndOfRIB(t *testing.T) {
 		t.Errorf("not ready with its cluster peer Established: %v", err)
 	}
 }
+
+// A speaker with many peers polls their status less often: each poll
+// holds GoBGP's write lock for a time that grows with the peers.
+func TestPeerPollEvery(t *testing.T) {
+	for _, tc := range []struct {
+		converged bool
+		peers     int
+		want      time.Duration
+	}{
+		{false, 3, 500 * time.Millisecond},
+		{true, 3, 2 * time.Second},
+		{true, 200, 2 * time.Second},
+		{true, 300, 3 * time.Second},
+		{true, 1000, 10 * time.Second},
+		{false, 1000, 2 * time.Second},
+	} {
+		if got := peerPollEvery(tc.converged, tc.peers); got != tc.want {
+			t.Errorf("peerPollEvery(converged %v, %d peers) = %v, want %v", tc.converged, tc.peers, got, tc.want)
+		}
+	}
+}

@@ -79,6 +79,23 @@ func (s *speaker) passive(p Peer) bool {
 	return false
 }
 
+// timers are p's hold time and keepalive interval, its own or the
+// defaults of its kind of session (DefaultHold, DefaultReflectorHold).
+func timers(p Peer) (hold, keepalive time.Duration) {
+	defHold, defKeepalive := DefaultHold, DefaultKeepalive
+	if p.Type == PeerRR || p.Type == PeerRRClient {
+		defHold, defKeepalive = DefaultReflectorHold, DefaultReflectorKeepalive
+	}
+	hold, keepalive = p.Hold, p.Keepalive
+	if hold <= 0 {
+		hold = defHold
+	}
+	if keepalive <= 0 {
+		keepalive = min(defKeepalive, hold/3)
+	}
+	return hold, keepalive
+}
+
 func seconds(d time.Duration) uint64 { return uint64((d + time.Second - 1) / time.Second) }
 
 func (s *speaker) config() Config {
@@ -89,13 +106,7 @@ func (s *speaker) config() Config {
 
 // toAPIPeer builds GoBGP's peer configuration for p.
 func (s *speaker) toAPIPeer(p Peer, localRestarting bool) *gobgpapi.Peer {
-	hold, keepalive := p.Hold, p.Keepalive
-	if hold <= 0 {
-		hold = DefaultHold
-	}
-	if keepalive <= 0 {
-		keepalive = min(DefaultKeepalive, hold/3)
-	}
+	hold, keepalive := timers(p)
 	restart := p.RestartTime
 	if restart <= 0 {
 		restart = s.cfg.RestartTime

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -151,14 +152,27 @@ func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *
 	return exp
 }
 
+// clusterSet is the neighbor set of in's cluster peers: the fewest
+// prefixes that hold exactly their addresses (coverPrefixes). GoBGP
+// matches a neighbor set by a linear scan, per path and peer: with one
+// entry per node, a reflector's export to 1,000 clients scanned 1,000
+// entries per path and client.
+func (in policyInput) clusterSet() []string {
+	var addrs []netip.Addr
+	for _, p := range in.peers {
+		if p.IsCluster() {
+			addrs = append(addrs, p.Address)
+		}
+	}
+	return coverPrefixes(addrs)
+}
+
 // aggregateStatements adds the pool-aggregate statements of buildExport
 // (step 2) to exp and their defined sets to req.
 func aggregateStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest, exp *gobgpapi.Policy) {
-	var cluster, external []string
+	cluster, external := in.clusterSet(), []string(nil)
 	for _, p := range in.peers {
-		if p.IsCluster() {
-			cluster = append(cluster, hostPrefix(p.Address))
-		} else {
+		if !p.IsCluster() {
 			external = append(external, hostPrefix(p.Address))
 		}
 	}
@@ -203,13 +217,7 @@ func serviceStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRequ
 	marker := serviceMarker.String()
 	markerSet := gen + "tabby-service-marker"
 	req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_LARGE_COMMUNITY, Name: markerSet, List: []string{"^" + marker + "$"}})
-	var cluster []string
-	for _, p := range in.peers {
-		if p.IsCluster() {
-			cluster = append(cluster, hostPrefix(p.Address))
-		}
-	}
-	if len(cluster) > 0 {
+	if cluster := in.clusterSet(); len(cluster) > 0 {
 		peerSet := gen + "tabby-export-services-peers"
 		req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: cluster})
 		exp.Statements = append(exp.Statements, &gobgpapi.Statement{
@@ -252,12 +260,8 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 	}
 
 	var external, acceptDef []string
-	var clusterAddrs []netip.Addr
 	for _, p := range in.peers {
-		switch {
-		case p.IsCluster():
-			clusterAddrs = append(clusterAddrs, p.Address)
-		default:
+		if !p.IsCluster() {
 			external = append(external, hostPrefix(p.Address))
 			if p.AcceptDefault {
 				acceptDef = append(acceptDef, hostPrefix(p.Address))
@@ -319,7 +323,7 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 	}
 	// Cluster nodes are many, often at consecutive addresses: their set is
 	// the fewest prefixes that hold exactly them.
-	if cluster := coverPrefixes(clusterAddrs); len(cluster) > 0 && (len(families[0].pools) > 0 || len(families[1].pools) > 0) {
+	if cluster := in.clusterSet(); len(cluster) > 0 && (len(families[0].pools) > 0 || len(families[1].pools) > 0) {
 		neighborSet(clusterSet, cluster)
 		for _, f := range families {
 			if len(f.pools) > 0 {
@@ -488,8 +492,9 @@ func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
 	}
 	old := s.lastInstalled
 	first := s.lastPolicy == nil
+	all, changed := policyResets(s.lastInput, in)
 	s.policyGen++
-	s.lastPolicy, s.lastInstalled = key, req
+	s.lastPolicy, s.lastInstalled, s.lastInput = key, req, &in
 
 	var errs []error
 	if old != nil {
@@ -504,26 +509,62 @@ func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
 			}
 		}
 	}
-	if first {
+	if first || (!all && len(changed) == 0) {
 		return errors.Join(errs...)
 	}
+	reqs := []*gobgpapi.ListPeerRequest{{}}
+	if !all {
+		reqs = peerListRequests(changed)
+	}
 	var established []string
-	err := s.srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
-		if p.Conf != nil && p.State != nil && p.State.SessionState == gobgpapi.PeerState_SESSION_STATE_ESTABLISHED {
-			established = append(established, p.Conf.NeighborAddress)
+	for _, r := range reqs {
+		err := s.srv.ListPeer(ctx, r, func(p *gobgpapi.Peer) {
+			if p.Conf != nil && p.State != nil && p.State.SessionState == gobgpapi.PeerState_SESSION_STATE_ESTABLISHED {
+				established = append(established, p.Conf.NeighborAddress)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("listing BGP peers: %w", err)
 		}
-	})
-	if err != nil {
-		return fmt.Errorf("listing BGP peers: %w", err)
 	}
 	s.softResetMu.Lock()
 	defer s.softResetMu.Unlock()
 	for _, a := range established {
+		if addr, err := netip.ParseAddr(a); !all && (err != nil || !slices.Contains(changed, addr)) {
+			continue // listed with every peer (peerListRequests)
+		}
 		if err := s.srv.ResetPeer(ctx, &gobgpapi.ResetPeerRequest{Address: a, Soft: true, Direction: gobgpapi.ResetPeerRequest_DIRECTION_BOTH}); err != nil {
 			errs = append(errs, fmt.Errorf("re-applying policy to %s: %w", a, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// policyResets says which established sessions a new policy (built from
+// in) may treat differently from the last one (built from old), so that
+// applyPolicy soft-resets those only: all of them when anything but the
+// peer list changed, else the peers in both lists whose settings changed.
+// A peer only in the new list has no session yet (SetPeers installs the
+// policy before it adds the peer); one only in the old list is about to be
+// deleted; and whether a path from or to one peer is accepted depends on
+// that peer alone, never on which other peers exist. So a node joining a
+// cluster resets no session: on a reflector, each join re-sent every route
+// to every client (O(clients²) export evaluations per join).
+func policyResets(old *policyInput, in policyInput) (all bool, changed []netip.Addr) {
+	if old == nil || old.asn != in.asn || !slices.Equal(old.pools, in.pools) ||
+		!reflect.DeepEqual(old.communities, in.communities) || !slices.Equal(old.aggregates, in.aggregates) {
+		return true, nil
+	}
+	before := make(map[netip.Addr]Peer, len(old.peers))
+	for _, p := range old.peers {
+		before[p.Address] = p
+	}
+	for _, p := range in.peers {
+		if b, ok := before[p.Address]; ok && !reflect.DeepEqual(b, p) {
+			changed = append(changed, p.Address)
+		}
+	}
+	return false, changed
 }
 
 // sortedPeers returns the values of m sorted by address.

@@ -10,6 +10,7 @@ import (
 	gobgpapi "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
 )
 
 // The RIB reader (ribLoop) and the route publisher (routeLoop): the part of
@@ -278,6 +279,7 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 			bfdPeers[a] = true
 		}
 	}
+	mayLimit := limitCandidates(s.peers)
 	s.mu.Unlock()
 	var reqs []apiutil.ListPathRequest
 	for _, f := range s.families() {
@@ -303,33 +305,13 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 	// go at once, and with BFD a lost session withdraws its routes at once
 	// (BFD is there to fail over fast; graceful restart does not hold
 	// them, see docs/bgp.md).
-	limited := map[netip.Addr]bool{}
-	if err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{}, func(p *gobgpapi.Peer) {
-		if p.Conf == nil || p.State == nil {
-			return
-		}
-		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
-		if err != nil {
-			return
-		}
-		pfx := p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
-		// GoBGP's answer omits the BFD settings of a session it reset:
-		// our own configuration says whether the peer runs BFD. The BGP
-		// session outlives a dead path by seconds (GoBGP's reset waits on
-		// the dead connection), the BFD session does not.
-		bfdDown := (bfdPeers[a] || p.GetBfd().GetEnabled()) &&
-			(p.State.SessionState != gobgpapi.PeerState_SESSION_STATE_ESTABLISHED ||
-				p.State.GetBfdState().GetSessionState() != gobgpapi.BfdSessionState_BFD_SESSION_STATE_UP)
-		if pfx || bfdDown {
-			limited[a] = true
-		}
-	}); err != nil {
-		return nil, fmt.Errorf("listing BGP peers: %w", err)
+	limited, err := limitedPeers(ctx, srv, bfdPeers, mayLimit)
+	if err != nil {
+		return nil, err
 	}
 	rib := map[netip.Prefix][]candidate{}
 	// ListPath reads the route-selection variables that another server's
 	// StartBgp writes (see servers).
-	var err error
 	servers.RLock()
 	s.softResetMu.RLock()
 	for _, req := range reqs {
@@ -357,4 +339,74 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 		return nil, err
 	}
 	return rib, nil
+}
+
+// listEach is the most peers limitedPeers asks GoBGP about one by one;
+// with more it lists them all at once.
+const listEach = 16
+
+// limitedPeers returns the peers among candidates whose paths must not
+// count (see readRIB): shut down for exceeding their max-prefix limit, or
+// running BFD (bfdPeers, our configuration) without both sessions up. Only
+// a peer with a prefix limit or BFD can be one, so candidates lists just
+// those, and a speaker without any (a reflector's cluster clients) asks
+// GoBGP nothing. GoBGP's ListPeer is a management call: it holds the
+// server's write lock, which stops every session's UPDATE handling, while it
+// counts each listed peer's Adj-RIB-In (2,048 table shards a peer, locked
+// one by one). Listing all peers on every RIB read took 17 % of a
+// reflector's CPU with 300 clients (docs/scale.md).
+func limitedPeers(ctx context.Context, srv *server.BgpServer, bfdPeers map[netip.Addr]bool, candidates []netip.Addr) (map[netip.Addr]bool, error) {
+	limited := map[netip.Addr]bool{}
+	check := func(p *gobgpapi.Peer) {
+		if p.Conf == nil || p.State == nil {
+			return
+		}
+		a, err := netip.ParseAddr(p.Conf.NeighborAddress)
+		if err != nil {
+			return
+		}
+		pfx := p.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
+		// GoBGP's answer omits the BFD settings of a session it reset:
+		// our own configuration says whether the peer runs BFD. The BGP
+		// session outlives a dead path by seconds (GoBGP's reset waits on
+		// the dead connection), the BFD session does not.
+		bfdDown := (bfdPeers[a] || p.GetBfd().GetEnabled()) &&
+			(p.State.SessionState != gobgpapi.PeerState_SESSION_STATE_ESTABLISHED ||
+				p.State.GetBfdState().GetSessionState() != gobgpapi.BfdSessionState_BFD_SESSION_STATE_UP)
+		if pfx || bfdDown {
+			limited[a] = true
+		}
+	}
+	for _, req := range peerListRequests(candidates) {
+		if err := srv.ListPeer(ctx, req, check); err != nil {
+			return nil, fmt.Errorf("listing BGP peers: %w", err)
+		}
+	}
+	return limited, nil
+}
+
+// limitCandidates are the peers whose paths a RIB read may have to leave
+// out (see limitedPeers): those with a prefix limit or BFD, sorted.
+func limitCandidates(peers map[netip.Addr]Peer) []netip.Addr {
+	var out []netip.Addr
+	for a, p := range peers {
+		if p.BFD != nil || maxPrefixes(p) > 0 {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// peerListRequests are the ListPeer calls that cover candidates: none for
+// none, one per peer for a few, one for all of them beyond listEach.
+func peerListRequests(candidates []netip.Addr) []*gobgpapi.ListPeerRequest {
+	if len(candidates) > listEach {
+		return []*gobgpapi.ListPeerRequest{{}}
+	}
+	var reqs []*gobgpapi.ListPeerRequest
+	for _, a := range candidates {
+		reqs = append(reqs, &gobgpapi.ListPeerRequest{Address: a.String()})
+	}
+	return reqs
 }

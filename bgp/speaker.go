@@ -27,6 +27,17 @@ const (
 	DefaultHold = 9 * time.Second
 	// DefaultKeepalive is the keepalive interval of a Peer without one.
 	DefaultKeepalive = 3 * time.Second
+	// DefaultReflectorHold and DefaultReflectorKeepalive replace them on
+	// the sessions between a route reflector and its clients (PeerRR,
+	// PeerRRClient): RFC 4271's suggested hold time, GoBGP's default.
+	// A reflector with hundreds of clients on a loaded host stalls for
+	// seconds at times, and with 9 s its sessions expired by the hundred
+	// (docs/scale.md); a reflector passes on the originator's next hop, so
+	// a client loses nothing by noticing a silent reflector later (graceful
+	// restart keeps its routes stale for the restart time after that
+	// anyway). Set BFD on the sessions to notice it in a second.
+	DefaultReflectorHold      = 90 * time.Second
+	DefaultReflectorKeepalive = 30 * time.Second
 	// DefaultRestartTime is the graceful-restart time announced when
 	// neither Config nor Peer set one (Calico's default too).
 	DefaultRestartTime = 120 * time.Second
@@ -131,6 +142,7 @@ type policyState struct {
 	staticExport  []string                     // export policies installed at Start, before the dynamic one
 	lastPolicy    *gobgpapi.SetPoliciesRequest // built without name prefix, for comparison
 	lastInstalled *gobgpapi.SetPoliciesRequest
+	lastInput     *policyInput // what lastPolicy was built from
 	policyGen     int
 }
 

@@ -4,6 +4,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,5 +83,20 @@ func TestSimAddrAndPlot(t *testing.T) {
 	md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
 	if !strings.Contains(string(md), "| 100 | 0 | 1000 |") {
 		t.Errorf("results.md:\n%s", md)
+	}
+}
+
+// A block → route sample also counts from the advertisement on, when this
+// ADD advertised the block.
+func TestRouteLatencies(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	var l routeLatencies
+	l.add(t0, t0.Add(40*time.Millisecond), t0.Add(100*time.Millisecond))
+	l.add(t0, time.Time{}, t0.Add(70*time.Millisecond))
+	if want := []time.Duration{100 * time.Millisecond, 70 * time.Millisecond}; !slices.Equal(l.total, want) {
+		t.Errorf("total = %v, want %v", l.total, want)
+	}
+	if want := []time.Duration{60 * time.Millisecond}; !slices.Equal(l.fromAdvert, want) {
+		t.Errorf("from the advertisement = %v, want %v", l.fromAdvert, want)
 	}
 }

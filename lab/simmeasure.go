@@ -26,7 +26,8 @@ func (r *simRun) step(ctx context.Context, size int) (SimResult, error) {
 	if err != nil {
 		return res, err
 	}
-	res.RouteP50Ms, res.RouteP99Ms = quantileMs(lat)
+	res.RouteP50Ms, res.RouteP99Ms = quantileMs(lat.total)
+	res.AdvertP50Ms, res.AdvertP99Ms = quantileMs(lat.fromAdvert)
 	if r.o.Watch {
 		rev, err := r.l.Store().PutKV(ctx, "sim/marker", []byte(time.Now().String()), 0)
 		if err != nil {
@@ -224,7 +225,7 @@ func (r *simRun) measurePolicy(ctx context.Context, res *SimResult) error {
 				return err
 			}
 			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-			t1, err := waitAll(wctx, r.sets, tok)
+			_, t1, err := waitAll(wctx, r.sets, tok)
 			cancel()
 			if err != nil {
 				return err

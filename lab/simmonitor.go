@@ -113,19 +113,20 @@ func (m *kernelMonitor) wait(ctx context.Context, token string) (time.Time, erro
 	}
 }
 
-// waitAll returns the latest time any of ms first saw token.
-func waitAll(ctx context.Context, ms []*kernelMonitor, token string) (time.Time, error) {
-	var last time.Time
+// waitAll returns when each of ms first saw token, and the latest of
+// those times.
+func waitAll(ctx context.Context, ms []*kernelMonitor, token string) (each []time.Time, last time.Time, err error) {
 	for _, m := range ms {
 		t, err := m.wait(ctx, token)
 		if err != nil {
-			return time.Time{}, err
+			return nil, time.Time{}, err
 		}
+		each = append(each, t)
 		if t.After(last) {
 			last = t
 		}
 	}
-	return last, nil
+	return each, last, nil
 }
 
 func (m *kernelMonitor) stop() {

@@ -164,8 +164,8 @@ func (n *simNode) established() int {
 // addEndpoint does what an agent does for a pod ADD, minus the kernel: an
 // address from IPAM (claiming a block when needed, then advertising it on
 // every session) and the WorkloadEndpoint. It returns the address's block
-// and whether it was claimed by this call.
-func (n *simNode) addEndpoint(ctx context.Context, labels map[string]string) (block netip.Prefix, newBlock bool, err error) {
+// and when this call advertised it (zero when it was announced already).
+func (n *simNode) addEndpoint(ctx context.Context, labels map[string]string) (block netip.Prefix, advertised time.Time, err error) {
 	n.mu.Lock()
 	n.seq++
 	seq := n.seq
@@ -174,27 +174,28 @@ func (n *simNode) addEndpoint(ctx context.Context, labels map[string]string) (bl
 	ep.handle = "k8s-pod-network." + ep.name
 	a, err := n.alloc.Assign(ctx, ipam.AssignRequest{Node: n.name, Handle: ep.handle})
 	if err != nil {
-		return netip.Prefix{}, false, fmt.Errorf("%s: assigning: %w", n.name, err)
+		return netip.Prefix{}, time.Time{}, fmt.Errorf("%s: assigning: %w", n.name, err)
 	}
 	ep.addr = a.Addr
 	if !a.Borrowed {
-		n.advertise(a.Block)
+		advertised = n.advertise(a.Block)
 	}
 	if _, err := n.store.Create(ctx, n.endpoint(ep)); err != nil {
-		return a.Block, a.NewBlock, fmt.Errorf("%s: writing endpoint: %w", n.name, err)
+		return a.Block, advertised, fmt.Errorf("%s: writing endpoint: %w", n.name, err)
 	}
 	n.mu.Lock()
 	n.eps = append(n.eps, ep)
 	n.mu.Unlock()
-	return a.Block, a.NewBlock, nil
+	return a.Block, advertised, nil
 }
 
-// advertise announces block on every session unless it is announced.
-func (n *simNode) advertise(block netip.Prefix) {
+// advertise announces block on every session unless it is announced, and
+// returns when it did (zero when the block was announced already).
+func (n *simNode) advertise(block netip.Prefix) time.Time {
 	n.mu.Lock()
 	if n.blocks[block] {
 		n.mu.Unlock()
-		return
+		return time.Time{}
 	}
 	n.blocks[block] = true
 	var ss []*bgp.SimSession
@@ -202,9 +203,11 @@ func (n *simNode) advertise(block netip.Prefix) {
 		ss = append(ss, s)
 	}
 	n.mu.Unlock()
+	at := time.Now()
 	for _, s := range ss {
 		_ = s.Announce([]netip.Prefix{block})
 	}
+	return at
 }
 
 func (n *simNode) endpoint(ep simEndpoint) *api.WorkloadEndpoint {

@@ -28,8 +28,12 @@ type SimResult struct {
 	RRRSSMiB              float64 `json:"rrRSSMiB"`
 	RRKiBPerClient        float64 `json:"rrKiBPerClient"`
 	// Latencies.
-	RouteP50Ms  float64 `json:"blockToRouteP50Ms"`
-	RouteP99Ms  float64 `json:"blockToRouteP99Ms"`
+	RouteP50Ms float64 `json:"blockToRouteP50Ms"`
+	RouteP99Ms float64 `json:"blockToRouteP99Ms"`
+	// AdvertP50Ms and AdvertP99Ms are the part of the block → route
+	// samples from the block's advertisement on (without the IPAM claim).
+	AdvertP50Ms float64 `json:"advertToRouteP50Ms"`
+	AdvertP99Ms float64 `json:"advertToRouteP99Ms"`
 	PolicyP50Ms float64 `json:"policyToKernelP50Ms"`
 	PolicyP99Ms float64 `json:"policyToKernelP99Ms"`
 	ReadyS      float64 `json:"restartToReadySeconds"`
@@ -53,16 +57,16 @@ func (r SimResult) summary() string {
 // SimTable renders results as a Markdown table, one row per size.
 func SimTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | endpoints | agent µs/event | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| sim nodes | endpoints | agent µs/event | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		proxy := "—"
 		if r.EtcdProxy {
 			proxy = fmt.Sprintf("%.1f", r.ProxyChurnPct)
 		}
-		fmt.Fprintf(&b, "| %d | %d | %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
 			r.Nodes, r.Endpoints, r.AgentUsPerEvent, r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
-			r.RouteP50Ms, r.RouteP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy, r.Load)
+			r.RouteP50Ms, r.RouteP99Ms, r.AdvertP50Ms, r.AdvertP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy, r.Load)
 	}
 	return b.String()
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -168,7 +169,7 @@ func simLabels(k int) map[string]string {
 // grow adds simulated nodes up to size, waits for their sessions and fills
 // them with endpoints; the last o.Samples new nodes' first endpoints are
 // the block-to-route samples it returns.
-func (r *simRun) grow(ctx context.Context, size int) ([]time.Duration, error) {
+func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 	from := len(r.nodes)
 	st := r.l.State()
 	eps := st.EtcdEndpoints()
@@ -194,37 +195,65 @@ func (r *simRun) grow(ctx context.Context, size int) ([]time.Duration, error) {
 				err = errors.Join(err, n.close())
 			}
 		}
-		return nil, err
+		return routeLatencies{}, err
 	}
 	r.nodes = append(r.nodes, added...)
 	if err := r.waitSessions(ctx, added); err != nil {
-		return nil, err
+		return routeLatencies{}, err
 	}
 	nSamples := min(r.o.Samples, len(added))
 	fill, samples := added[:len(added)-nSamples], added[len(added)-nSamples:]
 	r.l.Progress("adding %d endpoints", len(added)*r.o.EndpointsPerNode)
 	if err := parallel(ctx, 32, len(fill), func(i int) error { return r.fill(ctx, fill[i], 0) }); err != nil {
-		return nil, err
+		return routeLatencies{}, err
 	}
-	var lat []time.Duration
+	var lat routeLatencies
 	for _, n := range samples {
 		t0 := time.Now()
-		block, _, err := n.addEndpoint(ctx, simLabels(0))
+		block, advertised, err := n.addEndpoint(ctx, simLabels(0))
 		if err != nil {
-			return nil, err
+			return lat, err
 		}
 		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		t1, err := waitAll(wctx, r.routes, block.String())
+		each, t1, err := waitAll(wctx, r.routes, block.String())
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("block %s of %s: %w", block, n.name, err)
+			return lat, fmt.Errorf("block %s of %s: %w", block, n.name, err)
 		}
-		lat = append(lat, t1.Sub(t0))
+		lat.add(t0, advertised, t1)
+		r.l.Progress("block %s of %s: claimed in %s, then in each real node's kernel after %s", block, n.name,
+			roundMs(advertised.Sub(t0)), r.afterEach(advertised, each))
 		if err := r.fill(ctx, n, 1); err != nil {
-			return nil, err
+			return lat, err
 		}
 	}
 	return lat, nil
+}
+
+// afterEach renders when each real node's kernel had a route, from start.
+func (r *simRun) afterEach(start time.Time, each []time.Time) string {
+	var b strings.Builder
+	for i, t := range each {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s", r.l.State().Nodes[i].Name, roundMs(t.Sub(start)))
+	}
+	return b.String()
+}
+
+func roundMs(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+// routeLatencies are the block → route samples of one size: the whole
+// (from before the ADD that claims the block) and the part from the
+// block's advertisement on (BGP, the reflectors and the agents).
+type routeLatencies struct{ total, fromAdvert []time.Duration }
+
+func (l *routeLatencies) add(start, advertised, inKernel time.Time) {
+	l.total = append(l.total, inKernel.Sub(start))
+	if !advertised.IsZero() {
+		l.fromAdvert = append(l.fromAdvert, inKernel.Sub(advertised))
+	}
 }
 
 // fill adds node n's endpoints from the have-th on.

@@ -103,6 +103,27 @@ var ErrWatchEnded = errors.New("the cluster view's watch ended")
 // error then, or ErrWatchEnded if the watch ends first: it never returns
 // nil. The first event is a full list; after it the view reports Synced.
 func (s *Syncer) Run(ctx context.Context) error {
+	if fs, ok := s.src.(funcSource); ok {
+		// The watch's goroutine applies its responses itself: one
+		// goroutine wake-up per event less than a channel to this one.
+		fs.WatchKeysFunc(ctx, watchSpec, 0, func(evs []datastore.Event) { s.apply(evs...) })
+	} else {
+		s.follow(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return ErrWatchEnded
+}
+
+// funcSource is a Source that can call the view with each watch
+// response (datastore.Store).
+type funcSource interface {
+	WatchKeysFunc(ctx context.Context, spec datastore.WatchSpec, fromRev int64, fn func([]datastore.Event))
+}
+
+// follow applies the events of the source's channel until it closes.
+func (s *Syncer) follow(ctx context.Context) {
 	ch := s.src.WatchKeys(ctx, watchSpec, 0)
 	batch := make([]datastore.Event, 0, maxBatch)
 	for ev := range ch {
@@ -125,10 +146,6 @@ func (s *Syncer) Run(ctx context.Context) error {
 		s.apply(batch...)
 		clear(batch) // the events' values belong to the view now, or to nobody
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return ErrWatchEnded
 }
 
 // maxBatch bounds the events applied together.

@@ -94,12 +94,7 @@ func (t *internTable) intern(b []byte) string {
 	if s, ok := t.m[string(b)]; ok { // the conversion does not allocate
 		return s
 	}
-	if t.m == nil || len(t.m) >= internMax {
-		t.m = make(map[string]string, 256)
-	}
-	s := string(b)
-	t.m[s] = s
-	return s
+	return t.addLocked(string(b))
 }
 
 // internString is intern for a string the caller already holds.
@@ -112,6 +107,10 @@ func (t *internTable) internString(s string) string {
 	if i, ok := t.m[s]; ok {
 		return i
 	}
+	return t.addLocked(s)
+}
+
+func (t *internTable) addLocked(s string) string {
 	if t.m == nil || len(t.m) >= internMax {
 		t.m = make(map[string]string, 256)
 	}

@@ -3,7 +3,10 @@ package datastore
 import (
 	stdjson "encoding/json"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -73,4 +76,24 @@ func FuzzUnmarshalRecord(f *testing.F) {
 			checkAsEncodingJSON(t, kind, []byte(data))
 		}
 	})
+}
+
+// Interned strings are shared, the table stays bounded, and long strings
+// are not kept.
+func TestInternTable(t *testing.T) {
+	var tab internTable
+	a, b := tab.intern([]byte("app")), tab.intern([]byte("app"))
+	if unsafe.StringData(a) != unsafe.StringData(b) || tab.internString("app") != a {
+		t.Errorf("equal strings not shared")
+	}
+	for i := range 3 * internMax {
+		tab.intern([]byte(strconv.Itoa(i)))
+		if len(tab.m) > internMax {
+			t.Fatalf("table holds %d strings, bound %d", len(tab.m), internMax)
+		}
+	}
+	long := strings.Repeat("x", internMaxLen+1)
+	if tab.intern([]byte(long)); len(tab.m) > 0 && tab.m[long] != "" {
+		t.Errorf("a string longer than %d bytes was kept", internMaxLen)
+	}
 }

@@ -1,7 +1,6 @@
 package syncer
 
 import (
-	"encoding/json"
 	"log/slog"
 	"testing"
 
@@ -17,15 +16,7 @@ func labelsEndpoint(t *testing.T, name string, labels map[string]string, rev int
 		Spec: api.WorkloadEndpointSpec{Node: "n1", ContainerID: "c" + name, InterfaceName: "cali" + name,
 			IPNetworks: []string{"10.244.0.1/32"}, NamespaceLabels: map[string]string{"kubernetes.io/metadata.name": "default"}}}
 	w.SetDefaults()
-	key, err := datastore.ResourceKey(api.KindWorkloadEndpoint, "default", name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := json.Marshal(w)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return datastore.KV{Key: key, Value: v, ModRevision: rev}
+	return resourceKV(t, w, rev)
 }
 
 // Endpoints with equal labels hold one map; each keeps its own labels

@@ -1,7 +1,9 @@
 package syncer
 
 import (
+	"bytes"
 	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -88,5 +90,30 @@ func TestResyncKeepsHeldRecords(t *testing.T) {
 	s.apply(datastore.Event{Type: datastore.EventResync, Snapshot: []datastore.KV{b}, Revision: 4})
 	if got := s.Endpoints()[0].Metadata.Labels["app"]; got != "db" {
 		t.Errorf("after a new revision: app = %q, want db", got)
+	}
+}
+
+// An endpoint record that does not decode (malformed JSON, a label that is
+// not a string) is reported once and left out of the view; the version
+// the view held goes with it.
+func TestMalformedEndpointSkipped(t *testing.T) {
+	var logged bytes.Buffer
+	s := New(nil, slog.New(slog.NewTextHandler(&logged, nil)))
+	s.apply(datastore.Event{Type: datastore.EventResync, Revision: 1})
+	good := labelsEndpoint(t, "a", map[string]string{"app": "web"}, 2)
+	s.apply(datastore.Event{Type: datastore.EventPut, KV: good, Revision: 2})
+	for i, bad := range []string{`{"metadata":{"name":"a"`, `{"metadata":{"name":"a","namespace":"default","labels":{"app":7}}}`} {
+		kv := datastore.KV{Key: good.Key, Value: []byte(bad), ModRevision: int64(3 + i)}
+		s.apply(datastore.Event{Type: datastore.EventPut, KV: kv, Revision: kv.ModRevision})
+		if got := len(s.Endpoints()); got != 0 {
+			t.Errorf("%s: the view holds %d endpoints, want 0", bad, got)
+		}
+	}
+	if n := strings.Count(logged.String(), "skipping a record that does not decode"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logged.String())
+	}
+	s.apply(datastore.Event{Type: datastore.EventPut, KV: labelsEndpoint(t, "a", map[string]string{"app": "web"}, 5), Revision: 5})
+	if got := len(s.Endpoints()); got != 1 {
+		t.Errorf("after a good record again: %d endpoints, want 1", got)
 	}
 }

@@ -298,62 +298,10 @@ func (st *state) unindex(key string, it item) {
 	}
 }
 
-// orderedObjects are one kind's objects ordered by key.
-type orderedObjects struct {
-	keys []string
-	objs []api.Object
-}
-
-func (st *state) addObject(kind, key string, o api.Object) {
-	addTo(st.byKind, kind, key, o)
-	oo := st.ordered[kind]
-	if oo == nil {
-		oo = &orderedObjects{}
-		st.ordered[kind] = oo
-	}
-	i, found := slices.BinarySearch(oo.keys, key)
-	if found {
-		oo.objs[i] = o
-		return
-	}
-	oo.keys = slices.Insert(oo.keys, i, key)
-	oo.objs = slices.Insert(oo.objs, i, o)
-}
-
-func (st *state) removeObject(kind, key string) {
-	removeFrom(st.byKind, kind, key)
-	oo := st.ordered[kind]
-	if oo == nil {
-		return
-	}
-	if i, found := slices.BinarySearch(oo.keys, key); found {
-		oo.keys = slices.Delete(oo.keys, i, i+1)
-		oo.objs = slices.Delete(oo.objs, i, i+1)
-	}
-	if len(oo.keys) == 0 {
-		delete(st.ordered, kind)
-	}
-}
-
 // object returns one object of a kind, if it is there and a T.
 func object[T api.Object](st *state, kind, key string) (T, bool) {
 	t, ok := st.byKind[kind][key].(T)
 	return t, ok
-}
-
-// objects returns the objects of one kind, ordered by key.
-func objects[T api.Object](st *state, kind string) []T {
-	oo := st.ordered[kind]
-	if oo == nil {
-		return []T{}
-	}
-	out := make([]T, 0, len(oo.objs))
-	for _, o := range oo.objs {
-		if t, ok := o.(T); ok {
-			out = append(out, t)
-		}
-	}
-	return out
 }
 
 // poolOf returns the pool holding a block.

@@ -79,19 +79,38 @@ func Kinds() []KindInfo {
 // LookupKind finds a kind by its canonical name, plural or a short name,
 // case-insensitively ("IPPool", "ippools", "pool").
 func LookupKind(nameOrAlias string) (KindInfo, bool) {
-	i, ok := kindIndex[strings.ToLower(strings.TrimSpace(nameOrAlias))]
+	k, ok := lookupKind(nameOrAlias)
+	k.ShortNames = append([]string(nil), k.ShortNames...)
+	return k, ok
+}
+
+// kindByName maps each canonical kind name to its index in kinds.
+var kindByName = func() map[string]int {
+	m := make(map[string]int, len(kinds))
+	for i, k := range kinds {
+		m[k.Kind] = i
+	}
+	return m
+}()
+
+// lookupKind is LookupKind for the package's own use: a canonical name
+// (every decode and validation asks with one) costs one map lookup and
+// no allocation, and ShortNames is shared: read-only.
+func lookupKind(nameOrAlias string) (KindInfo, bool) {
+	i, ok := kindByName[nameOrAlias]
+	if !ok {
+		i, ok = kindIndex[strings.ToLower(strings.TrimSpace(nameOrAlias))]
+	}
 	if !ok {
 		return KindInfo{}, false
 	}
-	k := kinds[i]
-	k.ShortNames = append([]string(nil), k.ShortNames...)
-	return k, true
+	return kinds[i], true
 }
 
 // New returns an empty object of the kind named by kind (anything LookupKind
 // accepts) with apiVersion and kind set and nothing else.
 func New(kind string) (Object, error) {
-	info, ok := LookupKind(kind)
+	info, ok := lookupKind(kind)
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownKind, kind)
 	}
@@ -170,6 +189,6 @@ func KindOf(obj Object) string {
 
 // kindInfoOf is LookupKind(KindOf(obj)) for a known type.
 func kindInfoOf(obj Object) KindInfo {
-	info, _ := LookupKind(KindOf(obj))
+	info, _ := lookupKind(KindOf(obj))
 	return info
 }

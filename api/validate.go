@@ -5,7 +5,6 @@ import (
 	"math"
 	"net"
 	"net/netip"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -71,18 +70,10 @@ const (
 	qualifiedNameMax    = 63
 )
 
-var (
-	dns1123LabelRE     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	dns1123SubdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	qualifiedNameRE    = regexp.MustCompile(`^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$`)
-	ianaSvcNameRE      = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
-	containerIDRE      = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.\-]*$`)
-)
-
 // checkDNSSubdomain returns what is wrong with s as a DNS-1123 subdomain
 // (lowercase, as Kubernetes object names), or "".
 func checkDNSSubdomain(s string) string {
-	if len(s) > dns1123SubdomainMax || !dns1123SubdomainRE.MatchString(s) {
+	if len(s) > dns1123SubdomainMax || !isDNSSubdomain(s) {
 		return fmt.Sprintf("%q must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most %d characters)", s, dns1123SubdomainMax)
 	}
 	return ""
@@ -90,7 +81,7 @@ func checkDNSSubdomain(s string) string {
 
 // checkDNSLabel returns what is wrong with s as a DNS-1123 label, or "".
 func checkDNSLabel(s string) string {
-	if len(s) > dns1123LabelMax || !dns1123LabelRE.MatchString(s) {
+	if len(s) > dns1123LabelMax || !isDNSLabel(s) {
 		return fmt.Sprintf("%q must be a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most %d characters)", s, dns1123LabelMax)
 	}
 	return ""
@@ -113,7 +104,7 @@ func checkQualifiedName(s string) string {
 	if name == "" {
 		return fmt.Sprintf("key %q has an empty name", s)
 	}
-	if len(name) > qualifiedNameMax || !qualifiedNameRE.MatchString(name) {
+	if len(name) > qualifiedNameMax || !isQualifiedName(name) {
 		return fmt.Sprintf("key %q: name must be at most %d characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit", s, qualifiedNameMax)
 	}
 	return ""
@@ -125,7 +116,7 @@ func checkLabelValue(s string) string {
 	if s == "" {
 		return ""
 	}
-	if len(s) > labelValueMax || !qualifiedNameRE.MatchString(s) {
+	if len(s) > labelValueMax || !isQualifiedName(s) {
 		return fmt.Sprintf("value %q must be at most %d characters of letters, digits, '-', '_' and '.', starting and ending with a letter or digit", s, labelValueMax)
 	}
 	return ""
@@ -138,7 +129,7 @@ func checkPortName(s string) string {
 	switch {
 	case len(s) == 0 || len(s) > 15:
 		return fmt.Sprintf("port name %q must be 1 to 15 characters", s)
-	case !ianaSvcNameRE.MatchString(s):
+	case !isDNSLabel(s):
 		return fmt.Sprintf("port name %q must be lowercase letters, digits and '-', starting and ending with a letter or digit", s)
 	case strings.Contains(s, "--"):
 		return fmt.Sprintf("port name %q must not contain \"--\"", s)
@@ -196,6 +187,9 @@ func (v *validator) meta(m *ObjectMeta, info KindInfo) {
 		}
 	}
 	v.labels("metadata.labels", m.Labels)
+	if validKeys(m.Annotations, func(string) bool { return true }) {
+		return
+	}
 	for _, k := range sortedKeys(m.Annotations) {
 		if p := checkQualifiedName(k); p != "" {
 			v.add(key("metadata.annotations", k), "%s", p)
@@ -203,7 +197,24 @@ func (v *validator) meta(m *ObjectMeta, info KindInfo) {
 	}
 }
 
+// validKeys reports whether every key of m is a valid qualified name and
+// every value passes value: the common case, checked without sorting the
+// keys (which only the messages need) or building any message.
+func validKeys(m map[string]string, value func(string) bool) bool {
+	for k, val := range m {
+		if checkQualifiedName(k) != "" || !value(val) {
+			return false
+		}
+	}
+	return true
+}
+
+func validLabelValue(s string) bool { return checkLabelValue(s) == "" }
+
 func (v *validator) labels(path string, labels map[string]string) {
+	if validKeys(labels, validLabelValue) {
+		return
+	}
 	for _, k := range sortedKeys(labels) {
 		if p := checkQualifiedName(k); p != "" {
 			v.add(key(path, k), "%s", p)

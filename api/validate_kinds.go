@@ -293,7 +293,7 @@ func (w *WorkloadEndpoint) Validate() error {
 	}
 	if s.ContainerID == "" {
 		v.add("spec.containerID", "is required")
-	} else if !containerIDRE.MatchString(s.ContainerID) {
+	} else if !isContainerID(s.ContainerID) {
 		v.add("spec.containerID", "%q must be letters, digits, '_', '.' and '-', starting with a letter or digit", s.ContainerID)
 	}
 	if msg := checkIfName(s.InterfaceName); msg != "" {
@@ -311,9 +311,13 @@ func (w *WorkloadEndpoint) Validate() error {
 		v.add("spec.ipNetworks", "at least one address is required")
 	}
 	for i, n := range s.IPNetworks {
+		pr, err := netip.ParsePrefix(n)
+		if err == nil && pr.IsSingleIP() && pr.Addr().Zone() == "" && !pr.Addr().Is4In6() && !pr.Addr().IsLinkLocalUnicast() {
+			continue // the common case, without building the field path
+		}
 		// A pod address with a shorter prefix is a likely mistake; say
 		// so rather than complain about host bits.
-		if pr, err := netip.ParsePrefix(n); err == nil && pr.Bits() != pr.Addr().BitLen() {
+		if err == nil && pr.Bits() != pr.Addr().BitLen() {
 			v.add(idx("spec.ipNetworks", i), "%q must be a single address, like %q", n, netip.PrefixFrom(pr.Addr(), pr.Addr().BitLen()).String())
 			continue
 		}

@@ -63,16 +63,17 @@ func ParseResourceKey(key string) (kind, namespace, name string, ok bool) {
 	if !found {
 		return "", "", "", false
 	}
-	parts := strings.Split(rest, "/")
-	info, found := api.LookupKind(parts[0])
-	if !found || info.Plural != parts[0] {
+	plural, rest, _ := strings.Cut(rest, "/")
+	info, found := api.LookupKind(plural)
+	if !found || info.Plural != plural {
 		return "", "", "", false
 	}
+	first, second, two := strings.Cut(rest, "/")
 	switch {
-	case info.Namespaced && len(parts) == 3 && parts[1] != "" && parts[2] != "":
-		return info.Kind, parts[1], parts[2], true
-	case !info.Namespaced && len(parts) == 2 && parts[1] != "":
-		return info.Kind, "", parts[1], true
+	case info.Namespaced && two && first != "" && second != "" && !strings.Contains(second, "/"):
+		return info.Kind, first, second, true
+	case !info.Namespaced && !two && first != "":
+		return info.Kind, "", first, true
 	}
 	return "", "", "", false
 }
@@ -109,7 +110,7 @@ func DecodeResource(kv KV) (api.Object, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", kv.Key, err)
 	}
-	if err := json.Unmarshal(kv.Value, obj); err != nil {
+	if err := unmarshalRecord(kv.Value, obj); err != nil {
 		return nil, fmt.Errorf("decoding %s: %w", kv.Key, err)
 	}
 	*obj.GetTypeMeta() = api.TypeMeta{APIVersion: api.APIVersion, Kind: kind}
@@ -117,6 +118,9 @@ func DecodeResource(kv KV) (api.Object, error) {
 	if m.Name != name || m.Namespace != ns {
 		return nil, fmt.Errorf("decoding %s: object is %s/%s, not what its key says", kv.Key, m.Namespace, m.Name)
 	}
+	// The same strings, held once: the key's (which whoever keeps the
+	// object keeps too) and the namespace's interned.
+	m.Name, m.Namespace = name, interned.internString(ns)
 	m.ResourceVersion = strconv.FormatInt(kv.ModRevision, 10)
 	return obj, nil
 }

@@ -121,35 +121,63 @@ type KeyRange struct{ From, To string }
 // one go.
 func (s *Store) WatchKeys(ctx context.Context, spec WatchSpec, fromRev int64) <-chan Event {
 	out := make(chan Event, 16)
-	if len(spec.Skip) > 0 {
-		go func() {
-			if s.watchProgressAnswered(ctx) {
-				w := &partsWatcher{s: s, spec: spec, out: out, parts: s.watchParts(spec)}
-				w.run(ctx, fromRev)
-				return
+	go func() {
+		defer close(out)
+		s.watchKeys(ctx, spec, fromRev, func(evs []Event) bool {
+			for _, e := range evs {
+				select {
+				case out <- e:
+				case <-ctx.Done():
+					return false
+				}
 			}
-			// The parts' Reached needs progress reports: without them
-			// (etcd's gRPC proxy), one watch of the whole range, the
-			// skipped keys received and dropped.
-			w := &watcher{s: s, spec: withoutSkip(spec), out: out, next: fromRev}
-			w.run(ctx)
-		}()
-		return out
-	}
-	w := &watcher{s: s, spec: spec, out: out, next: fromRev}
-	go w.run(ctx)
+			return true
+		})
+	}()
 	return out
+}
+
+// WatchKeysFunc is WatchKeys calling fn instead of sending on a channel:
+// in the watch's own goroutine, with the events of one watch response (or
+// one EventResync), so that a receiver that applies them at once (the
+// cluster view) costs every event one goroutine wake-up less. fn must not
+// keep evs (it may keep the events). WatchKeysFunc returns when ctx is
+// done or the Store is closed.
+func (s *Store) WatchKeysFunc(ctx context.Context, spec WatchSpec, fromRev int64, fn func(evs []Event)) {
+	s.watchKeys(ctx, spec, fromRev, func(evs []Event) bool {
+		fn(evs)
+		return ctx.Err() == nil
+	})
+}
+
+// emitFunc hands a watch response's events to the receiver; false when
+// ctx ended first.
+type emitFunc func(evs []Event) bool
+
+func (s *Store) watchKeys(ctx context.Context, spec WatchSpec, fromRev int64, emit emitFunc) {
+	if len(spec.Skip) > 0 {
+		if s.watchProgressAnswered(ctx) {
+			w := &partsWatcher{s: s, spec: spec, emit: emit, parts: s.watchParts(spec)}
+			w.run(ctx, fromRev)
+			return
+		}
+		// The parts' Reached needs progress reports: without them
+		// (etcd's gRPC proxy), one watch of the whole range, the
+		// skipped keys received and dropped.
+		spec = withoutSkip(spec)
+	}
+	w := &watcher{s: s, spec: spec, emit: emit, next: fromRev}
+	w.run(ctx)
 }
 
 type watcher struct {
 	s    *Store
 	spec WatchSpec
-	out  chan<- Event
+	emit emitFunc
 	next int64 // first revision not yet delivered
 }
 
 func (w *watcher) run(ctx context.Context) {
-	defer close(w.out)
 	if w.next <= 0 && !w.resync(ctx) {
 		return
 	}
@@ -209,11 +237,10 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 			continue
 		}
 		sent := w.next - 1 // the last revision the receiver has been given
+		var batch []Event
 		for _, ev := range resp.Events {
 			if w.keep(ev.Kv.Key) {
-				if !w.send(ctx, w.s.watchEvent(ev)) {
-					return ctx.Err()
-				}
+				batch = append(batch, w.s.watchEvent(ev))
 				sent = ev.Kv.ModRevision
 			}
 			w.next = ev.Kv.ModRevision + 1
@@ -225,7 +252,10 @@ func (w *watcher) watchOnce(ctx context.Context, b *backoff) error {
 		// reached: one event without a value, not a copy of each. Also
 		// when the response's refused events follow kept ones (a burst of
 		// writes in one response): the receiver must reach the last.
-		if sent < w.next-1 && !w.send(ctx, Event{Type: EventProgress, Revision: w.next - 1}) {
+		if sent < w.next-1 {
+			batch = append(batch, Event{Type: EventProgress, Revision: w.next - 1})
+		}
+		if len(batch) > 0 && !w.emit(batch) {
 			return ctx.Err()
 		}
 	}
@@ -257,7 +287,7 @@ func (s *Store) watchEvent(ev *clientv3.Event) Event {
 // w.next after it. It returns false when ctx is done.
 func (w *watcher) resync(ctx context.Context) bool {
 	kvs, rev, ok := w.s.relist(ctx, w.spec, w.keep)
-	if !ok || !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev}) {
+	if !ok || !w.emit([]Event{{Type: EventResync, Snapshot: kvs, Revision: rev}}) {
 		return false
 	}
 	w.next = rev + 1
@@ -280,15 +310,6 @@ func (s *Store) relist(ctx context.Context, spec WatchSpec, keep func([]byte) bo
 		if !b.wait(ctx) {
 			return nil, 0, false
 		}
-	}
-}
-
-func (w *watcher) send(ctx context.Context, e Event) bool {
-	select {
-	case w.out <- e:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
 

@@ -131,7 +131,7 @@ func (s *Store) RequestWatchProgress(ctx context.Context) error {
 type partsWatcher struct {
 	s     *Store
 	spec  WatchSpec
-	out   chan<- Event
+	emit  emitFunc
 	parts []absRange
 	// reached is, per part, the revision through which its events have
 	// been delivered.
@@ -141,7 +141,6 @@ type partsWatcher struct {
 func (w *partsWatcher) least() int64 { return slices.Min(w.reached) }
 
 func (w *partsWatcher) run(ctx context.Context, fromRev int64) {
-	defer close(w.out)
 	w.reached = make([]int64, len(w.parts))
 	if fromRev > 0 {
 		for i := range w.reached {
@@ -161,7 +160,7 @@ func (w *partsWatcher) keep(abs []byte) bool {
 // and dropped) and moves every part after it.
 func (w *partsWatcher) resync(ctx context.Context) bool {
 	kvs, rev, ok := w.s.relist(ctx, w.spec, w.keep)
-	if !ok || !w.send(ctx, Event{Type: EventResync, Snapshot: kvs, Revision: rev, Reached: rev}) {
+	if !ok || !w.emit([]Event{{Type: EventResync, Snapshot: kvs, Revision: rev, Reached: rev}}) {
 		return false
 	}
 	for i := range w.reached {
@@ -243,23 +242,19 @@ func (w *partsWatcher) handle(ctx context.Context, r partResp, b *backoff) error
 	}
 	w.reached[r.i] = last
 	now := w.least()
-	for j, e := range kept {
+	for j := range kept {
 		// Until the last event of the response is delivered, the others
 		// of its revision may not be.
-		e.Reached = prev
+		kept[j].Reached = prev
 		if j == len(kept)-1 {
-			e.Reached = now
-		}
-		if !w.send(ctx, e) {
-			return ctx.Err()
+			kept[j].Reached = now
 		}
 	}
-	if len(kept) == 0 && now > prev && !w.send(ctx, Event{Type: EventProgress, Revision: now, Reached: now}) {
+	if len(kept) == 0 && now > prev {
+		kept = append(kept, Event{Type: EventProgress, Revision: now, Reached: now})
+	}
+	if len(kept) > 0 && !w.emit(kept) {
 		return ctx.Err()
 	}
 	return nil
-}
-
-func (w *partsWatcher) send(ctx context.Context, e Event) bool {
-	return (&watcher{out: w.out}).send(ctx, e)
 }

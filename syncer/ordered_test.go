@@ -82,4 +82,15 @@ func BenchmarkEndpointsAfterEvent(b *testing.B) {
 			}
 		})
 	}
+	// Remote pods come and go (a new key, an old one gone) and an owner
+	// reads the list after every 64th: most events wake no owner.
+	b.Run("churn-read-1/64", func(b *testing.B) {
+		for i := 0; b.Loop(); i++ {
+			st.addObject(kind, key(n+i), ep(n+i))
+			st.removeObject(kind, key(i))
+			if i%64 == 63 && len(objects[*api.WorkloadEndpoint](st, kind)) != n {
+				b.Fatal("lost an endpoint")
+			}
+		}
+	})
 }

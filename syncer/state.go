@@ -45,6 +45,7 @@ type state struct {
 	nodeGC       map[string]datastore.KV                       // key → node GC record
 	meshKey      string                                        // the cluster's BGP mesh key, "" without one
 	bgpSecrets   datastore.BGPSecrets                          // the copied Secret keys of BGP passwords
+	labels       labelSets                                     // the endpoints' maps, shared
 }
 
 func newState() *state {
@@ -59,6 +60,7 @@ func newState() *state {
 		borrowedBy:   map[string]map[netip.Addr]ipam.BorrowedAddr{},
 		affinities:   map[string]map[netip.Prefix]ipam.Affinity{},
 		nodeGC:       map[string]datastore.KV{},
+		labels:       newLabelSets(),
 	}
 }
 
@@ -130,6 +132,12 @@ func unchanged(old item, kind string, val any, rev int64) bool {
 
 // put stores a key's new record and returns the update, if any.
 func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
+	if old, had := st.items[kv.Key]; had && old.rev == kv.ModRevision && old.kind != kindBlock && old.kind != kindAffinity {
+		// The record the view holds (etcd writes only changes, so one
+		// revision of a key is one value): a re-list after a compaction
+		// or reconnect decodes nothing it already has.
+		return change{}, false
+	}
 	kind, val, err := decode(kv)
 	if err != nil {
 		if _, seen := st.bad[kv.Key]; !seen {
@@ -145,6 +153,8 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
 	delete(st.bad, kv.Key)
 	old, had := st.items[kv.Key]
 	if had && unchanged(old, kind, val, kv.ModRevision) {
+		// A block or affinity rewritten without a change the view
+		// represents (an api object of the same revision returned above).
 		st.items[kv.Key] = item{kind: kind, val: val, rev: kv.ModRevision}
 		return change{}, false
 	}
@@ -251,6 +261,7 @@ func (st *state) index(key string, it item) {
 	case *datastore.BGPSecrets:
 		st.bgpSecrets = *v
 	case *api.WorkloadEndpoint:
+		st.labels.shareEndpoint(v)
 		st.addObject(it.kind, key, v)
 		addTo(st.epByNode, v.Spec.Node, key, v)
 	case api.Object:
@@ -279,6 +290,7 @@ func (st *state) unindex(key string, it item) {
 	case *datastore.BGPSecrets:
 		st.bgpSecrets = datastore.BGPSecrets{}
 	case *api.WorkloadEndpoint:
+		st.labels.releaseEndpoint(v)
 		st.removeObject(it.kind, key)
 		removeFrom(st.epByNode, v.Spec.Node, key)
 	case api.Object:
@@ -286,62 +298,10 @@ func (st *state) unindex(key string, it item) {
 	}
 }
 
-// orderedObjects are one kind's objects ordered by key.
-type orderedObjects struct {
-	keys []string
-	objs []api.Object
-}
-
-func (st *state) addObject(kind, key string, o api.Object) {
-	addTo(st.byKind, kind, key, o)
-	oo := st.ordered[kind]
-	if oo == nil {
-		oo = &orderedObjects{}
-		st.ordered[kind] = oo
-	}
-	i, found := slices.BinarySearch(oo.keys, key)
-	if found {
-		oo.objs[i] = o
-		return
-	}
-	oo.keys = slices.Insert(oo.keys, i, key)
-	oo.objs = slices.Insert(oo.objs, i, o)
-}
-
-func (st *state) removeObject(kind, key string) {
-	removeFrom(st.byKind, kind, key)
-	oo := st.ordered[kind]
-	if oo == nil {
-		return
-	}
-	if i, found := slices.BinarySearch(oo.keys, key); found {
-		oo.keys = slices.Delete(oo.keys, i, i+1)
-		oo.objs = slices.Delete(oo.objs, i, i+1)
-	}
-	if len(oo.keys) == 0 {
-		delete(st.ordered, kind)
-	}
-}
-
 // object returns one object of a kind, if it is there and a T.
 func object[T api.Object](st *state, kind, key string) (T, bool) {
 	t, ok := st.byKind[kind][key].(T)
 	return t, ok
-}
-
-// objects returns the objects of one kind, ordered by key.
-func objects[T api.Object](st *state, kind string) []T {
-	oo := st.ordered[kind]
-	if oo == nil {
-		return []T{}
-	}
-	out := make([]T, 0, len(oo.objs))
-	for _, o := range oo.objs {
-		if t, ok := o.(T); ok {
-			out = append(out, t)
-		}
-	}
-	return out
 }
 
 // poolOf returns the pool holding a block.

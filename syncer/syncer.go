@@ -72,8 +72,9 @@ type Syncer struct {
 	st     *state
 	rev    int64
 	synced bool
-	// waiters are woken whenever rev moves or the view syncs.
-	waiters chan struct{}
+	// waiters are the WaitRevision calls, each woken once, when the view
+	// is synced and has reached its revision: not on every event.
+	waiters []waiter
 	subs    []subscriber
 	stats   Stats
 }
@@ -91,7 +92,7 @@ func New(src Source, log *slog.Logger) *Syncer {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Syncer{src: src, log: log, st: newState(), waiters: make(chan struct{})}
+	return &Syncer{src: src, log: log, st: newState()}
 }
 
 // ErrWatchEnded is Run's error when the source's watch ends while ctx
@@ -102,6 +103,27 @@ var ErrWatchEnded = errors.New("the cluster view's watch ended")
 // error then, or ErrWatchEnded if the watch ends first: it never returns
 // nil. The first event is a full list; after it the view reports Synced.
 func (s *Syncer) Run(ctx context.Context) error {
+	if fs, ok := s.src.(funcSource); ok {
+		// The watch's goroutine applies its responses itself: one
+		// goroutine wake-up per event less than a channel to this one.
+		fs.WatchKeysFunc(ctx, watchSpec, 0, func(evs []datastore.Event) { s.apply(evs...) })
+	} else {
+		s.follow(ctx)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return ErrWatchEnded
+}
+
+// funcSource is a Source that can call the view with each watch
+// response (datastore.Store).
+type funcSource interface {
+	WatchKeysFunc(ctx context.Context, spec datastore.WatchSpec, fromRev int64, fn func([]datastore.Event))
+}
+
+// follow applies the events of the source's channel until it closes.
+func (s *Syncer) follow(ctx context.Context) {
 	ch := s.src.WatchKeys(ctx, watchSpec, 0)
 	batch := make([]datastore.Event, 0, maxBatch)
 	for ev := range ch {
@@ -124,10 +146,6 @@ func (s *Syncer) Run(ctx context.Context) error {
 		s.apply(batch...)
 		clear(batch) // the events' values belong to the view now, or to nobody
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return ErrWatchEnded
 }
 
 // maxBatch bounds the events applied together.
@@ -181,9 +199,29 @@ func (s *Syncer) apply(evs ...datastore.Event) {
 		s.synced = true
 	}
 	s.rev = max(s.rev, rev)
-	close(s.waiters)
-	s.waiters = make(chan struct{})
+	s.wakeWaitersLocked()
 	s.mu.Unlock()
+}
+
+// waiter is one WaitRevision call: ch is closed when the view is synced
+// and has reached rev.
+type waiter struct {
+	rev int64
+	ch  chan struct{}
+}
+
+// wakeWaitersLocked wakes the waiters whose revision the view reached.
+func (s *Syncer) wakeWaitersLocked() {
+	if !s.synced {
+		return
+	}
+	s.waiters = slices.DeleteFunc(s.waiters, func(w waiter) bool {
+		if s.rev < w.rev {
+			return false
+		}
+		close(w.ch)
+		return true
+	})
 }
 
 // applyLocked folds one event into the state and appends its updates.
@@ -260,24 +298,29 @@ func (s *Syncer) Stats() Stats {
 // revision only when every part has: it asks the source for a progress
 // report while it waits, so that a part without writes catches up.
 func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
-	var retry <-chan time.Time
-	for asked := false; ; {
-		s.mu.RLock()
-		done, synced, ch := s.synced && s.rev >= rev, s.synced, s.waiters
-		s.mu.RUnlock()
-		if done {
-			return nil
-		}
-		if p, ok := s.src.(progressSource); ok && synced && (!asked || retry == nil) {
-			asked = true
-			_ = p.RequestWatchProgress(ctx) // best effort: asked again below
-			retry = time.After(progressRetry)
+	w := waiter{rev: rev, ch: make(chan struct{})}
+	s.mu.Lock()
+	if s.synced && s.rev >= rev {
+		s.mu.Unlock()
+		return nil
+	}
+	s.waiters = append(s.waiters, w)
+	s.mu.Unlock()
+	p, asks := s.src.(progressSource)
+	retry := time.NewTicker(progressRetry)
+	defer retry.Stop()
+	for {
+		if s.Synced() && asks {
+			_ = p.RequestWatchProgress(ctx) // best effort: asked again on the next tick
 		}
 		select {
-		case <-ch:
-		case <-retry:
-			retry = nil
+		case <-w.ch:
+			return nil
+		case <-retry.C:
 		case <-ctx.Done():
+			s.mu.Lock()
+			s.waiters = slices.DeleteFunc(s.waiters, func(o waiter) bool { return o.ch == w.ch })
+			s.mu.Unlock()
 			return ctx.Err()
 		}
 	}

@@ -55,7 +55,7 @@ type Compiler struct {
 	// The maps of the pass before the last, kept to be refilled.
 	spareChains   map[*api.WorkloadEndpoint]*epChains
 	sparePolicies map[policyRef]*policyEntry
-	sets                   map[string]*liveSet
+	sets          map[string]*liveSet
 
 	// The ordered policies of the last pass, and whether this pass has
 	// the same ones (globals; namespaced by namespace).

@@ -66,16 +66,35 @@ type policyOwner struct {
 	// eps holds the endpoint changes for the next pass and decides which
 	// wake it (policyendpoints.go).
 	eps endpointLog
+	// guard and tunnel are the node and tunnel guards of the last pass,
+	// computed again (O(nodes)) only when guardsDirty: a node, pool, peer
+	// or BGP configuration that changes them came in since.
+	guard       policy.NodeGuard
+	tunnel      *policy.TunnelGuard
+	guardsDirty atomic.Bool
+}
+
+// guarding is a filter that takes what pred takes (everything when nil)
+// and marks the guards to be computed again when it does.
+func guarding[T syncer.Value](p *policyOwner, pred func(syncer.Update[T]) bool) func(syncer.Update[T]) bool {
+	return func(u syncer.Update[T]) bool {
+		if pred != nil && !pred(u) {
+			return false
+		}
+		p.guardsDirty.Store(true)
+		return true
+	}
 }
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
+	p.guardsDirty.Store(true)
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
 		syncer.On[api.Tier](nil), syncer.On[api.StagedGlobalNetworkPolicy](nil),
-		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint),
+		syncer.On(guarding[api.IPPool](p, nil)), syncer.On(p.affectsEndpoint),
 		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost),
-		syncer.On(nodeAddrsChanged), syncer.On[api.BGPPeer](nil), syncer.On[api.BGPConfiguration](nil),
-		tunnelGuardAffects())
+		syncer.On(guarding(p, func(u syncer.Update[api.Node]) bool { return nodeAddrsChanged(u) || tunnelGuardChanged(u) })),
+		syncer.On(guarding[api.BGPPeer](p, nil)), syncer.On(guarding[api.BGPConfiguration](p, nil)))
 	return p
 }
 
@@ -157,6 +176,10 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	// The endpoint changes are taken before anything is read from the
 	// view, so that none the view holds is missing from the compiler.
 	changes, all := p.eps.take()
+	if p.guardsDirty.Swap(false) || force {
+		p.guard = policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts)
+		p.tunnel = tunnelGuard(p.view)
+	}
 	heps, fsIn, fsOut := p.hostInputs()
 	if st := p.hostStatus(heps); !slices.Equal(st, p.hostEndpoints()) {
 		for _, h := range st {
@@ -226,8 +249,8 @@ func (p *policyOwner) input(heps []*api.HostEndpoint, fsIn, fsOut []policy.Fails
 		HostEndpoints:        heps,
 		FailsafeInbound:      fsIn,
 		FailsafeOutbound:     fsOut,
-		Guard:                policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts),
-		TunnelGuard:          tunnelGuard(p.view),
+		Guard:                p.guard,
+		TunnelGuard:          p.tunnel,
 	}
 }
 

@@ -68,6 +68,10 @@ type Compiler struct {
 	// staged maps each staged policy to the GlobalNetworkPolicy standing
 	// for it (tiers.go), so that its identity, the cache's key, lasts.
 	staged map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy
+	// The guards' chains and sets, which depend on the input's other
+	// fields only (reset with them).
+	guard  *guardEntry
+	tunnel *guardEntry
 	// hostChains are the last pass's host endpoint chains (host.go).
 	hostChains map[string]Chain
 }
@@ -114,6 +118,10 @@ type liveSet struct {
 	set   *Set
 	addrs map[netip.Addr]int
 	ports map[AddrPort]int
+	// What this pass's changes touched: addresses that came or went, and
+	// whether a named port member did.
+	touched []netip.Addr
+	flipped bool
 }
 
 func (cc *Compiler) begin(c *compiler) {
@@ -302,6 +310,7 @@ func (cc *Compiler) liveSet(c *compiler, name string, def setDef) bool {
 		s.count(e.ep, 1)
 	}
 	s.build(name)
+	s.touched, s.flipped = nil, false
 	cc.sets[name] = s
 	cc.setsVersion++
 	c.sets[name] = s.set
@@ -316,50 +325,89 @@ func (cc *Compiler) storeFixedSet(s *Set) {
 	cc.setsVersion++
 }
 
-// count adds (n = 1) or removes (n = -1) what ep contributes to the set;
-// it reports whether it contributes anything.
-func (s *liveSet) count(ep *endpoint, n int) bool {
+// count adds (n = 1) or removes (n = -1) what ep contributes to the set,
+// noting the members that came or went.
+func (s *liveSet) count(ep *endpoint, n int) {
 	if !s.def.sel.matches(ep) {
-		return false
+		return
 	}
-	changed := false
 	if s.def.named {
 		for _, m := range namedPortMembers(ep, s.def.fam, s.def.proto, s.def.port) {
 			s.ports[m] += n
-			changed = true
-			if s.ports[m] == 0 {
+			switch s.ports[m] {
+			case 0:
 				delete(s.ports, m)
+				s.flipped = true
+			case n:
+				s.flipped = true
 			}
 		}
-		return changed
+		return
 	}
 	for _, a := range ep.addrs {
 		if FamilyOf(a) != s.def.fam {
 			continue
 		}
 		s.addrs[a] += n
-		changed = true
-		if s.addrs[a] == 0 {
+		switch s.addrs[a] {
+		case 0:
 			delete(s.addrs, a)
+			s.touched = append(s.touched, a)
+		case n:
+			s.touched = append(s.touched, a)
 		}
 	}
-	return changed
 }
 
 func (s *liveSet) update(removed []*endpoint, added []*epEntry) {
 	if s.def.fixed {
 		return
 	}
-	changed := false
 	for _, ep := range removed {
-		changed = s.count(ep, -1) || changed
+		s.count(ep, -1)
 	}
 	for _, e := range added {
-		changed = s.count(e.ep, 1) || changed
+		s.count(e.ep, 1)
 	}
-	if changed {
+	switch {
+	case s.def.named && s.flipped:
 		s.build(s.set.Name)
+	case len(s.touched) > 0:
+		s.merge()
 	}
+	s.touched, s.flipped = s.touched[:0], false
+}
+
+// merge makes the set anew from the last one and the members that came
+// or went (touched): a copy, not a sort. When no member came or went for
+// good, the set stays the same object.
+func (s *liveSet) merge() {
+	slices.SortFunc(s.touched, netip.Addr.Compare)
+	touched := slices.Compact(s.touched)
+	old := s.set.Nets
+	nets := make([]netip.Prefix, 0, len(old)+len(touched))
+	i, changed := 0, false
+	for _, a := range touched {
+		p := netip.PrefixFrom(a, s.def.fam.Bits())
+		j, found := slices.BinarySearchFunc(old[i:], p, netip.Prefix.Compare)
+		nets = append(nets, old[i:i+j]...)
+		i += j
+		if found {
+			i++
+		}
+		if _, in := s.addrs[a]; in {
+			nets = append(nets, p)
+		}
+		changed = changed || found != (s.addrs[a] > 0)
+	}
+	if !changed {
+		return
+	}
+	nets = append(nets, old[i:]...)
+	if len(nets) == 0 {
+		nets = nil // as addNetSet leaves it
+	}
+	s.set = &Set{Name: s.set.Name, Type: SetTypeNet, Family: s.def.fam, Nets: nets}
 }
 
 // build makes the set's members canonical, as addNetSet and namedPortSet
@@ -369,9 +417,67 @@ func (s *liveSet) build(name string) {
 		s.set = &Set{Name: name, Type: SetTypeAddrPort, Family: s.def.fam, AddrPorts: slices.SortedFunc(maps.Keys(s.ports), AddrPort.Compare)}
 		return
 	}
-	var nets []netip.Prefix
+	var nets []netip.Prefix // nil when empty, as addNetSet leaves it
 	for _, a := range slices.SortedFunc(maps.Keys(s.addrs), netip.Addr.Compare) {
 		nets = append(nets, netip.PrefixFrom(a, s.def.fam.Bits()))
 	}
 	s.set = &Set{Name: name, Type: SetTypeNet, Family: s.def.fam, Nets: nets}
+}
+
+// guardEntry is a guard's output: chains, jumps and sets.
+type guardEntry struct {
+	chains []Chain
+	jumps  []Jump
+	sets   []*Set
+}
+
+// guarded returns what make returns, from the last pass when the guards
+// did not change (they are part of the input's other fields); names are
+// the sets make adds.
+func (cc *Compiler) guarded(c *compiler, e **guardEntry, names []string, make func() ([]Chain, []Jump)) ([]Chain, []Jump) {
+	if cc == nil {
+		return make()
+	}
+	if *e == nil {
+		chains, jumps := make()
+		g := &guardEntry{chains: chains, jumps: jumps}
+		for _, n := range names {
+			if s := c.sets[n]; s != nil {
+				g.sets = append(g.sets, s)
+			}
+		}
+		*e = g
+	}
+	for _, s := range (*e).sets {
+		c.sets[s.Name] = s
+	}
+	return (*e).chains, slices.Clone((*e).jumps)
+}
+
+// nodeGuard is c.nodeGuardChain, kept while the guard does not change.
+func (cc *Compiler) nodeGuard(c *compiler) Chain {
+	var names []string
+	for _, f := range Families {
+		n, p := nodeGuardSetNames(f)
+		names = append(names, n, p)
+	}
+	var e **guardEntry
+	if cc != nil {
+		e = &cc.guard
+	}
+	chains, _ := cc.guarded(c, e, names, func() ([]Chain, []Jump) { return []Chain{c.nodeGuardChain()}, nil })
+	return chains[0]
+}
+
+// tunnelGuard is c.tunnelGuard, kept while the guard does not change.
+func (cc *Compiler) tunnelGuard(c *compiler) ([]Chain, []Jump) {
+	var names []string
+	for _, f := range Families {
+		names = append(names, tunnelSetName(f))
+	}
+	var e **guardEntry
+	if cc != nil {
+		e = &cc.tunnel
+	}
+	return cc.guarded(c, e, names, c.tunnelGuard)
 }

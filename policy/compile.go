@@ -43,7 +43,14 @@ type compiler struct {
 func Compile(in Input) *Ruleset { return compile(in, nil) }
 
 func compile(in Input, cache *Compiler) *Ruleset {
-	c := &compiler{in: in, sets: map[string]*Set{}, chains: map[string]Chain{}, cache: cache}
+	c := &compiler{in: in, cache: cache}
+	// Sized as the last pass's: a pass that changes little does not grow
+	// them step by step.
+	nsets, nchains := 0, 0
+	if cache != nil {
+		nsets, nchains = len(cache.sets)+8, len(cache.policies)
+	}
+	c.sets, c.chains = make(map[string]*Set, nsets), make(map[string]Chain, nchains)
 	c.cache.begin(c)
 	c.parseEndpoints()
 	c.orderPolicies()
@@ -66,7 +73,7 @@ func compile(in Input, cache *Compiler) *Ruleset {
 	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+len(hostChains)+7)
 	chains = append(chains, c.forwardChain(hooks), c.inputChain(hooks))
 	if c.in.Guard.on() {
-		chains = append(chains, c.nodeGuardChain())
+		chains = append(chains, c.cache.nodeGuard(c))
 	}
 	chains = append(chains, hostChains...)
 	chains = append(chains, fws...)
@@ -79,7 +86,7 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
 	chains = append(chains, tws...)
 	chains = append(chains, c.natChain())
-	tunnel, tunnelJumps := c.tunnelGuard()
+	tunnel, tunnelJumps := c.cache.tunnelGuard(c)
 	chains = append(chains, tunnel...)
 	slices.SortFunc(chains, func(a, b Chain) int {
 		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Name, b.Name))

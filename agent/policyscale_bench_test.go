@@ -11,8 +11,8 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
-	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/syncer/syncertest"
 )
 

@@ -89,6 +89,7 @@ func guarding[T syncer.Value](p *policyOwner, pred func(syncer.Update[T]) bool) 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
 	p.guardsDirty.Store(true)
+	p.eps.node = node
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
 		syncer.On[api.Tier](nil), syncer.On[api.StagedGlobalNetworkPolicy](nil),
 		syncer.On(guarding[api.IPPool](p, nil)), syncer.On(p.affectsEndpoint),

@@ -238,8 +238,8 @@ func TestPolicyOwnerIgnoresRemotePodsWithoutPolicies(t *testing.T) {
 	up := func(w *api.WorkloadEndpoint) syncer.Update[api.WorkloadEndpoint] {
 		return syncer.Update[api.WorkloadEndpoint]{New: w}
 	}
-	if !p.affectsEndpoint(up(remote)) {
-		t.Error("before the first pass, another node's pod did not wake the policy owner")
+	if p.affectsEndpoint(up(remote)) {
+		t.Error("before the first pass, which reads every endpoint, another node's pod woke the policy owner")
 	}
 	if err := p.sync(context.Background(), false); err != nil {
 		t.Fatal(err)

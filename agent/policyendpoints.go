@@ -23,10 +23,14 @@ import (
 // so the pass, when it publishes its Interest, judges again what came in
 // since it took its changes, and runs again for any the new Interest wants.
 type endpointLog struct {
+	node     string
 	mu       sync.Mutex
 	changes  []policy.EndpointChange
 	overflow bool
-	interest *policy.Interest // nil before the first compilation: everything wakes
+	// interest is the last compilation's; nil before the first, which
+	// reads every endpoint (and then judges what came in meanwhile): until
+	// then only this node's endpoints wake the owner.
+	interest *policy.Interest
 	// woke and skipped count the changes that woke the owner and those
 	// that did not (tests, metrics).
 	woke, skipped int64
@@ -48,7 +52,13 @@ func (l *endpointLog) record(old, new *api.WorkloadEndpoint) bool {
 	default:
 		l.changes, l.overflow = nil, true
 	}
-	wake := l.interest.Wants(old) || l.interest.Wants(new)
+	var wake bool
+	if l.interest == nil {
+		on := endpointOn(l.node)
+		wake = (old != nil && on(old)) || (new != nil && on(new))
+	} else {
+		wake = l.interest.Wants(old) || l.interest.Wants(new)
+	}
 	if wake {
 		l.woke++
 	} else {

@@ -156,7 +156,14 @@ func TestEndpointLogJudgesAgainWithTheNewInterest(t *testing.T) {
 	in := policy.Input{Node: "node1", Endpoints: []*api.WorkloadEndpoint{local}}
 	cc := policy.NewCompiler()
 	cc.Compile(in)
-	var l endpointLog
+	l := endpointLog{node: "node1"}
+	if l.record(nil, client) {
+		t.Error("before the first compilation, a remote pod woke the owner")
+	}
+	if !l.publish(nil) {
+		t.Error("a change came in before the first compilation, but publish asks for no pass")
+	}
+	l.take()
 	if l.publish(cc.Interest()) {
 		t.Error("nothing recorded, but publish asks for another pass")
 	}

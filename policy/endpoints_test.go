@@ -107,3 +107,39 @@ func compileChanges(t *testing.T, cc *Compiler, in Input, changes []EndpointChan
 	}
 	return rs
 }
+
+// BenchmarkInterestWants is the policy owner's filter for another node's
+// pod: 31 selections (the agent benchmark's role sets), an endpoint none
+// takes and one a selection takes.
+func BenchmarkInterestWants(b *testing.B) {
+	in := Input{Node: "n1"}
+	for i := range 31 {
+		in.Endpoints = append(in.Endpoints, &api.WorkloadEndpoint{
+			Metadata: api.ObjectMeta{Name: fmt.Sprintf("l%d", i), Namespace: "default", Labels: map[string]string{"app": fmt.Sprintf("svc-%d", i)}},
+			Spec:     api.WorkloadEndpointSpec{Node: "n1", InterfaceName: fmt.Sprintf("cali%011x", i), IPNetworks: []string{fmt.Sprintf("10.244.0.%d/32", i+1)}},
+		})
+		in.NetworkPolicies = append(in.NetworkPolicies, ingressFrom("default", fmt.Sprintf("p%d", i), sel("app", fmt.Sprintf("svc-%d", i)),
+			[]api.NetworkPolicyPeer{{PodSelector: sel("role", fmt.Sprintf("r-%d", i))}}))
+	}
+	cc := NewCompiler()
+	cc.Compile(in)
+	interest := cc.Interest()
+	remote := func(role string) *api.WorkloadEndpoint {
+		return &api.WorkloadEndpoint{Metadata: api.ObjectMeta{Name: "x", Namespace: "default", Labels: map[string]string{"app": "svc-7", "role": role}},
+			Spec: api.WorkloadEndpointSpec{Node: "n2", InterfaceName: "cali00000000099", IPNetworks: []string{"10.244.9.9/32"}}}
+	}
+	for _, tc := range []struct {
+		name string
+		w    *api.WorkloadEndpoint
+		want bool
+	}{{"none", remote("r-40"), false}, {"one", remote("r-30"), true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			if interest.Selectors() != 31 || interest.Wants(tc.w) != tc.want {
+				b.Fatalf("%d selectors, Wants %v", interest.Selectors(), !tc.want)
+			}
+			for b.Loop() {
+				interest.Wants(tc.w)
+			}
+		})
+	}
+}

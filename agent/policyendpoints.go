@@ -26,6 +26,9 @@ type endpointLog struct {
 	node     string
 	mu       sync.Mutex
 	changes  []policy.EndpointChange
+	// unwoken are the changes since the last take that woke nobody (their
+	// indexes in changes): only those can need another pass on publish.
+	unwoken  []int
 	overflow bool
 	// interest is the last compilation's; nil before the first, which
 	// reads every endpoint (and then judges what came in meanwhile): until
@@ -45,19 +48,22 @@ const maxEndpointChanges = 8192
 func (l *endpointLog) record(old, new *api.WorkloadEndpoint) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case l.overflow:
-	case len(l.changes) < maxEndpointChanges:
-		l.changes = append(l.changes, policy.EndpointChange{Old: old, New: new})
-	default:
-		l.changes, l.overflow = nil, true
-	}
 	var wake bool
 	if l.interest == nil {
 		on := endpointOn(l.node)
 		wake = (old != nil && on(old)) || (new != nil && on(new))
 	} else {
 		wake = l.interest.Wants(old) || l.interest.Wants(new)
+	}
+	switch {
+	case l.overflow:
+	case len(l.changes) < maxEndpointChanges:
+		if !wake {
+			l.unwoken = append(l.unwoken, len(l.changes))
+		}
+		l.changes = append(l.changes, policy.EndpointChange{Old: old, New: new})
+	default:
+		l.changes, l.unwoken, l.overflow = nil, nil, true
 	}
 	if wake {
 		l.woke++
@@ -73,13 +79,14 @@ func (l *endpointLog) take() (changes []policy.EndpointChange, all bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	changes, all = l.changes, l.overflow
-	l.changes, l.overflow = nil, false
+	l.changes, l.unwoken, l.overflow = nil, nil, false
 	return changes, all
 }
 
 // publish makes in the Interest that judges the next changes, and reports
-// whether a change recorded since the last take is one it wants (or was
-// lost to the bound): then another pass must run.
+// whether a change recorded since the last take that woke nobody is one it
+// wants (or was lost to the bound): then another pass must run. (One that
+// woke the owner has its pass coming already.)
 func (l *endpointLog) publish(in *policy.Interest) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -87,8 +94,8 @@ func (l *endpointLog) publish(in *policy.Interest) bool {
 	if l.overflow {
 		return true
 	}
-	for _, c := range l.changes {
-		if in.Wants(c.Old) || in.Wants(c.New) {
+	for _, i := range l.unwoken {
+		if c := l.changes[i]; in.Wants(c.Old) || in.Wants(c.New) {
 			return true
 		}
 	}

@@ -184,4 +184,7 @@ func TestEndpointLogJudgesAgainWithTheNewInterest(t *testing.T) {
 	if !l.record(client, nil) {
 		t.Error("the pod's deletion did not wake the owner under the new Interest")
 	}
+	if l.publish(cc.Interest()) {
+		t.Error("the deletion woke the owner already, but publish asks for another pass")
+	}
 }

@@ -23,9 +23,9 @@ import (
 // so the pass, when it publishes its Interest, judges again what came in
 // since it took its changes, and runs again for any the new Interest wants.
 type endpointLog struct {
-	node     string
-	mu       sync.Mutex
-	changes  []policy.EndpointChange
+	node    string
+	mu      sync.Mutex
+	changes []policy.EndpointChange
 	// unwoken are the changes since the last take that woke nobody (their
 	// indexes in changes): only those can need another pass on publish.
 	unwoken  []int

@@ -63,26 +63,51 @@ type policyOwner struct {
 	// onApplied, when set, is told of every ruleset the firewall now
 	// enforces (flow logs map log prefixes to rules with it).
 	onApplied func(*policy.Ruleset)
+	// eps holds the endpoint changes for the next pass and decides which
+	// wake it (policyendpoints.go).
+	eps endpointLog
+	// guard and tunnel are the node and tunnel guards of the last pass,
+	// computed again (O(nodes)) only when guardsDirty: a node, pool, peer
+	// or BGP configuration that changes them came in since.
+	guard       policy.NodeGuard
+	tunnel      *policy.TunnelGuard
+	guardsDirty atomic.Bool
+}
+
+// guarding is a filter that takes what pred takes (everything when nil)
+// and marks the guards to be computed again when it does.
+func guarding[T syncer.Value](p *policyOwner, pred func(syncer.Update[T]) bool) func(syncer.Update[T]) bool {
+	return func(u syncer.Update[T]) bool {
+		if pred != nil && !pred(u) {
+			return false
+		}
+		p.guardsDirty.Store(true)
+		return true
+	}
 }
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
 	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
+	p.guardsDirty.Store(true)
+	p.eps.node = node
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
 		syncer.On[api.Tier](nil), syncer.On[api.StagedGlobalNetworkPolicy](nil),
-		syncer.On[api.IPPool](nil), syncer.On(p.affectsEndpoint),
+		syncer.On(guarding[api.IPPool](p, nil)), syncer.On(p.affectsEndpoint),
 		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost),
-		syncer.On(nodeAddrsChanged), syncer.On[api.BGPPeer](nil), syncer.On[api.BGPConfiguration](nil),
-		tunnelGuardAffects())
+		syncer.On(guarding(p, func(u syncer.Update[api.Node]) bool { return nodeAddrsChanged(u) || tunnelGuardChanged(u) })),
+		syncer.On(guarding[api.BGPPeer](p, nil)), syncer.On(guarding[api.BGPConfiguration](p, nil)))
 	return p
 }
 
 // The policy owner wakes on policies, pools and the endpoints
-// affectsEndpoint takes: this node's and, while any policy exists, other
-// nodes' (they are members of the sets the policies' selectors make).
-// Without policies another node's pod cannot change this node's rules, so
-// it costs nothing here.
+// affectsEndpoint takes: this node's and those the last compilation's
+// Interest wants (members of a set a policy applied here uses). Another
+// node's pod that no such set takes cannot change this node's rules, so it
+// costs a record and a few selector matches here. affectsEndpoint records
+// every change for the next pass: it is the signal's only filter of
+// endpoints, so the view calls it once for each.
 func (p *policyOwner) affectsEndpoint(u syncer.Update[api.WorkloadEndpoint]) bool {
-	return u.Either(endpointOn(p.node)) || p.view.PolicyCount() > 0
+	return p.eps.record(u.Old, u.New)
 }
 
 // loop runs passes on view changes and, applying in full, every resync
@@ -149,6 +174,13 @@ func (p *policyOwner) sync(ctx context.Context, force bool) error {
 func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	start := time.Now()
 	p.passes++
+	// The endpoint changes are taken before anything is read from the
+	// view, so that none the view holds is missing from the compiler.
+	changes, all := p.eps.take()
+	if p.guardsDirty.Swap(false) || force {
+		p.guard = policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts)
+		p.tunnel = tunnelGuard(p.view)
+	}
 	heps, fsIn, fsOut := p.hostInputs()
 	if st := p.hostStatus(heps); !slices.Equal(st, p.hostEndpoints()) {
 		for _, h := range st {
@@ -161,22 +193,20 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		p.hostSt = st
 		p.hostMu.Unlock()
 	}
-	rs := p.compiler.Compile(policy.Input{
-		Node:                 p.node,
-		Endpoints:            p.view.Endpoints(),
-		NetworkPolicies:      p.view.NetworkPolicies(),
-		GlobalPolicies:       p.view.GlobalNetworkPolicies(),
-		Tiers:                p.view.Tiers(),
-		StagedPolicies:       p.view.StagedGlobalNetworkPolicies(),
-		Pools:                p.view.Pools(),
-		EndpointToHostAction: p.toHost,
-		HostProtectedPorts:   p.protected,
-		HostEndpoints:        heps,
-		FailsafeInbound:      fsIn,
-		FailsafeOutbound:     fsOut,
-		Guard:                policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts),
-		TunnelGuard:          tunnelGuard(p.view),
-	})
+	in := p.input(heps, fsIn, fsOut)
+	var rs *policy.Ruleset
+	if !all && !force {
+		rs, _ = p.compiler.CompileChanges(in, changes)
+	}
+	if rs == nil {
+		// The first pass, too many changes, or the periodic one: every
+		// endpoint.
+		in.Endpoints = p.view.Endpoints()
+		rs = p.compiler.Compile(in)
+	}
+	if p.eps.publish(p.compiler.Interest()) {
+		kick(p.kick)
+	}
 	if !slices.Equal(rs.Warnings, p.warned) {
 		for _, w := range rs.Warnings {
 			p.log.Warn("policy input skipped", "reason", w)
@@ -204,6 +234,25 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	p.applied, p.okOnce = rs, true
 	p.published.Store(rs)
 	return err
+}
+
+// input is what a pass compiles, but the endpoints.
+func (p *policyOwner) input(heps []*api.HostEndpoint, fsIn, fsOut []policy.Failsafe) policy.Input {
+	return policy.Input{
+		Node:                 p.node,
+		NetworkPolicies:      p.view.NetworkPolicies(),
+		GlobalPolicies:       p.view.GlobalNetworkPolicies(),
+		Tiers:                p.view.Tiers(),
+		StagedPolicies:       p.view.StagedGlobalNetworkPolicies(),
+		Pools:                p.view.Pools(),
+		EndpointToHostAction: p.toHost,
+		HostProtectedPorts:   p.protected,
+		HostEndpoints:        heps,
+		FailsafeInbound:      fsIn,
+		FailsafeOutbound:     fsOut,
+		Guard:                p.guard,
+		TunnelGuard:          p.tunnel,
+	}
 }
 
 // programmed reports whether a pass has succeeded.

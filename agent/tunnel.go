@@ -379,22 +379,20 @@ func tunnelGuard(view *syncer.Syncer) *policy.TunnelGuard {
 	return g
 }
 
-// tunnelGuardAffects wakes the policy owner when a node's underlay
-// addresses change (the guard's sets).
-func tunnelGuardAffects() syncer.Filter {
-	return syncer.On(func(u syncer.Update[api.Node]) bool {
-		if u.Old == nil || u.New == nil {
+// tunnelGuardChanged takes the node updates that change the tunnel
+// guard's sets: a node's underlay addresses.
+func tunnelGuardChanged(u syncer.Update[api.Node]) bool {
+	if u.Old == nil || u.New == nil {
+		return true
+	}
+	for _, is6 := range []bool{false, true} {
+		a, _ := nodeUnderlay(u.Old, is6)
+		b, _ := nodeUnderlay(u.New, is6)
+		if a != b {
 			return true
 		}
-		for _, is6 := range []bool{false, true} {
-			a, _ := nodeUnderlay(u.Old, is6)
-			b, _ := nodeUnderlay(u.New, is6)
-			if a != b {
-				return true
-			}
-		}
-		return false
-	})
+	}
+	return false
 }
 
 // podMTU is the MTU pods get when their network config sets none: while

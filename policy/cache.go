@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"cmp"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -31,18 +30,32 @@ type Compiler struct {
 	other Input
 	names map[chainKey]string
 
-	eps, nextEps           map[*api.WorkloadEndpoint]*epEntry
-	added                  []*endpoint // parsed in this pass
+	// The endpoints of the last pass, parsed (endpoints.go); local and
+	// warned are those policed here and those with warnings.
+	eps, local, warned map[*api.WorkloadEndpoint]*epEntry
+	pass               uint64
+	// This pass's endpoints that came and went.
+	added   []*epEntry
+	removed []*endpoint
+	// The policed endpoints by interface, as police leaves them, with
+	// police's warnings; localDirty when local changed since.
+	sortedLocal   []*endpoint
+	localWarnings []string
+	localDirty    bool
+	// CompileChanges's changes, while it runs.
+	changes []EndpointChange
+	delta   bool
+	// setsVersion counts the changes of the live sets' list; interest
+	// is built from the version interestVersion (interest.go).
+	setsVersion, interestVersion uint64
+	interest                     *Interest
+
 	chains, nextChains     map[*api.WorkloadEndpoint]*epChains
 	policies, nextPolicies map[policyRef]*policyEntry
 	// The maps of the pass before the last, kept to be refilled.
-	spareEps      map[*api.WorkloadEndpoint]*epEntry
 	spareChains   map[*api.WorkloadEndpoint]*epChains
 	sparePolicies map[policyRef]*policyEntry
-	// The last pass's endpoints sorted by name and its policed ones by
-	// interface, when their keys were unique (else nil).
-	sortedEps, sortedLocal []*endpoint
-	sets                   map[string]*liveSet
+	sets          map[string]*liveSet
 
 	// The ordered policies of the last pass, and whether this pass has
 	// the same ones (globals; namespaced by namespace).
@@ -55,6 +68,10 @@ type Compiler struct {
 	// staged maps each staged policy to the GlobalNetworkPolicy standing
 	// for it (tiers.go), so that its identity, the cache's key, lasts.
 	staged map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy
+	// The guards' chains and sets, which depend on the input's other
+	// fields only (reset with them).
+	guard  *guardEntry
+	tunnel *guardEntry
 	// hostChains are the last pass's host endpoint chains (host.go).
 	hostChains map[string]Chain
 }
@@ -70,11 +87,6 @@ type policyRef struct {
 	g   *api.GlobalNetworkPolicy
 	np  *api.NetworkPolicy
 	dir direction
-}
-
-type epEntry struct {
-	ep       *endpoint
-	warnings []string
 }
 
 type epChains struct {
@@ -106,6 +118,10 @@ type liveSet struct {
 	set   *Set
 	addrs map[netip.Addr]int
 	ports map[AddrPort]int
+	// What this pass's changes touched: addresses that came or went, and
+	// whether a named port member did.
+	touched []netip.Addr
+	flipped bool
 }
 
 func (cc *Compiler) begin(c *compiler) {
@@ -115,18 +131,31 @@ func (cc *Compiler) begin(c *compiler) {
 	other := c.in
 	other.Endpoints, other.NetworkPolicies, other.GlobalPolicies, other.Pools, other.StagedPolicies = nil, nil, nil, nil, nil
 	if !cc.started || !reflect.DeepEqual(other, cc.other) {
+		// The parsed endpoints and the sets of their addresses depend on
+		// the node's name only: keep them for another change.
+		keep := *cc
 		*cc = Compiler{started: true, other: other, names: map[chainKey]string{},
-			eps: map[*api.WorkloadEndpoint]*epEntry{}, chains: map[*api.WorkloadEndpoint]*epChains{},
-			policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{}, staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}}
+			eps: map[*api.WorkloadEndpoint]*epEntry{}, local: map[*api.WorkloadEndpoint]*epEntry{}, warned: map[*api.WorkloadEndpoint]*epEntry{},
+			chains: map[*api.WorkloadEndpoint]*epChains{}, policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{},
+			staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}, setsVersion: keep.setsVersion + 1}
+		if keep.started && keep.other.Node == other.Node {
+			cc.eps, cc.local, cc.warned, cc.pass = keep.eps, keep.local, keep.warned, keep.pass
+			cc.sortedLocal, cc.localWarnings, cc.localDirty = keep.sortedLocal, keep.localWarnings, keep.localDirty
+			for name, s := range keep.sets {
+				if !s.def.fixed {
+					cc.sets[name] = s
+				}
+			}
+		}
+		cc.changes, cc.delta = keep.changes, keep.delta
 	}
 	c.names = cc.names
 	// The maps of the pass before last are emptied and refilled: a pass
 	// that changes little then allocates little.
-	cc.nextEps = reuseMap(cc.spareEps, len(cc.eps))
 	cc.nextChains = reuseMap(cc.spareChains, len(cc.chains))
 	cc.nextPolicies = reuseMap(cc.sparePolicies, len(cc.policies))
-	cc.spareEps, cc.spareChains, cc.sparePolicies = nil, nil, nil
-	cc.added = nil
+	cc.spareChains, cc.sparePolicies = nil, nil
+	cc.added, cc.removed = cc.added[:0], cc.removed[:0]
 	cc.emitted = reuseMap(cc.emitted, 0)
 }
 
@@ -139,90 +168,6 @@ func reuseMap[K comparable, V any](m map[K]V, n int) map[K]V {
 	return m
 }
 
-// endpoint returns w parsed by an earlier pass, nil if it was not.
-func (cc *Compiler) endpoint(w *api.WorkloadEndpoint) (*endpoint, []string) {
-	if cc == nil {
-		return nil, nil
-	}
-	e := cc.nextEps[w]
-	if e == nil {
-		e = cc.eps[w]
-		if e == nil {
-			return nil, nil
-		}
-		cc.nextEps[w] = e
-	}
-	return e.ep, e.warnings
-}
-
-func (cc *Compiler) storeEndpoint(w *api.WorkloadEndpoint, ep *endpoint, warnings []string) {
-	if cc == nil {
-		return
-	}
-	cc.nextEps[w] = &epEntry{ep: ep, warnings: slices.Clone(warnings)}
-	cc.added = append(cc.added, ep)
-}
-
-// sorted returns eps (this pass's endpoints, or its policed ones)
-// sorted by key. When the last pass's sorted list, *last, had unique keys,
-// the list is that one without the endpoints that went, merged with the
-// ones parsed in this pass: no sort of the whole list. The result is used
-// only when its keys are unique too and it holds as many endpoints as eps,
-// so that it is the order sorting gives. *last becomes the result when its
-// keys are unique, else nil.
-func (cc *Compiler) sorted(eps []*endpoint, policed bool, key func(*endpoint) string) []*endpoint {
-	cmpKey := func(a, b *endpoint) int { return cmp.Compare(key(a), key(b)) }
-	if cc == nil {
-		slices.SortFunc(eps, cmpKey)
-		return eps
-	}
-	last := &cc.sortedEps
-	if policed {
-		last = &cc.sortedLocal
-	}
-	if *last != nil {
-		var added []*endpoint
-		for _, e := range cc.added {
-			if !policed || e.policed {
-				added = append(added, e)
-			}
-		}
-		slices.SortFunc(added, cmpKey)
-		out := make([]*endpoint, 0, len(eps))
-		for _, e := range *last {
-			if n := cc.nextEps[e.wep]; n == nil || n.ep != e {
-				continue // gone
-			}
-			for len(added) > 0 && key(added[0]) < key(e) {
-				out = append(out, added[0])
-				added = added[1:]
-			}
-			out = append(out, e)
-		}
-		out = append(out, added...)
-		if len(out) == len(eps) && uniqueSorted(out, key) {
-			*last = out
-			return out
-		}
-	}
-	slices.SortFunc(eps, cmpKey)
-	*last = nil
-	if uniqueSorted(eps, key) {
-		*last = eps
-	}
-	return eps
-}
-
-// uniqueSorted reports whether eps's keys are strictly increasing.
-func uniqueSorted(eps []*endpoint, key func(*endpoint) string) bool {
-	for i := 1; i < len(eps); i++ {
-		if key(eps[i-1]) >= key(eps[i]) {
-			return false
-		}
-	}
-	return true
-}
-
 // prepare runs once the endpoints are parsed and the policies ordered: it
 // updates the live sets with the endpoints that came and went, and notes
 // which endpoints' policies are unchanged.
@@ -230,14 +175,8 @@ func (cc *Compiler) prepare(c *compiler) {
 	if cc == nil {
 		return
 	}
-	var removed []*endpoint
-	for w, e := range cc.eps {
-		if cc.nextEps[w] == nil {
-			removed = append(removed, e.ep)
-		}
-	}
 	for _, s := range cc.sets {
-		s.update(removed, cc.added)
+		s.update(cc.removed, cc.added)
 	}
 	cc.globalsSame = slices.Equal(cc.gnps, c.gnps) && slices.Equal(cc.sgnps, c.sgnps)
 	nps := c.npsByNs
@@ -260,12 +199,15 @@ func (cc *Compiler) end(c *compiler) {
 	if cc == nil {
 		return
 	}
-	cc.spareEps, cc.eps, cc.nextEps = cc.eps, cc.nextEps, nil
 	cc.spareChains, cc.chains, cc.nextChains = cc.chains, cc.nextChains, nil
 	cc.sparePolicies, cc.policies, cc.nextPolicies = cc.policies, cc.nextPolicies, nil
+	n := len(cc.sets)
 	maps.DeleteFunc(cc.sets, func(name string, s *liveSet) bool { return c.sets[name] != s.set })
+	if len(cc.sets) != n {
+		cc.setsVersion++
+	}
 	maps.DeleteFunc(cc.staged, func(_ *api.StagedGlobalNetworkPolicy, g *api.GlobalNetworkPolicy) bool { return !c.staged[g] })
-	cc.added = nil
+	cc.added, cc.removed = cc.added[:0], cc.removed[:0]
 }
 
 // endpointChains returns a local endpoint's chains, from the cache when
@@ -364,15 +306,13 @@ func (cc *Compiler) liveSet(c *compiler, name string, def setDef) bool {
 		return false
 	}
 	s := &liveSet{def: def, addrs: map[netip.Addr]int{}, ports: map[AddrPort]int{}}
-	seen := make(map[*endpoint]bool, len(c.eps))
-	for _, ep := range c.eps {
-		if !seen[ep] { // an object listed twice counts once, as the delta sees it
-			seen[ep] = true
-			s.count(ep, 1)
-		}
+	for _, e := range cc.eps { // an object listed twice counts once, as the changes see it
+		s.count(e.ep, 1)
 	}
 	s.build(name)
+	s.touched, s.flipped = nil, false
 	cc.sets[name] = s
+	cc.setsVersion++
 	c.sets[name] = s.set
 	return true
 }
@@ -382,52 +322,92 @@ func (cc *Compiler) storeFixedSet(s *Set) {
 		return
 	}
 	cc.sets[s.Name] = &liveSet{def: setDef{fixed: true}, set: s}
+	cc.setsVersion++
 }
 
-// count adds (n = 1) or removes (n = -1) what ep contributes to the set;
-// it reports whether it contributes anything.
-func (s *liveSet) count(ep *endpoint, n int) bool {
+// count adds (n = 1) or removes (n = -1) what ep contributes to the set,
+// noting the members that came or went.
+func (s *liveSet) count(ep *endpoint, n int) {
 	if !s.def.sel.matches(ep) {
-		return false
+		return
 	}
-	changed := false
 	if s.def.named {
 		for _, m := range namedPortMembers(ep, s.def.fam, s.def.proto, s.def.port) {
 			s.ports[m] += n
-			changed = true
-			if s.ports[m] == 0 {
+			switch s.ports[m] {
+			case 0:
 				delete(s.ports, m)
+				s.flipped = true
+			case n:
+				s.flipped = true
 			}
 		}
-		return changed
+		return
 	}
 	for _, a := range ep.addrs {
 		if FamilyOf(a) != s.def.fam {
 			continue
 		}
 		s.addrs[a] += n
-		changed = true
-		if s.addrs[a] == 0 {
+		switch s.addrs[a] {
+		case 0:
 			delete(s.addrs, a)
+			s.touched = append(s.touched, a)
+		case n:
+			s.touched = append(s.touched, a)
 		}
 	}
-	return changed
 }
 
-func (s *liveSet) update(removed, added []*endpoint) {
+func (s *liveSet) update(removed []*endpoint, added []*epEntry) {
 	if s.def.fixed {
 		return
 	}
-	changed := false
 	for _, ep := range removed {
-		changed = s.count(ep, -1) || changed
+		s.count(ep, -1)
 	}
-	for _, ep := range added {
-		changed = s.count(ep, 1) || changed
+	for _, e := range added {
+		s.count(e.ep, 1)
 	}
-	if changed {
+	switch {
+	case s.def.named && s.flipped:
 		s.build(s.set.Name)
+	case len(s.touched) > 0:
+		s.merge()
 	}
+	s.touched, s.flipped = s.touched[:0], false
+}
+
+// merge makes the set anew from the last one and the members that came
+// or went (touched): a copy, not a sort. When no member came or went for
+// good, the set stays the same object.
+func (s *liveSet) merge() {
+	slices.SortFunc(s.touched, netip.Addr.Compare)
+	touched := slices.Compact(s.touched)
+	old := s.set.Nets
+	nets := make([]netip.Prefix, 0, len(old)+len(touched))
+	i, changed := 0, false
+	for _, a := range touched {
+		p := netip.PrefixFrom(a, s.def.fam.Bits())
+		j, found := slices.BinarySearchFunc(old[i:], p, netip.Prefix.Compare)
+		nets = append(nets, old[i:i+j]...)
+		i += j
+		if found {
+			i++
+		}
+		if _, in := s.addrs[a]; in {
+			nets = append(nets, p)
+		}
+		changed = changed || found != (s.addrs[a] > 0)
+	}
+	if !changed {
+		return
+	}
+	nets = append(nets, old[i:]...)
+	if len(nets) == 0 {
+		nets = nil // as addNetSet leaves it
+	}
+	s.set = &Set{Name: s.set.Name, Type: SetTypeNet, Family: s.def.fam, Nets: nets}
 }
 
 // build makes the set's members canonical, as addNetSet and namedPortSet
@@ -437,9 +417,67 @@ func (s *liveSet) build(name string) {
 		s.set = &Set{Name: name, Type: SetTypeAddrPort, Family: s.def.fam, AddrPorts: slices.SortedFunc(maps.Keys(s.ports), AddrPort.Compare)}
 		return
 	}
-	var nets []netip.Prefix
+	var nets []netip.Prefix // nil when empty, as addNetSet leaves it
 	for _, a := range slices.SortedFunc(maps.Keys(s.addrs), netip.Addr.Compare) {
 		nets = append(nets, netip.PrefixFrom(a, s.def.fam.Bits()))
 	}
 	s.set = &Set{Name: name, Type: SetTypeNet, Family: s.def.fam, Nets: nets}
+}
+
+// guardEntry is a guard's output: chains, jumps and sets.
+type guardEntry struct {
+	chains []Chain
+	jumps  []Jump
+	sets   []*Set
+}
+
+// guarded returns what make returns, from the last pass when the guards
+// did not change (they are part of the input's other fields); names are
+// the sets make adds.
+func (cc *Compiler) guarded(c *compiler, e **guardEntry, names []string, make func() ([]Chain, []Jump)) ([]Chain, []Jump) {
+	if cc == nil {
+		return make()
+	}
+	if *e == nil {
+		chains, jumps := make()
+		g := &guardEntry{chains: chains, jumps: jumps}
+		for _, n := range names {
+			if s := c.sets[n]; s != nil {
+				g.sets = append(g.sets, s)
+			}
+		}
+		*e = g
+	}
+	for _, s := range (*e).sets {
+		c.sets[s.Name] = s
+	}
+	return (*e).chains, slices.Clone((*e).jumps)
+}
+
+// nodeGuard is c.nodeGuardChain, kept while the guard does not change.
+func (cc *Compiler) nodeGuard(c *compiler) Chain {
+	var names []string
+	for _, f := range Families {
+		n, p := nodeGuardSetNames(f)
+		names = append(names, n, p)
+	}
+	var e **guardEntry
+	if cc != nil {
+		e = &cc.guard
+	}
+	chains, _ := cc.guarded(c, e, names, func() ([]Chain, []Jump) { return []Chain{c.nodeGuardChain()}, nil })
+	return chains[0]
+}
+
+// tunnelGuard is c.tunnelGuard, kept while the guard does not change.
+func (cc *Compiler) tunnelGuard(c *compiler) ([]Chain, []Jump) {
+	var names []string
+	for _, f := range Families {
+		names = append(names, tunnelSetName(f))
+	}
+	var e **guardEntry
+	if cc != nil {
+		e = &cc.tunnel
+	}
+	return cc.guarded(c, e, names, c.tunnelGuard)
 }

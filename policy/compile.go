@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/tabbynet/tabby/api"
 )
@@ -44,7 +43,14 @@ type compiler struct {
 func Compile(in Input) *Ruleset { return compile(in, nil) }
 
 func compile(in Input, cache *Compiler) *Ruleset {
-	c := &compiler{in: in, sets: map[string]*Set{}, chains: map[string]Chain{}, cache: cache}
+	c := &compiler{in: in, cache: cache}
+	// Sized as the last pass's: a pass that changes little does not grow
+	// them step by step.
+	nsets, nchains := 0, 0
+	if cache != nil {
+		nsets, nchains = len(cache.sets)+8, len(cache.policies)
+	}
+	c.sets, c.chains = make(map[string]*Set, nsets), make(map[string]Chain, nchains)
 	c.cache.begin(c)
 	c.parseEndpoints()
 	c.orderPolicies()
@@ -67,7 +73,7 @@ func compile(in Input, cache *Compiler) *Ruleset {
 	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+len(hostChains)+7)
 	chains = append(chains, c.forwardChain(hooks), c.inputChain(hooks))
 	if c.in.Guard.on() {
-		chains = append(chains, c.nodeGuardChain())
+		chains = append(chains, c.cache.nodeGuard(c))
 	}
 	chains = append(chains, hostChains...)
 	chains = append(chains, fws...)
@@ -80,7 +86,7 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		Chain{Table: TableFilter, Name: ChainToWL, Dispatch: &Dispatch{Out: true, Targets: toDispatch}})
 	chains = append(chains, tws...)
 	chains = append(chains, c.natChain())
-	tunnel, tunnelJumps := c.tunnelGuard()
+	tunnel, tunnelJumps := c.cache.tunnelGuard(c)
 	chains = append(chains, tunnel...)
 	slices.SortFunc(chains, func(a, b Chain) int {
 		return cmp.Or(cmp.Compare(a.Table, b.Table), cmp.Compare(a.Name, b.Name))
@@ -102,87 +108,6 @@ func compile(in Input, cache *Compiler) *Ruleset {
 
 func (c *compiler) warnf(format string, args ...any) {
 	c.warnings = append(c.warnings, fmt.Sprintf(format, args...))
-}
-
-func (c *compiler) parseEndpoints() {
-	c.eps = make([]*endpoint, 0, len(c.in.Endpoints))
-	for _, w := range c.in.Endpoints {
-		if w == nil {
-			continue
-		}
-		ep, warnings := c.cache.endpoint(w)
-		if ep == nil {
-			w0 := len(c.warnings)
-			ep = c.parseEndpoint(w)
-			c.cache.storeEndpoint(w, ep, c.warnings[w0:])
-		} else {
-			c.warnings = append(c.warnings, warnings...)
-		}
-		c.eps = append(c.eps, ep)
-		if ep.policed {
-			c.local = append(c.local, ep)
-		}
-	}
-	byName := func(e *endpoint) string { return e.name }
-	byIface := func(e *endpoint) string { return e.iface }
-	c.eps = c.cache.sorted(c.eps, false, byName)
-	c.local = c.cache.sorted(c.local, true, byIface)
-	// Two endpoints claiming one interface: keep the first by name, so that
-	// each interface has one chain.
-	c.local = slices.CompactFunc(c.local, func(a, b *endpoint) bool {
-		if a.iface == b.iface {
-			c.warnf("endpoints %s and %s share interface %s: %s not policed", a.name, b.name, a.iface, b.name)
-			return true
-		}
-		return false
-	})
-}
-
-// parseEndpoint parses one endpoint; its warnings go to c.warnings.
-func (c *compiler) parseEndpoint(w *api.WorkloadEndpoint) *endpoint {
-	ns := w.Metadata.Namespace
-	if ns == "" {
-		ns = "default"
-	}
-	ep := &endpoint{
-		wep:       w,
-		name:      ns + "/" + w.Metadata.Name,
-		namespace: ns,
-		labels:    w.Metadata.Labels,
-		nsLabels:  namespaceLabels(ns, w.Spec.NamespaceLabels),
-		iface:     w.Spec.InterfaceName,
-		local:     w.Spec.Node == c.in.Node,
-	}
-	for _, n := range w.Spec.IPNetworks {
-		p, err := netip.ParsePrefix(n)
-		if err != nil {
-			a, aerr := netip.ParseAddr(n)
-			if aerr != nil {
-				c.warnf("endpoint %s: address %q: %v", ep.name, n, err)
-				continue
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		if p.Addr().Is4In6() || p.Addr().Zone() != "" {
-			c.warnf("endpoint %s: address %q is IPv4-mapped or has a zone", ep.name, n)
-			continue
-		}
-		ep.addrs = append(ep.addrs, p.Addr())
-	}
-	slices.SortFunc(ep.addrs, netip.Addr.Compare)
-	ep.addrs = slices.Compact(ep.addrs)
-	if !ep.local {
-		return ep
-	}
-	switch {
-	case !strings.HasPrefix(ep.iface, WorkloadIfacePrefix) || len(ep.iface) <= len(WorkloadIfacePrefix):
-		c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name, ep.iface, WorkloadIfacePrefix)
-	case len(ep.iface) > 15:
-		c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name, ep.iface)
-	default:
-		ep.policed = true
-	}
-	return ep
 }
 
 // namespaceLabels are an endpoint's namespace labels plus the name label

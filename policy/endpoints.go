@@ -1,0 +1,288 @@
+package policy
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/tabbynet/tabby/api"
+)
+
+// The endpoints a Compiler keeps between passes, and the two ways a pass
+// learns them: the whole list (Compile), or the changes since the last
+// pass (CompileChanges), which costs in proportion to the changes.
+
+// EndpointChange is one change of the cluster's endpoints as the cluster
+// view reports it: Old (nil for a creation) became New (nil for a
+// deletion). A changed endpoint is a new object.
+type EndpointChange struct {
+	Old, New *api.WorkloadEndpoint
+}
+
+// CompileChanges compiles like Compile, with in.Endpoints (ignored)
+// replaced by the endpoints of the Compiler's last call with changes
+// applied in order. The endpoints cost in proportion to the changes, not
+// to how many there are. A change the last call's endpoints already hold
+// may come again (a caller that read every endpoint after it started
+// collecting changes): applying the changes of one key in order still ends
+// at that key's last value.
+//
+// It reports false and compiles nothing when the Compiler holds no
+// endpoints for in.Node (its first call, or a call for another node): the
+// caller then calls Compile with every endpoint. The output is Compile's
+// for the same endpoints, in any order, as long as no two share a
+// namespace and name (the cluster view's keys).
+func (cc *Compiler) CompileChanges(in Input, changes []EndpointChange) (*Ruleset, bool) {
+	if !cc.started || cc.other.Node != in.Node {
+		return nil, false
+	}
+	in.Endpoints = nil
+	cc.changes, cc.delta = changes, true
+	defer func() { cc.changes, cc.delta = nil, false }()
+	return compile(in, cc), true
+}
+
+// epEntry is an endpoint the Compiler holds, parsed.
+type epEntry struct {
+	ep       *endpoint
+	warnings []string
+	seen     uint64 // the last pass that listed it
+	born     uint64 // the pass that added it
+	gone     bool   // removed in the pass that added it
+}
+
+// parseEndpoints fills c.local and the endpoints' warnings, and, without a
+// Compiler, c.eps (with one, the sets read its endpoints).
+func (c *compiler) parseEndpoints() {
+	cc := c.cache
+	switch {
+	case cc == nil:
+		var warned []*epEntry
+		c.eps = make([]*endpoint, 0, len(c.in.Endpoints))
+		for _, w := range c.in.Endpoints {
+			if w == nil {
+				continue
+			}
+			e := c.parse(w)
+			c.eps = append(c.eps, e.ep)
+			if e.ep.policed {
+				c.local = append(c.local, e.ep)
+			}
+			if len(e.warnings) > 0 {
+				warned = append(warned, e)
+			}
+		}
+		c.endpointWarnings(warned)
+		c.local = c.police(c.local)
+	case cc.delta:
+		cc.applyChanges(c)
+	default:
+		cc.list(c)
+	}
+}
+
+// parse parses one endpoint, keeping its warnings apart.
+func (c *compiler) parse(w *api.WorkloadEndpoint) *epEntry {
+	w0 := len(c.warnings)
+	ep := c.parseEndpoint(w)
+	e := &epEntry{ep: ep, warnings: slices.Clone(c.warnings[w0:])}
+	c.warnings = c.warnings[:w0]
+	return e
+}
+
+// endpointWarnings adds the warnings of the endpoints that have any, by
+// endpoint name, so that they do not depend on the order of the input.
+func (c *compiler) endpointWarnings(warned []*epEntry) {
+	slices.SortStableFunc(warned, func(a, b *epEntry) int {
+		return cmp.Or(cmp.Compare(a.ep.name, b.ep.name), slices.Compare(a.warnings, b.warnings))
+	})
+	for _, e := range warned {
+		c.warnings = append(c.warnings, e.warnings...)
+	}
+}
+
+// police sorts the policed endpoints by interface (then name) and keeps
+// the first of two endpoints claiming one interface, so that each
+// interface has one chain.
+func (c *compiler) police(local []*endpoint) []*endpoint {
+	slices.SortStableFunc(local, func(a, b *endpoint) int {
+		return cmp.Or(cmp.Compare(a.iface, b.iface), cmp.Compare(a.name, b.name))
+	})
+	return slices.CompactFunc(local, func(a, b *endpoint) bool {
+		if a.iface == b.iface {
+			c.warnf("endpoints %s and %s share interface %s: %s not policed", a.name, b.name, a.iface, b.name)
+			return true
+		}
+		return false
+	})
+}
+
+// list takes the whole list of endpoints: the ones it does not hold are
+// parsed, the ones not listed any more removed.
+func (cc *Compiler) list(c *compiler) {
+	cc.pass++
+	var warned []*epEntry
+	var local []*endpoint
+	dup := false
+	for _, w := range c.in.Endpoints {
+		if w == nil {
+			continue
+		}
+		e := cc.eps[w]
+		switch {
+		case e == nil:
+			e = cc.add(c, w)
+		case e.seen == cc.pass:
+			dup = true // listed twice: it counts twice, as Compile counts it
+		}
+		e.seen = cc.pass
+		if len(e.warnings) > 0 {
+			warned = append(warned, e)
+		}
+		if e.ep.policed {
+			local = append(local, e.ep)
+		}
+	}
+	for w, e := range cc.eps {
+		if e.seen != cc.pass {
+			cc.remove(w, e)
+		}
+	}
+	c.endpointWarnings(warned)
+	if dup {
+		c.local = c.police(local)
+		return
+	}
+	cc.policeLocal(c)
+}
+
+// applyChanges applies CompileChanges's changes to the endpoints held.
+func (cc *Compiler) applyChanges(c *compiler) {
+	cc.pass++
+	for _, ch := range cc.changes {
+		if ch.Old != nil && ch.Old != ch.New {
+			if e := cc.eps[ch.Old]; e != nil {
+				cc.remove(ch.Old, e)
+			}
+		}
+		if ch.New != nil && cc.eps[ch.New] == nil {
+			cc.add(c, ch.New)
+		}
+	}
+	cc.added = slices.DeleteFunc(cc.added, func(e *epEntry) bool { return e.gone })
+	warned := make([]*epEntry, 0, len(cc.warned))
+	for _, e := range cc.warned {
+		warned = append(warned, e)
+	}
+	c.endpointWarnings(warned)
+	cc.policeLocal(c)
+}
+
+// policeLocal sets c.local to the held policed endpoints, policed as
+// police does, sorting them again only when they changed.
+func (cc *Compiler) policeLocal(c *compiler) {
+	if cc.localDirty {
+		local := make([]*endpoint, 0, len(cc.local))
+		for _, e := range cc.local {
+			local = append(local, e.ep)
+		}
+		w0 := len(c.warnings)
+		cc.sortedLocal = c.police(local)
+		cc.localWarnings = slices.Clone(c.warnings[w0:])
+		c.warnings = c.warnings[:w0]
+		cc.localDirty = false
+	}
+	c.local = cc.sortedLocal
+	c.warnings = append(c.warnings, cc.localWarnings...)
+}
+
+func (cc *Compiler) add(c *compiler, w *api.WorkloadEndpoint) *epEntry {
+	e := c.parse(w)
+	e.born = cc.pass
+	cc.eps[w] = e
+	if e.ep.policed {
+		cc.local[w] = e
+		cc.localDirty = true
+	}
+	if len(e.warnings) > 0 {
+		cc.warned[w] = e
+	}
+	cc.added = append(cc.added, e)
+	return e
+}
+
+func (cc *Compiler) remove(w *api.WorkloadEndpoint, e *epEntry) {
+	delete(cc.eps, w)
+	delete(cc.warned, w)
+	if e.ep.policed {
+		delete(cc.local, w)
+		cc.localDirty = true
+	}
+	if e.born == cc.pass {
+		e.gone = true // came and went in this pass: the sets never saw it
+		return
+	}
+	cc.removed = append(cc.removed, e.ep)
+}
+
+// parseEndpoint parses one endpoint; its warnings go to c.warnings.
+func (c *compiler) parseEndpoint(w *api.WorkloadEndpoint) *endpoint {
+	ns := endpointNamespace(w)
+	ep := &endpoint{
+		wep:       w,
+		name:      ns + "/" + w.Metadata.Name,
+		namespace: ns,
+		labels:    w.Metadata.Labels,
+		nsLabels:  namespaceLabels(ns, w.Spec.NamespaceLabels),
+		iface:     w.Spec.InterfaceName,
+		local:     w.Spec.Node == c.in.Node,
+	}
+	for _, n := range w.Spec.IPNetworks {
+		a, problem := parseEndpointAddr(n)
+		if problem != "" {
+			c.warnf("endpoint %s: %s", ep.name, problem)
+			continue
+		}
+		ep.addrs = append(ep.addrs, a)
+	}
+	slices.SortFunc(ep.addrs, netip.Addr.Compare)
+	ep.addrs = slices.Compact(ep.addrs)
+	if !ep.local {
+		return ep
+	}
+	switch {
+	case !strings.HasPrefix(ep.iface, WorkloadIfacePrefix) || len(ep.iface) <= len(WorkloadIfacePrefix):
+		c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name, ep.iface, WorkloadIfacePrefix)
+	case len(ep.iface) > 15:
+		c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name, ep.iface)
+	default:
+		ep.policed = true
+	}
+	return ep
+}
+
+func endpointNamespace(w *api.WorkloadEndpoint) string {
+	if w.Metadata.Namespace == "" {
+		return "default"
+	}
+	return w.Metadata.Namespace
+}
+
+// parseEndpointAddr parses one of an endpoint's addresses (a prefix or a
+// bare address), or says what is wrong with it.
+func parseEndpointAddr(n string) (netip.Addr, string) {
+	p, err := netip.ParsePrefix(n)
+	if err != nil {
+		a, aerr := netip.ParseAddr(n)
+		if aerr != nil {
+			return netip.Addr{}, fmt.Sprintf("address %q: %v", n, err)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+		return netip.Addr{}, fmt.Sprintf("address %q is IPv4-mapped or has a zone", n)
+	}
+	return p.Addr(), ""
+}

@@ -78,8 +78,52 @@ func (r *simRun) snapshot() (map[string]usage, error) {
 	return out, add("proxy", st.EtcdProxy)
 }
 
-// measureLoad measures rest, then churn.
+// settleTimeout bounds waitSettled.
+const settleTimeout = 5 * time.Minute
+
+// waitSettled waits until every real client's kernel holds a route to every
+// block the simulated nodes advertise.
+func (r *simRun) waitSettled(ctx context.Context) error {
+	want := map[string]bool{}
+	for _, n := range r.nodes {
+		n.mu.Lock()
+		for b := range n.blocks {
+			want[b.String()] = true
+		}
+		n.mu.Unlock()
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	for _, c := range r.clients {
+		for {
+			have, err := r.l.LearnedRoutes(wctx, c)
+			missing := 0
+			for b := range want {
+				if _, ok := have[b]; !ok {
+					missing++
+				}
+			}
+			if err == nil && missing == 0 {
+				break
+			}
+			if wctx.Err() != nil {
+				return fmt.Errorf("settling: %s still lacks %d of %d simulated blocks' routes after %s (last error: %v)", c, missing, len(want), settleTimeout, err)
+			}
+			sleepCtx(wctx, time.Second)
+		}
+	}
+	r.l.Progress("settled in %s: every real client holds the %d simulated blocks' routes", time.Since(start).Round(time.Second), len(want))
+	return nil
+}
+
+// measureLoad measures rest, then churn. The rest starts once the cluster
+// has settled (waitSettled): measured straight after the fill, it held the
+// agents and reflectors still taking in a thousand new routes.
 func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
+	if err := r.waitSettled(ctx); err != nil {
+		return err
+	}
 	r.l.Progress("measuring %s at rest", r.o.IdleWindow)
 	s0, err := r.snapshot()
 	if err != nil {

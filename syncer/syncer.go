@@ -43,9 +43,12 @@ const (
 	kindBGPSecrets = "BGPSecrets"
 )
 
-// Source is where the view's events come from: datastore.Store.WatchKeys.
+// Source is where the view's events come from: datastore.Store.WatchKeysFunc,
+// which calls fn with each watch response in the watch's own goroutine (one
+// goroutine wake-up per event less than a channel) and returns when ctx is
+// done or the watch ended.
 type Source interface {
-	WatchKeys(ctx context.Context, spec datastore.WatchSpec, fromRev int64) <-chan datastore.Event
+	WatchKeysFunc(ctx context.Context, spec datastore.WatchSpec, fromRev int64, fn func([]datastore.Event))
 }
 
 // watchSpec is what the view watches: every key up to the status records
@@ -103,53 +106,12 @@ var ErrWatchEnded = errors.New("the cluster view's watch ended")
 // error then, or ErrWatchEnded if the watch ends first: it never returns
 // nil. The first event is a full list; after it the view reports Synced.
 func (s *Syncer) Run(ctx context.Context) error {
-	if fs, ok := s.src.(funcSource); ok {
-		// The watch's goroutine applies its responses itself: one
-		// goroutine wake-up per event less than a channel to this one.
-		fs.WatchKeysFunc(ctx, watchSpec, 0, func(evs []datastore.Event) { s.apply(evs...) })
-	} else {
-		s.follow(ctx)
-	}
+	s.src.WatchKeysFunc(ctx, watchSpec, 0, func(evs []datastore.Event) { s.apply(evs...) })
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return ErrWatchEnded
 }
-
-// funcSource is a Source that can call the view with each watch
-// response (datastore.Store).
-type funcSource interface {
-	WatchKeysFunc(ctx context.Context, spec datastore.WatchSpec, fromRev int64, fn func([]datastore.Event))
-}
-
-// follow applies the events of the source's channel until it closes.
-func (s *Syncer) follow(ctx context.Context) {
-	ch := s.src.WatchKeys(ctx, watchSpec, 0)
-	batch := make([]datastore.Event, 0, maxBatch)
-	for ev := range ch {
-		// Whatever else is queued (the rest of a watch response, a burst
-		// of writes) is applied with it: one lock, one offer to the
-		// subscribers, one wake-up of the revision's waiters.
-		batch = append(batch[:0], ev)
-	drain:
-		for len(batch) < maxBatch {
-			select {
-			case ev, ok := <-ch:
-				if !ok {
-					break drain
-				}
-				batch = append(batch, ev)
-			default:
-				break drain
-			}
-		}
-		s.apply(batch...)
-		clear(batch) // the events' values belong to the view now, or to nobody
-	}
-}
-
-// maxBatch bounds the events applied together.
-const maxBatch = 256
 
 // relevant says whether a key is part of the view. Handles, Kubernetes
 // records and status records are not: they change with every pod and

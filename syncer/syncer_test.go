@@ -221,10 +221,7 @@ func TestResyncReportsDifferences(t *testing.T) {
 // endedSource is a watch that ends at once, as a closed store's does.
 type endedSource struct{}
 
-func (endedSource) WatchKeys(context.Context, datastore.WatchSpec, int64) <-chan datastore.Event {
-	ch := make(chan datastore.Event)
-	close(ch)
-	return ch
+func (endedSource) WatchKeysFunc(context.Context, datastore.WatchSpec, int64, func([]datastore.Event)) {
 }
 
 // TestRunReportsAnEndedWatch: a view whose watch ends while it should run

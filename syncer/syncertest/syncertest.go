@@ -16,36 +16,26 @@ import (
 // should be an EventResync (the initial list).
 type Script chan datastore.Event
 
-// WatchKeys implements syncer.Source.
-func (s Script) WatchKeys(ctx context.Context, _ datastore.WatchSpec, fromRev int64) <-chan datastore.Event {
-	out := make(chan datastore.Event)
-	go func() {
-		defer close(out)
-		for {
-			select {
-			case ev := <-s:
-				select {
-				case out <- ev:
-				case <-ctx.Done():
-					return
-				}
-			case <-ctx.Done():
-				return
-			}
+// WatchKeysFunc implements syncer.Source: each event the test sends is
+// one watch response.
+func (s Script) WatchKeysFunc(ctx context.Context, _ datastore.WatchSpec, fromRev int64, fn func([]datastore.Event)) {
+	for {
+		select {
+		case ev := <-s:
+			fn([]datastore.Event{ev})
+		case <-ctx.Done():
+			return
 		}
-	}()
-	return out
+	}
 }
 
 // Static is a cluster that never changes: one list, then silence.
 type Static []datastore.KV
 
-// WatchKeys implements syncer.Source.
-func (s Static) WatchKeys(ctx context.Context, _ datastore.WatchSpec, fromRev int64) <-chan datastore.Event {
-	ch := make(chan datastore.Event, 1)
-	ch <- datastore.Event{Type: datastore.EventResync, Snapshot: s, Revision: 1}
-	go func() { <-ctx.Done(); close(ch) }()
-	return ch
+// WatchKeysFunc implements syncer.Source.
+func (s Static) WatchKeysFunc(ctx context.Context, _ datastore.WatchSpec, fromRev int64, fn func([]datastore.Event)) {
+	fn([]datastore.Event{{Type: datastore.EventResync, Snapshot: s, Revision: 1}})
+	<-ctx.Done()
 }
 
 // Start runs a view over src until the test ends. With wait it returns

@@ -49,20 +49,7 @@ func TestConfigIPv6Only(t *testing.T) {
 			c.NodeName = "n1"
 			tt.mod(&c)
 			err := c.Validate()
-			if tt.want == nil {
-				if err != nil {
-					t.Errorf("Validate = %v, want nil", err)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("Validate = nil, want %q", tt.want)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("Validate = %v, want %q in it", err, w)
-				}
-			}
+			testkit.ErrMentions(t, "Validate", err, tt.want)
 		})
 	}
 }

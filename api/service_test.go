@@ -1,10 +1,11 @@
 package api
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 func validService() *Service {
@@ -71,20 +72,7 @@ func TestServiceAdvertisementValidation(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.obj.SetDefaults()
 			err := tt.obj.Validate()
-			if len(tt.want) == 0 {
-				if err != nil {
-					t.Fatalf("Validate() = %v, want nil", err)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("Validate() = nil, want %q", tt.want)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("Validate() = %v\nwant it to contain %q", err, w)
-				}
-			}
+			testkit.ErrMentions(t, "Validate()", err, tt.want)
 		})
 	}
 }

@@ -12,6 +12,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 func TestCNIBenchOptionsValidate(t *testing.T) {
@@ -35,20 +37,7 @@ func TestCNIBenchOptionsValidate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.o.Default()
 			err := tt.o.Validate()
-			if len(tt.want) == 0 {
-				if err != nil {
-					t.Fatalf("Validate() = %v, want nil", err)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("Validate() = nil, want %q", tt.want)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("Validate() = %v, want it to mention %q", err, w)
-				}
-			}
+			testkit.ErrMentions(t, "Validate()", err, tt.want)
 		})
 	}
 }

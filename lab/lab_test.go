@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 func TestOptionsValidate(t *testing.T) {
@@ -47,20 +49,7 @@ func TestOptionsValidate(t *testing.T) {
 			o := tt.o
 			o.Default()
 			err := o.Validate()
-			if len(tt.want) == 0 {
-				if err != nil {
-					t.Fatalf("Validate() = %v, want nil", err)
-				}
-				return
-			}
-			if err == nil {
-				t.Fatalf("Validate() = nil, want errors containing %q", tt.want)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("Validate() = %q, want it to contain %q", err, w)
-				}
-			}
+			testkit.ErrMentions(t, "Validate()", err, tt.want)
 		})
 	}
 }

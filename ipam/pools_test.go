@@ -3,11 +3,11 @@ package ipam
 import (
 	"errors"
 	"net/netip"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 func testPool(name, cidr string, blockSize int, mutate ...func(*api.IPPool)) poolInfo {
@@ -66,9 +66,7 @@ func TestUsablePools(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := usablePools(pools, 4, "n1", tt.labels, tt.requested, api.UseWorkload)
 			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err = %v, want it to contain %q", err, tt.wantErr)
-				}
+				testkit.ErrMentions(t, "usablePools", err, []string{tt.wantErr})
 				return
 			}
 			if err != nil {

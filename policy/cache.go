@@ -74,6 +74,8 @@ type Compiler struct {
 	tunnel *guardEntry
 	// hostChains are the last pass's host endpoint chains (host.go).
 	hostChains map[string]Chain
+	// nsLabels shares the endpoints' namespace labels (nslabels.go).
+	nsLabels nsLabelTable
 }
 
 // NewCompiler returns a Compiler with nothing cached.
@@ -137,7 +139,8 @@ func (cc *Compiler) begin(c *compiler) {
 		*cc = Compiler{started: true, other: other, names: map[chainKey]string{},
 			eps: map[*api.WorkloadEndpoint]*epEntry{}, local: map[*api.WorkloadEndpoint]*epEntry{}, warned: map[*api.WorkloadEndpoint]*epEntry{},
 			chains: map[*api.WorkloadEndpoint]*epChains{}, policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{},
-			staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}, setsVersion: keep.setsVersion + 1}
+			staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}, setsVersion: keep.setsVersion + 1,
+			nsLabels: keep.nsLabels}
 		if keep.started && keep.other.Node == other.Node {
 			cc.eps, cc.local, cc.warned, cc.pass = keep.eps, keep.local, keep.warned, keep.pass
 			cc.sortedLocal, cc.localWarnings, cc.localDirty = keep.sortedLocal, keep.localWarnings, keep.localDirty

@@ -122,7 +122,23 @@ func DecodeResource(kv KV) (api.Object, error) {
 	// object keeps too) and the namespace's interned.
 	m.Name, m.Namespace = name, interned.internString(ns)
 	m.ResourceVersion = strconv.FormatInt(kv.ModRevision, 10)
+	if w, ok := obj.(*api.WorkloadEndpoint); ok {
+		internEndpoint(w)
+	}
 	return obj, nil
+}
+
+// internEndpoint shares the strings an endpoint has in common with the
+// others of its node or of the cluster (every agent holds every endpoint).
+func internEndpoint(w *api.WorkloadEndpoint) {
+	s := &w.Spec
+	s.Node, s.Orchestrator, s.Endpoint = interned.internString(s.Node), interned.internString(s.Orchestrator), interned.internString(s.Endpoint)
+	for i, p := range s.Profiles {
+		s.Profiles[i] = interned.internString(p)
+	}
+	for i := range s.Ports {
+		s.Ports[i].Name, s.Ports[i].Protocol = interned.internString(s.Ports[i].Name), interned.internString(s.Ports[i].Protocol)
+	}
 }
 
 // encodeResource returns the stored form: JSON without resourceVersion.

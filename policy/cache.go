@@ -74,6 +74,8 @@ type Compiler struct {
 	tunnel *guardEntry
 	// hostChains are the last pass's host endpoint chains (host.go).
 	hostChains map[string]Chain
+	// nsLabels shares the endpoints' namespace labels (nslabels.go).
+	nsLabels nsLabelTable
 }
 
 // NewCompiler returns a Compiler with nothing cached.
@@ -116,7 +118,7 @@ type setDef struct {
 type liveSet struct {
 	def   setDef
 	set   *Set
-	addrs map[netip.Addr]int
+	addrs addrCounts
 	ports map[AddrPort]int
 	// What this pass's changes touched: addresses that came or went, and
 	// whether a named port member did.
@@ -137,7 +139,8 @@ func (cc *Compiler) begin(c *compiler) {
 		*cc = Compiler{started: true, other: other, names: map[chainKey]string{},
 			eps: map[*api.WorkloadEndpoint]*epEntry{}, local: map[*api.WorkloadEndpoint]*epEntry{}, warned: map[*api.WorkloadEndpoint]*epEntry{},
 			chains: map[*api.WorkloadEndpoint]*epChains{}, policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{},
-			staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}, setsVersion: keep.setsVersion + 1}
+			staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}, setsVersion: keep.setsVersion + 1,
+			nsLabels: keep.nsLabels}
 		if keep.started && keep.other.Node == other.Node {
 			cc.eps, cc.local, cc.warned, cc.pass = keep.eps, keep.local, keep.warned, keep.pass
 			cc.sortedLocal, cc.localWarnings, cc.localDirty = keep.sortedLocal, keep.localWarnings, keep.localDirty
@@ -305,7 +308,7 @@ func (cc *Compiler) liveSet(c *compiler, name string, def setDef) bool {
 	if def.fixed {
 		return false
 	}
-	s := &liveSet{def: def, addrs: map[netip.Addr]int{}, ports: map[AddrPort]int{}}
+	s := &liveSet{def: def, ports: map[AddrPort]int{}}
 	for _, e := range cc.eps { // an object listed twice counts once, as the changes see it
 		s.count(e.ep, 1)
 	}
@@ -348,12 +351,8 @@ func (s *liveSet) count(ep *endpoint, n int) {
 		if FamilyOf(a) != s.def.fam {
 			continue
 		}
-		s.addrs[a] += n
-		switch s.addrs[a] {
-		case 0:
-			delete(s.addrs, a)
-			s.touched = append(s.touched, a)
-		case n:
+		switch s.addrs.add(a, n) {
+		case 0, n:
 			s.touched = append(s.touched, a)
 		}
 	}
@@ -395,10 +394,11 @@ func (s *liveSet) merge() {
 		if found {
 			i++
 		}
-		if _, in := s.addrs[a]; in {
+		in := s.addrs.count(a) > 0
+		if in {
 			nets = append(nets, p)
 		}
-		changed = changed || found != (s.addrs[a] > 0)
+		changed = changed || found != in
 	}
 	if !changed {
 		return
@@ -418,7 +418,7 @@ func (s *liveSet) build(name string) {
 		return
 	}
 	var nets []netip.Prefix // nil when empty, as addNetSet leaves it
-	for _, a := range slices.SortedFunc(maps.Keys(s.addrs), netip.Addr.Compare) {
+	for _, a := range s.addrs.sorted() {
 		nets = append(nets, netip.PrefixFrom(a, s.def.fam.Bits()))
 	}
 	s.set = &Set{Name: name, Type: SetTypeNet, Family: s.def.fam, Nets: nets}

@@ -35,6 +35,8 @@ type compiler struct {
 	names map[chainKey]string
 	// preDNAT holds the mangle-table chains of preDNAT policies (host.go).
 	preDNAT map[string]Chain
+	// nsTable shares namespace labels when there is no cache (nslabels.go).
+	nsTable *nsLabelTable
 }
 
 // Compile computes the node's packet-filter state from the cluster state.

@@ -96,7 +96,7 @@ func (c *compiler) parse(w *api.WorkloadEndpoint) *epEntry {
 // endpoint name, so that they do not depend on the order of the input.
 func (c *compiler) endpointWarnings(warned []*epEntry) {
 	slices.SortStableFunc(warned, func(a, b *epEntry) int {
-		return cmp.Or(cmp.Compare(a.ep.name, b.ep.name), slices.Compare(a.warnings, b.warnings))
+		return cmp.Or(cmp.Compare(a.ep.name(), b.ep.name()), slices.Compare(a.warnings, b.warnings))
 	})
 	for _, e := range warned {
 		c.warnings = append(c.warnings, e.warnings...)
@@ -108,11 +108,11 @@ func (c *compiler) endpointWarnings(warned []*epEntry) {
 // interface has one chain.
 func (c *compiler) police(local []*endpoint) []*endpoint {
 	slices.SortStableFunc(local, func(a, b *endpoint) int {
-		return cmp.Or(cmp.Compare(a.iface, b.iface), cmp.Compare(a.name, b.name))
+		return cmp.Or(cmp.Compare(a.iface, b.iface), cmp.Compare(a.name(), b.name()))
 	})
 	return slices.CompactFunc(local, func(a, b *endpoint) bool {
 		if a.iface == b.iface {
-			c.warnf("endpoints %s and %s share interface %s: %s not policed", a.name, b.name, a.iface, b.name)
+			c.warnf("endpoints %s and %s share interface %s: %s not policed", a.name(), b.name(), a.iface, b.name())
 			return true
 		}
 		return false
@@ -232,17 +232,16 @@ func (c *compiler) parseEndpoint(w *api.WorkloadEndpoint) *endpoint {
 	ns := endpointNamespace(w)
 	ep := &endpoint{
 		wep:       w,
-		name:      ns + "/" + w.Metadata.Name,
 		namespace: ns,
 		labels:    w.Metadata.Labels,
-		nsLabels:  namespaceLabels(ns, w.Spec.NamespaceLabels),
+		nsLabels:  c.nsLabels().get(ns, w.Spec.NamespaceLabels),
 		iface:     w.Spec.InterfaceName,
 		local:     w.Spec.Node == c.in.Node,
 	}
 	for _, n := range w.Spec.IPNetworks {
 		a, problem := parseEndpointAddr(n)
 		if problem != "" {
-			c.warnf("endpoint %s: %s", ep.name, problem)
+			c.warnf("endpoint %s: %s", ep.name(), problem)
 			continue
 		}
 		ep.addrs = append(ep.addrs, a)
@@ -254,9 +253,9 @@ func (c *compiler) parseEndpoint(w *api.WorkloadEndpoint) *endpoint {
 	}
 	switch {
 	case !strings.HasPrefix(ep.iface, WorkloadIfacePrefix) || len(ep.iface) <= len(WorkloadIfacePrefix):
-		c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name, ep.iface, WorkloadIfacePrefix)
+		c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name(), ep.iface, WorkloadIfacePrefix)
 	case len(ep.iface) > 15:
-		c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name, ep.iface)
+		c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name(), ep.iface)
 	default:
 		ep.policed = true
 	}

@@ -20,15 +20,19 @@ const NamespaceNameLabel = "kubernetes.io/metadata.name"
 // endpoint is a WorkloadEndpoint with its parsed fields.
 type endpoint struct {
 	wep       *api.WorkloadEndpoint
-	name      string // namespace/name, for messages and ordering
 	namespace string
 	labels    map[string]string
-	nsLabels  map[string]string
-	addrs     []netip.Addr
-	iface     string
-	local     bool
-	policed   bool // local, with a usable interface name
+	// nsLabels are shared by the endpoints of a namespace (nsLabelTable).
+	nsLabels map[string]string
+	addrs    []netip.Addr
+	iface    string
+	local    bool
+	policed  bool // local, with a usable interface name
 }
+
+// name is namespace/name, for messages and ordering. It is not kept: the
+// Compiler holds every endpoint of the cluster, and few are ever named.
+func (ep *endpoint) name() string { return ep.namespace + "/" + ep.wep.Metadata.Name }
 
 // selection picks endpoints: those in namespace (any when ""), whose
 // namespace's labels match namespaces (any when nil) and whose labels match

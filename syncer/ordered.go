@@ -91,7 +91,6 @@ func (oo *orderedObjects) merge() {
 }
 
 func (st *state) addObject(kind, key string, o api.Object) {
-	addTo(st.byKind, kind, key, o)
 	oo := st.ordered[kind]
 	if oo == nil {
 		oo = &orderedObjects{}
@@ -101,7 +100,6 @@ func (st *state) addObject(kind, key string, o api.Object) {
 }
 
 func (st *state) removeObject(kind, key string) {
-	removeFrom(st.byKind, kind, key)
 	oo := st.ordered[kind]
 	if oo == nil {
 		return
@@ -110,6 +108,17 @@ func (st *state) removeObject(kind, key string) {
 	if oo.len() == 0 {
 		delete(st.ordered, kind)
 	}
+}
+
+// count is how many objects of a kind the view holds.
+func (st *state) count(kind string) int {
+	oo := st.ordered[kind]
+	if oo == nil {
+		return 0
+	}
+	oo.mu.Lock()
+	defer oo.mu.Unlock()
+	return oo.len()
 }
 
 // objects returns the objects of one kind, ordered by key.

@@ -20,19 +20,26 @@ func TestOrderedObjects(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	kind := api.KindNetworkPolicy
 	key := func(i int) string { return fmt.Sprintf("resources/networkpolicies/default/p%d", i) }
+	model := map[string]*api.NetworkPolicy{}
 	for step := range 3000 {
 		i := rng.IntN(200)
 		if rng.IntN(3) == 0 {
 			st.removeObject(kind, key(i))
+			delete(model, key(i))
 		} else {
-			st.addObject(kind, key(i), &api.NetworkPolicy{Metadata: api.ObjectMeta{Name: fmt.Sprint(i), Namespace: "default", ResourceVersion: fmt.Sprint(step)}})
+			p := &api.NetworkPolicy{Metadata: api.ObjectMeta{Name: fmt.Sprint(i), Namespace: "default", ResourceVersion: fmt.Sprint(step)}}
+			st.addObject(kind, key(i), p)
+			model[key(i)] = p
 		}
 		if step%97 != 0 {
 			continue
 		}
 		var want []*api.NetworkPolicy
-		for _, k := range slices.Sorted(maps.Keys(st.byKind[kind])) {
-			want = append(want, st.byKind[kind][k].(*api.NetworkPolicy))
+		for _, k := range slices.Sorted(maps.Keys(model)) {
+			want = append(want, model[k])
+		}
+		if got := st.count(kind); got != len(model) {
+			t.Fatalf("step %d: count %d, want %d", step, got, len(model))
 		}
 		got := objects[*api.NetworkPolicy](st, kind)
 		if want == nil {
@@ -62,20 +69,25 @@ func BenchmarkEndpointsAfterEvent(b *testing.B) {
 	ep := func(i int) *api.WorkloadEndpoint {
 		return &api.WorkloadEndpoint{Metadata: api.ObjectMeta{Name: fmt.Sprintf("sim%d-p%d", i/30, i%30), Namespace: "default"}}
 	}
+	all := map[string]api.Object{} // what the view held by kind and key before the ordered list
 	for i := range n {
 		st.addObject(kind, key(i), ep(i))
+		all[key(i)] = ep(i)
 	}
 	for _, c := range []struct {
 		name string
 		read func() int
 	}{
 		{"ordered", func() int { return len(objects[*api.WorkloadEndpoint](st, kind)) }},
-		{"sorted", func() int { return len(sortedValues(st.byKind[kind])) }},
+		{"sorted", func() int { return len(sortedValues(all)) }},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				st.removeObject(kind, key(i%n))
-				st.addObject(kind, key(i%n), ep(i%n))
+				delete(all, key(i%n))
+				e := ep(i % n)
+				st.addObject(kind, key(i%n), e)
+				all[key(i%n)] = e
 				if c.read() != n {
 					b.Fatal("lost an endpoint")
 				}

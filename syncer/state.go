@@ -31,11 +31,12 @@ type state struct {
 	// record is merely unreadable for a deleted one).
 	bad map[string]error
 
-	byKind map[string]map[string]api.Object // api kind → key → object
-	// ordered holds byKind's objects ordered by key, kept in order as they
-	// come and go, so that objects (every owner pass's Endpoints, Nodes,
-	// NetworkPolicies) copies a slice instead of sorting every key: at
-	// 30,000 endpoints the sort was a third of a policy pass (docs/scale.md).
+	// ordered holds each kind's api objects ordered by key, kept in order
+	// as they come and go, so that objects (every owner pass's Endpoints,
+	// Nodes, NetworkPolicies) copies a slice instead of sorting every key:
+	// at 30,000 endpoints the sort was a third of a policy pass
+	// (docs/scale.md). An object by key is items' (no index by kind and
+	// key: ≈ 90 bytes per endpoint for lookups items answers).
 	ordered      map[string]*orderedObjects                    // api kind → objects by key
 	epByNode     map[string]map[string]*api.WorkloadEndpoint   // node → key → endpoint
 	blocks       map[netip.Prefix]ipam.BlockSummary            // by CIDR
@@ -52,7 +53,6 @@ func newState() *state {
 	return &state{
 		items:        map[string]item{},
 		bad:          map[string]error{},
-		byKind:       map[string]map[string]api.Object{},
 		ordered:      map[string]*orderedObjects{},
 		epByNode:     map[string]map[string]*api.WorkloadEndpoint{},
 		blocks:       map[netip.Prefix]ipam.BlockSummary{},
@@ -300,17 +300,18 @@ func (st *state) unindex(key string, it item) {
 
 // object returns one object of a kind, if it is there and a T.
 func object[T api.Object](st *state, kind, key string) (T, bool) {
-	t, ok := st.byKind[kind][key].(T)
+	it, ok := st.items[key]
+	if !ok || it.kind != kind {
+		var zero T
+		return zero, false
+	}
+	t, ok := it.val.(T)
 	return t, ok
 }
 
 // poolOf returns the pool holding a block.
 func (st *state) poolOf(cidr netip.Prefix) (*api.IPPool, bool) {
-	for key := range st.byKind[api.KindIPPool] {
-		p, ok := object[*api.IPPool](st, api.KindIPPool, key)
-		if !ok {
-			continue
-		}
+	for _, p := range objects[*api.IPPool](st, api.KindIPPool) {
 		if pc, err := netip.ParsePrefix(p.Spec.CIDR); err == nil && pc.Masked().Overlaps(cidr) && pc.Bits() <= cidr.Bits() {
 			return p, true
 		}

@@ -185,7 +185,7 @@ func (s *Syncer) NodesWithState() []string {
 func (s *Syncer) PolicyCount() int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return len(s.st.byKind[api.KindNetworkPolicy]) + len(s.st.byKind[api.KindGlobalNetworkPolicy]) + len(s.st.byKind[api.KindStagedGlobalNetworkPolicy])
+	return s.st.count(api.KindNetworkPolicy) + s.st.count(api.KindGlobalNetworkPolicy) + s.st.count(api.KindStagedGlobalNetworkPolicy)
 }
 
 // NodeGCRecords returns node GC's records (gc/nodes/<node>) as stored,

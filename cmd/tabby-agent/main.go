@@ -10,6 +10,7 @@ import (
 
 	"github.com/tabbynet/tabby/agent"
 	"github.com/tabbynet/tabby/internal/cmdutil"
+	"github.com/tabbynet/tabby/internal/memlimit"
 	"github.com/tabbynet/tabby/internal/version"
 )
 
@@ -53,7 +54,13 @@ func newRootCmd() *cobra.Command {
 			if err := env.Err(cmd.Flags()); err != nil {
 				return err
 			}
-			return agent.Run(cmd.Context(), cfg, cmdutil.NewLogger(os.Stderr, *logLevel))
+			log := cmdutil.NewLogger(os.Stderr, *logLevel)
+			// A container memory limit becomes the GC's soft limit
+			// (docs/scale.md, "Agent memory").
+			if soft, cgroup, ok := memlimit.Apply(memlimit.Host, os.Getenv); ok {
+				log.Info("soft memory limit from the cgroup's", "limit_mib", soft>>20, "cgroup_mib", cgroup>>20)
+			}
+			return agent.Run(cmd.Context(), cfg, log)
 		},
 	}
 	f := cmd.Flags()

@@ -10,7 +10,6 @@ import (
 
 	"github.com/tabbynet/tabby/agent"
 	"github.com/tabbynet/tabby/internal/cmdutil"
-	"github.com/tabbynet/tabby/internal/memlimit"
 	"github.com/tabbynet/tabby/internal/version"
 )
 
@@ -55,11 +54,7 @@ func newRootCmd() *cobra.Command {
 				return err
 			}
 			log := cmdutil.NewLogger(os.Stderr, *logLevel)
-			// A container memory limit becomes the GC's soft limit
-			// (docs/scale.md, "Agent memory").
-			if soft, cgroup, ok := memlimit.Apply(memlimit.Host, os.Getenv); ok {
-				log.Info("soft memory limit from the cgroup's", "limit_mib", soft>>20, "cgroup_mib", cgroup>>20)
-			}
+			setMemoryLimit(log)
 			return agent.Run(cmd.Context(), cfg, log)
 		},
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,6 +34,8 @@ type simNode struct {
 	eps      []simEndpoint // live endpoints, oldest first
 	seq      int
 	watchEnd context.CancelFunc
+	// lastRev is the revision of the latest endpoint it created.
+	lastRev int64
 }
 
 type simEndpoint struct {
@@ -180,10 +183,13 @@ func (n *simNode) addEndpoint(ctx context.Context, labels map[string]string) (bl
 	if !a.Borrowed {
 		advertised = n.advertise(a.Block)
 	}
-	if _, err := n.store.Create(ctx, n.endpoint(ep)); err != nil {
+	w, err := n.store.Create(ctx, n.endpoint(ep))
+	if err != nil {
 		return a.Block, advertised, fmt.Errorf("%s: writing endpoint: %w", n.name, err)
 	}
+	rev, _ := strconv.ParseInt(w.GetMeta().ResourceVersion, 10, 64)
 	n.mu.Lock()
+	n.lastRev = max(n.lastRev, rev)
 	n.eps = append(n.eps, ep)
 	n.mu.Unlock()
 	return a.Block, advertised, nil

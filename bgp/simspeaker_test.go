@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
+
 	"github.com/tabbynet/tabby/api"
 )
 
@@ -77,5 +81,35 @@ func dialUntilAccepted(t *testing.T, local netip.Addr, to netip.AddrPort) (net.C
 			return c, err
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// announced reads the prefixes an UPDATE announces, not those it
+// withdraws; a body that does not parse gives none.
+func TestSimAnnounced(t *testing.T) {
+	b1, b2, gone := netip.MustParsePrefix("10.244.7.0/26"), netip.MustParsePrefix("10.244.9.64/26"), netip.MustParsePrefix("10.244.1.0/26")
+	nlri, err := simNLRI([]netip.Prefix{b1, b2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withdrawn, err := simNLRI([]netip.Prefix{gone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nh, err := gobgp.NewPathAttributeNextHop(netip.MustParseAddr("198.18.4.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), gobgp.NewPathAttributeAsPath(nil), nh}
+	msg, err := gobgp.NewBGPUpdateMessage(withdrawn, attrs, nlri).Serialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := msg[gobgp.BGP_HEADER_LENGTH:]
+	if diff := cmp.Diff([]netip.Prefix{b1, b2}, announced(body), cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+		t.Errorf("announced (-want +got):\n%s", diff)
+	}
+	if got := announced(body[:len(body)-3]); len(got) != 0 {
+		t.Errorf("announced(truncated) = %v, want none", got)
 	}
 }

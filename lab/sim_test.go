@@ -1,8 +1,10 @@
 package lab
 
 import (
+	"context"
 	"image/png"
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -126,5 +128,34 @@ func TestPerEvent(t *testing.T) {
 		if math.Abs(us-tt.us) > 1e-6 || math.Abs(noise-tt.noise) > 1e-6 {
 			t.Errorf("%s: perEvent = %.3f ± %.3f µs, want %.3f ± %.3f", tt.name, us, noise, tt.us, tt.noise)
 		}
+	}
+}
+
+// A sample's stages: the claim, each reflector's UPDATE at the observer
+// (one it did not send is left out), and each node's kernel by kind.
+func TestRouteStages(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	log := newReflectLog()
+	rr1, rr2 := netip.MustParseAddr("198.18.0.11"), netip.MustParseAddr("198.18.0.12")
+	block := netip.MustParsePrefix("10.244.3.0/26")
+	log.add(rr1, []netip.Prefix{block})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if got := log.wait(ctx, block, []netip.Addr{rr1, rr2}); got[0].IsZero() || !got[1].IsZero() {
+		t.Fatalf("wait = %v, want rr1's time and none for rr2", got)
+	}
+	var l routeLatencies
+	l.addStages(t0, ms(40), []time.Time{ms(60), {}}, []time.Time{ms(90), ms(300), ms(100), ms(120)}, 2)
+	l.add(t0, ms(40), ms(300))
+	var res SimResult
+	l.fill(&res)
+	want := &RouteStages{ClaimP50Ms: 40, ClaimMaxMs: 40, ReflectedP50Ms: 20, ReflectedMaxMs: 20,
+		RRKernelP50Ms: 50, RRKernelMaxMs: 260, ClientKernelP50Ms: 60, ClientKernelMaxMs: 80} // p50: nearest rank, the lower of two
+	if diff := cmp.Diff(want, res.Stages); diff != "" {
+		t.Errorf("stages (-want +got):\n%s", diff)
+	}
+	if res.RouteP99Ms != 300 || res.AdvertP50Ms != 260 {
+		t.Errorf("route %v / advert %v ms, want 300 / 260", res.RouteP99Ms, res.AdvertP50Ms)
 	}
 }

@@ -29,8 +29,7 @@ func (r *simRun) step(ctx context.Context, size int) (SimResult, error) {
 	if err != nil {
 		return res, err
 	}
-	res.RouteP50Ms, res.RouteP99Ms = quantileMs(lat.total)
-	res.AdvertP50Ms, res.AdvertP99Ms = quantileMs(lat.fromAdvert)
+	lat.fill(&res)
 	if r.o.Watch {
 		rev, err := r.l.Store().PutKV(ctx, "sim/marker", []byte(time.Now().String()), 0)
 		if err != nil {

@@ -34,6 +34,9 @@ type simNode struct {
 	eps      []simEndpoint // live endpoints, oldest first
 	seq      int
 	watchEnd context.CancelFunc
+	// onUpdate, when set (the observer), receives the prefixes each
+	// reflector sends it.
+	onUpdate func(rr netip.Addr, prefixes []netip.Prefix)
 	// lastRev is the revision of the latest endpoint it created.
 	lastRev int64
 }
@@ -128,7 +131,11 @@ func (n *simNode) connectOnce(ctx context.Context, simNS string, endpoints []str
 // attach runs a session with a reflector until it ends,
 // announcing the node's blocks once it is established.
 func (n *simNode) attach(ctx context.Context, conn net.Conn, peer netip.Addr) {
-	s := bgp.NewSimSession(conn, bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr})
+	cfg := bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr}
+	if n.onUpdate != nil {
+		cfg.OnUpdate = func(ps []netip.Prefix) { n.onUpdate(peer, ps) }
+	}
+	s := bgp.NewSimSession(conn, cfg)
 	go func() {
 		select {
 		case <-s.Established():

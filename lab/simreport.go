@@ -40,9 +40,11 @@ type SimResult struct {
 	// samples from the block's advertisement on (without the IPAM claim).
 	AdvertP50Ms float64 `json:"advertToRouteP50Ms"`
 	AdvertP99Ms float64 `json:"advertToRouteP99Ms"`
-	PolicyP50Ms float64 `json:"policyToKernelP50Ms"`
-	PolicyP99Ms float64 `json:"policyToKernelP99Ms"`
-	ReadyS      float64 `json:"restartToReadySeconds"`
+	// Stages break the block → route samples down (docs/scale.md).
+	Stages      *RouteStages `json:"blockToRouteStages,omitempty"`
+	PolicyP50Ms float64      `json:"policyToKernelP50Ms"`
+	PolicyP99Ms float64      `json:"policyToKernelP99Ms"`
+	ReadyS      float64      `json:"restartToReadySeconds"`
 	// etcd (first member) and the proxy.
 	EtcdIdlePct      float64 `json:"etcdIdleCPUPercent"`
 	EtcdChurnPct     float64 `json:"etcdChurnCPUPercent"`
@@ -53,6 +55,35 @@ type SimResult struct {
 	// Load is the host's 1-minute load average after the churn window:
 	// on a shared host, how much else competed for the cores.
 	Load float64 `json:"loadAverage1m"`
+}
+
+// RouteStages are where a new block's route spends its time, p50 and
+// max over the samples (and over the nodes or reflectors of a kind): the
+// IPAM claim; from the advertisement, a reflector's UPDATE reaching a
+// simulated client (the observer); a reflector's and a client's kernel.
+type RouteStages struct {
+	ClaimP50Ms        float64 `json:"claimP50Ms"`
+	ClaimMaxMs        float64 `json:"claimMaxMs"`
+	ReflectedP50Ms    float64 `json:"reflectedP50Ms"`
+	ReflectedMaxMs    float64 `json:"reflectedMaxMs"`
+	RRKernelP50Ms     float64 `json:"rrKernelP50Ms"`
+	RRKernelMaxMs     float64 `json:"rrKernelMaxMs"`
+	ClientKernelP50Ms float64 `json:"clientKernelP50Ms"`
+	ClientKernelMaxMs float64 `json:"clientKernelMaxMs"`
+}
+
+// StagesTable renders where block → route goes, one row per size.
+func StagesTable(rs []SimResult) string {
+	var b strings.Builder
+	b.WriteString("| sim nodes | IPAM claim p50/max ms | advert → reflector's UPDATE at a client p50/max ms | advert → reflectors' kernels p50/max ms | advert → clients' kernels p50/max ms |\n")
+	b.WriteString("|---|---|---|---|---|\n")
+	for _, r := range rs {
+		if s := r.Stages; s != nil {
+			fmt.Fprintf(&b, "| %d | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", r.Nodes, s.ClaimP50Ms, s.ClaimMaxMs,
+				s.ReflectedP50Ms, s.ReflectedMaxMs, s.RRKernelP50Ms, s.RRKernelMaxMs, s.ClientKernelP50Ms, s.ClientKernelMaxMs)
+		}
+	}
+	return b.String()
 }
 
 func (r SimResult) summary() string {
@@ -93,7 +124,7 @@ func WriteSimResults(dir string, rs []SimResult) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)+"\n"+StagesTable(rs)), 0o644); err != nil {
 		return err
 	}
 	return PlotSim(filepath.Join(dir, "scale.png"), rs)

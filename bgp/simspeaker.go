@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
@@ -48,7 +49,11 @@ type SimSession struct {
 	wmu         sync.Mutex
 	established chan struct{}
 	hold        time.Duration
+	updates     atomic.Uint64
 }
+
+// Updates is how many UPDATE messages the peer has sent so far.
+func (s *SimSession) Updates() uint64 { return s.updates.Load() }
 
 // NewSimSession wraps an open TCP connection to the peer (accepted or
 // dialled; the caller chooses which side connects).
@@ -146,6 +151,7 @@ func (s *SimSession) readLoop(r *bufio.Reader) error {
 				close(s.established)
 			}
 		case gobgp.BGP_MSG_UPDATE:
+			s.updates.Add(1)
 			if s.cfg.OnUpdate != nil {
 				if ps := announced(body); len(ps) > 0 {
 					s.cfg.OnUpdate(ps)

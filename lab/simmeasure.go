@@ -84,7 +84,8 @@ func (r *simRun) snapshot() (map[string]usage, error) {
 const settleTimeout = 5 * time.Minute
 
 // waitSettled waits until every real client's kernel holds a route to every
-// block the simulated nodes advertise.
+// block the simulated nodes advertise, and the reflectors have sent the
+// simulated nodes all they had queued (waitQuiet).
 func (r *simRun) waitSettled(ctx context.Context) error {
 	want := map[string]bool{}
 	for _, n := range r.nodes {
@@ -116,7 +117,7 @@ func (r *simRun) waitSettled(ctx context.Context) error {
 		}
 	}
 	r.l.Progress("settled in %s: every real client holds the %d simulated blocks' routes", time.Since(start).Round(time.Second), len(want))
-	return nil
+	return r.waitQuiet(ctx)
 }
 
 // window is what the real agents, etcd and the proxy used over one

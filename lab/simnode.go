@@ -164,6 +164,17 @@ func keysOf(m map[netip.Prefix]bool) []netip.Prefix {
 	return out
 }
 
+// updates is how many UPDATEs the node's current sessions have received.
+func (n *simNode) updates() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var sum uint64
+	for _, s := range n.sessions {
+		sum += s.Updates()
+	}
+	return sum
+}
+
 // established is how many reflector sessions are up.
 func (n *simNode) established() int {
 	n.mu.Lock()

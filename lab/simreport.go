@@ -70,16 +70,19 @@ type RouteStages struct {
 	RRKernelMaxMs     float64 `json:"rrKernelMaxMs"`
 	ClientKernelP50Ms float64 `json:"clientKernelP50Ms"`
 	ClientKernelMaxMs float64 `json:"clientKernelMaxMs"`
+	// QuietS is how long the reflectors went on sending the fill's
+	// UPDATEs to the simulated nodes before the samples began.
+	QuietS float64 `json:"reflectorsQuietAfterSeconds"`
 }
 
 // StagesTable renders where block → route goes, one row per size.
 func StagesTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | IPAM claim p50/max ms | advert → reflector's UPDATE at a client p50/max ms | advert → reflectors' kernels p50/max ms | advert → clients' kernels p50/max ms |\n")
-	b.WriteString("|---|---|---|---|---|\n")
+	b.WriteString("| sim nodes | reflectors quiet after s | IPAM claim p50/max ms | advert → reflector's UPDATE at a client p50/max ms | advert → reflectors' kernels p50/max ms | advert → clients' kernels p50/max ms |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		if s := r.Stages; s != nil {
-			fmt.Fprintf(&b, "| %d | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", r.Nodes, s.ClaimP50Ms, s.ClaimMaxMs,
+			fmt.Fprintf(&b, "| %d | %.1f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", r.Nodes, s.QuietS, s.ClaimP50Ms, s.ClaimMaxMs,
 				s.ReflectedP50Ms, s.ReflectedMaxMs, s.RRKernelP50Ms, s.RRKernelMaxMs, s.ClientKernelP50Ms, s.ClientKernelMaxMs)
 		}
 	}

@@ -212,10 +212,8 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 	if err := parallel(ctx, 32, len(fill), func(i int) error { return r.fill(ctx, fill[i], 0) }); err != nil {
 		return routeLatencies{}, err
 	}
-	if err := r.waitQuiet(ctx); err != nil {
-		return routeLatencies{}, err
-	}
 	var lat routeLatencies
+	lat.quiet = r.waitQuiet(ctx)
 	for _, n := range samples {
 		if err := r.sample(ctx, n, &lat); err != nil {
 			return lat, err

@@ -660,6 +660,10 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 	sp := b.current()
 	routes := sp.Routes()
 	dirty := false
+	// delivered is when the oldest route set not yet installed came:
+	// tabby_reconcile_duration_seconds{loop="learned"} times from it to
+	// the kernel (docs/scale.md, "Where block → route goes").
+	var delivered time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -678,6 +682,9 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 			b.learned, b.learnedAny = rs, true
 			b.mu.Unlock()
 			dirty = true
+			if delivered.IsZero() {
+				delivered = time.Now()
+			}
 		case <-wake:
 			dirty = true
 		case <-retry.C:
@@ -685,11 +692,15 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 				continue
 			}
 		}
-		if _, err := b.syncLearned(); err != nil {
+		_, err := b.syncLearned()
+		if !delivered.IsZero() {
+			b.metrics.observeReconcile("learned", time.Since(delivered), err)
+		}
+		if err != nil {
 			b.log.Warn("installing learned routes failed; retrying", "err", err)
 			continue
 		}
-		dirty = false
+		dirty, delivered = false, time.Time{}
 	}
 }
 

@@ -79,10 +79,17 @@ func (o *tunnelOwner) pass(ctx context.Context) error {
 		labels = self.Metadata.Labels
 	}
 	vni, port := o.view.BGPConfiguration().VXLANSettings()
-	in := tunnelInputs{node: o.node, labels: labels, pools: o.view.Pools(), nodes: o.view.Nodes(), blocks: o.view.Blocks(), borrowed: map[string][]ipam.BorrowedAddr{}}
-	for _, n := range in.nodes {
-		if n.Metadata.Name != o.node {
-			in.borrowed[n.Metadata.Name] = o.view.BorrowedBy(n.Metadata.Name)
+	in := tunnelInputs{node: o.node, labels: labels, pools: o.view.Pools(), borrowed: map[string][]ipam.BorrowedAddr{}}
+	// The cluster's nodes, blocks and borrowed addresses matter only to a
+	// node that tunnels: without a pool that encapsulates for it, a pass
+	// (woken by every block claim and node in the cluster) reads none of
+	// them, instead of O(nodes + blocks) per claim on every agent.
+	if slices.ContainsFunc(in.pools, func(p *api.IPPool) bool { return tunnels(p, labels) }) {
+		in.nodes, in.blocks = o.view.Nodes(), o.view.Blocks()
+		for _, n := range in.nodes {
+			if n.Metadata.Name != o.node {
+				in.borrowed[n.Metadata.Name] = o.view.BorrowedBy(n.Metadata.Name)
+			}
 		}
 	}
 	var routes []dataplane.Route

@@ -106,7 +106,7 @@ type tunnelEnv struct {
 	view   *syncer.Syncer
 }
 
-func newTunnelEnv(t *testing.T, store *datastore.Store, node, addr string) *tunnelEnv {
+func newTunnelEnv(t testing.TB, store *datastore.Store, node, addr string) *tunnelEnv {
 	t.Helper()
 	v := startView(t, store)
 	e := &tunnelEnv{vx: &fake.VXLAN{}, kernel: fake.NewRoutes(), view: v}

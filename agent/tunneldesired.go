@@ -66,6 +66,12 @@ func nodeUnderlay(n *api.Node, is6 bool) (netip.Prefix, bool) {
 	return n.IPv4()
 }
 
+// tunnels reports whether pool p makes a node with labels tunnel: it
+// encapsulates, is enabled and selects the node.
+func tunnels(p *api.IPPool, labels map[string]string) bool {
+	return p.Spec.VXLANMode.Encapsulated() && !p.Spec.Disabled && poolSelects(p, labels)
+}
+
 // desiredTunnel computes the family's plan: a peer (static neighbour and
 // forwarding entry) for every other node with a tunnel of the family, and
 // a route `via <its tunnel address> dev <vxlan> onlink` for each of its
@@ -83,7 +89,7 @@ func desiredTunnel(in tunnelInputs, is6 bool) tunnelPlan {
 		}
 		// A disabled pool's blocks still hold pods: they keep its mode.
 		modes[p.Metadata.Name] = p.Spec.VXLANMode
-		if p.Spec.VXLANMode.Encapsulated() && !p.Spec.Disabled && poolSelects(p, in.labels) {
+		if tunnels(p, in.labels) {
 			plan.pools = append(plan.pools, p.Metadata.Name)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
@@ -34,6 +35,10 @@ type SimConfig struct {
 	// HoldTime proposed in OPEN; the session uses the smaller of it and
 	// the peer's. Default 90 s.
 	HoldTime time.Duration
+	// OnUpdate, when set, is called from the session's reader with the
+	// IPv4 prefixes each UPDATE from the peer announces (the harness
+	// times a reflector's sending with it); nil leaves UPDATEs unparsed.
+	OnUpdate func(announced []netip.Prefix)
 }
 
 // SimSession runs BGP on one connection for a simulated node. Announce and
@@ -44,7 +49,11 @@ type SimSession struct {
 	wmu         sync.Mutex
 	established chan struct{}
 	hold        time.Duration
+	updates     atomic.Uint64
 }
+
+// Updates is how many UPDATE messages the peer has sent so far.
+func (s *SimSession) Updates() uint64 { return s.updates.Load() }
 
 // NewSimSession wraps an open TCP connection to the peer (accepted or
 // dialled; the caller chooses which side connects).
@@ -141,6 +150,13 @@ func (s *SimSession) readLoop(r *bufio.Reader) error {
 			default:
 				close(s.established)
 			}
+		case gobgp.BGP_MSG_UPDATE:
+			s.updates.Add(1)
+			if s.cfg.OnUpdate != nil {
+				if ps := announced(body); len(ps) > 0 {
+					s.cfg.OnUpdate(ps)
+				}
+			}
 		case gobgp.BGP_MSG_NOTIFICATION:
 			code, sub := 0, 0
 			if len(body) >= 2 {
@@ -149,6 +165,27 @@ func (s *SimSession) readLoop(r *bufio.Reader) error {
 			return fmt.Errorf("sim session: peer sent notification %d/%d", code, sub)
 		}
 	}
+}
+
+// announced returns the IPv4 prefixes an UPDATE's body announces (none if
+// it does not parse: the session only observes them).
+func announced(body []byte) []netip.Prefix {
+	h := &gobgp.BGPHeader{Len: uint16(gobgp.BGP_HEADER_LENGTH + len(body)), Type: gobgp.BGP_MSG_UPDATE}
+	m, err := gobgp.ParseBGPBody(h, body)
+	if err != nil {
+		return nil
+	}
+	u, ok := m.Body.(*gobgp.BGPUpdate)
+	if !ok {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, n := range u.NLRI {
+		if p, ok := n.NLRI.(*gobgp.IPAddrPrefix); ok {
+			out = append(out, p.Prefix.Masked())
+		}
+	}
+	return out
 }
 
 // read reads one message (type and body) within timeout.

@@ -3,12 +3,18 @@ package bgp
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
+
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // TestSimSessionAdvertisesToRealSpeaker: a simulated node (the higher
@@ -77,5 +83,86 @@ func dialUntilAccepted(t *testing.T, local netip.Addr, to netip.AddrPort) (net.C
 			return c, err
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// announced reads the prefixes an UPDATE announces, not those it
+// withdraws; a body that does not parse gives none.
+func TestSimAnnounced(t *testing.T) {
+	b1, b2, gone := netip.MustParsePrefix("10.244.7.0/26"), netip.MustParsePrefix("10.244.9.64/26"), netip.MustParsePrefix("10.244.1.0/26")
+	nlri, err := simNLRI([]netip.Prefix{b1, b2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withdrawn, err := simNLRI([]netip.Prefix{gone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nh, err := gobgp.NewPathAttributeNextHop(netip.MustParseAddr("198.18.4.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), gobgp.NewPathAttributeAsPath(nil), nh}
+	msg, err := gobgp.NewBGPUpdateMessage(withdrawn, attrs, nlri).Serialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := msg[gobgp.BGP_HEADER_LENGTH:]
+	if diff := cmp.Diff([]netip.Prefix{b1, b2}, announced(body), cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
+		t.Errorf("announced (-want +got):\n%s", diff)
+	}
+	if got := announced(body[:len(body)-3]); len(got) != 0 {
+		t.Errorf("announced(truncated) = %v, want none", got)
+	}
+}
+
+// A simulated node counts the UPDATEs its peer sends and hands the
+// prefixes they announce to OnUpdate (the harness's observer).
+func TestSimSessionCountsUpdates(t *testing.T) {
+	here, peer := net.Pipe()
+	got := make(chan []netip.Prefix, 4)
+	s := NewSimSession(here, SimConfig{ASN: api.DefaultASNumber, RouterID: netip.MustParseAddr("198.18.4.2"),
+		OnUpdate: func(ps []netip.Prefix) { got <- ps }})
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	defer func() { cancel(); <-runErr }()
+	go io.Copy(io.Discard, peer) // what the simulated node sends
+	open, err := gobgp.NewBGPOpenMessage(uint16(api.DefaultASNumber), 90, netip.MustParseAddr("198.18.0.11"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := netip.MustParsePrefix("10.244.7.0/26")
+	nlri, err := simNLRI([]netip.Prefix{block})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nh, err := gobgp.NewPathAttributeNextHop(netip.MustParseAddr("198.18.4.9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), gobgp.NewPathAttributeAsPath(nil), nh}
+	for _, m := range []*gobgp.BGPMessage{open, gobgp.NewBGPKeepAliveMessage(), gobgp.NewBGPUpdateMessage(nil, attrs, nlri), gobgp.NewBGPUpdateMessage(nlri, nil, nil)} {
+		b, err := m.Serialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case ps := <-got:
+		if len(ps) != 1 || ps[0] != block {
+			t.Errorf("OnUpdate got %v, want [%v]", ps, block)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no UPDATE reached OnUpdate")
+	}
+	testkit.Eventually(t, 10*time.Second, "both UPDATEs (an announcement and a withdrawal) counted", testkit.Cond(func() bool { return s.Updates() == 2 }))
+	select {
+	case ps := <-got:
+		t.Errorf("OnUpdate got %v for a withdrawal", ps)
+	default:
 	}
 }

@@ -55,7 +55,7 @@ func TestSimHarness(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rs, err := lab.Sim(ctx, lab.SimOptions{Name: name, RunDir: runDir, BinDir: os.Getenv("TABBY_BIN"), Sizes: []int{10},
-		Policies: 100, Samples: 3, IdleWindow: 3 * time.Second, ChurnWindow: 5 * time.Second, Watch: true, Out: out, Log: testWriter{t}})
+		Policies: 100, Samples: 3, IdleWindow: 3 * time.Second, ChurnEvents: 40, Watch: true, Out: out, Log: testWriter{t}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestSimHarness(t *testing.T) {
 		}
 	}
 	check(r.Nodes == 10 && r.Endpoints == 300, "sizes")
-	check(r.Events > 0, "no churn event completed")
+	check(r.Events > 0 && r.ChurnSeconds > 0, "no churn event completed")
 	check(r.AgentRSSMiB > 0 && r.RRRSSMiB > 0, "no RSS")
 	check(r.RouteP50Ms > 0 && r.RouteP99Ms >= r.RouteP50Ms, "block-to-route latencies")
 	check(r.PolicyP50Ms > 0 && r.PolicyP99Ms >= r.PolicyP50Ms, "policy latencies")

@@ -55,6 +55,7 @@ func (e *ExhaustedError) Is(target error) bool { return target == ErrExhausted }
 type kvStore interface {
 	GetKV(ctx context.Context, key string) (datastore.KV, error)
 	ListKV(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
+	ListKeys(ctx context.Context, prefix string) ([]string, error)
 	Txn(ctx context.Context, cmps []datastore.Cmp, ops []datastore.Op) (int64, error)
 	Create(ctx context.Context, obj api.Object) (api.Object, error)
 	Update(ctx context.Context, obj api.Object) (api.Object, error)

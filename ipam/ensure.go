@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -47,7 +48,9 @@ func (a *Allocator) ensureBlock(ctx context.Context, node string, family int, ne
 	lock.Lock()
 	defer lock.Unlock()
 	var claimed netip.Prefix
-	err := a.retry(ctx, "ipam: claiming a first block for "+node, func() error {
+	full := false // see claimState
+	err := a.retry(ctx, "ipam: claiming a first block for "+node, func() (err error) {
+		defer func() { full = full || errors.Is(err, errRetry) }()
 		claimed = netip.Prefix{}
 		st, err := a.loadAssignState(ctx, AssignRequest{Node: node})
 		if err != nil {
@@ -69,7 +72,7 @@ func (a *Allocator) ensureBlock(ctx context.Context, node string, family int, ne
 				}
 			}
 		}
-		cl, err := a.claimState(ctx, node, st)
+		cl, err := a.claimState(ctx, node, st, full)
 		if err != nil || !cl.mayClaim {
 			return err
 		}

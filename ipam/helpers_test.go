@@ -25,6 +25,11 @@ func (c *countingStore) GetKV(ctx context.Context, key string) (datastore.KV, er
 	return c.Store.GetKV(ctx, key)
 }
 
+func (c *countingStore) ListKeys(ctx context.Context, prefix string) ([]string, error) {
+	c.n.Add(1)
+	return c.Store.ListKeys(ctx, prefix)
+}
+
 func (c *countingStore) ListKV(ctx context.Context, prefix string) ([]datastore.KV, int64, error) {
 	c.n.Add(1)
 	return c.Store.ListKV(ctx, prefix)

@@ -25,10 +25,12 @@ type SimOptions struct {
 	// EndpointsPerNode endpoints on each simulated node (default 30);
 	// Policies NetworkPolicies (default 1,000).
 	EndpointsPerNode, Policies int
-	// ChurnRate pod events per second (an add and a delete are one event
-	// each) during ChurnWindow; IdleWindow of rest precedes it. Defaults
-	// 20/s, 20 s, 60 s: the rest spans two of the agents' 30 s resync
-	// passes, which a shorter window would catch or miss by chance.
+	// ChurnEvents pod events (an add and a delete are one event each) at
+	// ChurnRate per second, for ChurnWindow at most; a rest of IdleWindow
+	// precedes and follows them. Defaults 400, 20/s, 10 min, 60 s: the
+	// rest spans two of the agents' 30 s resync passes, which a shorter
+	// window would catch or miss by chance.
+	ChurnEvents             int
 	ChurnRate               float64
 	ChurnWindow, IdleWindow time.Duration
 	// Samples of each latency per size (default 10).
@@ -83,8 +85,9 @@ func (o *SimOptions) Default() {
 	if o.ChurnRate == 0 {
 		o.ChurnRate = 20
 	}
+	def(&o.ChurnEvents, 400)
 	if o.ChurnWindow == 0 {
-		o.ChurnWindow = 20 * time.Second
+		o.ChurnWindow = 10 * time.Minute
 	}
 	if o.IdleWindow == 0 {
 		o.IdleWindow = 60 * time.Second
@@ -117,6 +120,9 @@ func (o *SimOptions) Validate() error {
 	}
 	if o.ChurnRate <= 0 || o.ChurnRate > 1000 || o.ChurnWindow < time.Second || o.IdleWindow < time.Second {
 		errs = append(errs, fmt.Errorf("churn rate %g/s (want 0-1000), churn window %s, idle window %s (at least 1s)", o.ChurnRate, o.ChurnWindow, o.IdleWindow))
+	}
+	if o.ChurnEvents < 2 || o.ChurnEvents > 100000 {
+		errs = append(errs, fmt.Errorf("churn events: %d out of range 2-100000", o.ChurnEvents))
 	}
 	if o.Samples < 1 || o.Samples > 100 {
 		errs = append(errs, fmt.Errorf("samples: %d out of range 1-100", o.Samples))

@@ -1,7 +1,10 @@
 package lab
 
 import (
+	"context"
 	"image/png"
+	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,17 +29,17 @@ func TestCheckSimMemory(t *testing.T) {
 }
 
 func TestSimOptionsValidate(t *testing.T) {
-	o := SimOptions{Sizes: []int{100, 10, 2000}, EndpointsPerNode: 99}
+	o := SimOptions{Sizes: []int{100, 10, 2000}, EndpointsPerNode: 99, ChurnEvents: 1}
 	o.Default()
 	err := o.Validate()
-	for _, want := range []string{"sizes[1]: 10 not above 100", "sizes[2]: 2000 out of range", "endpoints per node: 99"} {
+	for _, want := range []string{"sizes[1]: 10 not above 100", "sizes[2]: 2000 out of range", "endpoints per node: 99", "churn events: 1 out of range"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to say %q", err, want)
 		}
 	}
 	ok := SimOptions{Sizes: []int{10}}
 	ok.Default()
-	if ok.ChurnWindow != 20*time.Second || ok.Policies != 1000 {
+	if ok.ChurnEvents != 400 || ok.ChurnWindow != 10*time.Minute || ok.Policies != 1000 {
 		t.Errorf("defaults: %+v", ok)
 	}
 }
@@ -68,7 +71,7 @@ func TestSimAddrAndPlot(t *testing.T) {
 		t.Errorf("simAddr(%d) outside %s", MaxSimNodes, simSubnet)
 	}
 	dir := t.TempDir()
-	rs := []SimResult{{Nodes: 10, AgentUsPerEvent: 900, RouteP99Ms: 40}, {Nodes: 100, AgentUsPerEvent: 1000, RouteP99Ms: 60}}
+	rs := []SimResult{{Nodes: 10, AgentUsPerEvent: 900, RouteP99Ms: 40}, {Nodes: 100, Events: 400, ChurnSeconds: 21.4, AgentUsPerEvent: 1000, AgentUsPerEventNoise: 35, RouteP99Ms: 60}}
 	if err := WriteSimResults(dir, rs); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +84,7 @@ func TestSimAddrAndPlot(t *testing.T) {
 		t.Error(err)
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
-	if !strings.Contains(string(md), "| 100 | 0 | 1000 |") {
+	if !strings.Contains(string(md), "| 100 | 0 | 400 (21) | 1000 ± 35 |") {
 		t.Errorf("results.md:\n%s", md)
 	}
 }
@@ -98,5 +101,61 @@ func TestRouteLatencies(t *testing.T) {
 	}
 	if want := []time.Duration{60 * time.Millisecond}; !slices.Equal(l.fromAdvert, want) {
 		t.Errorf("from the advertisement = %v, want %v", l.fromAdvert, want)
+	}
+}
+
+// The per-event cost is the churn's CPU beyond the mean rest rate, per
+// event; the noise is what the two rests' difference makes over the churn.
+func TestPerEvent(t *testing.T) {
+	w := func(cpu, secs float64) window {
+		return window{from: map[string]usage{"a": {cpu: 100}}, to: map[string]usage{"a": {cpu: 100 + cpu}}, secs: secs}
+	}
+	tests := []struct {
+		name                string
+		restA, churn, restB window
+		events              int
+		us, noise           float64
+	}{
+		// Rests at 1 % and 3 %: 2 % of 20 s is 0.4 s; 0.8 s more over 400 events is 2,000 µs each, ±1 % of 20 s.
+		{"above the rest", w(0.6, 60), w(1.2, 20), w(1.8, 60), 400, 2000, 500},
+		{"steady rest", w(0.6, 60), w(0.3, 20), w(0.6, 60), 100, 1000, 0},
+		// The churn used less than the rest would have: said so, not clamped.
+		{"below the rest", w(1.2, 60), w(0.2, 20), w(1.2, 60), 200, -1000, 0},
+		{"no event", w(0.6, 60), w(0.2, 20), w(0.6, 60), 0, 0, 0},
+	}
+	for _, tt := range tests {
+		us, noise := perEvent("a", tt.restA, tt.churn, tt.restB, tt.events)
+		if math.Abs(us-tt.us) > 1e-6 || math.Abs(noise-tt.noise) > 1e-6 {
+			t.Errorf("%s: perEvent = %.3f ± %.3f µs, want %.3f ± %.3f", tt.name, us, noise, tt.us, tt.noise)
+		}
+	}
+}
+
+// A sample's stages: the claim, each reflector's UPDATE at the observer
+// (one it did not send is left out), and each node's kernel by kind.
+func TestRouteStages(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	log := newReflectLog()
+	rr1, rr2 := netip.MustParseAddr("198.18.0.11"), netip.MustParseAddr("198.18.0.12")
+	block := netip.MustParsePrefix("10.244.3.0/26")
+	log.add(rr1, []netip.Prefix{block})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if got := log.wait(ctx, block, []netip.Addr{rr1, rr2}); got[0].IsZero() || !got[1].IsZero() {
+		t.Fatalf("wait = %v, want rr1's time and none for rr2", got)
+	}
+	var l routeLatencies
+	l.addStages(t0, ms(40), []time.Time{ms(60), {}}, []time.Time{ms(90), ms(300), ms(100), ms(120)}, 2)
+	l.add(t0, ms(40), ms(300))
+	var res SimResult
+	l.fill(&res)
+	want := &RouteStages{ClaimP50Ms: 40, ClaimMaxMs: 40, ReflectedP50Ms: 20, ReflectedMaxMs: 20,
+		RRKernelP50Ms: 50, RRKernelMaxMs: 260, ClientKernelP50Ms: 60, ClientKernelMaxMs: 80} // p50: nearest rank, the lower of two
+	if diff := cmp.Diff(want, res.Stages); diff != "" {
+		t.Errorf("stages (-want +got):\n%s", diff)
+	}
+	if res.RouteP99Ms != 300 || res.AdvertP50Ms != 260 {
+		t.Errorf("route %v / advert %v ms, want 300 / 260", res.RouteP99Ms, res.AdvertP50Ms)
 	}
 }

@@ -2,8 +2,11 @@ package lab
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -26,8 +29,7 @@ func (r *simRun) step(ctx context.Context, size int) (SimResult, error) {
 	if err != nil {
 		return res, err
 	}
-	res.RouteP50Ms, res.RouteP99Ms = quantileMs(lat.total)
-	res.AdvertP50Ms, res.AdvertP99Ms = quantileMs(lat.fromAdvert)
+	lat.fill(&res)
 	if r.o.Watch {
 		rev, err := r.l.Store().PutKV(ctx, "sim/marker", []byte(time.Now().String()), 0)
 		if err != nil {
@@ -82,7 +84,8 @@ func (r *simRun) snapshot() (map[string]usage, error) {
 const settleTimeout = 5 * time.Minute
 
 // waitSettled waits until every real client's kernel holds a route to every
-// block the simulated nodes advertise.
+// block the simulated nodes advertise, and the reflectors have sent the
+// simulated nodes all they had queued (waitQuiet).
 func (r *simRun) waitSettled(ctx context.Context) error {
 	want := map[string]bool{}
 	for _, n := range r.nodes {
@@ -114,63 +117,81 @@ func (r *simRun) waitSettled(ctx context.Context) error {
 		}
 	}
 	r.l.Progress("settled in %s: every real client holds the %d simulated blocks' routes", time.Since(start).Round(time.Second), len(want))
-	return nil
+	r.waitQuiet(ctx)
+	return ctx.Err()
 }
 
-// measureLoad measures rest, then churn. The rest starts once the cluster
-// has settled (waitSettled): measured straight after the fill, it held the
-// agents and reflectors still taking in a thousand new routes.
+// window is what the real agents, etcd and the proxy used over one
+// interval of secs seconds.
+type window struct {
+	from, to map[string]usage
+	secs     float64
+}
+
+// cpu is the CPU seconds key used in the window; rate per second.
+func (w window) cpu(key string) float64  { return w.to[key].cpu - w.from[key].cpu }
+func (w window) rate(key string) float64 { return w.cpu(key) / w.secs }
+
+// measure runs fn between two snapshots.
+func (r *simRun) measure(fn func() error) (window, error) {
+	s0, err := r.snapshot()
+	if err != nil {
+		return window{}, err
+	}
+	t0 := time.Now()
+	if err := fn(); err != nil {
+		return window{}, err
+	}
+	s1, err := r.snapshot()
+	if err != nil {
+		return window{}, err
+	}
+	return window{from: s0, to: s1, secs: time.Since(t0).Seconds()}, nil
+}
+
+// perEvent is what one event cost process key, in µs of CPU: the churn
+// window's CPU minus what the mean of the rates of the rests before and
+// after it (restA, restB) would have used in as long, divided by the
+// events. noise is what half the difference between the two rests' rates
+// makes over the churn window, per event: a figure within it is not told
+// apart from the rest's own variation. Either may be negative.
+func perEvent(key string, restA, churn, restB window, events int) (us, noise float64) {
+	ra, rb := restA.rate(key), restB.rate(key)
+	n := float64(max(events, 1))
+	us = 1e6 * (churn.cpu(key) - (ra+rb)/2*churn.secs) / n
+	noise = 1e6 * math.Abs(ra-rb) / 2 * churn.secs / n
+	return us, noise
+}
+
+// measureLoad measures a rest, a churn of a fixed number of pod events, and
+// a second rest. The first rest starts once the cluster has settled
+// (waitSettled): measured straight after the fill, it held the agents and
+// reflectors still taking in a thousand new routes. The churn's cost is
+// taken against both rests (perEvent), whose difference is its noise.
 func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 	if err := r.waitSettled(ctx); err != nil {
 		return err
 	}
+	rest := func() error { sleepCtx(ctx, r.o.IdleWindow); return ctx.Err() }
 	r.l.Progress("measuring %s at rest", r.o.IdleWindow)
-	s0, err := r.snapshot()
+	restA, err := r.measure(rest)
 	if err != nil {
 		return err
 	}
-	t0 := time.Now()
-	sleepCtx(ctx, r.o.IdleWindow)
-	s1, err := r.snapshot()
+	r.l.Progress("churning %d pod events at %g/s", r.o.ChurnEvents, r.o.ChurnRate)
+	var events int
+	churn, err := r.measure(func() (err error) { events, err = r.churn(ctx); return err })
 	if err != nil {
 		return err
 	}
-	idle := time.Since(t0).Seconds()
-	r.l.Progress("measuring %s of churn at %g pod events/s", r.o.ChurnWindow, r.o.ChurnRate)
-	t2 := time.Now()
-	events, err := r.churn(ctx)
+	r.l.Progress("%d pod events in %.1f s; measuring %s at rest again", events, churn.secs, r.o.IdleWindow)
+	restB, err := r.measure(rest)
 	if err != nil {
 		return err
 	}
-	s3, err := r.snapshot()
-	if err != nil {
-		return err
-	}
-	busy := time.Since(t2).Seconds()
-	res.Events, res.ChurnFailures = events, r.churnFailures
-	var perEvent, idlePct, rss []float64
-	for _, c := range r.clients {
-		rate := (s1[c].cpu - s0[c].cpu) / idle
-		idlePct = append(idlePct, 100*rate)
-		perEvent = append(perEvent, 1e6*max(s3[c].cpu-s1[c].cpu-rate*busy, 0)/float64(max(events, 1)))
-		rss = append(rss, s3[c].rss)
-	}
-	res.AgentUsPerEvent, res.AgentIdlePct, res.AgentRSSMiB = median(perEvent), median(idlePct), median(rss)
-	clients := float64(len(r.nodes) + len(r.clients) + len(r.rrs) - 1)
-	var rrPct, rrRSS []float64
-	for _, c := range r.rrs {
-		rrPct = append(rrPct, 100*(s1[c].cpu-s0[c].cpu)/idle)
-		rrRSS = append(rrRSS, s3[c].rss)
-	}
-	res.RRIdlePct, res.RRRSSMiB = median(rrPct), median(rrRSS)
-	res.RRIdleUsPerClientPerS = 1e6 * res.RRIdlePct / 100 / clients
-	res.RRKiBPerClient = 1024 * res.RRRSSMiB / clients
-	res.EtcdIdlePct = 100 * (s1["etcd"].cpu - s0["etcd"].cpu) / idle
-	res.EtcdChurnPct = 100 * (s3["etcd"].cpu - s1["etcd"].cpu) / busy
-	res.EtcdRSSMiB = s3["etcd"].rss
-	if p, ok := s3["proxy"]; ok {
-		res.ProxyChurnPct = 100 * (p.cpu - s1["proxy"].cpu) / busy
-	}
+	res.Events, res.ChurnFailures, res.ChurnSeconds = events, r.churnFailures, churn.secs
+	r.agentLoad(res, restA, churn, restB, events)
+	r.etcdLoad(res, restA, churn, restB)
 	g, err := r.l.EtcdGauges(ctx, "etcd_debugging_mvcc_watcher_total", "etcd_debugging_mvcc_watch_stream_total")
 	if err != nil {
 		return err
@@ -178,6 +199,40 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 	res.EtcdWatchers, res.EtcdWatchStreams = int(g["etcd_debugging_mvcc_watcher_total"]), int(g["etcd_debugging_mvcc_watch_stream_total"])
 	res.Load, err = loadAverage1m()
 	return err
+}
+
+// agentLoad fills the real agents' figures: medians of the client agents
+// and of the reflectors; idle is the mean of the two rests.
+func (r *simRun) agentLoad(res *SimResult, restA, churn, restB window, events int) {
+	idleRate := func(key string) float64 { return (restA.rate(key) + restB.rate(key)) / 2 }
+	var us, noise, idlePct, rss []float64
+	for _, c := range r.clients {
+		u, n := perEvent(c, restA, churn, restB, events)
+		us, noise = append(us, u), append(noise, n)
+		idlePct = append(idlePct, 100*idleRate(c))
+		rss = append(rss, churn.to[c].rss)
+	}
+	res.AgentUsPerEvent, res.AgentUsPerEventNoise = median(us), median(noise)
+	res.AgentIdlePct, res.AgentRSSMiB = median(idlePct), median(rss)
+	clients := float64(len(r.nodes) + len(r.clients) + len(r.rrs) - 1)
+	var rrPct, rrRSS []float64
+	for _, c := range r.rrs {
+		rrPct = append(rrPct, 100*idleRate(c))
+		rrRSS = append(rrRSS, churn.to[c].rss)
+	}
+	res.RRIdlePct, res.RRRSSMiB = median(rrPct), median(rrRSS)
+	res.RRIdleUsPerClientPerS = 1e6 * res.RRIdlePct / 100 / clients
+	res.RRKiBPerClient = 1024 * res.RRRSSMiB / clients
+}
+
+// etcdLoad fills etcd's and the proxy's figures.
+func (r *simRun) etcdLoad(res *SimResult, restA, churn, restB window) {
+	res.EtcdIdlePct = 100 * (restA.rate("etcd") + restB.rate("etcd")) / 2
+	res.EtcdChurnPct = 100 * churn.rate("etcd")
+	res.EtcdRSSMiB = churn.to["etcd"].rss
+	if _, ok := churn.to["proxy"]; ok {
+		res.ProxyChurnPct = 100 * churn.rate("proxy")
+	}
 }
 
 // loadAverage1m is the first field of /proc/loadavg.
@@ -194,9 +249,14 @@ func loadAverage1m() (float64, error) {
 }
 
 // churn replaces endpoints of random simulated nodes (a DEL and an ADD,
-// two events) at o.ChurnRate for o.ChurnWindow, plus the time the
-// reactions need (2 s), and returns how many events completed. The watches
-// stay open meanwhile: its window includes etcd's watcher count.
+// two events) at o.ChurnRate until o.ChurnEvents events were started (or
+// o.ChurnWindow passed: a bound, for a host too slow for the count), then
+// waits until every client agent's view has reached the last endpoint
+// write (it observed every event; waitObserved) and 2 s more for the
+// owners' reactions. It returns how many events completed. A fixed count
+// rather than a fixed window: at 1,000 nodes a 20 s window got 132-382 of
+// its 400 events through etcd, too few to tell from the rest's variation.
+// The watches stay open meanwhile: its window includes etcd's watcher count.
 func (r *simRun) churn(ctx context.Context) (int, error) {
 	var (
 		done atomic.Int64
@@ -208,11 +268,12 @@ func (r *simRun) churn(ctx context.Context) (int, error) {
 	tick := time.NewTicker(time.Duration(float64(time.Second) * 2 / r.o.ChurnRate))
 	end := time.After(r.o.ChurnWindow)
 loop:
-	for k := 0; ; k++ {
+	for k := 0; 2*k < r.o.ChurnEvents; k++ {
 		select {
 		case <-ctx.Done():
 			break loop
 		case <-end:
+			r.l.Progress("churn: %s passed after %d of %d events", r.o.ChurnWindow, 2*k, r.o.ChurnEvents)
 			break loop
 		case <-tick.C:
 		}
@@ -235,7 +296,6 @@ loop:
 	}
 	tick.Stop()
 	wg.Wait()
-	sleepCtx(ctx, 2*time.Second)
 	// A few failed operations (etcd's own request timeout on a loaded
 	// host at 1,000 nodes) are reported, not fatal: the events that
 	// completed are what the CPU is divided by.
@@ -245,7 +305,49 @@ loop:
 	} else if len(errs) > 0 {
 		r.l.Progress("churn: %d of %d operations failed, first: %v", len(errs), len(errs)+n/2, errs[0])
 	}
+	if err := r.waitObserved(ctx, r.lastEndpointRev()); err != nil {
+		return 0, err
+	}
+	sleepCtx(ctx, 2*time.Second)
 	return int(done.Load()), ctx.Err()
+}
+
+// lastEndpointRev is the revision of the latest endpoint a simulated node
+// wrote.
+func (r *simRun) lastEndpointRev() int64 {
+	var rev int64
+	for _, n := range r.nodes {
+		n.mu.Lock()
+		rev = max(rev, n.lastRev)
+		n.mu.Unlock()
+	}
+	return rev
+}
+
+// observeTimeout bounds waitObserved.
+const observeTimeout = 2 * time.Minute
+
+// waitObserved waits until every client agent's view has reached revision
+// rev (its tabby_view_revision metric).
+func (r *simRun) waitObserved(ctx context.Context, rev int64) error {
+	ctx, cancel := context.WithTimeout(ctx, observeTimeout)
+	defer cancel()
+	for _, c := range r.clients {
+		var have float64
+		err := Poll(ctx, 100*time.Millisecond, func() (bool, error) {
+			code, body, err := r.l.AgentGet(ctx, c, "/metrics")
+			if err != nil || code != http.StatusOK {
+				return false, nil
+			}
+			g, err := parseGauges(bytes.NewReader(body), "tabby_view_revision")
+			have = g["tabby_view_revision"]
+			return err == nil && have >= float64(rev), nil
+		})
+		if err != nil {
+			return fmt.Errorf("the view of %s reached revision %.0f, not the churn's last %d, in %s: %w", c, have, rev, observeTimeout, err)
+		}
+	}
+	return nil
 }
 
 // measurePolicy times one-label changes of a simulated endpoint that the
@@ -322,8 +424,14 @@ func (l *Lab) EtcdGauges(ctx context.Context, names ...string) (map[string]float
 		return nil, fmt.Errorf("etcd metrics: %w", err)
 	}
 	defer resp.Body.Close()
+	return parseGauges(resp.Body, names...)
+}
+
+// parseGauges reads the unlabelled samples of the named metrics from a
+// Prometheus text exposition.
+func parseGauges(r io.Reader, names ...string) (map[string]float64, error) {
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())

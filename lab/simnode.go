@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -33,6 +34,11 @@ type simNode struct {
 	eps      []simEndpoint // live endpoints, oldest first
 	seq      int
 	watchEnd context.CancelFunc
+	// onUpdate, when set (the observer), receives the prefixes each
+	// reflector sends it.
+	onUpdate func(rr netip.Addr, prefixes []netip.Prefix)
+	// lastRev is the revision of the latest endpoint it created.
+	lastRev int64
 }
 
 type simEndpoint struct {
@@ -125,7 +131,11 @@ func (n *simNode) connectOnce(ctx context.Context, simNS string, endpoints []str
 // attach runs a session with a reflector until it ends,
 // announcing the node's blocks once it is established.
 func (n *simNode) attach(ctx context.Context, conn net.Conn, peer netip.Addr) {
-	s := bgp.NewSimSession(conn, bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr})
+	cfg := bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr}
+	if n.onUpdate != nil {
+		cfg.OnUpdate = func(ps []netip.Prefix) { n.onUpdate(peer, ps) }
+	}
+	s := bgp.NewSimSession(conn, cfg)
 	go func() {
 		select {
 		case <-s.Established():
@@ -154,6 +164,17 @@ func keysOf(m map[netip.Prefix]bool) []netip.Prefix {
 	return out
 }
 
+// updates is how many UPDATEs the node's current sessions have received.
+func (n *simNode) updates() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var sum uint64
+	for _, s := range n.sessions {
+		sum += s.Updates()
+	}
+	return sum
+}
+
 // established is how many reflector sessions are up.
 func (n *simNode) established() int {
 	n.mu.Lock()
@@ -180,10 +201,13 @@ func (n *simNode) addEndpoint(ctx context.Context, labels map[string]string) (bl
 	if !a.Borrowed {
 		advertised = n.advertise(a.Block)
 	}
-	if _, err := n.store.Create(ctx, n.endpoint(ep)); err != nil {
+	w, err := n.store.Create(ctx, n.endpoint(ep))
+	if err != nil {
 		return a.Block, advertised, fmt.Errorf("%s: writing endpoint: %w", n.name, err)
 	}
+	rev, _ := strconv.ParseInt(w.GetMeta().ResourceVersion, 10, 64)
 	n.mu.Lock()
+	n.lastRev = max(n.lastRev, rev)
 	n.eps = append(n.eps, ep)
 	n.mu.Unlock()
 	return a.Block, advertised, nil

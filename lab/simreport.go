@@ -15,13 +15,19 @@ type SimResult struct {
 	Endpoints int  `json:"endpoints"`
 	Policies  int  `json:"policies"`
 	EtcdProxy bool `json:"etcdProxy"`
-	Events    int  `json:"churnEvents"`
+	// Events are the churn's pod events that completed (every one
+	// observed by the client agents' views), in ChurnSeconds.
+	Events       int     `json:"churnEvents"`
+	ChurnSeconds float64 `json:"churnSeconds"`
 	// ChurnFailures are churn operations (a DEL and an ADD) that failed.
 	ChurnFailures int `json:"churnFailures,omitempty"`
 	// Real client agents (medians).
 	AgentUsPerEvent float64 `json:"agentCPUMicrosPerEvent"`
-	AgentIdlePct    float64 `json:"agentIdleCPUPercent"`
-	AgentRSSMiB     float64 `json:"agentRSSMiB"`
+	// AgentUsPerEventNoise is the rest's own variation over the churn
+	// window, per event (perEvent): AgentUsPerEvent ± it.
+	AgentUsPerEventNoise float64 `json:"agentCPUMicrosPerEventNoise"`
+	AgentIdlePct         float64 `json:"agentIdleCPUPercent"`
+	AgentRSSMiB          float64 `json:"agentRSSMiB"`
 	// Route reflectors (medians); per client = per BGP session.
 	RRIdlePct             float64 `json:"rrIdleCPUPercent"`
 	RRIdleUsPerClientPerS float64 `json:"rrIdleCPUMicrosPerClientPerSecond"`
@@ -34,9 +40,11 @@ type SimResult struct {
 	// samples from the block's advertisement on (without the IPAM claim).
 	AdvertP50Ms float64 `json:"advertToRouteP50Ms"`
 	AdvertP99Ms float64 `json:"advertToRouteP99Ms"`
-	PolicyP50Ms float64 `json:"policyToKernelP50Ms"`
-	PolicyP99Ms float64 `json:"policyToKernelP99Ms"`
-	ReadyS      float64 `json:"restartToReadySeconds"`
+	// Stages break the block → route samples down (docs/scale.md).
+	Stages      *RouteStages `json:"blockToRouteStages,omitempty"`
+	PolicyP50Ms float64      `json:"policyToKernelP50Ms"`
+	PolicyP99Ms float64      `json:"policyToKernelP99Ms"`
+	ReadyS      float64      `json:"restartToReadySeconds"`
 	// etcd (first member) and the proxy.
 	EtcdIdlePct      float64 `json:"etcdIdleCPUPercent"`
 	EtcdChurnPct     float64 `json:"etcdChurnCPUPercent"`
@@ -49,23 +57,55 @@ type SimResult struct {
 	Load float64 `json:"loadAverage1m"`
 }
 
+// RouteStages are where a new block's route spends its time, p50 and
+// max over the samples (and over the nodes or reflectors of a kind): the
+// IPAM claim; from the advertisement, a reflector's UPDATE reaching a
+// simulated client (the observer); a reflector's and a client's kernel.
+type RouteStages struct {
+	ClaimP50Ms        float64 `json:"claimP50Ms"`
+	ClaimMaxMs        float64 `json:"claimMaxMs"`
+	ReflectedP50Ms    float64 `json:"reflectedP50Ms"`
+	ReflectedMaxMs    float64 `json:"reflectedMaxMs"`
+	RRKernelP50Ms     float64 `json:"rrKernelP50Ms"`
+	RRKernelMaxMs     float64 `json:"rrKernelMaxMs"`
+	ClientKernelP50Ms float64 `json:"clientKernelP50Ms"`
+	ClientKernelMaxMs float64 `json:"clientKernelMaxMs"`
+	// QuietS is how long the reflectors went on sending the fill's
+	// UPDATEs to the simulated nodes before the samples began.
+	QuietS float64 `json:"reflectorsQuietAfterSeconds"`
+}
+
+// StagesTable renders where block → route goes, one row per size.
+func StagesTable(rs []SimResult) string {
+	var b strings.Builder
+	b.WriteString("| sim nodes | reflectors quiet after s | IPAM claim p50/max ms | advert → reflector's UPDATE at a client p50/max ms | advert → reflectors' kernels p50/max ms | advert → clients' kernels p50/max ms |\n")
+	b.WriteString("|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		if s := r.Stages; s != nil {
+			fmt.Fprintf(&b, "| %d | %.1f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f |\n", r.Nodes, s.QuietS, s.ClaimP50Ms, s.ClaimMaxMs,
+				s.ReflectedP50Ms, s.ReflectedMaxMs, s.RRKernelP50Ms, s.RRKernelMaxMs, s.ClientKernelP50Ms, s.ClientKernelMaxMs)
+		}
+	}
+	return b.String()
+}
+
 func (r SimResult) summary() string {
-	return fmt.Sprintf("agent %.0f µs/event, idle %.2f%%, %.0f MiB; RR %.0f MiB; route p99 %.0f ms; policy p99 %.0f ms; ready %.1f s; etcd %d watchers",
-		r.AgentUsPerEvent, r.AgentIdlePct, r.AgentRSSMiB, r.RRRSSMiB, r.RouteP99Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdWatchers)
+	return fmt.Sprintf("agent %.0f ± %.0f µs/event (%d events in %.0f s), idle %.2f%%, %.0f MiB; RR %.0f MiB; route p99 %.0f ms; policy p99 %.0f ms; ready %.1f s; etcd %d watchers",
+		r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.Events, r.ChurnSeconds, r.AgentIdlePct, r.AgentRSSMiB, r.RRRSSMiB, r.RouteP99Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdWatchers)
 }
 
 // SimTable renders results as a Markdown table, one row per size.
 func SimTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | endpoints | agent µs/event | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		proxy := "—"
 		if r.EtcdProxy {
 			proxy = fmt.Sprintf("%.1f", r.ProxyChurnPct)
 		}
-		fmt.Fprintf(&b, "| %d | %d | %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
-			r.Nodes, r.Endpoints, r.AgentUsPerEvent, r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
+		fmt.Fprintf(&b, "| %d | %d | %d (%.0f) | %.0f ± %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
+			r.Nodes, r.Endpoints, r.Events, r.ChurnSeconds, r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
 			r.RouteP50Ms, r.RouteP99Ms, r.AdvertP50Ms, r.AdvertP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy, r.Load)
 	}
 	return b.String()
@@ -87,7 +127,7 @@ func WriteSimResults(dir string, rs []SimResult) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)+"\n"+StagesTable(rs)), 0o644); err != nil {
 		return err
 	}
 	return PlotSim(filepath.Join(dir, "scale.png"), rs)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +21,9 @@ type simRun struct {
 	sets    []*kernelMonitor // every client node: `nft monitor`
 	clients []string         // the real non-reflector nodes
 	rrs     []string
+	// reflected is what the observer (the first simulated node) received
+	// from each reflector: see simbreakdown.go.
+	reflected *reflectLog
 	// churnFailures counts the failed operations of the last churn.
 	churnFailures int
 }
@@ -39,7 +41,7 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &simRun{o: o, l: l}
+	r := &simRun{o: o, l: l, reflected: newReflectLog()}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -180,6 +182,9 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 	added := make([]*simNode, size-from)
 	if err := parallel(ctx, 16, size-from, func(i int) error {
 		n := newSimNode(from + i + 1)
+		if from+i == 0 {
+			n.onUpdate = r.reflected.add
+		}
 		added[i] = n
 		if err := n.connect(ctx, st.SimNS(), eps); err != nil {
 			return err
@@ -208,52 +213,13 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 		return routeLatencies{}, err
 	}
 	var lat routeLatencies
+	lat.quiet = r.waitQuiet(ctx)
 	for _, n := range samples {
-		t0 := time.Now()
-		block, advertised, err := n.addEndpoint(ctx, simLabels(0))
-		if err != nil {
-			return lat, err
-		}
-		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		each, t1, err := waitAll(wctx, r.routes, block.String())
-		cancel()
-		if err != nil {
-			return lat, fmt.Errorf("block %s of %s: %w", block, n.name, err)
-		}
-		lat.add(t0, advertised, t1)
-		r.l.Progress("block %s of %s: claimed in %s, then in each real node's kernel after %s", block, n.name,
-			roundMs(advertised.Sub(t0)), r.afterEach(advertised, each))
-		if err := r.fill(ctx, n, 1); err != nil {
+		if err := r.sample(ctx, n, &lat); err != nil {
 			return lat, err
 		}
 	}
 	return lat, nil
-}
-
-// afterEach renders when each real node's kernel had a route, from start.
-func (r *simRun) afterEach(start time.Time, each []time.Time) string {
-	var b strings.Builder
-	for i, t := range each {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s %s", r.l.State().Nodes[i].Name, roundMs(t.Sub(start)))
-	}
-	return b.String()
-}
-
-func roundMs(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
-
-// routeLatencies are the block → route samples of one size: the whole
-// (from before the ADD that claims the block) and the part from the
-// block's advertisement on (BGP, the reflectors and the agents).
-type routeLatencies struct{ total, fromAdvert []time.Duration }
-
-func (l *routeLatencies) add(start, advertised, inKernel time.Time) {
-	l.total = append(l.total, inKernel.Sub(start))
-	if !advertised.IsZero() {
-		l.fromAdvert = append(l.fromAdvert, inKernel.Sub(advertised))
-	}
 }
 
 // fill adds node n's endpoints from the have-th on.

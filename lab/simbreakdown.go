@@ -1,0 +1,240 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Where a block's route spends its time (docs/scale.md, "Where block →
+// route goes"): the IPAM claim; from the simulated node's advertisement,
+// each reflector's GoBGP taking the path and sending it on to its clients
+// (seen by the observer, one simulated client whose session parses what the
+// reflectors send); each reflector's own kernel (its agent reading its
+// RIB and installing the route); each client's kernel.
+
+// reflectLog records when the observer first received each prefix from
+// each reflector. Safe for concurrent use.
+type reflectLog struct {
+	mu   sync.Mutex
+	seen map[netip.Prefix]map[netip.Addr]time.Time
+	wake chan struct{}
+}
+
+func newReflectLog() *reflectLog {
+	return &reflectLog{seen: map[netip.Prefix]map[netip.Addr]time.Time{}, wake: make(chan struct{})}
+}
+
+// add records prefixes announced by reflector rr now.
+func (l *reflectLog) add(rr netip.Addr, prefixes []netip.Prefix) {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, p := range prefixes {
+		m := l.seen[p]
+		if m == nil {
+			m = map[netip.Addr]time.Time{}
+			l.seen[p] = m
+		}
+		if _, ok := m[rr]; !ok {
+			m[rr] = now
+		}
+	}
+	close(l.wake)
+	l.wake = make(chan struct{})
+}
+
+// wait returns when each of rrs first sent p (zero for one that did not
+// within ctx).
+func (l *reflectLog) wait(ctx context.Context, p netip.Prefix, rrs []netip.Addr) []time.Time {
+	for {
+		l.mu.Lock()
+		out, missing := make([]time.Time, len(rrs)), false
+		for i, rr := range rrs {
+			out[i] = l.seen[p][rr]
+			missing = missing || out[i].IsZero()
+		}
+		wake := l.wake
+		l.mu.Unlock()
+		if !missing {
+			return out
+		}
+		select {
+		case <-ctx.Done():
+			return out
+		case <-wake:
+		}
+	}
+}
+
+// routeLatencies are the block → route samples of one size: the whole
+// (from before the ADD that claims the block), the part from the block's
+// advertisement on (BGP, the reflectors and the agents), and its stages.
+type routeLatencies struct {
+	total, fromAdvert []time.Duration
+	// claim is the IPAM claim (start → advertisement); reflected is
+	// advertisement → a reflector's UPDATE at the observer, one per
+	// reflector; rrKernel and clientKernel are advertisement → a
+	// reflector's and a client's kernel, one per node.
+	claim, reflected, rrKernel, clientKernel []time.Duration
+	// quiet is how long the reflectors took to send the fill's UPDATEs
+	// before the samples (waitQuiet).
+	quiet time.Duration
+}
+
+func (l *routeLatencies) add(start, advertised, inKernel time.Time) {
+	l.total = append(l.total, inKernel.Sub(start))
+	if !advertised.IsZero() {
+		l.fromAdvert = append(l.fromAdvert, inKernel.Sub(advertised))
+	}
+}
+
+// addStages records one sample's stages: when each reflector sent the
+// block (reflected, zero if the observer did not see it), and when each
+// real node's kernel had it (each, the reflectors first: lab node order).
+func (l *routeLatencies) addStages(start, advertised time.Time, reflected, each []time.Time, nRRs int) {
+	if advertised.IsZero() {
+		return
+	}
+	l.claim = append(l.claim, advertised.Sub(start))
+	for _, t := range reflected {
+		if !t.IsZero() {
+			l.reflected = append(l.reflected, t.Sub(advertised))
+		}
+	}
+	for i, t := range each {
+		if i < nRRs {
+			l.rrKernel = append(l.rrKernel, t.Sub(advertised))
+		} else {
+			l.clientKernel = append(l.clientKernel, t.Sub(advertised))
+		}
+	}
+}
+
+// fill sets res's latency figures.
+func (l *routeLatencies) fill(res *SimResult) {
+	res.RouteP50Ms, res.RouteP99Ms = quantileMs(l.total)
+	res.AdvertP50Ms, res.AdvertP99Ms = quantileMs(l.fromAdvert)
+	res.Stages = &RouteStages{}
+	st := res.Stages
+	st.ClaimP50Ms, st.ClaimMaxMs = quantileMaxMs(l.claim)
+	st.ReflectedP50Ms, st.ReflectedMaxMs = quantileMaxMs(l.reflected)
+	st.RRKernelP50Ms, st.RRKernelMaxMs = quantileMaxMs(l.rrKernel)
+	st.ClientKernelP50Ms, st.ClientKernelMaxMs = quantileMaxMs(l.clientKernel)
+	st.QuietS = l.quiet.Seconds()
+}
+
+func quantileMaxMs(d []time.Duration) (p50, maxMs float64) {
+	p50, _ = quantileMs(d)
+	for _, x := range d {
+		maxMs = max(maxMs, float64(x)/float64(time.Millisecond))
+	}
+	return p50, maxMs
+}
+
+// sample claims n's first block (its first endpoint), times it to every
+// real kernel and through its stages, and fills n.
+func (r *simRun) sample(ctx context.Context, n *simNode, lat *routeLatencies) error {
+	t0 := time.Now()
+	block, advertised, err := n.addEndpoint(ctx, simLabels(0))
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	each, t1, err := waitAll(wctx, r.routes, block.String())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("block %s of %s: %w", block, n.name, err)
+	}
+	wctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	reflected := r.reflected.wait(wctx, block, r.rrAddrs())
+	cancel()
+	lat.add(t0, advertised, t1)
+	lat.addStages(t0, advertised, reflected, each, len(r.rrs))
+	r.l.Progress("block %s of %s: claimed in %s, then sent on by %s, in each real node's kernel after %s", block, n.name,
+		roundMs(advertised.Sub(t0)), r.sentBy(advertised, reflected), r.afterEach(advertised, each))
+	return r.fill(ctx, n, 1)
+}
+
+func (r *simRun) rrAddrs() []netip.Addr {
+	st := r.l.State()
+	out := make([]netip.Addr, len(r.rrs))
+	for i, rr := range r.rrs {
+		out[i] = st.Node(rr).IP.Addr()
+	}
+	return out
+}
+
+// sentBy renders when each reflector's UPDATE reached the observer.
+func (r *simRun) sentBy(start time.Time, at []time.Time) string {
+	var b strings.Builder
+	for i, t := range at {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		if t.IsZero() {
+			fmt.Fprintf(&b, "%s ?", r.rrs[i])
+		} else {
+			fmt.Fprintf(&b, "%s %s", r.rrs[i], roundMs(t.Sub(start)))
+		}
+	}
+	return b.String()
+}
+
+// afterEach renders when each real node's kernel had a route, from start.
+func (r *simRun) afterEach(start time.Time, each []time.Time) string {
+	var b strings.Builder
+	for i, t := range each {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s", r.l.State().Nodes[i].Name, roundMs(t.Sub(start)))
+	}
+	return b.String()
+}
+
+func roundMs(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+
+// quietFor is how long the reflectors must send no UPDATE to any simulated
+// node for waitQuiet; quietTimeout bounds the wait.
+const (
+	quietFor     = 3 * time.Second
+	quietTimeout = 10 * time.Minute
+)
+
+// waitQuiet waits until the reflectors have sent every simulated node what
+// they had queued: no UPDATE reached any simulated node for quietFor. At
+// 1,000 nodes a fill queues a million UPDATEs on each reflector (every
+// block to every client), which it was still writing when the block
+// samples and the rest began: the samples timed a new block behind that
+// queue, and the rest measured the reflectors' sending (15-57 % "idle";
+// queued UPDATEs ≈ 125 MB of a reflector's heap "at rest"). It returns how
+// long it waited; past quietTimeout it says so and returns (the
+// measurements then include the sending).
+func (r *simRun) waitQuiet(ctx context.Context) time.Duration {
+	start := time.Now()
+	total := func() uint64 {
+		var sum uint64
+		for _, n := range r.nodes {
+			sum += n.updates()
+		}
+		return sum
+	}
+	last, since := total(), time.Now()
+	for time.Since(since) < quietFor && ctx.Err() == nil {
+		if time.Since(start) > quietTimeout {
+			r.l.Progress("the reflectors still send to the simulated nodes after %s (%d UPDATEs received so far): measuring anyway", quietTimeout, last)
+			return time.Since(start)
+		}
+		sleepCtx(ctx, 250*time.Millisecond)
+		if now := total(); now != last {
+			last, since = now, time.Now()
+		}
+	}
+	waited := max(time.Since(start)-quietFor, 0)
+	r.l.Progress("reflectors quiet after %s (%d UPDATEs received by the simulated nodes so far)", waited.Round(100*time.Millisecond), last)
+	return waited
+}

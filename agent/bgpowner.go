@@ -97,8 +97,11 @@ type bgpSessions struct {
 	settle       time.Duration
 	desiredPeers []bgp.Peer
 	peerStatus   []bgp.PeerStatus
-	allUpSince   time.Time
-	converged    bool
+	// received is the prefixes each peer sent, as last counted (see
+	// countEvery).
+	received   map[netip.Addr]uint32
+	allUpSince time.Time
+	converged  bool
 	// passwords are the passwords given to the speaker, by peer
 	// address: see holdLearnedOnRotation.
 	passwords map[netip.Addr]string
@@ -655,11 +658,13 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 	wg.Add(1)
 	go func() { defer wg.Done(); b.statusLoop(ctx, wake) }()
 	defer wg.Wait()
-	retry := time.NewTicker(time.Second)
+	// retry runs only while an install has failed: an idle agent does
+	// not wake for it.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
 	defer retry.Stop()
 	sp := b.current()
 	routes := sp.Routes()
-	dirty := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -677,46 +682,51 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 			b.mu.Lock()
 			b.learned, b.learnedAny = rs, true
 			b.mu.Unlock()
-			dirty = true
 		case <-wake:
-			dirty = true
 		case <-retry.C:
-			if !dirty {
-				continue
-			}
 		}
 		if _, err := b.syncLearned(); err != nil {
 			b.log.Warn("installing learned routes failed; retrying", "err", err)
+			retry.Reset(time.Second)
 			continue
 		}
-		dirty = false
+		retry.Stop()
 	}
 }
 
-// statusLoop polls the sessions, often until BGP has converged after the
-// start (or a mesh key rotation), then at the pace of the status it feeds (an idle agent asks GoBGP
-// little). It wakes learnedLoop when BGP converged (stale routes can go)
-// or when what learned routes must not override changed.
+// statusLoop follows the sessions and decides when BGP has converged.
+// Session states come from the speaker's own record of GoBGP's events
+// (Sessions, which asks GoBGP nothing): read at once when the speaker
+// signals a change, and on a tick, often until BGP has converged after
+// the start (or a mesh key rotation), then every statusEvery, which also
+// bounds how late a change of what learned routes must not override is
+// seen. The prefixes each peer sent are counted by GoBGP's peer listing
+// (Peers), which stops every session while it counts: only every
+// countEvery. It wakes learnedLoop when BGP converged (stale routes can
+// go) or when what learned routes must not override changed.
 func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
-	t := time.NewTicker(500 * time.Millisecond)
+	t := time.NewTicker(convergingEvery)
 	defer t.Stop()
 	slow := false
-	var polled time.Time
+	var counted time.Time
 	for {
+		sp := b.current()
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-sp.SessionsChanged():
 		}
-		dirty := false
-		if now := time.Now(); now.Sub(polled) >= peerPollEvery(slow, b.peerCount()) {
-			dirty, polled = b.updatePeerStatus(ctx), now
+		if now := time.Now(); now.Sub(counted) >= countEvery(b.peerCount()) {
+			b.countPrefixes(ctx, sp)
+			counted = now
 		}
+		dirty := b.updatePeerStatus(sp)
 		if converged := b.isConverged(); !slow && converged {
-			t.Reset(2 * time.Second)
+			t.Reset(statusEvery)
 			slow = true
 		} else if slow && !converged { // converging again: a mesh key rotation
-			t.Reset(500 * time.Millisecond)
+			t.Reset(convergingEvery)
 			slow = false
 		}
 		if b.importChanged() {
@@ -731,19 +741,23 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
-// peerPollEvery is the interval of the session status polls: 500 ms
-// until BGP has converged, then 2 s, and longer with many peers. A poll
-// is GoBGP's ListPeer, which counts every peer's Adj-RIB-In (2,048 table
-// shards a peer) while it holds the server's write lock, stopping every
-// session's UPDATE handling: on a reflector with 300 clients the 2 s poll
-// took a tenth of its CPU. With 1,000 peers a converged speaker polls
-// every 10 s, which is also how stale its status and metrics may be.
-func peerPollEvery(converged bool, peers int) time.Duration {
-	base, perPeer := 500*time.Millisecond, 2*time.Millisecond
-	if converged {
-		base, perPeer = 2*time.Second, 10*time.Millisecond
-	}
-	return max(base, time.Duration(peers)*perPeer)
+// The session status tick: convergingEvery until BGP has converged, then
+// statusEvery. Neither asks GoBGP anything (see statusLoop).
+const (
+	convergingEvery = 500 * time.Millisecond
+	statusEvery     = 2 * time.Second
+)
+
+// countEvery is the interval of GoBGP's counting peer listing (Peers):
+// 30 s, and 60 ms a peer beyond 500 peers. GoBGP counts every peer's
+// Adj-RIB-In (2,048 table shards a peer) while it holds the server's
+// write lock, stopping every session's UPDATE handling; polled every 2 s
+// it was a tenth of an idle client's CPU at 1,000 nodes and of a
+// reflector's with 300 clients. The received-prefix counts in the status
+// and the metrics are at most that old (docs/bgp.md); session states are
+// not.
+func countEvery(peers int) time.Duration {
+	return max(30*time.Second, time.Duration(peers)*60*time.Millisecond)
 }
 
 func (b *bgpOwner) peerCount() int {
@@ -752,21 +766,45 @@ func (b *bgpOwner) peerCount() int {
 	return len(b.desiredPeers)
 }
 
-// updatePeerStatus polls the speaker's sessions; it returns true when BGP
-// has just converged.
-func (b *bgpOwner) updatePeerStatus(ctx context.Context) bool {
-	st, err := b.current().Peers(ctx)
+// countPrefixes records the prefixes each peer sent, from the speaker's
+// counting peer listing.
+func (b *bgpOwner) countPrefixes(ctx context.Context, sp bgp.Speaker) {
+	st, err := sp.Peers(ctx)
 	if err != nil {
-		return false
+		b.log.Debug("counting received prefixes", "err", err)
+		return
 	}
-	b.metrics.setPeers(st)
+	counts := make(map[netip.Addr]uint32, len(st))
+	for _, p := range st {
+		counts[p.Address] = p.Received
+	}
+	b.mu.Lock()
+	b.received = counts
+	b.mu.Unlock()
+}
+
+// updatePeerStatus takes the speaker's sessions, with the last counts of
+// received prefixes; it returns true when BGP has just converged.
+func (b *bgpOwner) updatePeerStatus(sp bgp.Speaker) bool {
+	st := sp.Sessions()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	for i := range st {
+		st[i].Received = b.received[st[i].Address]
+	}
+	if !slices.EqualFunc(st, b.peerStatus, equalPeerStatus) {
+		b.metrics.setPeers(st)
+	}
 	if b.observe(st, time.Now(), !b.lastPass.IsZero(), b.learnedAny) {
 		b.log.Info("bgp converged; stale learned routes will be removed")
 		return true
 	}
 	return false
+}
+
+// equalPeerStatus reports whether two statuses are the same.
+func equalPeerStatus(x, y bgp.PeerStatus) bool {
+	return reflect.DeepEqual(x, y)
 }
 
 // observe takes the sessions' states polled at now; passed says the owner

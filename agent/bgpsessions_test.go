@@ -91,23 +91,21 @@ func TestSessionTrackerWaitsForRestartedPeersEndOfRIB(t *testing.T) {
 	}
 }
 
-// A speaker with many peers polls their status less often: each poll
-// holds GoBGP's write lock for a time that grows with the peers.
-func TestPeerPollEvery(t *testing.T) {
+// GoBGP's counting peer listing runs every 30 s, less often with many
+// peers: each listing holds GoBGP's write lock for a time that grows with
+// the peers. Session states do not wait for it (Sessions).
+func TestCountEvery(t *testing.T) {
 	for _, tc := range []struct {
-		converged bool
-		peers     int
-		want      time.Duration
+		peers int
+		want  time.Duration
 	}{
-		{false, 3, 500 * time.Millisecond},
-		{true, 3, 2 * time.Second},
-		{true, 200, 2 * time.Second},
-		{true, 300, 3 * time.Second},
-		{true, 1000, 10 * time.Second},
-		{false, 1000, 2 * time.Second},
+		{0, 30 * time.Second},
+		{3, 30 * time.Second},
+		{500, 30 * time.Second},
+		{1000, 60 * time.Second},
 	} {
-		if got := peerPollEvery(tc.converged, tc.peers); got != tc.want {
-			t.Errorf("peerPollEvery(converged %v, %d peers) = %v, want %v", tc.converged, tc.peers, got, tc.want)
+		if got := countEvery(tc.peers); got != tc.want {
+			t.Errorf("countEvery(%d peers) = %v, want %v", tc.peers, got, tc.want)
 		}
 	}
 }

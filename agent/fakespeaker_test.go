@@ -71,6 +71,13 @@ func (f *fakeSpeaker) Peers(ctx context.Context) ([]bgp.PeerStatus, error) {
 	return out, nil
 }
 
+func (f *fakeSpeaker) Sessions() []bgp.PeerStatus {
+	st, _ := f.Peers(context.Background())
+	return st
+}
+
+func (f *fakeSpeaker) SessionsChanged() <-chan struct{} { return nil }
+
 func (f *fakeSpeaker) Stop(graceful bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -138,6 +138,8 @@ type learnedState struct {
 	rejected   []bgp.Rejected
 	suppressed []netip.Prefix // learned routes the table keeps off node routes
 	learnedAny bool           // a speaker has delivered a route set
+	// learnedSets counts the route sets delivered (see prefixCounts).
+	learnedSets uint64
 }
 
 func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, table *routetable.Table, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
@@ -681,6 +683,7 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 			}
 			b.mu.Lock()
 			b.learned, b.learnedAny = rs, true
+			b.learnedSets++
 			b.mu.Unlock()
 		case <-wake:
 		case <-retry.C:
@@ -701,14 +704,14 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 // the start (or a mesh key rotation), then every statusEvery, which also
 // bounds how late a change of what learned routes must not override is
 // seen. The prefixes each peer sent are counted by GoBGP's peer listing
-// (Peers), which stops every session while it counts: only every
-// countEvery. It wakes learnedLoop when BGP converged (stale routes can
-// go) or when what learned routes must not override changed.
+// (Peers), which stops every session while it counts: see countDue. It
+// wakes learnedLoop when BGP converged (stale routes can go) or when what
+// learned routes must not override changed.
 func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 	t := time.NewTicker(convergingEvery)
 	defer t.Stop()
 	slow := false
-	var counted time.Time
+	var c prefixCounts
 	for {
 		sp := b.current()
 		select {
@@ -716,10 +719,11 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 			return
 		case <-t.C:
 		case <-sp.SessionsChanged():
+			c.sessionsChanged = true
 		}
-		if now := time.Now(); now.Sub(counted) >= countEvery(b.peerCount()) {
+		if now := time.Now(); c.due(now, b.peerCount(), b.routeSets()) {
 			b.countPrefixes(ctx, sp)
-			counted = now
+			c.counted(now, b.routeSets())
 		}
 		dirty := b.updatePeerStatus(sp)
 		if converged := b.isConverged(); !slow && converged {
@@ -748,16 +752,49 @@ const (
 	statusEvery     = 2 * time.Second
 )
 
-// countEvery is the interval of GoBGP's counting peer listing (Peers):
-// 30 s, and 60 ms a peer beyond 500 peers. GoBGP counts every peer's
-// Adj-RIB-In (2,048 table shards a peer) while it holds the server's
-// write lock, stopping every session's UPDATE handling; polled every 2 s
-// it was a tenth of an idle client's CPU at 1,000 nodes and of a
-// reflector's with 300 clients. The received-prefix counts in the status
-// and the metrics are at most that old (docs/bgp.md); session states are
-// not.
+// prefixCounts decides when statusLoop has GoBGP count the prefixes each
+// peer sent (Peers). GoBGP counts every peer's Adj-RIB-In (2,048 table
+// shards a peer) while it holds the server's write lock, stopping every
+// session's UPDATE handling; polled every 2 s it was a tenth of an idle
+// client's CPU at 1,000 nodes and of a reflector's with 300 clients. So
+// the counts are taken soon after a change that may have changed them (a
+// session event, a new learned route set), and otherwise every
+// countEvery, the bound on how stale they may be (docs/bgp.md).
+type prefixCounts struct {
+	at              time.Time // last count
+	sets            uint64    // route sets delivered by then
+	sessionsChanged bool      // a session event since
+}
+
+// due reports whether a count is due at now with that many peers and
+// route sets delivered so far.
+func (c *prefixCounts) due(now time.Time, peers int, sets uint64) bool {
+	since := now.Sub(c.at)
+	changed := c.sessionsChanged || sets != c.sets
+	return since >= countEvery(peers) || (changed && since >= countSoon(peers))
+}
+
+func (c *prefixCounts) counted(now time.Time, sets uint64) {
+	c.at, c.sets, c.sessionsChanged = now, sets, false
+}
+
+// countEvery is the interval of the counts while nothing changes: 30 s,
+// and 60 ms a peer beyond 500 peers. countSoon is the least interval
+// between counts after changes: 2 s, and 10 ms a peer beyond 200 (the
+// session poll's pace before it stopped counting).
 func countEvery(peers int) time.Duration {
 	return max(30*time.Second, time.Duration(peers)*60*time.Millisecond)
+}
+
+func countSoon(peers int) time.Duration {
+	return max(2*time.Second, time.Duration(peers)*10*time.Millisecond)
+}
+
+// routeSets is how many route sets the speakers have delivered.
+func (b *bgpOwner) routeSets() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.learnedSets
 }
 
 func (b *bgpOwner) peerCount() int {

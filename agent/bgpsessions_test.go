@@ -91,21 +91,37 @@ func TestSessionTrackerWaitsForRestartedPeersEndOfRIB(t *testing.T) {
 	}
 }
 
-// GoBGP's counting peer listing runs every 30 s, less often with many
-// peers: each listing holds GoBGP's write lock for a time that grows with
-// the peers. Session states do not wait for it (Sessions).
-func TestCountEvery(t *testing.T) {
-	for _, tc := range []struct {
-		peers int
-		want  time.Duration
+// GoBGP's counting peer listing runs soon after a change that may have
+// changed the counts (a session event, a new learned route set), every
+// 30 s otherwise, and less often with many peers: each listing holds
+// GoBGP's write lock for a time that grows with the peers. Session states
+// do not wait for it (Sessions).
+func TestPrefixCountsDue(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 13, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name     string
+		after    time.Duration
+		peers    int
+		sessions bool   // a session event since the last count
+		sets     uint64 // route sets delivered (1 at the last count)
+		want     bool
 	}{
-		{0, 30 * time.Second},
-		{3, 30 * time.Second},
-		{500, 30 * time.Second},
-		{1000, 60 * time.Second},
-	} {
-		if got := countEvery(tc.peers); got != tc.want {
-			t.Errorf("countEvery(%d peers) = %v, want %v", tc.peers, got, tc.want)
+		{"at rest", 29 * time.Second, 2, false, 1, false},
+		{"at rest, countEvery later", 30 * time.Second, 2, false, 1, true},
+		{"session event, too soon", time.Second, 2, true, 1, false},
+		{"session event", 2 * time.Second, 2, true, 1, true},
+		{"new route set", 2 * time.Second, 2, false, 2, true},
+		{"new route set, 1,000 peers, too soon", 5 * time.Second, 1000, false, 2, false},
+		{"new route set, 1,000 peers", 10 * time.Second, 1000, false, 2, true},
+		{"at rest, 1,000 peers", 59 * time.Second, 1000, false, 1, false},
+		{"at rest, 1,000 peers, countEvery later", 60 * time.Second, 1000, false, 1, true},
+	}
+	for _, tt := range tests {
+		var c prefixCounts
+		c.counted(t0, 1)
+		c.sessionsChanged = tt.sessions
+		if got := c.due(t0.Add(tt.after), tt.peers, tt.sets); got != tt.want {
+			t.Errorf("%s: due = %v, want %v", tt.name, got, tt.want)
 		}
 	}
 }

@@ -140,6 +140,7 @@ type learnedState struct {
 	learnedAny bool           // a speaker has delivered a route set
 	// learnedSets counts the route sets delivered (see prefixCounts).
 	learnedSets uint64
+	counts      prefixCounts
 }
 
 func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, table *routetable.Table, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
@@ -711,7 +712,6 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 	t := time.NewTicker(convergingEvery)
 	defer t.Stop()
 	slow := false
-	var c prefixCounts
 	for {
 		sp := b.current()
 		select {
@@ -719,12 +719,11 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 			return
 		case <-t.C:
 		case <-sp.SessionsChanged():
-			c.sessionsChanged = true
+			b.mu.Lock()
+			b.counts.sessionsChanged = true
+			b.mu.Unlock()
 		}
-		if now := time.Now(); c.due(now, b.peerCount(), b.routeSets()) {
-			b.countPrefixes(ctx, sp)
-			c.counted(now, b.routeSets())
-		}
+		b.countIf(ctx, sp, (*prefixCounts).due)
 		dirty := b.updatePeerStatus(sp)
 		if converged := b.isConverged(); !slow && converged {
 			t.Reset(statusEvery)
@@ -753,13 +752,14 @@ const (
 )
 
 // prefixCounts decides when statusLoop has GoBGP count the prefixes each
-// peer sent (Peers). GoBGP counts every peer's Adj-RIB-In (2,048 table
+// peer sent (Peers); the owner's mu guards it. GoBGP counts every peer's Adj-RIB-In (2,048 table
 // shards a peer) while it holds the server's write lock, stopping every
 // session's UPDATE handling; polled every 2 s it was a tenth of an idle
 // client's CPU at 1,000 nodes and of a reflector's with 300 clients. So
 // the counts are taken soon after a change that may have changed them (a
-// session event, a new learned route set), and otherwise every
-// countEvery, the bound on how stale they may be (docs/bgp.md).
+// session event, a new learned route set), when the status API or a
+// metrics scrape asks (refreshCounts), and otherwise every countEvery, the
+// bound on how stale they may be in the published status (docs/bgp.md).
 type prefixCounts struct {
 	at              time.Time // last count
 	sets            uint64    // route sets delivered by then
@@ -790,11 +790,48 @@ func countSoon(peers int) time.Duration {
 	return max(2*time.Second, time.Duration(peers)*10*time.Millisecond)
 }
 
-// routeSets is how many route sets the speakers have delivered.
-func (b *bgpOwner) routeSets() uint64 {
+// fresh reports whether the counts are older than countSoon: whoever
+// shows them (the status API, a metrics scrape) has them taken again.
+func (c *prefixCounts) fresh(now time.Time, peers int, _ uint64) bool {
+	return now.Sub(c.at) >= countSoon(peers)
+}
+
+// countIf has GoBGP count the prefixes each peer sent when due says so.
+func (b *bgpOwner) countIf(ctx context.Context, sp bgp.Speaker, due func(*prefixCounts, time.Time, int, uint64) bool) {
+	now := time.Now()
+	b.mu.Lock()
+	ok, sets := due(&b.counts, now, len(b.desiredPeers), b.learnedSets), b.learnedSets
+	if ok {
+		b.counts.counted(now, sets) // one caller at a time counts
+	}
+	b.mu.Unlock()
+	if ok {
+		b.countPrefixes(ctx, sp)
+	}
+}
+
+// refreshCounts counts the prefixes each peer sent unless the last count
+// is recent (countSoon), and updates the status and the metrics with
+// them: the status API and the metrics scrape call it, so what they show
+// is at most countSoon old.
+func (b *bgpOwner) refreshCounts(ctx context.Context) {
+	b.countIf(ctx, b.current(), (*prefixCounts).fresh)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.learnedSets
+	st := slices.Clone(b.peerStatus)
+	b.setPeerStatus(st)
+	b.peerStatus = st
+}
+
+// setPeerStatus puts the last counts into st and passes st to the metrics
+// when it differs from the last status. Called with b.mu held.
+func (b *bgpOwner) setPeerStatus(st []bgp.PeerStatus) {
+	for i := range st {
+		st[i].Received = b.received[st[i].Address]
+	}
+	if !slices.EqualFunc(st, b.peerStatus, equalPeerStatus) {
+		b.metrics.setPeers(st)
+	}
 }
 
 func (b *bgpOwner) peerCount() int {
@@ -826,12 +863,7 @@ func (b *bgpOwner) updatePeerStatus(sp bgp.Speaker) bool {
 	st := sp.Sessions()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i := range st {
-		st[i].Received = b.received[st[i].Address]
-	}
-	if !slices.EqualFunc(st, b.peerStatus, equalPeerStatus) {
-		b.metrics.setPeers(st)
-	}
+	b.setPeerStatus(st)
 	if b.observe(st, time.Now(), !b.lastPass.IsZero(), b.learnedAny) {
 		b.log.Info("bgp converged; stale learned routes will be removed")
 		return true

@@ -1,12 +1,14 @@
 package agent
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/bgp/session"
+	"github.com/tabbynet/tabby/dataplane/fake"
 )
 
 // The session tracker calls BGP converged once every desired peer has
@@ -123,5 +125,51 @@ func TestPrefixCountsDue(t *testing.T) {
 		if got := c.due(t0.Add(tt.after), tt.peers, tt.sets); got != tt.want {
 			t.Errorf("%s: due = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// The status API and a metrics scrape have the received prefixes counted
+// again (GoBGP's counting peer listing), unless the last count is recent:
+// what they show is at most countSoon old, and scrapes in a burst cost one
+// listing.
+func TestRefreshCountsOnRequest(t *testing.T) {
+	ctx := context.Background()
+	sp := newFakeSpeaker()
+	b := newTestBGPOwner(t, sp, fake.NewRoutes())
+	peer := bgp.Peer{Address: netip.MustParseAddr("198.18.0.12"), ASN: 64512, Type: bgp.PeerRRClient}
+	if err := sp.SetPeers(ctx, []bgp.Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	b.desiredPeers = []bgp.Peer{peer}
+	received := func() uint32 {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.peerStatus) != 1 {
+			t.Fatalf("status %+v, want one peer", b.peerStatus)
+		}
+		return b.peerStatus[0].Received
+	}
+	b.updatePeerStatus(sp) // from the session events: no count
+	sp.mu.Lock()
+	sp.received = 7
+	sp.mu.Unlock()
+	b.refreshCounts(ctx)
+	if got := received(); got != 7 || sp.lists != 1 {
+		t.Errorf("after a request: received %d after %d listings, want 7 after 1", got, sp.lists)
+	}
+	sp.mu.Lock()
+	sp.received = 9
+	sp.mu.Unlock()
+	b.refreshCounts(ctx)
+	b.updatePeerStatus(sp) // an event in between keeps the count
+	if got := received(); got != 7 || sp.lists != 1 {
+		t.Errorf("a second request at once: received %d after %d listings, want 7 after 1", got, sp.lists)
+	}
+	b.mu.Lock()
+	b.counts.at = b.counts.at.Add(-countSoon(1))
+	b.mu.Unlock()
+	b.refreshCounts(ctx)
+	if got := received(); got != 9 || sp.lists != 2 {
+		t.Errorf("a request countSoon later: received %d after %d listings, want 9 after 2", got, sp.lists)
 	}
 }

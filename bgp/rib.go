@@ -68,7 +68,7 @@ func (s *speaker) ribLoop(ctx context.Context) {
 	resync := time.NewTimer(routesResyncMin)
 	defer resync.Stop()
 	// stuck fires when a session in OpenSent or OpenConfirm would reach
-	// stuckTimeout (see nextStuckCheck); it is stopped otherwise.
+	// stuckTimeout (see armStuck); it is stopped otherwise.
 	stuck := time.NewTimer(time.Hour)
 	stuck.Stop()
 	defer stuck.Stop()

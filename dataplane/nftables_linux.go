@@ -77,30 +77,18 @@ type NFTConfig struct {
 	// Resync bounds how long Apply trusts its record of the table while
 	// the ruleset generation is unchanged; the kernel is always read on
 	// the first Apply, after a failure and when the generation moved.
-	// Default DefaultNFTResync; negative reads on every Apply.
+	// Default DefaultFirewallResync; negative reads on every Apply.
 	Resync time.Duration
 	// FlowLog says which policy rules log to NFLOG.
 	FlowLog FlowLogRules
 }
-
-// DefaultNFTResync is NFTConfig.Resync's default: how long Apply trusts
-// its record of the table while the ruleset generation says nobody
-// committed since its own last batch. Any commit in the namespace, by
-// anyone, bumps the generation and makes the next Apply read the table
-// (see actual), so a change behind Tabby's back is repaired by the next
-// pass whatever this is; the re-read after it only guards against a record
-// gone wrong without a commit. It is longer than iptables' 30 s, which has
-// no generation to check: re-reading a table of 2,000 chains (one dump
-// each) every 30 s was an idle agent's largest periodic work at 1,000
-// policies (docs/scale.md, "Idle at rest").
-const DefaultNFTResync = 5 * time.Minute
 
 // NewNFTFirewall opens netlink connections in the namespace and checks that
 // the kernel has nf_tables. Close releases them.
 func NewNFTFirewall(cfg NFTConfig) (*NFTFirewall, error) {
 	f := &NFTFirewall{resync: cfg.Resync, flowLog: cfg.FlowLog, table: &nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet}}
 	if f.resync == 0 {
-		f.resync = DefaultNFTResync
+		f.resync = DefaultFirewallResync
 	}
 	fd := 0
 	if cfg.NetNS != "" {

@@ -712,8 +712,10 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 	t := time.NewTicker(convergingEvery)
 	defer t.Stop()
 	slow := false
+	var last bgp.Speaker
 	for {
 		sp := b.current()
+		changed := sp != last
 		select {
 		case <-ctx.Done():
 			return
@@ -722,9 +724,18 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 			b.mu.Lock()
 			b.counts.sessionsChanged = true
 			b.mu.Unlock()
+			changed = true
 		}
-		b.countIf(ctx, sp, (*prefixCounts).due)
-		dirty := b.updatePeerStatus(sp)
+		last = sp
+		if b.countIf(ctx, sp, (*prefixCounts).due) {
+			changed = true
+		}
+		// Once converged, a tick with nothing new reads nothing: on a
+		// reflector the sessions are a thousand.
+		dirty := false
+		if changed || !b.isConverged() {
+			dirty = b.updatePeerStatus(sp)
+		}
 		if converged := b.isConverged(); !slow && converged {
 			t.Reset(statusEvery)
 			slow = true
@@ -796,8 +807,9 @@ func (c *prefixCounts) fresh(now time.Time, peers int, _ uint64) bool {
 	return now.Sub(c.at) >= countSoon(peers)
 }
 
-// countIf has GoBGP count the prefixes each peer sent when due says so.
-func (b *bgpOwner) countIf(ctx context.Context, sp bgp.Speaker, due func(*prefixCounts, time.Time, int, uint64) bool) {
+// countIf has GoBGP count the prefixes each peer sent when due says so;
+// it reports whether it did.
+func (b *bgpOwner) countIf(ctx context.Context, sp bgp.Speaker, due func(*prefixCounts, time.Time, int, uint64) bool) bool {
 	now := time.Now()
 	b.mu.Lock()
 	ok, sets := due(&b.counts, now, len(b.desiredPeers), b.learnedSets), b.learnedSets
@@ -808,6 +820,7 @@ func (b *bgpOwner) countIf(ctx context.Context, sp bgp.Speaker, due func(*prefix
 	if ok {
 		b.countPrefixes(ctx, sp)
 	}
+	return ok
 }
 
 // refreshCounts counts the prefixes each peer sent unless the last count
@@ -873,7 +886,9 @@ func (b *bgpOwner) updatePeerStatus(sp bgp.Speaker) bool {
 
 // equalPeerStatus reports whether two statuses are the same.
 func equalPeerStatus(x, y bgp.PeerStatus) bool {
-	return reflect.DeepEqual(x, y)
+	return x.Address == y.Address && x.Type == y.Type && x.State == y.State && x.Since.Equal(y.Since) &&
+		x.Info == y.Info && x.PrefixLimitExceeded == y.PrefixLimitExceeded && x.Received == y.Received &&
+		x.MaxPrefixes == y.MaxPrefixes && x.BFD == y.BFD && slices.Equal(x.Families, y.Families) && x.Syncing == y.Syncing
 }
 
 // observe takes the sessions' states polled at now; passed says the owner

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
@@ -171,5 +172,41 @@ func TestRefreshCountsOnRequest(t *testing.T) {
 	b.refreshCounts(ctx)
 	if got := received(); got != 9 || sp.lists != 2 {
 		t.Errorf("a request countSoon later: received %d after %d listings, want 9 after 2", got, sp.lists)
+	}
+}
+
+// equalPeerStatus compares every field of bgp.PeerStatus: a field it
+// missed would leave the metrics behind a change of that field alone.
+func TestEqualPeerStatusEveryField(t *testing.T) {
+	base := bgp.PeerStatus{Address: netip.MustParseAddr("198.18.0.12")}
+	if !equalPeerStatus(base, base) {
+		t.Fatal("a status differs from itself")
+	}
+	changed := map[string]func(*bgp.PeerStatus){
+		"Address":             func(p *bgp.PeerStatus) { p.Address = netip.MustParseAddr("198.18.0.13") },
+		"Type":                func(p *bgp.PeerStatus) { p.Type = bgp.PeerRR },
+		"State":               func(p *bgp.PeerStatus) { p.State = session.Established },
+		"Since":               func(p *bgp.PeerStatus) { p.Since = time.Unix(1, 0) },
+		"Info":                func(p *bgp.PeerStatus) { p.Info = "x" },
+		"PrefixLimitExceeded": func(p *bgp.PeerStatus) { p.PrefixLimitExceeded = true },
+		"Received":            func(p *bgp.PeerStatus) { p.Received = 1 },
+		"MaxPrefixes":         func(p *bgp.PeerStatus) { p.MaxPrefixes = 1 },
+		"BFD":                 func(p *bgp.PeerStatus) { p.BFD = "Up" },
+		"Families":            func(p *bgp.PeerStatus) { p.Families = []string{"ipv4"} },
+		"Syncing":             func(p *bgp.PeerStatus) { p.Syncing = true },
+	}
+	typ := reflect.TypeOf(base)
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		change, ok := changed[name]
+		if !ok {
+			t.Errorf("PeerStatus.%s: no case here; add it and compare it in equalPeerStatus", name)
+			continue
+		}
+		other := base
+		change(&other)
+		if equalPeerStatus(base, other) {
+			t.Errorf("equalPeerStatus ignores PeerStatus.%s", name)
+		}
 	}
 }

@@ -97,8 +97,11 @@ type bgpSessions struct {
 	settle       time.Duration
 	desiredPeers []bgp.Peer
 	peerStatus   []bgp.PeerStatus
-	allUpSince   time.Time
-	converged    bool
+	// received is the prefixes each peer sent, as last counted (see
+	// countEvery).
+	received   map[netip.Addr]uint32
+	allUpSince time.Time
+	converged  bool
 	// passwords are the passwords given to the speaker, by peer
 	// address: see holdLearnedOnRotation.
 	passwords map[netip.Addr]string
@@ -135,6 +138,9 @@ type learnedState struct {
 	rejected   []bgp.Rejected
 	suppressed []netip.Prefix // learned routes the table keeps off node routes
 	learnedAny bool           // a speaker has delivered a route set
+	// learnedSets counts the route sets delivered (see prefixCounts).
+	learnedSets uint64
+	counts      prefixCounts
 }
 
 func newBGPOwner(node string, nodeAddr netip.Prefix, view *syncer.Syncer, table *routetable.Table, sp bgp.Speaker, newSpeaker func() bgp.Speaker, settle time.Duration, m *metrics, log *slog.Logger) *bgpOwner {
@@ -655,11 +661,13 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 	wg.Add(1)
 	go func() { defer wg.Done(); b.statusLoop(ctx, wake) }()
 	defer wg.Wait()
-	retry := time.NewTicker(time.Second)
+	// retry runs only while an install has failed: an idle agent does
+	// not wake for it.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
 	defer retry.Stop()
 	sp := b.current()
 	routes := sp.Routes()
-	dirty := false
 	// delivered is when the oldest route set not yet installed came:
 	// tabby_reconcile_duration_seconds{loop="learned"} times from it to
 	// the kernel (docs/scale.md, "Where block → route goes").
@@ -680,17 +688,13 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 			}
 			b.mu.Lock()
 			b.learned, b.learnedAny = rs, true
+			b.learnedSets++
 			b.mu.Unlock()
-			dirty = true
 			if delivered.IsZero() {
 				delivered = time.Now()
 			}
 		case <-wake:
-			dirty = true
 		case <-retry.C:
-			if !dirty {
-				continue
-			}
 		}
 		_, err := b.syncLearned()
 		if !delivered.IsZero() {
@@ -698,36 +702,57 @@ func (b *bgpOwner) learnedLoop(ctx context.Context) {
 		}
 		if err != nil {
 			b.log.Warn("installing learned routes failed; retrying", "err", err)
+			retry.Reset(time.Second)
 			continue
 		}
-		dirty, delivered = false, time.Time{}
+		retry.Stop()
+		delivered = time.Time{}
 	}
 }
 
-// statusLoop polls the sessions, often until BGP has converged after the
-// start (or a mesh key rotation), then at the pace of the status it feeds (an idle agent asks GoBGP
-// little). It wakes learnedLoop when BGP converged (stale routes can go)
-// or when what learned routes must not override changed.
+// statusLoop follows the sessions and decides when BGP has converged.
+// Session states come from the speaker's own record of GoBGP's events
+// (Sessions, which asks GoBGP nothing): read at once when the speaker
+// signals a change, and on a tick, often until BGP has converged after
+// the start (or a mesh key rotation), then every statusEvery, which also
+// bounds how late a change of what learned routes must not override is
+// seen. The prefixes each peer sent are counted by GoBGP's peer listing
+// (Peers), which stops every session while it counts: see countDue. It
+// wakes learnedLoop when BGP converged (stale routes can go) or when what
+// learned routes must not override changed.
 func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
-	t := time.NewTicker(500 * time.Millisecond)
+	t := time.NewTicker(convergingEvery)
 	defer t.Stop()
 	slow := false
-	var polled time.Time
+	var last bgp.Speaker
 	for {
+		sp := b.current()
+		changed := sp != last
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-sp.SessionsChanged():
+			b.mu.Lock()
+			b.counts.sessionsChanged = true
+			b.mu.Unlock()
+			changed = true
 		}
+		last = sp
+		if b.countIf(ctx, sp, (*prefixCounts).due) {
+			changed = true
+		}
+		// Once converged, a tick with nothing new reads nothing: on a
+		// reflector the sessions are a thousand.
 		dirty := false
-		if now := time.Now(); now.Sub(polled) >= peerPollEvery(slow, b.peerCount()) {
-			dirty, polled = b.updatePeerStatus(ctx), now
+		if changed || !b.isConverged() {
+			dirty = b.updatePeerStatus(sp)
 		}
 		if converged := b.isConverged(); !slow && converged {
-			t.Reset(2 * time.Second)
+			t.Reset(statusEvery)
 			slow = true
 		} else if slow && !converged { // converging again: a mesh key rotation
-			t.Reset(500 * time.Millisecond)
+			t.Reset(convergingEvery)
 			slow = false
 		}
 		if b.importChanged() {
@@ -742,19 +767,96 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 	}
 }
 
-// peerPollEvery is the interval of the session status polls: 500 ms
-// until BGP has converged, then 2 s, and longer with many peers. A poll
-// is GoBGP's ListPeer, which counts every peer's Adj-RIB-In (2,048 table
+// The session status tick: convergingEvery until BGP has converged, then
+// statusEvery. Neither asks GoBGP anything (see statusLoop).
+const (
+	convergingEvery = 500 * time.Millisecond
+	statusEvery     = 2 * time.Second
+)
+
+// prefixCounts decides when statusLoop has GoBGP count the prefixes each
+// peer sent (Peers); the owner's mu guards it. GoBGP counts every peer's Adj-RIB-In (2,048 table
 // shards a peer) while it holds the server's write lock, stopping every
-// session's UPDATE handling: on a reflector with 300 clients the 2 s poll
-// took a tenth of its CPU. With 1,000 peers a converged speaker polls
-// every 10 s, which is also how stale its status and metrics may be.
-func peerPollEvery(converged bool, peers int) time.Duration {
-	base, perPeer := 500*time.Millisecond, 2*time.Millisecond
-	if converged {
-		base, perPeer = 2*time.Second, 10*time.Millisecond
+// session's UPDATE handling; polled every 2 s it was a tenth of an idle
+// client's CPU at 1,000 nodes and of a reflector's with 300 clients. So
+// the counts are taken soon after a change that may have changed them (a
+// session event, a new learned route set), when the status API or a
+// metrics scrape asks (refreshCounts), and otherwise every countEvery, the
+// bound on how stale they may be in the published status (docs/bgp.md).
+type prefixCounts struct {
+	at              time.Time // last count
+	sets            uint64    // route sets delivered by then
+	sessionsChanged bool      // a session event since
+}
+
+// due reports whether a count is due at now with that many peers and
+// route sets delivered so far.
+func (c *prefixCounts) due(now time.Time, peers int, sets uint64) bool {
+	since := now.Sub(c.at)
+	changed := c.sessionsChanged || sets != c.sets
+	return since >= countEvery(peers) || (changed && since >= countSoon(peers))
+}
+
+func (c *prefixCounts) counted(now time.Time, sets uint64) {
+	c.at, c.sets, c.sessionsChanged = now, sets, false
+}
+
+// countEvery is the interval of the counts while nothing changes: 30 s,
+// and 60 ms a peer beyond 500 peers. countSoon is the least interval
+// between counts after changes: 2 s, and 10 ms a peer beyond 200 (the
+// session poll's pace before it stopped counting).
+func countEvery(peers int) time.Duration {
+	return max(30*time.Second, time.Duration(peers)*60*time.Millisecond)
+}
+
+func countSoon(peers int) time.Duration {
+	return max(2*time.Second, time.Duration(peers)*10*time.Millisecond)
+}
+
+// fresh reports whether the counts are older than countSoon: whoever
+// shows them (the status API, a metrics scrape) has them taken again.
+func (c *prefixCounts) fresh(now time.Time, peers int, _ uint64) bool {
+	return now.Sub(c.at) >= countSoon(peers)
+}
+
+// countIf has GoBGP count the prefixes each peer sent when due says so;
+// it reports whether it did.
+func (b *bgpOwner) countIf(ctx context.Context, sp bgp.Speaker, due func(*prefixCounts, time.Time, int, uint64) bool) bool {
+	now := time.Now()
+	b.mu.Lock()
+	ok, sets := due(&b.counts, now, len(b.desiredPeers), b.learnedSets), b.learnedSets
+	if ok {
+		b.counts.counted(now, sets) // one caller at a time counts
 	}
-	return max(base, time.Duration(peers)*perPeer)
+	b.mu.Unlock()
+	if ok {
+		b.countPrefixes(ctx, sp)
+	}
+	return ok
+}
+
+// refreshCounts counts the prefixes each peer sent unless the last count
+// is recent (countSoon), and updates the status and the metrics with
+// them: the status API and the metrics scrape call it, so what they show
+// is at most countSoon old.
+func (b *bgpOwner) refreshCounts(ctx context.Context) {
+	b.countIf(ctx, b.current(), (*prefixCounts).fresh)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := slices.Clone(b.peerStatus)
+	b.setPeerStatus(st)
+	b.peerStatus = st
+}
+
+// setPeerStatus puts the last counts into st and passes st to the metrics
+// when it differs from the last status. Called with b.mu held.
+func (b *bgpOwner) setPeerStatus(st []bgp.PeerStatus) {
+	for i := range st {
+		st[i].Received = b.received[st[i].Address]
+	}
+	if !slices.EqualFunc(st, b.peerStatus, equalPeerStatus) {
+		b.metrics.setPeers(st)
+	}
 }
 
 func (b *bgpOwner) peerCount() int {
@@ -763,21 +865,42 @@ func (b *bgpOwner) peerCount() int {
 	return len(b.desiredPeers)
 }
 
-// updatePeerStatus polls the speaker's sessions; it returns true when BGP
-// has just converged.
-func (b *bgpOwner) updatePeerStatus(ctx context.Context) bool {
-	st, err := b.current().Peers(ctx)
+// countPrefixes records the prefixes each peer sent, from the speaker's
+// counting peer listing.
+func (b *bgpOwner) countPrefixes(ctx context.Context, sp bgp.Speaker) {
+	st, err := sp.Peers(ctx)
 	if err != nil {
-		return false
+		b.log.Debug("counting received prefixes", "err", err)
+		return
 	}
-	b.metrics.setPeers(st)
+	counts := make(map[netip.Addr]uint32, len(st))
+	for _, p := range st {
+		counts[p.Address] = p.Received
+	}
+	b.mu.Lock()
+	b.received = counts
+	b.mu.Unlock()
+}
+
+// updatePeerStatus takes the speaker's sessions, with the last counts of
+// received prefixes; it returns true when BGP has just converged.
+func (b *bgpOwner) updatePeerStatus(sp bgp.Speaker) bool {
+	st := sp.Sessions()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.setPeerStatus(st)
 	if b.observe(st, time.Now(), !b.lastPass.IsZero(), b.learnedAny) {
 		b.log.Info("bgp converged; stale learned routes will be removed")
 		return true
 	}
 	return false
+}
+
+// equalPeerStatus reports whether two statuses are the same.
+func equalPeerStatus(x, y bgp.PeerStatus) bool {
+	return x.Address == y.Address && x.Type == y.Type && x.State == y.State && x.Since.Equal(y.Since) &&
+		x.Info == y.Info && x.PrefixLimitExceeded == y.PrefixLimitExceeded && x.Received == y.Received &&
+		x.MaxPrefixes == y.MaxPrefixes && x.BFD == y.BFD && slices.Equal(x.Families, y.Families) && x.Syncing == y.Syncing
 }
 
 // observe takes the sessions' states polled at now; passed says the owner

@@ -1,12 +1,15 @@
 package agent
 
 import (
+	"context"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/bgp/session"
+	"github.com/tabbynet/tabby/dataplane/fake"
 )
 
 // The session tracker calls BGP converged once every desired peer has
@@ -91,23 +94,119 @@ func TestSessionTrackerWaitsForRestartedPeersEndOfRIB(t *testing.T) {
 	}
 }
 
-// A speaker with many peers polls their status less often: each poll
-// holds GoBGP's write lock for a time that grows with the peers.
-func TestPeerPollEvery(t *testing.T) {
-	for _, tc := range []struct {
-		converged bool
-		peers     int
-		want      time.Duration
+// GoBGP's counting peer listing runs soon after a change that may have
+// changed the counts (a session event, a new learned route set), every
+// 30 s otherwise, and less often with many peers: each listing holds
+// GoBGP's write lock for a time that grows with the peers. Session states
+// do not wait for it (Sessions).
+func TestPrefixCountsDue(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 13, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name     string
+		after    time.Duration
+		peers    int
+		sessions bool   // a session event since the last count
+		sets     uint64 // route sets delivered (1 at the last count)
+		want     bool
 	}{
-		{false, 3, 500 * time.Millisecond},
-		{true, 3, 2 * time.Second},
-		{true, 200, 2 * time.Second},
-		{true, 300, 3 * time.Second},
-		{true, 1000, 10 * time.Second},
-		{false, 1000, 2 * time.Second},
-	} {
-		if got := peerPollEvery(tc.converged, tc.peers); got != tc.want {
-			t.Errorf("peerPollEvery(converged %v, %d peers) = %v, want %v", tc.converged, tc.peers, got, tc.want)
+		{"at rest", 29 * time.Second, 2, false, 1, false},
+		{"at rest, countEvery later", 30 * time.Second, 2, false, 1, true},
+		{"session event, too soon", time.Second, 2, true, 1, false},
+		{"session event", 2 * time.Second, 2, true, 1, true},
+		{"new route set", 2 * time.Second, 2, false, 2, true},
+		{"new route set, 1,000 peers, too soon", 5 * time.Second, 1000, false, 2, false},
+		{"new route set, 1,000 peers", 10 * time.Second, 1000, false, 2, true},
+		{"at rest, 1,000 peers", 59 * time.Second, 1000, false, 1, false},
+		{"at rest, 1,000 peers, countEvery later", 60 * time.Second, 1000, false, 1, true},
+	}
+	for _, tt := range tests {
+		var c prefixCounts
+		c.counted(t0, 1)
+		c.sessionsChanged = tt.sessions
+		if got := c.due(t0.Add(tt.after), tt.peers, tt.sets); got != tt.want {
+			t.Errorf("%s: due = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// The status API and a metrics scrape have the received prefixes counted
+// again (GoBGP's counting peer listing), unless the last count is recent:
+// what they show is at most countSoon old, and scrapes in a burst cost one
+// listing.
+func TestRefreshCountsOnRequest(t *testing.T) {
+	ctx := context.Background()
+	sp := newFakeSpeaker()
+	b := newTestBGPOwner(t, sp, fake.NewRoutes())
+	peer := bgp.Peer{Address: netip.MustParseAddr("198.18.0.12"), ASN: 64512, Type: bgp.PeerRRClient}
+	if err := sp.SetPeers(ctx, []bgp.Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	b.desiredPeers = []bgp.Peer{peer}
+	received := func() uint32 {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.peerStatus) != 1 {
+			t.Fatalf("status %+v, want one peer", b.peerStatus)
+		}
+		return b.peerStatus[0].Received
+	}
+	b.updatePeerStatus(sp) // from the session events: no count
+	sp.mu.Lock()
+	sp.received = 7
+	sp.mu.Unlock()
+	b.refreshCounts(ctx)
+	if got := received(); got != 7 || sp.lists != 1 {
+		t.Errorf("after a request: received %d after %d listings, want 7 after 1", got, sp.lists)
+	}
+	sp.mu.Lock()
+	sp.received = 9
+	sp.mu.Unlock()
+	b.refreshCounts(ctx)
+	b.updatePeerStatus(sp) // an event in between keeps the count
+	if got := received(); got != 7 || sp.lists != 1 {
+		t.Errorf("a second request at once: received %d after %d listings, want 7 after 1", got, sp.lists)
+	}
+	b.mu.Lock()
+	b.counts.at = b.counts.at.Add(-countSoon(1))
+	b.mu.Unlock()
+	b.refreshCounts(ctx)
+	if got := received(); got != 9 || sp.lists != 2 {
+		t.Errorf("a request countSoon later: received %d after %d listings, want 9 after 2", got, sp.lists)
+	}
+}
+
+// equalPeerStatus compares every field of bgp.PeerStatus: a field it
+// missed would leave the metrics behind a change of that field alone.
+func TestEqualPeerStatusEveryField(t *testing.T) {
+	base := bgp.PeerStatus{Address: netip.MustParseAddr("198.18.0.12")}
+	if !equalPeerStatus(base, base) {
+		t.Fatal("a status differs from itself")
+	}
+	changed := map[string]func(*bgp.PeerStatus){
+		"Address":             func(p *bgp.PeerStatus) { p.Address = netip.MustParseAddr("198.18.0.13") },
+		"Type":                func(p *bgp.PeerStatus) { p.Type = bgp.PeerRR },
+		"State":               func(p *bgp.PeerStatus) { p.State = session.Established },
+		"Since":               func(p *bgp.PeerStatus) { p.Since = time.Unix(1, 0) },
+		"Info":                func(p *bgp.PeerStatus) { p.Info = "x" },
+		"PrefixLimitExceeded": func(p *bgp.PeerStatus) { p.PrefixLimitExceeded = true },
+		"Received":            func(p *bgp.PeerStatus) { p.Received = 1 },
+		"MaxPrefixes":         func(p *bgp.PeerStatus) { p.MaxPrefixes = 1 },
+		"BFD":                 func(p *bgp.PeerStatus) { p.BFD = "Up" },
+		"Families":            func(p *bgp.PeerStatus) { p.Families = []string{"ipv4"} },
+		"Syncing":             func(p *bgp.PeerStatus) { p.Syncing = true },
+	}
+	typ := reflect.TypeOf(base)
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		change, ok := changed[name]
+		if !ok {
+			t.Errorf("PeerStatus.%s: no case here; add it and compare it in equalPeerStatus", name)
+			continue
+		}
+		other := base
+		change(&other)
+		if equalPeerStatus(base, other) {
+			t.Errorf("equalPeerStatus ignores PeerStatus.%s", name)
 		}
 	}
 }

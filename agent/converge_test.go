@@ -39,7 +39,7 @@ func TestNotConvergedBeforeFirstRouteSet(t *testing.T) {
 	b.started, b.lastPass, b.desiredPeers = now, now, []bgp.Peer{peer}
 	b.allUpSince = now.Add(-time.Minute) // the session has long been up
 
-	if b.updatePeerStatus(ctx) {
+	if b.updatePeerStatus(sp) {
 		t.Fatal("converged before the speaker delivered any learned routes")
 	}
 	if err := b.ready(); err != nil {

@@ -20,6 +20,9 @@ type fakeSpeaker struct {
 	routes     chan []bgp.LearnedRoute
 	stopped    bool
 	graceful   bool
+	// received is what Peers counts for every peer; lists counts its calls.
+	received uint32
+	lists    int
 }
 
 func newFakeSpeaker() *fakeSpeaker {
@@ -64,12 +67,26 @@ func (f *fakeSpeaker) learn(rs []bgp.LearnedRoute) {
 func (f *fakeSpeaker) Peers(ctx context.Context) ([]bgp.PeerStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lists++
+	return f.sessions(f.received), nil
+}
+
+func (f *fakeSpeaker) Sessions() []bgp.PeerStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sessions(0)
+}
+
+// sessions is every peer Established. Called with f.mu held.
+func (f *fakeSpeaker) sessions(received uint32) []bgp.PeerStatus {
 	var out []bgp.PeerStatus
 	for _, p := range f.peers {
-		out = append(out, bgp.PeerStatus{Address: p.Address, Type: p.Type, State: session.Established})
+		out = append(out, bgp.PeerStatus{Address: p.Address, Type: p.Type, State: session.Established, Received: received})
 	}
-	return out, nil
+	return out
 }
+
+func (f *fakeSpeaker) SessionsChanged() <-chan struct{} { return nil }
 
 func (f *fakeSpeaker) Stop(graceful bool) error {
 	f.mu.Lock()

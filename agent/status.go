@@ -173,6 +173,9 @@ func (a *Agent) readiness() (bool, error) {
 func (a *Agent) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) {
+		if a.bgp != nil {
+			a.bgp.refreshCounts(r.Context())
+		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
@@ -195,7 +198,13 @@ func (a *Agent) httpHandler() http.Handler {
 	a.whatifRoutes(mux)
 	a.probeRoutes(mux)
 	mux.HandleFunc("GET /flows", a.serveFlows)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		if a.bgp != nil {
+			a.bgp.refreshCounts(r.Context()) // received prefixes, see countSoon
+		}
+		metrics.ServeHTTP(w, r)
+	})
 	return mux
 }
 

@@ -25,12 +25,8 @@ import (
 // is not Up); the route publisher then drops that peer's paths at once.
 
 // bfdProbeEvery is how often the watch samples GoBGP's BFD counters while
-// some peer runs BFD; bfdIdleEvery while none does (it only looks at our
-// own configuration then).
-const (
-	bfdProbeEvery = 50 * time.Millisecond
-	bfdIdleEvery  = time.Second
-)
+// some peer runs BFD; while none does it sleeps until setBFDPeers wakes it.
+const bfdProbeEvery = 50 * time.Millisecond
 
 // bfdSample is one peer's BFD session as GoBGP reports it.
 type bfdSample struct {
@@ -116,28 +112,34 @@ func (w *bfdWatch) observe(now time.Time, cfg map[netip.Addr]BFD, samples map[ne
 // change of GoBGP's own BFD states (readRIB then drops the peers GoBGP
 // has reset).
 func (s *speaker) bfdLoop(ctx context.Context, srv *server.BgpServer) {
-	t := time.NewTicker(bfdIdleEvery)
+	t := time.NewTicker(bfdProbeEvery)
 	defer t.Stop()
-	every := bfdIdleEvery
 	var w bfdWatch
 	var lastStates map[netip.Addr]gobgpapi.BfdSessionState
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	for idle := false; ; {
+		if idle {
+			t.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.bfdCfgWake:
+			}
+			t.Reset(bfdProbeEvery)
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-s.bfdCfgWake:
+			}
 		}
 		s.bfdMu.Lock()
 		cfg := maps.Clone(s.bfdCfg)
 		s.bfdMu.Unlock()
-		next := bfdProbeEvery
-		if len(cfg) == 0 {
-			next = bfdIdleEvery
-		}
-		if next != every {
-			t.Reset(next)
-			every = next
-		}
+		// Without BFD peers this pass settles their absence (a peer that
+		// just stopped running BFD is no longer silent), then the loop
+		// sleeps until the configuration changes.
+		idle = len(cfg) == 0
 		samples := map[netip.Addr]bfdSample{}
 		states := map[netip.Addr]gobgpapi.BfdSessionState{}
 		if len(cfg) > 0 {
@@ -155,6 +157,7 @@ func (s *speaker) bfdLoop(ctx context.Context, srv *server.BgpServer) {
 		lastStates = states
 
 		s.bfdMu.Lock()
+		s.bfdStates = states
 		changed := !maps.Equal(down, s.bfdDown)
 		if changed {
 			for a := range s.bfdDown {
@@ -183,6 +186,7 @@ func (s *speaker) bfdLoop(ctx context.Context, srv *server.BgpServer) {
 		if changed || resync {
 			s.resyncBFD.Store(true)
 			s.markDirty()
+			s.sessions.notify() // Sessions reports the BFD states
 		}
 	}
 }
@@ -202,6 +206,10 @@ func (s *speaker) setBFDPeers(peers map[netip.Addr]Peer) {
 		if _, ok := cfg[a]; !ok {
 			delete(s.bfdHeld, a)
 		}
+	}
+	select {
+	case s.bfdCfgWake <- struct{}{}:
+	default:
 	}
 }
 
@@ -224,13 +232,16 @@ func (s *speaker) bfdSkip() map[netip.Addr]bool {
 }
 
 // releaseBFDHeld ends the hold of peers that came back before a full RIB
-// read that started at generation gen.
-func (s *speaker) releaseBFDHeld(gen uint64) {
+// read that started at generation gen; it reports whether it ended any.
+func (s *speaker) releaseBFDHeld(gen uint64) bool {
 	s.bfdMu.Lock()
 	defer s.bfdMu.Unlock()
+	released := false
 	for a, g := range s.bfdHeld {
 		if g <= gen {
 			delete(s.bfdHeld, a)
+			released = true
 		}
 	}
+	return released
 }

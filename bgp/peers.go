@@ -359,23 +359,7 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 		return nil, fmt.Errorf("listing BGP peers: %w", err)
 	}
 	s.mu.Lock()
-	for i := range out {
-		st := &out[i]
-		st.Syncing = st.State == session.Established && !s.sessions.eor[st.Address]
-		st.Type = s.peers[st.Address].Type
-		if t, ok := s.sessions.since[st.Address]; ok && t.After(st.Since) {
-			st.Since = t
-		}
-		peer := s.peers[st.Address]
-		st.MaxPrefixes = maxPrefixes(peer)
-		if st.BFD == "" && peer.BFD != nil {
-			st.BFD = "Down"
-		}
-		st.Info = s.sessions.info[st.Address]
-		if st.PrefixLimitExceeded && st.Info == "" {
-			st.Info = fmt.Sprintf("max-prefix limit %d exceeded", maxPrefixes(s.peers[st.Address]))
-		}
-	}
+	s.annotate(out)
 	s.mu.Unlock()
 	// A peer the BFD watch found silent is Down (its routes are gone)
 	// even while GoBGP, still resetting the session, says Up.

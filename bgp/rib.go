@@ -58,14 +58,19 @@ type ribUpdate struct {
 }
 
 // ribLoop reads GoBGP's RIB: after a change only the prefixes GoBGP
-// reported (see onBestPath), periodically and after session changes the
-// whole table, and hands each result to routeLoop. Its reads go through
-// GoBGP's server loop and may wait seconds while GoBGP resets a session;
+// reported (see onBestPath), after session changes, BFD changes and errors
+// the whole table, and hands each result to routeLoop. A speaker at rest
+// reads nothing but the rare periodic full read (resyncEvery), the repair
+// for an event GoBGP would not have sent. Its reads go through GoBGP's
+// server loop and may wait seconds while GoBGP resets a session;
 // routeLoop does not wait for them.
 func (s *speaker) ribLoop(ctx context.Context) {
-	resync := time.NewTicker(routesResync)
+	resync := time.NewTimer(routesResyncMin)
 	defer resync.Stop()
-	stuck := time.NewTicker(stuckCheck)
+	// stuck fires when a session in OpenSent or OpenConfirm would reach
+	// stuckTimeout (see armStuck); it is stopped otherwise.
+	stuck := time.NewTimer(time.Hour)
+	stuck.Stop()
 	defer stuck.Stop()
 	full := true
 	for first := true; ; first = false {
@@ -81,22 +86,16 @@ func (s *speaker) ribLoop(ctx context.Context) {
 				full = true
 			case <-stuck.C:
 				s.resetStuckPeers(ctx)
+				s.armStuck(stuck)
 				continue
 			}
 		}
-		s.mu.Lock()
-		changed := s.changed
-		s.changed = map[netip.Prefix]bool{}
-		full = full || s.resyncAll || s.resyncBFD.Swap(false)
-		s.resyncAll = false
-		u := ribUpdate{full: full, self: s.selfAddrs()}
-		s.mu.Unlock()
-		s.bfdMu.Lock()
-		u.bfdGen = s.bfdGen
-		s.bfdMu.Unlock()
+		s.armStuck(stuck)
+		u, changed := s.takeChanges(full)
 		var err error
+		began := time.Now()
 		switch {
-		case full:
+		case u.full:
 			u.rib, err = s.readRIB(ctx, nil)
 		case len(changed) > 0:
 			u.changed = changed
@@ -113,6 +112,9 @@ func (s *speaker) ribLoop(ctx context.Context) {
 			s.mu.Unlock()
 			continue
 		}
+		if u.full {
+			resync.Reset(resyncEvery(time.Since(began)))
+		}
 		full = false
 		select {
 		case <-ctx.Done():
@@ -122,10 +124,53 @@ func (s *speaker) ribLoop(ctx context.Context) {
 	}
 }
 
+// takeChanges starts a RIB read: it takes the prefixes reported changed
+// since the last read and whether a full read is due (full, or asked for
+// by a session or BFD change).
+func (s *speaker) takeChanges(full bool) (ribUpdate, map[netip.Prefix]bool) {
+	s.mu.Lock()
+	changed := s.changed
+	if len(changed) > 0 {
+		s.changed = map[netip.Prefix]bool{}
+	}
+	full = full || s.resyncAll || s.resyncBFD.Swap(false)
+	s.resyncAll = false
+	u := ribUpdate{full: full, self: s.selfAddrs()}
+	s.mu.Unlock()
+	s.bfdMu.Lock()
+	u.bfdGen = s.bfdGen
+	s.bfdMu.Unlock()
+	return u, changed
+}
+
+// resyncEvery is the interval of the periodic full RIB read after one
+// that took took: routesResyncMin, or longer when a read takes more than
+// 1/resyncShare of it, so that the repair costs a bounded share of the
+// speaker's time however large the RIB (at most routesResyncMax apart).
+func resyncEvery(took time.Duration) time.Duration {
+	return min(max(routesResyncMin, took*resyncShare), routesResyncMax)
+}
+
+// armStuck sets t to fire when the next session still opening would have
+// been opening for stuckTimeout, and stops it when none is opening: an
+// idle speaker wakes for nothing.
+func (s *speaker) armStuck(t *time.Timer) {
+	s.mu.Lock()
+	at, ok := s.sessions.nextStuck(stuckTimeout)
+	s.mu.Unlock()
+	t.Stop()
+	if ok {
+		// A little after the deadline: stuck() wants strictly longer.
+		t.Reset(max(time.Until(at), 0) + stuckSlack)
+	}
+}
+
 // routeLoop keeps the candidate paths of every prefix (rib) from ribLoop's
 // reads, leaves out the paths of BFD peers the watch found silent
 // (bfdSkip), and publishes each new route set. It never waits on GoBGP:
-// a BFD peer's routes go as soon as the watch sees it silent.
+// a BFD peer's routes go as soon as the watch sees it silent. A read that
+// changed no prefix's paths (the periodic full read of a RIB at rest)
+// costs a comparison, not a new selection.
 func (s *speaker) routeLoop(ctx context.Context) {
 	var last []LearnedRoute
 	published, haveRIB := false, false
@@ -137,27 +182,23 @@ func (s *speaker) routeLoop(ctx context.Context) {
 	gate := time.NewTimer(DeferralTime)
 	defer gate.Stop()
 	for {
+		changed := true
 		select {
 		case <-ctx.Done():
 			return
 		case u := <-s.ribUpdates:
+			changed = !slices.Equal(self, u.self)
 			self, haveRIB = u.self, true
-			if u.full {
-				rib = u.rib
-				s.releaseBFDHeld(u.bfdGen)
-			} else {
-				for p := range u.changed {
-					if c, ok := u.rib[p]; ok {
-						rib[p] = c
-					} else {
-						delete(rib, p)
-					}
-				}
+			if u.full && s.releaseBFDHeld(u.bfdGen) { // bfdSkip changed
+				changed = true
+			}
+			if mergeRIB(rib, u) {
+				changed = true
 			}
 		case <-s.bfdWake:
 		case <-gate.C:
 		}
-		if !haveRIB {
+		if !haveRIB || (published && !changed) {
 			continue
 		}
 		routes := selectRoutes(rib, self, s.bfdSkip())
@@ -176,6 +217,41 @@ func (s *speaker) routeLoop(ctx context.Context) {
 		}
 		s.routes <- routes
 	}
+}
+
+// mergeRIB applies one read to rib: a full read replaces it, a partial
+// one replaces the paths of the prefixes it covers (a prefix it covers
+// but did not find has none left). It reports whether any prefix's paths
+// changed.
+func mergeRIB(rib map[netip.Prefix][]candidate, u ribUpdate) bool {
+	changed := false
+	set := func(p netip.Prefix, c []candidate, ok bool) {
+		old, had := rib[p]
+		switch {
+		case !ok && had:
+			delete(rib, p)
+			changed = true
+		case ok && (!had || !slices.Equal(old, c)):
+			rib[p] = c
+			changed = true
+		}
+	}
+	if !u.full {
+		for p := range u.changed {
+			c, ok := u.rib[p]
+			set(p, c, ok)
+		}
+		return changed
+	}
+	for p := range rib {
+		if _, ok := u.rib[p]; !ok {
+			set(p, nil, false)
+		}
+	}
+	for p, c := range u.rib {
+		set(p, c, true)
+	}
+	return changed
 }
 
 // settle waits for a burst of RIB changes to end (see routesQuiet). It

@@ -3,6 +3,7 @@ package bgp
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -54,5 +55,59 @@ func TestRIBReadListsOnlyLimitablePeers(t *testing.T) {
 	}
 	if reqs := peerListRequests(many); len(reqs) != 1 || reqs[0].Address != "" {
 		t.Errorf("%d candidates: %v, want one ListPeer of every peer", len(many), reqs)
+	}
+}
+
+// A RIB read that changed no prefix's paths reports no change, so the
+// publisher does not select routes again (the periodic full read of a RIB
+// at rest); any difference, full or partial, does.
+func TestMergeRIB(t *testing.T) {
+	p1, p2 := netip.MustParsePrefix("10.244.1.0/26"), netip.MustParsePrefix("10.244.2.0/26")
+	a := candidate{peer: netip.MustParseAddr("198.18.0.11"), nextHop: netip.MustParseAddr("198.18.0.11"), ibgp: true, localPref: 100}
+	b := a
+	b.nextHop = netip.MustParseAddr("198.18.0.12")
+	base := func() map[netip.Prefix][]candidate {
+		return map[netip.Prefix][]candidate{p1: {a}, p2: {a, b}}
+	}
+	tests := []struct {
+		name        string
+		u           ribUpdate
+		wantChanged bool
+		want        map[netip.Prefix][]candidate
+	}{
+		{"full, same", ribUpdate{full: true, rib: base()}, false, base()},
+		{"full, a prefix gone", ribUpdate{full: true, rib: map[netip.Prefix][]candidate{p1: {a}}}, true, map[netip.Prefix][]candidate{p1: {a}}},
+		{"full, paths reordered", ribUpdate{full: true, rib: map[netip.Prefix][]candidate{p1: {a}, p2: {b, a}}}, true, map[netip.Prefix][]candidate{p1: {a}, p2: {b, a}}},
+		{"partial, same", ribUpdate{changed: map[netip.Prefix]bool{p2: true}, rib: map[netip.Prefix][]candidate{p2: {a, b}}}, false, base()},
+		{"partial, withdrawn", ribUpdate{changed: map[netip.Prefix]bool{p1: true}, rib: map[netip.Prefix][]candidate{}}, true, map[netip.Prefix][]candidate{p2: {a, b}}},
+		{"partial, a path gone", ribUpdate{changed: map[netip.Prefix]bool{p2: true}, rib: map[netip.Prefix][]candidate{p2: {b}}}, true, map[netip.Prefix][]candidate{p1: {a}, p2: {b}}},
+		{"no read (End-of-RIB only)", ribUpdate{}, false, base()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rib := base()
+			if got := mergeRIB(rib, tt.u); got != tt.wantChanged {
+				t.Errorf("changed = %v, want %v", got, tt.wantChanged)
+			}
+			if diff := cmp.Diff(tt.want, rib, cmp.AllowUnexported(candidate{}), cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); diff != "" {
+				t.Errorf("RIB after merge (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// The periodic full read runs every routesResyncMin, or less often when a
+// read takes long enough that it would cost more than 1/resyncShare of the
+// time, and at least every routesResyncMax.
+func TestResyncEvery(t *testing.T) {
+	for _, tc := range []struct{ took, want time.Duration }{
+		{0, routesResyncMin},
+		{30 * time.Millisecond, routesResyncMin},
+		{100 * time.Millisecond, 200 * time.Second},
+		{time.Second, routesResyncMax},
+	} {
+		if got := resyncEvery(tc.took); got != tc.want {
+			t.Errorf("resyncEvery(%v) = %v, want %v", tc.took, got, tc.want)
+		}
 	}
 }

@@ -1,7 +1,9 @@
 package bgp
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
@@ -20,6 +22,11 @@ type sessionTracker struct {
 	since map[netip.Addr]time.Time     // last session state change per peer
 	eor   map[netip.Addr]bool          // peers that sent End-of-RIB since their session came up
 	info  map[netip.Addr]string        // last disconnect reason per peer
+	// families the established session carries, from its OPENs
+	families map[netip.Addr][]string
+	pfxLimit map[netip.Addr]bool // shut down for exceeding max-prefix
+	// changed is signalled (coalesced) after each of the above changes.
+	changed chan struct{}
 }
 
 func newSessionTracker() sessionTracker {
@@ -28,6 +35,18 @@ func newSessionTracker() sessionTracker {
 		since: map[netip.Addr]time.Time{},
 		eor:   map[netip.Addr]bool{},
 		info:  map[netip.Addr]string{},
+
+		families: map[netip.Addr][]string{},
+		pfxLimit: map[netip.Addr]bool{},
+		changed:  make(chan struct{}, 1),
+	}
+}
+
+// notify signals changed without blocking.
+func (t *sessionTracker) notify() {
+	select {
+	case t.changed <- struct{}{}:
+	default:
 	}
 }
 
@@ -46,16 +65,26 @@ func (t *sessionTracker) observe(a netip.Addr, st session.State, at time.Time, i
 	case info != "":
 		t.info[a] = info
 	}
+	if st != session.Established {
+		delete(t.families, a)
+	}
+	t.notify()
 }
 
 // created records that a session to a was (re-)created at.
 func (t *sessionTracker) created(a netip.Addr, at time.Time) {
 	t.since[a] = at
 	delete(t.eor, a)
+	t.notify()
 }
 
 // sawEOR records a's End-of-RIB.
-func (t *sessionTracker) sawEOR(a netip.Addr) { t.eor[a] = true }
+func (t *sessionTracker) sawEOR(a netip.Addr) {
+	if !t.eor[a] {
+		t.eor[a] = true
+		t.notify()
+	}
+}
 
 // forget drops everything known about a (its peer was deleted).
 func (t *sessionTracker) forget(a netip.Addr) {
@@ -63,6 +92,9 @@ func (t *sessionTracker) forget(a netip.Addr) {
 	delete(t.since, a)
 	delete(t.eor, a)
 	delete(t.info, a)
+	delete(t.families, a)
+	delete(t.pfxLimit, a)
+	t.notify()
 }
 
 // stuck lists the peers that have sat in OpenSent or OpenConfirm for
@@ -75,6 +107,21 @@ func (t *sessionTracker) stuck(now time.Time, limit time.Duration) []netip.Addr 
 		}
 	}
 	return out
+}
+
+// nextStuck is when the earliest session now opening will have been
+// opening for limit; ok is false when none is opening.
+func (t *sessionTracker) nextStuck(limit time.Duration) (at time.Time, ok bool) {
+	for a, st := range t.state {
+		since, known := t.since[a]
+		if !known || !st.Opening() {
+			continue
+		}
+		if d := since.Add(limit); !ok || d.Before(at) {
+			at, ok = d, true
+		}
+	}
+	return at, ok
 }
 
 // sessionStates pairs GoBGP's two spellings of each session state (its
@@ -134,10 +181,101 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 		}
 		s.mu.Lock()
 		s.sessions.observe(a, st, t, info)
+		s.sessions.pfxLimit[a] = ev.Peer.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
+		if st == session.Established {
+			s.sessions.families[a] = capFamilies(ev.Peer.State.LocalCap, ev.Peer.State.RemoteCap)
+		}
 		// A session that went down may have left its paths behind as
 		// stale (see readRIB): read everything again.
 		s.resyncAll = true
 		s.mu.Unlock()
 	}
 	s.markDirty()
+}
+
+// capFamilies lists the unicast families both sides announced in their
+// OPEN (multiprotocol capabilities), as negotiatedFamilies does from
+// GoBGP's peer listing.
+func capFamilies(local, remote []gobgp.ParameterCapabilityInterface) []string {
+	announced := func(caps []gobgp.ParameterCapabilityInterface) map[gobgp.Family]bool {
+		m := map[gobgp.Family]bool{}
+		for _, c := range caps {
+			if mp, ok := c.(*gobgp.CapMultiProtocol); ok {
+				m[mp.CapValue] = true
+			}
+		}
+		return m
+	}
+	l, r := announced(local), announced(remote)
+	var out []string
+	for _, f := range []struct {
+		family gobgp.Family
+		name   string
+	}{{gobgp.RF_IPv4_UC, "ipv4"}, {gobgp.RF_IPv6_UC, "ipv6"}} {
+		if l[f.family] && r[f.family] {
+			out = append(out, f.name)
+		}
+	}
+	return out
+}
+
+// SessionsChanged implements Speaker.
+func (s *speaker) SessionsChanged() <-chan struct{} { return s.sessions.changed }
+
+// Sessions implements Speaker: the configured peers' sessions as followed
+// from GoBGP's events (onPeerEvent, onEOR) and the BFD watch; it asks
+// GoBGP nothing, so it neither waits on a session reset nor makes GoBGP
+// count Adj-RIB-Ins (see Peers).
+func (s *speaker) Sessions() []PeerStatus {
+	s.mu.Lock()
+	out := make([]PeerStatus, 0, len(s.peers))
+	for a := range s.peers {
+		st := PeerStatus{Address: a, State: session.Idle, Since: s.sessions.since[a]}
+		if known, ok := s.sessions.state[a]; ok {
+			st.State = known
+		}
+		st.PrefixLimitExceeded = s.sessions.pfxLimit[a]
+		if st.State == session.Established {
+			st.Families = slices.Clone(s.sessions.families[a])
+		}
+		out = append(out, st)
+	}
+	s.annotate(out)
+	s.mu.Unlock()
+	s.bfdMu.Lock()
+	for i := range out {
+		st := &out[i]
+		if _, runs := s.bfdCfg[st.Address]; !runs {
+			continue
+		}
+		st.BFD = "Down"
+		if known, ok := s.bfdStates[st.Address]; ok && !s.bfdDown[st.Address] {
+			st.BFD = bfdStateName(known)
+		}
+	}
+	s.bfdMu.Unlock()
+	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })
+	return out
+}
+
+// annotate adds to sessions what our own configuration and the session
+// tracker know: type, prefix limit, syncing, reason. Called with s.mu held.
+func (s *speaker) annotate(out []PeerStatus) {
+	for i := range out {
+		st := &out[i]
+		peer := s.peers[st.Address]
+		st.Syncing = st.State == session.Established && !s.sessions.eor[st.Address]
+		st.Type = peer.Type
+		if t, ok := s.sessions.since[st.Address]; ok && t.After(st.Since) {
+			st.Since = t
+		}
+		st.MaxPrefixes = maxPrefixes(peer)
+		if st.BFD == "" && peer.BFD != nil {
+			st.BFD = "Down"
+		}
+		st.Info = s.sessions.info[st.Address]
+		if st.PrefixLimitExceeded && st.Info == "" {
+			st.Info = fmt.Sprintf("max-prefix limit %d exceeded", st.MaxPrefixes)
+		}
+	}
 }

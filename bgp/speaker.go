@@ -53,11 +53,20 @@ const (
 	// events), but no later than routesMaxDelay after the first change.
 	routesQuiet    = 5 * time.Millisecond
 	routesMaxDelay = 50 * time.Millisecond
-	// routesResync recomputes the route set even without events.
-	routesResync = 10 * time.Second
-	// stuckTimeout and stuckCheck: see resetStuckPeers.
+	// The RIB is read in full, without any event, every routesResyncMin,
+	// or every resyncShare times as long as the last full read took when
+	// that is longer (at most routesResyncMax): GoBGP's best-path events
+	// deliver every change, and session, BFD and End-of-RIB events ask
+	// for full reads of their own, so the periodic read is only a repair
+	// (see resyncEvery). At 10 s it was the largest part of an idle
+	// client's CPU at 1,000 nodes (docs/scale.md).
+	routesResyncMin = 2 * time.Minute
+	routesResyncMax = 15 * time.Minute
+	resyncShare     = 2000
+	// stuckTimeout: see resetStuckPeers; the check runs stuckSlack after
+	// a session opening since then would have reached it.
 	stuckTimeout = 5 * time.Second
-	stuckCheck   = time.Second
+	stuckSlack   = 100 * time.Millisecond
 )
 
 // speaker implements Speaker over an embedded GoBGP server. GoBGP is itself
@@ -124,11 +133,15 @@ type ribState struct {
 // calls, which can wait seconds while GoBGP resets a session.
 type bfdState struct {
 	bfdMu   sync.Mutex
-	bfdCfg  map[netip.Addr]BFD    // effective timers of the peers running BFD
-	bfdDown map[netip.Addr]bool   // silent, per the watch
-	bfdHeld map[netip.Addr]uint64 // back from silence at that generation, see releaseBFDHeld
-	bfdGen  uint64
-	bfdWake chan struct{}
+	bfdCfg  map[netip.Addr]BFD  // effective timers of the peers running BFD
+	bfdDown map[netip.Addr]bool // silent, per the watch
+	// bfdStates are GoBGP's BFD session states as last sampled.
+	bfdStates map[netip.Addr]gobgpapi.BfdSessionState
+	bfdHeld   map[netip.Addr]uint64 // back from silence at that generation, see releaseBFDHeld
+	bfdGen    uint64
+	bfdWake   chan struct{}
+	// bfdCfgWake wakes the watch after a change of bfdCfg.
+	bfdCfgWake chan struct{}
 	// resyncBFD asks the RIB reader for a full read (set by the watch).
 	resyncBFD atomic.Bool
 }
@@ -164,8 +177,9 @@ func NewSpeaker(log *slog.Logger) Speaker {
 			ribUpdates: make(chan ribUpdate),
 		},
 		bfdState: bfdState{
-			bfdHeld: map[netip.Addr]uint64{},
-			bfdWake: make(chan struct{}, 1),
+			bfdHeld:    map[netip.Addr]uint64{},
+			bfdWake:    make(chan struct{}, 1),
+			bfdCfgWake: make(chan struct{}, 1),
 		},
 	}
 }

@@ -322,8 +322,20 @@ type Speaker interface {
 	// sent End-of-RIB (at most DeferralTime). The channel is closed by
 	// Stop.
 	Routes() <-chan []LearnedRoute
-	// Peers reports the state of every configured peer, sorted by address.
+	// Peers reports the state of every configured peer, sorted by address,
+	// as GoBGP lists it, with the prefixes each peer sent (Received). It
+	// is a GoBGP management call that counts every peer's Adj-RIB-In
+	// while it stops every session's UPDATE handling, and it can wait
+	// seconds while GoBGP resets a session: call it when the counts are
+	// wanted, at a slow pace (see Sessions).
 	Peers(ctx context.Context) ([]PeerStatus, error)
+	// Sessions reports every configured peer's session, sorted by
+	// address, as the speaker follows it from GoBGP's events: the same
+	// fields as Peers but Received (zero), without asking GoBGP, so it
+	// never waits. SessionsChanged is signalled (coalesced; never closed)
+	// after each change of what Sessions reports.
+	Sessions() []PeerStatus
+	SessionsChanged() <-chan struct{}
 	// Stop stops the speaker. Graceful keeps our routes at peers that
 	// support graceful restart: the sessions are closed without a BGP
 	// NOTIFICATION, which the peers treat as a restart and so keep our

@@ -259,25 +259,58 @@ func (s *Store) KeepAlive(ctx context.Context, id LeaseID) error {
 }
 
 // KeepAliveNotify is KeepAlive calling renewed, when not nil, at every
-// renewal etcd answers (about every third of the lease's TTL): a caller
-// learns from it, at no extra request, that etcd is reachable.
+// renewal etcd answers (every third of the lease's TTL): a caller learns
+// from it, at no extra request, that etcd is reachable.
+//
+// It renews with one request at a time (etcd's KeepAliveOnce) on a timer
+// of its own rather than through the etcd client's keepalive stream,
+// whose two loops wake every 500 ms whatever the TTL: an idle agent's most
+// frequent wake-ups (docs/scale.md, "Idle at rest"). As the client does,
+// it renews every third of the TTL etcd reports, retries every
+// keepAliveRetry while etcd does not answer, and gives up once the lease
+// would have expired since the last renewal.
 func (s *Store) KeepAliveNotify(ctx context.Context, id LeaseID, renewed func()) error {
-	kctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ch, err := s.client.KeepAlive(kctx, clientv3.LeaseID(id))
-	if err != nil {
-		return s.etcdErr(fmt.Sprintf("keeping lease %x alive", int64(id)), err)
-	}
-	for range ch {
-		if renewed != nil {
-			renewed()
+	// Until etcd first answers, the lease's TTL is unknown: give up after
+	// keepAliveFirst, as the etcd client does.
+	deadline := time.Now().Add(keepAliveFirst)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		rctx, cancel := s.withTimeout(ctx)
+		resp, err := s.client.KeepAliveOnce(rctx, clientv3.LeaseID(id))
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err == nil && resp.TTL > 0:
+			ttl := time.Duration(resp.TTL) * time.Second
+			deadline = time.Now().Add(ttl)
+			if renewed != nil {
+				renewed()
+			}
+			t.Reset(ttl / 3)
+		case err == nil || isLeaseNotFound(err):
+			return fmt.Errorf("lease %x: %w", int64(id), ErrLeaseLost)
+		case time.Now().After(deadline):
+			return fmt.Errorf("lease %x: not renewed before it expired: %w: %w", int64(id), ErrLeaseLost, s.etcdErr("renewing lease", err))
+		default:
+			t.Reset(keepAliveRetry)
 		}
 	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	return fmt.Errorf("lease %x: %w", int64(id), ErrLeaseLost)
 }
+
+// keepAliveRetry is the interval of KeepAliveNotify's attempts while etcd
+// does not answer, keepAliveFirst how long it tries before the first
+// answer (the etcd client's own values).
+const (
+	keepAliveRetry = 500 * time.Millisecond
+	keepAliveFirst = 5 * time.Second
+)
 
 // RevokeLease revokes the lease, deleting its keys. A lease that is already
 // gone is ErrNotFound.

@@ -129,9 +129,11 @@ func (s *speaker) ribLoop(ctx context.Context) {
 // by a session or BFD change).
 func (s *speaker) takeChanges(full bool) (ribUpdate, map[netip.Prefix]bool) {
 	s.mu.Lock()
-	changed := s.changed
-	if len(changed) > 0 {
-		s.changed = map[netip.Prefix]bool{}
+	// An empty set stays (no allocation at rest) and is not handed out:
+	// onBestPath goes on writing to it.
+	var changed map[netip.Prefix]bool
+	if len(s.changed) > 0 {
+		changed, s.changed = s.changed, map[netip.Prefix]bool{}
 	}
 	full = full || s.resyncAll || s.resyncBFD.Swap(false)
 	s.resyncAll = false

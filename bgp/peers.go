@@ -377,23 +377,30 @@ func (s *speaker) Peers(ctx context.Context) ([]PeerStatus, error) {
 // negotiatedFamilies lists the unicast families both sides of a session
 // announced in their OPEN (multiprotocol capabilities).
 func negotiatedFamilies(st *gobgpapi.PeerState) []string {
-	announced := func(caps []*gobgpapi.Capability) map[gobgpapi.Family_Afi]bool {
-		m := map[gobgpapi.Family_Afi]bool{}
+	announced := func(caps []*gobgpapi.Capability) map[string]bool {
+		m := map[string]bool{}
 		for _, c := range caps {
-			if f := c.GetMultiProtocol().GetFamily(); f != nil && f.Safi == gobgpapi.Family_SAFI_UNICAST {
-				m[f.Afi] = true
+			f := c.GetMultiProtocol().GetFamily()
+			switch {
+			case f == nil || f.Safi != gobgpapi.Family_SAFI_UNICAST:
+			case f.Afi == gobgpapi.Family_AFI_IP:
+				m["ipv4"] = true
+			case f.Afi == gobgpapi.Family_AFI_IP6:
+				m["ipv6"] = true
 			}
 		}
 		return m
 	}
-	local, remote := announced(st.LocalCap), announced(st.RemoteCap)
+	return bothFamilies(announced(st.LocalCap), announced(st.RemoteCap))
+}
+
+// bothFamilies lists, in the order ipv4, ipv6, the families both sides
+// announced.
+func bothFamilies(local, remote map[string]bool) []string {
 	var out []string
-	for _, f := range []struct {
-		afi  gobgpapi.Family_Afi
-		name string
-	}{{gobgpapi.Family_AFI_IP, "ipv4"}, {gobgpapi.Family_AFI_IP6, "ipv6"}} {
-		if local[f.afi] && remote[f.afi] {
-			out = append(out, f.name)
+	for _, f := range []string{"ipv4", "ipv6"} {
+		if local[f] && remote[f] {
+			out = append(out, f)
 		}
 	}
 	return out

@@ -197,26 +197,21 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 // OPEN (multiprotocol capabilities), as negotiatedFamilies does from
 // GoBGP's peer listing.
 func capFamilies(local, remote []gobgp.ParameterCapabilityInterface) []string {
-	announced := func(caps []gobgp.ParameterCapabilityInterface) map[gobgp.Family]bool {
-		m := map[gobgp.Family]bool{}
+	announced := func(caps []gobgp.ParameterCapabilityInterface) map[string]bool {
+		m := map[string]bool{}
 		for _, c := range caps {
 			if mp, ok := c.(*gobgp.CapMultiProtocol); ok {
-				m[mp.CapValue] = true
+				switch mp.CapValue {
+				case gobgp.RF_IPv4_UC:
+					m["ipv4"] = true
+				case gobgp.RF_IPv6_UC:
+					m["ipv6"] = true
+				}
 			}
 		}
 		return m
 	}
-	l, r := announced(local), announced(remote)
-	var out []string
-	for _, f := range []struct {
-		family gobgp.Family
-		name   string
-	}{{gobgp.RF_IPv4_UC, "ipv4"}, {gobgp.RF_IPv6_UC, "ipv6"}} {
-		if l[f.family] && r[f.family] {
-			out = append(out, f.name)
-		}
-	}
-	return out
+	return bothFamilies(announced(local), announced(remote))
 }
 
 // SessionsChanged implements Speaker.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/syncer/syncertest"
 )
 
@@ -22,9 +23,7 @@ func BenchmarkAgentHeapAtScale(b *testing.B) {
 	}
 	for b.Loop() {
 		b.StopTimer()
-		runtime.GC()
-		var before runtime.MemStats
-		runtime.ReadMemStats(&before)
+		before := testkit.HeapAfterGC()
 		b.StartTimer()
 		// A snapshot of its own: the view keeps the keys' strings, as it
 		// keeps those of the watch responses that carry them.
@@ -35,10 +34,7 @@ func BenchmarkAgentHeapAtScale(b *testing.B) {
 		v, p, stop := scaleOwner(b, kvs)
 		kvs = nil
 		b.StopTimer()
-		runtime.GC()
-		var after runtime.MemStats
-		runtime.ReadMemStats(&after)
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(scaleNodes*scaleEpsPerNode), "heap-B/endpoint")
+		b.ReportMetric(float64(testkit.HeapAfterGC()-before)/float64(scaleNodes*scaleEpsPerNode), "heap-B/endpoint")
 		if f := os.Getenv("TABBY_BENCH_HEAPPROFILE"); f != "" {
 			if err := writeHeapProfile(f); err != nil {
 				b.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // BenchmarkRemotePodAdd is what another node's pod ADD costs this node's
@@ -74,9 +75,7 @@ func BenchmarkViewMemory(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		b.StopTimer()
-		runtime.GC()
-		var before runtime.MemStats
-		runtime.ReadMemStats(&before)
+		before := testkit.HeapAfterGC()
 		b.StartTimer()
 		s := New(nil, slog.New(slog.DiscardHandler))
 		s.apply(datastore.Event{Type: datastore.EventResync, Revision: 1})
@@ -96,10 +95,7 @@ func BenchmarkViewMemory(b *testing.B) {
 		if got := len(s.Endpoints()); got != nodes*perNode {
 			b.Fatalf("view holds %d endpoints, want %d", got, nodes*perNode)
 		}
-		runtime.GC()
-		var after runtime.MemStats
-		runtime.ReadMemStats(&after)
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(nodes*perNode), "heap-B/endpoint")
+		b.ReportMetric(float64(testkit.HeapAfterGC()-before)/float64(nodes*perNode), "heap-B/endpoint")
 		runtime.KeepAlive(s)
 		b.StartTimer()
 	}

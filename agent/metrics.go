@@ -22,9 +22,7 @@ type metrics struct {
 	reconcileErr *prometheus.CounterVec
 	reconcileDur *prometheus.HistogramVec
 	routes       *prometheus.GaugeVec
-	peers        *prometheus.GaugeVec
-	peerPrefix   *prometheus.GaugeVec // per peer: received prefixes, limit, over the limit
-	peerBFD      *prometheus.GaugeVec
+	peers        *peerMetrics // per peer, built at scrape time
 	ipamAssigns  *prometheus.CounterVec
 }
 
@@ -52,20 +50,12 @@ func newMetrics() *metrics {
 		routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tabby_routes_installed", Help: "Kernel routes the agent owns, by kind (workload, bgp, service).",
 		}, []string{"kind"}),
-		peers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tabby_bgp_peers", Help: "Configured BGP peers, by session state.",
-		}, []string{"state"}),
-		peerPrefix: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tabby_bgp_peer_prefixes", Help: "Per BGP peer: prefixes received (before import policy), the max-prefix limit (0: none), and 1 when the session was shut down for exceeding it.",
-		}, []string{"peer", "kind"}),
-		peerBFD: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tabby_bgp_peer_bfd_up", Help: "1 when the BFD session with a BGP peer is up, 0 when BFD is enabled for the peer but not up.",
-		}, []string{"peer"}),
+		peers: newPeerMetrics(),
 		ipamAssigns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tabby_ipam_assigns_total", Help: "IPAM address assignments for CNI ADD, by result (ok, borrowed, error).",
 		}, []string{"result"}),
 	}
-	m.reg.MustRegister(m.ipamAssigns, m.cniOps, m.cniLatency, m.cniSteps, m.reconcileErr, m.reconcileDur, m.routes, m.peers, m.peerPrefix, m.peerBFD,
+	m.reg.MustRegister(m.ipamAssigns, m.cniOps, m.cniLatency, m.cniSteps, m.reconcileErr, m.reconcileDur, m.routes, m.peers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -105,29 +95,9 @@ func (m *metrics) observeReconcile(loop string, d time.Duration, err error) {
 	}
 }
 
-func (m *metrics) setPeers(st []bgp.PeerStatus) {
-	m.peers.Reset()
-	m.peerPrefix.Reset()
-	m.peerBFD.Reset()
-	for _, p := range st {
-		m.peers.WithLabelValues(p.State.String()).Inc()
-		peer := p.Address.String()
-		m.peerPrefix.WithLabelValues(peer, "received").Set(float64(p.Received))
-		m.peerPrefix.WithLabelValues(peer, "limit").Set(float64(p.MaxPrefixes))
-		over := 0.0
-		if p.PrefixLimitExceeded {
-			over = 1
-		}
-		m.peerPrefix.WithLabelValues(peer, "limit_exceeded").Set(over)
-		if p.BFD != "" {
-			up := 0.0
-			if p.BFD == "Up" {
-				up = 1
-			}
-			m.peerBFD.WithLabelValues(peer).Set(up)
-		}
-	}
-}
+// setPeers makes st the sessions the metrics show; st is handed over
+// (read, never changed, afterwards).
+func (m *metrics) setPeers(st []bgp.PeerStatus) { m.peers.set(st) }
 
 // watchStore exports the datastore's request counts and the cluster
 // view's counters; called once the store and the view exist.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -104,5 +105,18 @@ func BenchmarkPeerStatusChange(b *testing.B) {
 	}
 	for b.Loop() {
 		m.setPeers(slices.Clone(st))
+	}
+}
+
+// TestSessionReadGap: a node with few peers reads its sessions at each
+// event; a reflector lets them coalesce, at most 50 ms at 1,000 peers.
+func TestSessionReadGap(t *testing.T) {
+	for _, tc := range []struct {
+		peers int
+		want  time.Duration
+	}{{0, 0}, {2, 0}, {100, 0}, {300, 10 * time.Millisecond}, {1000, 45 * time.Millisecond}} {
+		if got := sessionReadGap(tc.peers); got != tc.want {
+			t.Errorf("sessionReadGap(%d) = %v, want %v", tc.peers, got, tc.want)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	gobgpapi "github.com/osrg/gobgp/v4/api"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/internal/testkit"
 )
 
@@ -105,4 +106,61 @@ func reflectorHeap(b *testing.B, rr, rr6 netip.Addr, n int) float64 {
 	}
 	after := testkit.HeapAfterGC()
 	return float64(int64(after)-int64(before)) / float64(n)
+}
+
+// BenchmarkSessions1000: reading a reflector's thousand sessions
+// (statusLoop does it after each coalesced session event).
+func BenchmarkSessions1000(b *testing.B) {
+	s := NewSpeaker(nil).(*speaker)
+	now := time.Now()
+	for i := range 1000 {
+		a := netip.AddrFrom4([4]byte{198, 18, 4 + byte(i>>8), byte(i)})
+		s.peers[a] = Peer{Address: a, ASN: api.DefaultASNumber, Type: PeerRRClient, ClusterNode: true, RRClient: true}
+		s.sessions.observe(a, session.Established, now, "")
+		s.sessions.families[a] = []string{"ipv4"}
+	}
+	for b.Loop() {
+		if len(s.Sessions()) != 1000 {
+			b.Fatal("sessions lost")
+		}
+	}
+}
+
+// TestSessionsOrderFollowsPeers: Sessions lists the configured peers in
+// address order, also after peers are added and removed (its cached order
+// is checked against the peers on every read).
+func TestSessionsOrderFollowsPeers(t *testing.T) {
+	s := NewSpeaker(nil).(*speaker)
+	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 4, byte(i)}) }
+	list := func() []netip.Addr {
+		var out []netip.Addr
+		for _, st := range s.Sessions() {
+			out = append(out, st.Address)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		add, del []int
+		want     []int
+	}{
+		{name: "three", add: []int{30, 10, 20}, want: []int{10, 20, 30}},
+		{name: "one more", add: []int{15}, want: []int{10, 15, 20, 30}},
+		{name: "one replaced, same count", add: []int{5}, del: []int{30}, want: []int{5, 10, 15, 20}},
+		{name: "all gone", del: []int{5, 10, 15, 20}},
+	} {
+		for _, i := range tc.add {
+			s.peers[addr(i)] = Peer{Address: addr(i)}
+		}
+		for _, i := range tc.del {
+			delete(s.peers, addr(i))
+		}
+		var want []netip.Addr
+		for _, i := range tc.want {
+			want = append(want, addr(i))
+		}
+		if diff := cmp.Diff(want, list(), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
+			t.Errorf("%s: sessions (-want +got):\n%s", tc.name, diff)
+		}
+	}
 }

@@ -25,6 +25,10 @@ type sessionTracker struct {
 	// families the established session carries, from its OPENs
 	families map[netip.Addr][]string
 	pfxLimit map[netip.Addr]bool // shut down for exceeding max-prefix
+	// order caches the configured peers' addresses, sorted, for Sessions
+	// (sortedPeerAddrs): sorting a reflector's thousand statuses on every
+	// read was half of its cost.
+	order []netip.Addr
 	// changed is signalled (coalesced) after each of the above changes.
 	changed chan struct{}
 }
@@ -223,8 +227,9 @@ func (s *speaker) SessionsChanged() <-chan struct{} { return s.sessions.changed 
 // count Adj-RIB-Ins (see Peers).
 func (s *speaker) Sessions() []PeerStatus {
 	s.mu.Lock()
-	out := make([]PeerStatus, 0, len(s.peers))
-	for a := range s.peers {
+	order := s.sortedPeerAddrs()
+	out := make([]PeerStatus, 0, len(order))
+	for _, a := range order {
 		st := PeerStatus{Address: a, State: session.Idle, Since: s.sessions.since[a]}
 		if known, ok := s.sessions.state[a]; ok {
 			st.State = known
@@ -249,8 +254,32 @@ func (s *speaker) Sessions() []PeerStatus {
 		}
 	}
 	s.bfdMu.Unlock()
-	slices.SortFunc(out, func(a, b PeerStatus) int { return a.Address.Compare(b.Address) })
 	return out
+}
+
+// sortedPeerAddrs returns the configured peers' addresses in order, from
+// the cache when it holds exactly s.peers' keys (same length, each
+// present), else sorted anew. Called with s.mu held; read-only for the
+// caller.
+func (s *speaker) sortedPeerAddrs() []netip.Addr {
+	order := s.sessions.order
+	valid := len(order) == len(s.peers)
+	for _, a := range order {
+		if !valid {
+			break
+		}
+		_, valid = s.peers[a]
+	}
+	if valid {
+		return order
+	}
+	order = make([]netip.Addr, 0, len(s.peers))
+	for a := range s.peers {
+		order = append(order, a)
+	}
+	slices.SortFunc(order, netip.Addr.Compare)
+	s.sessions.order = order
+	return order
 }
 
 // annotate adds to sessions what our own configuration and the session

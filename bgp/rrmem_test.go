@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	gobgpapi "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	gobgp "github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp/session"
@@ -161,6 +163,40 @@ func TestSessionsOrderFollowsPeers(t *testing.T) {
 		}
 		if diff := cmp.Diff(want, list(), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 			t.Errorf("%s: sessions (-want +got):\n%s", tc.name, diff)
+		}
+	}
+}
+
+// TestPeerEventsReadRIB: a session's steps while it is not up read no
+// path; leaving or reaching Established does, and any step of a peer
+// whose paths count by its state (prefix limit, BFD) does.
+func TestPeerEventsReadRIB(t *testing.T) {
+	client := netip.MustParseAddr("198.18.4.1")
+	external := netip.MustParseAddr("198.18.0.1")
+	s := NewSpeaker(nil).(*speaker)
+	s.peers[client] = Peer{Address: client, Type: PeerRRClient, ClusterNode: true, RRClient: true}
+	s.peers[external] = Peer{Address: external, Type: PeerGlobal} // the default prefix limit
+	steps := []struct {
+		peer netip.Addr
+		to   gobgp.FSMState
+		want bool
+	}{
+		{client, gobgp.BGP_FSM_ACTIVE, false},
+		{client, gobgp.BGP_FSM_OPENSENT, false},
+		{client, gobgp.BGP_FSM_OPENCONFIRM, false},
+		{client, gobgp.BGP_FSM_ESTABLISHED, true},
+		{client, gobgp.BGP_FSM_IDLE, true},
+		{client, gobgp.BGP_FSM_ACTIVE, false},
+		{client, gobgp.BGP_FSM_IDLE, false},
+		{external, gobgp.BGP_FSM_ACTIVE, true},
+	}
+	for i, st := range steps {
+		s.resyncAll = false
+		ev := &apiutil.WatchEventMessage_PeerEvent{Type: apiutil.PEER_EVENT_STATE,
+			Peer: apiutil.Peer{State: apiutil.PeerState{NeighborAddress: st.peer, SessionState: st.to}}}
+		s.onPeerEvent(ev, time.Now())
+		if s.resyncAll != st.want {
+			t.Errorf("step %d, %v to %v: full read %v, want %v", i, st.peer, st.to, s.resyncAll, st.want)
 		}
 	}
 }

@@ -184,17 +184,32 @@ func (s *speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, t time.Ti
 			info = disconnectInfo(ev)
 		}
 		s.mu.Lock()
+		prev, pfx := s.sessions.state[a], s.sessions.pfxLimit[a]
 		s.sessions.observe(a, st, t, info)
 		s.sessions.pfxLimit[a] = ev.Peer.State.AdminState == gobgpapi.PeerState_ADMIN_STATE_PFX_CT
 		if st == session.Established {
 			s.sessions.families[a] = capFamilies(ev.Peer.State.LocalCap, ev.Peer.State.RemoteCap)
 		}
-		// A session that went down may have left its paths behind as
-		// stale (see readRIB): read everything again.
-		s.resyncAll = true
+		p := s.peers[a]
+		if fullReadAfter(prev, st, p.BFD != nil || maxPrefixes(p) > 0 || pfx != s.sessions.pfxLimit[a]) {
+			s.resyncAll = true
+		}
 		s.mu.Unlock()
 	}
 	s.markDirty()
+}
+
+// fullReadAfter reports whether a session's change from prev to next
+// needs the whole RIB read again: a session that was or becomes
+// Established may have left its paths behind as stale, or replaced them
+// (see readRIB), and the paths of a peer with a prefix limit or BFD
+// (limitable) count or not by its state (limitedPeers). The steps of a
+// session that is not up (Idle, Connect, Active, OpenSent, OpenConfirm)
+// change no path: a reflector whose clients retry read its whole RIB for
+// each of their attempts' steps, a tenth of its CPU in such a rest at
+// 1,000 clients (docs/scale.md, "Reflector memory and CPU at rest").
+func fullReadAfter(prev, next session.State, limitable bool) bool {
+	return limitable || prev == session.Established || next == session.Established
 }
 
 // capFamilies lists the unicast families both sides announced in their

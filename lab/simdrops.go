@@ -71,11 +71,11 @@ func (d *simDrops) record(node string, rr netip.Addr, err error) {
 	line := fmt.Sprintf("%s → %s: %v", node, d.names[rr], err)
 	if established {
 		d.drops[d.phase]++
-		if len(d.examples) < dropsExamples {
-			d.examples = append(d.examples, line)
-		}
 	} else {
 		d.opens[d.phase]++
+	}
+	if len(d.examples) < dropsExamples {
+		d.examples = append(d.examples, line)
 	}
 	if d.w != nil {
 		fmt.Fprintf(d.w, "%s %s %s\n", time.Now().UTC().Format("15:04:05.000"), d.phase, line)

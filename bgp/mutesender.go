@@ -80,6 +80,7 @@ func (s *speaker) checkSender(a netip.Addr) {
 		return
 	}
 	time.AfterFunc(senderWindow(before.keepalive), func() {
+		asked := time.Now()
 		after, ok := s.sampleSender(a)
 		if !ok || !senderStopped(before, after) {
 			return
@@ -89,7 +90,10 @@ func (s *speaker) checkSender(a netip.Addr) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		p, known := s.peers[a]
-		if s.srv == nil || s.stopped || !known {
+		// A state change since the second look (the session went down,
+		// and maybe a new one came up) leaves the new session alone: on a
+		// loaded speaker the look and the lock can be seconds apart.
+		if s.srv == nil || s.stopped || !known || s.sessions.since[a].After(asked) {
 			return
 		}
 		s.log.Warn("re-creating BGP session whose sender stopped (GoBGP kept the previous session's end in its queue)",

@@ -43,6 +43,13 @@ type SimConfig struct {
 
 // SimSession runs BGP on one connection for a simulated node. Announce and
 // Withdraw are safe for concurrent use once Established is closed.
+//
+// Its reader and its keepalives are independent: KEEPALIVEs go out from a
+// goroutine of their own on a timer (hold/3), whatever the reader is doing,
+// and the reader only frames what the peer sends (into one reused buffer;
+// UPDATEs are parsed only for OnUpdate). So a simulated node reading a
+// reflector's full table on a loaded host still keeps its side of the
+// session alive, and when a session ends, SimDrop says which side ended it.
 type SimSession struct {
 	conn        net.Conn
 	cfg         SimConfig
@@ -50,10 +57,30 @@ type SimSession struct {
 	established chan struct{}
 	hold        time.Duration
 	updates     atomic.Uint64
+	// upAt is when the session was established (unix ns, 0 before);
+	// lastRead when the peer's last message arrived; sinceUp counts the
+	// peer's messages after the one that established it.
+	upAt, lastRead atomic.Int64
+	sinceUp        atomic.Uint64
+	keepalives     atomic.Uint64
+	drop           atomic.Pointer[SimDrop]
 }
 
 // Updates is how many UPDATE messages the peer has sent so far.
 func (s *SimSession) Updates() uint64 { return s.updates.Load() }
+
+// EstablishedAt is when the session was established (zero before).
+func (s *SimSession) EstablishedAt() time.Time {
+	if ns := s.upAt.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// ReceivedSinceEstablished is how many messages (KEEPALIVEs, UPDATEs) the
+// peer sent after the KEEPALIVE that established the session: a speaker
+// whose sending works sends its table or a KEEPALIVE within hold/3.
+func (s *SimSession) ReceivedSinceEstablished() uint64 { return s.sinceUp.Load() }
 
 // NewSimSession wraps an open TCP connection to the peer (accepted or
 // dialled; the caller chooses which side connects).
@@ -61,19 +88,32 @@ func NewSimSession(conn net.Conn, cfg SimConfig) *SimSession {
 	if cfg.HoldTime == 0 {
 		cfg.HoldTime = 90 * time.Second
 	}
-	return &SimSession{conn: conn, cfg: cfg, established: make(chan struct{})}
+	return &SimSession{conn: conn, cfg: cfg, established: make(chan struct{}), hold: cfg.HoldTime}
 }
 
 // Established is closed when the session is established.
 func (s *SimSession) Established() <-chan struct{} { return s.established }
 
 // Run opens the session, keeps it alive and reads (and drops) what the
-// peer sends until ctx is done, the peer closes or sends a NOTIFICATION, or
-// a hold time passes without a message. It closes the connection.
+// peer sends until ctx is done, the peer closes or sends a NOTIFICATION, a
+// hold time passes without a message, or a write fails. It closes the
+// connection. It returns ctx's error when ctx ended it, and otherwise a
+// *SimDrop saying why the session ended.
 func (s *SimSession) Run(ctx context.Context) error {
 	defer s.conn.Close()
 	stop := context.AfterFunc(ctx, func() { s.conn.Close() })
 	defer stop()
+	err := s.run()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if d := s.drop.Load(); d != nil {
+		return d // the first failure; a later one is its echo
+	}
+	return s.dropped(err)
+}
+
+func (s *SimSession) run() error {
 	if !s.cfg.RouterID.Is4() {
 		return fmt.Errorf("sim session: router id %s is not IPv4", s.cfg.RouterID)
 	}
@@ -92,15 +132,18 @@ func (s *SimSession) Run(ctx context.Context) error {
 	if err := s.send(open); err != nil {
 		return err
 	}
-	r := bufio.NewReaderSize(s.conn, 64<<10)
-	typ, body, err := s.read(r, s.cfg.HoldTime)
+	rd := &simReader{r: bufio.NewReaderSize(s.conn, 64<<10), conn: s.conn}
+	typ, body, err := rd.next(s.cfg.HoldTime)
 	if err != nil {
 		return err
 	}
-	if typ != gobgp.BGP_MSG_OPEN {
-		return fmt.Errorf("sim session: peer sent message type %d, want OPEN", typ)
+	s.lastRead.Store(time.Now().UnixNano())
+	if typ == gobgp.BGP_MSG_NOTIFICATION {
+		return notification(body)
 	}
-	s.hold = s.cfg.HoldTime
+	if typ != gobgp.BGP_MSG_OPEN {
+		return &simProtocolError{fmt.Sprintf("peer sent message type %d, want OPEN", typ)}
+	}
 	if len(body) >= 5 {
 		if peer := time.Duration(binary.BigEndian.Uint16(body[3:5])) * time.Second; peer < s.hold {
 			s.hold = peer
@@ -114,9 +157,15 @@ func (s *SimSession) Run(ctx context.Context) error {
 	if s.hold > 0 {
 		go s.keepalive(done)
 	}
-	return s.readLoop(r)
+	err = s.readLoop(rd)
+	// Recorded before the keepalives stop, so that a write failing
+	// after the peer closed does not take the blame.
+	s.drop.CompareAndSwap(nil, s.dropped(err))
+	return err
 }
 
+// keepalive sends a KEEPALIVE every hold/3 until done or a write fails
+// (which ends the session: send closes the connection).
 func (s *SimSession) keepalive(done <-chan struct{}) {
 	t := time.NewTicker(s.hold / 3)
 	defer t.Stop()
@@ -133,21 +182,25 @@ func (s *SimSession) keepalive(done <-chan struct{}) {
 }
 
 // readLoop reads until an error; the first KEEPALIVE establishes.
-func (s *SimSession) readLoop(r *bufio.Reader) error {
+func (s *SimSession) readLoop(rd *simReader) error {
 	limit := s.hold
 	if limit == 0 {
 		limit = 24 * time.Hour
 	}
 	for {
-		typ, body, err := s.read(r, limit)
+		typ, body, err := rd.next(limit)
 		if err != nil {
 			return err
 		}
+		s.lastRead.Store(time.Now().UnixNano())
+		if s.upAt.Load() != 0 {
+			s.sinceUp.Add(1)
+		}
 		switch typ {
 		case gobgp.BGP_MSG_KEEPALIVE:
-			select {
-			case <-s.established:
-			default:
+			s.keepalives.Add(1)
+			if s.upAt.Load() == 0 {
+				s.upAt.Store(time.Now().UnixNano())
 				close(s.established)
 			}
 		case gobgp.BGP_MSG_UPDATE:
@@ -158,11 +211,7 @@ func (s *SimSession) readLoop(r *bufio.Reader) error {
 				}
 			}
 		case gobgp.BGP_MSG_NOTIFICATION:
-			code, sub := 0, 0
-			if len(body) >= 2 {
-				code, sub = int(body[0]), int(body[1])
-			}
-			return fmt.Errorf("sim session: peer sent notification %d/%d", code, sub)
+			return notification(body)
 		}
 	}
 }
@@ -188,26 +237,47 @@ func announced(body []byte) []netip.Prefix {
 	return out
 }
 
-// read reads one message (type and body) within timeout.
-func (s *SimSession) read(r *bufio.Reader, timeout time.Duration) (uint8, []byte, error) {
-	if err := s.conn.SetReadDeadline(time.Now().Add(timeout)); err != nil {
-		return 0, nil, err
+// simReader frames the peer's messages into one reused buffer (a body is
+// valid until the next call), arming the read deadline at most once a
+// second: the hold timer then fires between limit-1s and limit after the
+// last message, without a timer update per message of a full table.
+type simReader struct {
+	r       *bufio.Reader
+	conn    net.Conn
+	buf     []byte
+	armedAt time.Time
+}
+
+// next reads one message (type and body); nothing for limit is an error
+// wrapping os.ErrDeadlineExceeded.
+func (rd *simReader) next(limit time.Duration) (uint8, []byte, error) {
+	if now := time.Now(); now.Sub(rd.armedAt) >= time.Second || limit < 2*time.Second {
+		if err := rd.conn.SetReadDeadline(now.Add(limit)); err != nil {
+			return 0, nil, err
+		}
+		rd.armedAt = now
 	}
 	var hdr [gobgp.BGP_HEADER_LENGTH]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	if _, err := io.ReadFull(rd.r, hdr[:]); err != nil {
 		return 0, nil, fmt.Errorf("sim session: reading: %w", err)
 	}
 	n := int(binary.BigEndian.Uint16(hdr[16:18]))
 	if n < gobgp.BGP_HEADER_LENGTH || n > 65535 {
-		return 0, nil, fmt.Errorf("sim session: bad message length %d", n)
+		return 0, nil, &simProtocolError{fmt.Sprintf("bad message length %d", n)}
 	}
-	body := make([]byte, n-gobgp.BGP_HEADER_LENGTH)
-	if _, err := io.ReadFull(r, body); err != nil {
+	if cap(rd.buf) < n-gobgp.BGP_HEADER_LENGTH {
+		rd.buf = make([]byte, n-gobgp.BGP_HEADER_LENGTH, max(4096, n-gobgp.BGP_HEADER_LENGTH))
+	}
+	body := rd.buf[:n-gobgp.BGP_HEADER_LENGTH]
+	if _, err := io.ReadFull(rd.r, body); err != nil {
 		return 0, nil, fmt.Errorf("sim session: reading: %w", err)
 	}
 	return hdr[18], body, nil
 }
 
+// send writes one message. A failed write ends the session (a partial
+// write leaves the stream unframed): the drop is recorded and the
+// connection closed, which ends the reader.
 func (s *SimSession) send(m *gobgp.BGPMessage) error {
 	b, err := m.Serialize()
 	if err != nil {
@@ -215,11 +285,21 @@ func (s *SimSession) send(m *gobgp.BGPMessage) error {
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if err := s.conn.SetWriteDeadline(time.Now().Add(10 * time.Second)); err != nil {
-		return err
+	// As long as the peer's hold time: a peer that reads nothing for
+	// that long has let its own hold timer expire anyway.
+	err = s.conn.SetWriteDeadline(time.Now().Add(s.cfg.HoldTime))
+	if err == nil {
+		_, err = s.conn.Write(b)
 	}
-	if _, err := s.conn.Write(b); err != nil {
-		return fmt.Errorf("sim session: writing: %w", err)
+	if err != nil {
+		err = fmt.Errorf("sim session: writing: %w", err)
+		d := s.dropped(err)
+		if d.Cause != SimPeerClosed {
+			d.Side, d.Cause = SimSideLocal, SimWriteFailed
+		}
+		s.drop.CompareAndSwap(nil, d)
+		s.conn.Close()
+		return err
 	}
 	return nil
 }

@@ -327,7 +327,7 @@ func (s *speaker) Start(ctx context.Context, cfg Config) error {
 	err = srv.WatchEvent(runCtx, server.WatchEventMessageCallbacks{
 		OnBestPath:   s.onBestPath,
 		OnPathEor:    s.onEOR,
-		OnPeerUpdate: s.onPeerEvent,
+		OnPeerUpdate: s.onPeerEventWatched,
 	}, server.WatchBestPath(false), server.WatchEor(false), server.WatchPeer())
 	if err != nil {
 		cancel()

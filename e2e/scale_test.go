@@ -78,6 +78,8 @@ func TestSimHarness(t *testing.T) {
 	check(r.ReadyS > 0, "restart to Ready")
 	// Every simulated node and every agent holds a watch.
 	check(r.EtcdWatchers >= 10+4, "etcd watchers")
+	// The rests are rests: no simulated session dropped in them.
+	check(r.SessionDrops["rest"]+r.SessionDrops["rest2"] == 0, "simulated sessions dropped at rest")
 	if len(problems) > 0 {
 		t.Errorf("implausible results %+v: %s", r, strings.Join(problems, "; "))
 	}

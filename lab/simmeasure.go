@@ -23,9 +23,10 @@ import (
 )
 
 // step grows the lab to size simulated nodes and measures.
-func (r *simRun) step(ctx context.Context, size int) (SimResult, error) {
-	res := SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy}
+func (r *simRun) step(ctx context.Context, size int) (res SimResult, err error) {
+	res = SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy}
 	lat, err := r.grow(ctx, size)
+	defer func() { res.SessionDrops, res.SessionOpensFailed = r.drops.take() }()
 	if err != nil {
 		return res, err
 	}
@@ -46,10 +47,14 @@ func (r *simRun) step(ctx context.Context, size int) (SimResult, error) {
 	if err != nil {
 		return res, err
 	}
+	r.drops.enter(phasePolicy)
 	if err := r.measurePolicy(ctx, &res); err != nil {
 		return res, err
 	}
-	return res, r.measureRestart(ctx, &res)
+	r.drops.enter(phaseRestart)
+	err = r.measureRestart(ctx, &res)
+	r.drops.enter("")
+	return res, err
 }
 
 type usage struct{ cpu, rss float64 }
@@ -169,21 +174,34 @@ func perEvent(key string, restA, churn, restB window, events int) (us, noise flo
 // reflectors still taking in a thousand new routes. The churn's cost is
 // taken against both rests (perEvent), whose difference is its noise.
 func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
+	r.drops.enter(phaseSettle)
 	if err := r.waitSettled(ctx); err != nil {
 		return err
 	}
+	if err := r.waitStable(ctx, "the rest"); err != nil {
+		return err
+	}
 	rest := func() error { sleepCtx(ctx, r.o.IdleWindow); return ctx.Err() }
+	r.drops.enter(phaseRest)
 	r.l.Progress("measuring %s at rest", r.o.IdleWindow)
 	restA, err := r.measure(rest)
 	if err != nil {
 		return err
 	}
+	if err := r.waitStable(ctx, "the churn"); err != nil {
+		return err
+	}
+	r.drops.enter(phaseChurn)
 	r.l.Progress("churning %d pod events at %g/s", r.o.ChurnEvents, r.o.ChurnRate)
 	var events int
 	churn, err := r.measure(func() (err error) { events, err = r.churn(ctx); return err })
 	if err != nil {
 		return err
 	}
+	if err := r.waitStable(ctx, "the second rest"); err != nil {
+		return err
+	}
+	r.drops.enter(phaseRestB)
 	r.l.Progress("%d pod events in %.1f s; measuring %s at rest again", events, churn.secs, r.o.IdleWindow)
 	restB, err := r.measure(rest)
 	if err != nil {

@@ -39,6 +39,8 @@ type simNode struct {
 	onUpdate func(rr netip.Addr, prefixes []netip.Prefix)
 	// lastRev is the revision of the latest endpoint it created.
 	lastRev int64
+	// drops, when set, logs and counts the node's sessions that end.
+	drops *simDrops
 }
 
 type simEndpoint struct {
@@ -148,7 +150,9 @@ func (n *simNode) attach(ctx context.Context, conn net.Conn, peer netip.Addr) {
 		n.mu.Unlock()
 		_ = s.Announce(blocks)
 	}()
-	_ = s.Run(ctx)
+	if err := s.Run(ctx); ctx.Err() == nil && n.drops != nil {
+		n.drops.record(n.name, peer, err)
+	}
 	n.mu.Lock()
 	if n.sessions[peer] == s {
 		delete(n.sessions, peer)
@@ -173,6 +177,27 @@ func (n *simNode) updates() uint64 {
 		sum += s.Updates()
 	}
 	return sum
+}
+
+// unstable calls fn for each reflector of rrs whose session with node n
+// is not yet stable at now: none (down), established less than minUp ago
+// (young), or nothing from the reflector since it was established (mute:
+// a reflector sends its table, at least the real nodes' blocks, or a
+// KEEPALIVE within a third of the hold time).
+func (n *simNode) unstable(rrs []netip.Addr, now time.Time, minUp time.Duration, fn func(rr netip.Addr, why string)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, rr := range rrs {
+		s := n.sessions[rr]
+		switch {
+		case s == nil:
+			fn(rr, "down")
+		case now.Sub(s.EstablishedAt()) < minUp:
+			fn(rr, "young")
+		case s.ReceivedSinceEstablished() == 0:
+			fn(rr, "mute")
+		}
+	}
 }
 
 // established is how many reflector sessions are up.

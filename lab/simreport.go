@@ -52,6 +52,12 @@ type SimResult struct {
 	EtcdWatchers     int     `json:"etcdWatchers"`
 	EtcdWatchStreams int     `json:"etcdWatchStreams"`
 	ProxyChurnPct    float64 `json:"proxyChurnCPUPercent,omitempty"`
+	// SessionDrops counts, by the harness's phase (simPhases), the
+	// simulated sessions with a reflector that ended after being
+	// established; SessionOpensFailed those that ended while opening
+	// (session-drops.log has each one's cause).
+	SessionDrops       map[string]int `json:"sessionDrops"`
+	SessionOpensFailed map[string]int `json:"sessionOpensFailed"`
 	// Load is the host's 1-minute load average after the churn window:
 	// on a shared host, how much else competed for the cores.
 	Load float64 `json:"loadAverage1m"`
@@ -127,7 +133,7 @@ func WriteSimResults(dir string, rs []SimResult) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)+"\n"+StagesTable(rs)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)+"\n"+StagesTable(rs)+"\n"+DropsTable(rs)), 0o644); err != nil {
 		return err
 	}
 	return PlotSim(filepath.Join(dir, "scale.png"), rs)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -26,6 +27,8 @@ type simRun struct {
 	reflected *reflectLog
 	// churnFailures counts the failed operations of the last churn.
 	churnFailures int
+	// drops logs and counts the simulated sessions that end.
+	drops *simDrops
 }
 
 // Sim runs the harness (docs/scale.md): it brings up a lab named o.Name,
@@ -42,6 +45,11 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 		return nil, err
 	}
 	r := &simRun{o: o, l: l, reflected: newReflectLog()}
+	dropLog, closeDropLog, err := openDropLog(o)
+	if err != nil {
+		return nil, errors.Join(err, l.Down())
+	}
+	r.drops = newSimDrops(dropLog, r.rrNames(), l.Progress)
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() {
@@ -52,6 +60,10 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 		}
 		for _, m := range append(r.routes, r.sets...) {
 			m.stop()
+		}
+		err = errors.Join(err, closeDropLog())
+		if err != nil && o.Out != "" {
+			err = errors.Join(err, keepLabLogs(l, filepath.Join(o.Out, "logs")))
 		}
 		err = errors.Join(err, l.Down())
 	}()
@@ -178,10 +190,12 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 	if st.EtcdProxy != nil {
 		eps = []string{st.EtcdProxyURL()}
 	}
+	r.drops.enter(phaseGrow)
 	r.l.Progress("adding simulated nodes sim%d-sim%d", from+1, size)
 	added := make([]*simNode, size-from)
 	if err := parallel(ctx, 16, size-from, func(i int) error {
 		n := newSimNode(from + i + 1)
+		n.drops = r.drops
 		if from+i == 0 {
 			n.onUpdate = r.reflected.add
 		}
@@ -208,12 +222,17 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 	}
 	nSamples := min(r.o.Samples, len(added))
 	fill, samples := added[:len(added)-nSamples], added[len(added)-nSamples:]
+	r.drops.enter(phaseFill)
 	r.l.Progress("adding %d endpoints", len(added)*r.o.EndpointsPerNode)
 	if err := parallel(ctx, 32, len(fill), func(i int) error { return r.fill(ctx, fill[i], 0) }); err != nil {
 		return routeLatencies{}, err
 	}
 	var lat routeLatencies
 	lat.quiet = r.waitQuiet(ctx)
+	if err := r.waitStable(ctx, "the block samples"); err != nil {
+		return lat, err
+	}
+	r.drops.enter(phaseSamples)
 	for _, n := range samples {
 		if err := r.sample(ctx, n, &lat); err != nil {
 			return lat, err

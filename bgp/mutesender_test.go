@@ -1,0 +1,96 @@
+package bgp
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/internal/testkit"
+)
+
+func TestSenderStopped(t *testing.T) {
+	up := time.Date(2026, 12, 6, 17, 0, 0, 0, time.UTC)
+	s := func(isUp bool, since time.Time, sent uint64) senderSample {
+		return senderSample{up: isUp, since: since, sent: sent, keepalive: 30 * time.Second}
+	}
+	tests := []struct {
+		name          string
+		before, after senderSample
+		want          bool
+	}{
+		{"nothing sent by the same session", s(true, up, 40), s(true, up, 40), true},
+		{"a keepalive sent", s(true, up, 40), s(true, up, 41), false},
+		{"a new session since", s(true, up, 40), s(true, up.Add(time.Minute), 40), false},
+		{"down at the second look", s(true, up, 40), s(false, time.Time{}, 40), false},
+		{"down at the first look", s(false, time.Time{}, 40), s(true, up, 40), false},
+		{"no keepalives negotiated", senderSample{up: true, since: up, sent: 3}, senderSample{up: true, since: up, sent: 3}, false},
+	}
+	for _, tt := range tests {
+		if got := senderStopped(tt.before, tt.after); got != tt.want {
+			t.Errorf("%s: senderStopped = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	if w := senderWindow(30 * time.Second); w != time.Minute {
+		t.Errorf("senderWindow(30s) = %v, want 1m", w)
+	}
+	if w := senderWindow(3 * time.Second); w != 8*time.Second {
+		t.Errorf("senderWindow(3s) = %v, want 8s", w)
+	}
+}
+
+// TestLiveSenderNotRecreated: the sender check reads a live session's
+// sent messages growing and leaves it alone (no false alarm re-creating
+// healthy sessions): a simulated node's session with a real speaker, 3 s
+// keepalives, stays up past the check.
+func TestLiveSenderNotRecreated(t *testing.T) {
+	rr := netip.MustParseAddr("127.77.93.1")
+	simAddr := netip.MustParseAddr("127.77.93.2")
+	port := freePort(t, []netip.Addr{rr, simAddr})
+	n := startNode(t, "rr", Config{RouterID: rr, ASN: api.DefaultASNumber, ListenAddr: rr, ListenPort: int32(port),
+		ClusterID: "244.0.0.1", GracefulRestart: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := n.sp.SetPeers(ctx, []Peer{{Address: simAddr, ASN: api.DefaultASNumber, Type: PeerRRClient, RRClient: true,
+		ClusterNode: true, Port: port, LocalAddress: rr}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dialUntilAccepted(t, simAddr, netip.AddrPortFrom(rr, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: simAddr, HoldTime: 9 * time.Second})
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	select {
+	case <-s.Established():
+	case err := <-runErr:
+		t.Fatalf("session ended before established: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("session not established in 60s")
+	}
+	var first senderSample
+	testkit.Eventually(t, 20*time.Second, "the speaker's side established", testkit.Cond(func() bool {
+		var ok bool
+		first, ok = n.sp.sampleSender(simAddr)
+		return ok && first.up
+	}))
+	if first.keepalive != 3*time.Second {
+		t.Fatalf("sampleSender = %+v; want 3s keepalives", first)
+	}
+	testkit.Eventually(t, 20*time.Second, "the speaker's sent count grows", testkit.Cond(func() bool {
+		now, ok := n.sp.sampleSender(simAddr)
+		return ok && now.sent > first.sent
+	}))
+	// Past the check (senderSlack + senderWindow(3s) = 13 s) the same
+	// session is up.
+	select {
+	case err := <-runErr:
+		t.Fatalf("session ended: %v", err)
+	case <-time.After(senderSlack + senderWindow(3*time.Second) + 3*time.Second):
+	}
+	if now, ok := n.sp.sampleSender(simAddr); !ok || !now.up || !now.since.Equal(first.since) {
+		t.Errorf("after the check: %+v, %v; want the same session up since %v", now, ok, first.since)
+	}
+}

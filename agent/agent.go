@@ -198,6 +198,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	// agent's errgroup, so its error ends the agent; a return before the
 	// group's Wait below stops it and waits for it.
 	a.view = syncer.New(a.store, a.log.With("component", "view"))
+	a.view.CompactRemote(a.cfg.NodeName)
 	rctx, stop := context.WithCancel(ctx)
 	g, gctx := errgroup.WithContext(rctx)
 	defer func() { stop(); _ = g.Wait() }()

@@ -64,6 +64,7 @@ func scaleOwner(b *testing.B, kvs []datastore.KV) (any, *policyOwner, func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	src := make(syncertest.Script)
 	v := syncertest.Start(b, src, quietLog(), false)
+	v.CompactRemote(scaleNode(0)) // as the agent's view
 	p := newPolicyOwner(scaleNode(0), v, &memoFirewall{}, quietLog())
 	src <- datastore.Event{Type: datastore.EventResync, Snapshot: kvs, Revision: 1}
 	if err := v.WaitSynced(ctx); err != nil {

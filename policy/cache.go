@@ -32,8 +32,9 @@ type Compiler struct {
 
 	// The endpoints of the last pass, parsed (endpoints.go); local and
 	// warned are those policed here and those with warnings.
-	eps, local, warned map[*api.WorkloadEndpoint]*epEntry
-	pass               uint64
+	eps, local map[*api.WorkloadEndpoint]*epEntry
+	warned     map[*api.WorkloadEndpoint][]string
+	pass       uint64
 	// This pass's endpoints that came and went.
 	added   []*epEntry
 	removed []*endpoint
@@ -137,7 +138,7 @@ func (cc *Compiler) begin(c *compiler) {
 		// the node's name only: keep them for another change.
 		keep := *cc
 		*cc = Compiler{started: true, other: other, names: map[chainKey]string{},
-			eps: map[*api.WorkloadEndpoint]*epEntry{}, local: map[*api.WorkloadEndpoint]*epEntry{}, warned: map[*api.WorkloadEndpoint]*epEntry{},
+			eps: map[*api.WorkloadEndpoint]*epEntry{}, local: map[*api.WorkloadEndpoint]*epEntry{}, warned: map[*api.WorkloadEndpoint][]string{},
 			chains: map[*api.WorkloadEndpoint]*epChains{}, policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{},
 			staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}, setsVersion: keep.setsVersion + 1,
 			nsLabels: keep.nsLabels}
@@ -310,7 +311,7 @@ func (cc *Compiler) liveSet(c *compiler, name string, def setDef) bool {
 	}
 	s := &liveSet{def: def, ports: map[AddrPort]int{}}
 	for _, e := range cc.eps { // an object listed twice counts once, as the changes see it
-		s.count(e.ep, 1)
+		s.count(e.ep(), 1)
 	}
 	s.build(name)
 	s.touched, s.flipped = nil, false
@@ -366,7 +367,7 @@ func (s *liveSet) update(removed []*endpoint, added []*epEntry) {
 		s.count(ep, -1)
 	}
 	for _, e := range added {
-		s.count(e.ep, 1)
+		s.count(e.ep(), 1)
 	}
 	switch {
 	case s.def.named && s.flipped:

@@ -27,14 +27,14 @@ func TestEndpointsShareNamespaceLabels(t *testing.T) {
 	maps := map[string]map[uintptr]int{} // namespace → distinct maps → endpoints
 	for w, e := range cc.eps {
 		want := map[string]string{"env": w.Spec.NamespaceLabels["env"], NamespaceNameLabel: w.Metadata.Namespace}
-		if !reflect.DeepEqual(e.ep.nsLabels, want) {
-			t.Fatalf("%s: namespace labels %v, want %v", w.Metadata.Name, e.ep.nsLabels, want)
+		if !reflect.DeepEqual(e.nsLabels, want) {
+			t.Fatalf("%s: namespace labels %v, want %v", w.Metadata.Name, e.nsLabels, want)
 		}
 		ns := w.Metadata.Namespace
 		if maps[ns] == nil {
 			maps[ns] = map[uintptr]int{}
 		}
-		maps[ns][reflect.ValueOf(e.ep.nsLabels).Pointer()]++
+		maps[ns][reflect.ValueOf(e.nsLabels).Pointer()]++
 	}
 	if len(maps["ns0"]) != 1 || len(maps["ns1"]) != 2 {
 		t.Errorf("distinct namespace label maps: ns0 %d, ns1 %d; want 1 and 2 (one per label set)", len(maps["ns0"]), len(maps["ns1"]))

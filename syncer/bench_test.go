@@ -69,8 +69,15 @@ func BenchmarkRemotePodAdd(b *testing.B) {
 // BenchmarkViewMemory is the view's heap at 30,000 endpoints (1,000
 // nodes of 30 pods, labelled as Kubernetes pods are: a few deployments'
 // labels, a namespace's), reported as heap bytes per endpoint after a
-// full GC, with the records' bytes already released.
+// full GC, with the records' bytes already released: an agent's view
+// (node0's, other nodes' endpoints compact: CompactRemote) and one that
+// keeps every endpoint whole (the Kubernetes controllers').
 func BenchmarkViewMemory(b *testing.B) {
+	b.Run("agent", func(b *testing.B) { benchViewMemory(b, "node0") })
+	b.Run("whole", func(b *testing.B) { benchViewMemory(b, "") })
+}
+
+func benchViewMemory(b *testing.B, local string) {
 	const nodes, perNode = 1000, 30
 	b.ReportAllocs()
 	for b.Loop() {
@@ -78,6 +85,9 @@ func BenchmarkViewMemory(b *testing.B) {
 		before := testkit.HeapAfterGC()
 		b.StartTimer()
 		s := New(nil, slog.New(slog.DiscardHandler))
+		if local != "" {
+			s.CompactRemote(local)
+		}
 		s.apply(datastore.Event{Type: datastore.EventResync, Revision: 1})
 		rev := int64(1)
 		for n := range nodes {

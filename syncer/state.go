@@ -47,6 +47,7 @@ type state struct {
 	meshKey      string                                        // the cluster's BGP mesh key, "" without one
 	bgpSecrets   datastore.BGPSecrets                          // the copied Secret keys of BGP passwords
 	labels       labelSets                                     // the endpoints' maps, shared
+	localNode    string                                        // other nodes' endpoints are kept compact (CompactRemote); "" keeps all whole
 }
 
 func newState() *state {
@@ -151,6 +152,9 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
 		return st.del(kv.Key, kv.ModRevision)
 	}
 	delete(st.bad, kv.Key)
+	if w, ok := val.(*api.WorkloadEndpoint); ok {
+		st.compact(w)
+	}
 	old, had := st.items[kv.Key]
 	if had && unchanged(old, kind, val, kv.ModRevision) {
 		// A block or affinity rewritten without a change the view

@@ -114,11 +114,6 @@ func TestDaemonSetNodeAgentInvariants(t *testing.T) {
 	if env := envOf(t, main, "NODENAME"); env.ValueFrom == nil || env.ValueFrom.FieldRef == nil || env.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("NODENAME = %+v, want the downward API's spec.nodeName", env)
 	}
-	// The agent's heap headroom (docs/scale.md, "Agent memory"): a GOGC
-	// the runtime takes (a percentage; "off" would never collect).
-	if env := envOf(t, main, "GOGC"); env.Value != "50" {
-		t.Errorf("GOGC = %q, want 50 (the agent's documented default)", env.Value)
-	}
 }
 
 func envOf(t *testing.T, c *corev1.Container, name string) corev1.EnvVar {

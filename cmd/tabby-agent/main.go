@@ -54,6 +54,7 @@ func newRootCmd() *cobra.Command {
 				return err
 			}
 			log := cmdutil.NewLogger(os.Stderr, *logLevel)
+			setGCPercent(log, os.LookupEnv)
 			setMemoryLimit(log)
 			return agent.Run(cmd.Context(), cfg, log)
 		},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
@@ -95,5 +96,49 @@ func TestWatchKeysSkip(t *testing.T) {
 	}
 	if len(e.Snapshot) != 5 {
 		t.Errorf("resync holds %d keys, want a/1 a/2 a/3 c/1 c/3", len(e.Snapshot))
+	}
+}
+
+// TestWatchKeysSkipCatchesUpUnderChurn: while writes keep coming to one
+// part, the quiet part is moved by the watch's own progress requests
+// (nobody else asks), so Reached follows the writes within
+// progressMaxLag, not only once they stop.
+func TestWatchKeysSkipCatchesUpUnderChurn(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := storetest.New(t)
+	if _, err := s.PutKV(ctx, "c/1", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	spec := datastore.WatchSpec{Skip: []datastore.KeyRange{{From: "b/", To: "c/"}}}
+	ch := s.WatchKeys(ctx, spec, 0)
+	m := mirror{}
+	m.apply(next(t, ch))
+	// Writes every 50 ms to part a/ only, until an event says a write of
+	// this loop was reached by every part.
+	var first int64
+	for i := 0; ; i++ {
+		rev, err := s.PutKV(ctx, fmt.Sprintf("a/%d", i), []byte("x"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == 0 {
+			first = rev
+		}
+		deadline := time.After(50 * time.Millisecond)
+	drain:
+		for {
+			select {
+			case e := <-ch:
+				if e.Reached >= first {
+					return
+				}
+			case <-deadline:
+				break drain
+			}
+		}
+		if i > 200 { // 10 s: five times progressMaxLag
+			t.Fatalf("the quiet part never caught up under churn (first write at %d)", first)
+		}
 	}
 }

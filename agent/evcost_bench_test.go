@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 	"runtime/pprof"
 	"runtime/trace"
 	"strconv"
@@ -184,6 +185,21 @@ func agentBenchCommand(ctx context.Context, store *datastore.Store, f []string) 
 			return 0, err
 		}
 		benchNodes = nodes
+		// No mesh (the harness's cluster peers through reflectors): a
+		// fake speaker with 999 mesh peers would make the agent's status
+		// and readiness cost what no such cluster runs.
+		off := false
+		bc := &api.BGPConfiguration{Metadata: api.ObjectMeta{Name: api.SingletonName}, Spec: api.BGPConfigurationSpec{NodeToNodeMeshEnabled: &off}}
+		bc.SetDefaults()
+		val, err := json.Marshal(bc)
+		if err != nil {
+			return 0, err
+		}
+		key, err := datastore.ResourceKey(api.KindBGPConfiguration, "", bc.Metadata.Name)
+		if err != nil {
+			return 0, err
+		}
+		kvs = append(slices.Clip(kvs), datastore.KV{Key: key, Value: val})
 		var rev int64
 		for len(kvs) > 0 {
 			ops := make([]datastore.Op, 0, 100)

@@ -2,9 +2,7 @@ package datastore
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -133,6 +131,9 @@ func withoutSkip(spec WatchSpec) WatchSpec {
 // revision. Cheap (one message on the watch stream), answered only when
 // every watch of the stream is in step with etcd.
 func (s *Store) RequestWatchProgress(ctx context.Context) error {
+	if p := s.partsProgress.Load(); p != nil {
+		return p.requestProgress() // the parts' own stream
+	}
 	// The watches' stream is the one of their context's metadata.
 	return s.client.RequestProgress(clientv3.WithRequireLeader(ctx))
 }
@@ -179,51 +180,8 @@ func (w *partsWatcher) resync(ctx context.Context) bool {
 }
 
 type partResp struct {
-	i      int
-	resp   clientv3.WatchResponse
-	closed bool
-}
-
-// watchOnce runs one etcd watch per part until one fails. It selects over
-// the parts' channels itself (reflect.Select): a goroutine per part would
-// cost every event one more wake-up.
-func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	const ctxCase, nudgeCase, firstPart = 0, 1, 2
-	nudge := time.NewTimer(time.Hour)
-	nudge.Stop()
-	defer nudge.Stop()
-	var lagSince time.Time // when the parts last started to lag; zero: in step
-	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}, {Dir: reflect.SelectRecv}}
-	for i, p := range w.parts {
-		wch := w.s.client.Watch(wctx, p.from, clientv3.WithRange(p.to), clientv3.WithRev(w.reached[i]+1),
-			clientv3.WithCreatedNotify(), clientv3.WithProgressNotify())
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(wch)})
-	}
-	for {
-		chosen, v, ok := reflect.Select(cases)
-		switch {
-		case chosen == ctxCase:
-			return ctx.Err()
-		case chosen == nudgeCase:
-			cases[nudgeCase].Chan, lagSince = reflect.Value{}, time.Time{}
-			_ = w.s.client.RequestProgress(wctx) // best effort: the next lag asks again
-			continue
-		}
-		r := partResp{i: chosen - firstPart, closed: !ok}
-		if ok {
-			r.resp = v.Interface().(clientv3.WatchResponse)
-		}
-		if err := w.handle(ctx, r, b); err != nil {
-			return err
-		}
-		lagSince = w.armNudge(nudge, lagSince, time.Now())
-		cases[nudgeCase].Chan = reflect.Value{}
-		if !lagSince.IsZero() {
-			cases[nudgeCase].Chan = reflect.ValueOf(nudge.C)
-		}
-	}
+	i    int
+	resp clientv3.WatchResponse
 }
 
 // armNudge sets the progress request's timer after a response at now:
@@ -252,8 +210,6 @@ func nudgeDelay(lagSince, now time.Time) time.Duration {
 func (w *partsWatcher) handle(ctx context.Context, r partResp, b *backoff) error {
 	resp := r.resp
 	switch {
-	case r.closed:
-		return w.s.etcdErr(fmt.Sprintf("watching %s", w.spec.Prefix), errors.New("watch closed"))
 	case resp.CompactRevision != 0:
 		return fmt.Errorf("%w: revision %d compacted (up to %d)", errGap, w.reached[r.i]+1, resp.CompactRevision)
 	case resp.Err() != nil:

@@ -24,7 +24,7 @@ func newFakeAgent(t *testing.T, endpoints []string, node, ip string, log *slog.L
 
 // newFakeAgentOn makes a whole agent on deps (a fake kernel an earlier
 // agent programmed, say), against etcd at endpoints, logging to log.
-func newFakeAgentOn(t *testing.T, endpoints []string, node, ip string, log *slog.Logger, deps Deps) *Agent {
+func newFakeAgentOn(t testing.TB, endpoints []string, node, ip string, log *slog.Logger, deps Deps) *Agent {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := Default()

@@ -76,10 +76,16 @@ func (e *reflectorElector) run(ctx context.Context) {
 			if !ok {
 				return
 			}
+			if ev.Type == datastore.EventProgress {
+				continue // a progress report another watch of the stream asked for: nothing changed
+			}
 			e.applyLiveness(ev, time.Now())
 		case ev, ok := <-records:
 			if !ok {
 				return
+			}
+			if ev.Type == datastore.EventProgress {
+				continue
 			}
 			e.applyRecord(ev)
 		case <-sub.C():

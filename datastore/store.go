@@ -139,6 +139,9 @@ type Store struct {
 	// watchProgressAnswered), asked once.
 	progressOnce sync.Once
 	progressOK   bool
+	// partsProgress is the stream of the running watch with
+	// WatchSpec.Skip, which RequestWatchProgress asks (nil: none runs).
+	partsProgress atomic.Pointer[partsStream]
 }
 
 type counters struct{ get, list, txn, put atomic.Int64 }

@@ -2,9 +2,7 @@ package datastore
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -20,13 +18,22 @@ import (
 // which revision every part has been delivered — the least revision the
 // parts have reached. A part that sees no writes does not move by itself;
 // while one lags the others, the watch asks etcd for a progress report of
-// the stream (every progressEvery at most), and RequestWatchProgress asks
-// at once (the cluster view does when someone waits for a revision).
+// the stream once the stream has been quiet for progressEvery, or once the
+// lag has lasted progressMaxLag (a steady stream of writes to one part),
+// and RequestWatchProgress asks at once (the cluster view does when
+// someone waits for a revision). Each report wakes every watch of the
+// stream (the agent's other watches too), so a churn of pod events asks
+// once per progressMaxLag, not once per progressEvery.
 // A gap in any part (compaction, a wiped etcd) re-lists the whole range
 // at one revision and restarts every part after it.
 
-// progressEvery bounds how often a lagging watch asks etcd for progress.
-const progressEvery = 200 * time.Millisecond
+// progressEvery is how long a lagging watch's stream must be quiet before
+// it asks etcd for progress; progressMaxLag bounds how long it lags
+// without asking while writes keep coming.
+const (
+	progressEvery  = 200 * time.Millisecond
+	progressMaxLag = 2 * time.Second
+)
 
 // absRange is a part of a watch, in absolute keys.
 type absRange struct{ from, to string }
@@ -124,6 +131,9 @@ func withoutSkip(spec WatchSpec) WatchSpec {
 // revision. Cheap (one message on the watch stream), answered only when
 // every watch of the stream is in step with etcd.
 func (s *Store) RequestWatchProgress(ctx context.Context) error {
+	if p := s.partsProgress.Load(); p != nil {
+		return p.requestProgress() // the parts' own stream
+	}
 	// The watches' stream is the one of their context's metadata.
 	return s.client.RequestProgress(clientv3.WithRequireLeader(ctx))
 }
@@ -170,53 +180,36 @@ func (w *partsWatcher) resync(ctx context.Context) bool {
 }
 
 type partResp struct {
-	i      int
-	resp   clientv3.WatchResponse
-	closed bool
+	i    int
+	resp clientv3.WatchResponse
 }
 
-// watchOnce runs one etcd watch per part until one fails. It selects over
-// the parts' channels itself (reflect.Select): a goroutine per part would
-// cost every event one more wake-up.
-func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	const ctxCase, nudgeCase, firstPart = 0, 1, 2
-	cases := []reflect.SelectCase{{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())}, {Dir: reflect.SelectRecv}}
-	for i, p := range w.parts {
-		wch := w.s.client.Watch(wctx, p.from, clientv3.WithRange(p.to), clientv3.WithRev(w.reached[i]+1),
-			clientv3.WithCreatedNotify(), clientv3.WithProgressNotify())
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(wch)})
+// armNudge sets the progress request's timer after a response at now:
+// stopped when every part is in step, else to fire once the stream has
+// been quiet for progressEvery, and no later than progressMaxLag after the
+// lag began. It returns when the lag began (zero: in step).
+func (w *partsWatcher) armNudge(nudge *time.Timer, lagSince, now time.Time) time.Time {
+	if w.least() >= slices.Max(w.reached) {
+		nudge.Stop()
+		return time.Time{}
 	}
-	for {
-		chosen, v, ok := reflect.Select(cases)
-		switch {
-		case chosen == ctxCase:
-			return ctx.Err()
-		case chosen == nudgeCase:
-			cases[nudgeCase].Chan = reflect.Value{}
-			_ = w.s.client.RequestProgress(wctx) // best effort: the next lag asks again
-			continue
-		}
-		r := partResp{i: chosen - firstPart, closed: !ok}
-		if ok {
-			r.resp = v.Interface().(clientv3.WatchResponse)
-		}
-		if err := w.handle(ctx, r, b); err != nil {
-			return err
-		}
-		if !cases[nudgeCase].Chan.IsValid() && w.least() < slices.Max(w.reached) {
-			cases[nudgeCase].Chan = reflect.ValueOf(time.After(progressEvery))
-		}
+	if lagSince.IsZero() {
+		lagSince = now
 	}
+	nudge.Reset(nudgeDelay(lagSince, now))
+	return lagSince
+}
+
+// nudgeDelay is how long after a response at now, with the parts lagging
+// since lagSince, the watch asks for progress.
+func nudgeDelay(lagSince, now time.Time) time.Duration {
+	return max(0, min(progressEvery, lagSince.Add(progressMaxLag).Sub(now)))
 }
 
 // handle delivers one part's watch response.
 func (w *partsWatcher) handle(ctx context.Context, r partResp, b *backoff) error {
 	resp := r.resp
 	switch {
-	case r.closed:
-		return w.s.etcdErr(fmt.Sprintf("watching %s", w.spec.Prefix), errors.New("watch closed"))
 	case resp.CompactRevision != 0:
 		return fmt.Errorf("%w: revision %d compacted (up to %d)", errGap, w.reached[r.i]+1, resp.CompactRevision)
 	case resp.Err() != nil:

@@ -2,6 +2,7 @@ package datastore
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -53,5 +54,28 @@ func TestWithoutSkip(t *testing.T) {
 		if got := spec.Keep([]byte(key)); got != want {
 			t.Errorf("Keep(%q) = %v, want %v", key, got, want)
 		}
+	}
+}
+
+// A lagging watch asks for progress once its stream is quiet for
+// progressEvery, and under a steady stream of writes no later than
+// progressMaxLag after the lag began.
+func TestNudgeDelay(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name string
+		now  time.Duration // since the lag began
+		want time.Duration
+	}{
+		{"lag begins", 0, progressEvery},
+		{"writes keep coming", time.Second, progressEvery},
+		{"near the bound", progressMaxLag - 50*time.Millisecond, 50 * time.Millisecond},
+		{"past the bound", progressMaxLag + time.Second, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := nudgeDelay(t0, t0.Add(tc.now)); got != tc.want {
+				t.Errorf("nudgeDelay after %v = %v, want %v", tc.now, got, tc.want)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
@@ -95,5 +96,80 @@ func TestWatchKeysSkip(t *testing.T) {
 	}
 	if len(e.Snapshot) != 5 {
 		t.Errorf("resync holds %d keys, want a/1 a/2 a/3 c/1 c/3", len(e.Snapshot))
+	}
+}
+
+// TestWatchKeysSkipCatchesUpUnderChurn: while writes keep coming to one
+// part, the quiet part is moved by the watch's own progress requests
+// (nobody else asks), so Reached follows the writes within
+// progressMaxLag, not only once they stop.
+func TestWatchKeysSkipCatchesUpUnderChurn(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := storetest.New(t)
+	if _, err := s.PutKV(ctx, "c/1", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	spec := datastore.WatchSpec{Skip: []datastore.KeyRange{{From: "b/", To: "c/"}}}
+	ch := s.WatchKeys(ctx, spec, 0)
+	m := mirror{}
+	m.apply(next(t, ch))
+	// Writes every 50 ms to part a/ only, until an event says a write of
+	// this loop was reached by every part.
+	var first int64
+	for i := 0; ; i++ {
+		rev, err := s.PutKV(ctx, fmt.Sprintf("a/%d", i), []byte("x"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == 0 {
+			first = rev
+		}
+		deadline := time.After(50 * time.Millisecond)
+	drain:
+		for {
+			select {
+			case e := <-ch:
+				if e.Reached >= first {
+					return
+				}
+			case <-deadline:
+				break drain
+			}
+		}
+		if i > 200 { // 10 s: five times progressMaxLag
+			t.Fatalf("the quiet part never caught up under churn (first write at %d)", first)
+		}
+	}
+}
+
+// TestWatchKeysSkipWithAuth: the parts' own watch stream carries the
+// client's credentials (etcd with auth on refuses a watch without them).
+func TestWatchKeysSkipWithAuth(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e := storetest.Etcd(t)
+	admin := storetest.Connect(t, e)
+	cli := admin.Client()
+	for _, step := range []func() error{
+		func() error { _, err := cli.RoleAdd(ctx, "root"); return err },
+		func() error { _, err := cli.UserAdd(ctx, "root", "pw"); return err },
+		func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := cli.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("enabling etcd auth: %v", err)
+		}
+	}
+	s := storetest.Connect(t, e, func(c *datastore.Config) { c.Username, c.Password = "root", "pw" })
+	ch := s.WatchKeys(ctx, datastore.WatchSpec{Skip: []datastore.KeyRange{{From: "b/", To: "c/"}}}, 0)
+	m := mirror{}
+	m.apply(next(t, ch))
+	rev, err := s.PutKV(ctx, "c/1", []byte("x"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := untilReached(t, ch, m, rev); fmt.Sprint(got) != "[c/1]" {
+		t.Errorf("keys delivered = %v, want [c/1]", got)
 	}
 }

@@ -1,23 +1,20 @@
 package syncer_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/datastore/embedded"
+	"github.com/tabbynet/tabby/datastore/storetest"
 	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -28,13 +25,7 @@ import (
 const benchEtcdEnv = "TABBY_SYNCER_BENCH_ETCD"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(benchEtcdEnv) != "" {
-		if err := runBenchEtcd(os.Stdin, os.Stdout); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	storetest.ServeChild(benchEtcdEnv, benchEtcdCommand)
 	os.Exit(m.Run())
 }
 
@@ -50,9 +41,9 @@ func TestMain(m *testing.M) {
 // the IPAM transaction (AssignRequest.With), as the agent writes it: one
 // transaction per ADD.
 func BenchmarkRemotePodEvents(b *testing.B) {
-	ch := startBenchEtcd(b)
-	ch.do(b, "preload 30 30")
-	store, err := datastore.New(b.Context(), datastore.Config{Endpoints: []string{ch.url}})
+	ch := storetest.StartChild(b, benchEtcdEnv)
+	ch.Do(b, "preload 30 30")
+	store, err := datastore.New(b.Context(), datastore.Config{Endpoints: []string{ch.URL}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -67,7 +58,7 @@ func BenchmarkRemotePodEvents(b *testing.B) {
 		b.Fatal(err)
 	}
 	// Warm up: the node's first pod claims its block.
-	v.WaitRevision(ctx, ch.do(b, "add 20"))
+	v.WaitRevision(ctx, ch.Do(b, "add 20"))
 
 	const chunk = 50
 	b.ReportAllocs()
@@ -75,7 +66,7 @@ func BenchmarkRemotePodEvents(b *testing.B) {
 	b.ResetTimer()
 	for n < b.N {
 		k := min(chunk, b.N-n)
-		if err := v.WaitRevision(ctx, ch.do(b, fmt.Sprintf("add %d", k))); err != nil {
+		if err := v.WaitRevision(ctx, ch.Do(b, fmt.Sprintf("add %d", k))); err != nil {
 			b.Fatal(err)
 		}
 		n += k
@@ -126,113 +117,55 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// benchChild is the etcd process: commands on its stdin, answers (the
-// revision reached) on its stdout.
-type benchChild struct {
-	url string
-	in  io.Writer
-	out *bufio.Scanner
-}
-
-func (c *benchChild) do(b *testing.B, cmd string) int64 {
-	b.Helper()
-	fmt.Fprintln(c.in, cmd)
-	if !c.out.Scan() {
-		b.Fatalf("bench etcd: %s: no answer", cmd)
+// benchEtcdCommand is the child's command (storetest.ServeChild): a
+// writer making pod ADDs as the agent does. "preload N P" adds P pods on
+// each of N nodes, "add K" K pods on node1.
+func benchEtcdCommand(ctx context.Context, store *datastore.Store, f []string) (int64, error) {
+	benchOnce.Do(func() {
+		benchAlloc = ipam.New(store)
+		_, benchErr = benchAlloc.CreatePool(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "default"},
+			Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16"}})
+	})
+	if benchErr != nil {
+		return 0, benchErr
 	}
-	rev, err := strconv.ParseInt(strings.TrimPrefix(c.out.Text(), "ok "), 10, 64)
-	if err != nil {
-		b.Fatalf("bench etcd: %s: %s", cmd, c.out.Text())
-	}
-	return rev
-}
-
-func startBenchEtcd(b *testing.B) *benchChild {
-	b.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), benchEtcdEnv+"=1")
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { in.Close(); _ = cmd.Wait() })
-	c := &benchChild{in: in, out: bufio.NewScanner(out)}
-	if !c.out.Scan() {
-		b.Fatal("bench etcd did not start")
-	}
-	c.url = c.out.Text()
-	return c
-}
-
-// runBenchEtcd is the child: an embedded etcd (no fsync: only the
-// receiving side is measured) and a writer making pod ADDs as the agent
-// does. "preload N P" adds P pods on each of N nodes, "add K" K pods on
-// node1.
-func runBenchEtcd(in io.Reader, out io.Writer) error {
-	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "tabby-bench-etcd-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	e, err := embedded.Start(ctx, embedded.Config{Dir: dir, UnsafeNoFsync: true})
-	if err != nil {
-		return err
-	}
-	defer e.Stop()
-	store, err := datastore.New(ctx, datastore.Config{Endpoints: e.Endpoints()})
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	alloc := ipam.New(store)
-	if _, err := alloc.CreatePool(ctx, &api.IPPool{Metadata: api.ObjectMeta{Name: "default"},
-		Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16"}}); err != nil {
-		return err
-	}
-	fmt.Fprintln(out, e.Endpoints()[0])
-	pods := 0
 	add := func(node string) (int64, error) {
-		pods++
-		return benchAdd(ctx, store, alloc, node, pods)
+		benchPods++
+		return benchAdd(ctx, store, benchAlloc, node, benchPods)
 	}
-	sc := bufio.NewScanner(in)
-	for sc.Scan() {
-		var rev int64
-		f := strings.Fields(sc.Text())
-		switch {
-		case len(f) == 3 && f[0] == "preload":
-			nodes, _ := strconv.Atoi(f[1])
-			per, _ := strconv.Atoi(f[2])
-			for n := range nodes {
-				for range per {
-					if rev, err = add(fmt.Sprintf("node%d", n+2)); err != nil {
-						return err
-					}
+	var rev int64
+	var err error
+	switch {
+	case len(f) == 3 && f[0] == "preload":
+		nodes, _ := strconv.Atoi(f[1])
+		per, _ := strconv.Atoi(f[2])
+		for n := range nodes {
+			for range per {
+				if rev, err = add(fmt.Sprintf("node%d", n+2)); err != nil {
+					return 0, err
 				}
 			}
-		case len(f) == 2 && f[0] == "add":
-			k, _ := strconv.Atoi(f[1])
-			for range k {
-				if rev, err = add("node1"); err != nil {
-					return err
-				}
-			}
-		default:
-			return fmt.Errorf("bench etcd: unknown command %q", sc.Text())
 		}
-		fmt.Fprintf(out, "ok %d\n", rev)
+	case len(f) == 2 && f[0] == "add":
+		k, _ := strconv.Atoi(f[1])
+		for range k {
+			if rev, err = add("node1"); err != nil {
+				return 0, err
+			}
+		}
+	default:
+		return 0, fmt.Errorf("unknown command %q", f)
 	}
-	return sc.Err()
+	return rev, nil
 }
+
+// The child's writer state (one child process, one command at a time).
+var (
+	benchOnce  sync.Once
+	benchAlloc *ipam.Allocator
+	benchErr   error
+	benchPods  int
+)
 
 // benchAdd writes what an ADD of pod i on node writes: the IPAM
 // assignment, then the WorkloadEndpoint (as the agent builds it).

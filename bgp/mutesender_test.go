@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/internal/testkit"
 )
 
@@ -45,31 +44,10 @@ func TestSenderStopped(t *testing.T) {
 // healthy sessions): a simulated node's session with a real speaker, 3 s
 // keepalives, stays up past the check.
 func TestLiveSenderNotRecreated(t *testing.T) {
-	rr := netip.MustParseAddr("127.77.93.1")
 	simAddr := netip.MustParseAddr("127.77.93.2")
-	port := freePort(t, []netip.Addr{rr, simAddr})
-	n := startNode(t, "rr", Config{RouterID: rr, ASN: api.DefaultASNumber, ListenAddr: rr, ListenPort: int32(port),
-		ClusterID: "244.0.0.1", GracefulRestart: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := n.sp.SetPeers(ctx, []Peer{{Address: simAddr, ASN: api.DefaultASNumber, Type: PeerRRClient, RRClient: true,
-		ClusterNode: true, Port: port, LocalAddress: rr}}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := dialUntilAccepted(t, simAddr, netip.AddrPortFrom(rr, port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: simAddr, HoldTime: 9 * time.Second})
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	select {
-	case <-s.Established():
-	case err := <-runErr:
-		t.Fatalf("session ended before established: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("session not established in 60s")
-	}
+	n, _, runErr := simSessionUp(ctx, t, netip.MustParseAddr("127.77.93.1"), simAddr, Peer{Type: PeerRRClient, RRClient: true})
 	var first senderSample
 	testkit.Eventually(t, 20*time.Second, "the speaker's side established", testkit.Cond(func() bool {
 		var ok bool

@@ -165,30 +165,8 @@ func TestSimSessionEndsWithItsContext(t *testing.T) {
 // node's peer ends the session (GoBGP v4.8.0 closes the connection
 // without a NOTIFICATION), and the drop says the peer did.
 func TestSimDropFromRealSpeaker(t *testing.T) {
-	rr := netip.MustParseAddr("127.77.91.1")
-	simAddr := netip.MustParseAddr("127.77.91.2")
-	port := freePort(t, []netip.Addr{rr, simAddr})
-	n := startNode(t, "rr", Config{RouterID: rr, ASN: api.DefaultASNumber, ListenAddr: rr, ListenPort: int32(port),
-		ClusterID: "244.0.0.1", GracefulRestart: true})
 	ctx := context.Background()
-	if err := n.sp.SetPeers(ctx, []Peer{{Address: simAddr, ASN: api.DefaultASNumber, Type: PeerMesh,
-		ClusterNode: true, Port: port, LocalAddress: rr}}); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := dialUntilAccepted(t, simAddr, netip.AddrPortFrom(rr, port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: simAddr, HoldTime: 9 * time.Second})
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	select {
-	case <-s.Established():
-	case err := <-runErr:
-		t.Fatalf("session ended before established: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("session not established in 60s")
-	}
+	n, _, runErr := simSessionUp(ctx, t, netip.MustParseAddr("127.77.91.1"), netip.MustParseAddr("127.77.91.2"), Peer{Type: PeerMesh})
 	if err := n.sp.SetPeers(ctx, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -201,4 +179,35 @@ func TestSimDropFromRealSpeaker(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("session still up 60s after its peer was deleted")
 	}
+}
+
+// simSessionUp starts a real speaker at rr (a reflector with a cluster
+// ID) with one peer at simAddr (peer's type and client flag; the rest
+// filled in) and a SimSession from simAddr to it, and waits until the
+// session is established. The session runs until ctx ends; its Run's
+// result arrives on runErr.
+func simSessionUp(ctx context.Context, t *testing.T, rr, simAddr netip.Addr, peer Peer) (n *testNode, s *SimSession, runErr chan error) {
+	t.Helper()
+	port := freePort(t, []netip.Addr{rr, simAddr})
+	n = startNode(t, "rr", Config{RouterID: rr, ASN: api.DefaultASNumber, ListenAddr: rr, ListenPort: int32(port),
+		ClusterID: "244.0.0.1", GracefulRestart: true})
+	peer.Address, peer.ASN, peer.ClusterNode, peer.Port, peer.LocalAddress = simAddr, api.DefaultASNumber, true, port, rr
+	if err := n.sp.SetPeers(ctx, []Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dialUntilAccepted(t, simAddr, netip.AddrPortFrom(rr, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: simAddr, HoldTime: 9 * time.Second})
+	runErr = make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	select {
+	case <-s.Established():
+	case err := <-runErr:
+		t.Fatalf("session ended before established: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("session not established in 60s")
+	}
+	return n, s, runErr
 }

@@ -19,6 +19,10 @@ import (
 // off and the agents elect the reflectors (docs/bgp.md, "Reflectors that
 // place themselves"). No reflector is chosen when the agents start.
 
+// ReflectorCandidateLabel marks the nodes that may be elected in a lab
+// with Options.ReflectorCandidates (routeReflectorNodeSelector requires it).
+const ReflectorCandidateLabel = "tabby.io/reflector-candidate"
+
 // ZoneName is the zone label value of the i-th zone (0-based).
 func ZoneName(i int) string { return fmt.Sprintf("zone-%c", 'a'+i%26) }
 
@@ -35,6 +39,9 @@ func (l *Lab) configureAutoReflectors(ctx context.Context, o Options) error {
 	per := uint32(o.AutoReflectors)
 	spec := api.BGPConfigurationSpec{NodeToNodeMeshEnabled: &off}
 	spec.RouteReflectorMode, spec.RouteReflectorsPerZone = api.RouteReflectorModeAuto, &per
+	if o.ReflectorCandidates > 0 {
+		spec.RouteReflectorNodeSelector = &api.LabelSelector{MatchLabels: map[string]string{ReflectorCandidateLabel: "true"}}
+	}
 	if o.ReflectorGrace > 0 {
 		spec.RouteReflectorGracePeriod = &api.Duration{Duration: o.ReflectorGrace}
 	}
@@ -52,7 +59,8 @@ func (l *Lab) configureAutoReflectors(ctx context.Context, o Options) error {
 
 // registerZone gives a node of an automatic-reflector lab the next zone
 // (round robin by its position) and writes its Node resource with the
-// zone label, before its agent starts.
+// zone label (and ReflectorCandidateLabel on the first
+// State.ReflectorCandidates nodes), before its agent starts.
 func (l *Lab) registerZone(ctx context.Context, node string) error {
 	s, err := l.connect(ctx)
 	if err != nil {
@@ -65,13 +73,18 @@ func (l *Lab) registerZone(ctx context.Context, node string) error {
 			return fmt.Errorf("no node %q", node)
 		}
 		st.Nodes[i].Zone = ZoneName(i % max(st.Zones, 1))
+		st.Nodes[i].NotCandidate = st.ReflectorCandidates > 0 && i >= st.ReflectorCandidates
 		n = st.Nodes[i]
 		return nil
 	}); err != nil {
 		return err
 	}
+	labels := map[string]string{api.DefaultZoneLabel: n.Zone}
+	if !n.NotCandidate && l.State().ReflectorCandidates > 0 {
+		labels[ReflectorCandidateLabel] = "true"
+	}
 	obj := &api.Node{
-		Metadata: api.ObjectMeta{Name: n.Name, Labels: map[string]string{api.DefaultZoneLabel: n.Zone}},
+		Metadata: api.ObjectMeta{Name: n.Name, Labels: labels},
 		Spec:     api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: prefixOrEmpty(n.IP), IPv6Address: prefixOrEmpty(n.IP6)}},
 	}
 	if _, err := s.Apply(ctx, obj); err != nil {
@@ -137,13 +150,16 @@ func (l *Lab) ReflectorHistory(ctx context.Context) ([]*bgp.ReflectorChoice, err
 // autoExpectedPeers is, per node of nodes (those with a running agent),
 // the underlay addresses of the nodes it should have sessions with under
 // choice (the peering of bgp's addAutoReflectors), or an error while the
-// choice lacks reflectors (perZone, or all a zone has) for a zone.
+// choice lacks reflectors (perZone, or all the candidates a zone has) for
+// a zone.
 func autoExpectedPeers(nodes []NodeState, perZone int, c *bgp.ReflectorChoice) (map[string][]string, error) {
 	live := map[string]NodeState{}
 	inZone := map[string]int{}
 	for _, n := range nodes {
 		live[n.Name] = n
-		inZone[n.Zone]++
+		if !n.NotCandidate {
+			inZone[n.Zone]++
+		}
 	}
 	if c == nil {
 		return nil, errors.New("no route reflector elected yet")

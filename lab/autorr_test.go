@@ -2,6 +2,7 @@ package lab
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -25,16 +26,22 @@ func TestAutoExpectedPeers(t *testing.T) {
 		}
 		return c
 	}
+	// Only node1 and node2 may be elected (Options.ReflectorCandidates).
+	candidates := slices.Clone(nodes)
+	for i := 2; i < len(candidates); i++ {
+		candidates[i].NotCandidate = true
+	}
 	tests := []struct {
 		name    string
+		nodes   []NodeState
 		perZone int
 		choice  *bgp.ReflectorChoice
 		want    map[string][]string
 		wantErr string
 	}{
-		{"none elected", 1, nil, nil, "no route reflector elected"},
-		{"zone short", 2, rr(map[string][]string{a: {"node1", "node3"}, b: {"node2"}}), nil, `zone "zone-b" has 1 reflectors, want 2`},
-		{"one per zone", 1, rr(map[string][]string{a: {"node1"}, b: {"node2"}}), map[string][]string{
+		{"none elected", nil, 1, nil, nil, "no route reflector elected"},
+		{"zone short", nil, 2, rr(map[string][]string{a: {"node1", "node3"}, b: {"node2"}}), nil, `zone "zone-b" has 1 reflectors, want 2`},
+		{"one per zone", nil, 1, rr(map[string][]string{a: {"node1"}, b: {"node2"}}), map[string][]string{
 			// Reflectors peer with each other and their zone's clients;
 			// clients with their zone's reflector only.
 			"node1": {"198.18.0.12", "198.18.0.13", "198.18.0.15"},
@@ -43,11 +50,25 @@ func TestAutoExpectedPeers(t *testing.T) {
 			"node4": {"198.18.0.12"},
 			"node5": {"198.18.0.11"},
 		}, ""},
-		{"a zone without reflectors", 1, rr(map[string][]string{a: {"node1"}}), nil, `zone "zone-b" has 0 reflectors, want 1`},
+		{"a zone without reflectors", nil, 1, rr(map[string][]string{a: {"node1"}}), nil, `zone "zone-b" has 0 reflectors, want 1`},
+		// Two per zone wanted, but each zone has one candidate: complete.
+		{"zones with fewer candidates", candidates, 2, rr(map[string][]string{a: {"node1"}, b: {"node2"}}), map[string][]string{
+			"node1": {"198.18.0.12", "198.18.0.13", "198.18.0.15"},
+			"node2": {"198.18.0.11", "198.18.0.14"},
+			"node3": {"198.18.0.11"},
+			"node4": {"198.18.0.12"},
+			"node5": {"198.18.0.11"},
+		}, ""},
+		// The same choice when every node is a candidate lacks reflectors.
+		{"zones with more candidates", nil, 2, rr(map[string][]string{a: {"node1"}, b: {"node2"}}), nil, `has 1 reflectors, want 2`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := autoExpectedPeers(nodes, tt.perZone, tt.choice)
+			in := tt.nodes
+			if in == nil {
+				in = nodes
+			}
+			got, err := autoExpectedPeers(in, tt.perZone, tt.choice)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("autoExpectedPeers() error = %v, want %q", err, tt.wantErr)

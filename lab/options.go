@@ -76,6 +76,13 @@ type Options struct {
 	// label topology.kubernetes.io/zone. lab/autorr.go.
 	AutoReflectors int
 	Zones          int
+	// ReflectorCandidates, in an AutoReflectors lab, lets only node1 …
+	// nodeN be elected: they carry the label ReflectorCandidateLabel,
+	// which routeReflectorNodeSelector requires, as the dedicated
+	// reflector nodes of a large deployment do (with round-robin zones,
+	// N = AutoReflectors × Zones gives each zone exactly its reflectors).
+	// 0 lets every node be elected.
+	ReflectorCandidates int
 	// ReflectorGrace is the routeReflectorGracePeriod of an
 	// AutoReflectors lab; 0 keeps the default.
 	ReflectorGrace time.Duration
@@ -187,6 +194,12 @@ func (o *Options) Validate() error {
 	}
 	if o.AutoReflectors > 0 && o.RouteReflectors > 0 {
 		errs = append(errs, errors.New("auto reflectors: not with route reflectors chosen by hand"))
+	}
+	if o.ReflectorCandidates < 0 || o.ReflectorCandidates > o.Nodes {
+		errs = append(errs, fmt.Errorf("reflector candidates: %d out of range 0-%d (the number of nodes)", o.ReflectorCandidates, o.Nodes))
+	}
+	if o.ReflectorCandidates > 0 && o.AutoReflectors == 0 {
+		errs = append(errs, errors.New("reflector candidates: only with auto reflectors"))
 	}
 	if o.Zones < 0 || o.Zones > 26 {
 		errs = append(errs, fmt.Errorf("zones: %d out of range 0-26", o.Zones))

@@ -35,6 +35,8 @@ type State struct {
 	// AutoReflectors and Zones: see Options.AutoReflectors.
 	AutoReflectors int `json:"autoReflectors,omitempty"`
 	Zones          int `json:"zones,omitempty"`
+	// ReflectorCandidates: see Options.ReflectorCandidates.
+	ReflectorCandidates int `json:"reflectorCandidates,omitempty"`
 	// DualStack: see Options.DualStack (also set for IPv6Only).
 	DualStack bool `json:"dualStack,omitempty"`
 	// TwoSubnets: see Options.TwoSubnets.
@@ -167,6 +169,9 @@ type NodeState struct {
 	Agent *Proc        `json:"agent,omitempty"`
 	// Zone is the node's zone label in an AutoReflectors lab.
 	Zone string `json:"zone,omitempty"`
+	// NotCandidate marks a node that may not be elected reflector
+	// (Options.ReflectorCandidates).
+	NotCandidate bool `json:"notCandidate,omitempty"`
 	// Containerd is the node's containerd, when the lab started one.
 	Containerd *Proc `json:"containerd,omitempty"`
 	// Kubelet is the node's kubelet, and CgroupRoot its cgroup root

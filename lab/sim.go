@@ -20,8 +20,17 @@ type SimOptions struct {
 	// the same lab from one to the next and measures at each.
 	Sizes []int
 	// RealNodes real agents are route-reflector clients with a pod each;
-	// RouteReflectors real agents reflect. Defaults 2 and 2.
+	// RouteReflectors real agents reflect (per zone with Zones). Defaults
+	// 2 (with Zones, max(2, Zones)) and 2.
 	RealNodes, RouteReflectors int
+	// Zones, when set, runs the cluster in zones as a deployment of that
+	// size would (docs/scale.md, "Reflector zones"): routeReflectorMode
+	// Auto with RouteReflectors per zone, elected by the real agents among
+	// the first RouteReflectors × Zones real nodes (the candidates); every
+	// node, real or simulated, carries a zone label (round robin) and a
+	// client peers with its zone's reflectors only. 0 (default): the first
+	// RouteReflectors real nodes reflect, by hand, for every node.
+	Zones int
 	// EndpointsPerNode endpoints on each simulated node (default 30);
 	// Policies NetworkPolicies (default 1,000).
 	EndpointsPerNode, Policies int
@@ -53,6 +62,18 @@ type SimOptions struct {
 // MaxSimNodes is the most simulated nodes: their addresses fill simSubnet.
 const MaxSimNodes = 1000
 
+// maxSimRealAgents bounds the real agents (reflectors and clients) the
+// harness runs next to a thousand simulated nodes on the 2-core host;
+// maxSimZones is the most zones (ZoneName's letters).
+const (
+	maxSimRealAgents = 20
+	maxSimZones      = 26
+)
+
+// reflectors is how many real agents reflect: RouteReflectors, per zone
+// with Zones.
+func (o *SimOptions) reflectors() int { return o.RouteReflectors * max(o.Zones, 1) }
+
 // Memory the harness needs, calibrated on the sweep (docs/scale.md): the
 // real lab, and per simulated node its etcd client, sessions and records
 // (in this process, the reflectors and etcd).
@@ -77,7 +98,7 @@ func (o *SimOptions) Default() {
 			*v = d
 		}
 	}
-	def(&o.RealNodes, 2)
+	def(&o.RealNodes, max(2, o.Zones))
 	def(&o.RouteReflectors, 2)
 	def(&o.EndpointsPerNode, 30)
 	def(&o.Policies, 1000)
@@ -109,8 +130,20 @@ func (o *SimOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("sizes[%d]: %d not above %d: sizes grow", i, n, o.Sizes[i-1]))
 		}
 	}
-	if o.RealNodes < 1 || o.RouteReflectors < 1 || o.RealNodes+o.RouteReflectors > 20 {
-		errs = append(errs, fmt.Errorf("real nodes %d, route reflectors %d: want at least 1 of each, 20 together at most", o.RealNodes, o.RouteReflectors))
+	switch {
+	case o.Zones < 0 || o.Zones > maxSimZones:
+		errs = append(errs, fmt.Errorf("zones: %d out of range 0-%d (0: no zones)", o.Zones, maxSimZones))
+	case o.RealNodes < 1 || o.RouteReflectors < 1 || o.RealNodes+o.reflectors() > maxSimRealAgents:
+		per := ""
+		if o.Zones > 0 {
+			per = fmt.Sprintf(" per zone × %d zones = %d reflectors", o.Zones, o.reflectors())
+		}
+		errs = append(errs, fmt.Errorf("real nodes %d, route reflectors %d%s: want at least 1 of each, %d real agents together at most",
+			o.RealNodes, o.RouteReflectors, per, maxSimRealAgents))
+	case o.Zones > 0 && o.RouteReflectors > 16:
+		errs = append(errs, fmt.Errorf("route reflectors: %d per zone out of range 1-16 (routeReflectorsPerZone)", o.RouteReflectors))
+	case o.Zones > 0 && o.RealNodes < o.Zones:
+		errs = append(errs, fmt.Errorf("real nodes: %d for %d zones: every zone needs a real client agent (its kernel times the block → route samples of the zone)", o.RealNodes, o.Zones))
 	}
 	if o.EndpointsPerNode < 1 || o.EndpointsPerNode > 60 {
 		errs = append(errs, fmt.Errorf("endpoints per node: %d out of range 1-60 (one /26 block)", o.EndpointsPerNode))

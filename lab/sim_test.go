@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/tabbynet/tabby/bgp"
 )
 
 func TestCheckSimMemory(t *testing.T) {
@@ -157,5 +159,119 @@ func TestRouteStages(t *testing.T) {
 	}
 	if res.RouteP99Ms != 300 || res.AdvertP50Ms != 260 {
 		t.Errorf("route %v / advert %v ms, want 300 / 260", res.RouteP99Ms, res.AdvertP50Ms)
+	}
+}
+
+func TestSimOptionsZones(t *testing.T) {
+	tests := []struct {
+		name string
+		o    SimOptions
+		want []string // substrings of the error; none = valid
+	}{
+		{"three zones", SimOptions{Zones: 3}, nil},
+		{"negative", SimOptions{Zones: -1}, []string{"zones: -1 out of range 0-26"}},
+		{"more zones than letters", SimOptions{Zones: 27}, []string{"zones: 27 out of range 0-26"}},
+		{"more reflectors than the host runs", SimOptions{Zones: 8, RouteReflectors: 2},
+			[]string{"route reflectors 2 per zone × 8 zones = 16 reflectors: want at least 1 of each, 20 real agents together at most"}},
+		{"more per zone than routeReflectorsPerZone", SimOptions{Zones: 1, RouteReflectors: 17, RealNodes: 1},
+			[]string{"route reflectors: 17 per zone out of range 1-16"}},
+		{"a zone without a real client", SimOptions{Zones: 3, RealNodes: 2}, []string{"real nodes: 2 for 3 zones"}},
+		{"no zones, too many agents", SimOptions{RouteReflectors: 19, RealNodes: 2}, []string{"route reflectors 19: want at least 1 of each, 20 real agents"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := tt.o
+			o.Sizes = []int{1}
+			o.Default()
+			err := o.Validate()
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("Validate() = %v", err)
+				}
+				return
+			}
+			for _, w := range tt.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("Validate() = %v, want it to say %q", err, w)
+				}
+			}
+		})
+	}
+	o := SimOptions{Zones: 3}
+	o.Default()
+	if o.RealNodes != 3 || o.RouteReflectors != 2 || o.reflectors() != 6 {
+		t.Errorf("defaults with 3 zones: %d real nodes, %d reflectors per zone, %d reflectors; want 3, 2, 6", o.RealNodes, o.RouteReflectors, o.reflectors())
+	}
+	o = SimOptions{}
+	o.Default()
+	if o.RealNodes != 2 || o.reflectors() != 2 {
+		t.Errorf("defaults without zones: %d real nodes, %d reflectors; want 2, 2", o.RealNodes, o.reflectors())
+	}
+}
+
+// Simulated nodes take zones round robin, as the lab's real nodes do
+// (registerZone), so each zone has as many within one.
+func TestSimZone(t *testing.T) {
+	var got []string
+	for i := 1; i <= 7; i++ {
+		got = append(got, simZone(i, 3))
+	}
+	want := []string{"zone-a", "zone-b", "zone-c", "zone-a", "zone-b", "zone-c", "zone-a"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("simZone (-want +got):\n%s", diff)
+	}
+	if z := simZone(5, 0); z != "" {
+		t.Errorf("simZone without zones = %q", z)
+	}
+}
+
+func TestCheckSimChoice(t *testing.T) {
+	choice := func(zones map[string][]string) *bgp.ReflectorChoice {
+		c := &bgp.ReflectorChoice{Zones: map[string][]bgp.Reflector{}}
+		for z, ns := range zones {
+			for _, n := range ns {
+				c.Zones[z] = append(c.Zones[z], bgp.Reflector{Node: n, ClusterID: bgp.ZoneClusterID(z)})
+			}
+		}
+		return c
+	}
+	// Candidates node1-node4 in two zones, round robin.
+	rrs := []string{"node1", "node2", "node3", "node4"}
+	tests := []struct {
+		name    string
+		c       *bgp.ReflectorChoice
+		wantErr string
+	}{
+		{"the candidates", choice(map[string][]string{"zone-a": {"node1", "node3"}, "zone-b": {"node2", "node4"}}), ""},
+		{"none", nil, "no route reflector elected"},
+		{"a zone short", choice(map[string][]string{"zone-a": {"node1", "node3"}, "zone-b": {"node2"}}), "zone zone-b has 1 elected reflectors, want 2"},
+		{"a client elected", choice(map[string][]string{"zone-a": {"node1", "node5"}, "zone-b": {"node2", "node4"}}), "want the candidates"},
+		{"a zone more", choice(map[string][]string{"zone-a": {"node1", "node3"}, "zone-b": {"node2", "node4"}, "": {"node6"}}), "want the candidates"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkSimChoice(tt.c, rrs, 2, 2)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("checkSimChoice() = %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("checkSimChoice() = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestReflectorsTable(t *testing.T) {
+	rs := []SimResult{{Nodes: 300, Zones: 3, Reflectors: []ReflectorFigures{
+		{Node: "node1", Zone: "zone-a", Sessions: 106, RSSMiB: 201.4, IdlePct: 1.234},
+		{Node: "node2", Zone: "zone-b", Sessions: 105, RSSMiB: 199.6, IdlePct: 1.1}}},
+		{Nodes: 10, Reflectors: []ReflectorFigures{{Node: "node1", Sessions: 13, RSSMiB: 80, IdlePct: 0.5}}}}
+	want := "| sim nodes | reflector | zone | BGP sessions | RSS MiB | idle CPU % |\n|---|---|---|---|---|---|\n" +
+		"| 300 | node1 | zone-a | 106 | 201 | 1.23 |\n| 300 | node2 | zone-b | 105 | 200 | 1.10 |\n| 10 | node1 | — | 13 | 80 | 0.50 |\n"
+	if diff := cmp.Diff(want, ReflectorsTable(rs)); diff != "" {
+		t.Errorf("ReflectorsTable (-want +got):\n%s", diff)
 	}
 }

@@ -150,12 +150,13 @@ func (r *simRun) sample(ctx context.Context, n *simNode, lat *routeLatencies) er
 		return fmt.Errorf("block %s of %s: %w", block, n.name, err)
 	}
 	wctx, cancel = context.WithTimeout(ctx, 5*time.Second)
-	reflected := r.reflected.wait(wctx, block, r.rrAddrs())
+	observer := r.nodes[0].rrs
+	reflected := r.reflected.wait(wctx, block, observer)
 	cancel()
 	lat.add(t0, advertised, t1)
 	lat.addStages(t0, advertised, reflected, each, len(r.rrs))
 	r.l.Progress("block %s of %s: claimed in %s, then sent on by %s, in each real node's kernel after %s", block, n.name,
-		roundMs(advertised.Sub(t0)), r.sentBy(advertised, reflected), r.afterEach(advertised, each))
+		roundMs(advertised.Sub(t0)), r.sentBy(advertised, observer, reflected), r.afterEach(advertised, each))
 	return r.fill(ctx, n, 1)
 }
 
@@ -168,17 +169,19 @@ func (r *simRun) rrAddrs() []netip.Addr {
 	return out
 }
 
-// sentBy renders when each reflector's UPDATE reached the observer.
-func (r *simRun) sentBy(start time.Time, at []time.Time) string {
+// sentBy renders when each of the observer's reflectors rrs sent its
+// UPDATE (at).
+func (r *simRun) sentBy(start time.Time, rrs []netip.Addr, at []time.Time) string {
 	var b strings.Builder
+	names := r.rrNames()
 	for i, t := range at {
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		if t.IsZero() {
-			fmt.Fprintf(&b, "%s ?", r.rrs[i])
+			fmt.Fprintf(&b, "%s ?", names[rrs[i]])
 		} else {
-			fmt.Fprintf(&b, "%s %s", r.rrs[i], roundMs(t.Sub(start)))
+			fmt.Fprintf(&b, "%s %s", names[rrs[i]], roundMs(t.Sub(start)))
 		}
 	}
 	return b.String()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -19,12 +20,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/internal/stats"
 )
 
 // step grows the lab to size simulated nodes and measures.
 func (r *simRun) step(ctx context.Context, size int) (res SimResult, err error) {
-	res = SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy}
+	res = SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy, Zones: r.o.Zones}
 	lat, err := r.grow(ctx, size)
 	defer func() { res.SessionDrops, res.SessionOpensFailed = r.drops.take() }()
 	if err != nil {
@@ -54,7 +56,7 @@ func (r *simRun) step(ctx context.Context, size int) (res SimResult, err error) 
 	r.drops.enter(phaseRestart)
 	err = r.measureRestart(ctx, &res)
 	r.drops.enter("")
-	return res, err
+	return res, errors.Join(err, r.checkChoice(ctx))
 }
 
 type usage struct{ cpu, rss float64 }
@@ -208,7 +210,11 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 		return err
 	}
 	res.Events, res.ChurnFailures, res.ChurnSeconds = events, r.churnFailures, churn.secs
-	r.agentLoad(res, restA, churn, restB, events)
+	sessions, err := r.reflectorSessions(ctx)
+	if err != nil {
+		return err
+	}
+	r.agentLoad(res, restA, churn, restB, events, sessions)
 	r.etcdLoad(res, restA, churn, restB)
 	g, err := r.l.EtcdGauges(ctx, "etcd_debugging_mvcc_watcher_total", "etcd_debugging_mvcc_watch_stream_total")
 	if err != nil {
@@ -219,9 +225,28 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 	return err
 }
 
+// reflectorSessions is each reflector's count of established BGP
+// sessions (its agent's status).
+func (r *simRun) reflectorSessions(ctx context.Context) (map[string]int, error) {
+	out := map[string]int{}
+	for _, rr := range r.rrs {
+		s, err := r.l.NodeStatus(ctx, rr)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range s.Peers {
+			if p.State == session.Established.String() {
+				out[rr]++
+			}
+		}
+	}
+	return out, nil
+}
+
 // agentLoad fills the real agents' figures: medians of the client agents
-// and of the reflectors; idle is the mean of the two rests.
-func (r *simRun) agentLoad(res *SimResult, restA, churn, restB window, events int) {
+// and of the reflectors, and each reflector's; idle is the mean of the two
+// rests; a reflector's clients are its established sessions (sessions).
+func (r *simRun) agentLoad(res *SimResult, restA, churn, restB window, events int, sessions map[string]int) {
 	idleRate := func(key string) float64 { return (restA.rate(key) + restB.rate(key)) / 2 }
 	var us, noise, idlePct, rss []float64
 	for _, c := range r.clients {
@@ -232,13 +257,16 @@ func (r *simRun) agentLoad(res *SimResult, restA, churn, restB window, events in
 	}
 	res.AgentUsPerEvent, res.AgentUsPerEventNoise = median(us), median(noise)
 	res.AgentIdlePct, res.AgentRSSMiB = median(idlePct), median(rss)
-	clients := float64(len(r.nodes) + len(r.clients) + len(r.rrs) - 1)
-	var rrPct, rrRSS []float64
+	var rrPct, rrRSS, rrSessions []float64
+	st := r.l.State()
+	res.Reflectors = nil
 	for _, c := range r.rrs {
-		rrPct = append(rrPct, 100*idleRate(c))
-		rrRSS = append(rrRSS, churn.to[c].rss)
+		f := ReflectorFigures{Node: c, Zone: st.Node(c).Zone, Sessions: sessions[c], RSSMiB: churn.to[c].rss, IdlePct: 100 * idleRate(c)}
+		res.Reflectors = append(res.Reflectors, f)
+		rrPct, rrRSS, rrSessions = append(rrPct, f.IdlePct), append(rrRSS, f.RSSMiB), append(rrSessions, float64(f.Sessions))
 	}
 	res.RRIdlePct, res.RRRSSMiB = median(rrPct), median(rrRSS)
+	clients := max(median(rrSessions), 1)
 	res.RRIdleUsPerClientPerS = 1e6 * res.RRIdlePct / 100 / clients
 	res.RRKiBPerClient = 1024 * res.RRRSSMiB / clients
 }

@@ -23,8 +23,12 @@ import (
 // IPAM code, its WorkloadEndpoints) and a real iBGP session with every
 // route reflector, on which it advertises its blocks.
 type simNode struct {
-	name  string
-	addr  netip.Addr
+	name string
+	addr netip.Addr
+	// zone is the node's zone label ("" without zones); rrs are the
+	// reflectors it peers with, its zone's (simRun.zoneRRs).
+	zone  string
+	rrs   []netip.Addr
 	store *datastore.Store
 	alloc *ipam.Allocator
 
@@ -113,7 +117,11 @@ func (n *simNode) connectOnce(ctx context.Context, simNS string, endpoints []str
 		n.store, n.alloc = s, ipam.New(s)
 	}
 	s := n.store
-	node := &api.Node{Metadata: api.ObjectMeta{Name: n.name, Labels: map[string]string{"tabby.io/simulated": "true"}},
+	labels := map[string]string{"tabby.io/simulated": "true"}
+	if n.zone != "" {
+		labels[api.DefaultZoneLabel] = n.zone
+	}
+	node := &api.Node{Metadata: api.ObjectMeta{Name: n.name, Labels: labels},
 		Spec: api.NodeSpec{BGP: &api.NodeBGPSpec{IPv4Address: netip.PrefixFrom(n.addr, simSubnet.Bits()).String()}}}
 	if _, err := s.Apply(ctx, node); err != nil {
 		return fmt.Errorf("%s: writing node: %w", n.name, err)
@@ -179,15 +187,15 @@ func (n *simNode) updates() uint64 {
 	return sum
 }
 
-// unstable calls fn for each reflector of rrs whose session with node n
+// unstable calls fn for each of node n's reflectors whose session
 // is not yet stable at now: none (down), established less than minUp ago
 // (young), or nothing from the reflector since it was established (mute:
 // a reflector sends its table, at least the real nodes' blocks, or a
 // KEEPALIVE within a third of the hold time).
-func (n *simNode) unstable(rrs []netip.Addr, now time.Time, minUp time.Duration, fn func(rr netip.Addr, why string)) {
+func (n *simNode) unstable(now time.Time, minUp time.Duration, fn func(rr netip.Addr, why string)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, rr := range rrs {
+	for _, rr := range n.rrs {
 		s := n.sessions[rr]
 		switch {
 		case s == nil:

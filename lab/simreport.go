@@ -33,6 +33,10 @@ type SimResult struct {
 	RRIdleUsPerClientPerS float64 `json:"rrIdleCPUMicrosPerClientPerSecond"`
 	RRRSSMiB              float64 `json:"rrRSSMiB"`
 	RRKiBPerClient        float64 `json:"rrKiBPerClient"`
+	// Zones of a run in zones (SimOptions.Zones), 0 without; Reflectors
+	// has each reflector's figures.
+	Zones      int                `json:"zones,omitempty"`
+	Reflectors []ReflectorFigures `json:"reflectors,omitempty"`
 	// Latencies.
 	RouteP50Ms float64 `json:"blockToRouteP50Ms"`
 	RouteP99Ms float64 `json:"blockToRouteP99Ms"`
@@ -61,6 +65,35 @@ type SimResult struct {
 	// Load is the host's 1-minute load average after the churn window:
 	// on a shared host, how much else competed for the cores.
 	Load float64 `json:"loadAverage1m"`
+}
+
+// ReflectorFigures are one reflector's figures at one size: its BGP
+// sessions (established, after the second rest: its clients and the
+// other reflectors of its zone), RSS after the churn, idle CPU (the mean
+// of the two rests).
+type ReflectorFigures struct {
+	Node     string  `json:"node"`
+	Zone     string  `json:"zone,omitempty"`
+	Sessions int     `json:"sessions"`
+	RSSMiB   float64 `json:"rssMiB"`
+	IdlePct  float64 `json:"idleCPUPercent"`
+}
+
+// ReflectorsTable renders each reflector's figures, one row per
+// reflector and size.
+func ReflectorsTable(rs []SimResult) string {
+	var b strings.Builder
+	b.WriteString("| sim nodes | reflector | zone | BGP sessions | RSS MiB | idle CPU % |\n|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		for _, f := range r.Reflectors {
+			zone := f.Zone
+			if zone == "" {
+				zone = "—"
+			}
+			fmt.Fprintf(&b, "| %d | %s | %s | %d | %.0f | %.2f |\n", r.Nodes, f.Node, zone, f.Sessions, f.RSSMiB, f.IdlePct)
+		}
+	}
+	return b.String()
 }
 
 // RouteStages are where a new block's route spends its time, p50 and
@@ -133,7 +166,7 @@ func WriteSimResults(dir string, rs []SimResult) error {
 	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(j, '\n'), 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)+"\n"+StagesTable(rs)+"\n"+DropsTable(rs)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(SimTable(rs)+"\n"+ReflectorsTable(rs)+"\n"+StagesTable(rs)+"\n"+DropsTable(rs)), 0o644); err != nil {
 		return err
 	}
 	return PlotSim(filepath.Join(dir, "scale.png"), rs)

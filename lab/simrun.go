@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net/netip"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/bgp"
 )
 
 // simRun is one run of the harness: the real lab, the simulated nodes,
@@ -21,7 +26,12 @@ type simRun struct {
 	routes  []*kernelMonitor // every real node: `ip monitor route`
 	sets    []*kernelMonitor // every client node: `nft monitor`
 	clients []string         // the real non-reflector nodes
-	rrs     []string
+	rrs     []string         // the real reflectors, in lab order
+	// zoneRRs are the reflectors' addresses each zone's clients peer with
+	// ("" without zones: every reflector); choice is the election they
+	// come from (nil without zones).
+	zoneRRs map[string][]netip.Addr
+	choice  *bgp.ReflectorChoice
 	// reflected is what the observer (the first simulated node) received
 	// from each reflector: see simbreakdown.go.
 	reflected *reflectLog
@@ -39,8 +49,12 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 	if err := o.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid sim options: %w", err)
 	}
-	l, err := Up(ctx, Options{Name: o.Name, Nodes: o.RealNodes + o.RouteReflectors, RouteReflectors: o.RouteReflectors,
-		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, AgentArgs: o.AgentArgs, Log: o.Log})
+	lo := Options{Name: o.Name, Nodes: o.RealNodes + o.reflectors(), RouteReflectors: o.RouteReflectors,
+		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, AgentArgs: o.AgentArgs, Log: o.Log}
+	if o.Zones > 0 {
+		lo.RouteReflectors, lo.AutoReflectors, lo.Zones, lo.ReflectorCandidates = 0, o.RouteReflectors, o.Zones, o.reflectors()
+	}
+	l, err := Up(ctx, lo)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +108,7 @@ func (r *simRun) setUp(ctx context.Context, wg *sync.WaitGroup) error {
 	}
 	r.wg = wg
 	for i, n := range l.State().Nodes {
-		if i < r.o.RouteReflectors {
+		if i < r.o.reflectors() {
 			r.rrs = append(r.rrs, n.Name)
 		} else {
 			r.clients = append(r.clients, n.Name)
@@ -115,7 +129,89 @@ func (r *simRun) setUp(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 		r.sets = append(r.sets, m)
 	}
+	if err := r.readZones(ctx); err != nil {
+		return err
+	}
 	return r.writePolicies(ctx)
+}
+
+// readZones sets zoneRRs: without zones every reflector; with zones the
+// choice the real agents elected (Up waited for it to be complete), which
+// must be the candidates, RouteReflectors in each zone.
+func (r *simRun) readZones(ctx context.Context) error {
+	st := r.l.State()
+	r.zoneRRs = map[string][]netip.Addr{}
+	if r.o.Zones == 0 {
+		r.zoneRRs[""] = r.rrAddrs()
+		return nil
+	}
+	c, _, err := r.l.ReflectorChoice(ctx)
+	if err != nil {
+		return err
+	}
+	if err := checkSimChoice(c, r.rrs, r.o.Zones, r.o.RouteReflectors); err != nil {
+		return err
+	}
+	r.choice = c
+	for _, z := range slices.Sorted(maps.Keys(c.Zones)) {
+		var names []string
+		for _, rr := range c.Zones[z] {
+			r.zoneRRs[z] = append(r.zoneRRs[z], st.Node(rr.Node).IP.Addr())
+			names = append(names, rr.Node)
+		}
+		r.l.Progress("zone %s: reflectors %s (cluster ID %s)", z, strings.Join(names, ", "), c.Zones[z][0].ClusterID)
+	}
+	return nil
+}
+
+// checkSimChoice is nil when choice elects exactly the candidates rrs,
+// perZone in each of zones zones.
+func checkSimChoice(c *bgp.ReflectorChoice, rrs []string, zones, perZone int) error {
+	if c == nil {
+		return errors.New("no route reflector elected")
+	}
+	var elected []string
+	for i := range zones {
+		z := ZoneName(i)
+		if got := len(c.Zones[z]); got != perZone {
+			return fmt.Errorf("zone %s has %d elected reflectors, want %d", z, got, perZone)
+		}
+		for _, rr := range c.Zones[z] {
+			elected = append(elected, rr.Node)
+		}
+	}
+	slices.Sort(elected)
+	want := slices.Sorted(slices.Values(rrs))
+	if c.Count() != len(elected) || !slices.Equal(elected, want) {
+		return fmt.Errorf("elected reflectors %v, want the candidates %v", elected, want)
+	}
+	return nil
+}
+
+// checkChoice fails when the elected reflectors changed since readZones:
+// the simulated nodes peer by the first choice (they do not follow the
+// record as an agent does), so a run whose choice moved is not measured.
+func (r *simRun) checkChoice(ctx context.Context) error {
+	if r.choice == nil {
+		return nil
+	}
+	c, _, err := r.l.ReflectorChoice(ctx)
+	if err != nil {
+		return err
+	}
+	if !c.Equal(r.choice) {
+		return fmt.Errorf("the elected reflectors changed during the run (%d now); the simulated nodes peer by the first election", c.Count())
+	}
+	return nil
+}
+
+// simZone is the zone of simulated node i (1-based): round robin, as the
+// real nodes' ("" without zones).
+func simZone(i, zones int) string {
+	if zones == 0 {
+		return ""
+	}
+	return ZoneName((i - 1) % zones)
 }
 
 // writePolicies writes o.Policies NetworkPolicies: sim-target selects the
@@ -195,6 +291,8 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 	added := make([]*simNode, size-from)
 	if err := parallel(ctx, 16, size-from, func(i int) error {
 		n := newSimNode(from + i + 1)
+		n.zone = simZone(from+i+1, r.o.Zones)
+		n.rrs = r.zoneRRs[n.zone]
 		n.drops = r.drops
 		if from+i == 0 {
 			n.onUpdate = r.reflected.add
@@ -203,8 +301,7 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 		if err := n.connect(ctx, st.SimNS(), eps); err != nil {
 			return err
 		}
-		for _, rr := range r.rrs {
-			a := st.Node(rr).IP.Addr()
+		for _, a := range n.rrs {
 			r.wg.Go(func() { n.keepSession(ctx, st.SimNS(), a) })
 		}
 		return nil
@@ -251,7 +348,8 @@ func (r *simRun) fill(ctx context.Context, n *simNode, have int) error {
 	return nil
 }
 
-// waitSessions waits until every node has a session with every reflector.
+// waitSessions waits until every node has a session with each of its
+// reflectors.
 func (r *simRun) waitSessions(ctx context.Context, nodes []*simNode) error {
 	r.l.Progress("waiting for %d simulated nodes' sessions with the reflectors", len(nodes))
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
@@ -260,7 +358,7 @@ func (r *simRun) waitSessions(ctx context.Context, nodes []*simNode) error {
 	err := Poll(ctx, 200*time.Millisecond, func() (bool, error) {
 		missing = missing[:0]
 		for _, n := range nodes {
-			if n.established() < r.o.RouteReflectors {
+			if n.established() < len(n.rrs) {
 				missing = append(missing, n.name)
 			}
 		}

@@ -59,7 +59,10 @@ func (r *simRun) waitStable(ctx context.Context, before string) error {
 // waitEstablished waits until unstableSessions finds none, at most
 // stableTimeout.
 func (r *simRun) waitEstablished(ctx context.Context, before string) error {
-	total := len(r.nodes) * len(r.rrAddrs())
+	total := 0
+	for _, n := range r.nodes {
+		total += len(n.rrs)
+	}
 	start := time.Now()
 	for {
 		bad, counts, examples := r.unstableSessions()
@@ -80,12 +83,11 @@ func (r *simRun) waitEstablished(ctx context.Context, before string) error {
 // unstableSessions counts the simulated sessions that are down, younger
 // than stableFor or mute, by reason, with a few examples.
 func (r *simRun) unstableSessions() (bad int, counts map[string]int, examples []string) {
-	rrs := r.rrAddrs()
 	names := r.rrNames()
 	counts = map[string]int{}
 	now := time.Now()
 	for _, n := range r.nodes {
-		n.unstable(rrs, now, stableFor, func(rr netip.Addr, why string) {
+		n.unstable(now, stableFor, func(rr netip.Addr, why string) {
 			counts[why]++
 			if len(examples) < 5 {
 				examples = append(examples, fmt.Sprintf("%s → %s %s", n.name, names[rr], why))

@@ -22,11 +22,12 @@ func simCmd(g *globalFlags) *cobra.Command {
 		Short: "Scale harness: real agents and reflectors plus N simulated nodes; reports cost against N",
 		Long: `sim brings up a lab of real route reflectors and real client agents, then
 grows it through --sizes simulated nodes (each a real etcd client writing its
-Node, blocks, affinities and endpoints, and a real BGP session to every
-reflector) and measures at each size: agent CPU per remote pod event, RSS and
+Node, blocks, affinities and endpoints, and a real BGP session to each of its
+reflectors) and measures at each size: agent CPU per remote pod event, RSS and
 idle CPU; reflector RSS and CPU per client; new block to route in every real
 kernel; agent restart to Ready; a one-label policy change to the kernel; etcd
-CPU and watchers. Writes results.md, results.json and scale.png to --out.`,
+CPU and watchers. With --zones the nodes are spread over zones, each with its
+own elected reflectors, as a deployment of that size is. Writes results.md, results.json and scale.png to --out.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			var err error
@@ -46,8 +47,9 @@ CPU and watchers. Writes results.md, results.json and scale.png to --out.`,
 	}
 	f := c.Flags()
 	f.StringVar(&sizes, "sizes", "10", "simulated node counts, ascending, comma-separated (at most 1000)")
-	f.IntVar(&o.RealNodes, "real-nodes", 2, "real agents that are reflector clients (a pod each)")
-	f.IntVar(&o.RouteReflectors, "route-reflectors", 2, "real agents in route-reflector mode")
+	f.IntVar(&o.RealNodes, "real-nodes", 0, "real agents that are reflector clients (a pod each; default 2, with --zones the larger of 2 and the zones)")
+	f.IntVar(&o.RouteReflectors, "route-reflectors", 2, "real agents in route-reflector mode (per zone with --zones)")
+	f.IntVar(&o.Zones, "zones", 0, "run the cluster in this many zones: routeReflectorMode Auto, --route-reflectors elected per zone among dedicated real nodes, every node (real or simulated) labelled with a zone and peering with its zone's reflectors (0: no zones, the reflectors serve every node)")
 	f.IntVar(&o.EndpointsPerNode, "endpoints-per-node", 30, "endpoints on every simulated node")
 	f.IntVar(&o.Policies, "policies", 1000, "NetworkPolicies")
 	f.IntVar(&o.ChurnEvents, "churn-events", 400, "pod events the churn makes (each measured once every client agent's view has it)")

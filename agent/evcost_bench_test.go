@@ -17,14 +17,20 @@ import (
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 // agentBenchEtcdEnv makes the test binary the child etcd of
 // BenchmarkAgentRemotePodEvents (storetest.ServeChild).
 const agentBenchEtcdEnv = "TABBY_AGENT_BENCH_ETCD"
 
+// agentBenchFloorEnv makes the test binary the bare watcher of
+// BenchmarkAgentRemotePodEvents (storetest.ServeFloor).
+const agentBenchFloorEnv = "TABBY_AGENT_BENCH_FLOOR"
+
 func TestMain(m *testing.M) {
 	storetest.ServeChild(agentBenchEtcdEnv, agentBenchCommand)
+	storetest.ServeFloor(agentBenchFloorEnv, syncer.WatchSpec())
 	os.Exit(m.Run())
 }
 
@@ -43,9 +49,18 @@ func TestMain(m *testing.M) {
 // off) times the
 // churn's length, per event; passes/event the owners' passes the events
 // caused (all loops). Run it with a fixed count: -benchtime=400x.
+//
+// The reference, measured in the same run: a bare etcd watcher (the test
+// binary again, storetest.StartFloor: datastore.New's client watching the
+// view's ranges through etcd's client, counting events) receives the same
+// events in a process of its own; floor-cpu-µs/event is its CPU taken the
+// same way (its threads' run time, /proc), agent/floor the ratio.
+// vcsw/event and floor-vcsw/event are the voluntary context switches per
+// event (a thread that waits, to be woken again) of each, less the rest's.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	ch := storetest.StartChild(b, agentBenchEtcdEnv)
-	ch.Do(b, fmt.Sprintf("preload %d", scaleNodes))
+	preloaded := ch.Do(b, fmt.Sprintf("preload %d", scaleNodes))
+	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1)
 	routes := fake.NewRoutes()
 	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
 		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
@@ -77,34 +92,71 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	// then the churn, in chunks of at most 50 events.
 	debug.FreeOSMemory()
 	const rest = 3 * time.Second
-	cpu0 := processCPU()
+	s0 := sampleBoth(b, floor)
 	time.Sleep(rest)
-	restCPU := processCPU() - cpu0
+	s1 := sampleBoth(b, floor)
 	passes0, events0 := loopPasses(b, a), a.view.Stats().Events
+	floorEvents0 := floor.Wait(b, 0) // the events counted so far
 	stopProfile := churnProfile(b)
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu1 := time.Now(), processCPU()
+	start, s2 := time.Now(), sampleBoth(b, floor)
+	var last int64
 	for n := 0; n < b.N; {
 		k := min(50, b.N-n)
-		if err := a.view.WaitRevision(ctx, ch.Do(b, fmt.Sprintf("churn %d %d", k, rate))); err != nil {
+		last = ch.Do(b, fmt.Sprintf("churn %d %d", k, rate))
+		if err := a.view.WaitRevision(ctx, last); err != nil {
 			b.Fatal(err)
 		}
 		n += k
 	}
+	floorEvents := floor.Wait(b, last) - floorEvents0
 	// The owners' reactions to the last events (their coalescing window).
 	time.Sleep(20 * coalesceWindow)
-	cpu, wall := processCPU()-cpu1, time.Since(start)
+	s3, wall := sampleBoth(b, floor), time.Since(start)
 	b.StopTimer()
 	stopProfile()
-	cpu2 := processCPU()
 	time.Sleep(rest)
-	restRate := float64(restCPU+processCPU()-cpu2) / float64(2*rest)
-	net := float64(cpu) - restRate*float64(wall)
-	b.ReportMetric(net/float64(time.Microsecond)/float64(b.N), "cpu-µs/event")
+	s4 := sampleBoth(b, floor)
+	// perEvent is the churn's x less the rests' rate of x over as long,
+	// per event.
+	perEvent := func(x func(benchSample) float64) float64 {
+		restRate := (x(s1) - x(s0) + x(s4) - x(s3)) / float64(2*rest)
+		return (x(s3) - x(s2) - restRate*float64(wall)) / float64(b.N)
+	}
+	us := float64(time.Microsecond)
+	agentUs := perEvent(func(s benchSample) float64 { return float64(s.agentCPU) }) / us
+	floorUs := perEvent(func(s benchSample) float64 { return float64(s.floor.CPU) }) / us
+	b.ReportMetric(agentUs, "cpu-µs/event")
+	b.ReportMetric(floorUs, "floor-cpu-µs/event")
+	b.ReportMetric(agentUs/floorUs, "agent/floor")
+	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.agent.Voluntary) }), "vcsw/event")
+	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.floor.Voluntary) }), "floor-vcsw/event")
+	if floorEvents != b.N {
+		b.Errorf("the floor counted %d events, want %d", floorEvents, b.N)
+	}
 	b.ReportMetric(float64(loopPasses(b, a)-passes0)/float64(b.N), "passes/event")
 	// Watch events the view took per pod event (progress reports included).
 	b.ReportMetric(float64(a.view.Stats().Events-events0)/float64(b.N), "view-events/event")
+}
+
+// benchSample is what sampleBoth read: this process's CPU (getrusage) and
+// counters, and the floor's.
+type benchSample struct {
+	agentCPU     time.Duration
+	agent, floor storetest.ProcCounters
+}
+
+func sampleBoth(b *testing.B, floor *storetest.Floor) benchSample {
+	s := benchSample{agentCPU: processCPU()}
+	var err error
+	if s.agent, err = storetest.ProcSample(os.Getpid()); err != nil {
+		b.Fatal(err)
+	}
+	if s.floor, err = storetest.ProcSample(floor.PID); err != nil {
+		b.Fatal(err)
+	}
+	return s
 }
 
 // churnProfile writes a CPU profile of the churn alone to the file

@@ -82,6 +82,9 @@ func (r *simRun) snapshot() (map[string]usage, error) {
 	if err := add("etcd", st.Etcd[0].Proc); err != nil {
 		return nil, err
 	}
+	if err := add(floorKey, r.floor); err != nil {
+		return nil, err
+	}
 	return out, add("proxy", st.EtcdProxy)
 }
 
@@ -232,6 +235,11 @@ func (r *simRun) agentLoad(res *SimResult, restA, churn, restB window, events in
 	}
 	res.AgentUsPerEvent, res.AgentUsPerEventNoise = median(us), median(noise)
 	res.AgentIdlePct, res.AgentRSSMiB = median(idlePct), median(rss)
+	if _, ok := churn.to[floorKey]; ok {
+		res.FloorMeasured = true
+		res.FloorUsPerEvent, res.FloorUsPerEventNoise = perEvent(floorKey, restA, churn, restB, events)
+		res.FloorIdlePct = 100 * idleRate(floorKey)
+	}
 	clients := float64(len(r.nodes) + len(r.clients) + len(r.rrs) - 1)
 	var rrPct, rrRSS []float64
 	for _, c := range r.rrs {

@@ -54,13 +54,18 @@ func TestMain(m *testing.M) {
 // binary again, storetest.StartFloor: datastore.New's client watching the
 // view's ranges through etcd's client, counting events) receives the same
 // events in a process of its own; floor-cpu-µs/event is its CPU taken the
-// same way (its threads' run time, /proc), agent/floor the ratio.
+// same way (its threads' run time, /proc), agent/floor the ratio;
+// stream-floor-cpu-µs/event and agent/stream-floor the same of a second
+// bare watcher that receives on a gRPC stream of its own in one goroutine
+// (datastore.FloorStream), as the view's watch does: what any gRPC watcher
+// of these events costs at the least.
 // vcsw/event and floor-vcsw/event are the voluntary context switches per
 // event (a thread that waits, to be woken again) of each, less the rest's.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	ch := storetest.StartChild(b, agentBenchEtcdEnv)
 	preloaded := ch.Do(b, fmt.Sprintf("preload %d", scaleNodes))
-	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1)
+	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
+	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
 	routes := fake.NewRoutes()
 	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
 		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
@@ -92,15 +97,15 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	// then the churn, in chunks of at most 50 events.
 	debug.FreeOSMemory()
 	const rest = 3 * time.Second
-	s0 := sampleBoth(b, floor)
+	s0 := sampleAll(b, floor, floor2)
 	time.Sleep(rest)
-	s1 := sampleBoth(b, floor)
+	s1 := sampleAll(b, floor, floor2)
 	passes0, events0 := loopPasses(b, a), a.view.Stats().Events
-	floorEvents0 := floor.Wait(b, 0) // the events counted so far
+	floorEvents0, floor2Events0 := floor.Wait(b, 0), floor2.Wait(b, 0) // the events counted so far
 	stopProfile := churnProfile(b)
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, s2 := time.Now(), sampleBoth(b, floor)
+	start, s2 := time.Now(), sampleAll(b, floor, floor2)
 	var last int64
 	for n := 0; n < b.N; {
 		k := min(50, b.N-n)
@@ -110,14 +115,14 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 		}
 		n += k
 	}
-	floorEvents := floor.Wait(b, last) - floorEvents0
+	floorEvents, floor2Events := floor.Wait(b, last)-floorEvents0, floor2.Wait(b, last)-floor2Events0
 	// The owners' reactions to the last events (their coalescing window).
 	time.Sleep(20 * coalesceWindow)
-	s3, wall := sampleBoth(b, floor), time.Since(start)
+	s3, wall := sampleAll(b, floor, floor2), time.Since(start)
 	b.StopTimer()
 	stopProfile()
 	time.Sleep(rest)
-	s4 := sampleBoth(b, floor)
+	s4 := sampleAll(b, floor, floor2)
 	// perEvent is the churn's x less the rests' rate of x over as long,
 	// per event.
 	perEvent := func(x func(benchSample) float64) float64 {
@@ -127,33 +132,40 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	us := float64(time.Microsecond)
 	agentUs := perEvent(func(s benchSample) float64 { return float64(s.agentCPU) }) / us
 	floorUs := perEvent(func(s benchSample) float64 { return float64(s.floor.CPU) }) / us
+	floor2Us := perEvent(func(s benchSample) float64 { return float64(s.floor2.CPU) }) / us
 	b.ReportMetric(agentUs, "cpu-µs/event")
 	b.ReportMetric(floorUs, "floor-cpu-µs/event")
 	b.ReportMetric(agentUs/floorUs, "agent/floor")
+	b.ReportMetric(floor2Us, "stream-floor-cpu-µs/event")
+	b.ReportMetric(agentUs/floor2Us, "agent/stream-floor")
 	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.agent.Voluntary) }), "vcsw/event")
 	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.floor.Voluntary) }), "floor-vcsw/event")
-	if floorEvents != b.N {
-		b.Errorf("the floor counted %d events, want %d", floorEvents, b.N)
+	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.floor2.Voluntary) }), "stream-floor-vcsw/event")
+	if floorEvents != b.N || floor2Events != b.N {
+		b.Errorf("the floors counted %d and %d events, want %d", floorEvents, floor2Events, b.N)
 	}
 	b.ReportMetric(float64(loopPasses(b, a)-passes0)/float64(b.N), "passes/event")
 	// Watch events the view took per pod event (progress reports included).
 	b.ReportMetric(float64(a.view.Stats().Events-events0)/float64(b.N), "view-events/event")
 }
 
-// benchSample is what sampleBoth read: this process's CPU (getrusage) and
-// counters, and the floor's.
+// benchSample is what sampleAll read: this process's CPU (getrusage) and
+// counters, and the floors'.
 type benchSample struct {
-	agentCPU     time.Duration
-	agent, floor storetest.ProcCounters
+	agentCPU             time.Duration
+	agent, floor, floor2 storetest.ProcCounters
 }
 
-func sampleBoth(b *testing.B, floor *storetest.Floor) benchSample {
+func sampleAll(b *testing.B, floor, floor2 *storetest.Floor) benchSample {
 	s := benchSample{agentCPU: processCPU()}
 	var err error
 	if s.agent, err = storetest.ProcSample(os.Getpid()); err != nil {
 		b.Fatal(err)
 	}
 	if s.floor, err = storetest.ProcSample(floor.PID); err != nil {
+		b.Fatal(err)
+	}
+	if s.floor2, err = storetest.ProcSample(floor2.PID); err != nil {
 		b.Fatal(err)
 	}
 	return s

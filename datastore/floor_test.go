@@ -2,6 +2,7 @@ package datastore_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,12 @@ import (
 // TestFloorWatch: the bare watch counts the events of the watched parts
 // only (not a skipped range's, nor keys past End) and ends with ctx.
 func TestFloorWatch(t *testing.T) {
+	for _, mode := range []datastore.FloorMode{datastore.FloorClient, datastore.FloorStream} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) { testFloorWatch(t, mode) })
+	}
+}
+
+func testFloorWatch(t *testing.T, mode datastore.FloorMode) {
 	s := storetest.New(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -34,7 +41,7 @@ func TestFloorWatch(t *testing.T) {
 	done := make(chan error, 1)
 	spec := datastore.WatchSpec{End: "d/", Skip: []datastore.KeyRange{{From: "b/", To: "c/"}}}
 	go func() {
-		done <- s.FloorWatch(ctx, spec, start, func(n int, r int64) {
+		done <- s.FloorWatch(ctx, spec, start, mode, func(n int, r int64) {
 			mu.Lock()
 			defer mu.Unlock()
 			events += n

@@ -34,7 +34,7 @@ func RunFloorWatch(ctx context.Context, endpoints []string) error {
 	// A failed watch (etcd busy at 1,000 nodes) is watched again: the
 	// floor's process must outlive the run, as an agent does.
 	for {
-		err := s.FloorWatch(ctx, syncer.WatchSpec(), 0, func(int, int64) {})
+		err := s.FloorWatch(ctx, syncer.WatchSpec(), 0, datastore.FloorClient, func(int, int64) {})
 		if ctx.Err() != nil {
 			return nil
 		}

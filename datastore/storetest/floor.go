@@ -24,7 +24,8 @@ import (
 // benchmark calls StartFloor.
 
 // ServeFloor makes this process a floor when env is set in its
-// environment ("URL REV": etcd's client URL, the first revision to watch):
+// environment ("URL REV MODE": etcd's client URL, the first revision to
+// watch, the datastore.FloorMode as a number):
 // it watches spec and answers "wait REV" lines on stdin, once it received
 // a response at revision REV or later, with "ok EVENTS" (the events
 // counted so far), until EOF, and exits. It returns (doing nothing) when
@@ -42,10 +43,13 @@ func ServeFloor(env string, spec datastore.WatchSpec) {
 }
 
 func serveFloor(v string, spec datastore.WatchSpec, in io.Reader, out io.Writer) error {
-	url, revText, _ := strings.Cut(v, " ")
-	from, err := strconv.ParseInt(revText, 10, 64)
-	if err != nil {
-		return fmt.Errorf("floor: %q: want \"URL REV\"", v)
+	var (
+		url  string
+		from int64
+		mode datastore.FloorMode
+	)
+	if _, err := fmt.Sscan(v, &url, &from, &mode); err != nil {
+		return fmt.Errorf("floor: %q: want \"URL REV MODE\": %w", v, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -62,7 +66,7 @@ func serveFloor(v string, spec datastore.WatchSpec, in io.Reader, out io.Writer)
 		failed error
 	)
 	go func() {
-		err := store.FloorWatch(ctx, spec, from, func(n int, r int64) {
+		err := store.FloorWatch(ctx, spec, from, mode, func(n int, r int64) {
 			mu.Lock()
 			events, rev = events+n, max(rev, r)
 			mu.Unlock()
@@ -103,11 +107,11 @@ type Floor struct {
 }
 
 // StartFloor starts the test binary as a floor (env set) watching etcd at
-// url from revision from on, stopped at cleanup.
-func StartFloor(tb testing.TB, env, url string, from int64) *Floor {
+// url from revision from on as mode says, stopped at cleanup.
+func StartFloor(tb testing.TB, env, url string, from int64, mode datastore.FloorMode) *Floor {
 	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d", env, url, from))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d", env, url, from, mode))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

@@ -129,6 +129,11 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 		restRate := (x(s1) - x(s0) + x(s4) - x(s3)) / float64(2*rest)
 		return (x(s3) - x(s2) - restRate*float64(wall)) / float64(b.N)
 	}
+	// The agent's CPU in each window, to tell a rest that was not one.
+	ms := float64(time.Millisecond)
+	b.ReportMetric(float64(s1.agentCPU-s0.agentCPU)/ms, "rest1-ms")
+	b.ReportMetric(float64(s3.agentCPU-s2.agentCPU)/ms, "churn-ms")
+	b.ReportMetric(float64(s4.agentCPU-s3.agentCPU)/ms, "rest2-ms")
 	us := float64(time.Microsecond)
 	agentUs := perEvent(func(s benchSample) float64 { return float64(s.agentCPU) }) / us
 	floorUs := perEvent(func(s benchSample) float64 { return float64(s.floor.CPU) }) / us

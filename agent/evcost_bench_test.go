@@ -17,14 +17,20 @@ import (
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 // agentBenchEtcdEnv makes the test binary the child etcd of
 // BenchmarkAgentRemotePodEvents (storetest.ServeChild).
 const agentBenchEtcdEnv = "TABBY_AGENT_BENCH_ETCD"
 
+// agentBenchFloorEnv makes the test binary the bare watcher of
+// BenchmarkAgentRemotePodEvents (storetest.ServeFloor).
+const agentBenchFloorEnv = "TABBY_AGENT_BENCH_FLOOR"
+
 func TestMain(m *testing.M) {
 	storetest.ServeChild(agentBenchEtcdEnv, agentBenchCommand)
+	storetest.ServeFloor(agentBenchFloorEnv, syncer.WatchSpec())
 	os.Exit(m.Run())
 }
 
@@ -43,9 +49,23 @@ func TestMain(m *testing.M) {
 // off) times the
 // churn's length, per event; passes/event the owners' passes the events
 // caused (all loops). Run it with a fixed count: -benchtime=400x.
+//
+// The reference, measured in the same run: a bare etcd watcher (the test
+// binary again, storetest.StartFloor: datastore.New's client watching the
+// view's ranges through etcd's client, counting events) receives the same
+// events in a process of its own; floor-cpu-µs/event is its CPU taken the
+// same way (its threads' run time, /proc), agent/floor the ratio;
+// stream-floor-cpu-µs/event and agent/stream-floor the same of a second
+// bare watcher that receives on a gRPC stream of its own in one goroutine
+// (datastore.FloorStream), as the view's watch does: what any gRPC watcher
+// of these events costs at the least.
+// vcsw/event and floor-vcsw/event are the voluntary context switches per
+// event (a thread that waits, to be woken again) of each, less the rest's.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	ch := storetest.StartChild(b, agentBenchEtcdEnv)
-	ch.Do(b, fmt.Sprintf("preload %d", scaleNodes))
+	preloaded := ch.Do(b, fmt.Sprintf("preload %d", scaleNodes))
+	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
+	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
 	routes := fake.NewRoutes()
 	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
 		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
@@ -76,35 +96,85 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	// returned, which the scavenger would otherwise do during the rest),
 	// then the churn, in chunks of at most 50 events.
 	debug.FreeOSMemory()
+	quiet(b)
 	const rest = 3 * time.Second
-	cpu0 := processCPU()
+	s0 := sampleAll(b, floor, floor2)
 	time.Sleep(rest)
-	restCPU := processCPU() - cpu0
+	s1 := sampleAll(b, floor, floor2)
 	passes0, events0 := loopPasses(b, a), a.view.Stats().Events
+	floorEvents0, floor2Events0 := floor.Wait(b, 0), floor2.Wait(b, 0) // the events counted so far
 	stopProfile := churnProfile(b)
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu1 := time.Now(), processCPU()
+	start, s2 := time.Now(), sampleAll(b, floor, floor2)
+	var last int64
 	for n := 0; n < b.N; {
 		k := min(50, b.N-n)
-		if err := a.view.WaitRevision(ctx, ch.Do(b, fmt.Sprintf("churn %d %d", k, rate))); err != nil {
+		last = ch.Do(b, fmt.Sprintf("churn %d %d", k, rate))
+		if err := a.view.WaitRevision(ctx, last); err != nil {
 			b.Fatal(err)
 		}
 		n += k
 	}
+	floorEvents, floor2Events := floor.Wait(b, last)-floorEvents0, floor2.Wait(b, last)-floor2Events0
 	// The owners' reactions to the last events (their coalescing window).
 	time.Sleep(20 * coalesceWindow)
-	cpu, wall := processCPU()-cpu1, time.Since(start)
+	s3, wall := sampleAll(b, floor, floor2), time.Since(start)
 	b.StopTimer()
 	stopProfile()
-	cpu2 := processCPU()
 	time.Sleep(rest)
-	restRate := float64(restCPU+processCPU()-cpu2) / float64(2*rest)
-	net := float64(cpu) - restRate*float64(wall)
-	b.ReportMetric(net/float64(time.Microsecond)/float64(b.N), "cpu-µs/event")
+	s4 := sampleAll(b, floor, floor2)
+	// perEvent is the churn's x less the rests' rate of x over as long,
+	// per event.
+	perEvent := func(x func(benchSample) float64) float64 {
+		restRate := (x(s1) - x(s0) + x(s4) - x(s3)) / float64(2*rest)
+		return (x(s3) - x(s2) - restRate*float64(wall)) / float64(b.N)
+	}
+	// The agent's CPU in each window, to tell a rest that was not one.
+	ms := float64(time.Millisecond)
+	b.ReportMetric(float64(s1.agentCPU-s0.agentCPU)/ms, "rest1-ms")
+	b.ReportMetric(float64(s3.agentCPU-s2.agentCPU)/ms, "churn-ms")
+	b.ReportMetric(float64(s4.agentCPU-s3.agentCPU)/ms, "rest2-ms")
+	us := float64(time.Microsecond)
+	agentUs := perEvent(func(s benchSample) float64 { return float64(s.agentCPU) }) / us
+	floorUs := perEvent(func(s benchSample) float64 { return float64(s.floor.CPU) }) / us
+	floor2Us := perEvent(func(s benchSample) float64 { return float64(s.floor2.CPU) }) / us
+	b.ReportMetric(agentUs, "cpu-µs/event")
+	b.ReportMetric(floorUs, "floor-cpu-µs/event")
+	b.ReportMetric(agentUs/floorUs, "agent/floor")
+	b.ReportMetric(floor2Us, "stream-floor-cpu-µs/event")
+	b.ReportMetric(agentUs/floor2Us, "agent/stream-floor")
+	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.agent.Voluntary) }), "vcsw/event")
+	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.floor.Voluntary) }), "floor-vcsw/event")
+	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.floor2.Voluntary) }), "stream-floor-vcsw/event")
+	if floorEvents != b.N || floor2Events != b.N {
+		b.Errorf("the floors counted %d and %d events, want %d", floorEvents, floor2Events, b.N)
+	}
 	b.ReportMetric(float64(loopPasses(b, a)-passes0)/float64(b.N), "passes/event")
 	// Watch events the view took per pod event (progress reports included).
 	b.ReportMetric(float64(a.view.Stats().Events-events0)/float64(b.N), "view-events/event")
+}
+
+// benchSample is what sampleAll read: this process's CPU (getrusage) and
+// counters, and the floors'.
+type benchSample struct {
+	agentCPU             time.Duration
+	agent, floor, floor2 storetest.ProcCounters
+}
+
+func sampleAll(b *testing.B, floor, floor2 *storetest.Floor) benchSample {
+	s := benchSample{agentCPU: processCPU()}
+	var err error
+	if s.agent, err = storetest.ProcSample(os.Getpid()); err != nil {
+		b.Fatal(err)
+	}
+	if s.floor, err = storetest.ProcSample(floor.PID); err != nil {
+		b.Fatal(err)
+	}
+	if s.floor2, err = storetest.ProcSample(floor2.PID); err != nil {
+		b.Fatal(err)
+	}
+	return s
 }
 
 // churnProfile writes a CPU profile of the churn alone to the file
@@ -147,6 +217,24 @@ func settle(b *testing.B, a *Agent) {
 		time.Sleep(100 * time.Millisecond)
 		if n := loopPasses(b, a); n != last {
 			last, since = n, time.Now()
+		}
+	}
+}
+
+// quiet waits until this process used less than 1 % of a core for a
+// second: on a loaded host the agent's start (the owners settled) goes on
+// in the background long enough to fall into the first rest (378 ms of
+// CPU in its 3 s at load 30, against 8 in the second).
+func quiet(b *testing.B) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		c := processCPU()
+		time.Sleep(time.Second)
+		if processCPU()-c < 10*time.Millisecond {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("the agent never went quiet")
 		}
 	}
 }

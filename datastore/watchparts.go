@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -184,21 +185,70 @@ type partResp struct {
 	resp clientv3.WatchResponse
 }
 
-// armNudge sets the progress request's timer after a response at now:
-// stopped when every part is in step, else to fire once the stream has
-// been quiet for progressEvery, and no later than progressMaxLag after the
-// lag began. It returns when the lag began (zero: in step).
-func (w *partsWatcher) armNudge(nudge *time.Timer, lagSince, now time.Time) time.Time {
-	if w.least() >= slices.Max(w.reached) {
-		nudge.Stop()
-		return time.Time{}
-	}
-	if lagSince.IsZero() {
-		lagSince = now
-	}
-	nudge.Reset(nudgeDelay(lagSince, now))
-	return lagSince
+// nudger asks for a progress report (send) once a lagging watch's stream
+// has been quiet for progressEvery, and no later than progressMaxLag after
+// the lag began (nudgeDelay). The receiver tells it of every response
+// (seen), but the timer is not moved per response: resetting a timer
+// wakes another thread to look at the new deadline (the runtime's
+// wakeNetPoller), once per remote pod event of an agent's view. It is
+// armed when the lag begins and, when it fires while responses still
+// came, set again for the time left: under a steady churn it fires a few
+// times a second instead of being reset on every event. Safe for
+// concurrent use.
+type nudger struct {
+	mu       sync.Mutex
+	t        *time.Timer
+	armed    bool
+	lagSince time.Time // zero: the parts are in step
+	last     time.Time // the last response
+	send     func()
 }
+
+func newNudger(send func()) *nudger {
+	n := &nudger{send: send}
+	n.t = time.AfterFunc(time.Hour, n.fire)
+	n.t.Stop()
+	return n
+}
+
+// seen records a response at now, after which the parts lag or are in
+// step.
+func (n *nudger) seen(now time.Time, lagging bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.last = now
+	if !lagging {
+		n.lagSince = time.Time{} // an armed timer finds nothing to do
+		return
+	}
+	if n.lagSince.IsZero() {
+		n.lagSince = now
+	}
+	if !n.armed {
+		n.armed = true
+		n.t.Reset(nudgeDelay(n.lagSince, now))
+	}
+}
+
+func (n *nudger) fire() {
+	n.mu.Lock()
+	if n.lagSince.IsZero() {
+		n.armed = false
+		n.mu.Unlock()
+		return
+	}
+	// Due progressEvery after the last response, within the bound.
+	if left := n.last.Add(nudgeDelay(n.lagSince, n.last)).Sub(time.Now()); left > 0 {
+		n.t.Reset(left)
+		n.mu.Unlock()
+		return
+	}
+	n.armed = false
+	n.mu.Unlock()
+	n.send()
+}
+
+func (n *nudger) stop() { n.t.Stop() }
 
 // nudgeDelay is how long after a response at now, with the parts lagging
 // since lagSince, the watch asks for progress.

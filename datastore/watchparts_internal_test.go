@@ -1,7 +1,9 @@
 package datastore
 
 import (
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -76,6 +78,52 @@ func TestNudgeDelay(t *testing.T) {
 			if got := nudgeDelay(t0, t0.Add(tc.now)); got != tc.want {
 				t.Errorf("nudgeDelay after %v = %v, want %v", tc.now, got, tc.want)
 			}
+		})
+	}
+}
+
+// The nudger asks as nudgeDelay says although its timer is not reset per
+// response: under a steady stream progressMaxLag after the lag began, on a
+// quiet stream progressEvery after the last response, not at all once the
+// parts are in step again.
+func TestNudger(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// responses every 50 ms for this long, lagging, then (inStep)
+		// one in step
+		steady time.Duration
+		inStep bool
+		want   []time.Duration // sends, since the first response
+	}{
+		{"quiet", 0, false, []time.Duration{progressEvery}},
+		{"quiet after a while", time.Second, false, []time.Duration{time.Second + progressEvery}},
+		{"steady", 3 * time.Second, false, []time.Duration{progressMaxLag, 3*time.Second + progressEvery}},
+		{"in step again", time.Second, true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				t0 := time.Now()
+				var sent []time.Duration
+				var n *nudger
+				n = newNudger(func() {
+					sent = append(sent, time.Since(t0))
+					n.seen(time.Now(), false) // the progress report
+				})
+				defer n.stop()
+				for time.Since(t0) <= tc.steady {
+					n.seen(time.Now(), true)
+					time.Sleep(50 * time.Millisecond)
+					synctest.Wait()
+				}
+				if tc.inStep {
+					n.seen(time.Now(), false)
+				}
+				time.Sleep(5 * time.Second)
+				synctest.Wait()
+				if !slices.Equal(sent, tc.want) {
+					t.Errorf("progress asked at %v, want %v", sent, tc.want)
+				}
+			})
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -73,10 +74,8 @@ func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
 	}
 	w.s.partsProgress.Store(p)
 	defer w.s.partsProgress.CompareAndSwap(p, nil)
-	nudge := time.AfterFunc(time.Hour, func() { _ = p.requestProgress() }) // best effort: the next lag asks again
-	nudge.Stop()
-	defer nudge.Stop()
-	var lagSince time.Time // when the parts last started to lag; zero: in step
+	nudge := newNudger(func() { _ = p.requestProgress() }) // best effort: the next lag asks again
+	defer nudge.stop()
 	for {
 		resp, err := p.st.Recv()
 		if err != nil {
@@ -88,7 +87,7 @@ func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
 		if err := w.take(ctx, p, resp, b); err != nil {
 			return err
 		}
-		lagSince = w.armNudge(nudge, lagSince, time.Now())
+		nudge.seen(time.Now(), w.least() < slices.Max(w.reached))
 	}
 }
 

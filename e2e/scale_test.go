@@ -76,6 +76,8 @@ func TestSimHarness(t *testing.T) {
 	check(r.RouteP50Ms > 0 && r.RouteP99Ms >= r.RouteP50Ms, "block-to-route latencies")
 	check(r.PolicyP50Ms > 0 && r.PolicyP99Ms >= r.PolicyP50Ms, "policy latencies")
 	check(r.ReadyS > 0, "restart to Ready")
+	// The bare watcher ran beside the agents through the windows.
+	check(r.FloorMeasured, "the bare watcher (floor) not measured")
 	// Every simulated node and every agent holds a watch.
 	check(r.EtcdWatchers >= 10+4, "etcd watchers")
 	// The rests are rests: no simulated session dropped in them.

@@ -73,7 +73,8 @@ func TestSimAddrAndPlot(t *testing.T) {
 		t.Errorf("simAddr(%d) outside %s", MaxSimNodes, simSubnet)
 	}
 	dir := t.TempDir()
-	rs := []SimResult{{Nodes: 10, AgentUsPerEvent: 900, RouteP99Ms: 40}, {Nodes: 100, Events: 400, ChurnSeconds: 21.4, AgentUsPerEvent: 1000, AgentUsPerEventNoise: 35, RouteP99Ms: 60}}
+	rs := []SimResult{{Nodes: 10, AgentUsPerEvent: 900, RouteP99Ms: 40}, {Nodes: 100, Events: 400, ChurnSeconds: 21.4, AgentUsPerEvent: 1000, AgentUsPerEventNoise: 35,
+		FloorMeasured: true, FloorUsPerEvent: 250, FloorUsPerEventNoise: 12, RouteP99Ms: 60}}
 	if err := WriteSimResults(dir, rs); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestSimAddrAndPlot(t *testing.T) {
 		t.Error(err)
 	}
 	md, _ := os.ReadFile(filepath.Join(dir, "results.md"))
-	if !strings.Contains(string(md), "| 100 | 0 | 400 (21) | 1000 ± 35 |") {
+	if !strings.Contains(string(md), "| 10 | 0 | 0 (0) | 900 ± 0 | — |") || !strings.Contains(string(md), "| 100 | 0 | 400 (21) | 1000 ± 35 | 250 ± 12 (4.00) |") {
 		t.Errorf("results.md:\n%s", md)
 	}
 }

@@ -84,6 +84,9 @@ func (r *simRun) snapshot() (map[string]usage, error) {
 	if err := add("etcd", st.Etcd[0].Proc); err != nil {
 		return nil, err
 	}
+	if err := add(floorKey, r.floor); err != nil {
+		return nil, err
+	}
 	return out, add("proxy", st.EtcdProxy)
 }
 
@@ -257,6 +260,11 @@ func (r *simRun) agentLoad(res *SimResult, restA, churn, restB window, events in
 	}
 	res.AgentUsPerEvent, res.AgentUsPerEventNoise = median(us), median(noise)
 	res.AgentIdlePct, res.AgentRSSMiB = median(idlePct), median(rss)
+	if _, ok := churn.to[floorKey]; ok {
+		res.FloorMeasured = true
+		res.FloorUsPerEvent, res.FloorUsPerEventNoise = perEvent(floorKey, restA, churn, restB, events)
+		res.FloorIdlePct = 100 * idleRate(floorKey)
+	}
 	var rrPct, rrRSS, rrSessions []float64
 	st := r.l.State()
 	res.Reflectors = nil

@@ -26,6 +26,14 @@ type SimResult struct {
 	// AgentUsPerEventNoise is the rest's own variation over the churn
 	// window, per event (perEvent): AgentUsPerEvent ± it.
 	AgentUsPerEventNoise float64 `json:"agentCPUMicrosPerEventNoise"`
+	// FloorUsPerEvent is the bare watcher's (simfloor.go) per-event CPU
+	// over the same windows, ± FloorUsPerEventNoise: the reference
+	// AgentUsPerEvent is reported against (FloorRatio), when
+	// FloorMeasured. FloorIdlePct is its rate at rest.
+	FloorMeasured        bool    `json:"floorMeasured"`
+	FloorUsPerEvent      float64 `json:"floorCPUMicrosPerEvent,omitempty"`
+	FloorUsPerEventNoise float64 `json:"floorCPUMicrosPerEventNoise,omitempty"`
+	FloorIdlePct         float64 `json:"floorIdleCPUPercent,omitempty"`
 	AgentIdlePct         float64 `json:"agentIdleCPUPercent"`
 	AgentRSSMiB          float64 `json:"agentRSSMiB"`
 	// Route reflectors (medians); per client = per BGP session.
@@ -128,23 +136,44 @@ func StagesTable(rs []SimResult) string {
 	return b.String()
 }
 
+// FloorRatio is the agents' per-event CPU over the floor's, 0 without a
+// floor.
+func (r SimResult) FloorRatio() float64 {
+	if r.FloorUsPerEvent <= 0 {
+		return 0
+	}
+	return r.AgentUsPerEvent / r.FloorUsPerEvent
+}
+
+// floorCell renders the floor's figure and the agents' ratio to it.
+func (r SimResult) floorCell() string {
+	if !r.FloorMeasured {
+		return "—"
+	}
+	ratio := "—"
+	if q := r.FloorRatio(); q > 0 {
+		ratio = fmt.Sprintf("%.2f", q)
+	}
+	return fmt.Sprintf("%.0f ± %.0f (%s)", r.FloorUsPerEvent, r.FloorUsPerEventNoise, ratio)
+}
+
 func (r SimResult) summary() string {
-	return fmt.Sprintf("agent %.0f ± %.0f µs/event (%d events in %.0f s), idle %.2f%%, %.0f MiB; RR %.0f MiB; route p99 %.0f ms; policy p99 %.0f ms; ready %.1f s; etcd %d watchers",
-		r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.Events, r.ChurnSeconds, r.AgentIdlePct, r.AgentRSSMiB, r.RRRSSMiB, r.RouteP99Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdWatchers)
+	return fmt.Sprintf("agent %.0f ± %.0f µs/event (%d events in %.0f s; bare watcher %s), idle %.2f%%, %.0f MiB; RR %.0f MiB; route p99 %.0f ms; policy p99 %.0f ms; ready %.1f s; etcd %d watchers",
+		r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.Events, r.ChurnSeconds, r.floorCell(), r.AgentIdlePct, r.AgentRSSMiB, r.RRRSSMiB, r.RouteP99Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdWatchers)
 }
 
 // SimTable renders results as a Markdown table, one row per size.
 func SimTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | bare watcher µs/event ± noise (agent / it) | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		proxy := "—"
 		if r.EtcdProxy {
 			proxy = fmt.Sprintf("%.1f", r.ProxyChurnPct)
 		}
-		fmt.Fprintf(&b, "| %d | %d | %d (%.0f) | %.0f ± %.0f | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
-			r.Nodes, r.Endpoints, r.Events, r.ChurnSeconds, r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
+		fmt.Fprintf(&b, "| %d | %d | %d (%.0f) | %.0f ± %.0f | %s | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
+			r.Nodes, r.Endpoints, r.Events, r.ChurnSeconds, r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.floorCell(), r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
 			r.RouteP50Ms, r.RouteP99Ms, r.AdvertP50Ms, r.AdvertP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy, r.Load)
 	}
 	return b.String()

@@ -39,6 +39,10 @@ type simRun struct {
 	churnFailures int
 	// drops logs and counts the simulated sessions that end.
 	drops *simDrops
+	// floor is the bare watcher the agents' per-event CPU is measured
+	// against (simfloor.go); floorDone is closed when it exits.
+	floor     *Proc
+	floorDone <-chan struct{}
 }
 
 // Sim runs the harness (docs/scale.md): it brings up a lab named o.Name,
@@ -75,7 +79,7 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 		for _, m := range append(r.routes, r.sets...) {
 			m.stop()
 		}
-		err = errors.Join(err, closeDropLog())
+		err = errors.Join(err, r.stopFloor(), closeDropLog())
 		if err != nil && o.Out != "" {
 			err = errors.Join(err, keepLabLogs(l, filepath.Join(o.Out, "logs")))
 		}
@@ -130,6 +134,9 @@ func (r *simRun) setUp(ctx context.Context, wg *sync.WaitGroup) error {
 		r.sets = append(r.sets, m)
 	}
 	if err := r.readZones(ctx); err != nil {
+		return err
+	}
+	if err := r.startFloor(); err != nil {
 		return err
 	}
 	return r.writePolicies(ctx)

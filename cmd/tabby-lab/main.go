@@ -53,7 +53,7 @@ func newRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&g.name, "name", lab.DefaultName, "lab name, the prefix of its namespaces")
 	root.PersistentFlags().StringVar(&g.runDir, "run-dir", lab.DefaultRunDir, "directory holding one directory per lab")
-	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), etcdProxyCmd(), simCmd(g), cniCmd(), benchCmd(g))
+	root.AddCommand(upCmd(g), downCmd(g), statusCmd(g), execCmd(g), kubectlCmd(g), podCmd(g), nodeCmd(g), demoCmd(g), etcdCmd(), etcdProxyCmd(), floorWatchCmd(), simCmd(g), cniCmd(), benchCmd(g))
 	return root
 }
 

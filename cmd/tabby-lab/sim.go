@@ -88,3 +88,21 @@ func etcdProxyCmd() *cobra.Command {
 		},
 	}
 }
+
+// floorWatchCmd runs the sim's bare etcd watcher (lab.RunFloorWatch), the
+// reference of the agents' per-event CPU; the sim starts it.
+func floorWatchCmd() *cobra.Command {
+	var etcd []string
+	c := &cobra.Command{
+		Use:    "floor-watch --etcd URL...",
+		Short:  "Watch what an agent's view watches and only count the events (the sim's reference)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return lab.RunFloorWatch(c.Context(), etcd)
+		},
+	}
+	c.Flags().StringArrayVar(&etcd, "etcd", nil, "etcd client URL (repeat)")
+	_ = c.MarkFlagRequired("etcd")
+	return c
+}

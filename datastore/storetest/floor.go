@@ -1,0 +1,204 @@
+package storetest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tabbynet/tabby/datastore"
+)
+
+// A floor is the test binary started again as a bare etcd watcher
+// (datastore.Store.FloorWatch): the reference a benchmark measures a
+// watcher's per-event CPU against, in a process of its own so that its
+// CPU is its own (ProcSample). TestMain calls ServeFloor first; the
+// benchmark calls StartFloor.
+
+// ServeFloor makes this process a floor when env is set in its
+// environment ("URL REV MODE": etcd's client URL, the first revision to
+// watch, the datastore.FloorMode as a number):
+// it watches spec and answers "wait REV" lines on stdin, once it received
+// a response at revision REV or later, with "ok EVENTS" (the events
+// counted so far), until EOF, and exits. It returns (doing nothing) when
+// env is not set.
+func ServeFloor(env string, spec datastore.WatchSpec) {
+	v := os.Getenv(env)
+	if v == "" {
+		return
+	}
+	if err := serveFloor(v, spec, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func serveFloor(v string, spec datastore.WatchSpec, in io.Reader, out io.Writer) error {
+	var (
+		url  string
+		from int64
+		mode datastore.FloorMode
+	)
+	if _, err := fmt.Sscan(v, &url, &from, &mode); err != nil {
+		return fmt.Errorf("floor: %q: want \"URL REV MODE\": %w", v, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store, err := datastore.New(ctx, datastore.Config{Endpoints: []string{url}})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	var (
+		mu     sync.Mutex
+		cond   = sync.NewCond(&mu)
+		events int
+		rev    int64
+		failed error
+	)
+	go func() {
+		err := store.FloorWatch(ctx, spec, from, mode, func(n int, r int64) {
+			mu.Lock()
+			events, rev = events+n, max(rev, r)
+			mu.Unlock()
+			cond.Broadcast()
+		})
+		mu.Lock()
+		failed = err
+		mu.Unlock()
+		cond.Broadcast()
+	}()
+	fmt.Fprintln(out, "ready")
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		want, err := strconv.ParseInt(f[len(f)-1], 10, 64)
+		if len(f) != 2 || f[0] != "wait" || err != nil {
+			return fmt.Errorf("floor: %q: want \"wait REV\"", sc.Text())
+		}
+		mu.Lock()
+		for rev < want && failed == nil {
+			cond.Wait()
+		}
+		n, ferr := events, failed
+		mu.Unlock()
+		if ferr != nil {
+			return ferr
+		}
+		fmt.Fprintf(out, "ok %d\n", n)
+	}
+	return sc.Err()
+}
+
+// Floor is a running floor process.
+type Floor struct {
+	PID int
+	in  io.Writer
+	out *bufio.Scanner
+}
+
+// StartFloor starts the test binary as a floor (env set) watching etcd at
+// url from revision from on as mode says, stopped at cleanup.
+func StartFloor(tb testing.TB, env, url string, from int64, mode datastore.FloorMode) *Floor {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %d", env, url, from, mode))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { in.Close(); _ = cmd.Wait() })
+	f := &Floor{PID: cmd.Process.Pid, in: in, out: bufio.NewScanner(out)}
+	if !f.out.Scan() || f.out.Text() != "ready" {
+		tb.Fatal("floor did not start")
+	}
+	return f
+}
+
+// Wait returns once the floor received a response at revision rev or
+// later, with the events it counted so far.
+func (f *Floor) Wait(tb testing.TB, rev int64) int {
+	tb.Helper()
+	fmt.Fprintf(f.in, "wait %d\n", rev)
+	if !f.out.Scan() {
+		tb.Fatalf("floor: wait %d: no answer", rev)
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(f.out.Text(), "ok "))
+	if err != nil {
+		tb.Fatalf("floor: wait %d: %s", rev, f.out.Text())
+	}
+	return n
+}
+
+// ProcCounters are a process's CPU and context switches, summed over its
+// live threads.
+type ProcCounters struct {
+	CPU time.Duration // the threads' sum_exec_runtime (/proc/PID/task/*/schedstat): ns, not clock ticks
+	// Voluntary are the threads' switches away to wait (each one a sleep
+	// and a later wake-up); Involuntary their preemptions.
+	Voluntary, Involuntary int64
+	Threads                int
+}
+
+// Sub is c less d.
+func (c ProcCounters) Sub(d ProcCounters) ProcCounters {
+	return ProcCounters{CPU: c.CPU - d.CPU, Voluntary: c.Voluntary - d.Voluntary, Involuntary: c.Involuntary - d.Involuntary, Threads: c.Threads}
+}
+
+// ProcSample reads process pid's ProcCounters from /proc. A thread that
+// exited took its counts with it: a Go process's threads rarely exit.
+func ProcSample(pid int) (ProcCounters, error) {
+	var c ProcCounters
+	dirs, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	if err != nil || len(dirs) == 0 {
+		return c, fmt.Errorf("process %d: no threads in /proc (%v)", pid, err)
+	}
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "schedstat"))
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return c, fmt.Errorf("%s/schedstat: %q", d, b)
+		}
+		st, err := os.ReadFile(filepath.Join(d, "status"))
+		if err != nil {
+			continue
+		}
+		c.CPU += time.Duration(ns)
+		c.Threads++
+		for _, line := range strings.Split(string(st), "\n") {
+			name, val, _ := strings.Cut(line, ":")
+			n, _ := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
+			switch name {
+			case "voluntary_ctxt_switches":
+				c.Voluntary += n
+			case "nonvoluntary_ctxt_switches":
+				c.Involuntary += n
+			}
+		}
+	}
+	return c, nil
+}

@@ -16,7 +16,7 @@ type Value interface {
 		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy | api.Service |
 		api.HostEndpoint | api.ClusterConfiguration | api.Tier | api.StagedGlobalNetworkPolicy |
 		ipam.BlockSummary | ipam.Affinity | datastore.KV | datastore.BGPMeshKey |
-		datastore.BGPSecrets
+		datastore.BGPSecrets | api.RemoteEndpoint
 }
 
 // kindOf names the kind whose values are T. The view's one place that
@@ -35,6 +35,8 @@ func kindOf[T Value]() string {
 		return kindMeshKey
 	case *datastore.BGPSecrets:
 		return kindBGPSecrets
+	case *api.RemoteEndpoint:
+		return kindRemote
 	default: // *datastore.KV, the constraint allows nothing else
 		return kindNodeGC
 	}

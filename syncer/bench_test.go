@@ -107,7 +107,7 @@ func benchViewMemory(b *testing.B, local string) {
 		}
 		b.StopTimer()
 		// Read as an owner pass does (the view settles what it holds).
-		if got := len(s.Endpoints()); got != nodes*perNode {
+		if got := len(s.Endpoints()) + len(s.RemoteEndpoints()); got != nodes*perNode {
 			b.Fatalf("view holds %d endpoints, want %d", got, nodes*perNode)
 		}
 		b.ReportMetric(float64(testkit.HeapAfterGC()-before)/float64(nodes*perNode), "heap-B/endpoint")

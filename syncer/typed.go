@@ -9,7 +9,8 @@ import (
 )
 
 // Value is the type of the values of one kind the view holds: the api
-// resources it watches, IPAM block summaries and affinities, and node GC
+// resources it watches, other nodes' endpoints in compact form
+// (CompactRemote), IPAM block summaries and affinities, and node GC
 // records (as stored: node GC decodes them itself).
 type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |

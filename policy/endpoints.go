@@ -162,13 +162,14 @@ func (cc *Compiler) list(c *compiler) {
 	var warned []warnedEP
 	var local []*endpoint
 	dup := false
-	visit := func(e *epEntry, ws func() []string) {
+	// visit takes a listed entry; ws are its warnings when it has any.
+	visit := func(e *epEntry, ws []string) {
 		if e.seen == cc.pass {
 			dup = true // listed twice: it counts twice, as Compile counts it
 		}
 		e.seen = cc.pass
 		if e.warned {
-			warned = append(warned, warnedEP{e.ep(), ws()})
+			warned = append(warned, warnedEP{e.ep(), ws})
 		}
 		if e.policed {
 			local = append(local, e.ep())
@@ -182,7 +183,11 @@ func (cc *Compiler) list(c *compiler) {
 		if e == nil {
 			e = cc.add(c, w)
 		}
-		visit(e, func() []string { return cc.warned[w] })
+		var ws []string
+		if e.warned {
+			ws = cc.warned[w]
+		}
+		visit(e, ws)
 	}
 	for _, r := range c.in.Remote {
 		if r == nil {
@@ -192,7 +197,11 @@ func (cc *Compiler) list(c *compiler) {
 		if e == nil {
 			e = cc.addRemote(c, r)
 		}
-		visit(e, func() []string { return cc.warnedRemote[r] })
+		var ws []string
+		if e.warned {
+			ws = cc.warnedRemote[r]
+		}
+		visit(e, ws)
 	}
 	for w, e := range cc.eps {
 		if e.seen != cc.pass {

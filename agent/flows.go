@@ -50,7 +50,7 @@ type endpointInfo struct {
 func newFlowOwner(cfg flowlog.Config, node string, view *syncer.Syncer, src FlowSources, log *slog.Logger) *flowOwner {
 	f := &flowOwner{cfg: cfg, view: view, src: src, log: log}
 	f.agg = flowlog.New(cfg, node, f, f)
-	f.sub = view.Notify("flows", syncer.On[api.WorkloadEndpoint](nil), syncer.On[api.Node](nil))
+	f.sub = view.Notify("flows", syncer.On[api.WorkloadEndpoint](nil), syncer.On[api.RemoteEndpoint](nil), syncer.On[api.Node](nil))
 	empty := map[string]*policy.Origin{}
 	f.origins.Store(&empty)
 	return f
@@ -93,19 +93,24 @@ func (f *flowOwner) reindex(node string) {
 			}
 		}
 	}
-	for _, w := range f.view.Endpoints() {
-		addrs, _ := w.Addrs()
-		ns := w.Metadata.Namespace
+	pod := func(addrs []netip.Addr, ns, name, pod string, labels map[string]string, on string) {
 		if ns == "" {
 			ns = "default"
 		}
-		name := w.Spec.Pod
-		if name == "" {
-			name = w.Metadata.Name
+		if pod != "" {
+			name = pod
 		}
 		for _, a := range addrs {
-			m[a.Unmap()] = endpointInfo{ep: api.FlowEndpoint{Kind: api.FlowEndpointPod, Namespace: ns, Name: name, Labels: w.Metadata.Labels}, local: w.Spec.Node == node}
+			m[a.Unmap()] = endpointInfo{ep: api.FlowEndpoint{Kind: api.FlowEndpointPod, Namespace: ns, Name: name, Labels: labels}, local: on == node}
 		}
+	}
+	for _, w := range f.view.Endpoints() {
+		addrs, _ := w.Addrs()
+		pod(addrs, w.Metadata.Namespace, w.Metadata.Name, w.Spec.Pod, w.Metadata.Labels, w.Spec.Node)
+	}
+	for _, r := range f.view.RemoteEndpoints() {
+		addrs, _ := r.Addrs()
+		pod(addrs, r.Namespace, r.Name, r.Pod, r.Labels, r.Node)
 	}
 	f.eps.Store(&m)
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/tabbynet/tabby/api"
@@ -266,7 +267,15 @@ func (g *nodeGC) endpointsOf(ctx context.Context, n string) []*api.WorkloadEndpo
 	all, _, err := datastore.ListAs[*api.WorkloadEndpoint](ctx, g.store, api.KindWorkloadEndpoint, "")
 	if err != nil {
 		g.log.Warn("listing endpoints for node gc; using the view's", "err", err)
-		return g.view.EndpointsOn(n)
+		out := g.view.EndpointsOn(n)
+		for _, r := range g.view.RemoteEndpoints() { // the agent's view keeps other nodes' compact
+			if r.Node == n {
+				out = append(out, &api.WorkloadEndpoint{
+					Metadata: api.ObjectMeta{Namespace: r.Namespace, Name: r.Name, ResourceVersion: strconv.FormatInt(r.Revision, 10)},
+					Spec:     api.WorkloadEndpointSpec{Node: r.Node}})
+			}
+		}
+		return out
 	}
 	var out []*api.WorkloadEndpoint
 	for _, w := range all {

@@ -92,7 +92,7 @@ func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log
 	p.eps.node = node
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
 		syncer.On[api.Tier](nil), syncer.On[api.StagedGlobalNetworkPolicy](nil),
-		syncer.On(guarding[api.IPPool](p, nil)), syncer.On(p.affectsEndpoint),
+		syncer.On(guarding[api.IPPool](p, nil)), syncer.On(p.affectsEndpoint), syncer.On(p.affectsRemote),
 		syncer.On[api.HostEndpoint](nil), syncer.On[api.ClusterConfiguration](nil), syncer.On(p.affectsHost),
 		syncer.On(guarding(p, func(u syncer.Update[api.Node]) bool { return nodeAddrsChanged(u) || tunnelGuardChanged(u) })),
 		syncer.On(guarding[api.BGPPeer](p, nil)), syncer.On(guarding[api.BGPConfiguration](p, nil)))
@@ -108,6 +108,12 @@ func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log
 // endpoints, so the view calls it once for each.
 func (p *policyOwner) affectsEndpoint(u syncer.Update[api.WorkloadEndpoint]) bool {
 	return p.eps.record(u.Old, u.New)
+}
+
+// affectsRemote is affectsEndpoint for the endpoints of other nodes,
+// which the agent's view keeps in compact form (syncer.CompactRemote).
+func (p *policyOwner) affectsRemote(u syncer.Update[api.RemoteEndpoint]) bool {
+	return p.eps.recordRemote(u.Old, u.New)
 }
 
 // loop runs passes on view changes and, applying in full, every resync
@@ -201,7 +207,7 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	if rs == nil {
 		// The first pass, too many changes, or the periodic one: every
 		// endpoint.
-		in.Endpoints = p.view.Endpoints()
+		in.Endpoints, in.Remote = p.view.Endpoints(), p.view.RemoteEndpoints()
 		rs = p.compiler.Compile(in)
 	}
 	if p.eps.publish(p.compiler.Interest()) {

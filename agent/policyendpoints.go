@@ -55,13 +55,31 @@ func (l *endpointLog) record(old, new *api.WorkloadEndpoint) bool {
 	} else {
 		wake = l.interest.Wants(old) || l.interest.Wants(new)
 	}
+	return l.keep(policy.EndpointChange{Old: old, New: new}, wake)
+}
+
+// recordRemote is record for another node's endpoint in compact form.
+func (l *endpointLog) recordRemote(old, new *api.RemoteEndpoint) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var wake bool
+	if l.interest == nil {
+		wake = (old != nil && old.Node == l.node) || (new != nil && new.Node == l.node)
+	} else {
+		wake = l.interest.WantsRemote(old) || l.interest.WantsRemote(new)
+	}
+	return l.keep(policy.EndpointChange{OldRemote: old, NewRemote: new}, wake)
+}
+
+// keep keeps a change that wakes the owner or not. The caller holds mu.
+func (l *endpointLog) keep(c policy.EndpointChange, wake bool) bool {
 	switch {
 	case l.overflow:
 	case len(l.changes) < maxEndpointChanges:
 		if !wake {
 			l.unwoken = append(l.unwoken, len(l.changes))
 		}
-		l.changes = append(l.changes, policy.EndpointChange{Old: old, New: new})
+		l.changes = append(l.changes, c)
 	default:
 		l.changes, l.unwoken, l.overflow = nil, nil, true
 	}
@@ -95,7 +113,7 @@ func (l *endpointLog) publish(in *policy.Interest) bool {
 		return true
 	}
 	for _, i := range l.unwoken {
-		if c := l.changes[i]; in.Wants(c.Old) || in.Wants(c.New) {
+		if c := l.changes[i]; in.Wants(c.Old) || in.Wants(c.New) || in.WantsRemote(c.OldRemote) || in.WantsRemote(c.NewRemote) {
 			return true
 		}
 	}

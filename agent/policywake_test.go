@@ -143,7 +143,7 @@ func waitStore(t *testing.T, p *policyOwner, store *datastore.Store) {
 func (p *policyOwner) lastInput(t *testing.T) policy.Input {
 	t.Helper()
 	in := p.input(p.hostInputs())
-	in.Endpoints = p.view.Endpoints()
+	in.Endpoints, in.Remote = p.view.Endpoints(), p.view.RemoteEndpoints()
 	return in
 }
 

@@ -1,10 +1,6 @@
 package api
 
-import (
-	"errors"
-	"fmt"
-	"net/netip"
-)
+import "net/netip"
 
 // LabelSelector is the Kubernetes label selector form. A nil *LabelSelector
 // means "not specified"; an empty one selects everything.
@@ -493,20 +489,7 @@ func (n *Node) IPv6() (netip.Prefix, bool) {
 // Addrs returns the endpoint's addresses: each spec.ipNetworks entry is a
 // CIDR or, from a lenient writer, a bare address. Entries that parse as
 // neither are left out and reported, joined, in the error.
-func (w *WorkloadEndpoint) Addrs() ([]netip.Addr, error) {
-	var out []netip.Addr
-	var errs []error
-	for i, n := range w.Spec.IPNetworks {
-		if p, err := netip.ParsePrefix(n); err == nil {
-			out = append(out, p.Addr())
-		} else if a, err2 := netip.ParseAddr(n); err2 == nil {
-			out = append(out, a)
-		} else {
-			errs = append(errs, fmt.Errorf("spec.ipNetworks[%d]: %w", i, err))
-		}
-	}
-	return out, errors.Join(errs...)
-}
+func (w *WorkloadEndpoint) Addrs() ([]netip.Addr, error) { return parseIPNetworks(w.Spec.IPNetworks) }
 
 // Prefix returns the pool's CIDR, masked.
 func (p *IPPool) Prefix() (netip.Prefix, error) {

@@ -34,7 +34,10 @@ type Compiler struct {
 	// warned are those policed here and those with warnings.
 	eps, local map[*api.WorkloadEndpoint]*epEntry
 	warned     map[*api.WorkloadEndpoint][]string
-	pass       uint64
+	// remote and warnedRemote are eps and warned of Input.Remote.
+	remote       map[*api.RemoteEndpoint]*epEntry
+	warnedRemote map[*api.RemoteEndpoint][]string
+	pass         uint64
 	// This pass's endpoints that came and went.
 	added   []*epEntry
 	removed []*endpoint
@@ -132,18 +135,20 @@ func (cc *Compiler) begin(c *compiler) {
 		return
 	}
 	other := c.in
-	other.Endpoints, other.NetworkPolicies, other.GlobalPolicies, other.Pools, other.StagedPolicies = nil, nil, nil, nil, nil
+	other.Endpoints, other.Remote, other.NetworkPolicies, other.GlobalPolicies, other.Pools, other.StagedPolicies = nil, nil, nil, nil, nil, nil
 	if !cc.started || !reflect.DeepEqual(other, cc.other) {
 		// The parsed endpoints and the sets of their addresses depend on
 		// the node's name only: keep them for another change.
 		keep := *cc
 		*cc = Compiler{started: true, other: other, names: map[chainKey]string{},
 			eps: map[*api.WorkloadEndpoint]*epEntry{}, local: map[*api.WorkloadEndpoint]*epEntry{}, warned: map[*api.WorkloadEndpoint][]string{},
+			remote: map[*api.RemoteEndpoint]*epEntry{}, warnedRemote: map[*api.RemoteEndpoint][]string{},
 			chains: map[*api.WorkloadEndpoint]*epChains{}, policies: map[policyRef]*policyEntry{}, sets: map[string]*liveSet{},
 			staged: map[*api.StagedGlobalNetworkPolicy]*api.GlobalNetworkPolicy{}, setsVersion: keep.setsVersion + 1,
 			nsLabels: keep.nsLabels}
 		if keep.started && keep.other.Node == other.Node {
 			cc.eps, cc.local, cc.warned, cc.pass = keep.eps, keep.local, keep.warned, keep.pass
+			cc.remote, cc.warnedRemote = keep.remote, keep.warnedRemote
 			cc.sortedLocal, cc.localWarnings, cc.localDirty = keep.sortedLocal, keep.localWarnings, keep.localDirty
 			for name, s := range keep.sets {
 				if !s.def.fixed {
@@ -311,6 +316,9 @@ func (cc *Compiler) liveSet(c *compiler, name string, def setDef) bool {
 	}
 	s := &liveSet{def: def, ports: map[AddrPort]int{}}
 	for _, e := range cc.eps { // an object listed twice counts once, as the changes see it
+		s.count(e.ep(), 1)
+	}
+	for _, e := range cc.remote {
 		s.count(e.ep(), 1)
 	}
 	s.build(name)

@@ -68,8 +68,8 @@ func compile(in Input, cache *Compiler) *Ruleset {
 		fw, tw, extra := c.endpointChains(ep)
 		fws, tws = append(fws, fw), append(tws, tw)
 		extras = append(extras, extra...)
-		fromDispatch = append(fromDispatch, DispatchTarget{ep.iface, fw.Name})
-		toDispatch = append(toDispatch, DispatchTarget{ep.iface, tw.Name})
+		fromDispatch = append(fromDispatch, DispatchTarget{ep.iface(), fw.Name})
+		toDispatch = append(toDispatch, DispatchTarget{ep.iface(), tw.Name})
 	}
 	hostChains, hostJumps, hooks := c.hostChains()
 	chains := make([]Chain, 0, len(fws)+len(tws)+len(extras)+len(c.chains)+len(hostChains)+7)
@@ -214,7 +214,7 @@ func jumpTo(chain string) Rule { return Rule{Verdict: Verdict{Kind: VerdictJump,
 // address sends no IPv6 at all (the neighbour discovery it needs towards
 // its node is accepted in the input chain before this one runs).
 func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
-	ch := Chain{Table: TableFilter, Name: Prefix + "fw-" + ep.iface}
+	ch := Chain{Table: TableFilter, Name: Prefix + "fw-" + ep.iface()}
 	var extra []Chain
 	if len(ep.addrs) == 0 {
 		ch.Rules = append(ch.Rules, ruleDrop)
@@ -236,7 +236,7 @@ func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
 			// One chain for the families with several addresses: it
 			// returns for each of them and drops the rest of the family.
 			if sp == nil {
-				sp = &Chain{Table: TableFilter, Name: Prefix + "sp-" + ep.iface}
+				sp = &Chain{Table: TableFilter, Name: Prefix + "sp-" + ep.iface()}
 			}
 			for _, a := range addrs {
 				sp.Rules = append(sp.Rules, Rule{Match: []Match{{Kind: MatchSrcNet, Net: netip.PrefixFrom(a, f.Bits())}}, Verdict: Verdict{Kind: VerdictReturn}})
@@ -257,7 +257,7 @@ func (c *compiler) fromWorkloadChain(ep *endpoint) (Chain, []Chain) {
 // toWorkloadChain is the ingress chain of a local endpoint.
 // Its tier chains are returned as extra chains.
 func (c *compiler) toWorkloadChain(ep *endpoint) (Chain, []Chain) {
-	ch := Chain{Table: TableFilter, Name: Prefix + "tw-" + ep.iface}
+	ch := Chain{Table: TableFilter, Name: Prefix + "tw-" + ep.iface()}
 	ch.Rules = append(ch.Rules, ruleEstablished)
 	rules, extra := c.tieredRules(ep, ingress)
 	ch.Rules = append(ch.Rules, rules...)

@@ -19,9 +19,12 @@ import (
 // deletion). A changed endpoint is a new object.
 type EndpointChange struct {
 	Old, New *api.WorkloadEndpoint
+	// OldRemote and NewRemote are a change of an endpoint of another node
+	// in compact form (Input.Remote). A change sets these or Old and New.
+	OldRemote, NewRemote *api.RemoteEndpoint
 }
 
-// CompileChanges compiles like Compile, with in.Endpoints (ignored)
+// CompileChanges compiles like Compile, with in.Endpoints and in.Remote (ignored)
 // replaced by the endpoints of the Compiler's last call with changes
 // applied in order. The endpoints cost in proportion to the changes, not
 // to how many there are. A change the last call's endpoints already hold
@@ -38,7 +41,7 @@ func (cc *Compiler) CompileChanges(in Input, changes []EndpointChange) (*Ruleset
 	if !cc.started || cc.other.Node != in.Node {
 		return nil, false
 	}
-	in.Endpoints = nil
+	in.Endpoints, in.Remote = nil, nil
 	cc.changes, cc.delta = changes, true
 	defer func() { cc.changes, cc.delta = nil, false }()
 	return compile(in, cc), true
@@ -72,18 +75,24 @@ func (c *compiler) parseEndpoints() {
 	switch {
 	case cc == nil:
 		var warned []warnedEP
-		c.eps = make([]*endpoint, 0, len(c.in.Endpoints))
-		for _, w := range c.in.Endpoints {
-			if w == nil {
-				continue
-			}
-			e, ws := c.parse(w)
+		c.eps = make([]*endpoint, 0, len(c.in.Endpoints)+len(c.in.Remote))
+		take := func(e *epEntry, ws []string) {
 			c.eps = append(c.eps, e.ep())
 			if e.policed {
 				c.local = append(c.local, e.ep())
 			}
 			if len(ws) > 0 {
 				warned = append(warned, warnedEP{e.ep(), ws})
+			}
+		}
+		for _, w := range c.in.Endpoints {
+			if w != nil {
+				take(c.parse(w))
+			}
+		}
+		for _, r := range c.in.Remote {
+			if r != nil {
+				take(c.parseRemote(r))
 			}
 		}
 		c.endpointWarnings(warned)
@@ -100,10 +109,23 @@ func (c *compiler) parse(w *api.WorkloadEndpoint) (*epEntry, []string) {
 	w0 := len(c.warnings)
 	e := &epEntry{}
 	c.parseEndpoint(&e.endpoint, w)
+	return e, c.takeWarnings(e, w0)
+}
+
+// parseRemote parses an endpoint of another node in compact form.
+func (c *compiler) parseRemote(r *api.RemoteEndpoint) (*epEntry, []string) {
+	w0 := len(c.warnings)
+	e := &epEntry{}
+	c.parseRemoteEndpoint(&e.endpoint, r)
+	return e, c.takeWarnings(e, w0)
+}
+
+// takeWarnings removes the warnings from w0 on, for e.
+func (c *compiler) takeWarnings(e *epEntry, w0 int) []string {
 	ws := slices.Clone(c.warnings[w0:])
 	c.warnings = c.warnings[:w0]
 	e.warned = len(ws) > 0
-	return e, ws
+	return ws
 }
 
 // endpointWarnings adds the warnings of the endpoints that have any, by
@@ -122,11 +144,11 @@ func (c *compiler) endpointWarnings(warned []warnedEP) {
 // interface has one chain.
 func (c *compiler) police(local []*endpoint) []*endpoint {
 	slices.SortStableFunc(local, func(a, b *endpoint) int {
-		return cmp.Or(cmp.Compare(a.iface, b.iface), cmp.Compare(a.name(), b.name()))
+		return cmp.Or(cmp.Compare(a.iface(), b.iface()), cmp.Compare(a.name(), b.name()))
 	})
 	return slices.CompactFunc(local, func(a, b *endpoint) bool {
-		if a.iface == b.iface {
-			c.warnf("endpoints %s and %s share interface %s: %s not policed", a.name(), b.name(), a.iface, b.name())
+		if a.iface() == b.iface() {
+			c.warnf("endpoints %s and %s share interface %s: %s not policed", a.name(), b.name(), a.iface(), b.name())
 			return true
 		}
 		return false
@@ -140,28 +162,55 @@ func (cc *Compiler) list(c *compiler) {
 	var warned []warnedEP
 	var local []*endpoint
 	dup := false
-	for _, w := range c.in.Endpoints {
-		if w == nil {
-			continue
-		}
-		e := cc.eps[w]
-		switch {
-		case e == nil:
-			e = cc.add(c, w)
-		case e.seen == cc.pass:
+	// visit takes a listed entry; ws are its warnings when it has any.
+	visit := func(e *epEntry, ws []string) {
+		if e.seen == cc.pass {
 			dup = true // listed twice: it counts twice, as Compile counts it
 		}
 		e.seen = cc.pass
 		if e.warned {
-			warned = append(warned, warnedEP{e.ep(), cc.warned[w]})
+			warned = append(warned, warnedEP{e.ep(), ws})
 		}
 		if e.policed {
 			local = append(local, e.ep())
 		}
 	}
+	for _, w := range c.in.Endpoints {
+		if w == nil {
+			continue
+		}
+		e := cc.eps[w]
+		if e == nil {
+			e = cc.add(c, w)
+		}
+		var ws []string
+		if e.warned {
+			ws = cc.warned[w]
+		}
+		visit(e, ws)
+	}
+	for _, r := range c.in.Remote {
+		if r == nil {
+			continue
+		}
+		e := cc.remote[r]
+		if e == nil {
+			e = cc.addRemote(c, r)
+		}
+		var ws []string
+		if e.warned {
+			ws = cc.warnedRemote[r]
+		}
+		visit(e, ws)
+	}
 	for w, e := range cc.eps {
 		if e.seen != cc.pass {
 			cc.remove(w, e)
+		}
+	}
+	for r, e := range cc.remote {
+		if e.seen != cc.pass {
+			cc.removeRemote(r, e)
 		}
 	}
 	c.endpointWarnings(warned)
@@ -184,11 +233,22 @@ func (cc *Compiler) applyChanges(c *compiler) {
 		if ch.New != nil && cc.eps[ch.New] == nil {
 			cc.add(c, ch.New)
 		}
+		if ch.OldRemote != nil && ch.OldRemote != ch.NewRemote {
+			if e := cc.remote[ch.OldRemote]; e != nil {
+				cc.removeRemote(ch.OldRemote, e)
+			}
+		}
+		if ch.NewRemote != nil && cc.remote[ch.NewRemote] == nil {
+			cc.addRemote(c, ch.NewRemote)
+		}
 	}
 	cc.added = slices.DeleteFunc(cc.added, func(e *epEntry) bool { return e.gone })
-	warned := make([]warnedEP, 0, len(cc.warned))
+	warned := make([]warnedEP, 0, len(cc.warned)+len(cc.warnedRemote))
 	for w, ws := range cc.warned {
 		warned = append(warned, warnedEP{cc.eps[w].ep(), ws})
+	}
+	for r, ws := range cc.warnedRemote {
+		warned = append(warned, warnedEP{cc.remote[r].ep(), ws})
 	}
 	c.endpointWarnings(warned)
 	cc.policeLocal(c)
@@ -227,6 +287,19 @@ func (cc *Compiler) add(c *compiler, w *api.WorkloadEndpoint) *epEntry {
 	return e
 }
 
+// addRemote is add for an endpoint in compact form, which is never
+// policed here (it has no interface).
+func (cc *Compiler) addRemote(c *compiler, r *api.RemoteEndpoint) *epEntry {
+	e, ws := c.parseRemote(r)
+	e.born = cc.pass
+	cc.remote[r] = e
+	if len(ws) > 0 {
+		cc.warnedRemote[r] = ws
+	}
+	cc.added = append(cc.added, e)
+	return e
+}
+
 func (cc *Compiler) remove(w *api.WorkloadEndpoint, e *epEntry) {
 	delete(cc.eps, w)
 	delete(cc.warned, w)
@@ -234,6 +307,17 @@ func (cc *Compiler) remove(w *api.WorkloadEndpoint, e *epEntry) {
 		delete(cc.local, w)
 		cc.localDirty = true
 	}
+	cc.dropped(e)
+}
+
+func (cc *Compiler) removeRemote(r *api.RemoteEndpoint, e *epEntry) {
+	delete(cc.remote, r)
+	delete(cc.warnedRemote, r)
+	cc.dropped(e)
+}
+
+// dropped notes a removed endpoint for the sets.
+func (cc *Compiler) dropped(e *epEntry) {
 	if e.born == cc.pass {
 		e.gone = true // came and went in this pass: the sets never saw it
 		return
@@ -244,16 +328,22 @@ func (cc *Compiler) remove(w *api.WorkloadEndpoint, e *epEntry) {
 // parseEndpoint parses one endpoint into ep; its warnings go to
 // c.warnings.
 func (c *compiler) parseEndpoint(ep *endpoint, w *api.WorkloadEndpoint) {
-	ns := endpointNamespace(w)
-	*ep = endpoint{
-		wep:       w,
-		namespace: ns,
-		labels:    w.Metadata.Labels,
-		nsLabels:  c.nsLabels().get(ns, w.Spec.NamespaceLabels),
-		iface:     w.Spec.InterfaceName,
-		local:     w.Spec.Node == c.in.Node,
-	}
-	for _, n := range w.Spec.IPNetworks {
+	ns := endpointNamespace(w.Metadata.Namespace)
+	*ep = endpoint{wep: w}
+	c.fillEndpoint(ep, ns, w.Metadata.Labels, w.Spec.NamespaceLabels, w.Spec.Node, w.Spec.IPNetworks)
+}
+
+// parseRemoteEndpoint is parseEndpoint for an endpoint in compact form.
+func (c *compiler) parseRemoteEndpoint(ep *endpoint, r *api.RemoteEndpoint) {
+	*ep = endpoint{rem: r}
+	c.fillEndpoint(ep, endpointNamespace(r.Namespace), r.Labels, r.NamespaceLabels, r.Node, r.IPNetworks)
+}
+
+// fillEndpoint sets the parsed fields of ep, whose source is set.
+func (c *compiler) fillEndpoint(ep *endpoint, ns string, labels, nsLabels map[string]string, node string, ipNetworks []string) {
+	ep.namespace, ep.labels, ep.nsLabels = ns, labels, c.nsLabels().get(ns, nsLabels)
+	ep.local = node == c.in.Node
+	for _, n := range ipNetworks {
 		a, problem := parseEndpointAddr(n)
 		if problem != "" {
 			c.warnf("endpoint %s: %s", ep.name(), problem)
@@ -266,21 +356,21 @@ func (c *compiler) parseEndpoint(ep *endpoint, w *api.WorkloadEndpoint) {
 	if !ep.local {
 		return
 	}
-	switch {
-	case !strings.HasPrefix(ep.iface, WorkloadIfacePrefix) || len(ep.iface) <= len(WorkloadIfacePrefix):
-		c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name(), ep.iface, WorkloadIfacePrefix)
-	case len(ep.iface) > 15:
-		c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name(), ep.iface)
+	switch iface := ep.iface(); {
+	case !strings.HasPrefix(iface, WorkloadIfacePrefix) || len(iface) <= len(WorkloadIfacePrefix):
+		c.warnf("endpoint %s: interface %q does not start with %q: not policed", ep.name(), iface, WorkloadIfacePrefix)
+	case len(iface) > 15:
+		c.warnf("endpoint %s: interface %q is longer than 15 characters: not policed", ep.name(), iface)
 	default:
 		ep.policed = true
 	}
 }
 
-func endpointNamespace(w *api.WorkloadEndpoint) string {
-	if w.Metadata.Namespace == "" {
+func endpointNamespace(ns string) string {
+	if ns == "" {
 		return "default"
 	}
-	return w.Metadata.Namespace
+	return ns
 }
 
 // parseEndpointAddr parses one of an endpoint's addresses (a prefix or a

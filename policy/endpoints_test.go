@@ -41,6 +41,58 @@ func uniqueEndpoints(eps []*api.WorkloadEndpoint) []*api.WorkloadEndpoint {
 	return out
 }
 
+// compactSplit gives other nodes' endpoints to a Compiler in compact form
+// (Input.Remote), each object always as the same RemoteEndpoint, as an
+// agent's cluster view does.
+type compactSplit map[*api.WorkloadEndpoint]*api.RemoteEndpoint
+
+func (s compactSplit) remote(w *api.WorkloadEndpoint) *api.RemoteEndpoint {
+	r := s[w]
+	if r == nil {
+		r = w.Remote(0)
+		s[w] = r
+	}
+	return r
+}
+
+// input splits in.Endpoints into whole (in.Node's) and compact ones.
+func (s compactSplit) input(in Input) Input {
+	out := in
+	out.Endpoints, out.Remote = nil, nil
+	for _, w := range in.Endpoints {
+		if w.Spec.Node == in.Node {
+			out.Endpoints = append(out.Endpoints, w)
+		} else {
+			out.Remote = append(out.Remote, s.remote(w))
+		}
+	}
+	return out
+}
+
+// changes turns changes of whole endpoints into the view's for node.
+func (s compactSplit) changes(node string, changes []EndpointChange) []EndpointChange {
+	out := make([]EndpointChange, 0, len(changes))
+	for _, c := range changes {
+		w := c.Old
+		if w == nil {
+			w = c.New
+		}
+		if w.Spec.Node == node {
+			out = append(out, c)
+			continue
+		}
+		var rc EndpointChange
+		if c.Old != nil {
+			rc.OldRemote = s.remote(c.Old)
+		}
+		if c.New != nil {
+			rc.NewRemote = s.remote(c.New)
+		}
+		out = append(out, rc)
+	}
+	return out
+}
+
 // TestCompileChangesEqualsCompile replays TestCompilerEqualsCompile's random
 // changes through CompileChanges (sometimes with the last step's changes
 // again in front, as a caller that read every endpoint after it started
@@ -48,54 +100,74 @@ func uniqueEndpoints(eps []*api.WorkloadEndpoint) []*api.WorkloadEndpoint {
 // after each step that the result is Compile's. It also checks the
 // Interest: when every endpoint a step's changes touch is one the last
 // Interest does not want, and nothing but endpoints changed, the Ruleset
-// is the last one.
+// is the last one. In its compact variant the Compiler is given other
+// nodes' endpoints in compact form (Input.Remote), as the agent's view
+// holds them, and must still compile what Compile does from the whole
+// ones.
 func TestCompileChangesEqualsCompile(t *testing.T) {
-	for seed := range uint64(8) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			r := rand.New(rand.NewPCG(seed, 29))
-			in := benchInput(60, 30)
-			in.Endpoints = slices.Clone(in.Endpoints)
-			in.NetworkPolicies = slices.Clone(in.NetworkPolicies[:20])
-			cc := NewCompiler()
-			last := cc.Compile(in)
-			var prev []EndpointChange
-			next, skipped := 1000, 0
-			for step := range 200 {
-				before := in
-				what := mutate(r, &in, &next)
-				in.Endpoints = uniqueEndpoints(in.Endpoints)
-				changes := endpointChanges(before.Endpoints, in.Endpoints)
-				interest := cc.Interest()
-				var got *Ruleset
-				switch {
-				case r.IntN(10) == 0:
-					got = cc.Compile(in)
-				case r.IntN(3) == 0:
-					got = compileChanges(t, cc, in, append(slices.Clone(prev), changes...))
-				default:
-					got = compileChanges(t, cc, in, changes)
-				}
-				prev = changes
-				want := Compile(in)
-				if !reflect.DeepEqual(got, want) {
-					t.Fatalf("step %d (%s): CompileChanges differs from Compile (-got +want):\n%s", step, what, cmp.Diff(got.Lines(), want.Lines()))
-				}
-				endpointsOnly := in.Node == before.Node && reflect.DeepEqual(in.NetworkPolicies, before.NetworkPolicies) &&
-					reflect.DeepEqual(in.GlobalPolicies, before.GlobalPolicies) && reflect.DeepEqual(in.Pools, before.Pools)
-				wanted := slices.ContainsFunc(changes, func(c EndpointChange) bool { return interest.Wants(c.Old) || interest.Wants(c.New) })
-				if endpointsOnly && len(changes) > 0 && !wanted {
-					skipped++
-					if !got.Equal(last) {
-						t.Fatalf("step %d (%s): the Interest wanted none of %d changes, but the Ruleset changed (-new +last):\n%s",
-							step, what, len(changes), cmp.Diff(got.Lines(), last.Lines()))
-					}
-				}
-				last = got
+	for _, compact := range []bool{false, true} {
+		for seed := range uint64(8) {
+			t.Run(fmt.Sprintf("compact=%t/%d", compact, seed), func(t *testing.T) { testCompileChanges(t, seed, compact) })
+		}
+	}
+}
+
+func testCompileChanges(t *testing.T, seed uint64, compact bool) {
+	split := compactSplit{}
+	view := func(in Input) Input { return in }
+	viewChanges := func(_ string, c []EndpointChange) []EndpointChange { return c }
+	if compact {
+		view, viewChanges = split.input, split.changes
+	}
+	r := rand.New(rand.NewPCG(seed, 29))
+	in := benchInput(60, 30)
+	in.Endpoints = slices.Clone(in.Endpoints)
+	in.NetworkPolicies = slices.Clone(in.NetworkPolicies[:20])
+	cc := NewCompiler()
+	last := cc.Compile(view(in))
+	var prev []EndpointChange
+	next, skipped := 1000, 0
+	for step := range 200 {
+		before := in
+		what := mutate(r, &in, &next)
+		in.Endpoints = uniqueEndpoints(in.Endpoints)
+		changes := viewChanges(in.Node, endpointChanges(before.Endpoints, in.Endpoints))
+		interest := cc.Interest()
+		var got *Ruleset
+		switch {
+		case r.IntN(10) == 0:
+			got = cc.Compile(view(in))
+		case r.IntN(3) == 0:
+			got = compileChanges(t, cc, view(in), append(slices.Clone(prev), changes...))
+		default:
+			got = compileChanges(t, cc, view(in), changes)
+		}
+		prev = changes
+		want := Compile(in)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("step %d (%s): CompileChanges differs from Compile (-got +want):\n%s", step, what, cmp.Diff(got.Lines(), want.Lines()))
+		}
+		if compact && step%20 == 0 {
+			if got := Compile(view(in)); !reflect.DeepEqual(got, want) {
+				t.Fatalf("step %d (%s): Compile of compact endpoints differs from Compile (-got +want):\n%s", step, what, cmp.Diff(got.Lines(), want.Lines()))
 			}
-			if skipped == 0 {
-				t.Error("no step changed only endpoints the Interest does not want: the check never ran")
-			}
+		}
+		endpointsOnly := in.Node == before.Node && reflect.DeepEqual(in.NetworkPolicies, before.NetworkPolicies) &&
+			reflect.DeepEqual(in.GlobalPolicies, before.GlobalPolicies) && reflect.DeepEqual(in.Pools, before.Pools)
+		wanted := slices.ContainsFunc(changes, func(c EndpointChange) bool {
+			return interest.Wants(c.Old) || interest.Wants(c.New) || interest.WantsRemote(c.OldRemote) || interest.WantsRemote(c.NewRemote)
 		})
+		if endpointsOnly && len(changes) > 0 && !wanted {
+			skipped++
+			if !got.Equal(last) {
+				t.Fatalf("step %d (%s): the Interest wanted none of %d changes, but the Ruleset changed (-new +last):\n%s",
+					step, what, len(changes), cmp.Diff(got.Lines(), last.Lines()))
+			}
+		}
+		last = got
+	}
+	if skipped == 0 {
+		t.Error("no step changed only endpoints the Interest does not want: the check never ran")
 	}
 }
 

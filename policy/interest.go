@@ -58,27 +58,39 @@ func (cc *Compiler) Interest() *Interest {
 // change, may change the Ruleset the Interest was taken with. A nil w
 // (the missing side of a creation or deletion) changes nothing.
 func (in *Interest) Wants(w *api.WorkloadEndpoint) bool {
-	switch {
-	case w == nil:
+	if w == nil {
 		return false
-	case in == nil || w.Spec.Node == in.node:
+	}
+	return in.wants(w.Spec.Node, w.Spec.IPNetworks, w.Metadata.Namespace, w.Metadata.Labels, w.Spec.NamespaceLabels)
+}
+
+// WantsRemote is Wants for an endpoint in compact form (Input.Remote).
+func (in *Interest) WantsRemote(r *api.RemoteEndpoint) bool {
+	if r == nil {
+		return false
+	}
+	return in.wants(r.Node, r.IPNetworks, r.Namespace, r.Labels, r.NamespaceLabels)
+}
+
+func (in *Interest) wants(node string, ipNetworks []string, namespace string, labels, nsLabels map[string]string) bool {
+	if in == nil || node == in.node {
 		return true
 	}
-	for _, n := range w.Spec.IPNetworks {
+	for _, n := range ipNetworks {
 		if _, problem := parseEndpointAddr(n); problem != "" {
 			return true // its warning is part of the Ruleset
 		}
 	}
-	ns := endpointNamespace(w)
+	ns := endpointNamespace(namespace)
 	sels := in.byNamespace[ns]
 	if len(sels) == 0 && len(in.anyNs) == 0 {
 		return false
 	}
-	ep := endpoint{namespace: ns, labels: w.Metadata.Labels}
+	ep := endpoint{namespace: ns, labels: labels}
 	for _, group := range [][]selection{sels, in.anyNs} {
 		for _, s := range group {
 			if s.namespaces != nil && ep.nsLabels == nil {
-				ep.nsLabels = namespaceLabels(ns, w.Spec.NamespaceLabels)
+				ep.nsLabels = namespaceLabels(ns, nsLabels)
 			}
 			if s.matches(&ep) {
 				return true

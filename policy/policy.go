@@ -95,8 +95,13 @@ type Input struct {
 	// Node is the node being compiled for: endpoints with spec.node equal
 	// to it get chains; every endpoint feeds the selector sets.
 	Node string
-	// Endpoints are every WorkloadEndpoint of the cluster.
+	// Endpoints are every WorkloadEndpoint of the cluster, but those in
+	// Remote.
 	Endpoints []*api.WorkloadEndpoint
+	// Remote are endpoints of other nodes in compact form (an agent's
+	// cluster view: syncer.CompactRemote); they select and are selected
+	// as they would whole in Endpoints.
+	Remote []*api.RemoteEndpoint
 	// NetworkPolicies are every namespaced NetworkPolicy.
 	NetworkPolicies []*api.NetworkPolicy
 	// GlobalPolicies are every GlobalNetworkPolicy.

@@ -19,20 +19,43 @@ const NamespaceNameLabel = "kubernetes.io/metadata.name"
 
 // endpoint is a WorkloadEndpoint with its parsed fields.
 type endpoint struct {
+	// The endpoint parsed: one of wep and rem (another node's endpoint
+	// in compact form, Input.Remote) is set.
 	wep       *api.WorkloadEndpoint
+	rem       *api.RemoteEndpoint
 	namespace string
 	labels    map[string]string
 	// nsLabels are shared by the endpoints of a namespace (nsLabelTable).
 	nsLabels map[string]string
 	addrs    []netip.Addr
-	iface    string
 	local    bool
 	policed  bool // local, with a usable interface name
 }
 
 // name is namespace/name, for messages and ordering. It is not kept: the
 // Compiler holds every endpoint of the cluster, and few are ever named.
-func (ep *endpoint) name() string { return ep.namespace + "/" + ep.wep.Metadata.Name }
+func (ep *endpoint) name() string {
+	if ep.rem != nil {
+		return ep.namespace + "/" + ep.rem.Name
+	}
+	return ep.namespace + "/" + ep.wep.Metadata.Name
+}
+
+// iface is the endpoint's host interface ("" in compact form).
+func (ep *endpoint) iface() string {
+	if ep.wep == nil {
+		return ""
+	}
+	return ep.wep.Spec.InterfaceName
+}
+
+// ports are the endpoint's named ports.
+func (ep *endpoint) ports() []api.EndpointPort {
+	if ep.rem != nil {
+		return ep.rem.Ports
+	}
+	return ep.wep.Spec.Ports
+}
 
 // selection picks endpoints: those in namespace (any when ""), whose
 // namespace's labels match namespaces (any when nil) and whose labels match
@@ -162,7 +185,7 @@ func (c *compiler) namedPortSet(sel selection, f Family, proto, port string) str
 // triples of ep's port named port for proto (lowercase).
 func namedPortMembers(ep *endpoint, f Family, proto, port string) []AddrPort {
 	var out []AddrPort
-	for _, p := range ep.wep.Spec.Ports {
+	for _, p := range ep.ports() {
 		pp := p.Protocol
 		if pp == "" {
 			pp = api.ProtocolTCP

@@ -222,7 +222,7 @@ func (c *compiler) tieredRules(ep *endpoint, dir direction) ([]Rule, []Chain) {
 			rules = append(rules, body...)
 			break
 		}
-		name := Prefix + "t" + d + strconv.Itoa(k) + "-" + ep.iface
+		name := Prefix + "t" + d + strconv.Itoa(k) + "-" + ep.iface()
 		extra = append(extra, Chain{Table: TableFilter, Name: name, Rules: body})
 		rules = append(rules, jumpTo(name), ruleReturnIfOK)
 		if p.pass {

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -79,6 +81,9 @@ func BenchmarkViewMemory(b *testing.B) {
 
 func benchViewMemory(b *testing.B, local string) {
 	const nodes, perNode = 1000, 30
+	if os.Getenv("TABBY_BENCH_HEAPPROFILE") != "" {
+		runtime.MemProfileRate = 512
+	}
 	b.ReportAllocs()
 	for b.Loop() {
 		b.StopTimer()
@@ -102,10 +107,15 @@ func benchViewMemory(b *testing.B, local string) {
 		}
 		b.StopTimer()
 		// Read as an owner pass does (the view settles what it holds).
-		if got := len(s.Endpoints()); got != nodes*perNode {
+		if got := len(s.Endpoints()) + len(s.RemoteEndpoints()); got != nodes*perNode {
 			b.Fatalf("view holds %d endpoints, want %d", got, nodes*perNode)
 		}
 		b.ReportMetric(float64(testkit.HeapAfterGC()-before)/float64(nodes*perNode), "heap-B/endpoint")
+		if f := os.Getenv("TABBY_BENCH_HEAPPROFILE"); f != "" {
+			if err := writeHeapProfile(f); err != nil {
+				b.Fatal(err)
+			}
+		}
 		runtime.KeepAlive(s)
 		b.StartTimer()
 	}
@@ -131,4 +141,16 @@ func memoryEndpoint(n, p int) datastore.KV {
 	key, _ := datastore.ResourceKey(api.KindWorkloadEndpoint, ns, w.Metadata.Name)
 	v, _ := json.Marshal(w)
 	return datastore.KV{Key: key, Value: v}
+}
+
+func writeHeapProfile(name string) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -86,6 +86,18 @@ func (t *labelSets) shareEndpoint(w *api.WorkloadEndpoint) {
 	w.Spec.NamespaceLabels = t.share(w.Spec.NamespaceLabels)
 }
 
+// shareRemote replaces a compact endpoint's maps by the shared ones.
+func (t *labelSets) shareRemote(r *api.RemoteEndpoint) {
+	r.Labels = t.share(r.Labels)
+	r.NamespaceLabels = t.share(r.NamespaceLabels)
+}
+
+// releaseRemote undoes shareRemote.
+func (t *labelSets) releaseRemote(r *api.RemoteEndpoint) {
+	t.release(r.Labels)
+	t.release(r.NamespaceLabels)
+}
+
 // releaseEndpoint undoes shareEndpoint.
 func (t *labelSets) releaseEndpoint(w *api.WorkloadEndpoint) {
 	t.release(w.Metadata.Labels)

@@ -4,8 +4,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-
-	"github.com/tabbynet/tabby/api"
 )
 
 // orderedObjects are one kind's objects ordered by key, kept so that a
@@ -20,14 +18,14 @@ import (
 type orderedObjects struct {
 	mu      sync.Mutex
 	keys    []string
-	objs    []api.Object          // nil: removed, dropped at the next merge
-	removed int                   // nil entries of objs
-	pending map[string]api.Object // keys not in keys yet
+	objs    []any          // api objects or *api.RemoteEndpoint; nil: removed, dropped at the next merge
+	removed int            // nil entries of objs
+	pending map[string]any // keys not in keys yet
 }
 
 func (oo *orderedObjects) len() int { return len(oo.keys) - oo.removed + len(oo.pending) }
 
-func (oo *orderedObjects) put(key string, o api.Object) {
+func (oo *orderedObjects) put(key string, o any) {
 	if i, found := slices.BinarySearch(oo.keys, key); found {
 		if oo.objs[i] == nil {
 			oo.removed--
@@ -36,7 +34,7 @@ func (oo *orderedObjects) put(key string, o api.Object) {
 		return
 	}
 	if oo.pending == nil {
-		oo.pending = map[string]api.Object{}
+		oo.pending = map[string]any{}
 	}
 	oo.pending[key] = o
 }
@@ -90,7 +88,7 @@ func (oo *orderedObjects) merge() {
 	oo.removed = 0
 }
 
-func (st *state) addObject(kind, key string, o api.Object) {
+func (st *state) addObject(kind, key string, o any) {
 	oo := st.ordered[kind]
 	if oo == nil {
 		oo = &orderedObjects{}
@@ -122,7 +120,7 @@ func (st *state) count(kind string) int {
 }
 
 // objects returns the objects of one kind, ordered by key.
-func objects[T api.Object](st *state, kind string) []T {
+func objects[T any](st *state, kind string) []T {
 	oo := st.ordered[kind]
 	if oo == nil {
 		return []T{}

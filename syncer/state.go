@@ -38,7 +38,8 @@ type state struct {
 	// (docs/scale.md). An object by key is items' (no index by kind and
 	// key: ≈ 90 bytes per endpoint for lookups items answers).
 	ordered      map[string]*orderedObjects                    // api kind → objects by key
-	epByNode     map[string]map[string]*api.WorkloadEndpoint   // node → key → endpoint
+	epByNode     map[string]map[string]*api.WorkloadEndpoint   // node → key → whole endpoint
+	remoteByNode map[string]int                                // node → how many compact endpoints (CompactRemote)
 	blocks       map[netip.Prefix]ipam.BlockSummary            // by CIDR
 	blocksByNode map[string]map[netip.Prefix]ipam.BlockSummary // affine node → CIDR → block
 	borrowedBy   map[string]map[netip.Addr]ipam.BorrowedAddr   // using node → address
@@ -56,6 +57,7 @@ func newState() *state {
 		bad:          map[string]error{},
 		ordered:      map[string]*orderedObjects{},
 		epByNode:     map[string]map[string]*api.WorkloadEndpoint{},
+		remoteByNode: map[string]int{},
 		blocks:       map[netip.Prefix]ipam.BlockSummary{},
 		blocksByNode: map[string]map[netip.Prefix]ipam.BlockSummary{},
 		borrowedBy:   map[string]map[netip.Addr]ipam.BorrowedAddr{},
@@ -131,13 +133,17 @@ func unchanged(old item, kind string, val any, rev int64) bool {
 	return old.rev == rev // an api object: etcd writes only changes
 }
 
-// put stores a key's new record and returns the update, if any.
-func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
+// put stores a key's new record and appends its updates to ups: none, one,
+// or, when the key's value changes kind (an endpoint moving between this
+// node and another in a compact view: CompactRemote), the old kind's
+// deletion and the new kind's creation, so that each kind's subscribers
+// see a consistent stream of their type.
+func (st *state) put(kv datastore.KV, log *slog.Logger, ups []change) []change {
 	if old, had := st.items[kv.Key]; had && old.rev == kv.ModRevision && old.kind != kindBlock && old.kind != kindAffinity {
 		// The record the view holds (etcd writes only changes, so one
 		// revision of a key is one value): a re-list after a compaction
 		// or reconnect decodes nothing it already has.
-		return change{}, false
+		return ups
 	}
 	kind, val, err := decode(kv)
 	if err != nil {
@@ -145,22 +151,34 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
 			log.Warn("skipping a record that does not decode", "key", kv.Key, "err", err)
 		}
 		st.bad[kv.Key] = err
+		var c change
+		var ok bool
 		if strings.HasPrefix(kv.Key, ipam.BlockSummariesPrefix) {
-			return st.putUnreadableBlock(kv)
+			c, ok = st.putUnreadableBlock(kv)
+		} else {
+			// What was there is no longer what is stored.
+			c, ok = st.del(kv.Key, kv.ModRevision)
 		}
-		// What was there is no longer what is stored.
-		return st.del(kv.Key, kv.ModRevision)
+		if ok {
+			ups = append(ups, c)
+		}
+		return ups
 	}
 	delete(st.bad, kv.Key)
 	if w, ok := val.(*api.WorkloadEndpoint); ok {
-		st.compact(w)
+		kind, val = st.compact(w, kv.ModRevision)
 	}
 	old, had := st.items[kv.Key]
 	if had && unchanged(old, kind, val, kv.ModRevision) {
 		// A block or affinity rewritten without a change the view
 		// represents (an api object of the same revision returned above).
 		st.items[kv.Key] = item{kind: kind, val: val, rev: kv.ModRevision}
-		return change{}, false
+		return ups
+	}
+	if had && old.kind != kind {
+		gone, _ := st.del(kv.Key, kv.ModRevision)
+		ups = append(ups, gone)
+		had = false
 	}
 	if had {
 		st.unindex(kv.Key, old)
@@ -172,7 +190,7 @@ func (st *state) put(kv datastore.KV, log *slog.Logger) (change, bool) {
 	if had {
 		c.old = old.val
 	}
-	return c, true
+	return append(ups, c)
 }
 
 // putUnreadableBlock keeps a block whose record stopped decoding as it
@@ -268,6 +286,10 @@ func (st *state) index(key string, it item) {
 		st.labels.shareEndpoint(v)
 		st.addObject(it.kind, key, v)
 		addTo(st.epByNode, v.Spec.Node, key, v)
+	case *api.RemoteEndpoint:
+		st.labels.shareRemote(v)
+		st.addObject(it.kind, key, v)
+		st.remoteByNode[v.Node]++
 	case api.Object:
 		st.addObject(it.kind, key, v)
 	}
@@ -297,6 +319,12 @@ func (st *state) unindex(key string, it item) {
 		st.labels.releaseEndpoint(v)
 		st.removeObject(it.kind, key)
 		removeFrom(st.epByNode, v.Spec.Node, key)
+	case *api.RemoteEndpoint:
+		st.labels.releaseRemote(v)
+		st.removeObject(it.kind, key)
+		if st.remoteByNode[v.Node]--; st.remoteByNode[v.Node] <= 0 {
+			delete(st.remoteByNode, v.Node)
+		}
 	case api.Object:
 		st.removeObject(it.kind, key)
 	}

@@ -35,10 +35,13 @@ import (
 // The view's kinds besides the api kinds (api.KindNode, …); consumers name
 // a kind by its value type (see Value).
 const (
-	kindBlock    = "Block"      // ipam.BlockSummary
-	kindAffinity = "Affinity"   // ipam.Affinity
-	kindNodeGC   = "NodeGC"     // datastore.KV of gc/nodes/<node>, which node GC decodes itself
-	kindMeshKey  = "BGPMeshKey" // datastore.BGPMeshKey of config/bgp-mesh-key
+	kindBlock    = "Block"    // ipam.BlockSummary
+	kindAffinity = "Affinity" // ipam.Affinity
+	kindNodeGC   = "NodeGC"   // datastore.KV of gc/nodes/<node>, which node GC decodes itself
+	// kindRemote is another node's WorkloadEndpoint in an agent's view
+	// (CompactRemote): an *api.RemoteEndpoint under the endpoint's key.
+	kindRemote  = "RemoteEndpoint"
+	kindMeshKey = "BGPMeshKey" // datastore.BGPMeshKey of config/bgp-mesh-key
 	// kindBGPSecrets is datastore.BGPSecrets of config/bgp-secrets.
 	kindBGPSecrets = "BGPSecrets"
 )
@@ -199,9 +202,7 @@ func (s *Syncer) applyLocked(ev datastore.Event, ups []change) []change {
 				continue
 			}
 			seen[kv.Key] = true
-			if u, ok := s.st.put(kv, s.log); ok {
-				ups = append(ups, u)
-			}
+			ups = s.st.put(kv, s.log, ups)
 		}
 		for _, key := range s.st.keys() {
 			if !seen[key] {
@@ -212,9 +213,7 @@ func (s *Syncer) applyLocked(ev datastore.Event, ups []change) []change {
 		}
 	case datastore.EventPut:
 		if relevant(ev.KV.Key) {
-			if u, ok := s.st.put(ev.KV, s.log); ok {
-				ups = append(ups, u)
-			}
+			ups = s.st.put(ev.KV, s.log, ups)
 		}
 	case datastore.EventDelete:
 		if relevant(ev.KV.Key) {

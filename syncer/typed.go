@@ -9,14 +9,15 @@ import (
 )
 
 // Value is the type of the values of one kind the view holds: the api
-// resources it watches, IPAM block summaries and affinities, and node GC
+// resources it watches, other nodes' endpoints in compact form
+// (CompactRemote), IPAM block summaries and affinities, and node GC
 // records (as stored: node GC decodes them itself).
 type Value interface {
 	api.Node | api.IPPool | api.BGPConfiguration | api.BGPPeer | api.BGPFilter |
 		api.WorkloadEndpoint | api.NetworkPolicy | api.GlobalNetworkPolicy | api.Service |
 		api.HostEndpoint | api.ClusterConfiguration | api.Tier | api.StagedGlobalNetworkPolicy |
 		ipam.BlockSummary | ipam.Affinity | datastore.KV | datastore.BGPMeshKey |
-		datastore.BGPSecrets
+		datastore.BGPSecrets | api.RemoteEndpoint
 }
 
 // kindOf names the kind whose values are T. The view's one place that
@@ -35,6 +36,8 @@ func kindOf[T Value]() string {
 		return kindMeshKey
 	case *datastore.BGPSecrets:
 		return kindBGPSecrets
+	case *api.RemoteEndpoint:
+		return kindRemote
 	default: // *datastore.KV, the constraint allows nothing else
 		return kindNodeGC
 	}

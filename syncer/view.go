@@ -91,14 +91,25 @@ func (s *Syncer) BGPFilters() []*api.BGPFilter {
 	return objects[*api.BGPFilter](s.st, api.KindBGPFilter)
 }
 
-// Endpoints returns every WorkloadEndpoint of the cluster, by key.
+// Endpoints returns every whole WorkloadEndpoint of the cluster, by key:
+// in a view with CompactRemote, those of its node (the others are
+// RemoteEndpoints').
 func (s *Syncer) Endpoints() []*api.WorkloadEndpoint {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return objects[*api.WorkloadEndpoint](s.st, api.KindWorkloadEndpoint)
 }
 
-// EndpointsOn returns the WorkloadEndpoints of one node, by key.
+// RemoteEndpoints returns the endpoints of other nodes a view with
+// CompactRemote holds, by key (none without it).
+func (s *Syncer) RemoteEndpoints() []*api.RemoteEndpoint {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return objects[*api.RemoteEndpoint](s.st, kindRemote)
+}
+
+// EndpointsOn returns the whole WorkloadEndpoints of one node, by key (in
+// a view with CompactRemote, none of another node: RemoteEndpoints).
 func (s *Syncer) EndpointsOn(node string) []*api.WorkloadEndpoint {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -175,6 +186,9 @@ func (s *Syncer) NodesWithState() []string {
 		set[n] = true
 	}
 	for n := range s.st.epByNode {
+		set[n] = true
+	}
+	for n := range s.st.remoteByNode {
 		set[n] = true
 	}
 	return slices.Sorted(maps.Keys(set))

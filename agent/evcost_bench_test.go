@@ -44,30 +44,11 @@ func TestMain(m *testing.M) {
 // churn's length, per event; passes/event the owners' passes the events
 // caused (all loops). Run it with a fixed count: -benchtime=400x.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
-	ch := storetest.StartChild(b, agentBenchEtcdEnv)
-	ch.Do(b, fmt.Sprintf("preload %d", scaleNodes))
-	routes := fake.NewRoutes()
-	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
-		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
 	// No periodic pass during the measurement: at this size a full pass
 	// costs tens of milliseconds, which would fall in the churn or in the
 	// rest by chance.
-	a.cfg.ResyncInterval = time.Hour
-	ctx, cancel := context.WithCancel(b.Context())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case <-a.wired:
-	case err := <-done:
-		b.Fatalf("agent stopped: %v", err)
-	case <-time.After(60 * time.Second):
-		b.Fatal("agent never came up")
-	}
-	if err := a.view.WaitSynced(ctx); err != nil {
-		b.Fatal(err)
-	}
-	settle(b, a)
+	a, ch := startBenchAgent(b, scaleNodes, time.Hour)
+	ctx := b.Context()
 	rate := 100
 	if s := os.Getenv("TABBY_BENCH_RATE"); s != "" {
 		rate, _ = strconv.Atoi(s)
@@ -105,6 +86,35 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	b.ReportMetric(float64(loopPasses(b, a)-passes0)/float64(b.N), "passes/event")
 	// Watch events the view took per pod event (progress reports included).
 	b.ReportMetric(float64(a.view.Stats().Events-events0)/float64(b.N), "view-events/event")
+}
+
+// startBenchAgent starts a child etcd holding the cluster of nodes nodes
+// (agentBenchCommand's preload) and node0's whole agent against it on fake
+// kernel, BGP and firewall, with the given resync interval, and returns it
+// once its start has settled; both stop when the benchmark ends.
+func startBenchAgent(b *testing.B, nodes int, resync time.Duration) (*Agent, *storetest.Child) {
+	ch := storetest.StartChild(b, agentBenchEtcdEnv)
+	ch.Do(b, fmt.Sprintf("preload %d", nodes))
+	routes := fake.NewRoutes()
+	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
+		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
+	a.cfg.ResyncInterval = resync
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-a.wired:
+	case err := <-done:
+		b.Fatalf("agent stopped: %v", err)
+	case <-time.After(60 * time.Second):
+		b.Fatal("agent never came up")
+	}
+	if err := a.view.WaitSynced(ctx); err != nil {
+		b.Fatal(err)
+	}
+	settle(b, a)
+	return a, ch
 }
 
 // churnProfile writes a CPU profile of the churn alone to the file

@@ -83,7 +83,7 @@ type policyOwner struct {
 // pass: with the default 30 s resync, every 5 minutes. Each periodic pass
 // applies the compiled state in full (the kernel's repair); a re-list only
 // guards against an endpoint change the owner's log missed, none known,
-// and it costs in proportion to the cluster's endpoints: ≈ 3-25 ms of CPU
+// and it costs in proportion to the cluster's endpoints: ≈ 3-6 ms of CPU
 // and a collection brought forward at 30,000 (docs/scale.md, "Idle at
 // 1,000").
 const policyRelistEvery = 10

@@ -62,32 +62,13 @@ func TestMain(m *testing.M) {
 // vcsw/event and floor-vcsw/event are the voluntary context switches per
 // event (a thread that waits, to be woken again) of each, less the rest's.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
-	ch := storetest.StartChild(b, agentBenchEtcdEnv)
-	preloaded := ch.Do(b, fmt.Sprintf("preload %d", scaleNodes))
-	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
-	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
-	routes := fake.NewRoutes()
-	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
-		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
 	// No periodic pass during the measurement: at this size a full pass
 	// costs tens of milliseconds, which would fall in the churn or in the
 	// rest by chance.
-	a.cfg.ResyncInterval = time.Hour
-	ctx, cancel := context.WithCancel(b.Context())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case <-a.wired:
-	case err := <-done:
-		b.Fatalf("agent stopped: %v", err)
-	case <-time.After(60 * time.Second):
-		b.Fatal("agent never came up")
-	}
-	if err := a.view.WaitSynced(ctx); err != nil {
-		b.Fatal(err)
-	}
-	settle(b, a)
+	a, ch, preloaded := startBenchAgent(b, scaleNodes, time.Hour)
+	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
+	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
+	ctx := b.Context()
 	rate := 100
 	if s := os.Getenv("TABBY_BENCH_RATE"); s != "" {
 		rate, _ = strconv.Atoi(s)
@@ -175,6 +156,36 @@ func sampleAll(b *testing.B, floor, floor2 *storetest.Floor) benchSample {
 		b.Fatal(err)
 	}
 	return s
+}
+
+// startBenchAgent starts a child etcd holding the cluster of nodes nodes
+// (agentBenchCommand's preload) and node0's whole agent against it on fake
+// kernel, BGP and firewall, with the given resync interval, and returns it
+// once its start has settled, with the preload's revision; both stop when
+// the benchmark ends.
+func startBenchAgent(b *testing.B, nodes int, resync time.Duration) (*Agent, *storetest.Child, int64) {
+	ch := storetest.StartChild(b, agentBenchEtcdEnv)
+	preloaded := ch.Do(b, fmt.Sprintf("preload %d", nodes))
+	routes := fake.NewRoutes()
+	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
+		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
+	a.cfg.ResyncInterval = resync
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	b.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-a.wired:
+	case err := <-done:
+		b.Fatalf("agent stopped: %v", err)
+	case <-time.After(60 * time.Second):
+		b.Fatal("agent never came up")
+	}
+	if err := a.view.WaitSynced(ctx); err != nil {
+		b.Fatal(err)
+	}
+	settle(b, a)
+	return a, ch, preloaded
 }
 
 // churnProfile writes a CPU profile of the churn alone to the file

@@ -51,6 +51,10 @@ type policyOwner struct {
 	agentPorts []uint16
 	okOnce     bool
 	passes     int
+	// forced counts the periodic (forced) passes; every
+	// policyRelistEvery-th of them compiles from every endpoint.
+	forced  int
+	relists int // passes that compiled from every endpoint
 	// host configures host endpoints; hostSt is what the last pass saw
 	// of this node's.
 	host   hostConfig
@@ -73,6 +77,16 @@ type policyOwner struct {
 	tunnel      *policy.TunnelGuard
 	guardsDirty atomic.Bool
 }
+
+// policyRelistEvery is how many periodic passes share one that compiles
+// from every endpoint of the view instead of the changes since the last
+// pass: with the default 30 s resync, every 5 minutes. Each periodic pass
+// applies the compiled state in full (the kernel's repair); a re-list only
+// guards against an endpoint change the owner's log missed, none known,
+// and it costs in proportion to the cluster's endpoints: ≈ 3-6 ms of CPU
+// and a collection brought forward at 30,000 (docs/scale.md, "Idle at
+// 1,000").
+const policyRelistEvery = 10
 
 // guarding is a filter that takes what pred takes (everything when nil)
 // and marks the guards to be computed again when it does.
@@ -183,7 +197,12 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	// The endpoint changes are taken before anything is read from the
 	// view, so that none the view holds is missing from the compiler.
 	changes, all := p.eps.take()
-	if p.guardsDirty.Swap(false) || force {
+	relist := all
+	if force {
+		relist = relist || p.forced%policyRelistEvery == 0
+		p.forced++
+	}
+	if p.guardsDirty.Swap(false) || relist {
 		p.guard = policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts)
 		p.tunnel = tunnelGuard(p.view)
 	}
@@ -201,14 +220,15 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	}
 	in := p.input(heps, fsIn, fsOut)
 	var rs *policy.Ruleset
-	if !all && !force {
+	if !relist {
 		rs, _ = p.compiler.CompileChanges(in, changes)
 	}
 	if rs == nil {
-		// The first pass, too many changes, or the periodic one: every
-		// endpoint.
+		// The first pass, too many changes, or every policyRelistEvery-th
+		// periodic one: every endpoint.
 		in.Endpoints, in.Remote = p.view.Endpoints(), p.view.RemoteEndpoints()
 		rs = p.compiler.Compile(in)
+		p.relists++
 	}
 	if p.eps.publish(p.compiler.Interest()) {
 		kick(p.kick)

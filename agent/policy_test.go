@@ -79,6 +79,63 @@ func TestPolicyPass(t *testing.T) {
 	}
 }
 
+// TestPolicyPeriodicRelist: every periodic pass applies in full, but only
+// every policyRelistEvery-th compiles from every endpoint; the others
+// compile the endpoint changes since the last pass, so that a change
+// still reaches the firewall through them.
+func TestPolicyPeriodicRelist(t *testing.T) {
+	ctx := context.Background()
+	store := storetest.New(t)
+	mustCreate(t, store, &api.IPPool{Metadata: api.ObjectMeta{Name: "p"}, Spec: api.IPPoolSpec{CIDR: "10.244.0.0/16"}})
+	mustCreate(t, store, testWEP("node1", "prod", "web", "cali0000000001", "10.244.1.1", map[string]string{"app": "web"}))
+	mustCreate(t, store, testWEP("node2", "prod", "client", "cali0000000002", "10.244.2.1", map[string]string{"app": "client"}))
+	mustCreate(t, store, &api.NetworkPolicy{Metadata: api.ObjectMeta{Namespace: "prod", Name: "web"}, Spec: api.NetworkPolicySpec{
+		PodSelector: api.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
+		Ingress:     []api.NetworkPolicyIngressRule{{From: []api.NetworkPolicyPeer{{PodSelector: &api.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}}}},
+	}})
+	fw := &fake.Firewall{}
+	view := startView(t, store)
+	p := newPolicyOwner("node1", view, fw, quietLog())
+	if err := p.sync(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	set := policySetHolding(t, fw, "10.244.2.1/32")
+	periodic := func(step string, wantRelists int) {
+		t.Helper()
+		applies := fw.Applies()
+		if err := p.sync(ctx, true); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if fw.Applies() != applies+1 {
+			t.Errorf("%s: %d applies, want %d (a periodic pass applies in full)", step, fw.Applies(), applies+1)
+		}
+		if p.relists != wantRelists {
+			t.Errorf("%s: %d passes compiled from every endpoint, want %d", step, p.relists, wantRelists)
+		}
+	}
+	periodic("first periodic pass", 2) // the first pass, and this one
+	for i := 1; i < policyRelistEvery-1; i++ {
+		periodic(fmt.Sprintf("periodic pass %d", i+1), 2)
+	}
+	// A new client reaches the set through a periodic pass that compiles
+	// the changes.
+	obj, err := store.Create(ctx, testWEP("node2", "prod", "client2", "cali0000000003", "10.244.2.2", map[string]string{"app": "client"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := view.WaitRevision(ctx, mustRev(t, obj)); err != nil {
+		t.Fatal(err)
+	}
+	periodic(fmt.Sprintf("periodic pass %d, after a new client", policyRelistEvery), 2)
+	if m, _ := fw.Set(set); !slices.Equal(m, []string{"10.244.2.1/32", "10.244.2.2/32"}) {
+		t.Errorf("peer set after a periodic pass that compiled the changes: %v", m)
+	}
+	periodic(fmt.Sprintf("periodic pass %d", policyRelistEvery+1), 3)
+	if m, _ := fw.Set(set); !slices.Equal(m, []string{"10.244.2.1/32", "10.244.2.2/32"}) {
+		t.Errorf("peer set after a periodic pass that compiled every endpoint: %v", m)
+	}
+}
+
 // policySetHolding returns the name of the selector set holding member.
 func policySetHolding(t *testing.T, fw *fake.Firewall, member string) string {
 	t.Helper()

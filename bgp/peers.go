@@ -240,7 +240,7 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 		case !actual[a]:
 			if err := s.srv.AddPeer(ctx, &gobgpapi.AddPeerRequest{Peer: s.toAPIPeer(p, restarting)}); err != nil {
 				errs = append(errs, fmt.Errorf("adding peer %v: %w", a, err))
-				delete(s.peers, a)
+				s.dropPeer(a)
 				continue
 			}
 			s.sessions.created(a, time.Now())
@@ -256,7 +256,7 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 				continue
 			}
 		}
-		s.peers[a] = p
+		s.putPeer(p)
 	}
 	for a := range actual {
 		if _, ok := desired[a]; ok {
@@ -266,7 +266,7 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 			errs = append(errs, fmt.Errorf("deleting peer %v: %w", a, err))
 			continue
 		}
-		delete(s.peers, a)
+		s.dropPeer(a)
 		s.sessions.forget(a)
 	}
 	s.peersSet = true
@@ -275,13 +275,32 @@ func (s *speaker) SetPeers(ctx context.Context, peers []Peer) error {
 	return errors.Join(errs...)
 }
 
+// putPeer records p as configured. A new address clears the cached order
+// of the peers (sortedPeerAddrs); s.peers changes only here and in dropPeer.
+// Called with s.mu held.
+func (s *speaker) putPeer(p Peer) {
+	if _, known := s.peers[p.Address]; !known {
+		s.sessions.order = nil
+	}
+	s.peers[p.Address] = p
+}
+
+// dropPeer forgets a's configuration and clears the cached order of the
+// peers. Called with s.mu held.
+func (s *speaker) dropPeer(a netip.Addr) {
+	if _, known := s.peers[a]; known {
+		delete(s.peers, a)
+		s.sessions.order = nil
+	}
+}
+
 // recreatePeer deletes and re-adds p's session. Called with s.mu held.
 func (s *speaker) recreatePeer(ctx context.Context, p Peer) error {
 	if err := s.srv.DeletePeer(ctx, &gobgpapi.DeletePeerRequest{Address: p.Address.String()}); err != nil {
 		return fmt.Errorf("re-creating peer %v: deleting: %w", p.Address, err)
 	}
 	if err := s.srv.AddPeer(ctx, &gobgpapi.AddPeerRequest{Peer: s.toAPIPeer(p, false)}); err != nil {
-		delete(s.peers, p.Address)
+		s.dropPeer(p.Address)
 		return fmt.Errorf("re-creating peer %v: adding: %w", p.Address, err)
 	}
 	s.sessions.created(p.Address, time.Now())

@@ -113,7 +113,7 @@ func (s *speaker) ribLoop(ctx context.Context) {
 			continue
 		}
 		if u.full {
-			resync.Reset(resyncEvery(time.Since(began)))
+			resync.Reset(resyncEvery(time.Since(began), countPaths(u.rib)))
 		}
 		full = false
 		select {
@@ -146,11 +146,25 @@ func (s *speaker) takeChanges(full bool) (ribUpdate, map[netip.Prefix]bool) {
 }
 
 // resyncEvery is the interval of the periodic full RIB read after one
-// that took took: routesResyncMin, or longer when a read takes more than
-// 1/resyncShare of it, so that the repair costs a bounded share of the
-// speaker's time however large the RIB (at most routesResyncMax apart).
-func resyncEvery(took time.Duration) time.Duration {
-	return min(max(routesResyncMin, took*resyncShare), routesResyncMax)
+// that took took and found paths paths: routesResyncMin, or longer when a
+// read takes more than 1/resyncShare of it, or when the RIB holds more
+// than routesResyncMin/resyncPerPath paths (at most routesResyncMax
+// apart). The first bound keeps the read's own time a bounded share of the
+// speaker's; the second keeps the garbage it leaves (GoBGP copies the
+// table for it: ≈ 6 KB a path) from bringing collections of a larger heap
+// forward, so that the repair's cost at rest does not grow with the
+// cluster (docs/scale.md, "Idle at 1,000").
+func resyncEvery(took time.Duration, paths int) time.Duration {
+	return min(max(routesResyncMin, took*resyncShare, time.Duration(paths)*resyncPerPath), routesResyncMax)
+}
+
+// countPaths is how many paths rib holds.
+func countPaths(rib map[netip.Prefix][]candidate) int {
+	n := 0
+	for _, cs := range rib {
+		n += len(cs)
+	}
+	return n
 }
 
 // armStuck sets t to fire when the next session still opening would have

@@ -98,16 +98,26 @@ func TestMergeRIB(t *testing.T) {
 
 // The periodic full read runs every routesResyncMin, or less often when a
 // read takes long enough that it would cost more than 1/resyncShare of the
-// time, and at least every routesResyncMax.
+// time or the RIB holds more paths than routesResyncMin/resyncPerPath, and
+// at least every routesResyncMax.
 func TestResyncEvery(t *testing.T) {
-	for _, tc := range []struct{ took, want time.Duration }{
-		{0, routesResyncMin},
-		{30 * time.Millisecond, routesResyncMin},
-		{100 * time.Millisecond, 200 * time.Second},
-		{time.Second, routesResyncMax},
+	for _, tc := range []struct {
+		took  time.Duration
+		paths int
+		want  time.Duration
+	}{
+		{0, 0, routesResyncMin},
+		{30 * time.Millisecond, 0, routesResyncMin},
+		{100 * time.Millisecond, 0, 200 * time.Second},
+		{time.Second, 0, routesResyncMax},
+		{0, 400, routesResyncMin},   // 200 nodes, two reflectors
+		{0, 600, 3 * time.Minute},   // 300 nodes
+		{0, 2000, 10 * time.Minute}, // 1,000 nodes
+		{100 * time.Millisecond, 2000, 10 * time.Minute},
+		{0, 100000, routesResyncMax},
 	} {
-		if got := resyncEvery(tc.took); got != tc.want {
-			t.Errorf("resyncEvery(%v) = %v, want %v", tc.took, got, tc.want)
+		if got := resyncEvery(tc.took, tc.paths); got != tc.want {
+			t.Errorf("resyncEvery(%v, %d) = %v, want %v", tc.took, tc.paths, got, tc.want)
 		}
 	}
 }

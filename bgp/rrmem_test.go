@@ -117,7 +117,7 @@ func BenchmarkSessions1000(b *testing.B) {
 	now := time.Now()
 	for i := range 1000 {
 		a := netip.AddrFrom4([4]byte{198, 18, 4 + byte(i>>8), byte(i)})
-		s.peers[a] = Peer{Address: a, ASN: api.DefaultASNumber, Type: PeerRRClient, ClusterNode: true, RRClient: true}
+		s.putPeer(Peer{Address: a, ASN: api.DefaultASNumber, Type: PeerRRClient, ClusterNode: true, RRClient: true})
 		s.sessions.observe(a, session.Established, now, "")
 		s.sessions.families[a] = []string{"ipv4"}
 	}
@@ -152,10 +152,10 @@ func TestSessionsOrderFollowsPeers(t *testing.T) {
 		{name: "all gone", del: []int{5, 10, 15, 20}},
 	} {
 		for _, i := range tc.add {
-			s.peers[addr(i)] = Peer{Address: addr(i)}
+			s.putPeer(Peer{Address: addr(i)})
 		}
 		for _, i := range tc.del {
-			delete(s.peers, addr(i))
+			s.dropPeer(addr(i))
 		}
 		var want []netip.Addr
 		for _, i := range tc.want {
@@ -174,8 +174,8 @@ func TestPeerEventsReadRIB(t *testing.T) {
 	client := netip.MustParseAddr("198.18.4.1")
 	external := netip.MustParseAddr("198.18.0.1")
 	s := NewSpeaker(nil).(*speaker)
-	s.peers[client] = Peer{Address: client, Type: PeerRRClient, ClusterNode: true, RRClient: true}
-	s.peers[external] = Peer{Address: external, Type: PeerGlobal} // the default prefix limit
+	s.putPeer(Peer{Address: client, Type: PeerRRClient, ClusterNode: true, RRClient: true})
+	s.putPeer(Peer{Address: external, Type: PeerGlobal}) // the default prefix limit
 	steps := []struct {
 		peer netip.Addr
 		to   gobgp.FSMState

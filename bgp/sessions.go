@@ -27,7 +27,7 @@ type sessionTracker struct {
 	pfxLimit map[netip.Addr]bool // shut down for exceeding max-prefix
 	// order caches the configured peers' addresses, sorted, for Sessions
 	// (sortedPeerAddrs): sorting a reflector's thousand statuses on every
-	// read was half of its cost.
+	// read was half of its cost. nil when s.peers' keys changed since.
 	order []netip.Addr
 	// changed is signalled (coalesced) after each of the above changes.
 	changed chan struct{}
@@ -272,23 +272,14 @@ func (s *speaker) Sessions() []PeerStatus {
 	return out
 }
 
-// sortedPeerAddrs returns the configured peers' addresses in order, from
-// the cache when it holds exactly s.peers' keys (same length, each
-// present), else sorted anew. Called with s.mu held; read-only for the
-// caller.
+// sortedPeerAddrs returns the configured peers' addresses in order, sorted
+// once per change of s.peers' keys (putPeer and dropPeer clear the cache).
+// Called with s.mu held; read-only for the caller.
 func (s *speaker) sortedPeerAddrs() []netip.Addr {
-	order := s.sessions.order
-	valid := len(order) == len(s.peers)
-	for _, a := range order {
-		if !valid {
-			break
-		}
-		_, valid = s.peers[a]
+	if s.sessions.order != nil {
+		return s.sessions.order
 	}
-	if valid {
-		return order
-	}
-	order = make([]netip.Addr, 0, len(s.peers))
+	order := make([]netip.Addr, 0, len(s.peers))
 	for a := range s.peers {
 		order = append(order, a)
 	}

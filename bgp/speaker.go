@@ -55,7 +55,8 @@ const (
 	routesMaxDelay = 50 * time.Millisecond
 	// The RIB is read in full, without any event, every routesResyncMin,
 	// or every resyncShare times as long as the last full read took when
-	// that is longer (at most routesResyncMax): GoBGP's best-path events
+	// that is longer, or resyncPerPath per path of the RIB when that is
+	// longer (at most routesResyncMax): GoBGP's best-path events
 	// deliver every change, and session, BFD and End-of-RIB events ask
 	// for full reads of their own, so the periodic read is only a repair
 	// (see resyncEvery). At 10 s it was the largest part of an idle
@@ -63,6 +64,7 @@ const (
 	routesResyncMin = 2 * time.Minute
 	routesResyncMax = 15 * time.Minute
 	resyncShare     = 2000
+	resyncPerPath   = 300 * time.Millisecond // 400 paths: 2 min; 2,000 (1,000 nodes, two reflectors): 10
 	// stuckTimeout: see resetStuckPeers; the check runs stuckSlack after
 	// a session opening since then would have reached it.
 	stuckTimeout = 5 * time.Second

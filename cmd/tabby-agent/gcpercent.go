@@ -13,24 +13,14 @@ import (
 // memory"). Calico's Felix makes the same choice (goGCThreshold).
 const defaultGCPercent = 50
 
-// gcPercent is the GOGC the agent sets: defaultGCPercent, unless the
-// environment sets GOGC (any value, "off" included: the runtime has read
-// it already and the operator's word wins).
-func gcPercent(lookupEnv func(string) (string, bool)) (int, bool) {
-	if _, set := lookupEnv("GOGC"); set {
-		return 0, false
-	}
-	return defaultGCPercent, true
-}
-
-// setGCPercent applies gcPercent and logs the headroom in force.
+// setGCPercent sets defaultGCPercent unless the environment sets GOGC (any
+// value, "off" included: the runtime has read it already and the operator's
+// word wins), and logs the headroom in force. GOGC is read once.
 func setGCPercent(log *slog.Logger, lookupEnv func(string) (string, bool)) {
-	p, ok := gcPercent(lookupEnv)
-	if !ok {
-		v, _ := lookupEnv("GOGC")
+	if v, set := lookupEnv("GOGC"); set {
 		log.Info("Go collector headroom from GOGC", "GOGC", v)
 		return
 	}
-	debug.SetGCPercent(p)
-	log.Info("Go collector headroom (GOGC unset: the agent's default)", "gc_percent", p)
+	debug.SetGCPercent(defaultGCPercent)
+	log.Info("Go collector headroom (GOGC unset: the agent's default)", "gc_percent", defaultGCPercent)
 }

@@ -26,7 +26,12 @@ func TestSetGCPercent(t *testing.T) {
 			const before = 77 // a value neither side uses
 			prev := debug.SetGCPercent(before)
 			defer debug.SetGCPercent(prev)
-			setGCPercent(slog.New(slog.NewTextHandler(io.Discard, nil)), env(c.env))
+			reads := 0
+			lookup := func(k string) (string, bool) { reads++; return env(c.env)(k) }
+			setGCPercent(slog.New(slog.NewTextHandler(io.Discard, nil)), lookup)
+			if reads != 1 {
+				t.Errorf("setGCPercent read the environment %d times, want once", reads)
+			}
 			got := debug.SetGCPercent(before)
 			want := c.want
 			if want == -2 {

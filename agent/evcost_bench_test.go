@@ -62,12 +62,13 @@ func TestMain(m *testing.M) {
 // vcsw/event and floor-vcsw/event are the voluntary context switches per
 // event (a thread that waits, to be woken again) of each, less the rest's.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
+	ch, preloaded := startBenchEtcd(b, scaleNodes)
+	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
+	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
 	// No periodic pass during the measurement: at this size a full pass
 	// costs tens of milliseconds, which would fall in the churn or in the
 	// rest by chance.
-	a, ch, preloaded := startBenchAgent(b, scaleNodes, time.Hour)
-	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
-	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
+	a := startBenchAgentOn(b, ch, time.Hour)
 	ctx := b.Context()
 	rate := 100
 	if s := os.Getenv("TABBY_BENCH_RATE"); s != "" {
@@ -159,13 +160,24 @@ func sampleAll(b *testing.B, floor, floor2 *storetest.Floor) benchSample {
 }
 
 // startBenchAgent starts a child etcd holding the cluster of nodes nodes
-// (agentBenchCommand's preload) and node0's whole agent against it on fake
-// kernel, BGP and firewall, with the given resync interval, and returns it
-// once its start has settled, with the preload's revision; both stop when
-// the benchmark ends.
-func startBenchAgent(b *testing.B, nodes int, resync time.Duration) (*Agent, *storetest.Child, int64) {
+// (agentBenchCommand's preload) and node0's whole agent against it
+// (startBenchAgentOn); both stop when the benchmark ends.
+func startBenchAgent(b *testing.B, nodes int, resync time.Duration) (*Agent, *storetest.Child) {
+	ch, _ := startBenchEtcd(b, nodes)
+	return startBenchAgentOn(b, ch, resync), ch
+}
+
+// startBenchEtcd starts a child etcd holding the cluster of nodes nodes
+// and returns it with the preload's revision.
+func startBenchEtcd(b *testing.B, nodes int) (*storetest.Child, int64) {
 	ch := storetest.StartChild(b, agentBenchEtcdEnv)
-	preloaded := ch.Do(b, fmt.Sprintf("preload %d", nodes))
+	return ch, ch.Do(b, fmt.Sprintf("preload %d", nodes))
+}
+
+// startBenchAgentOn starts node0's whole agent against ch on fake kernel,
+// BGP and firewall, with the given resync interval, and returns it once
+// its start has settled; it stops when the benchmark ends.
+func startBenchAgentOn(b *testing.B, ch *storetest.Child, resync time.Duration) *Agent {
 	routes := fake.NewRoutes()
 	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
 		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
@@ -185,7 +197,7 @@ func startBenchAgent(b *testing.B, nodes int, resync time.Duration) (*Agent, *st
 		b.Fatal(err)
 	}
 	settle(b, a)
-	return a, ch, preloaded
+	return a
 }
 
 // churnProfile writes a CPU profile of the churn alone to the file

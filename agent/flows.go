@@ -93,7 +93,7 @@ func (f *flowOwner) reindex(node string) {
 			}
 		}
 	}
-	pod := func(addrs []netip.Addr, ns, name, pod string, labels map[string]string, on string) {
+	add := func(addrs []netip.Addr, ns, name, pod string, labels map[string]string, on string) {
 		if ns == "" {
 			ns = "default"
 		}
@@ -106,11 +106,11 @@ func (f *flowOwner) reindex(node string) {
 	}
 	for _, w := range f.view.Endpoints() {
 		addrs, _ := w.Addrs()
-		pod(addrs, w.Metadata.Namespace, w.Metadata.Name, w.Spec.Pod, w.Metadata.Labels, w.Spec.Node)
+		add(addrs, w.Metadata.Namespace, w.Metadata.Name, w.Spec.Pod, w.Metadata.Labels, w.Spec.Node)
 	}
 	for _, r := range f.view.RemoteEndpoints() {
 		addrs, _ := r.Addrs()
-		pod(addrs, r.Namespace, r.Name, r.Pod, r.Labels, r.Node)
+		add(addrs, r.Namespace, r.Name, r.Pod, r.Labels, r.Node)
 	}
 	f.eps.Store(&m)
 }

@@ -33,7 +33,7 @@ func BenchmarkAgentAtRest(b *testing.B) {
 		}
 		rest = d
 	}
-	a, _, _ := startBenchAgent(b, nodes, Default().ResyncInterval)
+	a, _ := startBenchAgent(b, nodes, Default().ResyncInterval)
 	// The start's garbage collected and its pages returned, as in a long
 	// running agent.
 	runtime.GC()
@@ -119,7 +119,7 @@ func envInt(b *testing.B, name string, def int) int {
 // process's CPU per pass (the agent's own idle CPU included), which a
 // loaded host does not inflate as it does the wall time of ns/op.
 func BenchmarkAgentPeriodicPass(b *testing.B) {
-	a, _, _ := startBenchAgent(b, envInt(b, "TABBY_BENCH_NODES", scaleNodes), time.Hour)
+	a, _ := startBenchAgent(b, envInt(b, "TABBY_BENCH_NODES", scaleNodes), time.Hour)
 	every := time.Hour
 	loops := []loop{a.routes.loop(every, a.metrics), a.bgp.loop(every), a.gc.loop(every, a.metrics), a.policy.loop(every, a.metrics)}
 	for _, l := range loops {

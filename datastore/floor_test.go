@@ -59,24 +59,26 @@ func testFloorWatch(t *testing.T, mode datastore.FloorMode) {
 	}
 	// The last write touches both parts: once each part's watch delivered
 	// it, it delivered everything before it.
+	// (Held while the write's revision is recorded, so that no response is
+	// counted against the revision before it.)
 	mu.Lock()
-	defer mu.Unlock()
-	var err error
-	if last, err = s.Txn(ctx, nil, []datastore.Op{{Key: "a/9", Value: []byte("x")}, {Key: "c/9", Value: []byte("x")}}); err != nil {
+	rev, err := s.Txn(ctx, nil, []datastore.Op{{Key: "a/9", Value: []byte("x")}, {Key: "c/9", Value: []byte("x")}})
+	last = rev
+	mu.Unlock()
+	if err != nil {
 		t.Fatal(err)
 	}
-	mu.Unlock()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		mu.Lock()
 		n, k := events, atLast
+		mu.Unlock()
 		if k == 2 {
 			if n != 5 {
 				t.Errorf("counted %d events, want 5 (a/1 put and deleted, c/1, a/9, c/9)", n)
 			}
 			break
 		}
-		mu.Unlock()
 		if time.Now().After(deadline) {
 			t.Fatalf("floor watch: %d parts reached revision %d (%d events), want 2", k, last, n)
 		}

@@ -199,6 +199,7 @@ type nudger struct {
 	mu       sync.Mutex
 	t        *time.Timer
 	armed    bool
+	stopped  bool      // stop ran: fire neither re-arms nor sends
 	lagSince time.Time // zero: the parts are in step
 	last     time.Time // the last response
 	send     func()
@@ -217,6 +218,9 @@ func (n *nudger) seen(now time.Time, lagging bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.last = now
+	if n.stopped {
+		return
+	}
 	if !lagging {
 		n.lagSince = time.Time{} // an armed timer finds nothing to do
 		return
@@ -232,7 +236,7 @@ func (n *nudger) seen(now time.Time, lagging bool) {
 
 func (n *nudger) fire() {
 	n.mu.Lock()
-	if n.lagSince.IsZero() {
+	if n.stopped || n.lagSince.IsZero() {
 		n.armed = false
 		n.mu.Unlock()
 		return
@@ -248,7 +252,14 @@ func (n *nudger) fire() {
 	n.send()
 }
 
-func (n *nudger) stop() { n.t.Stop() }
+// stop disarms the nudger for good: a fire already under way neither
+// re-arms the timer nor sends.
+func (n *nudger) stop() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.stopped = true
+	n.t.Stop()
+}
 
 // nudgeDelay is how long after a response at now, with the parts lagging
 // since lagSince, the watch asks for progress.

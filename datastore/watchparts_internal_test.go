@@ -127,3 +127,25 @@ func TestNudger(t *testing.T) {
 		})
 	}
 }
+
+// A stopped nudger sends nothing, whether it was armed before the stop or
+// told of a lag only after it (a response the receiver handled as the
+// watch ended).
+func TestNudgerStopped(t *testing.T) {
+	for _, armed := range []bool{true, false} {
+		synctest.Test(t, func(t *testing.T) {
+			sends := 0
+			n := newNudger(func() { sends++ })
+			if armed {
+				n.seen(time.Now(), true)
+			}
+			n.stop()
+			n.seen(time.Now(), true)
+			time.Sleep(2 * progressMaxLag)
+			synctest.Wait()
+			if sends != 0 {
+				t.Errorf("armed before the stop %v: a stopped nudger asked for progress %d times", armed, sends)
+			}
+		})
+	}
+}

@@ -385,6 +385,9 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 			procs = append(procs, n.Agent)
 		}
 	}
+	if st.FloorWatch != nil {
+		procs = append(procs, st.FloorWatch)
+	}
 	procs = append(procs, st.Kube.procs()...)
 	procs = append(procs, st.etcdProcs()...)
 	for _, p := range procs {

@@ -130,19 +130,21 @@ func (o *SimOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("sizes[%d]: %d not above %d: sizes grow", i, n, o.Sizes[i-1]))
 		}
 	}
-	switch {
-	case o.Zones < 0 || o.Zones > maxSimZones:
+	if o.Zones < 0 || o.Zones > maxSimZones {
 		errs = append(errs, fmt.Errorf("zones: %d out of range 0-%d (0: no zones)", o.Zones, maxSimZones))
-	case o.RealNodes < 1 || o.RouteReflectors < 1 || o.RealNodes+o.reflectors() > maxSimRealAgents:
+	}
+	if o.RealNodes < 1 || o.RouteReflectors < 1 || o.RealNodes+o.reflectors() > maxSimRealAgents {
 		per := ""
 		if o.Zones > 0 {
 			per = fmt.Sprintf(" per zone × %d zones = %d reflectors", o.Zones, o.reflectors())
 		}
 		errs = append(errs, fmt.Errorf("real nodes %d, route reflectors %d%s: want at least 1 of each, %d real agents together at most",
 			o.RealNodes, o.RouteReflectors, per, maxSimRealAgents))
-	case o.Zones > 0 && o.RouteReflectors > 16:
+	}
+	if o.Zones > 0 && o.RouteReflectors > 16 {
 		errs = append(errs, fmt.Errorf("route reflectors: %d per zone out of range 1-16 (routeReflectorsPerZone)", o.RouteReflectors))
-	case o.Zones > 0 && o.RealNodes < o.Zones:
+	}
+	if o.Zones > 0 && o.RealNodes < o.Zones {
 		errs = append(errs, fmt.Errorf("real nodes: %d for %d zones: every zone needs a real client agent (its kernel times the block → route samples of the zone)", o.RealNodes, o.Zones))
 	}
 	if o.EndpointsPerNode < 1 || o.EndpointsPerNode > 60 {

@@ -55,12 +55,14 @@ func (r *simRun) startFloor() error {
 	for _, e := range eps {
 		argv = append(argv, "--etcd", e)
 	}
-	p, done, err := r.l.StartDetached(floorKey, st.Node(r.clients[0]).NetNS, argv, filepath.Join(r.l.Dir(), "floor-watch.log"), "")
+	p, done, err := r.l.StartDetached(floorKey, st.Node(r.clients[0]).NetNS, argv, filepath.Join(r.l.Dir(), "floor-watch.log"), PIDFile(r.l.Dir(), "floor-watch"))
 	if err != nil {
 		return err
 	}
 	r.floor, r.floorDone = p, done
-	return nil
+	// Recorded, so that `tabby-lab down` stops it after a sim that was
+	// killed (or a panic) rather than stopped.
+	return r.l.Update(func(s *State) error { s.FloorWatch = p; return nil })
 }
 
 // stopFloor stops the floor, if it runs.
@@ -73,5 +75,5 @@ func (r *simRun) stopFloor() error {
 	if err := r.floor.Stop(ctx, syscall.SIGTERM, 5*time.Second, r.floorDone); err != nil {
 		return fmt.Errorf("stopping the floor watcher: %w", err)
 	}
-	return nil
+	return r.l.Update(func(s *State) error { s.FloorWatch = nil; return nil })
 }

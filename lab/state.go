@@ -58,6 +58,10 @@ type State struct {
 	Etcd []EtcdMember `json:"etcdMembers"`
 	// EtcdProxy is the etcd gRPC proxy the agents use (Options.EtcdProxy).
 	EtcdProxy *Proc `json:"etcdProxy,omitempty"`
+	// FloorWatch is the scale harness's bare etcd watcher (lab/simfloor.go),
+	// while it runs: recorded so that teardown stops it whatever became of
+	// the sim.
+	FloorWatch *Proc `json:"floorWatch,omitempty"`
 	// Kube is the Kubernetes control plane, once StartControlPlane ran.
 	Kube  *ControlPlane `json:"kube,omitempty"`
 	Nodes []NodeState   `json:"nodes"`

@@ -42,14 +42,13 @@ func TestCompactRemote(t *testing.T) {
 		Labels: remote.Metadata.Labels, NamespaceLabels: remote.Spec.NamespaceLabels, IPNetworks: remote.Spec.IPNetworks,
 		Ports: remote.Spec.Ports, Revision: 3}
 	for _, tc := range []struct {
-		name, node  string
-		whole       []*api.WorkloadEndpoint
-		wholeOn2    []*api.WorkloadEndpoint
-		remote      []*api.RemoteEndpoint
-		remoteNodes []string
+		name, node string
+		whole      []*api.WorkloadEndpoint
+		wholeOn2   []*api.WorkloadEndpoint
+		remote     []*api.RemoteEndpoint
 	}{
-		{"agent", "node1", []*api.WorkloadEndpoint{withRev(local, "2")}, []*api.WorkloadEndpoint{}, []*api.RemoteEndpoint{compactRemote}, nil},
-		{"whole", "", []*api.WorkloadEndpoint{withRev(local, "2"), withRev(remote, "3")}, []*api.WorkloadEndpoint{withRev(remote, "3")}, []*api.RemoteEndpoint{}, nil},
+		{"agent", "node1", []*api.WorkloadEndpoint{withRev(local, "2")}, []*api.WorkloadEndpoint{}, []*api.RemoteEndpoint{compactRemote}},
+		{"whole", "", []*api.WorkloadEndpoint{withRev(local, "2"), withRev(remote, "3")}, []*api.WorkloadEndpoint{withRev(remote, "3")}, []*api.RemoteEndpoint{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := New(nil, slog.New(slog.DiscardHandler))

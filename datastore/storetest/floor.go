@@ -81,8 +81,11 @@ func serveFloor(v string, spec datastore.WatchSpec, in io.Reader, out io.Writer)
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		want, err := strconv.ParseInt(f[len(f)-1], 10, 64)
-		if len(f) != 2 || f[0] != "wait" || err != nil {
+		if len(f) != 2 || f[0] != "wait" {
+			return fmt.Errorf("floor: %q: want \"wait REV\"", sc.Text())
+		}
+		want, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
 			return fmt.Errorf("floor: %q: want \"wait REV\"", sc.Text())
 		}
 		mu.Lock()
@@ -124,7 +127,17 @@ func StartFloor(tb testing.TB, env, url string, from int64, mode datastore.Floor
 	if err := cmd.Start(); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { in.Close(); _ = cmd.Wait() })
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	tb.Cleanup(func() {
+		in.Close() // the floor returns at the end of its input
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
 	f := &Floor{PID: cmd.Process.Pid, in: in, out: bufio.NewScanner(out)}
 	if !f.out.Scan() || f.out.Text() != "ready" {
 		tb.Fatal("floor did not start")

@@ -247,9 +247,9 @@ func (g *nodeGC) release(ctx context.Context, n string, rec datastore.KV) error 
 	// Endpoints first: once an address is free it may be handed out again,
 	// and a stale endpoint's labels must not match policies by then.
 	for _, w := range g.endpointsOf(ctx, n) {
-		err := g.store.Delete(ctx, api.KindWorkloadEndpoint, w.Metadata.Namespace, w.Metadata.Name, w.Metadata.ResourceVersion)
+		err := g.store.Delete(ctx, api.KindWorkloadEndpoint, w.namespace, w.name, w.rv)
 		if err != nil && !errors.Is(err, datastore.ErrNotFound) {
-			return fmt.Errorf("removing endpoint %s/%s of deleted node %s: %w", w.Metadata.Namespace, w.Metadata.Name, n, err)
+			return fmt.Errorf("removing endpoint %s/%s of deleted node %s: %w", w.namespace, w.name, n, err)
 		}
 	}
 	if err := g.ipam.ReleaseNode(ctx, n, true); err != nil {
@@ -261,26 +261,29 @@ func (g *nodeGC) release(ctx context.Context, n string, rec datastore.KV) error 
 	return nil
 }
 
+// endpointRef names an endpoint at a revision: what deleting it takes.
+type endpointRef struct{ namespace, name, rv string }
+
 // endpointsOf returns the node's endpoints as etcd has them (the view's
 // may lag): listing every endpoint costs one read, once per dead node.
-func (g *nodeGC) endpointsOf(ctx context.Context, n string) []*api.WorkloadEndpoint {
+func (g *nodeGC) endpointsOf(ctx context.Context, n string) []endpointRef {
+	var out []endpointRef
 	all, _, err := datastore.ListAs[*api.WorkloadEndpoint](ctx, g.store, api.KindWorkloadEndpoint, "")
 	if err != nil {
 		g.log.Warn("listing endpoints for node gc; using the view's", "err", err)
-		out := g.view.EndpointsOn(n)
+		for _, w := range g.view.EndpointsOn(n) {
+			out = append(out, endpointRef{w.Metadata.Namespace, w.Metadata.Name, w.Metadata.ResourceVersion})
+		}
 		for _, r := range g.view.RemoteEndpoints() { // the agent's view keeps other nodes' compact
 			if r.Node == n {
-				out = append(out, &api.WorkloadEndpoint{
-					Metadata: api.ObjectMeta{Namespace: r.Namespace, Name: r.Name, ResourceVersion: strconv.FormatInt(r.Revision, 10)},
-					Spec:     api.WorkloadEndpointSpec{Node: r.Node}})
+				out = append(out, endpointRef{r.Namespace, r.Name, strconv.FormatInt(r.Revision, 10)})
 			}
 		}
 		return out
 	}
-	var out []*api.WorkloadEndpoint
 	for _, w := range all {
 		if w.Spec.Node == n {
-			out = append(out, w)
+			out = append(out, endpointRef{w.Metadata.Namespace, w.Metadata.Name, w.Metadata.ResourceVersion})
 		}
 	}
 	return out

@@ -360,37 +360,7 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 			errs = append(errs, RemoveContainers(ctx, filepath.Join(dir, n.Name, "containerd", "containerd.sock")))
 		}
 	}
-	var procs []*Proc
-	// Kubelets, then container runtimes (their pods need the agents only
-	// to be torn down, which the lab does by deleting namespaces), then
-	// agents (a graceful exit needs nothing from etcd), then the
-	// Kubernetes control plane, then etcd.
-	for _, n := range st.Nodes {
-		if n.Kubelet != nil {
-			procs = append(procs, n.Kubelet)
-		}
-	}
-	for _, n := range st.Nodes {
-		if n.Containerd != nil {
-			procs = append(procs, n.Containerd)
-		}
-	}
-	for _, n := range st.Nodes {
-		if n.KubeProxy != nil {
-			procs = append(procs, n.KubeProxy)
-		}
-	}
-	for _, n := range st.Nodes {
-		if n.Agent != nil {
-			procs = append(procs, n.Agent)
-		}
-	}
-	if st.FloorWatch != nil {
-		procs = append(procs, st.FloorWatch)
-	}
-	procs = append(procs, st.Kube.procs()...)
-	procs = append(procs, st.etcdProcs()...)
-	for _, p := range procs {
+	for _, p := range st.stopOrder() {
 		if p.Alive() {
 			progress(log, "stopping %s (pid %d)", p.Role, p.PID)
 		}

@@ -121,6 +121,32 @@ func (s *State) etcdMember(name string) *EtcdMember {
 	return nil
 }
 
+// stopOrder lists the lab's processes in the order teardown stops them:
+// kubelets, then container runtimes (their pods need the agents only to
+// be torn down, which the lab does by deleting namespaces), kube-proxies,
+// agents (a graceful exit needs nothing from etcd), the sim's floor
+// watcher, the Kubernetes control plane, then etcd.
+func (s *State) stopOrder() []*Proc {
+	var procs []*Proc
+	for _, of := range []func(NodeState) *Proc{
+		func(n NodeState) *Proc { return n.Kubelet },
+		func(n NodeState) *Proc { return n.Containerd },
+		func(n NodeState) *Proc { return n.KubeProxy },
+		func(n NodeState) *Proc { return n.Agent },
+	} {
+		for _, n := range s.Nodes {
+			if p := of(n); p != nil {
+				procs = append(procs, p)
+			}
+		}
+	}
+	if s.FloorWatch != nil {
+		procs = append(procs, s.FloorWatch)
+	}
+	procs = append(procs, s.Kube.procs()...)
+	return append(procs, s.etcdProcs()...)
+}
+
 // etcdProcs are the processes of the etcd members that were started.
 func (s *State) etcdProcs() []*Proc {
 	var ps []*Proc

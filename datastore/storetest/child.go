@@ -78,20 +78,7 @@ type Child struct {
 // cleanup.
 func StartChild(tb testing.TB, env string) *Child {
 	tb.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), env+"=1")
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
+	cmd, in, out := startSelf(tb, env+"=1")
 	tb.Cleanup(func() { in.Close(); _ = cmd.Wait() })
 	c := &Child{in: in, out: bufio.NewScanner(out)}
 	if !c.out.Scan() {
@@ -113,4 +100,26 @@ func (c *Child) Do(tb testing.TB, cmd string) int64 {
 		tb.Fatalf("bench etcd: %s: %s", cmd, c.out.Text())
 	}
 	return rev
+}
+
+// startSelf starts the test binary again, running no test, with envVar
+// (NAME=value) added to its environment and its standard input and output
+// piped: the child etcd and the floor, which serve on those pipes.
+func startSelf(tb testing.TB, envVar string) (*exec.Cmd, io.WriteCloser, io.Reader) {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envVar)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	return cmd, in, out
 }

@@ -7,6 +7,8 @@ import (
 	rtmetrics "runtime/metrics"
 	"testing"
 	"time"
+
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // BenchmarkAgentAtRest is what a whole agent costs when nothing changes
@@ -94,7 +96,7 @@ func loopPassTime(b *testing.B, a *Agent) map[string]float64 {
 // restHeapProfile writes the heap profile, its in-use figures as of now.
 func restHeapProfile(b *testing.B, name string) {
 	runtime.GC()
-	if err := writeHeapProfile(name); err != nil {
+	if err := testkit.WriteHeapProfile(name); err != nil {
 		b.Fatal(err)
 	}
 }

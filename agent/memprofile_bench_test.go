@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"testing"
 
 	"github.com/tabbynet/tabby/datastore"
@@ -36,7 +35,7 @@ func BenchmarkAgentHeapAtScale(b *testing.B) {
 		b.StopTimer()
 		b.ReportMetric(float64(testkit.HeapAfterGC()-before)/float64(scaleNodes*scaleEpsPerNode), "heap-B/endpoint")
 		if f := os.Getenv("TABBY_BENCH_HEAPPROFILE"); f != "" {
-			if err := writeHeapProfile(f); err != nil {
+			if err := testkit.WriteHeapProfile(f); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -45,18 +44,6 @@ func BenchmarkAgentHeapAtScale(b *testing.B) {
 		stop()
 		b.StartTimer()
 	}
-}
-
-func writeHeapProfile(name string) error {
-	f, err := os.Create(name)
-	if err != nil {
-		return err
-	}
-	if err := pprof.WriteHeapProfile(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // scaleOwner is a view fed kvs and a policy owner after its first pass.

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -112,7 +111,7 @@ func benchViewMemory(b *testing.B, local string) {
 		}
 		b.ReportMetric(float64(testkit.HeapAfterGC()-before)/float64(nodes*perNode), "heap-B/endpoint")
 		if f := os.Getenv("TABBY_BENCH_HEAPPROFILE"); f != "" {
-			if err := writeHeapProfile(f); err != nil {
+			if err := testkit.WriteHeapProfile(f); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -141,16 +140,4 @@ func memoryEndpoint(n, p int) datastore.KV {
 	key, _ := datastore.ResourceKey(api.KindWorkloadEndpoint, ns, w.Metadata.Name)
 	v, _ := json.Marshal(w)
 	return datastore.KV{Key: key, Value: v}
-}
-
-func writeHeapProfile(name string) error {
-	f, err := os.Create(name)
-	if err != nil {
-		return err
-	}
-	if err := pprof.WriteHeapProfile(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

@@ -39,6 +39,12 @@ type SimConfig struct {
 	// IPv4 prefixes each UPDATE from the peer announces (the harness
 	// times a reflector's sending with it); nil leaves UPDATEs unparsed.
 	OnUpdate func(announced []netip.Prefix)
+	// Track keeps the set of IPv4 prefixes the peer announces on the
+	// session (announced and not withdrawn since), for Held: the harness
+	// knows a reflector has sent a client everything only when the
+	// client holds every block, not when the UPDATEs merely stopped (a
+	// stalled sender stops them too).
+	Track bool
 }
 
 // SimSession runs BGP on one connection for a simulated node. Announce and
@@ -64,10 +70,17 @@ type SimSession struct {
 	sinceUp        atomic.Uint64
 	keepalives     atomic.Uint64
 	drop           atomic.Pointer[SimDrop]
+	// held is the set of Track (the reader's alone), heldN its size.
+	held  map[uint64]struct{}
+	heldN atomic.Int64
 }
 
 // Updates is how many UPDATE messages the peer has sent so far.
 func (s *SimSession) Updates() uint64 { return s.updates.Load() }
+
+// Held is how many IPv4 prefixes the peer announces on the session now
+// (with SimConfig.Track; 0 without).
+func (s *SimSession) Held() int { return int(s.heldN.Load()) }
 
 // EstablishedAt is when the session was established (zero before).
 func (s *SimSession) EstablishedAt() time.Time {
@@ -88,7 +101,11 @@ func NewSimSession(conn net.Conn, cfg SimConfig) *SimSession {
 	if cfg.HoldTime == 0 {
 		cfg.HoldTime = 90 * time.Second
 	}
-	return &SimSession{conn: conn, cfg: cfg, established: make(chan struct{}), hold: cfg.HoldTime}
+	s := &SimSession{conn: conn, cfg: cfg, established: make(chan struct{}), hold: cfg.HoldTime}
+	if cfg.Track {
+		s.held = map[uint64]struct{}{}
+	}
+	return s
 }
 
 // Established is closed when the session is established.
@@ -205,10 +222,15 @@ func (s *SimSession) readLoop(rd *simReader) error {
 			}
 		case gobgp.BGP_MSG_UPDATE:
 			s.updates.Add(1)
-			if s.cfg.OnUpdate != nil {
-				if ps := announced(body); len(ps) > 0 {
-					s.cfg.OnUpdate(ps)
-				}
+			if s.cfg.OnUpdate == nil && !s.cfg.Track {
+				continue
+			}
+			in, out := updatePrefixes(body)
+			if s.cfg.Track {
+				s.track(in, out)
+			}
+			if s.cfg.OnUpdate != nil && len(in) > 0 {
+				s.cfg.OnUpdate(in)
 			}
 		case gobgp.BGP_MSG_NOTIFICATION:
 			return notification(body)
@@ -216,20 +238,49 @@ func (s *SimSession) readLoop(rd *simReader) error {
 	}
 }
 
+// track applies an UPDATE's announced (in) and withdrawn (out) prefixes
+// to the held set. Keys are IPv4 address and length in one word: no
+// pointer for the collector to follow in a harness holding a thousand
+// prefixes on each of two thousand sessions.
+func (s *SimSession) track(in, out []netip.Prefix) {
+	key := func(p netip.Prefix) uint64 {
+		a := p.Addr().As4()
+		return uint64(binary.BigEndian.Uint32(a[:]))<<8 | uint64(p.Bits())
+	}
+	for _, p := range out {
+		delete(s.held, key(p))
+	}
+	for _, p := range in {
+		s.held[key(p)] = struct{}{}
+	}
+	s.heldN.Store(int64(len(s.held)))
+}
+
 // announced returns the IPv4 prefixes an UPDATE's body announces (none if
 // it does not parse: the session only observes them).
 func announced(body []byte) []netip.Prefix {
+	in, _ := updatePrefixes(body)
+	return in
+}
+
+// updatePrefixes returns the IPv4 prefixes an UPDATE's body announces and
+// those it withdraws (none if it does not parse).
+func updatePrefixes(body []byte) (in, out []netip.Prefix) {
 	h := &gobgp.BGPHeader{Len: uint16(gobgp.BGP_HEADER_LENGTH + len(body)), Type: gobgp.BGP_MSG_UPDATE}
 	m, err := gobgp.ParseBGPBody(h, body)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
 	u, ok := m.Body.(*gobgp.BGPUpdate)
 	if !ok {
-		return nil
+		return nil, nil
 	}
+	return ipv4Prefixes(u.NLRI), ipv4Prefixes(u.WithdrawnRoutes)
+}
+
+func ipv4Prefixes(nlri []gobgp.PathNLRI) []netip.Prefix {
 	var out []netip.Prefix
-	for _, n := range u.NLRI {
+	for _, n := range nlri {
 		if p, ok := n.NLRI.(*gobgp.IPAddrPrefix); ok {
 			out = append(out, p.Prefix.Masked())
 		}

@@ -90,20 +90,7 @@ func dialUntilAccepted(t *testing.T, local netip.Addr, to netip.AddrPort) (net.C
 // withdraws; a body that does not parse gives none.
 func TestSimAnnounced(t *testing.T) {
 	b1, b2, gone := netip.MustParsePrefix("10.244.7.0/26"), netip.MustParsePrefix("10.244.9.64/26"), netip.MustParsePrefix("10.244.1.0/26")
-	nlri, err := simNLRI([]netip.Prefix{b1, b2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	withdrawn, err := simNLRI([]netip.Prefix{gone})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nh, err := gobgp.NewPathAttributeNextHop(netip.MustParseAddr("198.18.4.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	attrs := []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), gobgp.NewPathAttributeAsPath(nil), nh}
-	msg, err := gobgp.NewBGPUpdateMessage(withdrawn, attrs, nlri).Serialize()
+	msg, err := simUpdate(t, []netip.Prefix{gone}, []netip.Prefix{b1, b2}).Serialize()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,38 +106,10 @@ func TestSimAnnounced(t *testing.T) {
 // A simulated node counts the UPDATEs its peer sends and hands the
 // prefixes they announce to OnUpdate (the harness's observer).
 func TestSimSessionCountsUpdates(t *testing.T) {
-	here, peer := net.Pipe()
 	got := make(chan []netip.Prefix, 4)
-	s := NewSimSession(here, SimConfig{ASN: api.DefaultASNumber, RouterID: netip.MustParseAddr("198.18.4.2"),
-		OnUpdate: func(ps []netip.Prefix) { got <- ps }})
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	defer func() { cancel(); <-runErr }()
-	go io.Copy(io.Discard, peer) // what the simulated node sends
-	open, err := gobgp.NewBGPOpenMessage(uint16(api.DefaultASNumber), 90, netip.MustParseAddr("198.18.0.11"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, peer := startSimPeer(t, SimConfig{OnUpdate: func(ps []netip.Prefix) { got <- ps }})
 	block := netip.MustParsePrefix("10.244.7.0/26")
-	nlri, err := simNLRI([]netip.Prefix{block})
-	if err != nil {
-		t.Fatal(err)
-	}
-	nh, err := gobgp.NewPathAttributeNextHop(netip.MustParseAddr("198.18.4.9"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	attrs := []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), gobgp.NewPathAttributeAsPath(nil), nh}
-	for _, m := range []*gobgp.BGPMessage{open, gobgp.NewBGPKeepAliveMessage(), gobgp.NewBGPUpdateMessage(nil, attrs, nlri), gobgp.NewBGPUpdateMessage(nlri, nil, nil)} {
-		b, err := m.Serialize()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := peer.Write(b); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sendUpdates(t, peer, simUpdate(t, nil, []netip.Prefix{block}), simUpdate(t, []netip.Prefix{block}, nil))
 	select {
 	case ps := <-got:
 		if len(ps) != 1 || ps[0] != block {
@@ -164,5 +123,82 @@ func TestSimSessionCountsUpdates(t *testing.T) {
 	case ps := <-got:
 		t.Errorf("OnUpdate got %v for a withdrawal", ps)
 	default:
+	}
+	if s.Held() != 0 {
+		t.Errorf("Held() = %d without Track, want 0", s.Held())
+	}
+}
+
+// With Track a session holds what the peer announced and did not
+// withdraw since: a prefix announced twice counts once, a withdrawal in
+// the same UPDATE as announcements applies too.
+func TestSimSessionTracksHeld(t *testing.T) {
+	s, peer := startSimPeer(t, SimConfig{Track: true})
+	b1, b2, b3 := netip.MustParsePrefix("10.244.7.0/26"), netip.MustParsePrefix("10.244.9.64/26"), netip.MustParsePrefix("10.244.1.0/26")
+	sendUpdates(t, peer, simUpdate(t, nil, []netip.Prefix{b1, b2}))
+	testkit.Eventually(t, 10*time.Second, "two prefixes held", testkit.Cond(func() bool { return s.Held() == 2 }))
+	sendUpdates(t, peer, simUpdate(t, []netip.Prefix{b1}, []netip.Prefix{b3}), simUpdate(t, nil, []netip.Prefix{b2}))
+	testkit.Eventually(t, 10*time.Second, "b2 and b3 held after b1's withdrawal and b2 again", testkit.Cond(func() bool { return s.Updates() == 3 }))
+	if got := s.Held(); got != 2 {
+		t.Errorf("Held() = %d, want 2 (b2, b3)", got)
+	}
+	sendUpdates(t, peer, simUpdate(t, []netip.Prefix{b2, b3}, nil))
+	testkit.Eventually(t, 10*time.Second, "nothing held after both are withdrawn", testkit.Cond(func() bool { return s.Held() == 0 }))
+}
+
+// startSimPeer runs a simulated node's session (cfg's ASN and router ID
+// filled in) on a pipe, and plays the peer up to established: OPEN and
+// KEEPALIVE. The session ends with the test.
+func startSimPeer(t *testing.T, cfg SimConfig) (*SimSession, net.Conn) {
+	t.Helper()
+	here, peer := net.Pipe()
+	cfg.ASN, cfg.RouterID = api.DefaultASNumber, netip.MustParseAddr("198.18.4.2")
+	s := NewSimSession(here, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-runErr })
+	go io.Copy(io.Discard, peer) // what the simulated node sends
+	open, err := gobgp.NewBGPOpenMessage(uint16(api.DefaultASNumber), 90, netip.MustParseAddr("198.18.0.11"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendUpdates(t, peer, open, gobgp.NewBGPKeepAliveMessage())
+	return s, peer
+}
+
+// simUpdate is an UPDATE withdrawing out and announcing in.
+func simUpdate(t *testing.T, out, in []netip.Prefix) *gobgp.BGPMessage {
+	t.Helper()
+	withdrawn, err := simNLRI(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(in) == 0 {
+		return gobgp.NewBGPUpdateMessage(withdrawn, nil, nil)
+	}
+	nlri, err := simNLRI(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nh, err := gobgp.NewPathAttributeNextHop(netip.MustParseAddr("198.18.4.9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrs := []gobgp.PathAttributeInterface{gobgp.NewPathAttributeOrigin(gobgp.BGP_ORIGIN_ATTR_TYPE_IGP), gobgp.NewPathAttributeAsPath(nil), nh}
+	return gobgp.NewBGPUpdateMessage(withdrawn, attrs, nlri)
+}
+
+// sendUpdates writes the peer's messages.
+func sendUpdates(t *testing.T, peer net.Conn, ms ...*gobgp.BGPMessage) {
+	t.Helper()
+	for _, m := range ms {
+		b, err := m.Serialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := peer.Write(b); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -76,6 +76,9 @@ func TestSimHarness(t *testing.T) {
 	check(r.RouteP50Ms > 0 && r.RouteP99Ms >= r.RouteP50Ms, "block-to-route latencies")
 	check(r.PolicyP50Ms > 0 && r.PolicyP99Ms >= r.PolicyP50Ms, "policy latencies")
 	check(r.ReadyS > 0, "restart to Ready")
+	// The block samples began with every simulated session holding every
+	// simulated block (the sessions' own count of what the reflectors sent).
+	check(r.Stages != nil && r.Stages.MissingAtSamples == 0, "blocks missing at the samples")
 	// The bare watcher ran beside the agents through the windows.
 	check(r.FloorMeasured, "the bare watcher (floor) not measured")
 	// Every simulated node and every agent holds a watch.

@@ -81,8 +81,10 @@ type routeLatencies struct {
 	// reflector's and a client's kernel, one per node.
 	claim, reflected, rrKernel, clientKernel []time.Duration
 	// quiet is how long the reflectors took to send the fill's UPDATEs
-	// before the samples (waitQuiet).
-	quiet time.Duration
+	// before the samples, and missing the blocks the simulated nodes'
+	// sessions still lacked then (waitQuiet).
+	quiet   time.Duration
+	missing int
 }
 
 func (l *routeLatencies) add(start, advertised, inKernel time.Time) {
@@ -125,6 +127,7 @@ func (l *routeLatencies) fill(res *SimResult) {
 	st.RRKernelP50Ms, st.RRKernelMaxMs = quantileMaxMs(l.rrKernel)
 	st.ClientKernelP50Ms, st.ClientKernelMaxMs = quantileMaxMs(l.clientKernel)
 	st.QuietS = l.quiet.Seconds()
+	st.MissingAtSamples = l.missing
 }
 
 func quantileMaxMs(d []time.Duration) (p50, maxMs float64) {
@@ -209,35 +212,66 @@ const (
 )
 
 // waitQuiet waits until the reflectors have sent every simulated node what
-// they had queued: no UPDATE reached any simulated node for quietFor. At
-// 1,000 nodes a fill queues a million UPDATEs on each reflector (every
-// block to every client), which it was still writing when the block
-// samples and the rest began: the samples timed a new block behind that
-// queue, and the rest measured the reflectors' sending (15-57 % "idle";
-// queued UPDATEs ≈ 125 MB of a reflector's heap "at rest"). It returns how
-// long it waited; past quietTimeout it says so and returns (the
-// measurements then include the sending).
-func (r *simRun) waitQuiet(ctx context.Context) time.Duration {
+// they had queued: every established session holds every simulated block
+// but its node's own, and no UPDATE reached any simulated node for
+// quietFor. At 1,000 nodes a fill queues a million UPDATEs on each
+// reflector (every block to every client), which it was still writing
+// when the block samples and the rest began: the samples timed a new
+// block behind that queue, and the rest measured the reflectors' sending
+// (15-57 % "idle"; queued UPDATEs ≈ 125 MB of a reflector's heap "at
+// rest"). Silence alone is not enough: a reflector whose senders stall
+// (GoBGP's, on a loaded host; docs/scale.md "Session drops") sends
+// nothing for minutes with most of its table unsent. It returns how long
+// it waited and the blocks the sessions still lacked; past quietTimeout it
+// says so and returns (the measurements then include the sending).
+func (r *simRun) waitQuiet(ctx context.Context) (time.Duration, int) {
 	start := time.Now()
-	total := func() uint64 {
-		var sum uint64
-		for _, n := range r.nodes {
-			sum += n.updates()
+	st := r.quietState()
+	last, since, told := st, time.Now(), time.Now()
+	for (time.Since(since) < quietFor || st.missing > 0) && ctx.Err() == nil {
+		if time.Since(told) >= time.Minute {
+			r.l.Progress("waiting for the reflectors after %s: %s, %d UPDATEs received", time.Since(start).Round(time.Second), st, st.updates)
+			told = time.Now()
 		}
-		return sum
-	}
-	last, since := total(), time.Now()
-	for time.Since(since) < quietFor && ctx.Err() == nil {
 		if time.Since(start) > quietTimeout {
-			r.l.Progress("the reflectors still send to the simulated nodes after %s (%d UPDATEs received so far): measuring anyway", quietTimeout, last)
-			return time.Since(start)
+			r.l.Progress("the reflectors still send to the simulated nodes after %s (%d UPDATEs received so far; %s): measuring anyway", quietTimeout, st.updates, st)
+			return time.Since(start), st.missing
 		}
 		sleepCtx(ctx, 250*time.Millisecond)
-		if now := total(); now != last {
-			last, since = now, time.Now()
+		if st = r.quietState(); st.updates != last.updates {
+			last, since = st, time.Now()
 		}
 	}
 	waited := max(time.Since(start)-quietFor, 0)
-	r.l.Progress("reflectors quiet after %s (%d UPDATEs received by the simulated nodes so far)", waited.Round(100*time.Millisecond), last)
-	return waited
+	r.l.Progress("reflectors quiet after %s (%d UPDATEs received by the simulated nodes so far)", waited.Round(100*time.Millisecond), st.updates)
+	return waited, st.missing
+}
+
+// quietState is what waitQuiet watches: the UPDATEs the simulated nodes
+// received, and the blocks their sessions still lack.
+type quietState struct {
+	updates                  uint64
+	missing, sessions, outOf int
+}
+
+func (q quietState) String() string {
+	return fmt.Sprintf("%d sessions of %d lack %d blocks", q.sessions, q.outOf, q.missing)
+}
+
+func (r *simRun) quietState() quietState {
+	all := 0
+	for _, n := range r.nodes {
+		n.mu.Lock()
+		all += len(n.blocks)
+		n.mu.Unlock()
+	}
+	var q quietState
+	for _, n := range r.nodes {
+		q.updates += n.updates()
+		p, s := n.missing(all)
+		q.missing += p
+		q.sessions += s
+		q.outOf += n.established()
+	}
+	return q
 }

@@ -127,7 +127,7 @@ func (r *simRun) waitSettled(ctx context.Context) error {
 		}
 	}
 	r.l.Progress("settled in %s: every real client holds the %d simulated blocks' routes", time.Since(start).Round(time.Second), len(want))
-	r.waitQuiet(ctx)
+	_, _ = r.waitQuiet(ctx)
 	return ctx.Err()
 }
 

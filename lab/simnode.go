@@ -141,7 +141,7 @@ func (n *simNode) connectOnce(ctx context.Context, simNS string, endpoints []str
 // attach runs a session with a reflector until it ends,
 // announcing the node's blocks once it is established.
 func (n *simNode) attach(ctx context.Context, conn net.Conn, peer netip.Addr) {
-	cfg := bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr}
+	cfg := bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr, Track: true}
 	if n.onUpdate != nil {
 		cfg.OnUpdate = func(ps []netip.Prefix) { n.onUpdate(peer, ps) }
 	}
@@ -185,6 +185,23 @@ func (n *simNode) updates() uint64 {
 		sum += s.Updates()
 	}
 	return sum
+}
+
+// missing is how many of the cluster's simulated blocks (all) node n's
+// established sessions lack, summed, and how many sessions lack any: a
+// reflector sends a client every block but the client's own. A session
+// holding more (the real nodes' blocks) lacks none.
+func (n *simNode) missing(all int) (prefixes, sessions int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	want := all - len(n.blocks)
+	for _, s := range n.sessions {
+		if d := want - s.Held(); d > 0 {
+			prefixes += d
+			sessions++
+		}
+	}
+	return prefixes, sessions
 }
 
 // unstable calls fn for each of node n's reflectors whose session

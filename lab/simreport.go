@@ -120,6 +120,9 @@ type RouteStages struct {
 	// QuietS is how long the reflectors went on sending the fill's
 	// UPDATEs to the simulated nodes before the samples began.
 	QuietS float64 `json:"reflectorsQuietAfterSeconds"`
+	// MissingAtSamples is how many blocks the simulated nodes' sessions
+	// still lacked when the samples began: 0 unless the wait timed out.
+	MissingAtSamples int `json:"blocksMissingAtSamples"`
 }
 
 // StagesTable renders where block → route goes, one row per size.

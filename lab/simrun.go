@@ -332,7 +332,7 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 		return routeLatencies{}, err
 	}
 	var lat routeLatencies
-	lat.quiet = r.waitQuiet(ctx)
+	lat.quiet, lat.missing = r.waitQuiet(ctx)
 	if err := r.waitStable(ctx, "the block samples"); err != nil {
 		return lat, err
 	}

@@ -40,7 +40,7 @@ func (r *simRun) waitStable(ctx context.Context, before string) error {
 		if err := r.waitEstablished(ctx, before); err != nil {
 			return err
 		}
-		r.waitQuiet(ctx)
+		_, _ = r.waitQuiet(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -268,6 +268,7 @@ func (a *Agent) wireOwners(gctx context.Context) {
 		a.policy.toHost, a.policy.protected = string(a.cfg.EndpointToHostAction), a.cfg.HostProtectedPorts()
 		a.policy.host.healthPort = a.cfg.HTTPListen.Port()
 		a.policy.agentPorts = a.cfg.AgentPorts()
+		a.policy.resync = a.cfg.ResyncInterval
 		if a.cfg.FlowLog.Mode != "" && a.cfg.FlowLog.Mode != flowlog.ModeOff {
 			a.flows = newFlowOwner(a.cfg.FlowLog, a.cfg.NodeName, a.view, a.deps.FlowSources, a.log.With("component", "flows"))
 			a.policy.onApplied = a.flows.applied

@@ -51,10 +51,14 @@ type policyOwner struct {
 	agentPorts []uint16
 	okOnce     bool
 	passes     int
-	// forced counts the periodic (forced) passes; every
-	// policyRelistEvery-th of them compiles from every endpoint.
-	forced  int
-	relists int // passes that compiled from every endpoint
+	// resync is the periodic passes' interval (Config.ResyncInterval);
+	// relistAt is when the last pass that compiled from every endpoint
+	// started, and relists counts those passes (relistDue).
+	resync   time.Duration
+	relistAt time.Time
+	relists  int
+	// now is time.Now, or a test's clock.
+	now func() time.Time
 	// host configures host endpoints; hostSt is what the last pass saw
 	// of this node's.
 	host   hostConfig
@@ -78,15 +82,27 @@ type policyOwner struct {
 	guardsDirty atomic.Bool
 }
 
-// policyRelistEvery is how many periodic passes share one that compiles
-// from every endpoint of the view instead of the changes since the last
-// pass: with the default 30 s resync, every 5 minutes. Each periodic pass
+// policyRelistAfter is how long the periodic passes compile the endpoint
+// changes since the last pass before one compiles from every endpoint of
+// the view: every 5 minutes (the 10th pass at the default 30 s resync), or
+// every periodic pass when they are further apart. Each periodic pass
 // applies the compiled state in full (the kernel's repair); a re-list only
 // guards against an endpoint change the owner's log missed, none known,
 // and it costs in proportion to the cluster's endpoints: ≈ 3-6 ms of CPU
 // and a collection brought forward at 30,000 (docs/scale.md, "Idle at
-// 1,000").
-const policyRelistEvery = 10
+// 1,000"). Wall time, not a count of passes: a count follows the resync
+// interval (10 passes of a 10-minute resync would be 100 minutes).
+const policyRelistAfter = 5 * time.Minute
+
+// relistDue reports whether a periodic pass starting at now compiles from
+// every endpoint: policyRelistAfter has passed since the last pass that
+// did, give or take half a resync interval: the pass nearest to it does,
+// whichever side of it its tick falls on (the 10th at 30 s, not the 11th
+// for a tick a millisecond early), and with a resync of 200 s or more
+// (1.5 intervals ≥ policyRelistAfter) every periodic pass does.
+func (p *policyOwner) relistDue(now time.Time) bool {
+	return now.Sub(p.relistAt) >= policyRelistAfter-p.resync/2
+}
 
 // guarding is a filter that takes what pred takes (everything when nil)
 // and marks the guards to be computed again when it does.
@@ -101,7 +117,7 @@ func guarding[T syncer.Value](p *policyOwner, pred func(syncer.Update[T]) bool) 
 }
 
 func newPolicyOwner(node string, view *syncer.Syncer, fw dataplane.Firewall, log *slog.Logger) *policyOwner {
-	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler()}
+	p := &policyOwner{node: node, view: view, fw: fw, log: log, kick: make(chan struct{}, 1), compiler: policy.NewCompiler(), now: time.Now}
 	p.guardsDirty.Store(true)
 	p.eps.node = node
 	p.sub = view.Notify("policy", syncer.On[api.NetworkPolicy](nil), syncer.On[api.GlobalNetworkPolicy](nil),
@@ -197,11 +213,8 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 	// The endpoint changes are taken before anything is read from the
 	// view, so that none the view holds is missing from the compiler.
 	changes, all := p.eps.take()
-	relist := all
-	if force {
-		relist = relist || p.forced%policyRelistEvery == 0
-		p.forced++
-	}
+	now := p.now()
+	relist := all || force && p.relistDue(now)
 	if p.guardsDirty.Swap(false) || relist {
 		p.guard = policy.NewNodeGuard(p.view.Nodes(), p.view.BGPPeers(), p.view.BGPConfiguration(), p.agentPorts)
 		p.tunnel = tunnelGuard(p.view)
@@ -224,10 +237,11 @@ func (p *policyOwner) pass(ctx context.Context, force bool) error {
 		rs, _ = p.compiler.CompileChanges(in, changes)
 	}
 	if rs == nil {
-		// The first pass, too many changes, or every policyRelistEvery-th
-		// periodic one: every endpoint.
+		// The first pass, too many changes, or a periodic one
+		// policyRelistAfter after the last of these: every endpoint.
 		in.Endpoints, in.Remote = p.view.Endpoints(), p.view.RemoteEndpoints()
 		rs = p.compiler.Compile(in)
+		p.relistAt = now
 		p.relists++
 	}
 	if p.eps.publish(p.compiler.Interest()) {

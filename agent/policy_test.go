@@ -80,9 +80,10 @@ func TestPolicyPass(t *testing.T) {
 }
 
 // TestPolicyPeriodicRelist: every periodic pass applies in full, but only
-// every policyRelistEvery-th compiles from every endpoint; the others
-// compile the endpoint changes since the last pass, so that a change
-// still reaches the firewall through them.
+// one policyRelistAfter (5 min) of wall time after the last compiles from
+// every endpoint, whatever the resync interval; the others compile the
+// endpoint changes since the last pass, so that a change still reaches
+// the firewall through them.
 func TestPolicyPeriodicRelist(t *testing.T) {
 	ctx := context.Background()
 	store := storetest.New(t)
@@ -93,46 +94,65 @@ func TestPolicyPeriodicRelist(t *testing.T) {
 		PodSelector: api.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
 		Ingress:     []api.NetworkPolicyIngressRule{{From: []api.NetworkPolicyPeer{{PodSelector: &api.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}}}},
 	}})
-	fw := &fake.Firewall{}
 	view := startView(t, store)
-	p := newPolicyOwner("node1", view, fw, quietLog())
-	if err := p.sync(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	set := policySetHolding(t, fw, "10.244.2.1/32")
-	periodic := func(step string, wantRelists int) {
-		t.Helper()
-		applies := fw.Applies()
-		if err := p.sync(ctx, true); err != nil {
-			t.Fatalf("%s: %v", step, err)
-		}
-		if fw.Applies() != applies+1 {
-			t.Errorf("%s: %d applies, want %d (a periodic pass applies in full)", step, fw.Applies(), applies+1)
-		}
-		if p.relists != wantRelists {
-			t.Errorf("%s: %d passes compiled from every endpoint, want %d", step, p.relists, wantRelists)
-		}
-	}
-	periodic("first periodic pass", 2) // the first pass, and this one
-	for i := 1; i < policyRelistEvery-1; i++ {
-		periodic(fmt.Sprintf("periodic pass %d", i+1), 2)
-	}
-	// A new client reaches the set through a periodic pass that compiles
-	// the changes.
-	obj, err := store.Create(ctx, testWEP("node2", "prod", "client2", "cali0000000003", "10.244.2.2", map[string]string{"app": "client"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := view.WaitRevision(ctx, mustRev(t, obj)); err != nil {
-		t.Fatal(err)
-	}
-	periodic(fmt.Sprintf("periodic pass %d, after a new client", policyRelistEvery), 2)
-	if m, _ := fw.Set(set); !slices.Equal(m, []string{"10.244.2.1/32", "10.244.2.2/32"}) {
-		t.Errorf("peer set after a periodic pass that compiled the changes: %v", m)
-	}
-	periodic(fmt.Sprintf("periodic pass %d", policyRelistEvery+1), 3)
-	if m, _ := fw.Set(set); !slices.Equal(m, []string{"10.244.2.1/32", "10.244.2.2/32"}) {
-		t.Errorf("peer set after a periodic pass that compiled every endpoint: %v", m)
+	clients := []string{"10.244.2.1/32"}
+	for i, c := range []struct {
+		name         string
+		resync, tick time.Duration // tick: the time from one periodic pass to the next
+		relists      []int         // the periodic passes, of 21, that compile from every endpoint
+	}{
+		{"default 30 s", 30 * time.Second, 30 * time.Second, []int{10, 20}},
+		{"30 s ticks a millisecond early", 30 * time.Second, 30*time.Second - time.Millisecond, []int{10, 20}},
+		{"30 s ticks a second late", 30 * time.Second, 31 * time.Second, []int{10, 20}},
+		{"1 min", time.Minute, time.Minute, []int{5, 10, 15, 20}},
+		{"10 min", 10 * time.Minute, 10 * time.Minute, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fw := &fake.Firewall{}
+			p := newPolicyOwner("node1", view, fw, quietLog())
+			now := time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)
+			p.resync, p.now = c.resync, func() time.Time { return now }
+			if err := p.sync(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			if p.relists != 1 {
+				t.Fatalf("the first pass: %d passes compiled from every endpoint, want 1", p.relists)
+			}
+			set := policySetHolding(t, fw, "10.244.2.1/32")
+			var got []int
+			for pass := 1; pass <= 21; pass++ {
+				if pass == 3 {
+					// A new client reaches the set through a periodic
+					// pass whether or not it compiles every endpoint.
+					ip := fmt.Sprintf("10.244.2.%d", 10+i)
+					obj, err := store.Create(ctx, testWEP("node2", "prod", fmt.Sprintf("client%d", i), fmt.Sprintf("cali00000001%02d", i), ip, map[string]string{"app": "client"}))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := view.WaitRevision(ctx, mustRev(t, obj)); err != nil {
+						t.Fatal(err)
+					}
+					clients = append(clients, ip+"/32")
+				}
+				now = now.Add(c.tick)
+				applies, relists := fw.Applies(), p.relists
+				if err := p.sync(ctx, true); err != nil {
+					t.Fatalf("periodic pass %d: %v", pass, err)
+				}
+				if fw.Applies() != applies+1 {
+					t.Errorf("periodic pass %d: %d applies, want %d (a periodic pass applies in full)", pass, fw.Applies(), applies+1)
+				}
+				if p.relists > relists {
+					got = append(got, pass)
+				}
+				if m, _ := fw.Set(set); !slices.Equal(m, clients) {
+					t.Errorf("peer set after periodic pass %d: %v, want %v", pass, m, clients)
+				}
+			}
+			if !slices.Equal(got, c.relists) {
+				t.Errorf("periodic passes %v apart that compiled from every endpoint: %v, want %v", c.tick, got, c.relists)
+			}
+		})
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // startDetached starts argv inside the network namespace nsName, in its own
@@ -168,7 +170,7 @@ func (p *Proc) Describe() string {
 	if len(fields) > 19 {
 		state, start = fields[0], fields[19]
 	}
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID))
+	b, _ := readCmdlineOnce(fmt.Sprintf("/proc/%d/cmdline", p.PID))
 	return fmt.Sprintf("pid %d: state %s, start time %s (recorded %d), command line %q", p.PID, state, start, p.StartTime,
 		strings.ReplaceAll(string(b), "\x00", " "))
 }
@@ -180,13 +182,42 @@ func (p *Proc) Describe() string {
 func readCmdline(pid int) ([]byte, error) {
 	path := fmt.Sprintf("/proc/%d/cmdline", pid)
 	for range 100 {
-		b, err := os.ReadFile(path)
+		b, err := readCmdlineOnce(path)
 		if err != nil || len(b) > 0 {
 			return b, err
 		}
 		time.Sleep(2 * time.Millisecond) // the kernel gives us nothing to wait on
 	}
 	return nil, nil
+}
+
+// readCmdlineOnce reads a command line file in a single read(2). The
+// kernel answers each read from the memory of the program running at that
+// moment, so a file read in pieces (os.ReadFile's first read is 512 bytes)
+// across an exec — nsenter becoming the program it starts — is the head of
+// one command line and the rest of the next, or the head alone when the
+// later read falls in the exec's empty moment: a command line that is
+// neither what we started nor a tail of it. A buffer that comes back full
+// may have cut the line short; it is read again whole in a larger one.
+func readCmdlineOnce(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	for size := 4096; ; size *= 4 {
+		b := make([]byte, size)
+		n, err := unix.Pread(fd, b, 0)
+		for errors.Is(err, unix.EINTR) {
+			n, err = unix.Pread(fd, b, 0)
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n < size {
+			return b[:n], nil
+		}
+	}
 }
 
 // Stop sends sig to the process if it is still ours, waits up to grace for

@@ -342,7 +342,7 @@ func (l *Cluster) startAPIServer(ctx context.Context, bin string, st *lab.State,
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	err = lab.Poll(wctx, 250*time.Millisecond, func() (bool, error) {
-		if !p.Alive() && !aliveAfter(p, 200*time.Millisecond) {
+		if !p.Alive() {
 			return false, fmt.Errorf("kube-apiserver exited (%s):\n%s", p.Describe(), logTail(p.Log))
 		}
 		out, err := l.Kubectl(wctx, "get", "--raw", "/readyz")
@@ -352,15 +352,6 @@ func (l *Cluster) startAPIServer(ctx context.Context, bin string, st *lab.State,
 		return fmt.Errorf("waiting for kube-apiserver: %w", err)
 	}
 	return nil
-}
-
-// aliveAfter asks again after d whether p is alive. Once a fresh-clone
-// run's readiness wait found a just-started kube-apiserver not alive while
-// the teardown right after found it alive (its log empty, cause not
-// established); a second look tells an exited process from that.
-func aliveAfter(p *lab.Proc, d time.Duration) bool {
-	time.Sleep(d)
-	return p.Alive()
 }
 
 // ControlPlaneRunning reports whether every control-plane process lives,

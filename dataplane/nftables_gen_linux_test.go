@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/internal/testkit"
+	"github.com/tabbynet/tabby/policy"
 )
 
 // nftGenRig is a firewall in a namespace of its own with the default
@@ -135,4 +137,38 @@ func TestPrivilegedNFTablesGeneration(t *testing.T) {
 	if !strings.Contains(logged, "readable again") {
 		t.Errorf("want a note when the generation is readable again, logged:\n%s", logged)
 	}
+}
+
+// TestPrivilegedNFTablesGenerationSplitBatch: an own write of more rules
+// than one batch holds commits in parts, each bumping the generation; the
+// record counts them and stays trusted.
+func TestPrivilegedNFTablesGenerationSplitBatch(t *testing.T) {
+	testkit.RequirePrivileged(t, "ip")
+	r := newNFTGenRig(t)
+	a := bigNFTState(5, 10, 1000) // 5,000 rules in 1,000 chains
+	b := bigNFTState(5, 10, 1000)
+	for i := range b.Chains {
+		b.Chains[i] = shiftPorts(b.Chains[i], 100)
+	}
+	r.apply("first apply", 0, a, 1)
+	if st := r.apply("own write of every chain", time.Second, b, 0); st.RulesWritten < 5000 {
+		t.Errorf("own write: %+v, want every rule written", st)
+	}
+	r.apply("check after it", 30*time.Second, b, 0)
+}
+
+// shiftPorts returns c with its rules' destination ports moved by d.
+func shiftPorts(c policy.Chain, d uint16) policy.Chain {
+	c.Rules = slices.Clone(c.Rules)
+	for i, rule := range c.Rules {
+		rule.Match = slices.Clone(rule.Match)
+		for j, m := range rule.Match {
+			if m.Kind == policy.MatchDstPorts {
+				m.Ports = []policy.PortRange{{Lo: m.Ports[0].Lo + d, Hi: m.Ports[0].Hi + d}}
+				rule.Match[j] = m
+			}
+		}
+		c.Rules[i] = rule
+	}
+	return c
 }

@@ -81,7 +81,7 @@ func TestPrivilegedNFTablesGeneration(t *testing.T) {
 	a, b := testState("10.244.1.7/32", false), testState("10.244.1.8/32", true)
 
 	r.apply("first apply", 0, a, 1)
-	// (a) At rest: ten periodic checks in 5 min less a pass, no read.
+	// (a) At rest: nine periodic checks 30 s apart (4.5 min), no read.
 	for range 9 {
 		if st := r.apply("check at rest", pass, a, 0); st.Changed() {
 			t.Errorf("check at rest changed %+v", st)

@@ -115,7 +115,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	fw, err := dataplane.NewFirewall(dataplane.FirewallConfig{Firewall: string(cfg.FirewallBackend), FlowLog: dataplane.FlowLogRules{
-		Deny: cfg.FlowLog.Mode.Denies(), Allow: cfg.FlowLog.Mode.Allows(), Group: cfg.FlowLog.Group}})
+		Deny: cfg.FlowLog.Mode.Denies(), Allow: cfg.FlowLog.Mode.Allows(), Group: cfg.FlowLog.Group}, Log: log.With("component", "firewall")})
 	if err != nil {
 		return fmt.Errorf("setting up the firewall: %w", err)
 	}

@@ -1,5 +1,7 @@
 package dataplane
 
+import "time"
+
 // SetHostIfOverNetlink sets a host interface's settings (hostIfSysctls)
 // in the namespace at nsPath the way Setup does, without the /proc/sys
 // fallback, so that a test sees the netlink path work.
@@ -31,3 +33,19 @@ func HardenIPv6(nsPath, ifName string) error {
 // CheckNFLOGTarget is checkNFLOGTarget: whether the iptables command at
 // path knows the NFLOG target.
 var CheckNFLOGTarget = checkNFLOGTarget
+
+// SetNFTClock makes f's resync bound (the longest it trusts its record
+// without a full read) run on now instead of the wall clock.
+func SetNFTClock(f *NFTFirewall, now func() time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = now
+}
+
+// SetNFTGenFault makes f's ruleset generation requests fail with err; nil
+// lets them read the kernel again.
+func SetNFTGenFault(f *NFTFirewall, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen.fault = err
+}

@@ -21,7 +21,7 @@ const FirewallAuto = "auto"
 func NewFirewall(cfg FirewallConfig) (Firewall, error) {
 	switch cfg.Firewall {
 	case "", FirewallAuto, FirewallNFTables:
-		f, err := NewNFTFirewall(NFTConfig{NetNS: cfg.NetNS, Resync: cfg.Resync, FlowLog: cfg.FlowLog})
+		f, err := NewNFTFirewall(NFTConfig{NetNS: cfg.NetNS, Resync: cfg.Resync, FlowLog: cfg.FlowLog, Log: cfg.Log})
 		if err == nil {
 			_ = removeIPTablesState(cfg.NetNS) // nothing to do on most nodes; retried at the next start
 			return f, nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"os/exec"
@@ -47,9 +48,14 @@ type FirewallConfig struct {
 	// Resync is how long Apply trusts its record of what it wrote instead
 	// of reading the kernel again (iptables-save of thousands of rules
 	// takes hundreds of milliseconds). The kernel is always read on the
-	// first Apply and after any failure. Default DefaultFirewallResync; a
-	// negative value reads the kernel on every Apply.
+	// first Apply and after any failure. Default DefaultFirewallResync for
+	// iptables, DefaultNFTResync for nftables (whose record is also
+	// dropped at any commit by anyone); a negative value reads the kernel
+	// on every Apply.
 	Resync time.Duration
+	// Log is for what the firewall notices between Applies (nftables:
+	// a ruleset generation it cannot read); nil logs nothing.
+	Log *slog.Logger
 }
 
 // DefaultFirewallResync is FirewallConfig.Resync's default: changes made

@@ -10,8 +10,13 @@ import (
 
 // nlGen reads the nf_tables ruleset generation: a counter the kernel bumps
 // on every committed batch in the namespace, by anyone. google/nftables
-// does not export the request, so it has its own socket.
-type nlGen struct{ c *netlink.Conn }
+// (v0.3.0) decodes generation messages only in its monitor and has no
+// request for one, so the request is here, on a socket of its own.
+type nlGen struct {
+	c *netlink.Conn
+	// fault, when set, is returned instead of reading (tests).
+	fault error
+}
 
 func dialGen(netnsFD int) (*nlGen, error) {
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: netnsFD})
@@ -25,6 +30,9 @@ func (g *nlGen) close() error { return g.c.Close() }
 
 // id returns the current generation.
 func (g *nlGen) id() (uint32, error) {
+	if g.fault != nil {
+		return 0, g.fault
+	}
 	req := netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN), Flags: netlink.Request},
 		Data:   []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},

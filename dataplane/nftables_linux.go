@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -38,24 +39,33 @@ import (
 // change element by element, so a pod's ADD writes its own chains and a few
 // elements. Between full reads it trusts its record of the table as long as
 // the kernel's ruleset generation is the one its last batch left (any
-// change by anyone bumps it), and at least every Resync.
+// commit by anyone bumps it), and for at most Resync since the last full
+// read: an unchanged table costs one generation request, not a dump of
+// every chain and set element.
 type NFTFirewall struct {
 	mu     sync.Mutex
 	conn   *nftables.Conn
 	gen    *nlGen
 	table  *nftables.Table
 	resync time.Duration
+	log    *slog.Logger
+	now    func() time.Time // the clock of the resync bound (a seam for tests)
 	// flowLog is fixed for the firewall's life (the memo's hashes
 	// depend on it).
 	flowLog FlowLogRules
 
 	rec    *nftState // the table as last read and written; nil = read it
-	recGen uint32
-	recVer uint64 // counts the records read (nftChainMemo.recVer)
-	readAt time.Time
-	reads  int
-	memo   nftMemo
-	status []nftChainStatus // program's per-chain scratch, reused
+	recGen uint32    // the generation rec is at; valid when recGenOK
+	// recGenOK says the generation could be read when rec was: without
+	// it, rec is never trusted and every Apply reads the table.
+	recGenOK bool
+	recVer   uint64 // counts the records read (nftChainMemo.recVer)
+	readAt   time.Time
+	reads    int
+	trusted  int  // Applies that diffed against the record, unread
+	genDown  bool // the last generation request failed (logged once)
+	memo     nftMemo
+	status   []nftChainStatus // program's per-chain scratch, reused
 }
 
 // nftChainStatus is where a wanted chain stands in the kernel's table.
@@ -75,20 +85,41 @@ type NFTConfig struct {
 	// calling process's.
 	NetNS string
 	// Resync bounds how long Apply trusts its record of the table while
-	// the ruleset generation is unchanged; the kernel is always read on
-	// the first Apply, after a failure and when the generation moved.
-	// Default DefaultFirewallResync; negative reads on every Apply.
+	// the ruleset generation is the one its own last batch left; the
+	// kernel is always read on the first Apply, after a failure, when the
+	// generation moved and when it cannot be read. Default
+	// DefaultNFTResync; negative reads on every Apply.
 	Resync time.Duration
 	// FlowLog says which policy rules log to NFLOG.
 	FlowLog FlowLogRules
+	// Log receives the one warning when the generation cannot be read
+	// (and the note when it can again); nil logs nothing.
+	Log *slog.Logger
 }
+
+// DefaultNFTResync is NFTConfig.Resync's default: the longest Apply
+// trusts its record of the table without reading it back, provided the
+// kernel's ruleset generation is still the one its own last batch left.
+// Any commit in the namespace, by anyone (`nft flush chain`, a deleted
+// element, kube-proxy), bumps the generation, so the next Apply (the
+// agent's periodic pass, every 30 s) reads the table and repairs it
+// whatever this bound is. The bound is the safety net for what a
+// generation cannot show: a record gone wrong without a commit (a bug of
+// the agent's own). A full read dumps every chain and every set's
+// elements, O(cluster) (docs/scale.md, "nftables generation check").
+// iptables has no generation and keeps DefaultFirewallResync.
+const DefaultNFTResync = 5 * time.Minute
 
 // NewNFTFirewall opens netlink connections in the namespace and checks that
 // the kernel has nf_tables. Close releases them.
 func NewNFTFirewall(cfg NFTConfig) (*NFTFirewall, error) {
-	f := &NFTFirewall{resync: cfg.Resync, flowLog: cfg.FlowLog, table: &nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet}}
+	f := &NFTFirewall{resync: cfg.Resync, flowLog: cfg.FlowLog, log: cfg.Log, now: time.Now,
+		table: &nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet}}
 	if f.resync == 0 {
-		f.resync = DefaultFirewallResync
+		f.resync = DefaultNFTResync
+	}
+	if f.log == nil {
+		f.log = slog.New(slog.DiscardHandler)
 	}
 	fd := 0
 	if cfg.NetNS != "" {
@@ -164,6 +195,14 @@ func (f *NFTFirewall) Reads() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.reads
+}
+
+// Trusted returns how many Applies diffed against the record without
+// reading the table, the generation being unchanged.
+func (f *NFTFirewall) Trusted() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.trusted
 }
 
 // nftState is the table's content as the diff sees it.
@@ -552,7 +591,6 @@ func (f *NFTFirewall) read() (*nftState, error) {
 		}
 		st.sets[s.Name] = ks
 	}
-	f.reads++
 	return st, nil
 }
 
@@ -601,26 +639,42 @@ func (f *NFTFirewall) Apply(ctx context.Context, state FirewallState) (ApplyStat
 }
 
 // actual returns the record when it can be trusted, else the kernel's
-// table.
+// table. The record is trusted when the ruleset generation is the one it
+// is at (nobody committed since this firewall read the table or made its
+// own last batch) and the last full read is younger than resync. A
+// generation that cannot be read is logged once and costs a full read
+// per Apply until it can be read again.
 func (f *NFTFirewall) actual() (*nftState, error) {
-	if f.rec != nil && f.resync >= 0 && time.Since(f.readAt) < f.resync {
-		if g, err := f.gen.id(); err == nil && g == f.recGen {
-			return f.rec, nil
-		}
-	}
-	g, err := f.gen.id()
-	if err != nil {
-		return nil, err
+	g, gerr := f.genID()
+	if f.rec != nil && gerr == nil && f.recGenOK && g == f.recGen && f.resync >= 0 && f.now().Sub(f.readAt) < f.resync {
+		f.trusted++
+		return f.rec, nil
 	}
 	st, err := f.read()
 	if err != nil {
 		return nil, err
 	}
+	f.reads++
 	// A change between reading the generation and the table makes the
 	// generation stale, so the next Apply reads again.
-	f.rec, f.recGen, f.readAt = st, g, time.Now()
+	f.rec, f.recGen, f.recGenOK, f.readAt = st, g, gerr == nil, f.now()
 	f.recVer++
 	return st, nil
+}
+
+// genID reads the ruleset generation and logs the first failure after a
+// success (and the first success after a failure).
+func (f *NFTFirewall) genID() (uint32, error) {
+	g, err := f.gen.id()
+	switch {
+	case err != nil && !f.genDown:
+		f.genDown = true
+		f.log.Warn("cannot read the nftables ruleset generation; reading the whole table on every pass until it can", "err", err)
+	case err == nil && f.genDown:
+		f.genDown = false
+		f.log.Info("nftables ruleset generation readable again")
+	}
+	return g, err
 }
 
 // program sends one batch that turns actual into desired, and updates the
@@ -893,8 +947,8 @@ func (p *nftProgram) commit() (ApplyStats, error) {
 		delete(actual.chains, name)
 	}
 	actual.exists, actual.sets = true, p.sets
-	g, err := f.gen.id()
-	if err != nil || f.rec != actual || g != f.recGen+1+uint32(p.flushes) {
+	g, err := f.genID()
+	if err != nil || f.rec != actual || !f.recGenOK || g != f.recGen+1+uint32(p.flushes) {
 		f.rec = nil // read again next time
 	} else {
 		f.recGen = g

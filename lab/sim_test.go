@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tabbynet/tabby/bgp"
+	"github.com/tabbynet/tabby/dataplane"
 )
 
 func TestCheckSimMemory(t *testing.T) {
@@ -54,13 +55,23 @@ func TestMonitorTokens(t *testing.T) {
 	}{
 		{"10.244.3.0/26 via 198.18.4.5 dev eth0 proto 81", routeTokens, []string{"10.244.3.0/26"}},
 		{"Deleted 10.244.3.0/26 via 198.18.4.5 dev eth0 proto 81", routeTokens, nil},
-		{"add element inet tabby s-abc { 10.244.1.5 }", elementTokens, []string{"add:10.244.1.5"}},
-		{"delete element inet tabby s-abc { 10.244.1.5, 10.244.1.6 }", elementTokens, []string{"delete:10.244.1.5", "delete:10.244.1.6"}},
-		{"add rule inet tabby c { ip saddr 1.2.3.4 }", elementTokens, nil},
 	}
 	for _, tt := range tests {
 		if diff := cmp.Diff(tt.want, tt.fn(tt.line)); diff != "" {
 			t.Errorf("%q (-want +got):\n%s", tt.line, diff)
+		}
+	}
+	a, b := netip.MustParseAddr("10.244.1.5"), netip.MustParseAddr("fd00::6")
+	for _, tt := range []struct {
+		ev   dataplane.SetElementEvent
+		want []string
+	}{
+		{dataplane.SetElementEvent{Add: true, Addrs: []netip.Addr{a}}, []string{"add:10.244.1.5"}},
+		{dataplane.SetElementEvent{Addrs: []netip.Addr{a, b}}, []string{"delete:10.244.1.5", "delete:fd00::6"}},
+		{dataplane.SetElementEvent{Add: true}, []string{}},
+	} {
+		if diff := cmp.Diff(tt.want, elementEventTokens(tt.ev)); diff != "" {
+			t.Errorf("%+v (-want +got):\n%s", tt.ev, diff)
 		}
 	}
 }

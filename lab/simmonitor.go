@@ -4,23 +4,41 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tabbynet/tabby/dataplane"
 )
 
 // kernelMonitor follows one namespace's kernel changes as they happen
-// (`ip monitor route`, `nft monitor`): the harness times "in the kernel"
-// without polling. It remembers when each token (a route's destination, an
-// address in a set element) was first seen after the last reset.
+// (`ip monitor route`, dataplane.WatchSetElements): the harness times "in
+// the kernel" without polling. It remembers when each token (a route's
+// destination, an address in a set element) was first seen after the last
+// reset.
 type kernelMonitor struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	seen map[string]time.Time
-	wake chan struct{} // closed and replaced on every line
+	cmd    *exec.Cmd          // a monitor command, or
+	cancel context.CancelFunc // a watch in process
+	mu     sync.Mutex
+	seen   map[string]time.Time
+	wake   chan struct{} // closed and replaced on every line
+}
+
+// note records toks as seen at now and wakes the waiters.
+func (m *kernelMonitor) note(toks []string, now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, t := range toks {
+		if _, ok := m.seen[t]; !ok {
+			m.seen[t] = now
+		}
+	}
+	close(m.wake)
+	m.wake = make(chan struct{})
 }
 
 // startMonitor runs argv inside the network namespace ns and indexes its
@@ -42,19 +60,51 @@ func startMonitor(ctx context.Context, ns string, tokens func(string) []string, 
 		sc.Buffer(make([]byte, 1<<20), 1<<24)
 		for sc.Scan() {
 			now := time.Now()
-			toks := tokens(sc.Text())
-			m.mu.Lock()
-			for _, t := range toks {
-				if _, ok := m.seen[t]; !ok {
-					m.seen[t] = now
-				}
-			}
-			close(m.wake)
-			m.wake = make(chan struct{})
-			m.mu.Unlock()
+			m.note(tokens(sc.Text()), now)
 		}
 	}()
 	return m, nil
+}
+
+// startElementWatch follows the set elements of the network namespace ns
+// with tokens "add:<addr>" / "delete:<addr>". It replaces `nft monitor`,
+// which stops printing a named set's elements once a rule that refers to
+// the set is deleted (a chain the agent rewrites), so that a policy
+// change was timed out while the kernel had the element (docs/scale.md,
+// "nftables generation check").
+func startElementWatch(ctx context.Context, ns string, log io.Writer) (*kernelMonitor, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	events, err := dataplane.WatchSetElements(wctx, NetNSPath(ns))
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("watching the set elements of %s: %w", ns, err)
+	}
+	m := &kernelMonitor{cancel: cancel, seen: map[string]time.Time{}, wake: make(chan struct{})}
+	go func() {
+		for ev := range events {
+			now := time.Now()
+			if ev.Err != nil {
+				fmt.Fprintf(log, "set element watch in %s ended: %v\n", ns, ev.Err)
+				continue
+			}
+			m.note(elementEventTokens(ev), now)
+		}
+	}()
+	return m, nil
+}
+
+// elementEventTokens: "add:<addr>" / "delete:<addr>" for every address of
+// an element event.
+func elementEventTokens(ev dataplane.SetElementEvent) []string {
+	verb := "delete"
+	if ev.Add {
+		verb = "add"
+	}
+	out := make([]string, 0, len(ev.Addrs))
+	for _, a := range ev.Addrs {
+		out = append(out, verb+":"+a.String())
+	}
+	return out
 }
 
 // routeTokens: an added route's destination ("Deleted …" lines give none).
@@ -64,28 +114,6 @@ func routeTokens(line string) []string {
 		return nil
 	}
 	return f[:1]
-}
-
-// elementTokens: "add:<addr>" / "delete:<addr>" for every address of a set
-// element line of `nft monitor`.
-func elementTokens(line string) []string {
-	verb, _, ok := strings.Cut(line, " element ")
-	if !ok {
-		return nil
-	}
-	_, body, ok := strings.Cut(line, "{")
-	if !ok {
-		return nil
-	}
-	body, _, _ = strings.Cut(body, "}")
-	var out []string
-	for _, e := range strings.Split(body, ",") {
-		e = strings.TrimSpace(e)
-		if e != "" {
-			out = append(out, verb+":"+strings.Fields(e)[0])
-		}
-	}
-	return out
 }
 
 // forget drops token, so that the next time it shows is timed afresh.
@@ -130,6 +158,10 @@ func waitAll(ctx context.Context, ms []*kernelMonitor, token string) (each []tim
 }
 
 func (m *kernelMonitor) stop() {
+	if m.cancel != nil {
+		m.cancel()
+		return
+	}
 	if m.cmd.Process != nil {
 		_ = m.cmd.Process.Kill()
 		_ = m.cmd.Wait()

@@ -24,7 +24,7 @@ type simRun struct {
 	wg      *sync.WaitGroup
 	nodes   []*simNode
 	routes  []*kernelMonitor // every real node: `ip monitor route`
-	sets    []*kernelMonitor // every client node: `nft monitor`
+	sets    []*kernelMonitor // every client node: its set elements (dataplane.WatchSetElements)
 	clients []string         // the real non-reflector nodes
 	rrs     []string         // the real reflectors, in lab order
 	// zoneRRs are the reflectors' addresses each zone's clients peer with
@@ -127,7 +127,7 @@ func (r *simRun) setUp(ctx context.Context, wg *sync.WaitGroup) error {
 		if _, err := l.AddPod(ctx, c, "t-"+c, PodOptions{Labels: map[string]string{"app": "sim-target"}}); err != nil {
 			return err
 		}
-		m, err := startMonitor(ctx, l.State().Node(c).NetNS, elementTokens, "nft", "monitor")
+		m, err := startElementWatch(ctx, l.State().Node(c).NetNS, l.log)
 		if err != nil {
 			return err
 		}

@@ -157,7 +157,8 @@ func summaryOps(old, nb *block) []datastore.Op {
 // block changed after the revision the last complete call recorded
 // (summariesCheckedKey); the others it knows by key and revision (a
 // keys-only list). A call that found nothing it could not fix records the
-// revision of its list of blocks. Without a record, or with one that
+// revision of its list of blocks, when a block was written since the
+// record it read (a start with nothing new writes nothing). Without a record, or with one that
 // cannot be this store's (see checkedRecord), it reads every block.
 func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 	checked, err := a.summariesChecked(ctx)
@@ -214,7 +215,19 @@ func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 	if err := errors.Join(errs...); err != nil {
 		return n, err
 	}
+	if latest := maxModRevision(brevs); latest <= checked.Revision {
+		// No block was written since the record: it says all there is.
+		return n, nil
+	}
 	return n, a.recordSummariesChecked(ctx, checked, rev)
+}
+
+func maxModRevision(kvs []datastore.KV) int64 {
+	var m int64
+	for _, kv := range kvs {
+		m = max(m, kv.ModRevision)
+	}
+	return m
 }
 
 // blocksToCheck returns the block records SyncSummaries must read, with

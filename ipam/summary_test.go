@@ -172,11 +172,18 @@ func TestDecodeSummaryRecord(t *testing.T) {
 	}
 }
 
-// blockReads is a store that records the reads of block values.
+// blockReads is a store that records the reads of block values, and
+// counts its writes.
 type blockReads struct {
 	*datastore.Store
 	gets  []string
 	lists int
+	txns  int
+}
+
+func (r *blockReads) Txn(ctx context.Context, cmps []datastore.Cmp, ops []datastore.Op) (int64, error) {
+	r.txns++
+	return r.Store.Txn(ctx, cmps, ops)
 }
 
 func (r *blockReads) GetKV(ctx context.Context, key string) (datastore.KV, error) {
@@ -249,8 +256,8 @@ func TestSyncSummariesReadsChangedBlocksOnly(t *testing.T) {
 		t.Fatalf("first check: %d written, %d lists of blocks; want 0 written and every block read (no record yet)", n, r.lists)
 	}
 	n, r := syncWith(t, s)
-	if n != 0 || r.lists != 0 || len(r.gets) != 0 {
-		t.Errorf("start with current summaries: %d written, read %d lists and %v of blocks; want nothing", n, r.lists, r.gets)
+	if n != 0 || r.lists != 0 || len(r.gets) != 0 || r.txns != 0 {
+		t.Errorf("start with current summaries: %d written, read %d lists and %v of blocks, %d writes; want nothing", n, r.lists, r.gets, r.txns)
 	}
 
 	want := oldReleaseWrites(t, s)
@@ -278,8 +285,8 @@ func TestSyncSummariesReadsChangedBlocksOnly(t *testing.T) {
 	if _, _, ok := storedSummary(t, s, netip.MustParsePrefix("10.244.0.12/30")); ok {
 		t.Error("the deleted block's summary is still there")
 	}
-	if n, r := syncWith(t, s); n != 0 || r.lists != 0 || len(r.gets) != 0 {
-		t.Errorf("the start after: %d written, read %d lists and %v of blocks; want nothing", n, r.lists, r.gets)
+	if n, r := syncWith(t, s); n != 0 || r.lists != 0 || len(r.gets) != 0 || r.txns != 0 {
+		t.Errorf("the start after: %d written, read %d lists and %v of blocks, %d writes; want nothing", n, r.lists, r.gets, r.txns)
 	}
 }
 

@@ -279,8 +279,10 @@ const maxBlockGets = 64
 // summary was found or made current, by the last SyncSummaries that left
 // nothing unfixed: a block not written since has the summary it had then,
 // since every writer of this release writes a block's summary in the
-// block's transaction. It lies outside the watched ranges (the agents'
-// views never receive it) and outside every prefix that IPAM lists.
+// block's transaction. It lies in a range the agents' views do not watch
+// (syncer's WatchSpec skips ipam/blocks/ up to resources/), so writing it
+// costs them nothing, and outside the prefixes of blocks, handles and
+// LoadBalancer records (Check's list of ipam/ passes over it).
 const summariesCheckedKey = "ipam/summaries-checked"
 
 // checkedRecord is the JSON stored at summariesCheckedKey.

@@ -156,10 +156,12 @@ func summaryOps(old, nb *block) []datastore.Op {
 // without its summary: its summary is missing or does not decode, or the
 // block changed after the revision the last complete call recorded
 // (summariesCheckedKey); the others it knows by key and revision (a
-// keys-only list). A call that found nothing it could not fix records the
-// revision of its list of blocks, when a block was written since the
-// record it read (a start with nothing new writes nothing). Without a record, or with one that
-// cannot be this store's (see checkedRecord), it reads every block.
+// keys-only list). A call whose reads and writes all succeeded (a lost
+// race is left to its winner, an undecodable block alone, as ever)
+// records the revision of its list of blocks, when a block was written
+// since the record it read: a start with nothing new writes nothing.
+// Without a record, or with one that cannot be this store's (see
+// summariesChecked), it reads every block.
 func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 	checked, err := a.summariesChecked(ctx)
 	if err != nil {
@@ -276,8 +278,8 @@ func (a *Allocator) blocksToCheck(ctx context.Context, brevs []datastore.KV, sto
 const maxBlockGets = 64
 
 // summariesCheckedKey records the revision up to which every block's
-// summary was found or made current, by the last SyncSummaries that left
-// nothing unfixed: a block not written since has the summary it had then,
+// summary was found or made current, by the last SyncSummaries whose
+// writes all succeeded: a block not written since has the summary it had then,
 // since every writer of this release writes a block's summary in the
 // block's transaction. It lies in a range the agents' views do not watch
 // (syncer's WatchSpec skips ipam/blocks/ up to resources/), so writing it

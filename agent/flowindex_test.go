@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -12,6 +13,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/flowlog"
+	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/syncer"
 	"github.com/tabbynet/tabby/syncer/syncertest"
 )
@@ -414,4 +417,44 @@ func BenchmarkFlowIndexLookup(b *testing.B) {
 			})
 		})
 	}
+}
+
+// TestFlowOwnerFollowsView: the flows owner's loop indexes what the view
+// holds when it starts and follows each change after, through Endpoint.
+func TestFlowOwnerFollowsView(t *testing.T) {
+	const node = "n0"
+	c := &flowCluster{t: t, src: make(syncertest.Script), kvs: map[string]datastore.KV{}, rev: 1}
+	v := syncertest.Start(t, c.src, quietLog(), false)
+	v.CompactRemote(node)
+	cfg := flowlog.Default()
+	cfg.Mode = flowlog.ModeDeny
+	f := newFlowOwner(cfg, node, v, FlowSources{}, quietLog())
+	w := &api.WorkloadEndpoint{Metadata: api.ObjectMeta{Name: "w", Namespace: "ns"},
+		Spec: api.WorkloadEndpointSpec{Node: "n1", Orchestrator: "k8s", Pod: "p", ContainerID: "c", Endpoint: "eth0",
+			InterfaceName: "caliw", IPNetworks: []string{"10.244.3.1/32"}}}
+	w.SetDefaults()
+	c.src <- datastore.Event{Type: datastore.EventResync, Snapshot: []datastore.KV{c.record(w)}, Revision: c.rev}
+	if err := v.WaitSynced(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); f.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	resolves := func(addr, name string) {
+		t.Helper()
+		testkit.Eventually(t, 10*time.Second, addr+" resolved to "+name, func() error {
+			ep, _ := f.Endpoint(netip.MustParseAddr(addr))
+			if ep.Name != name {
+				return fmt.Errorf("%s is %+v", addr, ep)
+			}
+			return nil
+		})
+	}
+	resolves("10.244.3.1", "p")
+	w.Spec.IPNetworks = []string{"10.244.3.2/32"}
+	kv := c.record(w)
+	c.src <- datastore.Event{Type: datastore.EventPut, KV: kv, Revision: c.rev}
+	resolves("10.244.3.2", "p")
+	resolves("10.244.3.1", "")
 }

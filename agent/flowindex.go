@@ -20,11 +20,14 @@ import (
 // claim is one endpoint's or node's claim on an address. Its identity is
 // its class (rank) and the namespace and name of its record: an endpoint's
 // own name, not the pod's, since two interfaces of one pod are two
-// endpoints.
+// endpoints. The namespace is the flow record's (info.ep.Namespace): an
+// endpoint's key always has one, so it is the record's own.
 type claim struct {
-	ns, name string
-	info     endpointInfo
+	name string
+	info endpointInfo
 }
+
+func (c claim) ns() string { return c.info.ep.Namespace }
 
 // rank orders the classes of claims: this node's pods, then other nodes'
 // pods, then nodes.
@@ -39,7 +42,9 @@ func (c claim) rank() int {
 	}
 }
 
-func (c claim) same(d claim) bool { return c.rank() == d.rank() && c.ns == d.ns && c.name == d.name }
+func (c claim) same(d claim) bool {
+	return c.rank() == d.rank() && c.ns() == d.ns() && c.name == d.name
+}
 
 // outranks is the rule that decides which of several claims on one address
 // the index answers, whatever the order they came in: the higher class,
@@ -51,8 +56,8 @@ func outranks(c, d claim) bool {
 	if c.rank() != d.rank() {
 		return c.rank() > d.rank()
 	}
-	if c.ns != d.ns {
-		return c.ns > d.ns
+	if c.ns() != d.ns() {
+		return c.ns() > d.ns()
 	}
 	return c.name > d.name
 }
@@ -163,7 +168,7 @@ func endpointClaims(node string, w *api.WorkloadEndpoint, each func(netip.Addr, 
 		return
 	}
 	addrs, _ := w.Addrs()
-	c := claim{ns: w.Metadata.Namespace, name: w.Metadata.Name,
+	c := claim{name: w.Metadata.Name,
 		info: flowPodInfo(w.Metadata.Namespace, w.Metadata.Name, w.Spec.Pod, w.Metadata.Labels, w.Spec.Node, node)}
 	for _, a := range addrs {
 		each(a, c)
@@ -175,7 +180,7 @@ func remoteClaims(node string, r *api.RemoteEndpoint, each func(netip.Addr, clai
 		return
 	}
 	addrs, _ := r.Addrs()
-	c := claim{ns: r.Namespace, name: r.Name, info: flowPodInfo(r.Namespace, r.Name, r.Pod, r.Labels, r.Node, node)}
+	c := claim{name: r.Name, info: flowPodInfo(r.Namespace, r.Name, r.Pod, r.Labels, r.Node, node)}
 	for _, a := range addrs {
 		each(a, c)
 	}

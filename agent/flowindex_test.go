@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -41,14 +42,14 @@ func fullAddrIndex(v *syncer.Syncer, node string) map[netip.Addr]endpointInfo {
 	for _, w := range v.Endpoints() {
 		addrs, _ := w.Addrs()
 		for _, a := range addrs {
-			put(a, claim{ns: w.Metadata.Namespace, name: w.Metadata.Name,
+			put(a, claim{name: w.Metadata.Name,
 				info: flowPodInfo(w.Metadata.Namespace, w.Metadata.Name, w.Spec.Pod, w.Metadata.Labels, w.Spec.Node, node)})
 		}
 	}
 	for _, r := range v.RemoteEndpoints() {
 		addrs, _ := r.Addrs()
 		for _, a := range addrs {
-			put(a, claim{ns: r.Namespace, name: r.Name, info: flowPodInfo(r.Namespace, r.Name, r.Pod, r.Labels, r.Node, node)})
+			put(a, claim{name: r.Name, info: flowPodInfo(r.Namespace, r.Name, r.Pod, r.Labels, r.Node, node)})
 		}
 	}
 	out := make(map[netip.Addr]endpointInfo, len(m))
@@ -457,4 +458,42 @@ func TestFlowOwnerFollowsView(t *testing.T) {
 	c.src <- datastore.Event{Type: datastore.EventPut, KV: kv, Revision: c.rev}
 	resolves("10.244.3.2", "p")
 	resolves("10.244.3.1", "")
+}
+
+// BenchmarkFlowIndexHeap is the heap an address index holds at 30,000
+// endpoints (the cluster of BenchmarkPolicyRemotePodAdd), after a full GC:
+// "map" the immutable map the owner rebuilt before, "index" the
+// incremental one; heap-B/address.
+func BenchmarkFlowIndexHeap(b *testing.B) {
+	kvs, err := scaleSnapshot(scaleNodes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := make(syncertest.Script)
+	v := syncertest.Start(b, src, quietLog(), false)
+	v.CompactRemote(scaleNode(0))
+	src <- datastore.Event{Type: datastore.EventResync, Snapshot: kvs, Revision: 1}
+	if err := v.WaitSynced(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	build := map[string]func() (any, int){
+		"map": func() (any, int) { m := fullAddrIndex(v, scaleNode(0)); return m, len(m) },
+		"index": func() (any, int) {
+			x := newAddrIndex(scaleNode(0))
+			x.rebuild(v)
+			return x, len(x.cs.win)
+		},
+	}
+	for _, what := range []string{"map", "index"} {
+		b.Run(what, func(b *testing.B) {
+			var heap, addrs int
+			for b.Loop() {
+				before := testkit.HeapAfterGC()
+				idx, n := build[what]()
+				heap, addrs = int(testkit.HeapAfterGC()-before), n
+				runtime.KeepAlive(idx)
+			}
+			b.ReportMetric(float64(heap)/float64(addrs), "heap-B/address")
+		})
+	}
 }

@@ -363,7 +363,7 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	if a.policy != nil {
 		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
 		if a.flows != nil {
-			g.Go(func() error { a.flows.run(gctx, a.cfg.NodeName); return nil })
+			g.Go(func() error { a.flows.run(gctx); return nil })
 		}
 		if a.deps.WatchLinks != nil {
 			g.Go(func() error { a.policy.watchLinks(gctx, a.deps.WatchLinks); return nil })

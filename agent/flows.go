@@ -31,15 +31,16 @@ type FlowSources struct {
 // from the kernel, keeps the origin and endpoint indexes it reads, and
 // flushes it every interval.
 type flowOwner struct {
-	cfg  flowlog.Config
-	agg  *flowlog.Aggregator
-	view *syncer.Syncer
-	src  FlowSources
-	log  *slog.Logger
-	sub  *syncer.Signal
+	cfg   flowlog.Config
+	agg   *flowlog.Aggregator
+	view  *syncer.Syncer
+	src   FlowSources
+	log   *slog.Logger
+	feeds flowFeeds
 
 	origins atomic.Pointer[map[string]*policy.Origin]
-	eps     atomic.Pointer[map[netip.Addr]endpointInfo]
+	// addrs is the address index Endpoint reads (flowindex.go).
+	addrs *addrIndex
 }
 
 type endpointInfo struct {
@@ -48,9 +49,9 @@ type endpointInfo struct {
 }
 
 func newFlowOwner(cfg flowlog.Config, node string, view *syncer.Syncer, src FlowSources, log *slog.Logger) *flowOwner {
-	f := &flowOwner{cfg: cfg, view: view, src: src, log: log}
+	f := &flowOwner{cfg: cfg, view: view, src: src, log: log, addrs: newAddrIndex(node)}
 	f.agg = flowlog.New(cfg, node, f, f)
-	f.sub = view.Notify("flows", syncer.On[api.WorkloadEndpoint](nil), syncer.On[api.RemoteEndpoint](nil), syncer.On[api.Node](nil))
+	f.feeds = watchFlowFeeds(view)
 	empty := map[string]*policy.Origin{}
 	f.origins.Store(&empty)
 	return f
@@ -59,12 +60,11 @@ func newFlowOwner(cfg flowlog.Config, node string, view *syncer.Syncer, src Flow
 // Origin implements flowlog.Origins.
 func (f *flowOwner) Origin(id string) *policy.Origin { return (*f.origins.Load())[id] }
 
-// Endpoint implements flowlog.Resolver from the index of the view.
+// Endpoint implements flowlog.Resolver from the address index: safe for
+// concurrent use with the owner's loop.
 func (f *flowOwner) Endpoint(a netip.Addr) (api.FlowEndpoint, bool) {
-	if m := f.eps.Load(); m != nil {
-		if e, ok := (*m)[a.Unmap()]; ok {
-			return e.ep, e.local
-		}
+	if e, ok := f.addrs.lookup(a.Unmap()); ok {
+		return e.ep, e.local
 	}
 	return api.FlowEndpoint{Kind: api.FlowEndpointExternal}, false
 }
@@ -82,43 +82,10 @@ func (f *flowOwner) applied(rs *policy.Ruleset) {
 	f.origins.Store(&m)
 }
 
-// reindex rebuilds the address index from the view: pods (local ones
-// marked) and nodes.
-func (f *flowOwner) reindex(node string) {
-	m := map[netip.Addr]endpointInfo{}
-	for _, n := range f.view.Nodes() {
-		for _, p := range []func() (netip.Prefix, bool){n.IPv4, n.IPv6} {
-			if a, ok := p(); ok {
-				m[a.Addr()] = endpointInfo{ep: api.FlowEndpoint{Kind: api.FlowEndpointHost, Name: n.Metadata.Name}}
-			}
-		}
-	}
-	add := func(addrs []netip.Addr, ns, name, pod string, labels map[string]string, on string) {
-		if ns == "" {
-			ns = "default"
-		}
-		if pod != "" {
-			name = pod
-		}
-		for _, a := range addrs {
-			m[a.Unmap()] = endpointInfo{ep: api.FlowEndpoint{Kind: api.FlowEndpointPod, Namespace: ns, Name: name, Labels: labels}, local: on == node}
-		}
-	}
-	for _, w := range f.view.Endpoints() {
-		addrs, _ := w.Addrs()
-		add(addrs, w.Metadata.Namespace, w.Metadata.Name, w.Spec.Pod, w.Metadata.Labels, w.Spec.Node)
-	}
-	for _, r := range f.view.RemoteEndpoints() {
-		addrs, _ := r.Addrs()
-		add(addrs, r.Namespace, r.Name, r.Pod, r.Labels, r.Node)
-	}
-	f.eps.Store(&m)
-}
-
 // run feeds and flushes the aggregator until ctx ends. Each source runs
 // in one goroutine, restarted after a failure.
-func (f *flowOwner) run(ctx context.Context, node string) {
-	f.reindex(node)
+func (f *flowOwner) run(ctx context.Context) {
+	f.addrs.start(f.view, f.feeds)
 	var wg sync.WaitGroup
 	keep := func(name string, run func() error) {
 		wg.Go(func() {
@@ -152,8 +119,12 @@ func (f *flowOwner) run(ctx context.Context, node string) {
 		case <-ctx.Done():
 			wg.Wait()
 			return
-		case <-f.sub.C():
-			f.reindex(node)
+		case <-f.feeds.nodes.C():
+			f.addrs.follow(f.view, f.feeds)
+		case <-f.feeds.eps.C():
+			f.addrs.follow(f.view, f.feeds)
+		case <-f.feeds.remote.C():
+			f.addrs.follow(f.view, f.feeds)
 		case now := <-t.C:
 			f.agg.Flush(now)
 		}

@@ -56,6 +56,7 @@ type kvStore interface {
 	GetKV(ctx context.Context, key string) (datastore.KV, error)
 	ListKV(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
 	ListKeys(ctx context.Context, prefix string) ([]string, error)
+	ListRevisions(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
 	Txn(ctx context.Context, cmps []datastore.Cmp, ops []datastore.Op) (int64, error)
 	Create(ctx context.Context, obj api.Object) (api.Object, error)
 	Update(ctx context.Context, obj api.Object) (api.Object, error)

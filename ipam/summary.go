@@ -151,8 +151,23 @@ func summaryOps(old, nb *block) []datastore.Op {
 // to the next call). Undecodable blocks are left alone (the view keeps
 // their summary as it was). It returns how many records it wrote or
 // deleted. The agent calls it at start.
+//
+// It reads the value of a block only when the block may have been written
+// without its summary: its summary is missing or does not decode, or the
+// block changed after the revision the last complete call recorded
+// (summariesCheckedKey); the others it knows by key and revision (a
+// keys-only list). A call whose reads and writes all succeeded (a lost
+// race is left to its winner, an undecodable block alone, as ever)
+// records the revision of its list of blocks, when a block was written
+// since the record it read: a start with nothing new writes nothing.
+// Without a record, or with one that cannot be this store's (see
+// summariesChecked), it reads every block.
 func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
-	bkvs, _, err := a.store.ListKV(ctx, blocksPrefix)
+	checked, err := a.summariesChecked(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("ipam: syncing block summaries: %w", err)
+	}
+	brevs, rev, err := a.store.ListRevisions(ctx, blocksPrefix)
 	if err != nil {
 		return 0, fmt.Errorf("ipam: syncing block summaries: listing blocks: %w", err)
 	}
@@ -164,13 +179,21 @@ func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 	for _, kv := range skvs {
 		stored[kv.Key] = kv
 	}
+	bkvs, err := a.blocksToCheck(ctx, brevs, stored, checked.Revision)
+	if err != nil {
+		return 0, fmt.Errorf("ipam: syncing block summaries: %w", err)
+	}
+	// The summaries of blocks that do not exist.
+	orphans := maps.Clone(stored)
+	for _, kv := range brevs {
+		delete(orphans, blockSummariesPrefix+strings.TrimPrefix(kv.Key, blocksPrefix))
+	}
 	blocks, bad := decodeBlocks(bkvs)
 	n := 0
 	var errs []error
 	for _, b := range blocks {
 		key := summaryKey(b.cidr)
 		cur, had := stored[key]
-		delete(stored, key)
 		want := b.summary()
 		if had {
 			if s, err := DecodeSummaryRecord(key, cur.Value); err == nil && s.Equal(want) {
@@ -181,7 +204,7 @@ func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 			datastore.Op{Key: key, Value: encodeSummary(want)})
 		n, errs = count(n, ok), append(errs, err)
 	}
-	for key, cur := range stored {
+	for key, cur := range orphans {
 		cidr, err := ParseSummaryKey(key)
 		if err != nil || bad[blockKey(cidr)] != nil {
 			continue
@@ -191,7 +214,128 @@ func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 			datastore.Op{Key: key, Delete: true})
 		n, errs = count(n, ok), append(errs, err)
 	}
-	return n, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return n, err
+	}
+	if latest := maxModRevision(brevs); latest <= checked.Revision {
+		// No block was written since the record: it says all there is.
+		return n, nil
+	}
+	return n, a.recordSummariesChecked(ctx, checked, rev)
+}
+
+func maxModRevision(kvs []datastore.KV) int64 {
+	var m int64
+	for _, kv := range kvs {
+		m = max(m, kv.ModRevision)
+	}
+	return m
+}
+
+// blocksToCheck returns the block records SyncSummaries must read, with
+// their values: those whose summary is missing or does not decode, and
+// those written after revision since (all of them when since is 0, in
+// one list). Few are read one by one; many in one list of every block.
+func (a *Allocator) blocksToCheck(ctx context.Context, brevs []datastore.KV, stored map[string]datastore.KV, since int64) ([]datastore.KV, error) {
+	var keys []string
+	for _, kv := range brevs {
+		skey := blockSummariesPrefix + strings.TrimPrefix(kv.Key, blocksPrefix)
+		cur, had := stored[skey]
+		switch {
+		case since == 0, kv.ModRevision > since, !had:
+			keys = append(keys, kv.Key)
+		default:
+			if _, err := DecodeSummaryRecord(skey, cur.Value); err != nil {
+				keys = append(keys, kv.Key)
+			}
+		}
+	}
+	if since == 0 || len(keys) > maxBlockGets {
+		kvs, _, err := a.store.ListKV(ctx, blocksPrefix)
+		if err != nil {
+			return nil, fmt.Errorf("listing blocks: %w", err)
+		}
+		return kvs, nil
+	}
+	var out []datastore.KV
+	for _, key := range keys {
+		kv, err := a.store.GetKV(ctx, key)
+		switch {
+		case errors.Is(err, datastore.ErrNotFound):
+			// Deleted since the list: its summary goes with it, or is an
+			// orphan the next call deletes.
+		case err != nil:
+			return nil, fmt.Errorf("reading block %s: %w", key, err)
+		default:
+			out = append(out, kv)
+		}
+	}
+	return out, nil
+}
+
+// maxBlockGets is how many blocks SyncSummaries reads one by one; past it,
+// one list of every block costs fewer round trips.
+const maxBlockGets = 64
+
+// summariesCheckedKey records the revision up to which every block's
+// summary was found or made current, by the last SyncSummaries whose
+// writes all succeeded: a block not written since has the summary it had then,
+// since every writer of this release writes a block's summary in the
+// block's transaction. It lies in a range the agents' views do not watch
+// (syncer's WatchSpec skips ipam/blocks/ up to resources/), so writing it
+// costs them nothing, and outside the prefixes of blocks, handles and
+// LoadBalancer records (Check's list of ipam/ passes over it).
+const summariesCheckedKey = "ipam/summaries-checked"
+
+// checkedRecord is the JSON stored at summariesCheckedKey.
+type checkedRecord struct {
+	// Revision is the store revision of the list of blocks of the call
+	// that wrote the record.
+	Revision int64 `json:"revision"`
+	// modRev is the record's own revision (0: absent), which its next
+	// write compares.
+	modRev int64
+}
+
+// summariesChecked reads the record. An absent or undecodable one says
+// nothing (Revision 0): every block is read. So does one whose revision is
+// not below its own: it was written after the list it names, in this
+// store, so a record that is not is from another store's history (a
+// datastore copied into a new etcd restarts revisions), where revisions
+// say nothing about this one's writes.
+func (a *Allocator) summariesChecked(ctx context.Context) (checkedRecord, error) {
+	kv, err := a.store.GetKV(ctx, summariesCheckedKey)
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
+		return checkedRecord{}, nil
+	case err != nil:
+		return checkedRecord{}, fmt.Errorf("reading %s: %w", summariesCheckedKey, err)
+	}
+	var r checkedRecord
+	if err := json.Unmarshal(kv.Value, &r); err != nil || r.Revision < 0 || r.Revision >= kv.ModRevision {
+		r.Revision = 0
+	}
+	r.modRev = kv.ModRevision
+	return r, nil
+}
+
+// recordSummariesChecked records rev, unless the record already says as
+// much or was rewritten since it was read (by another agent's call, whose
+// record is as good).
+func (a *Allocator) recordSummariesChecked(ctx context.Context, prev checkedRecord, rev int64) error {
+	if rev <= prev.Revision {
+		return nil
+	}
+	val, err := json.Marshal(checkedRecord{Revision: rev})
+	if err != nil {
+		return fmt.Errorf("ipam: encoding %s: %w", summariesCheckedKey, err)
+	}
+	_, err = a.store.Txn(ctx, []datastore.Cmp{{Key: summariesCheckedKey, ModRevision: prev.modRev}},
+		[]datastore.Op{{Key: summariesCheckedKey, Value: val}})
+	if err != nil && !errors.Is(err, datastore.ErrConflict) {
+		return fmt.Errorf("ipam: recording checked block summaries: %w", err)
+	}
+	return nil
 }
 
 func count(n int, ok bool) int {

@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"strings"
@@ -168,5 +169,150 @@ func TestDecodeSummaryRecord(t *testing.T) {
 				t.Errorf("DecodeSummaryRecord(%s) = %v, want an error with %q", tc.val, err, tc.want)
 			}
 		})
+	}
+}
+
+// blockReads is a store that records the reads of block values, and
+// counts its writes.
+type blockReads struct {
+	*datastore.Store
+	gets  []string
+	lists int
+	txns  int
+}
+
+func (r *blockReads) Txn(ctx context.Context, cmps []datastore.Cmp, ops []datastore.Op) (int64, error) {
+	r.txns++
+	return r.Store.Txn(ctx, cmps, ops)
+}
+
+func (r *blockReads) GetKV(ctx context.Context, key string) (datastore.KV, error) {
+	if strings.HasPrefix(key, blocksPrefix) {
+		r.gets = append(r.gets, key)
+	}
+	return r.Store.GetKV(ctx, key)
+}
+
+func (r *blockReads) ListKV(ctx context.Context, prefix string) ([]datastore.KV, int64, error) {
+	if strings.HasPrefix(blocksPrefix, prefix) {
+		r.lists++
+	}
+	return r.Store.ListKV(ctx, prefix)
+}
+
+// syncWith runs SyncSummaries as a starting agent would (an allocator of
+// its own) and returns what it read of blocks.
+func syncWith(t *testing.T, s *datastore.Store) (int, *blockReads) {
+	t.Helper()
+	r := &blockReads{Store: s}
+	n, err := newAllocator(r).SyncSummaries(testCtx(t))
+	if err != nil {
+		t.Fatalf("SyncSummaries: %v", err)
+	}
+	return n, r
+}
+
+// oldReleaseWrites changes blocks as an agent of a release before
+// summaries would: a borrow in n2's block (its summary now stale), n3's
+// block without a summary (as a new block of that release), n4's block
+// deleted (its summary an orphan). It returns the blocks whose values a
+// check must read.
+func oldReleaseWrites(t *testing.T, s *datastore.Store) []string {
+	t.Helper()
+	ctx := testCtx(t)
+	lender, missing, gone := netip.MustParsePrefix("10.244.0.4/30"), netip.MustParsePrefix("10.244.0.8/30"), netip.MustParsePrefix("10.244.0.12/30")
+	kv, err := s.GetKV(ctx, blockKey(lender))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := decodeBlock(kv.Value, kv.ModRevision)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.allocate(attrRecord{Handle: "old-borrow", Node: "n1"}); !ok {
+		t.Fatal("no room in n2's block")
+	}
+	if _, err := s.PutKV(ctx, blockKey(lender), b.encode(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteKV(ctx, summaryKey(missing), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteKV(ctx, blockKey(gone), 0); err != nil {
+		t.Fatal(err)
+	}
+	return []string{blockKey(lender), blockKey(missing)}
+}
+
+// TestSyncSummariesReadsChangedBlocksOnly: once a call found every summary
+// current, the next start reads no block value; after blocks were written
+// without their summaries (an older release), it reads those blocks only,
+// one by one, and repairs each summary.
+func TestSyncSummariesReadsChangedBlocksOnly(t *testing.T) {
+	a, s := newTestAllocator(t)
+	setupTiny(t, a)
+	mustAssign(t, a, "n1", "borrower")
+	if n, r := syncWith(t, s); n != 0 || r.lists != 1 {
+		t.Fatalf("first check: %d written, %d lists of blocks; want 0 written and every block read (no record yet)", n, r.lists)
+	}
+	n, r := syncWith(t, s)
+	if n != 0 || r.lists != 0 || len(r.gets) != 0 || r.txns != 0 {
+		t.Errorf("start with current summaries: %d written, read %d lists and %v of blocks, %d writes; want nothing", n, r.lists, r.gets, r.txns)
+	}
+
+	want := oldReleaseWrites(t, s)
+	n, r = syncWith(t, s)
+	if n != 3 {
+		t.Errorf("after an older release's writes: %d records fixed, want 3 (stale, missing, orphan)", n)
+	}
+	if r.lists != 0 || !cmp.Equal(r.gets, want) {
+		t.Errorf("after an older release's writes: read %d lists of blocks and %v, want only %v", r.lists, r.gets, want)
+	}
+	for _, cidr := range []string{"10.244.0.0/30", "10.244.0.4/30", "10.244.0.8/30"} {
+		p := netip.MustParsePrefix(cidr)
+		kv, err := s.GetKV(testCtx(t), blockKey(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := decodeBlock(kv.Value, kv.ModRevision)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum, _, ok := storedSummary(t, s, p); !ok || !sum.Equal(b.summary()) {
+			t.Errorf("summary of %s after the check: %+v (present %v), want %+v", p, sum, ok, b.summary())
+		}
+	}
+	if _, _, ok := storedSummary(t, s, netip.MustParsePrefix("10.244.0.12/30")); ok {
+		t.Error("the deleted block's summary is still there")
+	}
+	if n, r := syncWith(t, s); n != 0 || r.lists != 0 || len(r.gets) != 0 || r.txns != 0 {
+		t.Errorf("the start after: %d written, read %d lists and %v of blocks, %d writes; want nothing", n, r.lists, r.gets, r.txns)
+	}
+}
+
+// TestSyncSummariesUnreadableRecord: a summary that does not decode has
+// its block read and is rewritten, whatever the record says; and a record
+// naming a revision not below its own (another store's history) makes the
+// check read every block.
+func TestSyncSummariesUnreadableRecord(t *testing.T) {
+	a, s := newTestAllocator(t)
+	ctx := testCtx(t)
+	setupTiny(t, a)
+	syncWith(t, s)
+	blk := netip.MustParsePrefix("10.244.0.4/30")
+	if _, err := s.PutKV(ctx, summaryKey(blk), []byte("{"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, r := syncWith(t, s); n != 1 || !cmp.Equal(r.gets, []string{blockKey(blk)}) || r.lists != 0 {
+		t.Errorf("with an undecodable summary: %d written, read %v and %d lists; want it rewritten from its block alone", n, r.gets, r.lists)
+	}
+	if _, err := s.PutKV(ctx, summariesCheckedKey, []byte(`{"revision":1000000}`), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, r := syncWith(t, s); r.lists != 1 {
+		t.Errorf("with a record from another history: %d lists of blocks, want every block read", r.lists)
+	}
+	if _, r := syncWith(t, s); r.lists != 0 || len(r.gets) != 0 {
+		t.Errorf("after it: read %d lists and %v of blocks, want the record current again", r.lists, r.gets)
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 // Our own view of the BFD sessions, read without waiting on GoBGP.
 //
-// GoBGP v4.8.0's BFD peer, when its detection time expires, first resets
+// GoBGP's BFD peer (v4.8.0; v4.9.0 did not change it), when its detection time expires, first resets
 // the BGP session through GoBGP's management channel and only then marks
 // itself Down; the reset (and with it every management call: ListPeer,
 // the RIB listing) completes only seconds later, once GoBGP's FSM is done

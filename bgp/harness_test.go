@@ -310,21 +310,21 @@ func peersString(n *testNode) string {
 }
 
 // skipStaleRaceUnderDetector skips a test that takes a graceful-restart
-// session down when the race detector is on: GoBGP v4.8.0 writes a path's
+// session down when the race detector is on: GoBGP (v4.9.0 as v4.8.0) writes a path's
 // stale flag (MarkStale, on the session's goroutine) while its WatchEvent
 // goroutine reads it to convert the path for our best-path watch — a race
 // inside GoBGP that Tabby cannot lock out (fixed upstream in osrg/gobgp PR
-// #3658, in no release yet). make test runs these tests again without
+// #3658, in neither release). make test runs these tests again without
 // -race (scripts/test-tiers.sh), so they still run every time.
 func skipStaleRaceUnderDetector(t *testing.T) {
 	t.Helper()
 	if raceDetector {
-		t.Skip("skipped under -race: GoBGP v4.8.0 races on a path's stale flag when a graceful-restart session goes down (osrg/gobgp PR #3658); runs without -race in make test")
+		t.Skip("skipped under -race: GoBGP v4.9.0 (as v4.8.0) races on a path's stale flag when a graceful-restart session goes down (osrg/gobgp PR #3658); runs without -race in make test")
 	}
 }
 
 // quiescer empties a test's speakers before the first of them stops. GoBGP
-// v4.8.0 races when one of a server's sessions goes down while it handles
+// v4.8.0 and v4.9.0 race when one of a server's sessions goes down while it handles
 // an UPDATE from another (server.go writes the first peer's config in
 // handleFSMMessage while propagateUpdateToNeighbors reads it, unlocked): a
 // test's speakers stopping one after another, each stop making the others

@@ -12,8 +12,8 @@ import (
 
 // A session whose GoBGP sender is dead (docs/scale.md, "Session drops").
 //
-// GoBGP v4.8.0 keeps one outgoing queue per peer for all its sessions
-// (fsm.outgoingCh, made once in newFSM). When a session ends, its
+// GoBGP (v4.8.0 and v4.9.0 alike) keeps one outgoing queue per peer for
+// all its sessions (fsm.outgoingCh, made once in newFSM). When a session ends, its
 // established handler pushes the reason onto that queue to stop the
 // session's sender (fsm.go, established: `h.outgoing.In() <- err`); a
 // sender that has already stopped — its write failed first ("failed to

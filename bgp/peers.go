@@ -61,7 +61,7 @@ func maxPrefixes(p Peer) uint32 {
 // passive reports whether we wait for p to connect instead of connecting
 // ourselves. Between two cluster nodes (mesh and reflector sessions, where
 // both sides run this code) only the side with the higher address
-// connects: GoBGP v4.8.0 can leave both sides stuck in OpenConfirm when
+// connects: GoBGP (v4.8.0 and v4.9.0) can leave both sides stuck in OpenConfirm when
 // both connect at the same moment. Sessions with other routers stay active
 // on our side.
 func (s *speaker) passive(p Peer) bool {
@@ -309,7 +309,7 @@ func (s *speaker) recreatePeer(ctx context.Context, p Peer) error {
 
 // resetStuckPeers re-creates sessions that have sat in OpenSent or
 // OpenConfirm for longer than stuckTimeout. A healthy session passes these
-// states in milliseconds; GoBGP v4.8.0 can get stuck in OpenConfirm after a
+// states in milliseconds; GoBGP (v4.8.0 and v4.9.0) can get stuck in OpenConfirm after a
 // connection collision (it arms no hold timer there on a first session).
 func (s *speaker) resetStuckPeers(ctx context.Context) {
 	s.mu.Lock()

@@ -338,7 +338,7 @@ func buildImport(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 
 // installExport installs the export policies that never change: no
 // transit (reject what carries the external tag) and third-party next
-// hops (see nexthop.go). They are added one by one: GoBGP v4.8.0's
+// hops (see nexthop.go). They are added one by one: GoBGP's (v4.8.0, v4.9.0)
 // SetPolicies drops the prefix length of a next-hop condition. It returns
 // their names in the order the export assignment lists them, before the
 // dynamic export policy (see applyPolicy).
@@ -499,7 +499,11 @@ func (s *speaker) applyPolicy(ctx context.Context, peers []Peer) error {
 	var errs []error
 	if old != nil {
 		for _, p := range old.Policies {
-			if err := s.srv.DeletePolicy(ctx, &gobgpapi.DeletePolicyRequest{Policy: p}); err != nil {
+			// All: the policy itself, not only its statements (without it
+			// GoBGP keeps an empty policy of every generation, and v4.8.0
+			// its statements as well). Nothing refers to it any more: the
+			// assignments were switched above.
+			if err := s.srv.DeletePolicy(ctx, &gobgpapi.DeletePolicyRequest{Policy: p, All: true}); err != nil {
 				errs = append(errs, fmt.Errorf("deleting old policy %s: %w", p.Name, err))
 			}
 		}

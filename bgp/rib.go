@@ -342,7 +342,7 @@ func (s *speaker) learnedRoutes() ([]LearnedRoute, error) {
 // readRIB returns the candidate paths of the given prefixes (all prefixes
 // when only is nil) from GoBGP's global RIB.
 //
-// GoBGP v4.8.0 races here (osrg/gobgp PR #3658, not released): ListPath
+// GoBGP races here (v4.8.0 and v4.9.0; osrg/gobgp PR #3658 is in neither): ListPath
 // converts the paths after its table snapshot, outside GoBGP's lock, and
 // reads each path's stale flag, which a session going down under graceful
 // restart writes from another goroutine (table.Path.MarkStale). We cannot
@@ -388,7 +388,7 @@ func (s *speaker) readRIB(ctx context.Context, only map[netip.Prefix]bool) (map[
 		}
 		reqs = append(reqs, req)
 	}
-	// GoBGP v4.8.0 keeps the paths of a session it closed itself as
+	// GoBGP (v4.8.0 and v4.9.0) keeps the paths of a session it closed itself as
 	// graceful-restart stale when the connection's read fails before the
 	// reason is accounted (fsm.go takes a read failure for a peer
 	// restart): a peer shut down for exceeding its max-prefix limit, or

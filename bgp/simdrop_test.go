@@ -162,7 +162,7 @@ func TestSimSessionEndsWithItsContext(t *testing.T) {
 }
 
 // TestSimDropFromRealSpeaker: a real speaker that deletes the simulated
-// node's peer ends the session (GoBGP v4.8.0 closes the connection
+// node's peer ends the session (GoBGP v4.9.0, as v4.8.0, closes the connection
 // without a NOTIFICATION), and the drop says the peer did.
 func TestSimDropFromRealSpeaker(t *testing.T) {
 	ctx := context.Background()

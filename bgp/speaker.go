@@ -120,8 +120,8 @@ type ribState struct {
 	resyncAll bool
 	// ribUpdates carries the RIB reader's results to the publisher.
 	ribUpdates chan ribUpdate
-	// softResetMu keeps our soft resets in and our RIB reads apart. GoBGP
-	// v4.8.0's soft reset in re-imports a session's paths and writes each
+	// softResetMu keeps our soft resets in and our RIB reads apart. GoBGP's
+	// (v4.8.0, v4.9.0) soft reset in re-imports a session's paths and writes each
 	// one's local ID (destination.implicitWithdraw) while ListPath converts
 	// the same path objects outside GoBGP's lock (toPathApiUtil reads it):
 	// a data race inside GoBGP. Both calls are ours, so the RIB reader
@@ -391,8 +391,8 @@ const hardStopWait = 3 * time.Second
 
 // withdrawAll withdraws every path this speaker originated and waits,
 // bounded, until no established peer's Adj-RIB-Out holds one. A hard stop
-// then does not depend on how a peer reads the session's end: GoBGP v4.8.0
-// sometimes closes the connection before the peer has read the Cease, and a
+// then does not depend on how a peer reads the session's end: GoBGP (v4.8.0,
+// v4.9.0) sometimes closes the connection before the peer has read the Cease, and a
 // peer that negotiated graceful restart then keeps our routes as stale for
 // the restart time.
 func (s *speaker) withdrawAll(srv *server.BgpServer) {

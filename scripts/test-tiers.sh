@@ -45,7 +45,7 @@ fi
 if want unit; then
 	tier unit 1 env TABBY_SKIP_PRIVILEGED=1 "$GO" test -json $RACEFLAGS $TESTFLAGS "${all[@]}"
 	# The BGP tests that take a graceful-restart session down skip under
-	# -race (a data race inside GoBGP v4.8.0, see bgp/harness_test.go): run
+	# -race (a data race inside GoBGP v4.8.0 and v4.9.0, see bgp/harness_test.go): run
 	# them without it.
 	tier unit-gobgp 1b env TABBY_SKIP_PRIVILEGED=1 "$GO" test -json $TESTFLAGS -run '^(TestStop|TestGracefulRestart|TestHostilePeers|TestHostilePeersIPv6)$' ./bgp
 else

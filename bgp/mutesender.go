@@ -3,6 +3,8 @@ package bgp
 import (
 	"context"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	gobgpapi "github.com/osrg/gobgp/v4/api"
@@ -32,7 +34,8 @@ import (
 //
 // Only a new FSM has an empty queue, so the speaker watches the messages
 // GoBGP sends on each session that comes up: their count (never reset by
-// GoBGP) is read twice, senderWindow apart; a session still up that sent
+// GoBGP) is read twice, senderWindow apart, by sweeps that read every
+// session due with one peer listing (senderChecks); a session still up that sent
 // nothing in between, not even a KEEPALIVE, is re-created (DeletePeer and
 // AddPeer, as for a stuck session). A live sender writes at least one
 // KEEPALIVE per keepalive interval.
@@ -67,65 +70,220 @@ func senderStopped(before, after senderSample) bool {
 func (s *speaker) onPeerEventWatched(ev *apiutil.WatchEventMessage_PeerEvent, t time.Time) {
 	s.onPeerEvent(ev, t)
 	if ev != nil && ev.Type == apiutil.PEER_EVENT_STATE && ev.Peer.State.SessionState == gobgp.BGP_FSM_ESTABLISHED {
-		a := ev.Peer.State.NeighborAddress
-		time.AfterFunc(senderSlack, func() { s.checkSender(a) })
+		s.senders.firstLook(ev.Peer.State.NeighborAddress, t.Add(senderSlack), s.sweepSenders)
 	}
 }
 
-// checkSender samples a's session now and again senderWindow later, and
-// re-creates it if its sender sent nothing in between.
-func (s *speaker) checkSender(a netip.Addr) {
-	before, ok := s.sampleSender(a)
-	if !ok || !before.up || before.keepalive <= 0 {
+// senderChecks batches the sender checks: the sessions that came up wait
+// for their first look, and those looked at once for their second, and a
+// sweep looks at every session that is due with one peer listing. One
+// listing per session and look, as before, queued two thousand requests
+// on GoBGP's main loop when a thousand clients' sessions came up at once
+// (docs/scale.md, "Why a first session goes silent during a fill"): the
+// loop that also has to send them their tables.
+type senderChecks struct {
+	mu     sync.Mutex
+	first  map[netip.Addr]time.Time // first look due
+	second map[netip.Addr]secondLook
+	timer  *time.Timer
+	// sweepAt is when the timer fires (zero when it is not armed).
+	sweepAt time.Time
+	// compared counts the second looks taken (for tests).
+	compared atomic.Int64
+}
+
+// secondLook is a session's first sample and when the second is due.
+type secondLook struct {
+	before senderSample
+	due    time.Time
+}
+
+// senderSweepEvery is the least time between two sweeps: the looks of
+// sessions that came up within it share one listing. A look a few
+// seconds late only delays the re-creation of a dead sender, which its
+// peer's hold timer would end much later.
+const senderSweepEvery = senderSlack
+
+// firstLook queues a's first look for due and arms the sweep.
+func (c *senderChecks) firstLook(a netip.Addr, due time.Time, sweep func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.first == nil {
+		c.first, c.second = map[netip.Addr]time.Time{}, map[netip.Addr]secondLook{}
+	}
+	c.first[a] = due
+	delete(c.second, a) // a new session: its earlier first sample is void
+	c.armLocked(due, sweep)
+}
+
+// armLocked makes the timer fire at due, or at the earlier time it is set
+// for, and no sooner than senderSweepEvery after the last sweep started.
+func (c *senderChecks) armLocked(due time.Time, sweep func()) {
+	if !c.sweepAt.IsZero() && !c.sweepAt.After(due) {
 		return
 	}
-	time.AfterFunc(senderWindow(before.keepalive), func() {
-		asked := time.Now()
-		after, ok := s.sampleSender(a)
-		if !ok || !senderStopped(before, after) {
-			return
+	c.sweepAt = due
+	d := time.Until(due)
+	if c.timer == nil {
+		c.timer = time.AfterFunc(d, sweep)
+		return
+	}
+	c.timer.Reset(d)
+}
+
+// take returns the looks due at now (first looks up to senderSweepEvery
+// early) and re-arms nothing: the sweep calls done when it has queued the
+// second looks.
+func (c *senderChecks) take(now time.Time) (first []netip.Addr, second map[netip.Addr]senderSample) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.sweepAt = time.Time{}
+	for a, due := range c.first {
+		// First looks due before the next sweep could run are taken now:
+		// their slack is only the session's settling.
+		if !due.After(now.Add(senderSweepEvery)) {
+			first = append(first, a)
+			delete(c.first, a)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		p, known := s.peers[a]
-		// A state change since the second look (the session went down,
-		// and maybe a new one came up) leaves the new session alone: on a
-		// loaded speaker the look and the lock can be seconds apart.
-		if s.srv == nil || s.stopped || !known || s.sessions.since[a].After(asked) {
-			return
+	}
+	for a, l := range c.second {
+		if !l.due.After(now) {
+			if second == nil {
+				second = map[netip.Addr]senderSample{}
+			}
+			second[a] = l.before
+			delete(c.second, a)
 		}
-		s.log.Warn("re-creating BGP session whose sender stopped (GoBGP kept the previous session's end in its queue)",
-			"peer", a, "established", before.since, "sent", after.sent, "window", senderWindow(before.keepalive))
-		if err := s.recreatePeer(ctx, p); err != nil {
-			s.log.Warn("re-creating BGP session whose sender stopped", "peer", a, "err", err)
+	}
+	return first, second
+}
+
+// done queues the second looks of the sessions looked at first (unless a
+// newer session of the peer came up meanwhile) and arms the next sweep,
+// senderSweepEvery after start at the soonest.
+func (c *senderChecks) done(start time.Time, looked map[netip.Addr]senderSample, sweep func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for a, before := range looked {
+		if _, renewed := c.first[a]; !renewed {
+			c.second[a] = secondLook{before: before, due: start.Add(senderWindow(before.keepalive))}
 		}
-	})
+	}
+	next := time.Time{}
+	for _, due := range c.first {
+		if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	for _, l := range c.second {
+		if next.IsZero() || l.due.Before(next) {
+			next = l.due
+		}
+	}
+	if !next.IsZero() {
+		c.armLocked(maxTime(next, start.Add(senderSweepEvery)), sweep)
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// sweepSenders takes the looks that are due, samples every session with
+// one listing, queues the second looks, and re-creates each session whose
+// sender sent nothing between its two.
+func (s *speaker) sweepSenders() {
+	start := time.Now()
+	first, second := s.senders.take(start)
+	if len(first) == 0 && len(second) == 0 {
+		s.senders.done(start, nil, s.sweepSenders)
+		return
+	}
+	samples, ok := s.sampleSenders()
+	looked := map[netip.Addr]senderSample{}
+	for _, a := range first {
+		if before, found := samples[a]; ok && found && before.up && before.keepalive > 0 {
+			looked[a] = before
+		}
+	}
+	s.senders.done(start, looked, s.sweepSenders)
+	if !ok {
+		return // GoBGP stopped or did not answer: the second looks are lost, as a dead sender's would be
+	}
+	for a, before := range second {
+		s.senders.compared.Add(1)
+		if after, found := samples[a]; found && senderStopped(before, after) {
+			s.recreateStopped(a, before, after, start)
+		}
+	}
+}
+
+// recreateStopped re-creates a's session, whose sender sent nothing
+// between before and after (sampled at asked), unless its state changed
+// since the look: on a loaded speaker the look and the lock can be
+// seconds apart.
+func (s *speaker) recreateStopped(a netip.Addr, before, after senderSample, asked time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, known := s.peers[a]
+	if s.srv == nil || s.stopped || !known || s.sessions.since[a].After(asked) {
+		return
+	}
+	s.log.Warn("re-creating BGP session whose sender stopped (GoBGP kept the previous session's end in its queue)",
+		"peer", a, "established", before.since, "sent", after.sent, "window", senderWindow(before.keepalive))
+	if err := s.recreatePeer(ctx, p); err != nil {
+		s.log.Warn("re-creating BGP session whose sender stopped", "peer", a, "err", err)
+	}
+}
+
+// sampleSenders reads every session from one GoBGP peer listing.
+func (s *speaker) sampleSenders() (map[netip.Addr]senderSample, bool) {
+	return s.listSenders(netip.Addr{})
 }
 
 // sampleSender reads a's session from GoBGP's peer listing (one peer).
 func (s *speaker) sampleSender(a netip.Addr) (senderSample, bool) {
+	m, ok := s.listSenders(a)
+	out, found := m[a]
+	return out, ok && found
+}
+
+// listSenders reads the sessions of GoBGP's peer listing: of peer a, or
+// of every peer when a is the zero address.
+func (s *speaker) listSenders(a netip.Addr) (map[netip.Addr]senderSample, bool) {
 	s.mu.Lock()
 	srv, stopped := s.srv, s.stopped
 	s.mu.Unlock()
 	if srv == nil || stopped {
-		return senderSample{}, false
+		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var out senderSample
-	found := false
-	err := srv.ListPeer(ctx, &gobgpapi.ListPeerRequest{Address: a.String()}, func(p *gobgpapi.Peer) {
-		found = true
-		out.up = p.GetState().GetSessionState() == gobgpapi.PeerState_SESSION_STATE_ESTABLISHED
-		out.sent = p.GetState().GetMessages().GetSent().GetTotal()
+	req := &gobgpapi.ListPeerRequest{}
+	if a.IsValid() {
+		req.Address = a.String()
+	}
+	out := map[netip.Addr]senderSample{}
+	err := srv.ListPeer(ctx, req, func(p *gobgpapi.Peer) {
+		addr, err := netip.ParseAddr(p.GetConf().GetNeighborAddress())
+		if err != nil {
+			return
+		}
+		var smp senderSample
+		smp.up = p.GetState().GetSessionState() == gobgpapi.PeerState_SESSION_STATE_ESTABLISHED
+		smp.sent = p.GetState().GetMessages().GetSent().GetTotal()
 		if ts := p.GetTimers().GetState(); ts != nil {
-			out.keepalive = time.Duration(ts.GetKeepaliveInterval()) * time.Second
+			smp.keepalive = time.Duration(ts.GetKeepaliveInterval()) * time.Second
 			if ts.GetUptime() != nil {
-				out.since = ts.GetUptime().AsTime()
+				smp.since = ts.GetUptime().AsTime()
 			}
 		}
+		out[addr.Unmap()] = smp
 	})
-	return out, err == nil && found
+	return out, err == nil
 }

@@ -3,7 +3,9 @@ package bgp
 import (
 	"context"
 	"net/netip"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/tabbynet/tabby/internal/testkit"
@@ -71,4 +73,72 @@ func TestLiveSenderNotRecreated(t *testing.T) {
 	if now, ok := n.sp.sampleSender(simAddr); !ok || !now.up || !now.since.Equal(first.since) {
 		t.Errorf("after the check: %+v, %v; want the same session up since %v", now, ok, first.since)
 	}
+	if n.sp.senders.compared.Load() == 0 {
+		t.Error("the sender check took no second look")
+	}
+}
+
+// The sender checks of sessions that come up close together share their
+// looks: a hundred sessions up within 4 s are looked at in one sweep, their
+// second looks in one more, each with its first sample; a session that
+// came up again after its first look starts over.
+func TestSenderChecksBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var c senderChecks
+		type sweepRec struct {
+			first  int
+			second map[netip.Addr]senderSample
+		}
+		var (
+			mu     sync.Mutex
+			sweeps []sweepRec
+			sweep  func()
+		)
+		sweep = func() {
+			mu.Lock()
+			defer mu.Unlock()
+			start := time.Now()
+			first, second := c.take(start)
+			looked := map[netip.Addr]senderSample{}
+			for _, a := range first {
+				looked[a] = senderSample{up: true, keepalive: 30 * time.Second, sent: uint64(a.As4()[3])}
+			}
+			c.done(start, looked, sweep)
+			sweeps = append(sweeps, sweepRec{first: len(first), second: second})
+		}
+		addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 4, byte(i)}) }
+		for i := 1; i <= 100; i++ {
+			c.firstLook(addr(i), time.Now().Add(senderSlack), sweep)
+			time.Sleep(40 * time.Millisecond)
+		}
+		time.Sleep(senderSlack + time.Second)
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(sweeps) != 1 || sweeps[0].first != 100 {
+			t.Fatalf("after the first looks: sweeps %+v, want one of 100 first looks", sweeps)
+		}
+		// Session 7 comes up again before its second look.
+		mu.Unlock()
+		c.firstLook(addr(7), time.Now().Add(senderSlack), sweep)
+		time.Sleep(senderWindow(30*time.Second) + senderSweepEvery + time.Second)
+		synctest.Wait()
+		mu.Lock()
+		var firsts, seconds int
+		for _, s := range sweeps[1:] {
+			firsts += s.first
+			seconds += len(s.second)
+			for a, before := range s.second {
+				if before.sent != uint64(a.As4()[3]) {
+					t.Errorf("second look of %v with first sample %+v", a, before)
+				}
+			}
+		}
+		if firsts != 1 || seconds < 99 {
+			t.Errorf("later sweeps %+v: want session 7's new first look and the other 99 second looks", sweeps[1:])
+		}
+		if len(sweeps) > 4 {
+			t.Errorf("%d sweeps for 101 sessions' looks, want few", len(sweeps))
+		}
+	})
 }

@@ -91,6 +91,7 @@ type speaker struct {
 	peers    map[netip.Addr]Peer
 	peersSet bool // SetPeers has been called at least once
 	sessions sessionTracker
+	senders  senderChecks // its own lock
 	adv      advertiser
 	policyState
 	ribState

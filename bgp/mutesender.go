@@ -80,108 +80,137 @@ func (s *speaker) onPeerEventWatched(ev *apiutil.WatchEventMessage_PeerEvent, t 
 // listing per session and look, as before, queued two thousand requests
 // on GoBGP's main loop when a thousand clients' sessions came up at once
 // (docs/scale.md, "Why a first session goes silent during a fill"): the
-// loop that also has to send them their tables.
+// loop that also has to send them their tables. One sweep runs at a time,
+// and sweeps start at least senderSweepEvery apart.
 type senderChecks struct {
 	mu     sync.Mutex
-	first  map[netip.Addr]time.Time // first look due
+	first  map[netip.Addr]firstLook
 	second map[netip.Addr]secondLook
+	// latest is the generation of each peer's latest session: a look
+	// taken of an older one is dropped.
+	latest map[netip.Addr]uint64
+	gen    uint64
 	timer  *time.Timer
-	// sweepAt is when the timer fires (zero when it is not armed).
-	sweepAt time.Time
+	// sweepAt is when the timer fires (zero when it is not armed);
+	// running says a sweep is listing, lastStart when the last began.
+	sweepAt, lastStart time.Time
+	running, stopped   bool
 	// compared counts the second looks taken (for tests).
 	compared atomic.Int64
+}
+
+type firstLook struct {
+	due time.Time
+	gen uint64
 }
 
 // secondLook is a session's first sample and when the second is due.
 type secondLook struct {
 	before senderSample
 	due    time.Time
+	gen    uint64
 }
 
-// senderSweepEvery is the least time between two sweeps: the looks of
-// sessions that came up within it share one listing. A look a few
-// seconds late only delays the re-creation of a dead sender, which its
+// senderSweepEvery is the least time between two sweeps' starts: the
+// looks of sessions that came up within it share one listing. A look a
+// few seconds late only delays the re-creation of a dead sender, which its
 // peer's hold timer would end much later.
 const senderSweepEvery = senderSlack
 
-// firstLook queues a's first look for due and arms the sweep.
+// firstLook queues the first look of a's new session for due and arms the
+// sweep.
 func (c *senderChecks) firstLook(a netip.Addr, due time.Time, sweep func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.first == nil {
-		c.first, c.second = map[netip.Addr]time.Time{}, map[netip.Addr]secondLook{}
+		c.first, c.second, c.latest = map[netip.Addr]firstLook{}, map[netip.Addr]secondLook{}, map[netip.Addr]uint64{}
 	}
-	c.first[a] = due
-	delete(c.second, a) // a new session: its earlier first sample is void
+	c.gen++
+	c.latest[a] = c.gen
+	c.first[a] = firstLook{due: due, gen: c.gen}
+	delete(c.second, a) // its earlier session's first sample is void
 	c.armLocked(due, sweep)
 }
 
 // armLocked makes the timer fire at due, or at the earlier time it is set
-// for, and no sooner than senderSweepEvery after the last sweep started.
+// for, and not sooner than senderSweepEvery after the last sweep began;
+// while a sweep runs, its done arms the next.
 func (c *senderChecks) armLocked(due time.Time, sweep func()) {
+	if c.stopped || c.running {
+		return
+	}
+	due = maxTime(due, c.lastStart.Add(senderSweepEvery))
 	if !c.sweepAt.IsZero() && !c.sweepAt.After(due) {
 		return
 	}
 	c.sweepAt = due
-	d := time.Until(due)
 	if c.timer == nil {
-		c.timer = time.AfterFunc(d, sweep)
+		c.timer = time.AfterFunc(time.Until(due), sweep)
 		return
 	}
-	c.timer.Reset(d)
+	c.timer.Reset(time.Until(due))
 }
 
-// take returns the looks due at now (first looks up to senderSweepEvery
-// early) and re-arms nothing: the sweep calls done when it has queued the
-// second looks.
-func (c *senderChecks) take(now time.Time) (first []netip.Addr, second map[netip.Addr]senderSample) {
+// take starts a sweep at now and returns the looks due (first looks up to
+// senderSweepEvery early: their slack is only the session's settling);
+// the sweep calls done when it has sampled.
+func (c *senderChecks) take(now time.Time) (first map[netip.Addr]uint64, second map[netip.Addr]secondLook) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.sweepAt = time.Time{}
-	for a, due := range c.first {
-		// First looks due before the next sweep could run are taken now:
-		// their slack is only the session's settling.
-		if !due.After(now.Add(senderSweepEvery)) {
-			first = append(first, a)
+	c.sweepAt, c.lastStart, c.running = time.Time{}, now, true
+	first, second = map[netip.Addr]uint64{}, map[netip.Addr]secondLook{}
+	for a, l := range c.first {
+		if !l.due.After(now.Add(senderSweepEvery)) {
+			first[a] = l.gen
 			delete(c.first, a)
 		}
 	}
 	for a, l := range c.second {
 		if !l.due.After(now) {
-			if second == nil {
-				second = map[netip.Addr]senderSample{}
-			}
-			second[a] = l.before
+			second[a] = l
 			delete(c.second, a)
 		}
 	}
 	return first, second
 }
 
-// done queues the second looks of the sessions looked at first (unless a
-// newer session of the peer came up meanwhile) and arms the next sweep,
-// senderSweepEvery after start at the soonest.
-func (c *senderChecks) done(start time.Time, looked map[netip.Addr]senderSample, sweep func()) {
+// done ends a sweep: it queues the second looks of the sessions looked at
+// first, a window after they were sampled (unless a newer session of the
+// peer came up meanwhile), and arms the next sweep.
+func (c *senderChecks) done(sampled time.Time, looked map[netip.Addr]secondLook, sweep func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for a, before := range looked {
-		if _, renewed := c.first[a]; !renewed {
-			c.second[a] = secondLook{before: before, due: start.Add(senderWindow(before.keepalive))}
+	c.running = false
+	for a, l := range looked {
+		if c.latest[a] == l.gen {
+			l.due = sampled.Add(senderWindow(l.before.keepalive))
+			c.second[a] = l
 		}
 	}
 	next := time.Time{}
-	for _, due := range c.first {
-		if next.IsZero() || due.Before(next) {
-			next = due
+	earlier := func(t time.Time) {
+		if next.IsZero() || t.Before(next) {
+			next = t
 		}
+	}
+	for _, l := range c.first {
+		earlier(l.due)
 	}
 	for _, l := range c.second {
-		if next.IsZero() || l.due.Before(next) {
-			next = l.due
-		}
+		earlier(l.due)
 	}
 	if !next.IsZero() {
-		c.armLocked(maxTime(next, start.Add(senderSweepEvery)), sweep)
+		c.armLocked(next, sweep)
+	}
+}
+
+// stop ends the checks: no sweep is armed again.
+func (c *senderChecks) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	if c.timer != nil {
+		c.timer.Stop()
 	}
 }
 
@@ -196,27 +225,28 @@ func maxTime(a, b time.Time) time.Time {
 // one listing, queues the second looks, and re-creates each session whose
 // sender sent nothing between its two.
 func (s *speaker) sweepSenders() {
-	start := time.Now()
-	first, second := s.senders.take(start)
-	if len(first) == 0 && len(second) == 0 {
-		s.senders.done(start, nil, s.sweepSenders)
-		return
+	asked := time.Now()
+	first, second := s.senders.take(asked)
+	var samples map[netip.Addr]senderSample
+	ok := true
+	if len(first)+len(second) > 0 {
+		samples, ok = s.sampleSenders()
 	}
-	samples, ok := s.sampleSenders()
-	looked := map[netip.Addr]senderSample{}
-	for _, a := range first {
-		if before, found := samples[a]; ok && found && before.up && before.keepalive > 0 {
-			looked[a] = before
+	sampled := time.Now()
+	looked := map[netip.Addr]secondLook{}
+	for a, gen := range first {
+		if before, found := samples[a]; found && before.up && before.keepalive > 0 {
+			looked[a] = secondLook{before: before, gen: gen}
 		}
 	}
-	s.senders.done(start, looked, s.sweepSenders)
+	s.senders.done(sampled, looked, s.sweepSenders)
 	if !ok {
 		return // GoBGP stopped or did not answer: the second looks are lost, as a dead sender's would be
 	}
-	for a, before := range second {
+	for a, l := range second {
 		s.senders.compared.Add(1)
-		if after, found := samples[a]; found && senderStopped(before, after) {
-			s.recreateStopped(a, before, after, start)
+		if after, found := samples[a]; found && senderStopped(l.before, after) {
+			s.recreateStopped(a, l.before, after, asked)
 		}
 	}
 }

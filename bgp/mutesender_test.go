@@ -63,82 +63,132 @@ func TestLiveSenderNotRecreated(t *testing.T) {
 		now, ok := n.sp.sampleSender(simAddr)
 		return ok && now.sent > first.sent
 	}))
-	// Past the check (senderSlack + senderWindow(3s) = 13 s) the same
-	// session is up.
+	// Once the check has taken its second look (senderSlack +
+	// senderWindow(3s) = 13 s after the session came up, later on a loaded
+	// host) the same session is up.
+	testkit.Eventually(t, 60*time.Second, "the sender check's second look", testkit.Cond(func() bool {
+		return n.sp.senders.compared.Load() > 0
+	}))
 	select {
 	case err := <-runErr:
 		t.Fatalf("session ended: %v", err)
-	case <-time.After(senderSlack + senderWindow(3*time.Second) + 3*time.Second):
+	default:
 	}
 	if now, ok := n.sp.sampleSender(simAddr); !ok || !now.up || !now.since.Equal(first.since) {
 		t.Errorf("after the check: %+v, %v; want the same session up since %v", now, ok, first.since)
 	}
-	if n.sp.senders.compared.Load() == 0 {
-		t.Error("the sender check took no second look")
-	}
 }
 
 // The sender checks of sessions that come up close together share their
-// looks: a hundred sessions up within 4 s are looked at in one sweep, their
-// second looks in one more, each with its first sample; a session that
-// came up again after its first look starts over.
+// looks: a hundred sessions up within 4 s are looked at in one sweep, and
+// their second looks in one more, each with its own first sample; a
+// session that came up again after its first look starts over. Sweeps
+// never overlap and start at least senderSweepEvery apart, also when a
+// listing takes longer than that and sessions keep coming up meanwhile.
 func TestSenderChecksBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var c senderChecks
 		type sweepRec struct {
+			at     time.Time
 			first  int
-			second map[netip.Addr]senderSample
+			second map[netip.Addr]secondLook
 		}
 		var (
-			mu     sync.Mutex
-			sweeps []sweepRec
-			sweep  func()
+			mu            sync.Mutex
+			sweeps        []sweepRec
+			running, most int
+			listing       = time.Duration(0)
+			sample        = map[netip.Addr]uint64{} // the sent count the next look reads
+			sweep         func()
 		)
 		sweep = func() {
-			mu.Lock()
-			defer mu.Unlock()
 			start := time.Now()
 			first, second := c.take(start)
-			looked := map[netip.Addr]senderSample{}
-			for _, a := range first {
-				looked[a] = senderSample{up: true, keepalive: 30 * time.Second, sent: uint64(a.As4()[3])}
+			mu.Lock()
+			running++
+			most = max(most, running)
+			wait := listing
+			mu.Unlock()
+			time.Sleep(wait) // the listing
+			mu.Lock()
+			looked := map[netip.Addr]secondLook{}
+			for a, gen := range first {
+				looked[a] = secondLook{before: senderSample{up: true, keepalive: 30 * time.Second, sent: sample[a]}, gen: gen}
 			}
-			c.done(start, looked, sweep)
-			sweeps = append(sweeps, sweepRec{first: len(first), second: second})
+			running--
+			sweeps = append(sweeps, sweepRec{at: start, first: len(first), second: second})
+			mu.Unlock()
+			c.done(time.Now(), looked, sweep)
 		}
 		addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 4, byte(i)}) }
-		for i := 1; i <= 100; i++ {
+		up := func(i int, sent uint64) {
+			mu.Lock()
+			sample[addr(i)] = sent
+			mu.Unlock()
 			c.firstLook(addr(i), time.Now().Add(senderSlack), sweep)
+		}
+		for i := 1; i <= 100; i++ {
+			up(i, uint64(i))
 			time.Sleep(40 * time.Millisecond)
 		}
 		time.Sleep(senderSlack + time.Second)
 		synctest.Wait()
 		mu.Lock()
-		defer mu.Unlock()
 		if len(sweeps) != 1 || sweeps[0].first != 100 {
 			t.Fatalf("after the first looks: sweeps %+v, want one of 100 first looks", sweeps)
 		}
-		// Session 7 comes up again before its second look.
 		mu.Unlock()
-		c.firstLook(addr(7), time.Now().Add(senderSlack), sweep)
+		// A session whose event came late (its look already due) right
+		// after a sweep still waits for the sweeps' spacing.
+		up(150, 150)
+		time.Sleep(senderSlack + 100*time.Millisecond)
+		synctest.Wait()
+		mu.Lock()
+		sample[addr(200)] = 200
+		mu.Unlock()
+		c.firstLook(addr(200), time.Now().Add(-10*time.Second), sweep)
+		// Session 7 comes up again before its second look, and its new
+		// session reads another count.
+		up(7, 1007)
 		time.Sleep(senderWindow(30*time.Second) + senderSweepEvery + time.Second)
 		synctest.Wait()
 		mu.Lock()
-		var firsts, seconds int
+		firsts, seconds := 0, map[netip.Addr]uint64{}
 		for _, s := range sweeps[1:] {
 			firsts += s.first
-			seconds += len(s.second)
-			for a, before := range s.second {
-				if before.sent != uint64(a.As4()[3]) {
-					t.Errorf("second look of %v with first sample %+v", a, before)
-				}
+			for a, l := range s.second {
+				seconds[a] = l.before.sent
 			}
 		}
-		if firsts != 1 || seconds < 99 {
-			t.Errorf("later sweeps %+v: want session 7's new first look and the other 99 second looks", sweeps[1:])
+		if firsts != 3 || len(seconds) != 102 || seconds[addr(7)] != 1007 || seconds[addr(8)] != 8 || seconds[addr(200)] != 200 {
+			t.Errorf("later sweeps %+v: want the first looks of sessions 150 and 200 and of 7's new session, and 102 second looks with their own samples (7: 1007, 8: 8, 200: 200)", sweeps[1:])
 		}
-		if len(sweeps) > 4 {
-			t.Errorf("%d sweeps for 101 sessions' looks, want few", len(sweeps))
+		n := len(sweeps)
+		// Slow listings (8 s) while sessions keep coming up every second.
+		listing = 8 * time.Second
+		mu.Unlock()
+		for i := 101; i <= 130; i++ {
+			up(i, uint64(i))
+			time.Sleep(time.Second)
+		}
+		time.Sleep(senderWindow(30*time.Second) + 3*(listing+senderSweepEvery))
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if most != 1 {
+			t.Errorf("%d sweeps ran at once, want 1", most)
+		}
+		for i := 1; i < len(sweeps); i++ {
+			if gap := sweeps[i].at.Sub(sweeps[i-1].at); gap < senderSweepEvery {
+				t.Errorf("sweeps %d and %d began %v apart, want at least %v", i-1, i, gap, senderSweepEvery)
+			}
+		}
+		seen := 0
+		for _, s := range sweeps[n:] {
+			seen += len(s.second)
+		}
+		if seen != 30 {
+			t.Errorf("%d second looks of the 30 sessions up during slow listings, want 30", seen)
 		}
 	})
 }

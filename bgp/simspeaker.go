@@ -39,12 +39,12 @@ type SimConfig struct {
 	// IPv4 prefixes each UPDATE from the peer announces (the harness
 	// times a reflector's sending with it); nil leaves UPDATEs unparsed.
 	OnUpdate func(announced []netip.Prefix)
-	// Track keeps the set of IPv4 prefixes the peer announces on the
-	// session (announced and not withdrawn since), for Held: the harness
-	// knows a reflector has sent a client everything only when the
-	// client holds every block, not when the UPDATEs merely stopped (a
-	// stalled sender stops them too).
-	Track bool
+	// Track, when set, keeps the set of the IPv4 prefixes it takes that
+	// the peer announces on the session (announced and not withdrawn
+	// since), for Held: the harness knows a reflector has sent a client
+	// everything only when the client holds every simulated block, not
+	// when the UPDATEs merely stopped (a stalled sender stops them too).
+	Track func(netip.Prefix) bool
 }
 
 // SimSession runs BGP on one connection for a simulated node. Announce and
@@ -78,8 +78,8 @@ type SimSession struct {
 // Updates is how many UPDATE messages the peer has sent so far.
 func (s *SimSession) Updates() uint64 { return s.updates.Load() }
 
-// Held is how many IPv4 prefixes the peer announces on the session now
-// (with SimConfig.Track; 0 without).
+// Held is how many of the IPv4 prefixes SimConfig.Track takes the peer
+// announces on the session now (0 without Track).
 func (s *SimSession) Held() int { return int(s.heldN.Load()) }
 
 // EstablishedAt is when the session was established (zero before).
@@ -102,7 +102,7 @@ func NewSimSession(conn net.Conn, cfg SimConfig) *SimSession {
 		cfg.HoldTime = 90 * time.Second
 	}
 	s := &SimSession{conn: conn, cfg: cfg, established: make(chan struct{}), hold: cfg.HoldTime}
-	if cfg.Track {
+	if cfg.Track != nil {
 		s.held = map[uint64]struct{}{}
 	}
 	return s
@@ -222,11 +222,11 @@ func (s *SimSession) readLoop(rd *simReader) error {
 			}
 		case gobgp.BGP_MSG_UPDATE:
 			s.updates.Add(1)
-			if s.cfg.OnUpdate == nil && !s.cfg.Track {
+			if s.cfg.OnUpdate == nil && s.cfg.Track == nil {
 				continue
 			}
 			in, out := updatePrefixes(body)
-			if s.cfg.Track {
+			if s.cfg.Track != nil {
 				s.track(in, out)
 			}
 			if s.cfg.OnUpdate != nil && len(in) > 0 {
@@ -251,7 +251,9 @@ func (s *SimSession) track(in, out []netip.Prefix) {
 		delete(s.held, key(p))
 	}
 	for _, p := range in {
-		s.held[key(p)] = struct{}{}
+		if s.cfg.Track(p) {
+			s.held[key(p)] = struct{}{}
+		}
 	}
 	s.heldN.Store(int64(len(s.held)))
 }

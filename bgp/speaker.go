@@ -361,6 +361,7 @@ func (s *speaker) Stop(graceful bool) error {
 	s.stopped = true
 	srv, cancel, done := s.srv, s.cancel, s.done
 	s.mu.Unlock()
+	s.senders.stop()
 	if srv == nil {
 		close(s.routes)
 		return nil

@@ -259,12 +259,7 @@ func (q quietState) String() string {
 }
 
 func (r *simRun) quietState() quietState {
-	all := 0
-	for _, n := range r.nodes {
-		n.mu.Lock()
-		all += len(n.blocks)
-		n.mu.Unlock()
-	}
+	all := r.simBlocks.len()
 	var q quietState
 	for _, n := range r.nodes {
 		q.updates += n.updates()

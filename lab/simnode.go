@@ -45,6 +45,36 @@ type simNode struct {
 	lastRev int64
 	// drops, when set, logs and counts the node's sessions that end.
 	drops *simDrops
+	// simBlocks, when set, holds every simulated node's blocks: its
+	// sessions count those they hold (waitQuiet).
+	simBlocks *blockSet
+}
+
+// blockSet is a set of blocks safe for concurrent use.
+type blockSet struct {
+	mu sync.RWMutex
+	m  map[netip.Prefix]bool
+}
+
+func (b *blockSet) add(p netip.Prefix) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[netip.Prefix]bool{}
+	}
+	b.m[p] = true
+}
+
+func (b *blockSet) has(p netip.Prefix) bool {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.m[p]
+}
+
+func (b *blockSet) len() int {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return len(b.m)
 }
 
 type simEndpoint struct {
@@ -141,7 +171,10 @@ func (n *simNode) connectOnce(ctx context.Context, simNS string, endpoints []str
 // attach runs a session with a reflector until it ends,
 // announcing the node's blocks once it is established.
 func (n *simNode) attach(ctx context.Context, conn net.Conn, peer netip.Addr) {
-	cfg := bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr, Track: true}
+	cfg := bgp.SimConfig{ASN: api.DefaultASNumber, RouterID: n.addr}
+	if n.simBlocks != nil {
+		cfg.Track = n.simBlocks.has
+	}
 	if n.onUpdate != nil {
 		cfg.OnUpdate = func(ps []netip.Prefix) { n.onUpdate(peer, ps) }
 	}
@@ -189,8 +222,8 @@ func (n *simNode) updates() uint64 {
 
 // missing is how many of the cluster's simulated blocks (all) node n's
 // established sessions lack, summed, and how many sessions lack any: a
-// reflector sends a client every block but the client's own. A session
-// holding more (the real nodes' blocks) lacks none.
+// reflector sends a client every block but the client's own (a session
+// counts only simulated blocks, simBlocks).
 func (n *simNode) missing(all int) (prefixes, sessions int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -272,6 +305,9 @@ func (n *simNode) advertise(block netip.Prefix) time.Time {
 		return time.Time{}
 	}
 	n.blocks[block] = true
+	if n.simBlocks != nil {
+		n.simBlocks.add(block) // before any session announces it
+	}
 	var ss []*bgp.SimSession
 	for _, s := range n.sessions {
 		ss = append(ss, s)

@@ -32,6 +32,8 @@ type simRun struct {
 	// come from (nil without zones).
 	zoneRRs map[string][]netip.Addr
 	choice  *bgp.ReflectorChoice
+	// simBlocks are every simulated node's blocks (simNode.simBlocks).
+	simBlocks blockSet
 	// reflected is what the observer (the first simulated node) received
 	// from each reflector: see simbreakdown.go.
 	reflected *reflectLog
@@ -298,6 +300,7 @@ func (r *simRun) grow(ctx context.Context, size int) (routeLatencies, error) {
 	added := make([]*simNode, size-from)
 	if err := parallel(ctx, 16, size-from, func(i int) error {
 		n := newSimNode(from + i + 1)
+		n.simBlocks = &r.simBlocks
 		n.zone = simZone(from+i+1, r.o.Zones)
 		n.rrs = r.zoneRRs[n.zone]
 		n.drops = r.drops

@@ -102,7 +102,12 @@ func TestElect(t *testing.T) {
 
 // TestAutoReflectorPeering: auto mode's sessions are manual mode's: a
 // client peers with its zone's reflectors, a reflector with every other
-// reflector and its zone's clients, with the reflector types.
+// reflector and its zone's clients, with the reflector types. Elected
+// reflectors of different zones are non-clients (type rr) by default and
+// each other's clients with routeReflectorPeering Client (Calico's rule);
+// a reflector set by hand (operator's cluster ID, not elected) keeps
+// Calico's rule towards elected ones; NonClient falls back to Calico's
+// rule while two elected reflectors share no address family.
 func TestAutoReflectorPeering(t *testing.T) {
 	nodes := zoneNodes([]string{"a", "b"}, 3)
 	f := false
@@ -123,17 +128,54 @@ func TestAutoReflectorPeering(t *testing.T) {
 		}
 		return out
 	}
-	tests := map[string]map[string]string{
-		"a-2": {"a-0": "rr", "a-1": "rr"},
-		"b-1": {"b-0": "rr"},
-		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr-client"},
-		"b-0": {"a-0": "rr-client", "a-1": "rr-client", "b-1": "rr-client", "b-2": "rr-client"},
-	}
-	for self, want := range tests {
-		if d := cmp.Diff(want, peersOf(self)); d != "" {
-			t.Errorf("%s peers (-want +got):\n%s", self, d)
+	check := func(what string, tests map[string]map[string]string) {
+		t.Helper()
+		for self, want := range tests {
+			if d := cmp.Diff(want, peersOf(self)); d != "" {
+				t.Errorf("%s: %s peers (-want +got):\n%s", what, self, d)
+			}
 		}
 	}
+	check("default (NonClient)", map[string]map[string]string{
+		"a-2": {"a-0": "rr", "a-1": "rr"},
+		"b-1": {"b-0": "rr"},
+		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"b-0": {"a-0": "rr", "a-1": "rr", "b-1": "rr-client", "b-2": "rr-client"},
+	})
+	cfg.Spec.RouteReflectorPeering = api.ReflectorPeeringClient
+	check("Client", map[string]map[string]string{
+		"a-2": {"a-0": "rr", "a-1": "rr"},
+		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr-client"},
+		"b-0": {"a-0": "rr-client", "a-1": "rr-client", "b-1": "rr-client", "b-2": "rr-client"},
+	})
+	cfg.Spec.RouteReflectorPeering = api.ReflectorPeeringNonClient
+	// An operator's cluster ID: on an elected node it wins and the node
+	// stays an elected reflector (a non-client of every other); on a node that is
+	// not elected (b-2) it makes a reflector below the elected ones: b-0
+	// makes it its client (Calico's rule), b-2 does not make b-0 its
+	// client.
+	nodes[1].Spec.BGP.RouteReflectorClusterID = "10.0.0.1"
+	nodes[5].Spec.BGP.RouteReflectorClusterID = "10.0.0.2"
+	check("operator's cluster IDs", map[string]map[string]string{
+		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"a-1": {"a-0": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"b-0": {"a-0": "rr", "a-1": "rr", "b-1": "rr-client", "b-2": "rr-client"},
+		"b-2": {"b-0": "rr"},
+	})
+	nodes[1].Spec.BGP.RouteReflectorClusterID, nodes[5].Spec.BGP.RouteReflectorClusterID = "", ""
+	// b-0 with IPv6 only cannot peer with a-0 and a-1 (IPv4 only): the
+	// routes between their zones need Calico's rule (a third reflector
+	// passes them on), so it applies to every pair.
+	v4 := nodes[3].Spec.BGP.IPv4Address
+	nodes[3].Spec.BGP.IPv4Address, nodes[3].Spec.BGP.IPv6Address = "", "fd00::3/64"
+	nodes = append(nodes, node("c-0", "198.18.7.1/16", withLabels(api.DefaultZoneLabel, "c"), withIPv6("fd00::7/64")))
+	choice.Zones["c"] = []Reflector{{Node: "c-0", ClusterID: ZoneClusterID("c")}}
+	check("no common family", map[string]map[string]string{
+		"c-0": {"a-0": "rr-client", "a-1": "rr-client", "b-0": "rr-client"},
+	})
+	nodes[3].Spec.BGP.IPv4Address, nodes[3].Spec.BGP.IPv6Address = v4, ""
+	nodes = nodes[:len(nodes)-1]
+	delete(choice.Zones, "c")
 	// Manual mode ignores the choice.
 	cfg.Spec.RouteReflectorMode = ""
 	if got := peersOf("a-2"); len(got) != 0 {

@@ -406,7 +406,7 @@ func checkNodeStatus(t *testing.T, l *lab.Lab, replaced string) {
 		t.Fatalf("node status --all: %v\n%s", err, out)
 	}
 	n := len(l.State().Nodes)
-	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 10s): this node is a ")
+	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 10s, zones peer as NonClient): this node is a ")
 	rrs := strings.Count(out, "this node is a reflector in zone")
 	if roles != n || rrs != autorrPerZone*autorrZones {
 		t.Errorf("node status --all shows %d roles and %d reflectors, want %d and %d:\n%s", roles, rrs, n, autorrPerZone*autorrZones, out)

@@ -101,7 +101,9 @@ func (me nodeInfo) isSelf(a netip.Addr) bool {
 //     only, another IPv6 only): see reflectorsMeshed. Mesh sessions never
 //     set RRClient.
 //   - Two reflectors of the same cluster ID send each other their own
-//     routes only (OwnRoutesOnly).
+//     routes only (OwnRoutesOnly) when every reflector has that cluster
+//     ID or with NonClient peering; with reflectors of several cluster
+//     IDs as each other's clients (Calico's rule) they pass on all.
 //   - An explicit peerIP in self's own AS is also made a reflector client
 //     when self is a reflector and the address is not a reflector of the
 //     same cluster.
@@ -196,6 +198,9 @@ type peerPlan struct {
 	// electedPeers: no node makes an elected reflector its client
 	// (routeReflectorPeering NonClient and reflectorsMeshed).
 	electedPeers bool
+	// oneCluster: every reflector has the same cluster ID, so no two
+	// reflectors are each other's clients by Calico's rule.
+	oneCluster bool
 
 	result   map[netip.Addr]Peer
 	explicit map[netip.Addr]bool // addresses a BGPPeer gave a session
@@ -224,6 +229,8 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 		pl.reflectors = in.Reflectors
 	}
 	found := false
+	firstID := ""
+	pl.oneCluster = true
 	for _, n := range in.Nodes {
 		if n == nil {
 			continue
@@ -234,6 +241,10 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 			if ni.clusterID == "" {
 				ni.clusterID = r.ClusterID
 			}
+		}
+		if ni.clusterID != "" {
+			firstID = cmp.Or(firstID, ni.clusterID)
+			pl.oneCluster = pl.oneCluster && ni.clusterID == firstID
 		}
 		if n.Metadata.Name == in.Self {
 			if !ok {
@@ -330,11 +341,16 @@ func (pl *peerPlan) nodePeer(n nodeInfo, addr netip.Addr, asn uint32, typ PeerTy
 			// client's route that also reached them through it would be
 			// a second path GoBGP may prefer and then keep (Serves).
 			// So do two elected reflectors of one zone (serving the same
-			// clients) whatever their cluster IDs.
+			// clients) whatever their cluster IDs, and two reflectors of
+			// one cluster ID; but not while reflectors of different
+			// cluster IDs are each other's clients (Calico's rule), whose
+			// cycles only the copies between same-cluster reflectors held
+			// still (docs/bgp.md, "Peering").
 			below := pl.electedPeers && n.elected && !me.elected && me.clusterID != ""
 			zl := pl.spec.EffectiveZoneLabel()
 			sameZone := pl.electedPeers && n.elected && me.elected && n.labels[zl] == me.labels[zl]
-			p.Type, p.OwnRoutesOnly = PeerRR, n.clusterID == me.clusterID || below || sameZone
+			sameCluster := n.clusterID == me.clusterID && (pl.electedPeers || pl.oneCluster)
+			p.Type, p.OwnRoutesOnly = PeerRR, sameCluster || below || sameZone
 		}
 	}
 	return p

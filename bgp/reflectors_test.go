@@ -148,7 +148,25 @@ func TestAutoReflectorPeering(t *testing.T) {
 		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr-client"},
 		"b-0": {"a-0": "rr-client", "a-1": "rr-client", "b-1": "rr-client", "b-2": "rr-client"},
 	})
+	// Same-zone reflectors send each other their own routes only with
+	// NonClient; with Client (main's behaviour) they pass on all.
+	ownOnly := func(self, peer string) bool {
+		ps, _ := PlanPeers(PeerInput{Self: self, Nodes: nodes, Config: cfg, Reflectors: choice})
+		for _, p := range ps {
+			if p.Name == peer {
+				return p.OwnRoutesOnly
+			}
+		}
+		t.Fatalf("%s has no session to %s", self, peer)
+		return false
+	}
+	if ownOnly("a-0", "a-1") {
+		t.Error("Client: a-0 sends a-1 its own routes only")
+	}
 	cfg.Spec.RouteReflectorPeering = api.ReflectorPeeringNonClient
+	if !ownOnly("a-0", "a-1") || ownOnly("a-0", "b-0") {
+		t.Errorf("NonClient: a-0 own routes only to a-1 %v (want true), to b-0 %v (want false)", ownOnly("a-0", "a-1"), ownOnly("a-0", "b-0"))
+	}
 	// An operator's cluster ID: on an elected node it wins and the node
 	// stays an elected reflector (a non-client of every other); on a node that is
 	// not elected (b-2) it makes a reflector below the elected ones: b-0

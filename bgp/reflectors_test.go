@@ -245,3 +245,37 @@ func TestElectNextDeadline(t *testing.T) {
 		t.Errorf("back live: deadline %v, want none", d)
 	}
 }
+
+// TestServes: a node is served by its zone's reflectors; a node of a zone
+// without reflectors by every reflector with Calico's rule (every), else
+// by one zone's only, the same for every caller, and not the same zone for
+// every node.
+func TestServes(t *testing.T) {
+	c := &ReflectorChoice{Zones: map[string][]Reflector{
+		"a": {{Node: "a-0"}}, "b": {{Node: "b-0"}}, "c": {{Node: "c-0"}},
+	}}
+	zones := []string{"a", "b", "c", "d"}
+	if !c.Serves("a", "a", "x", false) || c.Serves("b", "a", "x", false) || c.Serves("d", "d", "x", true) {
+		t.Error("a node of a zone with reflectors must be served by its zone's only; a zone without reflectors serves nobody")
+	}
+	picked := map[string]int{}
+	for i := range 30 {
+		node := fmt.Sprintf("d-%d", i)
+		var by []string
+		for _, z := range zones {
+			if c.Serves(z, "d", node, false) {
+				by = append(by, z)
+			}
+			if c.Serves(z, "d", node, true) != (z != "d") {
+				t.Errorf("every: zone %s serves %s: %v", z, node, c.Serves(z, "d", node, true))
+			}
+		}
+		if len(by) != 1 {
+			t.Fatalf("%s (zone d, no reflectors) served by %v, want one zone", node, by)
+		}
+		picked[by[0]]++
+	}
+	if len(picked) < 2 {
+		t.Errorf("30 nodes of a zone without reflectors all went to %v", picked)
+	}
+}

@@ -96,10 +96,9 @@ func (me nodeInfo) isSelf(a netip.Addr) bool {
 //     operator's cluster ID on a node not elected) is a client of the
 //     elected reflectors it peers with, which it treats as non-clients and
 //     sends its own routes only (OwnRoutesOnly: they serve its clients
-//     themselves). This holds unless
-//     the elected reflectors cannot all peer with each other (one has IPv4
-//     only, another IPv6 only): see reflectorsMeshed. Mesh sessions never
-//     set RRClient.
+//     themselves). This holds unless the elected reflectors cannot all
+//     peer with each other (one has IPv4 only, another IPv6 only): see
+//     reflectorsMeshed. Mesh sessions never set RRClient.
 //   - Two reflectors of the same cluster ID send each other their own
 //     routes only (OwnRoutesOnly) when every reflector has that cluster
 //     ID or with NonClient peering; with reflectors of several cluster

@@ -92,7 +92,7 @@ func (c *ReflectorChoice) members() []string {
 // reflectors of different zones as non-clients, a node that were a client
 // of several zones' reflectors would have each of them pass its routes to
 // the others, which GoBGP v4.8.0 may then prefer (by router ID: it
-// neither strips nor compares CLUSTER_LISTs as RFC 4456 says) over the
+// neither keeps nor compares CLUSTER_LISTs as RFC 4456 says) over the
 // node's own path and never withdraw (TestZoneReflectorRoutes).
 func (c *ReflectorChoice) Serves(rz, z, node string, every bool) bool {
 	if c == nil || len(c.Zones[rz]) == 0 {
@@ -105,7 +105,10 @@ func (c *ReflectorChoice) Serves(rz, z, node string, every bool) bool {
 		return true
 	}
 	best := ""
-	for zone := range c.Zones {
+	for zone, rs := range c.Zones {
+		if len(rs) == 0 {
+			continue
+		}
 		if best == "" || cmp.Or(cmp.Compare(rendezvous(zone, node), rendezvous(best, node)), cmp.Compare(zone, best)) < 0 {
 			best = zone
 		}

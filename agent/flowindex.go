@@ -229,25 +229,13 @@ func (x *addrIndex) rebuild(v *syncer.Syncer) {
 // came in while a rebuild read the view) does no harm: applied in the
 // view's order, a record's changes end at its current value.
 
-func (x *addrIndex) nodeChange(u syncer.Update[api.Node]) {
+// applyChange applies one record's change: claims lists a record's
+// claims (nil: none).
+func applyChange[T syncer.Value](x *addrIndex, u syncer.Update[T], claims func(*T, func(netip.Addr, claim))) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	nodeClaims(u.Old, x.cs.drop)
-	nodeClaims(u.New, x.cs.add)
-}
-
-func (x *addrIndex) endpointChange(u syncer.Update[api.WorkloadEndpoint]) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	endpointClaims(x.node, u.Old, x.cs.drop)
-	endpointClaims(x.node, u.New, x.cs.add)
-}
-
-func (x *addrIndex) remoteChange(u syncer.Update[api.RemoteEndpoint]) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	remoteClaims(x.node, u.Old, x.cs.drop)
-	remoteClaims(x.node, u.New, x.cs.add)
+	claims(u.Old, x.cs.drop)
+	claims(u.New, x.cs.add)
 }
 
 // flowFeeds are the flows owner's subscriptions: the records whose
@@ -293,14 +281,16 @@ func (x *addrIndex) follow(v *syncer.Syncer, fs flowFeeds) (changes int, rebuilt
 		x.rebuild(v)
 		return 0, true
 	}
+	local := func(w *api.WorkloadEndpoint, each func(netip.Addr, claim)) { endpointClaims(x.node, w, each) }
+	other := func(r *api.RemoteEndpoint, each func(netip.Addr, claim)) { remoteClaims(x.node, r, each) }
 	for _, u := range nodes {
-		x.nodeChange(u)
+		applyChange(x, u, nodeClaims)
 	}
 	for _, u := range eps {
-		x.endpointChange(u)
+		applyChange(x, u, local)
 	}
 	for _, u := range remote {
-		x.remoteChange(u)
+		applyChange(x, u, other)
 	}
 	return len(nodes) + len(eps) + len(remote), false
 }

@@ -276,13 +276,6 @@ func (s *speaker) sampleSenders() (map[netip.Addr]senderSample, bool) {
 	return s.listSenders(netip.Addr{})
 }
 
-// sampleSender reads a's session from GoBGP's peer listing (one peer).
-func (s *speaker) sampleSender(a netip.Addr) (senderSample, bool) {
-	m, ok := s.listSenders(a)
-	out, found := m[a]
-	return out, ok && found
-}
-
 // listSenders reads the sessions of GoBGP's peer listing: of peer a, or
 // of every peer when a is the zero address.
 func (s *speaker) listSenders(a netip.Addr) (map[netip.Addr]senderSample, bool) {

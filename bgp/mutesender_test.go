@@ -192,3 +192,10 @@ func TestSenderChecksBatch(t *testing.T) {
 		}
 	})
 }
+
+// sampleSender reads a's session from GoBGP's peer listing (one peer).
+func (s *speaker) sampleSender(a netip.Addr) (senderSample, bool) {
+	m, ok := s.listSenders(a)
+	out, found := m[a]
+	return out, ok && found
+}

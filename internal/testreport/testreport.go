@@ -121,7 +121,7 @@ func Read(name string, r io.Reader, w io.Writer) (*Tier, error) {
 					// tests still running, which never end: name them.
 					for _, name := range unended(out, ev.Package) {
 						t.FailedNames = append(t.FailedNames, ev.Package+"."+name+" (did not end)")
-						fmt.Fprint(w, head(out[testKey{ev.Package, name}], unendedLines))
+						fmt.Fprint(w, unendedOutput(out[testKey{ev.Package, name}], unendedLines))
 					}
 				}
 				report(w, ev, p, true)

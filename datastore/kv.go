@@ -77,6 +77,12 @@ func (s *Store) ListRevisions(ctx context.Context, prefix string) ([]KV, int64, 
 	return s.listRange(ctx, prefix, "", nil, clientv3.WithKeysOnly())
 }
 
+// ClusterID is the ID of the etcd cluster that answered the Store's latest
+// list (ListKV, ListRevisions, …), 0 before the first. A datastore copied
+// key by key into a new etcd cluster keeps its values but not this (nor its
+// revisions): a record that names a revision says which cluster's with it.
+func (s *Store) ClusterID() uint64 { return s.clusterID.Load() }
+
 // listRange lists [prefix, end) (prefix's own range when end is ""),
 // leaving out the absolute keys keep refuses (nil keeps all), with extra
 // options for every page's request.
@@ -109,6 +115,7 @@ func (s *Store) listRange(ctx context.Context, prefix, end string, keep func(abs
 		}
 		if rev == 0 {
 			rev = resp.Header.Revision
+			s.clusterID.Store(resp.Header.ClusterId)
 		}
 		for _, kv := range resp.Kvs {
 			if keep == nil || keep(kv.Key) {

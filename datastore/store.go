@@ -142,6 +142,8 @@ type Store struct {
 	// partsProgress is the stream of the running watch with
 	// WatchSpec.Skip, which RequestWatchProgress asks (nil: none runs).
 	partsProgress atomic.Pointer[partsStream]
+	// clusterID is etcd's cluster ID as the latest list's response said it.
+	clusterID atomic.Uint64
 }
 
 type counters struct{ get, list, txn, put atomic.Int64 }

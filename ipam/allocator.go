@@ -57,6 +57,7 @@ type kvStore interface {
 	ListKV(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
 	ListKeys(ctx context.Context, prefix string) ([]string, error)
 	ListRevisions(ctx context.Context, prefix string) ([]datastore.KV, int64, error)
+	ClusterID() uint64
 	Txn(ctx context.Context, cmps []datastore.Cmp, ops []datastore.Op) (int64, error)
 	Create(ctx context.Context, obj api.Object) (api.Object, error)
 	Update(ctx context.Context, obj api.Object) (api.Object, error)

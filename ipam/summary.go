@@ -160,8 +160,8 @@ func summaryOps(old, nb *block) []datastore.Op {
 // race is left to its winner, an undecodable block alone, as ever)
 // records the revision of its list of blocks, when a block was written
 // since the record it read: a start with nothing new writes nothing.
-// Without a record, or with one that cannot be this store's (see
-// summariesChecked), it reads every block.
+// Without a record, or with one that cannot be this store's (another etcd
+// cluster's, or see summariesChecked), it reads every block.
 func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 	checked, err := a.summariesChecked(ctx)
 	if err != nil {
@@ -170,6 +170,13 @@ func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 	brevs, rev, err := a.store.ListRevisions(ctx, blocksPrefix)
 	if err != nil {
 		return 0, fmt.Errorf("ipam: syncing block summaries: listing blocks: %w", err)
+	}
+	cluster := a.store.ClusterID()
+	if cluster == 0 || checked.Cluster != cluster {
+		// Written in another etcd cluster's history (a datastore copied
+		// key by key), or before records named theirs: its revision says
+		// nothing about this cluster's writes.
+		checked.Revision = 0
 	}
 	skvs, _, err := a.store.ListKV(ctx, blockSummariesPrefix)
 	if err != nil {
@@ -221,7 +228,7 @@ func (a *Allocator) SyncSummaries(ctx context.Context) (int, error) {
 		// No block was written since the record: it says all there is.
 		return n, nil
 	}
-	return n, a.recordSummariesChecked(ctx, checked, rev)
+	return n, a.recordSummariesChecked(ctx, checked, checkedRecord{Revision: rev, Cluster: cluster})
 }
 
 func maxModRevision(kvs []datastore.KV) int64 {
@@ -292,6 +299,9 @@ type checkedRecord struct {
 	// Revision is the store revision of the list of blocks of the call
 	// that wrote the record.
 	Revision int64 `json:"revision"`
+	// Cluster is the ID of the etcd cluster whose revision it is; a
+	// record of another cluster is not trusted (SyncSummaries).
+	Cluster uint64 `json:"cluster,omitempty"`
 	// modRev is the record's own revision (0: absent), which its next
 	// write compares.
 	modRev int64
@@ -319,14 +329,14 @@ func (a *Allocator) summariesChecked(ctx context.Context) (checkedRecord, error)
 	return r, nil
 }
 
-// recordSummariesChecked records rev, unless the record already says as
+// recordSummariesChecked writes next, unless the record already says as
 // much or was rewritten since it was read (by another agent's call, whose
 // record is as good).
-func (a *Allocator) recordSummariesChecked(ctx context.Context, prev checkedRecord, rev int64) error {
-	if rev <= prev.Revision {
+func (a *Allocator) recordSummariesChecked(ctx context.Context, prev, next checkedRecord) error {
+	if next.Revision <= prev.Revision {
 		return nil
 	}
-	val, err := json.Marshal(checkedRecord{Revision: rev})
+	val, err := json.Marshal(next)
 	if err != nil {
 		return fmt.Errorf("ipam: encoding %s: %w", summariesCheckedKey, err)
 	}

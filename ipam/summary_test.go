@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"strings"
@@ -293,7 +294,7 @@ func TestSyncSummariesReadsChangedBlocksOnly(t *testing.T) {
 // TestSyncSummariesUnreadableRecord: a summary that does not decode has
 // its block read and is rewritten, whatever the record says; and a record
 // naming a revision not below its own (another store's history) makes the
-// check read every block.
+// check read every block, as does one of another etcd cluster.
 func TestSyncSummariesUnreadableRecord(t *testing.T) {
 	a, s := newTestAllocator(t)
 	ctx := testCtx(t)
@@ -314,5 +315,33 @@ func TestSyncSummariesUnreadableRecord(t *testing.T) {
 	}
 	if _, r := syncWith(t, s); r.lists != 0 || len(r.gets) != 0 {
 		t.Errorf("after it: read %d lists and %v of blocks, want the record current again", r.lists, r.gets)
+	}
+
+	// The record names its etcd cluster: one whose revision would pass but
+	// whose cluster is another (a datastore copied key by key into a new
+	// cluster) is not trusted either.
+	kv, err := s.GetKV(ctx, summariesCheckedKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec checkedRecord
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Cluster == 0 || rec.Cluster != s.ClusterID() {
+		t.Fatalf("record %s names cluster %d, want this store's %d", kv.Value, rec.Cluster, s.ClusterID())
+	}
+	other, err := json.Marshal(checkedRecord{Revision: rec.Revision, Cluster: rec.Cluster + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutKV(ctx, summariesCheckedKey, other, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, r := syncWith(t, s); r.lists != 1 {
+		t.Errorf("with a record of another etcd cluster: %d lists of blocks, want every block read", r.lists)
+	}
+	if _, r := syncWith(t, s); r.lists != 0 || len(r.gets) != 0 {
+		t.Errorf("after it: read %d lists and %v of blocks, want the record this cluster's again", r.lists, r.gets)
 	}
 }

@@ -219,7 +219,8 @@ func (e *reflectorElector) status(bc *api.BGPConfiguration, self *api.Node) *api
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := &api.ReflectorStatus{Mode: api.RouteReflectorModeAuto, PerZone: bc.Spec.EffectiveReflectorsPerZone(),
-		ZoneLabel: bc.Spec.EffectiveZoneLabel(), Grace: bc.Spec.EffectiveReflectorGrace().String(), LastDropped: e.lastDropped}
+		ZoneLabel: bc.Spec.EffectiveZoneLabel(), Grace: bc.Spec.EffectiveReflectorGrace().String(),
+		Peering: bc.Spec.EffectiveReflectorPeering(), LastDropped: e.lastDropped}
 	if self != nil {
 		st.Zone = self.Metadata.Labels[st.ZoneLabel]
 	}

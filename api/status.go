@@ -76,9 +76,11 @@ type ReflectorStatus struct {
 	ZoneLabel string `json:"zoneLabel"`
 	PerZone   int    `json:"perZone"`
 	Grace     string `json:"grace"`
-	Zone      string `json:"zone"` // this node's
-	Role      string `json:"role"` // reflector or client
-	Reason    string `json:"reason,omitempty"`
+	// Peering is routeReflectorPeering in effect (NonClient or Client).
+	Peering string `json:"peering"`
+	Zone    string `json:"zone"` // this node's
+	Role    string `json:"role"` // reflector or client
+	Reason  string `json:"reason,omitempty"`
 	// Elected are every zone's reflectors.
 	Elected []ElectedReflector `json:"elected,omitempty"`
 	// LastDropped explains the reflectors this agent's last write

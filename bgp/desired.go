@@ -21,6 +21,8 @@ type nodeInfo struct {
 	asn       uint32
 	clusterID string
 	labels    map[string]string
+	// elected: the node is a reflector of Auto mode's choice.
+	elected bool
 }
 
 // newNodeInfo is n's nodeInfo; ok is false when n has neither an IPv4 nor
@@ -87,7 +89,20 @@ func (me nodeInfo) isSelf(a netip.Addr) bool {
 //     one, the peer is self's reflector client (RRClient, type
 //     "rr-client"); a peer node that has a cluster ID is typed "rr". This is
 //     Calico's rule, so two reflectors with different cluster IDs treat each
-//     other as clients. Mesh sessions never set RRClient.
+//     other as clients. The exception: with routeReflectorMode Auto and
+//     routeReflectorPeering NonClient (its default), no node makes an
+//     elected reflector its client: two elected reflectors are non-clients
+//     of each other (type "rr"), and a reflector set by hand (an
+//     operator's cluster ID on a node not elected) is a client of the
+//     elected reflectors it peers with, which it treats as non-clients and
+//     sends its own routes only (OwnRoutesOnly: they serve its clients
+//     themselves). This holds unless the elected reflectors cannot all
+//     peer with each other (one has IPv4 only, another IPv6 only): see
+//     reflectorsMeshed. Mesh sessions never set RRClient.
+//   - Two reflectors of the same cluster ID send each other their own
+//     routes only (OwnRoutesOnly) when every reflector has that cluster
+//     ID or with NonClient peering; with reflectors of several cluster
+//     IDs as each other's clients (Calico's rule) they pass on all.
 //   - An explicit peerIP in self's own AS is also made a reflector client
 //     when self is a reflector and the address is not a reflector of the
 //     same cluster.
@@ -179,6 +194,12 @@ type peerPlan struct {
 	byAddr          map[netip.Addr]nodeInfo
 	usable          map[string]*api.BGPFilter // see usableFilters
 	reflectors      *ReflectorChoice          // Auto mode's choice, nil without one
+	// electedPeers: no node makes an elected reflector its client
+	// (routeReflectorPeering NonClient and reflectorsMeshed).
+	electedPeers bool
+	// oneCluster: every reflector has the same cluster ID, so no two
+	// reflectors are each other's clients by Calico's rule.
+	oneCluster bool
 
 	result   map[netip.Addr]Peer
 	explicit map[netip.Addr]bool // addresses a BGPPeer gave a session
@@ -207,13 +228,22 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 		pl.reflectors = in.Reflectors
 	}
 	found := false
+	firstID := ""
+	pl.oneCluster = true
 	for _, n := range in.Nodes {
 		if n == nil {
 			continue
 		}
 		ni, ok := newNodeInfo(n, defaultASN)
-		if ni.clusterID == "" {
-			ni.clusterID = pl.reflectors.ClusterIDOf(ni.name)
+		if r, elected := pl.reflectors.Find(ni.name); elected {
+			ni.elected = true
+			if ni.clusterID == "" {
+				ni.clusterID = r.ClusterID
+			}
+		}
+		if ni.clusterID != "" {
+			firstID = cmp.Or(firstID, ni.clusterID)
+			pl.oneCluster = pl.oneCluster && ni.clusterID == firstID
 		}
 		if n.Metadata.Name == in.Self {
 			if !ok {
@@ -233,7 +263,33 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 	}
 	slices.SortFunc(pl.others, func(a, b nodeInfo) int { return cmp.Compare(a.name, b.name) })
 	pl.usable = usableFilters(in.Filters)
+	pl.electedPeers = found && pl.reflectors != nil &&
+		pl.spec.EffectiveReflectorPeering() == api.ReflectorPeeringNonClient && pl.reflectorsMeshed()
 	return pl, found
+}
+
+// reflectorsMeshed reports whether every elected reflector with an address
+// has a session with every other (addAutoReflectors peers each pair), the
+// condition for peering them as non-clients: RFC 4456 reflects a route
+// learned from a non-client to clients only, so a zone's routes then reach
+// another zone's reflectors only directly from the origin zone's. Two
+// reflectors share no address family when one has IPv4 only and another
+// IPv6 only; the routes between their zones then need a third reflector
+// to pass them on, which only Calico's rule (each the other's client)
+// does.
+func (pl *peerPlan) reflectorsMeshed() bool {
+	only4, only6 := false, false
+	note := func(n nodeInfo) {
+		if n.elected {
+			only4 = only4 || !n.addr6.IsValid()
+			only6 = only6 || !n.addr.IsValid()
+		}
+	}
+	note(pl.me)
+	for _, n := range pl.others {
+		note(n)
+	}
+	return !(only4 && only6)
 }
 
 // addExplicit adds a BGPPeer's session unless an earlier BGPPeer (by name)
@@ -276,10 +332,24 @@ func (pl *peerPlan) nodePeer(n nodeInfo, addr netip.Addr, asn uint32, typ PeerTy
 	p := Peer{Address: addr, ASN: asn, Type: typ, Name: n.name, Port: pl.listenPort, ClusterNode: true}
 	if asn == me.asn {
 		switch {
-		case me.clusterID != "" && n.clusterID != me.clusterID:
+		case me.clusterID != "" && n.clusterID != me.clusterID && !(pl.electedPeers && n.elected):
 			p.RRClient, p.Type = true, PeerRRClient
 		case n.clusterID != "":
-			p.Type = PeerRR
+			// A reflector set by hand sends the elected ones its own
+			// routes only: they serve its clients themselves, and a
+			// client's route that also reached them through it would be
+			// a second path GoBGP may prefer and then keep (Serves).
+			// So do two elected reflectors of one zone (serving the same
+			// clients) whatever their cluster IDs, and two reflectors of
+			// one cluster ID; but not while reflectors of different
+			// cluster IDs are each other's clients (Calico's rule), whose
+			// cycles only the copies between same-cluster reflectors held
+			// still (docs/bgp.md, "Peering").
+			below := pl.electedPeers && n.elected && !me.elected && me.clusterID != ""
+			zl := pl.spec.EffectiveZoneLabel()
+			sameZone := pl.electedPeers && n.elected && me.elected && n.labels[zl] == me.labels[zl]
+			sameCluster := n.clusterID == me.clusterID && (pl.electedPeers || pl.oneCluster)
+			p.Type, p.OwnRoutesOnly = PeerRR, sameCluster || below || sameZone
 		}
 	}
 	return p

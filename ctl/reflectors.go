@@ -23,7 +23,11 @@ func writeBGPExtras(b *strings.Builder, st api.AgentStatus) {
 	if rs == nil {
 		return
 	}
-	fmt.Fprintf(b, "Route reflectors (Auto, %d per zone by %s, grace %s): this node is a %s in zone %q", rs.PerZone, rs.ZoneLabel, rs.Grace, rs.Role, rs.Zone)
+	peering := ""
+	if rs.Peering != "" { // an agent older than routeReflectorPeering leaves it out
+		peering = ", zones peer as " + rs.Peering
+	}
+	fmt.Fprintf(b, "Route reflectors (Auto, %d per zone by %s, grace %s%s): this node is a %s in zone %q", rs.PerZone, rs.ZoneLabel, rs.Grace, peering, rs.Role, rs.Zone)
 	if rs.Reason != "" {
 		fmt.Fprintf(b, " (%s)", rs.Reason)
 	}

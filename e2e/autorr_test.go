@@ -406,7 +406,7 @@ func checkNodeStatus(t *testing.T, l *lab.Lab, replaced string) {
 		t.Fatalf("node status --all: %v\n%s", err, out)
 	}
 	n := len(l.State().Nodes)
-	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 10s): this node is a ")
+	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 10s, zones peer as NonClient): this node is a ")
 	rrs := strings.Count(out, "this node is a reflector in zone")
 	if roles != n || rrs != autorrPerZone*autorrZones {
 		t.Errorf("node status --all shows %d roles and %d reflectors, want %d and %d:\n%s", roles, rrs, n, autorrPerZone*autorrZones, out)
@@ -414,4 +414,75 @@ func checkNodeStatus(t *testing.T, l *lab.Lab, replaced string) {
 	if want := "replaced: " + replaced + " (zone"; replaced != "" && !strings.Contains(out, want) {
 		t.Errorf("node status --all lacks %q:\n%s", want, out)
 	}
+}
+
+// TestAutoReflectorZones: six nodes in three zones, one elected reflector
+// each, the default routeReflectorPeering (NonClient, docs/bgp.md). Read
+// from the kernels, every client routes each block of every node of the
+// other zones (their reflectors' own included) via its owner, and the pod
+// matrix pings. Each reflector types its sessions to the other zones'
+// reflectors rr (non-client) and received from each exactly the blocks of
+// that reflector's zone: with Calico's rule (Client) it would also hear
+// the third zone's blocks from it.
+func TestAutoReflectorZones(t *testing.T) {
+	l := upLab(t, lab.Options{Name: "e2eautorrz", Nodes: 6, AutoReflectors: 1, Zones: 3, PodsPerNode: 1, ConvergeTimeout: 3 * time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, _, err := l.ReflectorChoice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := choiceMembers(c)
+	if len(rr) != 3 {
+		t.Fatalf("elected %v, want one reflector in each of 3 zones", rr)
+	}
+	blocks := nodeBlocks(t, ctx, l)
+	zone, addr, zoneBlocks := map[string]string{}, map[string]string{}, map[string]int{}
+	for _, nd := range l.State().Nodes {
+		zone[nd.Name], addr[nd.Name] = nd.Zone, nd.IP.Addr().String()
+		zoneBlocks[nd.Zone] += len(blocks[nd.Name])
+	}
+	byAddr := map[string]string{}
+	for n, a := range addr {
+		byAddr[a] = n
+	}
+	routes := 0
+	for _, nd := range l.State().Nodes {
+		if _, ok := rr[nd.Name]; ok {
+			continue
+		}
+		have, err := l.LearnedRoutes(ctx, nd.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for o, bs := range blocks {
+			if zone[o] == nd.Zone {
+				continue
+			}
+			for _, b := range bs {
+				routes++
+				if !slices.Contains(have[b], addr[o]) {
+					t.Errorf("%s (zone %s) has no route to %s (%s's block, zone %s) via %s: %v", nd.Name, nd.Zone, b, o, zone[o], addr[o], have[b])
+				}
+			}
+		}
+	}
+	for name := range rr {
+		st, err := l.NodeStatus(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range st.Peers {
+			peer := byAddr[p.Address]
+			if _, isRR := rr[peer]; !isRR {
+				continue
+			}
+			if p.Type != "rr" || p.Received != uint32(zoneBlocks[zone[peer]]) {
+				t.Errorf("reflector %s (zone %s): session to reflector %s (zone %s) typed %s, received %d prefixes, want rr and the %d blocks of zone %s",
+					name, zone[name], peer, zone[peer], p.Type, p.Received, zoneBlocks[zone[peer]], zone[peer])
+			}
+		}
+	}
+	t.Logf("FIGURE 3 zones, NonClient: %d routes to other zones' blocks checked in the clients' kernels", routes)
+	pingMatrix(t, l)
 }

@@ -21,8 +21,10 @@ type nodeInfo struct {
 	asn       uint32
 	clusterID string
 	labels    map[string]string
-	// elected: the node is a reflector of Auto mode's choice.
-	elected bool
+	// elected: the node is a reflector of Auto mode's choice, since
+	// electedSince (Reflector.Since).
+	elected      bool
+	electedSince time.Time
 }
 
 // newNodeInfo is n's nodeInfo; ok is false when n has neither an IPv4 nor
@@ -135,6 +137,12 @@ type PeerInput struct {
 	// Reflectors is the cluster's elected reflectors (routeReflectorMode
 	// Auto, see Elect); nil or ignored in manual mode.
 	Reflectors *ReflectorChoice
+	// Ready holds, per elected reflector that reported it, the election
+	// (its Reflector.Since) for which it has every session its role asks
+	// for established and their End-of-RIB: until then a reflector of its
+	// zone elected before it keeps sending it every route, as to the
+	// client it was (make before break, docs/bgp.md "Promotion").
+	Ready map[string]time.Time
 }
 
 // RefusedPeer is a session PlanPeers leaves out because of the
@@ -200,6 +208,8 @@ type peerPlan struct {
 	// oneCluster: every reflector has the same cluster ID, so no two
 	// reflectors are each other's clients by Calico's rule.
 	oneCluster bool
+	// ready: see PeerInput.Ready.
+	ready map[string]time.Time
 
 	result   map[netip.Addr]Peer
 	explicit map[netip.Addr]bool // addresses a BGPPeer gave a session
@@ -226,6 +236,7 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 	pl.keepalive, pl.hold = dur(pl.spec.KeepaliveTime), dur(pl.spec.HoldTime)
 	if pl.spec.RouteReflectorMode == api.RouteReflectorModeAuto {
 		pl.reflectors = in.Reflectors
+		pl.ready = in.Ready
 	}
 	found := false
 	firstID := ""
@@ -236,7 +247,7 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 		}
 		ni, ok := newNodeInfo(n, defaultASN)
 		if r, elected := pl.reflectors.Find(ni.name); elected {
-			ni.elected = true
+			ni.elected, ni.electedSince = true, r.Since
 			if ni.clusterID == "" {
 				ni.clusterID = r.ClusterID
 			}
@@ -330,29 +341,58 @@ func families(n nodeInfo) string {
 func (pl *peerPlan) nodePeer(n nodeInfo, addr netip.Addr, asn uint32, typ PeerType) Peer {
 	me := pl.me
 	p := Peer{Address: addr, ASN: asn, Type: typ, Name: n.name, Port: pl.listenPort, ClusterNode: true}
-	if asn == me.asn {
-		switch {
-		case me.clusterID != "" && n.clusterID != me.clusterID && !(pl.electedPeers && n.elected):
-			p.RRClient, p.Type = true, PeerRRClient
-		case n.clusterID != "":
-			// A reflector set by hand sends the elected ones its own
-			// routes only: they serve its clients themselves, and a
-			// client's route that also reached them through it would be
-			// a second path GoBGP may prefer and then keep (Serves).
-			// So do two elected reflectors of one zone (serving the same
-			// clients) whatever their cluster IDs, and two reflectors of
-			// one cluster ID; but not while reflectors of different
-			// cluster IDs are each other's clients (Calico's rule), whose
-			// cycles only the copies between same-cluster reflectors held
-			// still (docs/bgp.md, "Peering").
-			below := pl.electedPeers && n.elected && !me.elected && me.clusterID != ""
-			zl := pl.spec.EffectiveZoneLabel()
-			sameZone := pl.electedPeers && n.elected && me.elected && n.labels[zl] == me.labels[zl]
-			sameCluster := n.clusterID == me.clusterID && (pl.electedPeers || pl.oneCluster)
-			p.Type, p.OwnRoutesOnly = PeerRR, sameCluster || below || sameZone
-		}
+	if asn != me.asn {
+		return p
+	}
+	zl := pl.spec.EffectiveZoneLabel()
+	sameZone := pl.electedPeers && n.elected && me.elected && n.labels[zl] == me.labels[zl]
+	switch {
+	case sameZone && electedBefore(me, n):
+		// Two elected reflectors of one zone: the one elected first
+		// keeps the other its client (as it was before its election)
+		// and sends it every route until it reports its own sessions
+		// ready (pl.ready), then its own routes only. Flipping the
+		// client flag would re-create the session, and sending own
+		// routes only at once left the new reflector, and the other
+		// zones' route to it, without a path until its sessions with
+		// the other zones' reflectors were up (docs/bgp.md,
+		// "Promotion").
+		p.RRClient, p.Type, p.OwnRoutesOnly = true, PeerRRClient, pl.isReady(n)
+	case me.clusterID != "" && n.clusterID != me.clusterID && !(pl.electedPeers && n.elected):
+		p.RRClient, p.Type = true, PeerRRClient
+	case n.clusterID != "":
+		// A reflector set by hand sends the elected ones its own
+		// routes only: they serve its clients themselves, and a
+		// client's route that also reached them through it would be
+		// a second path GoBGP may prefer and then keep (Serves).
+		// So do two elected reflectors of one zone (serving the same
+		// clients) whatever their cluster IDs (the later elected
+		// towards the earlier, a non-client to it), and two
+		// reflectors of one cluster ID; but not while reflectors of
+		// different cluster IDs are each other's clients (Calico's
+		// rule), whose cycles only the copies between same-cluster
+		// reflectors held still (docs/bgp.md, "Peering").
+		below := pl.electedPeers && n.elected && !me.elected && me.clusterID != ""
+		sameCluster := n.clusterID == me.clusterID && (pl.electedPeers || pl.oneCluster)
+		p.Type, p.OwnRoutesOnly = PeerRR, sameCluster || below || sameZone
 	}
 	return p
+}
+
+// electedBefore reports whether elected reflector a was elected before b:
+// by Reflector.Since, then by name, so that both sides agree.
+func electedBefore(a, b nodeInfo) bool {
+	if c := a.electedSince.Compare(b.electedSince); c != 0 {
+		return c < 0
+	}
+	return a.name < b.name
+}
+
+// isReady reports whether elected reflector n reported its sessions ready
+// for its current election (PeerInput.Ready).
+func (pl *peerPlan) isReady(n nodeInfo) bool {
+	at, ok := pl.ready[n.name]
+	return ok && at.Equal(n.electedSince)
 }
 
 // addBGPPeer adds the sessions one BGPPeer gives self.

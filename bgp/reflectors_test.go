@@ -107,7 +107,11 @@ func TestElect(t *testing.T) {
 // each other's clients with routeReflectorPeering Client (Calico's rule);
 // a reflector set by hand (operator's cluster ID, not elected) keeps
 // Calico's rule towards elected ones; NonClient falls back to Calico's
-// rule while two elected reflectors share no address family.
+// rule while two elected reflectors share no address family. Of two
+// elected reflectors of one zone, the first elected keeps the other its
+// client, and sends it every route until the other reported ready for
+// its election, then its own routes only; the later one is a non-client
+// of the first, sending it its own routes only throughout.
 func TestAutoReflectorPeering(t *testing.T) {
 	nodes := zoneNodes([]string{"a", "b"}, 3)
 	f := false
@@ -139,7 +143,8 @@ func TestAutoReflectorPeering(t *testing.T) {
 	check("default (NonClient)", map[string]map[string]string{
 		"a-2": {"a-0": "rr", "a-1": "rr"},
 		"b-1": {"b-0": "rr"},
-		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"a-0": {"a-1": "rr-client", "a-2": "rr-client", "b-0": "rr"},
+		"a-1": {"a-0": "rr", "a-2": "rr-client", "b-0": "rr"},
 		"b-0": {"a-0": "rr", "a-1": "rr", "b-1": "rr-client", "b-2": "rr-client"},
 	})
 	cfg.Spec.RouteReflectorPeering = api.ReflectorPeeringClient
@@ -149,9 +154,11 @@ func TestAutoReflectorPeering(t *testing.T) {
 		"b-0": {"a-0": "rr-client", "a-1": "rr-client", "b-1": "rr-client", "b-2": "rr-client"},
 	})
 	// Same-zone reflectors send each other their own routes only with
-	// NonClient; with Client (main's behaviour) they pass on all.
+	// NonClient once the later elected reported ready; with Client
+	// (main's behaviour) they pass on all.
+	var ready map[string]time.Time
 	ownOnly := func(self, peer string) bool {
-		ps, _ := PlanPeers(PeerInput{Self: self, Nodes: nodes, Config: cfg, Reflectors: choice})
+		ps, _ := PlanPeers(PeerInput{Self: self, Nodes: nodes, Config: cfg, Reflectors: choice, Ready: ready})
 		for _, p := range ps {
 			if p.Name == peer {
 				return p.OwnRoutesOnly
@@ -164,9 +171,31 @@ func TestAutoReflectorPeering(t *testing.T) {
 		t.Error("Client: a-0 sends a-1 its own routes only")
 	}
 	cfg.Spec.RouteReflectorPeering = api.ReflectorPeeringNonClient
-	if !ownOnly("a-0", "a-1") || ownOnly("a-0", "b-0") {
-		t.Errorf("NonClient: a-0 own routes only to a-1 %v (want true), to b-0 %v (want false)", ownOnly("a-0", "a-1"), ownOnly("a-0", "b-0"))
+	if ownOnly("a-0", "a-1") || !ownOnly("a-1", "a-0") || ownOnly("a-0", "b-0") {
+		t.Errorf("NonClient, a-1 not ready: own routes only a-0 → a-1 %v (want false), a-1 → a-0 %v (want true), a-0 → b-0 %v (want false)",
+			ownOnly("a-0", "a-1"), ownOnly("a-1", "a-0"), ownOnly("a-0", "b-0"))
 	}
+	// A report for an earlier election of a-1 does not count.
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	choice.Zones["a"][1].Since = since
+	ready = map[string]time.Time{"a-1": since.Add(-time.Hour)}
+	if ownOnly("a-0", "a-1") {
+		t.Error("NonClient, a-1 ready for an earlier election: a-0 sends it its own routes only")
+	}
+	ready["a-1"] = since
+	if !ownOnly("a-0", "a-1") || !ownOnly("a-1", "a-0") {
+		t.Errorf("NonClient, a-1 ready: own routes only a-0 → a-1 %v, a-1 → a-0 %v, want both", ownOnly("a-0", "a-1"), ownOnly("a-1", "a-0"))
+	}
+	// Elected later, a-0 is the non-client and a-1 the one that waits.
+	choice.Zones["a"][0].Since = since.Add(time.Minute)
+	check("a-0 elected after a-1", map[string]map[string]string{
+		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"a-1": {"a-0": "rr-client", "a-2": "rr-client", "b-0": "rr"},
+	})
+	if ownOnly("a-1", "a-0") {
+		t.Error("NonClient, a-0 elected later and not ready: a-1 sends it its own routes only")
+	}
+	choice.Zones["a"][0].Since, choice.Zones["a"][1].Since, ready = time.Time{}, time.Time{}, nil
 	// An operator's cluster ID: on an elected node it wins and the node
 	// stays an elected reflector (a non-client of every other); on a node that is
 	// not elected (b-2) it makes a reflector below the elected ones: b-0
@@ -175,7 +204,7 @@ func TestAutoReflectorPeering(t *testing.T) {
 	nodes[1].Spec.BGP.RouteReflectorClusterID = "10.0.0.1"
 	nodes[5].Spec.BGP.RouteReflectorClusterID = "10.0.0.2"
 	check("operator's cluster IDs", map[string]map[string]string{
-		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"a-0": {"a-1": "rr-client", "a-2": "rr-client", "b-0": "rr"},
 		"a-1": {"a-0": "rr", "a-2": "rr-client", "b-0": "rr"},
 		"b-0": {"a-0": "rr", "a-1": "rr", "b-1": "rr-client", "b-2": "rr-client"},
 		"b-2": {"b-0": "rr"},

@@ -63,6 +63,11 @@ type zoneCluster struct {
 	zoneOf  map[netip.Addr]string
 	rrs     map[string][]netip.Addr // zone → its elected reflectors
 	elected map[netip.Addr]bool
+	cfg     *api.BGPConfiguration
+	choice  *ReflectorChoice
+	peers   []*api.BGPPeer
+	// dead: nodes whose speaker stopped; advertise leaves them out.
+	dead map[int]bool
 }
 
 // newZoneCluster starts layout's speakers, has each advertise its block
@@ -100,20 +105,29 @@ func newZoneCluster(t *testing.T, net byte, layout []zoneNode, peering string, c
 	if withManualClients {
 		peers = []*api.BGPPeer{bgpPeer("manual", api.BGPPeerSpec{NodeSelector: sel("manual-rr", "true"), PeerSelector: sel(api.DefaultZoneLabel, "d")})}
 	}
+	zc.cfg, zc.choice, zc.peers = cfg, choice, peers
 	for _, n := range zc.nodes {
-		ps, refused := PlanPeers(PeerInput{Self: n.name, Nodes: zc.api, Config: cfg, Peers: peers, Reflectors: choice})
-		if len(refused) > 0 {
-			t.Fatalf("%s: refused %v", n.name, refused)
-		}
-		if err := n.sp.SetPeers(context.Background(), ps); err != nil {
-			t.Fatalf("SetPeers on %s: %v", n.name, err)
-		}
+		zc.setPeers(t, n, allReady(choice), nil)
 	}
 	zc.advertiseBlocks(t)
 	if converge {
 		zc.waitAllBlocks(t, time.Now().Add(convergeTimeout))
 	}
 	return zc
+}
+
+// setPeers gives n the peers PlanPeers plans for it under zc's choice with
+// ready (PeerInput.Ready), less the sessions to the nodes in without.
+func (zc *zoneCluster) setPeers(t *testing.T, n *testNode, ready map[string]time.Time, without []string) {
+	t.Helper()
+	ps, refused := PlanPeers(PeerInput{Self: n.name, Nodes: zc.api, Config: zc.cfg, Peers: zc.peers, Reflectors: zc.choice, Ready: ready})
+	if len(refused) > 0 {
+		t.Fatalf("%s: refused %v", n.name, refused)
+	}
+	ps = slices.DeleteFunc(ps, func(p Peer) bool { return slices.Contains(without, p.Name) })
+	if err := n.sp.SetPeers(context.Background(), ps); err != nil {
+		t.Fatalf("SetPeers on %s: %v", n.name, err)
+	}
 }
 
 // thirdZone describes every path an elected reflector holds for a block
@@ -146,7 +160,15 @@ func (zc *zoneCluster) thirdZone(t *testing.T) (found []string) {
 // a route behind.
 func (zc *zoneCluster) advertise(t *testing.T, gone map[int]bool) {
 	t.Helper()
+	gone = maps.Clone(gone)
+	if gone == nil {
+		gone = map[int]bool{}
+	}
+	maps.Copy(gone, zc.dead)
 	for i, n := range zc.nodes {
+		if zc.dead[i] {
+			continue
+		}
 		var ads []Advertisement
 		if !gone[i] {
 			ads = AdvertisementsOf([]netip.Prefix{blockOf(i)})
@@ -157,6 +179,9 @@ func (zc *zoneCluster) advertise(t *testing.T, gone map[int]bool) {
 	}
 	deadline := time.Now().Add(convergeTimeout)
 	for i, n := range zc.nodes {
+		if zc.dead[i] {
+			continue
+		}
 		got, ok := n.watch.waitFor(deadline, func(rs []LearnedRoute) bool {
 			want := 0
 			for j, o := range zc.nodes {
@@ -171,7 +196,10 @@ func (zc *zoneCluster) advertise(t *testing.T, gone map[int]bool) {
 		})
 		if !ok {
 			var from []string // where each node holds the withdrawn blocks from
-			for _, m := range zc.nodes {
+			for k, m := range zc.nodes {
+				if zc.dead[k] {
+					continue
+				}
 				for p, srcs := range pathSources(t, m) {
 					if j := int(p.Addr().As4()[2]); gone[j] {
 						from = append(from, fmt.Sprintf("%s: %s from %v", m.name, p, srcs))
@@ -246,6 +274,120 @@ func TestReflectorPairWithdrawals(t *testing.T) {
 		zc.advertise(t, map[int]bool{2: true, 3: true})
 		zc.advertise(t, nil)
 	}
+}
+
+// TestReflectorPromotion replays TestAutoReflectors' replacement with real
+// speakers (two zones, two elected reflectors each, two clients each): a
+// reflector of zone a dies and leaves, and a client of zone a (node04) is
+// elected in its place. node04 restarts its speaker with the zone's
+// cluster ID, as the agent does, and every node peers by the new choice,
+// but the sessions between node04 and zone b's reflectors are held back
+// (they were what came up last in the lab). Meanwhile every node must
+// route every other's block via its owner: zone a's other reflector
+// (elected first) keeps node04 its client and sends it every route,
+// since node04 has not reported its sessions ready. Sending it its own
+// routes only at once (the reverted branch zonepeer) left node04 without
+// zone b's blocks and zone b without node04's until those sessions came
+// up: 33–36 pings lost in the lab. Then the sessions come up, node04
+// reports ready, zone a's first reflector sends it its own routes only,
+// and routes and withdrawals hold; node04 then has zone b's blocks from
+// zone b's reflectors.
+func TestReflectorPromotion(t *testing.T) {
+	zc := newZoneCluster(t, 43, plainZones("a", "b"), "", true)
+	const victim, promoted = 0, 4
+	ready := allReady(zc.choice)
+	if err := zc.nodes[victim].sp.Stop(false); err != nil {
+		t.Fatal(err)
+	}
+	// The victim's Node goes (the lab removes it); node04 is elected
+	// later than node01.
+	zc.dead = map[int]bool{victim: true}
+	vname, pname := zc.nodes[victim].name, zc.nodes[promoted].name
+	zc.api = slices.DeleteFunc(slices.Clone(zc.api), func(n *api.Node) bool { return n.Metadata.Name == vname })
+	delete(ready, vname)
+	zc.choice = &ReflectorChoice{Zones: map[string][]Reflector{
+		"a": {zc.choice.Zones["a"][1], {Node: pname, ClusterID: ZoneClusterID("a"), Since: time.Now().UTC().Truncate(time.Second)}},
+		"b": zc.choice.Zones["b"],
+	}}
+	old := zc.nodes[promoted]
+	if err := old.sp.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	p := startNode(t, pname, Config{RouterID: old.addr, ASN: api.DefaultASNumber, ListenAddr: old.addr, ListenPort: int32(zc.port),
+		ClusterID: ZoneClusterID("a"), GracefulRestart: true, RestartTime: 30 * time.Second, LocalRestarting: true})
+	zc.nodes[promoted] = p
+	bRRs := []string{zc.nodes[2].name, zc.nodes[3].name}
+	for i, n := range zc.nodes {
+		var without []string
+		switch {
+		case zc.dead[i]:
+			continue
+		case n == p:
+			without = bRRs
+		case slices.Contains(bRRs, n.name):
+			without = []string{pname}
+		}
+		zc.setPeers(t, n, ready, without)
+	}
+	zc.advertise(t, nil)
+	if t.Failed() {
+		t.Fatalf("with %s's sessions to zone b's reflectors not yet up, routes were lost", pname)
+	}
+	// The sessions come up; node04 reports ready once they have.
+	for i, n := range zc.nodes {
+		if !zc.dead[i] {
+			zc.setPeers(t, n, ready, nil)
+		}
+	}
+	waitEstablished(t, p, 4, time.Now().Add(convergeTimeout))
+	ready[pname] = zc.choice.Zones["a"][1].Since
+	for i, n := range zc.nodes {
+		if !zc.dead[i] {
+			zc.setPeers(t, n, ready, nil)
+		}
+	}
+	zc.advertise(t, nil)
+	// node01's withdrawals of what it reflected reach node04 after the
+	// soft reset: poll.
+	bAddrs := []netip.Addr{zc.nodes[2].addr, zc.nodes[3].addr}
+	var copies []string
+	for deadline := time.Now().Add(convergeTimeout); ; time.Sleep(50 * time.Millisecond) {
+		copies = copies[:0]
+		for prefix, from := range pathSources(t, p) {
+			if zc.zoneOf[zc.nodes[prefix.Addr().As4()[2]].addr] != "b" {
+				continue
+			}
+			for _, src := range from {
+				if !slices.Contains(bAddrs, src) {
+					copies = append(copies, fmt.Sprintf("%s (zone b) from %s", prefix, src))
+				}
+			}
+		}
+		if len(copies) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(copies) > 0 {
+		t.Errorf("%s, reported ready, still holds zone b's blocks from other than zone b's reflectors: %v", pname, copies)
+	}
+	// A client of each zone and the new reflector's own block go, come
+	// back and go again.
+	gone := map[int]bool{promoted: true, 5: true, 6: true}
+	zc.advertise(t, gone)
+	zc.advertise(t, nil)
+	zc.advertise(t, gone)
+}
+
+// allReady is PeerInput.Ready with every reflector of c ready: the steady
+// state, after every elected reflector reported its sessions.
+func allReady(c *ReflectorChoice) map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, rs := range c.Zones {
+		for _, r := range rs {
+			out[r.Node] = r.Since
+		}
+	}
+	return out
 }
 
 // pathSources reads n's global RIB: per IPv4 prefix, the peers it holds a

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -121,6 +122,7 @@ func TestAutoReflectors(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEstablished(t, ctx, l)
+	checkReportedReady(t, ctx, l, victim, killed)
 	time.Sleep(2 * time.Second) // traffic after the new sessions, so that a late loss would show
 	sent, lost := p.stop()
 	t.Logf("FIGURE nodes=%d pings %s -> %s across the replacement: %d sent, %d lost", n, from, to, sent, len(lost))
@@ -130,6 +132,43 @@ func TestAutoReflectors(t *testing.T) {
 	checkChoice(t, ctx, l)
 	checkNodeStatus(t, l, victim)
 	checkHistory(t, ctx, l, initial, victim)
+}
+
+// checkReportedReady waits until the node elected in victim's place
+// reported its sessions ready for that election in its liveness record
+// (docs/bgp.md, "Promotion"): until then its zone's other reflector sends
+// it every route.
+func checkReportedReady(t *testing.T, ctx context.Context, l *lab.Lab, victim string, killed time.Time) {
+	t.Helper()
+	c, _, err := l.ReflectorChoice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var promoted bgp.Reflector
+	for _, r := range c.Zones[lab.ZoneName(0)] {
+		if promoted.Since.IsZero() || r.Since.After(promoted.Since) {
+			promoted = r
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var last string
+	err = lab.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		kv, err := l.Store().GetKV(wctx, datastore.NodeLivenessKey(promoted.Node))
+		if err != nil {
+			return false, nil
+		}
+		last = string(kv.Value)
+		var rec struct {
+			ReflectorReady *time.Time `json:"reflectorReady"`
+		}
+		return json.Unmarshal(kv.Value, &rec) == nil && rec.ReflectorReady != nil && rec.ReflectorReady.Equal(promoted.Since), nil
+	})
+	if err != nil {
+		t.Fatalf("%s, elected %v in %s's place, did not report its sessions ready: liveness %s", promoted.Node, promoted.Since, victim, last)
+	}
+	t.Logf("FIGURE %s (elected in %s's place) had reported its reflector sessions ready %v after the SIGKILL (read once every session was up)",
+		promoted.Node, victim, time.Since(killed).Round(100*time.Millisecond))
 }
 
 func waitEstablished(t *testing.T, ctx context.Context, l *lab.Lab) {

@@ -506,21 +506,34 @@ func TestAutoReflectorZones(t *testing.T) {
 			}
 		}
 	}
-	for name := range rr {
-		st, err := l.NodeStatus(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range st.Peers {
-			peer := byAddr[p.Address]
-			if _, isRR := rr[peer]; !isRR {
-				continue
+	// The status counts each session's prefixes when asked unless its
+	// last count is recent (countSoon), so a count taken just before
+	// the blocks arrived can read 0: poll.
+	var wrong []string
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	_ = lab.Poll(wctx, 500*time.Millisecond, func() (bool, error) {
+		wrong = wrong[:0]
+		for name := range rr {
+			st, err := l.NodeStatus(wctx, name)
+			if err != nil {
+				return false, err
 			}
-			if p.Type != "rr" || p.Received != uint32(zoneBlocks[zone[peer]]) {
-				t.Errorf("reflector %s (zone %s): session to reflector %s (zone %s) typed %s, received %d prefixes, want rr and the %d blocks of zone %s",
-					name, zone[name], peer, zone[peer], p.Type, p.Received, zoneBlocks[zone[peer]], zone[peer])
+			for _, p := range st.Peers {
+				peer := byAddr[p.Address]
+				if _, isRR := rr[peer]; !isRR {
+					continue
+				}
+				if p.Type != "rr" || p.Received != uint32(zoneBlocks[zone[peer]]) {
+					wrong = append(wrong, fmt.Sprintf("reflector %s (zone %s): session to reflector %s (zone %s) typed %s, received %d prefixes, want rr and the %d blocks of zone %s",
+						name, zone[name], peer, zone[peer], p.Type, p.Received, zoneBlocks[zone[peer]], zone[peer]))
+				}
 			}
 		}
+		return len(wrong) == 0, nil
+	})
+	for _, w := range wrong {
+		t.Error(w)
 	}
 	t.Logf("FIGURE 3 zones, NonClient: %d routes to other zones' blocks checked in the clients' kernels", routes)
 	pingMatrix(t, l)

@@ -92,9 +92,12 @@ func (me nodeInfo) isSelf(a netip.Addr) bool {
 //     "rr-client"); a peer node that has a cluster ID is typed "rr". This is
 //     Calico's rule, so two reflectors with different cluster IDs treat each
 //     other as clients. The exception: with routeReflectorMode Auto and
-//     routeReflectorPeering NonClient (its default), no node makes an
-//     elected reflector its client: two elected reflectors are non-clients
-//     of each other (type "rr"), and a reflector set by hand (an
+//     routeReflectorPeering NonClient (its default), two elected
+//     reflectors of different zones are non-clients of each other (type
+//     "rr"); of two of one zone the first elected keeps the later its
+//     client, sending it every route until it reported ready
+//     (PeerInput.Ready), then its own only, and the later treats the
+//     first as a non-client; a reflector set by hand (an
 //     operator's cluster ID on a node not elected) is a client of the
 //     elected reflectors it peers with, which it treats as non-clients and
 //     sends its own routes only (OwnRoutesOnly: they serve its clients

@@ -306,17 +306,13 @@ func TestReflectorPromotion(t *testing.T) {
 	vname, pname := zc.nodes[victim].name, zc.nodes[promoted].name
 	zc.api = slices.DeleteFunc(slices.Clone(zc.api), func(n *api.Node) bool { return n.Metadata.Name == vname })
 	delete(ready, vname)
+	zc.advertise(t, nil)
 	zc.choice = &ReflectorChoice{Zones: map[string][]Reflector{
 		"a": {zc.choice.Zones["a"][1], {Node: pname, ClusterID: ZoneClusterID("a"), Since: time.Now().UTC().Truncate(time.Second)}},
 		"b": zc.choice.Zones["b"],
 	}}
-	old := zc.nodes[promoted]
-	if err := old.sp.Stop(true); err != nil {
-		t.Fatal(err)
-	}
-	p := startNode(t, pname, Config{RouterID: old.addr, ASN: api.DefaultASNumber, ListenAddr: old.addr, ListenPort: int32(zc.port),
-		ClusterID: ZoneClusterID("a"), GracefulRestart: true, RestartTime: 30 * time.Second, LocalRestarting: true})
-	zc.nodes[promoted] = p
+	marks := zc.marks()
+	p := zc.restart(t, promoted, ZoneClusterID("a"))
 	bRRs := []string{zc.nodes[2].name, zc.nodes[3].name}
 	for i, n := range zc.nodes {
 		var without []string
@@ -331,8 +327,9 @@ func TestReflectorPromotion(t *testing.T) {
 		zc.setPeers(t, n, ready, without)
 	}
 	zc.advertise(t, nil)
+	zc.heldSince(t, marks, promoted, "promoted, its sessions to zone b's reflectors not yet up")
 	if t.Failed() {
-		t.Fatalf("with %s's sessions to zone b's reflectors not yet up, routes were lost", pname)
+		t.FailNow()
 	}
 	// The sessions come up; node04 reports ready once they have.
 	for i, n := range zc.nodes {
@@ -341,6 +338,7 @@ func TestReflectorPromotion(t *testing.T) {
 		}
 	}
 	waitEstablished(t, p, 4, time.Now().Add(convergeTimeout))
+	marks = zc.marks()
 	ready[pname] = zc.choice.Zones["a"][1].Since
 	for i, n := range zc.nodes {
 		if !zc.dead[i] {
@@ -371,12 +369,86 @@ func TestReflectorPromotion(t *testing.T) {
 	if len(copies) > 0 {
 		t.Errorf("%s, reported ready, still holds zone b's blocks from other than zone b's reflectors: %v", pname, copies)
 	}
+	zc.heldSince(t, marks, -1, "reported ready")
 	// A client of each zone and the new reflector's own block go, come
 	// back and go again.
 	gone := map[int]bool{promoted: true, 5: true, 6: true}
 	zc.advertise(t, gone)
 	zc.advertise(t, nil)
 	zc.advertise(t, gone)
+	zc.advertise(t, nil)
+
+	// node04 is demoted (routeReflectorsPerZone lowered, say): zone b's
+	// reflectors drop their sessions with it first; node01 had it as its
+	// client all along and passes its block on.
+	zc.choice = &ReflectorChoice{Zones: map[string][]Reflector{"a": zc.choice.Zones["a"][:1], "b": zc.choice.Zones["b"]}}
+	marks = zc.marks()
+	for _, i := range []int{2, 3} {
+		zc.setPeers(t, zc.nodes[i], ready, nil)
+	}
+	zc.restart(t, promoted, "")
+	for i, n := range zc.nodes {
+		if !zc.dead[i] && i != 2 && i != 3 {
+			zc.setPeers(t, n, ready, nil)
+		}
+	}
+	zc.advertise(t, nil)
+	zc.heldSince(t, marks, promoted, "demoted")
+	zc.advertise(t, gone)
+	zc.advertise(t, nil)
+}
+
+// restart replaces node i's speaker by one with clusterID, stopped and
+// started gracefully as the agent does when the node's election changes,
+// advertising its block at once (the agent's pass does so before the new
+// sessions are up); its peers are the caller's to set.
+func (zc *zoneCluster) restart(t *testing.T, i int, clusterID string) *testNode {
+	t.Helper()
+	old := zc.nodes[i]
+	if err := old.sp.Stop(true); err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, old.name, Config{RouterID: old.addr, ASN: api.DefaultASNumber, ListenAddr: old.addr, ListenPort: int32(zc.port),
+		ClusterID: clusterID, GracefulRestart: true, RestartTime: 30 * time.Second, LocalRestarting: true})
+	if err := n.sp.SetAdvertisements(context.Background(), AdvertisementsOf([]netip.Prefix{blockOf(i)})); err != nil {
+		t.Fatal(err)
+	}
+	zc.nodes[i] = n
+	return n
+}
+
+// marks is how many route sets each node's watch has received so far.
+func (zc *zoneCluster) marks() []int {
+	out := make([]int, len(zc.nodes))
+	for i, n := range zc.nodes {
+		out[i] = n.watch.count()
+	}
+	return out
+}
+
+// heldSince fails the test for each node (but skip, whose speaker
+// restarted: its agent holds its kernel routes until BGP converges) that
+// received a route set since marks lacking another live node's block via
+// its owner: a route lost on the way, however briefly.
+func (zc *zoneCluster) heldSince(t *testing.T, marks []int, skip int, what string) {
+	t.Helper()
+	for i, n := range zc.nodes {
+		if zc.dead[i] || i == skip {
+			continue
+		}
+		for k, rs := range n.watch.since(marks[i]) {
+			var lacking []string
+			for j, o := range zc.nodes {
+				if j != i && !zc.dead[j] && !hasRoute(rs, blockOf(j), o.addr) {
+					lacking = append(lacking, fmt.Sprintf("%s (%s)", blockOf(j), o.name))
+				}
+			}
+			if len(lacking) > 0 {
+				t.Errorf("%s: %s's route set %d since lacked %v", what, n.name, k+1, lacking)
+				break
+			}
+		}
+	}
 }
 
 // allReady is PeerInput.Ready with every reflector of c ready: the steady

@@ -86,7 +86,7 @@ func (b *bgpOwner) checkReflectorReady(ctx context.Context) {
 	b.mu.Lock()
 	b.published = b.readyAt.Equal(at)
 	b.mu.Unlock()
-	b.log.Info("reflector sessions ready: the reflectors elected before this one now send it their own routes only", "elected", at)
+	b.log.Info("reflector sessions ready, reported: a reflector of this zone elected before this one sends it its own routes only from now", "elected", at)
 }
 
 // reflectorReady reports whether every session to a cluster node in

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/bgp/session"
 	"github.com/tabbynet/tabby/datastore"
@@ -88,5 +89,20 @@ func TestElectorReadiness(t *testing.T) {
 	}
 	if !e.isLive("n3") || e.isLive("n4") {
 		t.Errorf("live n3 %v (want true), n4 %v (want false)", e.isLive("n3"), e.isLive("n4"))
+	}
+	// The status shows, per elected reflector, whether it reported ready
+	// for the election the choice has.
+	rec2, err := json.Marshal(bgp.ReflectorChoice{Zones: map[string][]bgp.Reflector{"a": {{Node: "n2", Since: at}, {Node: "n3", Since: at}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.applyRecord(datastore.Event{Type: datastore.EventPut, KV: datastore.KV{Key: datastore.BGPReflectorsKey, Value: rec2, ModRevision: 2}})
+	bc := &api.BGPConfiguration{Spec: api.BGPConfigurationSpec{AutoReflectorSpec: api.AutoReflectorSpec{RouteReflectorMode: api.RouteReflectorModeAuto}}}
+	got := map[string]bool{}
+	for _, r := range e.status(bc, nil).Elected {
+		got[r.Node] = r.SessionsReady != nil && *r.SessionsReady
+	}
+	if d := cmp.Diff(map[string]bool{"n2": false, "n3": true}, got); d != "" {
+		t.Errorf("status: sessions ready (-want +got):\n%s", d)
 	}
 }

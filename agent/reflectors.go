@@ -276,7 +276,9 @@ func (e *reflectorElector) status(bc *api.BGPConfiguration, self *api.Node) *api
 	if e.choice != nil {
 		for z, rs := range e.choice.Zones {
 			for _, r := range rs {
-				st.Elected = append(st.Elected, api.ElectedReflector{Zone: z, Node: r.Node, ClusterID: r.ClusterID, Since: r.Since, Reason: r.Reason, Live: e.live[r.Node]})
+				ready := e.ready[r.Node].Equal(r.Since)
+				st.Elected = append(st.Elected, api.ElectedReflector{Zone: z, Node: r.Node, ClusterID: r.ClusterID, Since: r.Since, Reason: r.Reason,
+					Live: e.live[r.Node], SessionsReady: &ready})
 			}
 		}
 	}

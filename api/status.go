@@ -96,6 +96,11 @@ type ElectedReflector struct {
 	Since     time.Time `json:"since"`
 	Reason    string    `json:"reason"`
 	Live      bool      `json:"live"`
+	// SessionsReady: the reflector reported every session of this
+	// election up (docs/bgp.md, "Promotion"); until then a reflector of
+	// its zone elected before it sends it every route. Nil from an agent
+	// older than the report.
+	SessionsReady *bool `json:"sessionsReady,omitempty"`
 }
 
 // RefusedPeerStatus is a BGP session the configuration asks for that the

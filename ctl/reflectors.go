@@ -41,6 +41,13 @@ func writeBGPExtras(b *strings.Builder, st api.AgentStatus) {
 		if !e.Live {
 			live = "LIVENESS GONE"
 		}
+		switch { // nil: an agent older than the report
+		case e.SessionsReady == nil:
+		case *e.SessionsReady:
+			live += ", sessions ready"
+		default:
+			live += ", sessions pending"
+		}
 		fmt.Fprintf(b, "  zone %-10q %-20s cluster %-15s since %s, %s: %s\n", e.Zone, e.Node, e.ClusterID, e.Since.UTC().Format(time.DateTime), live, e.Reason)
 	}
 	if len(el) == 0 {

@@ -240,6 +240,8 @@ func (a *Agent) startBGP(ctx context.Context, node *api.Node) error {
 	a.bgp.routerIDFor = func(n *api.Node) netip.Addr { return routerID(a.cfg, n, a.nodeAddr) }
 	a.reflectors = newReflectorElector(a.cfg.NodeName, a.store, a.view, a.log.With("component", "reflectors"), a.bgp.wake)
 	a.bgp.reflectors = a.reflectors.current
+	a.bgp.readyFor, a.bgp.isLive = a.reflectors.readyReflectors, a.reflectors.isLive
+	a.bgp.publish = func(ctx context.Context) error { return a.publishLiveness(ctx, a.lease.current()) }
 	// Learned routes are held until BGP converged only to protect those an
 	// earlier run left in the kernel; with none there, a withdrawal (a
 	// peer lost right after the start) reaches the kernel at once.

@@ -77,6 +77,7 @@ type bgpOwner struct {
 	// could not have (bgp.PlanPeers).
 	reflectors func() *bgp.ReflectorChoice
 	refused    []bgp.RefusedPeer
+	reflectorReadiness
 }
 
 // speakerLife is the running speaker and the configuration (identity) it
@@ -276,7 +277,12 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 	bgpPeers, filters := b.view.BGPPeers(), b.view.BGPFilters()
 	b.warnUnusableFilters(bgp.UnusableFilters(bgpPeers, filters))
 	nodes := b.view.Nodes()
-	desired, refused := bgp.PlanPeers(bgp.PeerInput{Self: b.node, Nodes: nodes, Config: bc, Peers: bgpPeers, Filters: filters, Reflectors: b.electedReflectors()})
+	choice := b.electedReflectors()
+	var ready map[string]time.Time
+	if b.readyFor != nil {
+		ready = b.readyFor()
+	}
+	desired, refused := bgp.PlanPeers(bgp.PeerInput{Self: b.node, Nodes: nodes, Config: bc, Peers: bgpPeers, Filters: filters, Reflectors: choice, Ready: ready})
 	b.noteRefused(refused)
 	lookup := b.view.BGPSecrets().Lookup
 	pw := b.meshPassword(bc, lookup)
@@ -288,7 +294,9 @@ func (b *bgpOwner) reconcilePeers(ctx context.Context, sp bgp.Speaker, bc *api.B
 		time.AfterFunc(wait, b.wake)
 	}
 	b.ensureMD5Room(desired)
-	if err := sp.SetPeers(ctx, desired); err != nil {
+	err := sp.SetPeers(ctx, desired)
+	b.notePeersPlanned(choice, desired, sp)
+	if err != nil {
 		return desired, fmt.Errorf("setting peers: %w", err)
 	}
 	return desired, nil
@@ -765,6 +773,7 @@ func (b *bgpOwner) statusLoop(ctx context.Context, wake chan<- struct{}) {
 			t.Reset(convergingEvery)
 			slow = false
 		}
+		b.checkReflectorReady(ctx)
 		if b.importChanged() {
 			dirty = true
 		}
@@ -910,6 +919,7 @@ func (b *bgpOwner) updatePeerStatus(sp bgp.Speaker) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.setPeerStatus(st)
+	b.statusSpeaker = sp
 	if b.observe(st, time.Now(), !b.lastPass.IsZero(), b.learnedAny) {
 		b.log.Info("bgp converged; stale learned routes will be removed")
 		return true

@@ -150,10 +150,21 @@ type liveness struct {
 	Node    string    `json:"node"`
 	Address string    `json:"address"`
 	Started time.Time `json:"started"`
+	// ReflectorReady, on an elected reflector (routeReflectorMode Auto),
+	// is the election (Reflector.Since) for which it has every session
+	// its role asks for Established, with End-of-RIB, to every peer node
+	// whose liveness record is there (bgpOwner.reflectorReady): the
+	// reflectors of its zone elected before it then send it their own
+	// routes only (docs/bgp.md, "Promotion").
+	ReflectorReady *time.Time `json:"reflectorReady,omitempty"`
 }
 
 func (a *Agent) publishLiveness(ctx context.Context, lease datastore.LeaseID) error {
-	b, err := json.Marshal(liveness{Node: a.cfg.NodeName, Address: a.primaryAddress(), Started: a.started})
+	l := liveness{Node: a.cfg.NodeName, Address: a.primaryAddress(), Started: a.started}
+	if at := a.bgp.readyReported(); !at.IsZero() {
+		l.ReflectorReady = &at
+	}
+	b, err := json.Marshal(l)
 	if err != nil {
 		return err
 	}

@@ -41,11 +41,18 @@ type reflectorElector struct {
 	liveSynced   bool
 	choiceSynced bool
 	lastDropped  []string
+	// ready: per node, the election (Reflector.Since) its liveness record
+	// last said it has every session of its reflector role ready for
+	// (liveness.ReflectorReady). Kept when the record goes or comes back
+	// without it (an agent restart within the grace), so that a restart
+	// does not turn a ready reflector back into a pending one; a later
+	// election of the node has another Since and needs a new report.
+	ready map[string]time.Time
 }
 
 func newReflectorElector(node string, store *datastore.Store, view *syncer.Syncer, log *slog.Logger, changed func()) *reflectorElector {
 	return &reflectorElector{node: node, store: store, view: view, log: log, started: time.Now(), changed: changed,
-		live: map[string]bool{}, goneSince: map[string]time.Time{}}
+		live: map[string]bool{}, goneSince: map[string]time.Time{}, ready: map[string]time.Time{}}
 }
 
 // current is the choice in etcd (nil when there is none).
@@ -79,7 +86,9 @@ func (e *reflectorElector) run(ctx context.Context) {
 			if ev.Type == datastore.EventProgress {
 				continue // a progress report another watch of the stream asked for: nothing changed
 			}
-			e.applyLiveness(ev, time.Now())
+			if e.applyLiveness(ev, time.Now()) {
+				e.changed() // a reflector's readiness changes its peers' sessions
+			}
 		case ev, ok := <-records:
 			if !ok {
 				return
@@ -108,17 +117,28 @@ func (e *reflectorElector) run(ctx context.Context) {
 const electRetry = time.Second
 
 // applyLiveness folds a liveness event in; a node seen going is gone
-// since now, one never seen live since this agent started.
-func (e *reflectorElector) applyLiveness(ev datastore.Event, now time.Time) {
+// since now, one never seen live since this agent started. It reports
+// whether a node's reflector readiness changed.
+func (e *reflectorElector) applyLiveness(ev datastore.Event, now time.Time) (readyChanged bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	name := func(key string) string { return strings.TrimPrefix(key, datastore.NodeLivenessPrefix) }
+	noteReady := func(kv datastore.KV) {
+		var l liveness
+		if json.Unmarshal(kv.Value, &l) != nil || l.ReflectorReady == nil {
+			return
+		}
+		if n := name(kv.Key); !e.ready[n].Equal(*l.ReflectorReady) {
+			e.ready[n], readyChanged = *l.ReflectorReady, true
+		}
+	}
 	switch ev.Type {
 	case datastore.EventResync:
 		was := e.live
 		e.live = map[string]bool{}
 		for _, kv := range ev.Snapshot {
 			e.live[name(kv.Key)] = true
+			noteReady(kv)
 		}
 		for n := range was {
 			if !e.live[n] {
@@ -129,10 +149,33 @@ func (e *reflectorElector) applyLiveness(ev datastore.Event, now time.Time) {
 	case datastore.EventPut:
 		e.live[name(ev.KV.Key)] = true
 		delete(e.goneSince, name(ev.KV.Key))
+		noteReady(ev.KV)
 	case datastore.EventDelete:
 		delete(e.live, name(ev.KV.Key))
 		e.goneSince[name(ev.KV.Key)] = now
 	}
+	return readyChanged
+}
+
+// readyReflectors is bgp.PeerInput.Ready: per node, the election it
+// reported its reflector sessions ready for.
+func (e *reflectorElector) readyReflectors() map[string]time.Time {
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.ready)
+}
+
+// isLive reports whether node's liveness record is there.
+func (e *reflectorElector) isLive(node string) bool {
+	if e == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.live[node]
 }
 
 // applyRecord takes the record's new value.
@@ -219,7 +262,8 @@ func (e *reflectorElector) status(bc *api.BGPConfiguration, self *api.Node) *api
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := &api.ReflectorStatus{Mode: api.RouteReflectorModeAuto, PerZone: bc.Spec.EffectiveReflectorsPerZone(),
-		ZoneLabel: bc.Spec.EffectiveZoneLabel(), Grace: bc.Spec.EffectiveReflectorGrace().String(), LastDropped: e.lastDropped}
+		ZoneLabel: bc.Spec.EffectiveZoneLabel(), Grace: bc.Spec.EffectiveReflectorGrace().String(),
+		Peering: bc.Spec.EffectiveReflectorPeering(), LastDropped: e.lastDropped}
 	if self != nil {
 		st.Zone = self.Metadata.Labels[st.ZoneLabel]
 	}
@@ -232,7 +276,9 @@ func (e *reflectorElector) status(bc *api.BGPConfiguration, self *api.Node) *api
 	if e.choice != nil {
 		for z, rs := range e.choice.Zones {
 			for _, r := range rs {
-				st.Elected = append(st.Elected, api.ElectedReflector{Zone: z, Node: r.Node, ClusterID: r.ClusterID, Since: r.Since, Reason: r.Reason, Live: e.live[r.Node]})
+				ready := e.ready[r.Node].Equal(r.Since)
+				st.Elected = append(st.Elected, api.ElectedReflector{Zone: z, Node: r.Node, ClusterID: r.ClusterID, Since: r.Since, Reason: r.Reason,
+					Live: e.live[r.Node], SessionsReady: &ready})
 			}
 		}
 	}

@@ -15,6 +15,20 @@ const (
 	RouteReflectorModeAuto = "Auto"
 )
 
+// Values of AutoReflectorSpec.RouteReflectorPeering: how two reflectors
+// with different cluster IDs (the elected reflectors of different zones)
+// treat each other (docs/bgp.md, "Reflectors that place themselves").
+const (
+	// ReflectorPeeringNonClient: as plain iBGP peers, neither the other's
+	// client (RFC 4456's full mesh of reflectors): a route one learns from
+	// the other goes to its clients only. Auto mode's default.
+	ReflectorPeeringNonClient = "NonClient"
+	// ReflectorPeeringClient: each as the other's client, Calico's rule
+	// (a reflector makes every iBGP peer without its cluster ID its
+	// client). Manual mode always peers so.
+	ReflectorPeeringClient = "Client"
+)
+
 // Defaults of the automatic route reflectors.
 const (
 	DefaultZoneLabel              = "topology.kubernetes.io/zone"
@@ -40,6 +54,9 @@ type AutoReflectorSpec struct {
 	// may be gone (after its lease expired) before another node replaces
 	// it (default 10s).
 	RouteReflectorGracePeriod *Duration `json:"routeReflectorGracePeriod,omitempty"`
+	// RouteReflectorPeering is how elected reflectors of different zones
+	// peer: NonClient (default) or Client (Calico's rule). Auto mode only.
+	RouteReflectorPeering string `json:"routeReflectorPeering,omitempty"`
 }
 
 // AutoReflectors reports whether the cluster elects its route reflectors.
@@ -71,6 +88,20 @@ func (s AutoReflectorSpec) EffectiveReflectorGrace() time.Duration {
 	return s.RouteReflectorGracePeriod.Duration
 }
 
+// EffectiveReflectorPeering is how two elected reflectors of different
+// cluster IDs peer: routeReflectorPeering, NonClient by default in Auto
+// mode; Client (Calico's rule) in Manual mode, where the operator's
+// BGPPeers, not Tabby, decide which reflectors peer.
+func (s AutoReflectorSpec) EffectiveReflectorPeering() string {
+	switch {
+	case s.RouteReflectorMode != RouteReflectorModeAuto:
+		return ReflectorPeeringClient
+	case s.RouteReflectorPeering == "":
+		return ReflectorPeeringNonClient
+	}
+	return s.RouteReflectorPeering
+}
+
 // Eligible reports whether a node with labels may be elected.
 func (s AutoReflectorSpec) Eligible(labels map[string]string) bool {
 	return s.RouteReflectorNodeSelector == nil || s.RouteReflectorNodeSelector.Matches(labels)
@@ -96,6 +127,16 @@ func (v *validator) autoReflectors(s *AutoReflectorSpec) {
 	}
 	if g := s.RouteReflectorGracePeriod; g != nil && (g.Duration < 0 || g.Duration > time.Hour) {
 		v.add("spec.routeReflectorGracePeriod", "%v must be between 0s and 1h", g.Duration)
+	}
+	switch s.RouteReflectorPeering {
+	case "", ReflectorPeeringClient:
+	case ReflectorPeeringNonClient:
+		if s.RouteReflectorMode != RouteReflectorModeAuto {
+			v.add("spec.routeReflectorPeering", "NonClient needs routeReflectorMode Auto: reflectors chosen by hand peer "+
+				"by Calico's rule (each the other's client), since only the election guarantees that every reflector peers with every other")
+		}
+	default:
+		v.add("spec.routeReflectorPeering", "%q must be NonClient or Client", s.RouteReflectorPeering)
 	}
 }
 

@@ -76,9 +76,11 @@ type ReflectorStatus struct {
 	ZoneLabel string `json:"zoneLabel"`
 	PerZone   int    `json:"perZone"`
 	Grace     string `json:"grace"`
-	Zone      string `json:"zone"` // this node's
-	Role      string `json:"role"` // reflector or client
-	Reason    string `json:"reason,omitempty"`
+	// Peering is routeReflectorPeering in effect (NonClient or Client).
+	Peering string `json:"peering"`
+	Zone    string `json:"zone"` // this node's
+	Role    string `json:"role"` // reflector or client
+	Reason  string `json:"reason,omitempty"`
 	// Elected are every zone's reflectors.
 	Elected []ElectedReflector `json:"elected,omitempty"`
 	// LastDropped explains the reflectors this agent's last write
@@ -94,6 +96,11 @@ type ElectedReflector struct {
 	Since     time.Time `json:"since"`
 	Reason    string    `json:"reason"`
 	Live      bool      `json:"live"`
+	// SessionsReady: the reflector reported every session of this
+	// election up (docs/bgp.md, "Promotion"); until then a reflector of
+	// its zone elected before it sends it every route. Nil from an agent
+	// older than the report.
+	SessionsReady *bool `json:"sessionsReady,omitempty"`
 }
 
 // RefusedPeerStatus is a BGP session the configuration asks for that the

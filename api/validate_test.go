@@ -218,6 +218,16 @@ func TestValidateInvalid(t *testing.T) {
 			c.Spec.RouteReflectorMode, c.Spec.RouteReflectorsPerZone, c.Spec.ZoneLabel = "auto", &zero, "bad key/"
 			return c
 		}, []string{"spec.routeReflectorMode:", "Manual or Auto", "spec.routeReflectorsPerZone:", "between 1 and 16", "spec.zoneLabel:"}},
+		{"reflector peering value", func() Object {
+			c := &BGPConfiguration{TypeMeta: TypeMeta{APIVersion: APIVersion, Kind: KindBGPConfiguration}, Metadata: ObjectMeta{Name: "default"}}
+			c.Spec.RouteReflectorMode, c.Spec.RouteReflectorPeering = RouteReflectorModeAuto, "nonclient"
+			return c
+		}, []string{`spec.routeReflectorPeering: "nonclient" must be NonClient or Client`}},
+		{"reflector peering NonClient in manual mode", func() Object {
+			c := &BGPConfiguration{TypeMeta: TypeMeta{APIVersion: APIVersion, Kind: KindBGPConfiguration}, Metadata: ObjectMeta{Name: "default"}}
+			c.Spec.RouteReflectorPeering = ReflectorPeeringNonClient
+			return c
+		}, []string{"spec.routeReflectorPeering: NonClient needs routeReflectorMode Auto"}},
 		{"peer missing asn", func() Object { p := validPeer(); p.Spec.ASNumber = 0; return p },
 			[]string{"spec.asNumber: is required with peerIP"}},
 		{"peer selector with asn", func() Object { p := validRRPeer(); p.Spec.ASNumber = 65000; return p },
@@ -417,5 +427,27 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 	if n := strings.Count(err.Error(), "\n"); n != len(fes)-1 {
 		t.Errorf("error has %d lines, want %d:\n%v", n+1, len(fes), err)
+	}
+}
+
+// TestReflectorPeering: Auto mode peers elected reflectors of different
+// zones as non-clients unless routeReflectorPeering says Client; Manual
+// mode always keeps Calico's rule; Client validates in both modes.
+func TestReflectorPeering(t *testing.T) {
+	for _, tc := range []struct{ mode, peering, want string }{
+		{RouteReflectorModeAuto, "", ReflectorPeeringNonClient},
+		{RouteReflectorModeAuto, ReflectorPeeringNonClient, ReflectorPeeringNonClient},
+		{RouteReflectorModeAuto, ReflectorPeeringClient, ReflectorPeeringClient},
+		{"", "", ReflectorPeeringClient},
+		{RouteReflectorModeManual, ReflectorPeeringClient, ReflectorPeeringClient},
+	} {
+		c := &BGPConfiguration{TypeMeta: TypeMeta{APIVersion: APIVersion, Kind: KindBGPConfiguration}, Metadata: ObjectMeta{Name: "default"}}
+		c.Spec.RouteReflectorMode, c.Spec.RouteReflectorPeering = tc.mode, tc.peering
+		if err := c.Validate(); err != nil {
+			t.Errorf("mode %q, peering %q: %v", tc.mode, tc.peering, err)
+		}
+		if got := c.Spec.EffectiveReflectorPeering(); got != tc.want {
+			t.Errorf("mode %q, peering %q: effective %s, want %s", tc.mode, tc.peering, got, tc.want)
+		}
 	}
 }

@@ -21,6 +21,10 @@ type nodeInfo struct {
 	asn       uint32
 	clusterID string
 	labels    map[string]string
+	// elected: the node is a reflector of Auto mode's choice, since
+	// electedSince (Reflector.Since).
+	elected      bool
+	electedSince time.Time
 }
 
 // newNodeInfo is n's nodeInfo; ok is false when n has neither an IPv4 nor
@@ -87,7 +91,23 @@ func (me nodeInfo) isSelf(a netip.Addr) bool {
 //     one, the peer is self's reflector client (RRClient, type
 //     "rr-client"); a peer node that has a cluster ID is typed "rr". This is
 //     Calico's rule, so two reflectors with different cluster IDs treat each
-//     other as clients. Mesh sessions never set RRClient.
+//     other as clients. The exception: with routeReflectorMode Auto and
+//     routeReflectorPeering NonClient (its default), two elected
+//     reflectors of different zones are non-clients of each other (type
+//     "rr"); of two of one zone the first elected keeps the later its
+//     client, sending it every route until it reported ready
+//     (PeerInput.Ready), then its own only, and the later treats the
+//     first as a non-client; a reflector set by hand (an
+//     operator's cluster ID on a node not elected) is a client of the
+//     elected reflectors it peers with, which it treats as non-clients and
+//     sends its own routes only (OwnRoutesOnly: they serve its clients
+//     themselves). This holds unless the elected reflectors cannot all
+//     peer with each other (one has IPv4 only, another IPv6 only): see
+//     reflectorsMeshed. Mesh sessions never set RRClient.
+//   - Two reflectors of the same cluster ID send each other their own
+//     routes only (OwnRoutesOnly) when every reflector has that cluster
+//     ID or with NonClient peering; with reflectors of several cluster
+//     IDs as each other's clients (Calico's rule) they pass on all.
 //   - An explicit peerIP in self's own AS is also made a reflector client
 //     when self is a reflector and the address is not a reflector of the
 //     same cluster.
@@ -120,6 +140,12 @@ type PeerInput struct {
 	// Reflectors is the cluster's elected reflectors (routeReflectorMode
 	// Auto, see Elect); nil or ignored in manual mode.
 	Reflectors *ReflectorChoice
+	// Ready holds, per elected reflector that reported it, the election
+	// (its Reflector.Since) for which it has every session its role asks
+	// for established and their End-of-RIB: until then a reflector of its
+	// zone elected before it keeps sending it every route, as to the
+	// client it was (make before break, docs/bgp.md "Promotion").
+	Ready map[string]time.Time
 }
 
 // RefusedPeer is a session PlanPeers leaves out because of the
@@ -179,6 +205,14 @@ type peerPlan struct {
 	byAddr          map[netip.Addr]nodeInfo
 	usable          map[string]*api.BGPFilter // see usableFilters
 	reflectors      *ReflectorChoice          // Auto mode's choice, nil without one
+	// electedPeers: no node makes an elected reflector its client
+	// (routeReflectorPeering NonClient and reflectorsMeshed).
+	electedPeers bool
+	// oneCluster: every reflector has the same cluster ID, so no two
+	// reflectors are each other's clients by Calico's rule.
+	oneCluster bool
+	// ready: see PeerInput.Ready.
+	ready map[string]time.Time
 
 	result   map[netip.Addr]Peer
 	explicit map[netip.Addr]bool // addresses a BGPPeer gave a session
@@ -205,15 +239,25 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 	pl.keepalive, pl.hold = dur(pl.spec.KeepaliveTime), dur(pl.spec.HoldTime)
 	if pl.spec.RouteReflectorMode == api.RouteReflectorModeAuto {
 		pl.reflectors = in.Reflectors
+		pl.ready = in.Ready
 	}
 	found := false
+	firstID := ""
+	pl.oneCluster = true
 	for _, n := range in.Nodes {
 		if n == nil {
 			continue
 		}
 		ni, ok := newNodeInfo(n, defaultASN)
-		if ni.clusterID == "" {
-			ni.clusterID = pl.reflectors.ClusterIDOf(ni.name)
+		if r, elected := pl.reflectors.Find(ni.name); elected {
+			ni.elected, ni.electedSince = true, r.Since
+			if ni.clusterID == "" {
+				ni.clusterID = r.ClusterID
+			}
+		}
+		if ni.clusterID != "" {
+			firstID = cmp.Or(firstID, ni.clusterID)
+			pl.oneCluster = pl.oneCluster && ni.clusterID == firstID
 		}
 		if n.Metadata.Name == in.Self {
 			if !ok {
@@ -233,7 +277,33 @@ func newPeerPlan(in PeerInput) (*peerPlan, bool) {
 	}
 	slices.SortFunc(pl.others, func(a, b nodeInfo) int { return cmp.Compare(a.name, b.name) })
 	pl.usable = usableFilters(in.Filters)
+	pl.electedPeers = found && pl.reflectors != nil &&
+		pl.spec.EffectiveReflectorPeering() == api.ReflectorPeeringNonClient && pl.reflectorsMeshed()
 	return pl, found
+}
+
+// reflectorsMeshed reports whether every elected reflector with an address
+// has a session with every other (addAutoReflectors peers each pair), the
+// condition for peering them as non-clients: RFC 4456 reflects a route
+// learned from a non-client to clients only, so a zone's routes then reach
+// another zone's reflectors only directly from the origin zone's. Two
+// reflectors share no address family when one has IPv4 only and another
+// IPv6 only; the routes between their zones then need a third reflector
+// to pass them on, which only Calico's rule (each the other's client)
+// does.
+func (pl *peerPlan) reflectorsMeshed() bool {
+	only4, only6 := false, false
+	note := func(n nodeInfo) {
+		if n.elected {
+			only4 = only4 || !n.addr6.IsValid()
+			only6 = only6 || !n.addr.IsValid()
+		}
+	}
+	note(pl.me)
+	for _, n := range pl.others {
+		note(n)
+	}
+	return !(only4 && only6)
 }
 
 // addExplicit adds a BGPPeer's session unless an earlier BGPPeer (by name)
@@ -274,15 +344,58 @@ func families(n nodeInfo) string {
 func (pl *peerPlan) nodePeer(n nodeInfo, addr netip.Addr, asn uint32, typ PeerType) Peer {
 	me := pl.me
 	p := Peer{Address: addr, ASN: asn, Type: typ, Name: n.name, Port: pl.listenPort, ClusterNode: true}
-	if asn == me.asn {
-		switch {
-		case me.clusterID != "" && n.clusterID != me.clusterID:
-			p.RRClient, p.Type = true, PeerRRClient
-		case n.clusterID != "":
-			p.Type = PeerRR
-		}
+	if asn != me.asn {
+		return p
+	}
+	zl := pl.spec.EffectiveZoneLabel()
+	sameZone := pl.electedPeers && n.elected && me.elected && n.labels[zl] == me.labels[zl]
+	switch {
+	case sameZone && electedBefore(me, n):
+		// Two elected reflectors of one zone: the one elected first
+		// keeps the other its client (as it was before its election)
+		// and sends it every route until it reports its own sessions
+		// ready (pl.ready), then its own routes only. Flipping the
+		// client flag would re-create the session, and sending own
+		// routes only at once left the new reflector, and the other
+		// zones' route to it, without a path until its sessions with
+		// the other zones' reflectors were up (docs/bgp.md,
+		// "Promotion").
+		p.RRClient, p.Type, p.OwnRoutesOnly = true, PeerRRClient, pl.isReady(n)
+	case me.clusterID != "" && n.clusterID != me.clusterID && !(pl.electedPeers && n.elected):
+		p.RRClient, p.Type = true, PeerRRClient
+	case n.clusterID != "":
+		// A reflector set by hand sends the elected ones its own
+		// routes only: they serve its clients themselves, and a
+		// client's route that also reached them through it would be
+		// a second path GoBGP may prefer and then keep (Serves).
+		// So do two elected reflectors of one zone (serving the same
+		// clients) whatever their cluster IDs (the later elected
+		// towards the earlier, a non-client to it), and two
+		// reflectors of one cluster ID; but not while reflectors of
+		// different cluster IDs are each other's clients (Calico's
+		// rule), whose cycles only the copies between same-cluster
+		// reflectors held still (docs/bgp.md, "Peering").
+		below := pl.electedPeers && n.elected && !me.elected && me.clusterID != ""
+		sameCluster := n.clusterID == me.clusterID && (pl.electedPeers || pl.oneCluster)
+		p.Type, p.OwnRoutesOnly = PeerRR, sameCluster || below || sameZone
 	}
 	return p
+}
+
+// electedBefore reports whether elected reflector a was elected before b:
+// by Reflector.Since, then by name, so that both sides agree.
+func electedBefore(a, b nodeInfo) bool {
+	if c := a.electedSince.Compare(b.electedSince); c != 0 {
+		return c < 0
+	}
+	return a.name < b.name
+}
+
+// isReady reports whether elected reflector n reported its sessions ready
+// for its current election (PeerInput.Ready).
+func (pl *peerPlan) isReady(n nodeInfo) bool {
+	at, ok := pl.ready[n.name]
+	return ok && at.Equal(n.electedSince)
 }
 
 // addBGPPeer adds the sessions one BGPPeer gives self.

@@ -134,13 +134,13 @@ func TestDesiredPeers(t *testing.T) {
 			},
 		},
 		{
-			name:  "mesh off, reflector: same cluster plain iBGP, clients marked",
+			name:  "mesh off, reflector: same cluster plain iBGP, own routes only, clients marked",
 			self:  "rr2",
 			nodes: rrCluster,
 			cfg:   meshOff(),
 			peers: rrPeers,
 			want: []Peer{
-				{Address: a("198.18.0.11"), ASN: 64512, Type: PeerRR, Name: "rr1", LocalAddress: a("198.18.0.12")},
+				{Address: a("198.18.0.11"), ASN: 64512, Type: PeerRR, Name: "rr1", LocalAddress: a("198.18.0.12"), OwnRoutesOnly: true},
 				{Address: a("198.18.0.21"), ASN: 64512, Type: PeerRRClient, Name: "c1", RRClient: true, LocalAddress: a("198.18.0.12")},
 				{Address: a("198.18.0.22"), ASN: 64512, Type: PeerRRClient, Name: "c2", RRClient: true, LocalAddress: a("198.18.0.12")},
 			},

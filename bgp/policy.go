@@ -92,7 +92,9 @@ func buildPolicies(in policyInput, gen string) *gobgpapi.SetPoliciesRequest {
 //     rejected towards external peers;
 //  3. Service paths (tagged with serviceMarker) are rejected towards
 //     cluster peers and stripped of the tag towards the others;
-//  4. each peer's export rules (BGPFilters), in order: the first that
+//  4. towards a reflector of this reflector's cluster (OwnRoutesOnly), a
+//     route learned over iBGP is rejected;
+//  5. each peer's export rules (BGPFilters), in order: the first that
 //     matches decides.
 //
 // A route no statement decides is sent (the assignment's default).
@@ -138,6 +140,7 @@ func buildExport(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest) *
 	nextHopStatements(in, gen, req, exp)
 	aggregateStatements(in, gen, req, exp)
 	serviceStatements(in, gen, req, exp)
+	ownRoutesStatement(in, gen, req, exp)
 	for _, p := range in.peers {
 		if len(p.Export) == 0 {
 			continue
@@ -207,6 +210,31 @@ func aggregateStatements(in policyInput, gen string, req *gobgpapi.SetPoliciesRe
 	}
 	add("aggregates", cluster, whole)
 	add("aggregated", external, inside)
+}
+
+// ownRoutesStatement adds buildExport's step 4: towards a peer with
+// OwnRoutesOnly (a reflector of this reflector's cluster) a route learned
+// over iBGP is rejected, so only this node's own routes go to it.
+func ownRoutesStatement(in policyInput, gen string, req *gobgpapi.SetPoliciesRequest, exp *gobgpapi.Policy) {
+	var peers []netip.Addr
+	for _, p := range in.peers {
+		if p.OwnRoutesOnly {
+			peers = append(peers, p.Address)
+		}
+	}
+	if len(peers) == 0 {
+		return
+	}
+	peerSet := gen + "tabby-export-same-cluster-peers"
+	req.DefinedSets = append(req.DefinedSets, &gobgpapi.DefinedSet{DefinedType: gobgpapi.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: peerSet, List: coverPrefixes(peers)})
+	exp.Statements = append(exp.Statements, &gobgpapi.Statement{
+		Name: exp.Name + "-same-cluster",
+		Conditions: &gobgpapi.Conditions{
+			NeighborSet: &gobgpapi.MatchSet{Type: gobgpapi.MatchSet_TYPE_ANY, Name: peerSet},
+			RouteType:   gobgpapi.Conditions_ROUTE_TYPE_INTERNAL,
+		},
+		Actions: &gobgpapi.Actions{RouteAction: gobgpapi.RouteAction_ROUTE_ACTION_REJECT},
+	})
 }
 
 // serviceStatements adds the Service statements of buildExport (step 3)

@@ -30,9 +30,10 @@ type ReflectorChoice struct {
 type Reflector struct {
 	Node string `json:"node"`
 	// ClusterID is the zone's route-reflector cluster ID (ZoneClusterID):
-	// the reflectors of one zone share it and serve the same clients; the
-	// reflectors of other zones are each other's clients, so a route
-	// crosses zones.
+	// the reflectors of one zone share it and serve the same clients. The
+	// reflectors of different zones peer as non-clients
+	// (routeReflectorPeering NonClient, the default) or as each other's
+	// clients (Client, Calico's rule); either way a route crosses zones.
 	ClusterID string    `json:"clusterID"`
 	Since     time.Time `json:"since"`
 	// Reason says why the node was elected.
@@ -81,6 +82,38 @@ func (c *ReflectorChoice) members() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Serves reports whether the reflectors of zone rz serve node (of zone
+// z) as their client: those of its own zone; for a node of a zone without
+// reflectors, every reflector when every is set (Calico's rule, where the
+// reflectors of different zones are each other's clients), else those of
+// one zone only, the first in rendezvous order of the node's name. With
+// reflectors of different zones as non-clients, a node that were a client
+// of several zones' reflectors would have each of them pass its routes to
+// the others, which GoBGP v4.8.0 may then prefer (by router ID: it
+// neither keeps nor compares CLUSTER_LISTs as RFC 4456 says) over the
+// node's own path and never withdraw (TestZoneReflectorRoutes).
+func (c *ReflectorChoice) Serves(rz, z, node string, every bool) bool {
+	if c == nil || len(c.Zones[rz]) == 0 {
+		return false
+	}
+	if len(c.Zones[z]) > 0 {
+		return rz == z
+	}
+	if every {
+		return true
+	}
+	best := ""
+	for zone, rs := range c.Zones {
+		if len(rs) == 0 {
+			continue
+		}
+		if best == "" || cmp.Or(cmp.Compare(rendezvous(zone, node), rendezvous(best, node)), cmp.Compare(zone, best)) < 0 {
+			best = zone
+		}
+	}
+	return rz == best
 }
 
 // Count is the number of elected reflectors.
@@ -241,11 +274,12 @@ func rendezvous(zone, node string) uint32 {
 
 // addAutoReflectors adds the sessions of routeReflectorMode Auto, the
 // peering an operator would configure by hand (docs/bgp.md): a reflector
-// peers with every other reflector (those of other zones are its clients,
-// those of its zone share its cluster ID) and with the nodes of its zone
-// (its clients) and of zones without a reflector; any other node peers
-// with the reflectors of its zone, or with every reflector when its zone
-// has none. Explicit BGPPeers keep their sessions.
+// peers with every other reflector (those of its zone share its cluster
+// ID; those of other zones are non-clients or, with routeReflectorPeering
+// Client, its clients: nodePeer) and with the nodes it serves (its
+// clients: those of its zone, and of zones without a reflector as Serves
+// says); any other node peers with the reflectors that serve it. Explicit
+// BGPPeers keep their sessions.
 func (pl *peerPlan) addAutoReflectors() {
 	c := pl.reflectors
 	if c == nil || len(c.Zones) == 0 {
@@ -253,18 +287,17 @@ func (pl *peerPlan) addAutoReflectors() {
 	}
 	zoneLabel := pl.spec.EffectiveZoneLabel()
 	myZone := pl.me.labels[zoneLabel]
-	_, meRR := c.Find(pl.me.name)
+	meRR, every := pl.me.elected, !pl.electedPeers
 	for _, n := range pl.others {
 		nz := n.labels[zoneLabel]
-		_, nRR := c.Find(n.name)
 		var peer bool
 		switch {
-		case meRR && nRR:
+		case meRR && n.elected:
 			peer = true
 		case meRR:
-			peer = nz == myZone || len(c.Zones[nz]) == 0
-		case nRR:
-			peer = nz == myZone || len(c.Zones[myZone]) == 0
+			peer = c.Serves(myZone, nz, n.name, every)
+		case n.elected:
+			peer = c.Serves(nz, myZone, pl.me.name, every)
 		}
 		if !peer {
 			continue

@@ -102,7 +102,16 @@ func TestElect(t *testing.T) {
 
 // TestAutoReflectorPeering: auto mode's sessions are manual mode's: a
 // client peers with its zone's reflectors, a reflector with every other
-// reflector and its zone's clients, with the reflector types.
+// reflector and its zone's clients, with the reflector types. Elected
+// reflectors of different zones are non-clients (type rr) by default and
+// each other's clients with routeReflectorPeering Client (Calico's rule);
+// a reflector set by hand (operator's cluster ID, not elected) keeps
+// Calico's rule towards elected ones; NonClient falls back to Calico's
+// rule while two elected reflectors share no address family. Of two
+// elected reflectors of one zone, the first elected keeps the other its
+// client, and sends it every route until the other reported ready for
+// its election, then its own routes only; the later one is a non-client
+// of the first, sending it its own routes only throughout.
 func TestAutoReflectorPeering(t *testing.T) {
 	nodes := zoneNodes([]string{"a", "b"}, 3)
 	f := false
@@ -123,17 +132,97 @@ func TestAutoReflectorPeering(t *testing.T) {
 		}
 		return out
 	}
-	tests := map[string]map[string]string{
-		"a-2": {"a-0": "rr", "a-1": "rr"},
-		"b-1": {"b-0": "rr"},
-		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr-client"},
-		"b-0": {"a-0": "rr-client", "a-1": "rr-client", "b-1": "rr-client", "b-2": "rr-client"},
-	}
-	for self, want := range tests {
-		if d := cmp.Diff(want, peersOf(self)); d != "" {
-			t.Errorf("%s peers (-want +got):\n%s", self, d)
+	check := func(what string, tests map[string]map[string]string) {
+		t.Helper()
+		for self, want := range tests {
+			if d := cmp.Diff(want, peersOf(self)); d != "" {
+				t.Errorf("%s: %s peers (-want +got):\n%s", what, self, d)
+			}
 		}
 	}
+	check("default (NonClient)", map[string]map[string]string{
+		"a-2": {"a-0": "rr", "a-1": "rr"},
+		"b-1": {"b-0": "rr"},
+		"a-0": {"a-1": "rr-client", "a-2": "rr-client", "b-0": "rr"},
+		"a-1": {"a-0": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"b-0": {"a-0": "rr", "a-1": "rr", "b-1": "rr-client", "b-2": "rr-client"},
+	})
+	cfg.Spec.RouteReflectorPeering = api.ReflectorPeeringClient
+	check("Client", map[string]map[string]string{
+		"a-2": {"a-0": "rr", "a-1": "rr"},
+		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr-client"},
+		"b-0": {"a-0": "rr-client", "a-1": "rr-client", "b-1": "rr-client", "b-2": "rr-client"},
+	})
+	// Same-zone reflectors send each other their own routes only with
+	// NonClient once the later elected reported ready; with Client
+	// (main's behaviour) they pass on all.
+	var ready map[string]time.Time
+	ownOnly := func(self, peer string) bool {
+		ps, _ := PlanPeers(PeerInput{Self: self, Nodes: nodes, Config: cfg, Reflectors: choice, Ready: ready})
+		for _, p := range ps {
+			if p.Name == peer {
+				return p.OwnRoutesOnly
+			}
+		}
+		t.Fatalf("%s has no session to %s", self, peer)
+		return false
+	}
+	if ownOnly("a-0", "a-1") {
+		t.Error("Client: a-0 sends a-1 its own routes only")
+	}
+	cfg.Spec.RouteReflectorPeering = api.ReflectorPeeringNonClient
+	if ownOnly("a-0", "a-1") || !ownOnly("a-1", "a-0") || ownOnly("a-0", "b-0") {
+		t.Errorf("NonClient, a-1 not ready: own routes only a-0 → a-1 %v (want false), a-1 → a-0 %v (want true), a-0 → b-0 %v (want false)",
+			ownOnly("a-0", "a-1"), ownOnly("a-1", "a-0"), ownOnly("a-0", "b-0"))
+	}
+	// A report for an earlier election of a-1 does not count.
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	choice.Zones["a"][1].Since = since
+	ready = map[string]time.Time{"a-1": since.Add(-time.Hour)}
+	if ownOnly("a-0", "a-1") {
+		t.Error("NonClient, a-1 ready for an earlier election: a-0 sends it its own routes only")
+	}
+	ready["a-1"] = since
+	if !ownOnly("a-0", "a-1") || !ownOnly("a-1", "a-0") {
+		t.Errorf("NonClient, a-1 ready: own routes only a-0 → a-1 %v, a-1 → a-0 %v, want both", ownOnly("a-0", "a-1"), ownOnly("a-1", "a-0"))
+	}
+	// Elected later, a-0 is the non-client and a-1 the one that waits.
+	choice.Zones["a"][0].Since = since.Add(time.Minute)
+	check("a-0 elected after a-1", map[string]map[string]string{
+		"a-0": {"a-1": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"a-1": {"a-0": "rr-client", "a-2": "rr-client", "b-0": "rr"},
+	})
+	if ownOnly("a-1", "a-0") {
+		t.Error("NonClient, a-0 elected later and not ready: a-1 sends it its own routes only")
+	}
+	choice.Zones["a"][0].Since, choice.Zones["a"][1].Since, ready = time.Time{}, time.Time{}, nil
+	// An operator's cluster ID: on an elected node it wins and the node
+	// stays an elected reflector (a non-client of every other); on a node that is
+	// not elected (b-2) it makes a reflector below the elected ones: b-0
+	// makes it its client (Calico's rule), b-2 does not make b-0 its
+	// client.
+	nodes[1].Spec.BGP.RouteReflectorClusterID = "10.0.0.1"
+	nodes[5].Spec.BGP.RouteReflectorClusterID = "10.0.0.2"
+	check("operator's cluster IDs", map[string]map[string]string{
+		"a-0": {"a-1": "rr-client", "a-2": "rr-client", "b-0": "rr"},
+		"a-1": {"a-0": "rr", "a-2": "rr-client", "b-0": "rr"},
+		"b-0": {"a-0": "rr", "a-1": "rr", "b-1": "rr-client", "b-2": "rr-client"},
+		"b-2": {"b-0": "rr"},
+	})
+	nodes[1].Spec.BGP.RouteReflectorClusterID, nodes[5].Spec.BGP.RouteReflectorClusterID = "", ""
+	// b-0 with IPv6 only cannot peer with a-0 and a-1 (IPv4 only): the
+	// routes between their zones need Calico's rule (a third reflector
+	// passes them on), so it applies to every pair.
+	v4 := nodes[3].Spec.BGP.IPv4Address
+	nodes[3].Spec.BGP.IPv4Address, nodes[3].Spec.BGP.IPv6Address = "", "fd00::3/64"
+	nodes = append(nodes, node("c-0", "198.18.7.1/16", withLabels(api.DefaultZoneLabel, "c"), withIPv6("fd00::7/64")))
+	choice.Zones["c"] = []Reflector{{Node: "c-0", ClusterID: ZoneClusterID("c")}}
+	check("no common family", map[string]map[string]string{
+		"c-0": {"a-0": "rr-client", "a-1": "rr-client", "b-0": "rr-client"},
+	})
+	nodes[3].Spec.BGP.IPv4Address, nodes[3].Spec.BGP.IPv6Address = v4, ""
+	nodes = nodes[:len(nodes)-1]
+	delete(choice.Zones, "c")
 	// Manual mode ignores the choice.
 	cfg.Spec.RouteReflectorMode = ""
 	if got := peersOf("a-2"); len(got) != 0 {
@@ -183,5 +272,39 @@ func TestElectNextDeadline(t *testing.T) {
 	in.Live[gone] = true
 	if d := in.NextDeadline(); !d.IsZero() {
 		t.Errorf("back live: deadline %v, want none", d)
+	}
+}
+
+// TestServes: a node is served by its zone's reflectors; a node of a zone
+// without reflectors by every reflector with Calico's rule (every), else
+// by one zone's only, the same for every caller, and not the same zone for
+// every node.
+func TestServes(t *testing.T) {
+	c := &ReflectorChoice{Zones: map[string][]Reflector{
+		"a": {{Node: "a-0"}}, "b": {{Node: "b-0"}}, "c": {{Node: "c-0"}},
+	}}
+	zones := []string{"a", "b", "c", "d"}
+	if !c.Serves("a", "a", "x", false) || c.Serves("b", "a", "x", false) || c.Serves("d", "d", "x", true) {
+		t.Error("a node of a zone with reflectors must be served by its zone's only; a zone without reflectors serves nobody")
+	}
+	picked := map[string]int{}
+	for i := range 30 {
+		node := fmt.Sprintf("d-%d", i)
+		var by []string
+		for _, z := range zones {
+			if c.Serves(z, "d", node, false) {
+				by = append(by, z)
+			}
+			if c.Serves(z, "d", node, true) != (z != "d") {
+				t.Errorf("every: zone %s serves %s: %v", z, node, c.Serves(z, "d", node, true))
+			}
+		}
+		if len(by) != 1 {
+			t.Fatalf("%s (zone d, no reflectors) served by %v, want one zone", node, by)
+		}
+		picked[by[0]]++
+	}
+	if len(picked) < 2 {
+		t.Errorf("30 nodes of a zone without reflectors all went to %v", picked)
 	}
 }

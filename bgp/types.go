@@ -86,6 +86,15 @@ type Peer struct {
 	LocalASN uint32
 	// NextHop says which next hop routes sent to the peer carry.
 	NextHop NextHopMode
+	// OwnRoutesOnly: the peer is a reflector of this reflector's cluster
+	// (the same route-reflector cluster ID), which serves the same clients
+	// and so learns their routes from them: only this node's own routes go
+	// to it. RFC 4456 has the receiver drop routes that carry its own
+	// cluster ID; GoBGP v4.8.0 strips the CLUSTER_LIST towards non-clients
+	// and checks nothing on receipt, so without this the two reflectors
+	// hold each other's copy of a client's route, may prefer it (by router
+	// ID), and then never pass on its withdrawal (TestZoneReflectorRoutes).
+	OwnRoutesOnly bool
 }
 
 // NextHopMode is a peer's next-hop handling (BGPPeer nextHopMode).

@@ -23,7 +23,11 @@ func writeBGPExtras(b *strings.Builder, st api.AgentStatus) {
 	if rs == nil {
 		return
 	}
-	fmt.Fprintf(b, "Route reflectors (Auto, %d per zone by %s, grace %s): this node is a %s in zone %q", rs.PerZone, rs.ZoneLabel, rs.Grace, rs.Role, rs.Zone)
+	peering := ""
+	if rs.Peering != "" { // an agent older than routeReflectorPeering leaves it out
+		peering = ", zones peer as " + rs.Peering
+	}
+	fmt.Fprintf(b, "Route reflectors (Auto, %d per zone by %s, grace %s%s): this node is a %s in zone %q", rs.PerZone, rs.ZoneLabel, rs.Grace, peering, rs.Role, rs.Zone)
 	if rs.Reason != "" {
 		fmt.Fprintf(b, " (%s)", rs.Reason)
 	}
@@ -36,6 +40,13 @@ func writeBGPExtras(b *strings.Builder, st api.AgentStatus) {
 		live := "live"
 		if !e.Live {
 			live = "LIVENESS GONE"
+		}
+		switch { // nil: an agent older than the report
+		case e.SessionsReady == nil:
+		case *e.SessionsReady:
+			live += ", sessions ready"
+		default:
+			live += ", sessions pending"
 		}
 		fmt.Fprintf(b, "  zone %-10q %-20s cluster %-15s since %s, %s: %s\n", e.Zone, e.Node, e.ClusterID, e.Since.UTC().Format(time.DateTime), live, e.Reason)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -121,6 +122,7 @@ func TestAutoReflectors(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEstablished(t, ctx, l)
+	checkReportedReady(t, ctx, l, victim, killed)
 	time.Sleep(2 * time.Second) // traffic after the new sessions, so that a late loss would show
 	sent, lost := p.stop()
 	t.Logf("FIGURE nodes=%d pings %s -> %s across the replacement: %d sent, %d lost", n, from, to, sent, len(lost))
@@ -130,6 +132,43 @@ func TestAutoReflectors(t *testing.T) {
 	checkChoice(t, ctx, l)
 	checkNodeStatus(t, l, victim)
 	checkHistory(t, ctx, l, initial, victim)
+}
+
+// checkReportedReady waits until the node elected in victim's place
+// reported its sessions ready for that election in its liveness record
+// (docs/bgp.md, "Promotion"): until then its zone's other reflector sends
+// it every route.
+func checkReportedReady(t *testing.T, ctx context.Context, l *lab.Lab, victim string, killed time.Time) {
+	t.Helper()
+	c, _, err := l.ReflectorChoice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var promoted bgp.Reflector
+	for _, r := range c.Zones[lab.ZoneName(0)] {
+		if promoted.Since.IsZero() || r.Since.After(promoted.Since) {
+			promoted = r
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var last string
+	err = lab.Poll(wctx, 100*time.Millisecond, func() (bool, error) {
+		kv, err := l.Store().GetKV(wctx, datastore.NodeLivenessKey(promoted.Node))
+		if err != nil {
+			return false, nil
+		}
+		last = string(kv.Value)
+		var rec struct {
+			ReflectorReady *time.Time `json:"reflectorReady"`
+		}
+		return json.Unmarshal(kv.Value, &rec) == nil && rec.ReflectorReady != nil && rec.ReflectorReady.Equal(promoted.Since), nil
+	})
+	if err != nil {
+		t.Fatalf("%s, elected %v in %s's place, did not report its sessions ready: liveness %s", promoted.Node, promoted.Since, victim, last)
+	}
+	t.Logf("FIGURE %s (elected in %s's place) had reported its reflector sessions ready %v after the SIGKILL (read once every session was up)",
+		promoted.Node, victim, time.Since(killed).Round(100*time.Millisecond))
 }
 
 func waitEstablished(t *testing.T, ctx context.Context, l *lab.Lab) {
@@ -406,7 +445,7 @@ func checkNodeStatus(t *testing.T, l *lab.Lab, replaced string) {
 		t.Fatalf("node status --all: %v\n%s", err, out)
 	}
 	n := len(l.State().Nodes)
-	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 10s): this node is a ")
+	roles := strings.Count(out, "Route reflectors (Auto, 2 per zone by topology.kubernetes.io/zone, grace 10s, zones peer as NonClient): this node is a ")
 	rrs := strings.Count(out, "this node is a reflector in zone")
 	if roles != n || rrs != autorrPerZone*autorrZones {
 		t.Errorf("node status --all shows %d roles and %d reflectors, want %d and %d:\n%s", roles, rrs, n, autorrPerZone*autorrZones, out)
@@ -414,4 +453,88 @@ func checkNodeStatus(t *testing.T, l *lab.Lab, replaced string) {
 	if want := "replaced: " + replaced + " (zone"; replaced != "" && !strings.Contains(out, want) {
 		t.Errorf("node status --all lacks %q:\n%s", want, out)
 	}
+}
+
+// TestAutoReflectorZones: six nodes in three zones, one elected reflector
+// each, the default routeReflectorPeering (NonClient, docs/bgp.md). Read
+// from the kernels, every client routes each block of every node of the
+// other zones (their reflectors' own included) via its owner, and the pod
+// matrix pings. Each reflector types its sessions to the other zones'
+// reflectors rr (non-client) and received from each exactly the blocks of
+// that reflector's zone: with Calico's rule (Client) it would also hear
+// the third zone's blocks from it.
+func TestAutoReflectorZones(t *testing.T) {
+	l := upLab(t, lab.Options{Name: "e2eautorrz", Nodes: 6, AutoReflectors: 1, Zones: 3, PodsPerNode: 1, ConvergeTimeout: 3 * time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, _, err := l.ReflectorChoice(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := choiceMembers(c)
+	if len(rr) != 3 {
+		t.Fatalf("elected %v, want one reflector in each of 3 zones", rr)
+	}
+	blocks := nodeBlocks(t, ctx, l)
+	zone, addr, zoneBlocks := map[string]string{}, map[string]string{}, map[string]int{}
+	for _, nd := range l.State().Nodes {
+		zone[nd.Name], addr[nd.Name] = nd.Zone, nd.IP.Addr().String()
+		zoneBlocks[nd.Zone] += len(blocks[nd.Name])
+	}
+	byAddr := map[string]string{}
+	for n, a := range addr {
+		byAddr[a] = n
+	}
+	routes := 0
+	for _, nd := range l.State().Nodes {
+		if _, ok := rr[nd.Name]; ok {
+			continue
+		}
+		have, err := l.LearnedRoutes(ctx, nd.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for o, bs := range blocks {
+			if zone[o] == nd.Zone {
+				continue
+			}
+			for _, b := range bs {
+				routes++
+				if !slices.Contains(have[b], addr[o]) {
+					t.Errorf("%s (zone %s) has no route to %s (%s's block, zone %s) via %s: %v", nd.Name, nd.Zone, b, o, zone[o], addr[o], have[b])
+				}
+			}
+		}
+	}
+	// The status counts each session's prefixes when asked unless its
+	// last count is recent (countSoon), so a count taken just before
+	// the blocks arrived can read 0: poll.
+	var wrong []string
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	_ = lab.Poll(wctx, 500*time.Millisecond, func() (bool, error) {
+		wrong = wrong[:0]
+		for name := range rr {
+			st, err := l.NodeStatus(wctx, name)
+			if err != nil {
+				return false, err
+			}
+			for _, p := range st.Peers {
+				peer := byAddr[p.Address]
+				if _, isRR := rr[peer]; !isRR {
+					continue
+				}
+				if p.Type != "rr" || p.Received != uint32(zoneBlocks[zone[peer]]) {
+					wrong = append(wrong, fmt.Sprintf("reflector %s (zone %s): session to reflector %s (zone %s) typed %s, received %d prefixes, want rr and the %d blocks of zone %s",
+						name, zone[name], peer, zone[peer], p.Type, p.Received, zoneBlocks[zone[peer]], zone[peer]))
+				}
+			}
+		}
+		return len(wrong) == 0, nil
+	})
+	for _, w := range wrong {
+		t.Error(w)
+	}
+	t.Logf("FIGURE 3 zones, NonClient: %d routes to other zones' blocks checked in the clients' kernels", routes)
+	pingMatrix(t, l)
 }

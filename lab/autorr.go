@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -34,7 +35,7 @@ func (l *Lab) configureAutoReflectors(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	progress(l.log, "automatic route reflectors: %d per zone in %d zones, node-to-node mesh off", o.AutoReflectors, o.Zones)
+	progress(l.log, "automatic route reflectors: %d per zone in %d zones, node-to-node mesh off, zones peer as %s", o.AutoReflectors, o.Zones, cmp.Or(o.ReflectorPeering, api.ReflectorPeeringNonClient))
 	off := false
 	per := uint32(o.AutoReflectors)
 	spec := api.BGPConfigurationSpec{NodeToNodeMeshEnabled: &off}
@@ -42,6 +43,7 @@ func (l *Lab) configureAutoReflectors(ctx context.Context, o Options) error {
 	if o.ReflectorCandidates > 0 {
 		spec.RouteReflectorNodeSelector = &api.LabelSelector{MatchLabels: map[string]string{ReflectorCandidateLabel: "true"}}
 	}
+	spec.RouteReflectorPeering = o.ReflectorPeering
 	if o.ReflectorGrace > 0 {
 		spec.RouteReflectorGracePeriod = &api.Duration{Duration: o.ReflectorGrace}
 	}
@@ -149,10 +151,11 @@ func (l *Lab) ReflectorHistory(ctx context.Context) ([]*bgp.ReflectorChoice, err
 
 // autoExpectedPeers is, per node of nodes (those with a running agent),
 // the underlay addresses of the nodes it should have sessions with under
-// choice (the peering of bgp's addAutoReflectors), or an error while the
-// choice lacks reflectors (perZone, or all the candidates a zone has) for
-// a zone.
-func autoExpectedPeers(nodes []NodeState, perZone int, c *bgp.ReflectorChoice) (map[string][]string, error) {
+// choice (the peering of bgp's addAutoReflectors; every: a node of a zone
+// without reflectors is served by every reflector, as with
+// routeReflectorPeering Client), or an error while the choice lacks
+// reflectors (perZone, or all the candidates a zone has) for a zone.
+func autoExpectedPeers(nodes []NodeState, perZone int, c *bgp.ReflectorChoice, every bool) (map[string][]string, error) {
 	live := map[string]NodeState{}
 	inZone := map[string]int{}
 	for _, n := range nodes {
@@ -175,8 +178,7 @@ func autoExpectedPeers(nodes []NodeState, perZone int, c *bgp.ReflectorChoice) (
 		want[name] = []string{}
 		for oname, o := range live {
 			_, oRR := c.Find(oname)
-			same := n.Zone == o.Zone
-			if oname == name || !(nRR && oRR || nRR && (same || len(c.Zones[o.Zone]) == 0) || oRR && (same || len(c.Zones[n.Zone]) == 0)) {
+			if oname == name || !(nRR && oRR || nRR && c.Serves(n.Zone, o.Zone, oname, every) || oRR && c.Serves(o.Zone, n.Zone, name, every)) {
 				continue
 			}
 			want[name] = append(want[name], o.IP.Addr().String())
@@ -200,7 +202,7 @@ func (l *Lab) autoEstablished(ctx context.Context, st *State) error {
 			running = append(running, n)
 		}
 	}
-	want, err := autoExpectedPeers(running, st.AutoReflectors, c)
+	want, err := autoExpectedPeers(running, st.AutoReflectors, c, st.ReflectorPeering == api.ReflectorPeeringClient)
 	if err != nil {
 		return err
 	}

@@ -68,7 +68,7 @@ func TestAutoExpectedPeers(t *testing.T) {
 			if in == nil {
 				in = nodes
 			}
-			got, err := autoExpectedPeers(in, tt.perZone, tt.choice)
+			got, err := autoExpectedPeers(in, tt.perZone, tt.choice, true)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("autoExpectedPeers() error = %v, want %q", err, tt.wantErr)

@@ -86,6 +86,9 @@ type Options struct {
 	// ReflectorGrace is the routeReflectorGracePeriod of an
 	// AutoReflectors lab; 0 keeps the default.
 	ReflectorGrace time.Duration
+	// ReflectorPeering is the routeReflectorPeering of an AutoReflectors
+	// lab: NonClient (the default, "") or Client (Calico's rule).
+	ReflectorPeering string
 	// PodsPerNode pods are added on every node after the agents started.
 	PodsPerNode int
 	// RunDir holds the lab's directory RunDir/Name (state, logs, sockets,
@@ -191,6 +194,15 @@ func (o *Options) Validate() error {
 	}
 	if o.AutoReflectors < 0 || o.AutoReflectors > 16 {
 		errs = append(errs, fmt.Errorf("auto reflectors: %d out of range 0-16 (routeReflectorsPerZone)", o.AutoReflectors))
+	}
+	switch o.ReflectorPeering {
+	case "":
+	case api.ReflectorPeeringNonClient, api.ReflectorPeeringClient:
+		if o.AutoReflectors == 0 {
+			errs = append(errs, fmt.Errorf("reflector peering %s: only with auto reflectors (routeReflectorMode Auto)", o.ReflectorPeering))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("reflector peering %q: want NonClient or Client", o.ReflectorPeering))
 	}
 	if o.AutoReflectors > 0 && o.RouteReflectors > 0 {
 		errs = append(errs, errors.New("auto reflectors: not with route reflectors chosen by hand"))

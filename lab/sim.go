@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tabbynet/tabby/api"
 )
 
 // SimOptions configure Sim, the scale harness behind `tabby-lab sim`
@@ -31,6 +33,10 @@ type SimOptions struct {
 	// client peers with its zone's reflectors only. 0 (default): the first
 	// RouteReflectors real nodes reflect, by hand, for every node.
 	Zones int
+	// ReflectorPeering is the routeReflectorPeering of a run in Zones:
+	// NonClient (default) or Client (Calico's rule: the reflectors of
+	// different zones are each other's clients).
+	ReflectorPeering string
 	// EndpointsPerNode endpoints on each simulated node (default 30);
 	// Policies NetworkPolicies (default 1,000).
 	EndpointsPerNode, Policies int
@@ -140,6 +146,13 @@ func (o *SimOptions) Validate() error {
 		}
 		errs = append(errs, fmt.Errorf("real nodes %d, route reflectors %d%s: want at least 1 of each, %d real agents together at most",
 			o.RealNodes, o.RouteReflectors, per, maxSimRealAgents))
+	}
+	switch {
+	case o.ReflectorPeering == "":
+	case o.ReflectorPeering != api.ReflectorPeeringNonClient && o.ReflectorPeering != api.ReflectorPeeringClient:
+		errs = append(errs, fmt.Errorf("reflector peering %q: want NonClient or Client", o.ReflectorPeering))
+	case o.Zones == 0:
+		errs = append(errs, fmt.Errorf("reflector peering %s: only with zones (routeReflectorMode Auto)", o.ReflectorPeering))
 	}
 	if o.Zones > 0 && o.RouteReflectors > 16 {
 		errs = append(errs, fmt.Errorf("route reflectors: %d per zone out of range 1-16 (routeReflectorsPerZone)", o.RouteReflectors))

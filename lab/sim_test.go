@@ -188,6 +188,9 @@ func TestSimOptionsZones(t *testing.T) {
 		{"more per zone than routeReflectorsPerZone", SimOptions{Zones: 1, RouteReflectors: 17, RealNodes: 1},
 			[]string{"route reflectors: 17 per zone out of range 1-16"}},
 		{"a zone without a real client", SimOptions{Zones: 3, RealNodes: 2}, []string{"real nodes: 2 for 3 zones"}},
+		{"three zones, Calico's peering", SimOptions{Zones: 3, ReflectorPeering: "Client"}, nil},
+		{"peering without zones", SimOptions{ReflectorPeering: "Client"}, []string{"reflector peering Client: only with zones"}},
+		{"peering misspelt", SimOptions{Zones: 3, ReflectorPeering: "client"}, []string{`reflector peering "client": want NonClient or Client`}},
 		{"no zones, too many agents", SimOptions{RouteReflectors: 19, RealNodes: 2}, []string{"route reflectors 19: want at least 1 of each, 20 real agents"}},
 	}
 	for _, tt := range tests {

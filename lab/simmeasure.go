@@ -26,7 +26,7 @@ import (
 
 // step grows the lab to size simulated nodes and measures.
 func (r *simRun) step(ctx context.Context, size int) (res SimResult, err error) {
-	res = SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy, Zones: r.o.Zones}
+	res = SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy, Zones: r.o.Zones, ReflectorPeering: r.o.ReflectorPeering}
 	lat, err := r.grow(ctx, size)
 	defer func() { res.SessionDrops, res.SessionOpensFailed = r.drops.take() }()
 	if err != nil {

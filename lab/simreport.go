@@ -43,8 +43,11 @@ type SimResult struct {
 	RRKiBPerClient        float64 `json:"rrKiBPerClient"`
 	// Zones of a run in zones (SimOptions.Zones), 0 without; Reflectors
 	// has each reflector's figures.
-	Zones      int                `json:"zones,omitempty"`
-	Reflectors []ReflectorFigures `json:"reflectors,omitempty"`
+	Zones int `json:"zones,omitempty"`
+	// ReflectorPeering of a run in zones (SimOptions.ReflectorPeering,
+	// "" for the default NonClient).
+	ReflectorPeering string             `json:"reflectorPeering,omitempty"`
+	Reflectors       []ReflectorFigures `json:"reflectors,omitempty"`
 	// Latencies.
 	RouteP50Ms float64 `json:"blockToRouteP50Ms"`
 	RouteP99Ms float64 `json:"blockToRouteP99Ms"`

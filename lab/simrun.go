@@ -59,6 +59,7 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, AgentArgs: o.AgentArgs, Log: o.Log}
 	if o.Zones > 0 {
 		lo.RouteReflectors, lo.AutoReflectors, lo.Zones, lo.ReflectorCandidates = 0, o.RouteReflectors, o.Zones, o.reflectors()
+		lo.ReflectorPeering = o.ReflectorPeering
 	}
 	l, err := Up(ctx, lo)
 	if err != nil {

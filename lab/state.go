@@ -35,6 +35,8 @@ type State struct {
 	// AutoReflectors and Zones: see Options.AutoReflectors.
 	AutoReflectors int `json:"autoReflectors,omitempty"`
 	Zones          int `json:"zones,omitempty"`
+	// ReflectorPeering: see Options.ReflectorPeering.
+	ReflectorPeering string `json:"reflectorPeering,omitempty"`
 	// ReflectorCandidates: see Options.ReflectorCandidates.
 	ReflectorCandidates int `json:"reflectorCandidates,omitempty"`
 	// DualStack: see Options.DualStack (also set for IPv6Only).

@@ -47,7 +47,7 @@ if want unit; then
 	# The BGP tests that take a graceful-restart session down skip under
 	# -race (a data race inside GoBGP v4.8.0 and v4.9.0, see bgp/harness_test.go): run
 	# them without it.
-	tier unit-gobgp 1b env TABBY_SKIP_PRIVILEGED=1 "$GO" test -json $TESTFLAGS -run '^(TestStop|TestGracefulRestart|TestHostilePeers|TestHostilePeersIPv6)$' ./bgp
+	tier unit-gobgp 1b env TABBY_SKIP_PRIVILEGED=1 "$GO" test -json $TESTFLAGS -run '^(TestStop|TestGracefulRestart|TestHostilePeers|TestHostilePeersIPv6|TestReflectorPromotion)$' ./bgp
 else
 	skip unit 1 "not in TIERS ($TIERS)"
 fi

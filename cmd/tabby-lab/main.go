@@ -61,6 +61,7 @@ func newRoot() *cobra.Command {
 type upOptions struct {
 	nodes, rrs, pods int
 	autoRRs, zones   int
+	reflectorPeering string
 	etcdMembers      int
 	binDir           string
 	noAgents         bool
@@ -83,6 +84,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().IntVar(&u.nodes, "nodes", nodes, "number of nodes")
 	c.Flags().IntVar(&u.rrs, "route-reflectors", 0, "make the first K nodes route reflectors (mesh off)")
 	c.Flags().IntVar(&u.autoRRs, "auto-reflectors", 0, "mesh off, routeReflectorMode Auto: the agents elect K route reflectors per zone (docs/bgp.md); none is chosen at start")
+	c.Flags().StringVar(&u.reflectorPeering, "reflector-peering", "", "with --auto-reflectors: routeReflectorPeering, how the reflectors of different zones peer: NonClient (the default) or Client (Calico's rule)")
 	c.Flags().IntVar(&u.zones, "zones", 2, "with --auto-reflectors: spread the nodes over this many zones (label topology.kubernetes.io/zone: zone-a, zone-b, …)")
 	c.Flags().IntVar(&u.pods, "pods-per-node", pods, "pods to add on each node")
 	c.Flags().IntVar(&u.etcdMembers, "etcd-members", 1, fmt.Sprintf("members of the lab's etcd cluster (1-%d); agents get every member's endpoint", lab.MaxEtcdMembers))
@@ -148,7 +150,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 	}
 	bin := binDir(u.binDir, self)
 	return lab.Options{
-		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, AutoReflectors: u.autoRRs, Zones: u.zones, PodsPerNode: u.pods,
+		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, AutoReflectors: u.autoRRs, Zones: u.zones, ReflectorPeering: u.reflectorPeering, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
 		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only, IPv6OnlyFabric: u.ipv6OnlyFabric,
 		TwoSubnets: u.twoSubnets, IPv4Pool: u.ipv4Pool, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,

@@ -50,6 +50,7 @@ own elected reflectors, as a deployment of that size is. Writes results.md, resu
 	f.IntVar(&o.RealNodes, "real-nodes", 0, "real agents that are reflector clients (a pod each; default 2, with --zones the larger of 2 and the zones)")
 	f.IntVar(&o.RouteReflectors, "route-reflectors", 2, "real agents in route-reflector mode (per zone with --zones)")
 	f.IntVar(&o.Zones, "zones", 0, "run the cluster in this many zones: routeReflectorMode Auto, --route-reflectors elected per zone among dedicated real nodes, every node (real or simulated) labelled with a zone and peering with its zone's reflectors (0: no zones, the reflectors serve every node)")
+	f.StringVar(&o.ReflectorPeering, "reflector-peering", "", "with --zones: routeReflectorPeering, how the reflectors of different zones peer: NonClient (the default) or Client (Calico's rule: each the other's client)")
 	f.IntVar(&o.EndpointsPerNode, "endpoints-per-node", 30, "endpoints on every simulated node")
 	f.IntVar(&o.Policies, "policies", 1000, "NetworkPolicies")
 	f.IntVar(&o.ChurnEvents, "churn-events", 400, "pod events the churn makes (each measured once every client agent's view has it)")

@@ -23,8 +23,9 @@ import (
 // benchmark calls StartFloor.
 
 // ServeFloor makes this process a floor when env is set in its
-// environment ("URL REV MODE": etcd's client URL, the first revision to
-// watch, the datastore.FloorMode as a number):
+// environment ("URL REV MODE [WATCHURL]": etcd's client URL, the first
+// revision to watch, the datastore.FloorMode as a number, a watch relay's
+// URL for datastore.Config.WatchEndpoints):
 // it watches spec and answers "wait REV" lines on stdin, once it received
 // a response at revision REV or later, with "ok EVENTS" (the events
 // counted so far), until EOF, and exits. It returns (doing nothing) when
@@ -47,12 +48,17 @@ func serveFloor(v string, spec datastore.WatchSpec, in io.Reader, out io.Writer)
 		from int64
 		mode datastore.FloorMode
 	)
-	if _, err := fmt.Sscan(v, &url, &from, &mode); err != nil {
-		return fmt.Errorf("floor: %q: want \"URL REV MODE\": %w", v, err)
+	f := strings.Fields(v)
+	if len(f) < 3 {
+		return fmt.Errorf("floor: %q: want \"URL REV MODE [WATCHURL]\"", v)
 	}
+	if _, err := fmt.Sscan(strings.Join(f[:3], " "), &url, &from, &mode); err != nil {
+		return fmt.Errorf("floor: %q: want \"URL REV MODE [WATCHURL]\": %w", v, err)
+	}
+	cfg := datastore.Config{Endpoints: []string{url}, WatchEndpoints: f[3:]}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store, err := datastore.New(ctx, datastore.Config{Endpoints: []string{url}})
+	store, err := datastore.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -109,10 +115,11 @@ type Floor struct {
 }
 
 // StartFloor starts the test binary as a floor (env set) watching etcd at
-// url from revision from on as mode says, stopped at cleanup.
-func StartFloor(tb testing.TB, env, url string, from int64, mode datastore.FloorMode) *Floor {
+// url from revision from on as mode says, stopped at cleanup. A watchURL
+// (a watch relay's) makes a FloorStream floor watch through it.
+func StartFloor(tb testing.TB, env, url string, from int64, mode datastore.FloorMode, watchURL ...string) *Floor {
 	tb.Helper()
-	cmd, in, out := startSelf(tb, fmt.Sprintf("%s=%s %d %d", env, url, from, mode))
+	cmd, in, out := startSelf(tb, strings.TrimSpace(fmt.Sprintf("%s=%s %d %d %s", env, url, from, mode, strings.Join(watchURL, " "))))
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	tb.Cleanup(func() {

@@ -72,15 +72,21 @@ func TestMain(m *testing.M) {
 // etcd and the agent's view, batching by WINDOW, and a third floor on a
 // stream of its own through it: relay-floor-cpu-µs/event and
 // agent/relay-floor. relay-cpu-µs/event/stream is the relay's CPU per
-// event divided by the 2 streams it serves (the agent's view and that
-// floor). Run it interleaved with runs without, for the agent's figure
-// both ways.
+// event divided by the relay-streams it serves: the agent's view and that
+// floor's, which holds TABBY_BENCH_RELAY_FLOORS copies of its watch
+// (default 1; its figures are per copy), as a relay serving that many
+// agents would. Run it interleaved with runs without, for the agent's
+// figure both ways.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	ch, preloaded := startBenchEtcd(b, scaleNodes)
 	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
 	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
 	floors, pids := []*storetest.Floor{floor, floor2}, []int{floor.PID, floor2.PID}
 	var watch []string
+	relayFloors := 1
+	if s := os.Getenv("TABBY_BENCH_RELAY_FLOORS"); s != "" {
+		relayFloors, _ = strconv.Atoi(s)
+	}
 	if w := os.Getenv("TABBY_BENCH_RELAY"); w != "" {
 		window, err := time.ParseDuration(w)
 		if err != nil {
@@ -88,7 +94,7 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 		}
 		rel := storetest.StartRelay(b, agentBenchRelayEnv, ch.URL, window)
 		watch = []string{rel.URL}
-		floors = append(floors, storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream, rel.URL))
+		floors = append(floors, storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream, rel.URL, strconv.Itoa(relayFloors)))
 		pids = append(pids, floors[2].PID, rel.PID)
 	}
 	// No periodic pass during the measurement: at this size a full pass
@@ -168,10 +174,11 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	b.ReportMetric(procVcsw(0), "floor-vcsw/event")
 	b.ReportMetric(procVcsw(1), "stream-floor-vcsw/event")
 	if len(pids) > 2 {
-		b.ReportMetric(procUs(2), "relay-floor-cpu-µs/event")
-		b.ReportMetric(agentUs/procUs(2), "agent/relay-floor")
-		b.ReportMetric(procVcsw(2), "relay-floor-vcsw/event")
-		b.ReportMetric(procUs(3)/2, "relay-cpu-µs/event/stream") // the agent's view and the relay floor
+		b.ReportMetric(procUs(2)/float64(relayFloors), "relay-floor-cpu-µs/event")
+		b.ReportMetric(agentUs/(procUs(2)/float64(relayFloors)), "agent/relay-floor")
+		b.ReportMetric(procVcsw(2)/float64(relayFloors), "relay-floor-vcsw/event")
+		b.ReportMetric(procUs(3)/float64(1+relayFloors), "relay-cpu-µs/event/stream") // the agent's view and the relay floor's
+		b.ReportMetric(float64(1+relayFloors), "relay-streams")
 	}
 	b.ReportMetric(float64(loopPasses(b, a)-passes0)/float64(b.N), "passes/event")
 	// Watch events the view took per pod event (progress reports included).

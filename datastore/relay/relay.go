@@ -26,6 +26,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -58,6 +59,13 @@ func New(client *clientv3.Client, prefix string, window time.Duration, log *slog
 	}
 	p := strings.TrimSuffix(prefix, "/") + "/"
 	return &Relay{conn: client.ActiveConnection, prefix: p, end: clientv3.GetPrefixRangeEnd(p), window: max(window, 0), log: log}
+}
+
+// ServerOptions are the gRPC server's options a relay needs: its agents'
+// etcd clients ping every 10 s (datastore's DialKeepAliveTime), which gRPC's
+// default policy (at most every 5 min) answers by closing the connection.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true})}
 }
 
 // Register adds the relay's Watch service to s.

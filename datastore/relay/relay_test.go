@@ -41,7 +41,7 @@ func start(t *testing.T, window time.Duration) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(relay.ServerOptions()...)
 	relay.New(c, "/tabby", window, nil).Register(srv)
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(srv.Stop)

@@ -57,7 +57,7 @@ func serveRelay(v string) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(relay.ServerOptions()...)
 	relay.New(c, datastore.DefaultPrefix, window, slog.New(slog.NewTextHandler(os.Stderr, nil))).Register(srv)
 	go func() { _ = srv.Serve(l) }()
 	defer srv.Stop()

@@ -181,8 +181,8 @@ func upstreamErr(err error) error {
 // send delivers a stream's items: the first response after a window's
 // quiet at once, later ones held until a window after the last send and
 // then sent back to back, consecutive event responses of one watch
-// merged. A progress request of the agent's and etcd's answer to it each
-// send the held responses at once.
+// merged. A progress request of the agent's, etcd's answer to it and a
+// watch's creation or end each send the held responses at once.
 func (r *Relay) send(ctx context.Context, down pb.Watch_WatchServer, items <-chan item, errc <-chan error, sendUp func(*pb.WatchRequest) error) error {
 	var (
 		held     []*pb.WatchResponse
@@ -231,10 +231,11 @@ func (r *Relay) send(ctx context.Context, down pb.Watch_WatchServer, items <-cha
 				}
 				continue
 			}
-			if answersProgress(it.resp) {
-				// Whoever asked is waiting for it; it says that every
-				// event up to its revision was sent, so it follows
-				// the held ones.
+			if answersProgress(it.resp) || it.resp.Created || it.resp.Canceled {
+				// Whoever asked is waiting for it (a progress report
+				// says every event up to its revision was sent, so it
+				// follows the held ones; a watch created or ended is
+				// not worth a window's wait).
 				held = append(held, it.resp)
 				if err := flush(); err != nil {
 					return err

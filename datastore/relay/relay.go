@@ -13,7 +13,6 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -80,15 +79,10 @@ func (r *Relay) allowed(c *pb.WatchCreateRequest) bool {
 	return len(c.RangeEnd) == 0 || (string(c.RangeEnd) > k && string(c.RangeEnd) <= r.end)
 }
 
-// item is what a stream's sender takes, in order: a response of etcd, a
-// response of the relay's own (a refused watch), or a progress request to
-// forward once the held responses are sent.
-type item struct {
-	resp     *pb.WatchResponse
-	progress *pb.WatchRequest
-}
-
-// Watch relays one agent's watch stream.
+// Watch relays one agent's watch stream. The handler's goroutine receives
+// etcd's responses and sends or holds each itself (one hand-off per
+// response, gRPC's reader to it, as the agent's own watch); a goroutine
+// reads the agent's requests; a timer sends what is held.
 func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 	ctx, cancel := context.WithCancel(down.Context())
 	defer cancel()
@@ -100,74 +94,64 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 	if err != nil {
 		return upstreamErr(err)
 	}
-	var sendMu sync.Mutex // the reader and the sender both send upstream
+	b := &batcher{down: down, window: r.window, fail: cancel}
+	b.t = time.AfterFunc(time.Hour, b.fire)
+	b.t.Stop()
+	defer b.close()
+	var sendMu sync.Mutex // the reader and the batcher both send upstream
 	sendUp := func(req *pb.WatchRequest) error {
 		sendMu.Lock()
 		defer sendMu.Unlock()
 		return up.Send(req)
 	}
-	items := make(chan item, 64)
-	errc := make(chan error, 2)
-	put := func(it item) bool {
-		select {
-		case items <- it:
-			return true
-		case <-ctx.Done():
-			return false
-		}
-	}
-	go func() { // the agent's requests
+	var upErr error // the reader's, set before it cancels
+	go func() {     // the agent's requests
+		defer cancel()
 		for {
 			req, err := down.Recv()
 			if err != nil {
-				errc <- errDownstream{err}
-				return
+				return // the agent went (or the handler returned)
 			}
 			switch u := req.RequestUnion.(type) {
 			case *pb.WatchRequest_CreateRequest:
 				if !r.allowed(u.CreateRequest) {
 					r.log.Warn("refused a watch outside the prefix", "key", string(u.CreateRequest.Key), "prefix", r.prefix)
-					if !put(item{resp: &pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
-						CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)}}) {
-						return
-					}
+					b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
+						CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
 					continue
 				}
 			case *pb.WatchRequest_ProgressRequest:
-				// Sent after the held responses: whoever asks waits for
-				// an answer, and should not wait for the window too.
-				if !put(item{progress: req}) {
-					return
-				}
-				continue
+				// After the held responses: whoever asks waits for an
+				// answer, and should not wait for the window too.
+				b.flushNow()
 			}
 			if err := sendUp(req); err != nil {
-				errc <- upstreamErr(err)
+				sendMu.Lock()
+				upErr = upstreamErr(err)
+				sendMu.Unlock()
 				return
 			}
 		}
 	}()
-	go func() { // etcd's responses
-		for {
-			resp, err := up.Recv()
-			if err != nil {
-				errc <- upstreamErr(err)
-				return
+	for {
+		resp, err := up.Recv()
+		if err != nil {
+			sendMu.Lock()
+			defer sendMu.Unlock()
+			switch {
+			case upErr != nil:
+				return upErr
+			case b.failed() || down.Context().Err() != nil:
+				return nil // the agent went
+			case ctx.Err() != nil:
+				return nil // the reader saw the agent go
 			}
-			if !put(item{resp: resp}) {
-				return
-			}
+			b.flushNow() // what etcd sent before it failed
+			return upstreamErr(err)
 		}
-	}()
-	err = r.send(ctx, down, items, errc, sendUp)
-	var de errDownstream
-	if errors.As(err, &de) {
-		return nil // the agent went
+		b.take(resp)
 	}
-	return err
 }
-
-type errDownstream struct{ error }
 
 // upstreamErr is etcd's error as the agent's: a gRPC status passes as it
 // is (a lost leader, a compaction), anything else is Unavailable.
@@ -178,94 +162,100 @@ func upstreamErr(err error) error {
 	return status.Error(codes.Unavailable, "relay: etcd: "+err.Error())
 }
 
-// send delivers a stream's items: the first response after a window's
-// quiet at once, later ones held until a window after the last send and
-// then sent back to back, consecutive event responses of one watch
-// merged. A progress request of the agent's, etcd's answer to it and a
-// watch's creation or end each send the held responses at once.
-func (r *Relay) send(ctx context.Context, down pb.Watch_WatchServer, items <-chan item, errc <-chan error, sendUp func(*pb.WatchRequest) error) error {
-	var (
-		held     []*pb.WatchResponse
-		heldSize int
-		lastSend time.Time
-		timer    = time.NewTimer(time.Hour)
-		armed    bool
-	)
-	timer.Stop()
-	defer timer.Stop()
-	flush := func() error {
-		for _, m := range held {
-			if err := down.Send(m); err != nil {
-				return errDownstream{err}
-			}
-		}
-		if len(held) > 0 {
-			lastSend = time.Now()
-		}
-		clear(held)
-		held, heldSize = held[:0], 0
-		return nil
+// batcher sends a stream's responses: the first after a window's quiet at
+// once, later ones held until a window after the last send and then sent
+// back to back, consecutive event responses of one watch merged. A
+// progress request of the agent's, etcd's answer to it and a watch's
+// creation or end each send the held responses at once. Safe for
+// concurrent use; Send is called under mu only.
+type batcher struct {
+	down     pb.Watch_WatchServer
+	window   time.Duration
+	fail     func() // a send failed: end the stream
+	mu       sync.Mutex
+	held     []*pb.WatchResponse
+	heldSize int // the last held response's keys and values
+	lastSend time.Time
+	t        *time.Timer
+	armed    bool
+	closed   bool // the handler returns: nothing more is sent
+	sendErr  bool
+}
+
+func (b *batcher) take(m *pb.WatchResponse) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if answersProgress(m) || m.Created || m.Canceled {
+		// Whoever asked is waiting for it (a progress report says every
+		// event up to its revision was sent, so it follows the held ones;
+		// a watch created or ended is not worth a window's wait).
+		b.held = append(b.held, m)
+		b.flushLocked()
+		return
 	}
-	for {
-		select {
-		case err := <-errc:
-			var de errDownstream
-			if !errors.As(err, &de) {
-				_ = flush() // what etcd sent before it failed
-			}
-			return err
-		case <-ctx.Done():
-			return errDownstream{ctx.Err()}
-		case <-timer.C:
-			armed = false
-			if err := flush(); err != nil {
-				return err
-			}
-		case it := <-items:
-			if it.progress != nil {
-				if err := flush(); err != nil {
-					return err
-				}
-				if err := sendUp(it.progress); err != nil {
-					return upstreamErr(err)
-				}
-				continue
-			}
-			if answersProgress(it.resp) || it.resp.Created || it.resp.Canceled {
-				// Whoever asked is waiting for it (a progress report
-				// says every event up to its revision was sent, so it
-				// follows the held ones; a watch created or ended is
-				// not worth a window's wait).
-				held = append(held, it.resp)
-				if err := flush(); err != nil {
-					return err
-				}
-				continue
-			}
-			now := time.Now()
-			if len(held) == 0 && now.Sub(lastSend) >= r.window {
-				if err := down.Send(it.resp); err != nil {
-					return errDownstream{err}
-				}
-				lastSend = now
-				continue
-			}
-			if n := len(held); n > 0 && mergeable(held[n-1]) && mergeable(it.resp) && held[n-1].WatchId == it.resp.WatchId && heldSize < maxMerged {
-				held[n-1].Events = append(held[n-1].Events, it.resp.Events...)
-				held[n-1].Header = it.resp.Header
-			} else {
-				held = append(held, it.resp)
-				heldSize = 0
-			}
-			for _, ev := range it.resp.Events {
-				heldSize += len(ev.Kv.GetKey()) + len(ev.Kv.GetValue()) + len(ev.PrevKv.GetKey()) + len(ev.PrevKv.GetValue())
-			}
-			if !armed {
-				armed = true
-				timer.Reset(lastSend.Add(r.window).Sub(now))
-			}
+	now := time.Now()
+	if len(b.held) == 0 && now.Sub(b.lastSend) >= b.window {
+		b.held = append(b.held, m)
+		b.flushLocked()
+		return
+	}
+	if n := len(b.held); n > 0 && mergeable(b.held[n-1]) && mergeable(m) && b.held[n-1].WatchId == m.WatchId && b.heldSize < maxMerged {
+		b.held[n-1].Events = append(b.held[n-1].Events, m.Events...)
+		b.held[n-1].Header = m.Header
+	} else {
+		b.held = append(b.held, m)
+		b.heldSize = 0
+	}
+	for _, ev := range m.Events {
+		b.heldSize += len(ev.Kv.GetKey()) + len(ev.Kv.GetValue()) + len(ev.PrevKv.GetKey()) + len(ev.PrevKv.GetValue())
+	}
+	if !b.armed {
+		b.armed = true
+		b.t.Reset(b.lastSend.Add(b.window).Sub(now))
+	}
+}
+
+func (b *batcher) fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.armed = false
+	b.flushLocked()
+}
+
+func (b *batcher) flushNow() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.flushLocked()
+}
+
+func (b *batcher) flushLocked() {
+	if b.closed || b.sendErr || len(b.held) == 0 {
+		return
+	}
+	for _, m := range b.held {
+		if err := b.down.Send(m); err != nil {
+			b.sendErr = true
+			b.fail()
+			break
 		}
 	}
+	b.lastSend = time.Now()
+	clear(b.held)
+	b.held, b.heldSize = b.held[:0], 0
+}
+
+func (b *batcher) failed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sendErr
+}
+
+// close stops the batcher for good: a timer firing after it sends nothing.
+func (b *batcher) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	b.t.Stop()
 }
 
 // mergeable: a plain event response (not a watch's creation, cancel,

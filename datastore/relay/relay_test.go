@@ -140,14 +140,19 @@ func TestRelayBatches(t *testing.T) {
 	}
 }
 
-// A progress request sends the held responses at once and then etcd's
-// answer; nothing waits for the window (etcd's events may reach the relay
+// Watches are created at once; a progress request sends the held
+// responses at once and then etcd's answer; nothing waits for the window (etcd's events may reach the relay
 // after the request: its answer, which follows them, sends them too).
 func TestRelayProgressFlushes(t *testing.T) {
 	f := start(t, time.Hour)
 	st, _ := f.watch(t)
-	create(t, st, "/tabby/", "/tabby0")
-	recv(t, st)          // created: at once
+	create(t, st, "/tabby/", "/tabby/z")
+	create(t, st, "/tabby/z", "/tabby0")
+	for i := range 2 { // each created at once, not a window after the first
+		if r := recv(t, st); !r.Created || r.WatchId != int64(i) {
+			t.Fatalf("response %d: %v, want watch %d created", i, r, i)
+		}
+	}
 	f.put(t, "/tabby/x") // held for an hour
 	rev := f.put(t, "/tabby/y")
 	if err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}); err != nil {

@@ -21,6 +21,7 @@ ARG VERSION=
 RUN LDFLAGS="-s -w${VERSION:+ -X github.com/tabbynet/tabby/internal/version.stamped=${VERSION}}" && \
     go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby-agent ./cmd/tabby-agent && \
     go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby-kube-controllers ./cmd/tabby-kube-controllers && \
+    go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby-relay ./cmd/tabby-relay && \
     go build -trimpath -ldflags "$LDFLAGS" -o /out/tabby ./cmd/tabby && \
     go build -trimpath -ldflags "$LDFLAGS" -o /out/tabbyctl ./cmd/tabbyctl
 # portmap, chained after tabby in the network configuration, from the same
@@ -38,7 +39,7 @@ RUN GOBIN=/out/cni-plugins go install -trimpath -ldflags "-s -w" \
 FROM scratch
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # tabby sits next to tabby-agent: install-cni's default --source-binary.
-COPY --from=build /out/tabby-agent /out/tabby /out/tabbyctl /out/tabby-kube-controllers /usr/local/bin/
+COPY --from=build /out/tabby-agent /out/tabby /out/tabbyctl /out/tabby-kube-controllers /out/tabby-relay /usr/local/bin/
 # install-cni's default --plugins-dir.
 COPY --from=build /out/cni-plugins/portmap /opt/tabby/cni-plugins/portmap
 CMD ["tabby-agent"]

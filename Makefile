@@ -4,7 +4,7 @@ BIN     := $(CURDIR)/bin
 # Tests build binaries with `go` too: make sure they find the same one.
 export PATH := $(dir $(GO)):$(PATH)
 PKGS    := ./...
-CMDS    := tabby-agent tabby tabbyctl tabby-lab tabby-kube-controllers
+CMDS    := tabby-agent tabby tabbyctl tabby-lab tabby-kube-controllers tabby-relay
 TESTFLAGS ?= -count=1 -timeout 20m -p 2
 # Every binary prints this (tabbyctl version, tabby-agent --version); a build
 # without make falls back to the VCS revision Go records (internal/version).

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -152,11 +153,11 @@ func (a *EndpointToHostAction) UnmarshalText(t []byte) error {
 }
 
 // HostProtectedPorts are the node's ports no pod may reach: every etcd
-// endpoint's port (2379 when an http(s) endpoint names none) and the GoBGP
+// and watch relay endpoint's port (2379 when an http(s) endpoint names none) and the GoBGP
 // API's.
 func (c *Config) HostProtectedPorts() []policy.HostPort {
 	var out []policy.HostPort
-	for _, ep := range c.Etcd.Endpoints {
+	for _, ep := range slices.Concat(c.Etcd.Endpoints, c.Etcd.WatchEndpoints) {
 		u, err := url.Parse(ep)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
 			continue

@@ -72,9 +72,10 @@ func TestConfigBounds(t *testing.T) {
 func TestHostProtectedPorts(t *testing.T) {
 	c := Default()
 	c.Etcd.Endpoints = []string{"https://10.0.0.1:2379", "http://etcd-2", "https://etcd-3:12379", "unix:///run/etcd.sock"}
+	c.Etcd.WatchEndpoints = []string{"http://198.18.0.2:23791"} // a watch relay holds etcd's credentials
 	c.GoBGPAPI = netip.MustParseAddrPort("127.0.0.1:50051")
 	got := c.HostProtectedPorts()
-	want := []policy.HostPort{{Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 12379}, {Proto: "tcp", Port: 50051}}
+	want := []policy.HostPort{{Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 2379}, {Proto: "tcp", Port: 12379}, {Proto: "tcp", Port: 23791}, {Proto: "tcp", Port: 50051}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("hostProtectedPorts (-want +got):\n%s", diff)
 	}

@@ -28,9 +28,14 @@ const agentBenchEtcdEnv = "TABBY_AGENT_BENCH_ETCD"
 // BenchmarkAgentRemotePodEvents (storetest.ServeFloor).
 const agentBenchFloorEnv = "TABBY_AGENT_BENCH_FLOOR"
 
+// agentBenchRelayEnv makes the test binary the watch relay of
+// BenchmarkAgentRemotePodEvents (storetest.ServeRelay).
+const agentBenchRelayEnv = "TABBY_AGENT_BENCH_RELAY"
+
 func TestMain(m *testing.M) {
 	storetest.ServeChild(agentBenchEtcdEnv, agentBenchCommand)
 	storetest.ServeFloor(agentBenchFloorEnv, syncer.WatchSpec())
+	storetest.ServeRelay(agentBenchRelayEnv)
 	os.Exit(m.Run())
 }
 
@@ -61,14 +66,41 @@ func TestMain(m *testing.M) {
 // of these events costs at the least.
 // vcsw/event and floor-vcsw/event are the voluntary context switches per
 // event (a thread that waits, to be woken again) of each, less the rest's.
+//
+// TABBY_BENCH_RELAY=WINDOW (a Go duration: 250ms) puts a watch relay
+// (datastore/relay, the test binary again: storetest.StartRelay) between
+// etcd and the agent's view, batching by WINDOW, and a third floor on a
+// stream of its own through it: relay-floor-cpu-µs/event and
+// agent/relay-floor. relay-cpu-µs/event/stream is the relay's CPU per
+// event divided by the relay-streams it serves: the agent's view and that
+// floor's, which holds TABBY_BENCH_RELAY_FLOORS copies of its watch
+// (default 1; its figures are per copy), as a relay serving that many
+// agents would. Run it interleaved with runs without, for the agent's
+// figure both ways.
 func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	ch, preloaded := startBenchEtcd(b, scaleNodes)
 	floor := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorClient)
 	floor2 := storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream)
+	floors, pids := []*storetest.Floor{floor, floor2}, []int{floor.PID, floor2.PID}
+	var watch []string
+	relayFloors := 1
+	if s := os.Getenv("TABBY_BENCH_RELAY_FLOORS"); s != "" {
+		relayFloors, _ = strconv.Atoi(s)
+	}
+	if w := os.Getenv("TABBY_BENCH_RELAY"); w != "" {
+		window, err := time.ParseDuration(w)
+		if err != nil {
+			b.Fatalf("TABBY_BENCH_RELAY=%s: %v", w, err)
+		}
+		rel := storetest.StartRelay(b, agentBenchRelayEnv, ch.URL, window)
+		watch = []string{rel.URL}
+		floors = append(floors, storetest.StartFloor(b, agentBenchFloorEnv, ch.URL, preloaded+1, datastore.FloorStream, rel.URL, strconv.Itoa(relayFloors)))
+		pids = append(pids, floors[2].PID, rel.PID)
+	}
 	// No periodic pass during the measurement: at this size a full pass
 	// costs tens of milliseconds, which would fall in the churn or in the
 	// rest by chance.
-	a := startBenchAgentOn(b, ch, time.Hour)
+	a := startBenchAgentOn(b, ch, time.Hour, watch...)
 	ctx := b.Context()
 	rate := 100
 	if s := os.Getenv("TABBY_BENCH_RATE"); s != "" {
@@ -80,15 +112,18 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	debug.FreeOSMemory()
 	quiet(b)
 	const rest = 3 * time.Second
-	s0 := sampleAll(b, floor, floor2)
+	s0 := sampleAll(b, pids)
 	time.Sleep(rest)
-	s1 := sampleAll(b, floor, floor2)
+	s1 := sampleAll(b, pids)
 	passes0, events0 := loopPasses(b, a), a.view.Stats().Events
-	floorEvents0, floor2Events0 := floor.Wait(b, 0), floor2.Wait(b, 0) // the events counted so far
+	var floorEvents0 []int
+	for _, f := range floors {
+		floorEvents0 = append(floorEvents0, f.Wait(b, 0)) // the events counted so far
+	}
 	stopProfile := churnProfile(b)
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, s2 := time.Now(), sampleAll(b, floor, floor2)
+	start, s2 := time.Now(), sampleAll(b, pids)
 	var last int64
 	for n := 0; n < b.N; {
 		k := min(50, b.N-n)
@@ -98,14 +133,18 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 		}
 		n += k
 	}
-	floorEvents, floor2Events := floor.Wait(b, last)-floorEvents0, floor2.Wait(b, last)-floor2Events0
+	for i, f := range floors {
+		if n := f.Wait(b, last) - floorEvents0[i]; n != b.N {
+			b.Errorf("floor %d counted %d events, want %d", i, n, b.N)
+		}
+	}
 	// The owners' reactions to the last events (their coalescing window).
 	time.Sleep(20 * coalesceWindow)
-	s3, wall := sampleAll(b, floor, floor2), time.Since(start)
+	s3, wall := sampleAll(b, pids), time.Since(start)
 	b.StopTimer()
 	stopProfile()
 	time.Sleep(rest)
-	s4 := sampleAll(b, floor, floor2)
+	s4 := sampleAll(b, pids)
 	// perEvent is the churn's x less the rests' rate of x over as long,
 	// per event.
 	perEvent := func(x func(benchSample) float64) float64 {
@@ -119,18 +158,27 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 	b.ReportMetric(float64(s4.agentCPU-s3.agentCPU)/ms, "rest2-ms")
 	us := float64(time.Microsecond)
 	agentUs := perEvent(func(s benchSample) float64 { return float64(s.agentCPU) }) / us
-	floorUs := perEvent(func(s benchSample) float64 { return float64(s.floor.CPU) }) / us
-	floor2Us := perEvent(func(s benchSample) float64 { return float64(s.floor2.CPU) }) / us
+	procUs := func(i int) float64 {
+		return perEvent(func(s benchSample) float64 { return float64(s.procs[i].CPU) }) / us
+	}
+	procVcsw := func(i int) float64 {
+		return perEvent(func(s benchSample) float64 { return float64(s.procs[i].Voluntary) })
+	}
+	floorUs, floor2Us := procUs(0), procUs(1)
 	b.ReportMetric(agentUs, "cpu-µs/event")
 	b.ReportMetric(floorUs, "floor-cpu-µs/event")
 	b.ReportMetric(agentUs/floorUs, "agent/floor")
 	b.ReportMetric(floor2Us, "stream-floor-cpu-µs/event")
 	b.ReportMetric(agentUs/floor2Us, "agent/stream-floor")
 	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.agent.Voluntary) }), "vcsw/event")
-	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.floor.Voluntary) }), "floor-vcsw/event")
-	b.ReportMetric(perEvent(func(s benchSample) float64 { return float64(s.floor2.Voluntary) }), "stream-floor-vcsw/event")
-	if floorEvents != b.N || floor2Events != b.N {
-		b.Errorf("the floors counted %d and %d events, want %d", floorEvents, floor2Events, b.N)
+	b.ReportMetric(procVcsw(0), "floor-vcsw/event")
+	b.ReportMetric(procVcsw(1), "stream-floor-vcsw/event")
+	if len(pids) > 2 {
+		b.ReportMetric(procUs(2)/float64(relayFloors), "relay-floor-cpu-µs/event")
+		b.ReportMetric(agentUs/(procUs(2)/float64(relayFloors)), "agent/relay-floor")
+		b.ReportMetric(procVcsw(2)/float64(relayFloors), "relay-floor-vcsw/event")
+		b.ReportMetric(procUs(3)/float64(1+relayFloors), "relay-cpu-µs/event/stream") // the agent's view and the relay floor's
+		b.ReportMetric(float64(1+relayFloors), "relay-streams")
 	}
 	b.ReportMetric(float64(loopPasses(b, a)-passes0)/float64(b.N), "passes/event")
 	// Watch events the view took per pod event (progress reports included).
@@ -138,23 +186,25 @@ func BenchmarkAgentRemotePodEvents(b *testing.B) {
 }
 
 // benchSample is what sampleAll read: this process's CPU (getrusage) and
-// counters, and the floors'.
+// counters, and the other processes' (the floors', the relay's).
 type benchSample struct {
-	agentCPU             time.Duration
-	agent, floor, floor2 storetest.ProcCounters
+	agentCPU time.Duration
+	agent    storetest.ProcCounters
+	procs    []storetest.ProcCounters
 }
 
-func sampleAll(b *testing.B, floor, floor2 *storetest.Floor) benchSample {
+func sampleAll(b *testing.B, pids []int) benchSample {
 	s := benchSample{agentCPU: processCPU()}
 	var err error
 	if s.agent, err = storetest.ProcSample(os.Getpid()); err != nil {
 		b.Fatal(err)
 	}
-	if s.floor, err = storetest.ProcSample(floor.PID); err != nil {
-		b.Fatal(err)
-	}
-	if s.floor2, err = storetest.ProcSample(floor2.PID); err != nil {
-		b.Fatal(err)
+	for _, pid := range pids {
+		c, err := storetest.ProcSample(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.procs = append(s.procs, c)
 	}
 	return s
 }
@@ -176,12 +226,14 @@ func startBenchEtcd(b *testing.B, nodes int) (*storetest.Child, int64) {
 
 // startBenchAgentOn starts node0's whole agent against ch on fake kernel,
 // BGP and firewall, with the given resync interval, and returns it once
-// its start has settled; it stops when the benchmark ends.
-func startBenchAgentOn(b *testing.B, ch *storetest.Child, resync time.Duration) *Agent {
+// its start has settled; it stops when the benchmark ends. Its view
+// watches through the watch relay at watch, if given.
+func startBenchAgentOn(b *testing.B, ch *storetest.Child, resync time.Duration, watch ...string) *Agent {
 	routes := fake.NewRoutes()
 	a := newFakeAgentOn(b, []string{ch.URL}, scaleNode(0), "198.18.4.1/16", quietLog(),
 		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(), Firewall: &memoFirewall{}})
 	a.cfg.ResyncInterval = resync
+	a.cfg.Etcd.WatchEndpoints = watch
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

@@ -22,7 +22,8 @@ const (
 	FloorClient FloorMode = iota
 	// FloorStream: on a gRPC watch stream of its own, received in one
 	// goroutine, as the view's watch (watchstream.go): gRPC's reader hands
-	// each response to it, nothing else does.
+	// each response to it, nothing else does. Through the watch relay
+	// when Config.WatchEndpoints are set.
 	FloorStream
 )
 
@@ -85,7 +86,7 @@ func (s *Store) FloorWatch(ctx context.Context, spec WatchSpec, fromRev int64, m
 func (s *Store) floorStream(ctx context.Context, spec WatchSpec, fromRev int64, seen func(events int, rev int64)) error {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	st, err := pb.NewWatchClient(s.client.ActiveConnection()).Watch(ctx, grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
+	st, err := pb.NewWatchClient(s.watchClient.ActiveConnection()).Watch(ctx, grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
 	if err != nil {
 		return s.etcdErr("floor watch", err)
 	}

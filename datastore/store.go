@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,12 @@ const (
 type Config struct {
 	// Endpoints: "http://127.0.0.1:2379", "https://…", "unix:///path".
 	Endpoints []string
+	// WatchEndpoints, when set, are a watch relay's (cmd/tabby-relay,
+	// datastore/relay): the watch with WatchSpec.Skip (an agent's view)
+	// runs there, in batches; everything else stays on Endpoints. The
+	// relay is reached with the same TLS files, without Username and
+	// Password (it watches etcd with credentials of its own).
+	WatchEndpoints []string
 	// CAFile verifies the server (https); CertFile and KeyFile are the
 	// client certificate for mutual TLS. Any of them turns TLS on.
 	CAFile, CertFile, KeyFile string
@@ -94,7 +101,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("endpoints: at least one is required"))
 	}
 	tls := c.CAFile != "" || c.CertFile != "" || c.KeyFile != ""
-	for _, ep := range c.Endpoints {
+	for _, ep := range slices.Concat(c.Endpoints, c.WatchEndpoints) {
 		scheme, _, ok := strings.Cut(ep, "://")
 		switch {
 		case !ok:
@@ -127,12 +134,14 @@ func (c *Config) Validate() error {
 
 // Store is a connection to etcd.
 type Store struct {
-	client    *clientv3.Client
-	cfg       Config
-	base      string // Prefix + "/"
-	endpoints string // for error messages: "[http://a http://b]"
-	log       *slog.Logger
-	count     counters
+	client *clientv3.Client
+	// watchClient is the relay's (Config.WatchEndpoints), or client.
+	watchClient *clientv3.Client
+	cfg         Config
+	base        string // Prefix + "/"
+	endpoints   string // for error messages: "[http://a http://b]"
+	log         *slog.Logger
+	count       counters
 	// commitFault, when set (tests only), runs each write attempt.
 	commitFault func(context.Context, func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error)
 	// progress is whether etcd answers watch progress requests (see
@@ -219,19 +228,39 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to etcd at %s: %w", endpoints, err)
 	}
+	watchClient := client
+	if len(cfg.WatchEndpoints) > 0 {
+		wtls, err := clientTLS(Config{Endpoints: cfg.WatchEndpoints, CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile})
+		if err == nil {
+			// No connectivity check: the watch retries until the relay
+			// answers, as it does when etcd goes.
+			watchClient, err = clientv3.New(clientv3.Config{
+				Endpoints:            cfg.WatchEndpoints,
+				DialKeepAliveTime:    10 * time.Second,
+				DialKeepAliveTimeout: 5 * time.Second,
+				TLS:                  wtls,
+				Logger:               zapslog.New(cfg.Logger),
+				DialOptions:          dialOptions(cfg),
+			})
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("connecting to the watch relay at %s: %w", fmt.Sprint(cfg.WatchEndpoints), err), client.Close())
+		}
+	}
 	s := &Store{
-		client:    client,
-		cfg:       cfg,
-		base:      strings.TrimSuffix(cfg.Prefix, "/") + "/",
-		endpoints: endpoints,
-		log:       log,
+		client:      client,
+		watchClient: watchClient,
+		cfg:         cfg,
+		base:        strings.TrimSuffix(cfg.Prefix, "/") + "/",
+		endpoints:   endpoints,
+		log:         log,
 	}
 	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
 	// A Get under our prefix proves connectivity, TLS and, with auth, that we
 	// may read our keys.
 	if _, err := client.Get(cctx, s.base, clientv3.WithCountOnly()); err != nil {
-		cerr := client.Close()
+		cerr := s.Close()
 		// gRPC hides why it could not connect behind the deadline; a
 		// direct dial of each endpoint tells the operator (refused, TLS).
 		if diag := probeEndpoints(cfg.Endpoints, tlsCfg); diag != "" {
@@ -278,10 +307,16 @@ func clientTLS(cfg Config) (*tls.Config, error) {
 
 // Close closes the connection; watches end.
 func (s *Store) Close() error {
-	if err := s.client.Close(); err != nil && !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("closing etcd client: %w", err)
+	var errs []error
+	if s.watchClient != s.client {
+		if err := s.watchClient.Close(); err != nil && !errors.Is(err, context.Canceled) {
+			errs = append(errs, fmt.Errorf("closing the watch relay's client: %w", err))
+		}
 	}
-	return nil
+	if err := s.client.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		errs = append(errs, fmt.Errorf("closing etcd client: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // Endpoints returns the configured etcd endpoints.

@@ -36,6 +36,12 @@ const (
 	progressMaxLag = 2 * time.Second
 )
 
+// progressEveryRelayed is progressEvery of a watch through a watch relay
+// (Config.WatchEndpoints): its stream is quiet between the relay's batches
+// (250 ms by default), and a progress request makes the relay send what it
+// holds at once; asking after progressEvery would undo the batching.
+const progressEveryRelayed = time.Second
+
 // absRange is a part of a watch, in absolute keys.
 type absRange struct{ from, to string }
 
@@ -202,11 +208,13 @@ type nudger struct {
 	stopped  bool      // stop ran: fire neither re-arms nor sends
 	lagSince time.Time // zero: the parts are in step
 	last     time.Time // the last response
+	quiet    time.Duration
 	send     func()
 }
 
-func newNudger(send func()) *nudger {
-	n := &nudger{send: send}
+// newNudger asks by send once a lagging stream was quiet for quiet.
+func newNudger(quiet time.Duration, send func()) *nudger {
+	n := &nudger{quiet: quiet, send: send}
 	n.t = time.AfterFunc(time.Hour, n.fire)
 	n.t.Stop()
 	return n
@@ -230,7 +238,7 @@ func (n *nudger) seen(now time.Time, lagging bool) {
 	}
 	if !n.armed {
 		n.armed = true
-		n.t.Reset(nudgeDelay(n.lagSince, now))
+		n.t.Reset(nudgeAfter(n.quiet, n.lagSince, now))
 	}
 }
 
@@ -242,7 +250,7 @@ func (n *nudger) fire() {
 		return
 	}
 	// Due progressEvery after the last response, within the bound.
-	if left := n.last.Add(nudgeDelay(n.lagSince, n.last)).Sub(time.Now()); left > 0 {
+	if left := n.last.Add(nudgeAfter(n.quiet, n.lagSince, n.last)).Sub(time.Now()); left > 0 {
 		n.t.Reset(left)
 		n.mu.Unlock()
 		return
@@ -264,7 +272,12 @@ func (n *nudger) stop() {
 // nudgeDelay is how long after a response at now, with the parts lagging
 // since lagSince, the watch asks for progress.
 func nudgeDelay(lagSince, now time.Time) time.Duration {
-	return max(0, min(progressEvery, lagSince.Add(progressMaxLag).Sub(now)))
+	return nudgeAfter(progressEvery, lagSince, now)
+}
+
+// nudgeAfter is nudgeDelay with quiet for progressEvery.
+func nudgeAfter(quiet time.Duration, lagSince, now time.Time) time.Duration {
+	return max(0, min(quiet, lagSince.Add(progressMaxLag).Sub(now)))
 }
 
 // handle delivers one part's watch response.

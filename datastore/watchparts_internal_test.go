@@ -89,30 +89,43 @@ func TestNudgeDelay(t *testing.T) {
 func TestNudger(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		// responses every 50 ms for this long, lagging, then (inStep)
-		// one in step
+		// responses every 50 ms (or every) for this long, lagging, then
+		// (inStep) one in step
 		steady time.Duration
 		inStep bool
 		want   []time.Duration // sends, since the first response
+		every  time.Duration
+		quiet  time.Duration // progressEvery unless set
 	}{
-		{"quiet", 0, false, []time.Duration{progressEvery}},
-		{"quiet after a while", time.Second, false, []time.Duration{time.Second + progressEvery}},
-		{"steady", 3 * time.Second, false, []time.Duration{progressMaxLag, 3*time.Second + progressEvery}},
-		{"in step again", time.Second, true, nil},
+		{"quiet", 0, false, []time.Duration{progressEvery}, 0, 0},
+		{"quiet after a while", time.Second, false, []time.Duration{time.Second + progressEvery}, 0, 0},
+		{"steady", 3 * time.Second, false, []time.Duration{progressMaxLag, 3*time.Second + progressEvery}, 0, 0},
+		{"in step again", time.Second, true, nil, 0, 0},
+		// A relay's batches every 250 ms: asking 200 ms after each
+		// (13 times in 3 s) would make the relay send every 200 ms
+		// instead.
+		{"relay batches", 3 * time.Second, false, everyFrom(200*time.Millisecond, 250*time.Millisecond, 13), 250 * time.Millisecond, 0},
+		{"relay batches, relayed", 3 * time.Second, false, []time.Duration{progressMaxLag, 3*time.Second + progressEveryRelayed}, 250 * time.Millisecond, progressEveryRelayed},
 	} {
+		if tc.every == 0 {
+			tc.every = 50 * time.Millisecond
+		}
+		if tc.quiet == 0 {
+			tc.quiet = progressEvery
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				t0 := time.Now()
 				var sent []time.Duration
 				var n *nudger
-				n = newNudger(func() {
+				n = newNudger(tc.quiet, func() {
 					sent = append(sent, time.Since(t0))
 					n.seen(time.Now(), false) // the progress report
 				})
 				defer n.stop()
 				for time.Since(t0) <= tc.steady {
 					n.seen(time.Now(), true)
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(tc.every)
 					synctest.Wait()
 				}
 				if tc.inStep {
@@ -135,7 +148,7 @@ func TestNudgerStopped(t *testing.T) {
 	for _, armed := range []bool{true, false} {
 		synctest.Test(t, func(t *testing.T) {
 			sends := 0
-			n := newNudger(func() { sends++ })
+			n := newNudger(progressEvery, func() { sends++ })
 			if armed {
 				n.seen(time.Now(), true)
 			}
@@ -148,4 +161,13 @@ func TestNudgerStopped(t *testing.T) {
 			}
 		})
 	}
+}
+
+// everyFrom is n durations from first on, every apart.
+func everyFrom(first, every time.Duration, n int) []time.Duration {
+	var d []time.Duration
+	for i := range n {
+		d = append(d, first+time.Duration(i)*every)
+	}
+	return d
 }

@@ -44,10 +44,11 @@ func (p *partsStream) requestProgress() error {
 	return p.send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}})
 }
 
-// openParts opens the stream and asks for every part's watch from where
+// openParts opens the stream (on the watch relay's connection when
+// Config.WatchEndpoints are set) and asks for every part's watch from where
 // it got; etcd confirms them in order (watchOnce maps the confirmations).
 func (w *partsWatcher) openParts(ctx context.Context) (*partsStream, error) {
-	st, err := pb.NewWatchClient(w.s.client.ActiveConnection()).Watch(ctx,
+	st, err := pb.NewWatchClient(w.s.watchClient.ActiveConnection()).Watch(ctx,
 		grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
 	if err != nil {
 		return nil, err
@@ -68,13 +69,20 @@ func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	what := fmt.Sprintf("watching %s", w.spec.Prefix)
+	if len(w.s.cfg.WatchEndpoints) > 0 {
+		what += fmt.Sprintf(" through the watch relay at %s", w.s.cfg.WatchEndpoints)
+	}
 	p, err := w.openParts(wctx)
 	if err != nil {
 		return w.s.etcdErr(what, err)
 	}
 	w.s.partsProgress.Store(p)
 	defer w.s.partsProgress.CompareAndSwap(p, nil)
-	nudge := newNudger(func() { _ = p.requestProgress() }) // best effort: the next lag asks again
+	quiet := progressEvery
+	if len(w.s.cfg.WatchEndpoints) > 0 {
+		quiet = progressEveryRelayed
+	}
+	nudge := newNudger(quiet, func() { _ = p.requestProgress() }) // best effort: the next lag asks again
 	defer nudge.stop()
 	for {
 		resp, err := p.st.Recv()

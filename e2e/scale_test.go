@@ -43,6 +43,30 @@ func TestEtcdProxy(t *testing.T) {
 	t.Logf("etcd behind the proxy: %v", g)
 }
 
+// TestRelay: agents whose views watch through a watch relay (`tabby-lab up
+// --relay`) wire pods that reach each other, also a pod added after they
+// started: its ADD waits for its own endpoint in the view, which a
+// progress request gets through the relay's window at once.
+func TestRelay(t *testing.T) {
+	l := upLab(t, lab.Options{Name: "shrl", Nodes: 2, PodsPerNode: 1, Relay: true})
+	st := l.State()
+	if st.Relay == nil || !st.Relay.Alive() {
+		t.Fatal("the lab has no running relay")
+	}
+	for _, n := range st.Nodes {
+		i := slices.Index(n.Agent.Argv, "--watch-endpoints")
+		if i < 0 || n.Agent.Argv[i+1] != st.RelayURL() {
+			t.Fatalf("agent of %s does not watch through the relay %s: %q", n.Name, st.RelayURL(), n.Agent.Argv)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := l.AddPod(ctx, "node2", "late", lab.PodOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pingMatrix(t, l)
+}
+
 // TestSimHarness is a short representative run of the scale harness
 // (`tabby-lab sim`, `make scale-sweep` for the sweep): 10 simulated nodes
 // with real reflector sessions and etcd records next to real agents; every

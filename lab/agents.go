@@ -117,6 +117,9 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 		"--state-dir", filepath.Join(d, "state"),
 		"--http-listen", AgentHTTPListen,
 	}
+	if st.Relay != nil {
+		argv = append(argv, "--watch-endpoints", st.RelayURL())
+	}
 	if n.IP.IsValid() {
 		argv = append(argv, "--node-ip", n.IP.String(), "--default-ipv4-pool", st.Pool4().String())
 	} else {

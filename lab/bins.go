@@ -34,6 +34,9 @@ func resolveBinaries(ctx context.Context, o *Options, buildDir string) error {
 	if !o.NoAgents {
 		need = append(need, BinAgent, BinCNI)
 	}
+	if o.Relay {
+		need = append(need, BinRelay)
+	}
 	if o.BinDir == "" {
 		if len(need) > 0 {
 			if err := BuildCommands(ctx, buildDir, need, o.Log); err != nil {

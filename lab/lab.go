@@ -151,6 +151,11 @@ func (l *Lab) makeInfra(ctx context.Context, o Options) error {
 			return err
 		}
 	}
+	if o.Relay {
+		if err := l.startRelay(ctx); err != nil {
+			return err
+		}
+	}
 	if o.VXLANMode != "" && !o.NoAgents {
 		if err := l.createPools(ctx, o.VXLANMode); err != nil {
 			return err

@@ -328,3 +328,29 @@ func TestNodeToStart(t *testing.T) {
 		}
 	}
 }
+
+// With a relay (Options.Relay) the agents' views watch through it and
+// everything else still goes to etcd; without one they get no
+// --watch-endpoints. The relay watches etcd itself, not the proxy.
+func TestRelayArgv(t *testing.T) {
+	st := &State{Etcd: etcdMembers(1, false), BinDir: "/b"}
+	n := &NodeState{Name: "node1", IP: nodePrefix(firstNodeHost)}
+	l := &Lab{dir: "/run/x"}
+	if argv := strings.Join(l.agentArgv(st, n), " "); strings.Contains(argv, "--watch-endpoints") {
+		t.Errorf("agent argv %q without a relay: want no --watch-endpoints", argv)
+	}
+	st.Relay, st.EtcdProxy = &Proc{PID: 1}, &Proc{PID: 2}
+	argv := strings.Join(l.agentArgv(st, n), " ")
+	for _, want := range []string{"--watch-endpoints http://198.18.0.2:23792", "--etcd-endpoints " + st.EtcdProxyURL()} {
+		if !strings.Contains(argv, want) {
+			t.Errorf("agent argv %q: want %q", argv, want)
+		}
+	}
+	relay := strings.Join(RelayArgv("/b/tabby-relay", st.EtcdEndpoints(), "198.18.0.2:23792"), " ")
+	if want := "/b/tabby-relay --etcd-endpoints http://198.18.0.2:2379 --listen 198.18.0.2:23792"; relay != want {
+		t.Errorf("relay argv %q, want %q", relay, want)
+	}
+	if err := (&Options{Nodes: 1, IPv6OnlyFabric: true, Relay: true}).Validate(); err == nil || !strings.Contains(err.Error(), "relay") {
+		t.Errorf("a relay on an IPv6-only fabric: %v, want refused", err)
+	}
+}

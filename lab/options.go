@@ -110,6 +110,9 @@ type Options struct {
 	// start`) in front of etcd and points the agents at it
 	// (lab/etcdproxy.go).
 	EtcdProxy bool
+	// Relay runs a watch relay (cmd/tabby-relay) in front of etcd and
+	// points the agents' --watch-endpoints at it (lab/relay.go).
+	Relay bool
 	// NoAgents brings up the fabric, ToR, etcd and node namespaces only.
 	NoAgents bool
 	// DualStack gives the fabric an IPv6 underlay (2001:db8::/64), every
@@ -240,6 +243,9 @@ func (o *Options) Validate() error {
 		}
 		if o.EtcdProxy {
 			errs = append(errs, errors.New("etcd proxy: not available with an IPv6-only fabric"))
+		}
+		if o.Relay {
+			errs = append(errs, errors.New("relay: not available with an IPv6-only fabric"))
 		}
 	}
 	if o.IPv4Pool.IsValid() && (!o.IPv4Pool.Addr().Is4() || o.IPv4Pool.Bits() < podPool.Bits() || !podPool.Contains(o.IPv4Pool.Addr()) || o.IPv4Pool.Bits() > 26) {

@@ -56,6 +56,9 @@ type SimOptions struct {
 	// EtcdProxy: agents and simulated nodes reach etcd through the etcd
 	// project's gRPC proxy (Options.EtcdProxy).
 	EtcdProxy bool
+	// Relay: the real agents' views watch through a watch relay
+	// (Options.Relay); the simulated nodes do not.
+	Relay bool
 	// AgentArgs are appended to every real agent's command line
 	// (Options.AgentArgs), e.g. --debug-pprof 127.0.0.1:6060 to profile
 	// them at a size (docs/scale.md, "Profiling an agent").

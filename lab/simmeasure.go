@@ -26,7 +26,7 @@ import (
 
 // step grows the lab to size simulated nodes and measures.
 func (r *simRun) step(ctx context.Context, size int) (res SimResult, err error) {
-	res = SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy, Zones: r.o.Zones, ReflectorPeering: r.o.ReflectorPeering}
+	res = SimResult{Nodes: size, Endpoints: size * r.o.EndpointsPerNode, Policies: r.o.Policies, EtcdProxy: r.o.EtcdProxy, Relay: r.o.Relay, Zones: r.o.Zones, ReflectorPeering: r.o.ReflectorPeering}
 	lat, err := r.grow(ctx, size)
 	defer func() { res.SessionDrops, res.SessionOpensFailed = r.drops.take() }()
 	if err != nil {
@@ -61,7 +61,7 @@ func (r *simRun) step(ctx context.Context, size int) (res SimResult, err error) 
 
 type usage struct{ cpu, rss float64 }
 
-// snapshot reads the real agents', etcd's and the proxy's usage.
+// snapshot reads the real agents', etcd's, the relay's and the proxy's usage.
 func (r *simRun) snapshot() (map[string]usage, error) {
 	st := r.l.State()
 	out := map[string]usage{}
@@ -85,6 +85,9 @@ func (r *simRun) snapshot() (map[string]usage, error) {
 		return nil, err
 	}
 	if err := add(floorKey, r.floor); err != nil {
+		return nil, err
+	}
+	if err := add("relay", st.Relay); err != nil {
 		return nil, err
 	}
 	return out, add("proxy", st.EtcdProxy)
@@ -286,6 +289,9 @@ func (r *simRun) etcdLoad(res *SimResult, restA, churn, restB window) {
 	res.EtcdRSSMiB = churn.to["etcd"].rss
 	if _, ok := churn.to["proxy"]; ok {
 		res.ProxyChurnPct = 100 * churn.rate("proxy")
+	}
+	if _, ok := churn.to["relay"]; ok {
+		res.RelayChurnPct = 100 * churn.rate("relay")
 	}
 }
 

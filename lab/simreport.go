@@ -67,6 +67,10 @@ type SimResult struct {
 	EtcdWatchers     int     `json:"etcdWatchers"`
 	EtcdWatchStreams int     `json:"etcdWatchStreams"`
 	ProxyChurnPct    float64 `json:"proxyChurnCPUPercent,omitempty"`
+	// The watch relay's CPU during the churn (SimOptions.Relay), serving
+	// the real agents only.
+	Relay         bool    `json:"relay,omitempty"`
+	RelayChurnPct float64 `json:"relayChurnCPUPercent,omitempty"`
 	// SessionDrops counts, by the harness's phase (simPhases), the
 	// simulated sessions with a reflector that ended after being
 	// established; SessionOpensFailed those that ended while opening
@@ -171,12 +175,15 @@ func (r SimResult) summary() string {
 // SimTable renders results as a Markdown table, one row per size.
 func SimTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | bare watcher µs/event ± noise (agent / it) | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy CPU % | load 1m |\n")
+	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | bare watcher µs/event ± noise (agent / it) | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy (relay) CPU % | load 1m |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		proxy := "—"
 		if r.EtcdProxy {
 			proxy = fmt.Sprintf("%.1f", r.ProxyChurnPct)
+		}
+		if r.Relay {
+			proxy += fmt.Sprintf(" (relay %.1f)", r.RelayChurnPct)
 		}
 		fmt.Fprintf(&b, "| %d | %d | %d (%.0f) | %.0f ± %.0f | %s | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
 			r.Nodes, r.Endpoints, r.Events, r.ChurnSeconds, r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.floorCell(), r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,

@@ -60,6 +60,8 @@ type State struct {
 	Etcd []EtcdMember `json:"etcdMembers"`
 	// EtcdProxy is the etcd gRPC proxy the agents use (Options.EtcdProxy).
 	EtcdProxy *Proc `json:"etcdProxy,omitempty"`
+	// Relay is the watch relay the agents' views use (Options.Relay).
+	Relay *Proc `json:"relay,omitempty"`
 	// FloorWatch is the scale harness's bare etcd watcher (lab/simfloor.go),
 	// while it runs: recorded so that teardown stops it whatever became of
 	// the sim.
@@ -154,6 +156,9 @@ func (s *State) etcdProcs() []*Proc {
 	var ps []*Proc
 	if s.EtcdProxy != nil {
 		ps = append(ps, s.EtcdProxy)
+	}
+	if s.Relay != nil {
+		ps = append(ps, s.Relay)
 	}
 	for _, m := range s.Etcd {
 		if m.Proc != nil {

@@ -36,6 +36,8 @@ func newObject(apiVersion, kind string) any {
 		return &corev1.Secret{}
 	case "v1/ConfigMap":
 		return &corev1.ConfigMap{}
+	case "v1/Service":
+		return &corev1.Service{}
 	case "apps/v1/DaemonSet":
 		return &appsv1.DaemonSet{}
 	case "apps/v1/Deployment":
@@ -238,7 +240,9 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		// checked by TestNetworkPolicyAPICRD
 		filepath.Join("network-policy-api", "policy.networking.k8s.io_clusternetworkpolicies.yaml"): true,
 		// checked by TestEtcdProxyManifest
-		filepath.Join("etcd-proxy", "tabby-etcd-proxy.yaml"): true}
+		filepath.Join("etcd-proxy", "tabby-etcd-proxy.yaml"): true,
+		// checked by TestRelayManifest
+		filepath.Join("relay", "tabby-relay.yaml"): true, filepath.Join("relay", "tabby-node-relay-patch.yaml"): true}
 	err = filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err

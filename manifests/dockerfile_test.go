@@ -196,6 +196,8 @@ func TestDockerfile(t *testing.T) {
 		"portmap":     path.Join(installcni.Default().PluginsDir, "portmap"),
 		// tabby-kube-controllers' Deployment runs the same image.
 		"tabby-kube-controllers": "/usr/local/bin/tabby-kube-controllers",
+		// and manifests/relay's Deployment too.
+		"tabby-relay": "/usr/local/bin/tabby-relay",
 	}
 	if diff := cmp.Diff(want, image); diff != "" {
 		t.Errorf("files in the image (-want +got):\n%s", diff)

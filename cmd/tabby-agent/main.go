@@ -29,6 +29,7 @@ var agentEnv = map[string]string{
 	"default-ipv4-pool":        "TABBY_IPV4POOL_CIDR",
 	"default-ipv6-pool":        "TABBY_IPV6POOL_CIDR",
 	"etcd-endpoints":           "TABBY_ETCD_ENDPOINTS",
+	"watch-endpoints":          "TABBY_WATCH_ENDPOINTS",
 	"etcd-ca-file":             "TABBY_ETCD_CA_FILE",
 	"etcd-cert-file":           "TABBY_ETCD_CERT_FILE",
 	"etcd-key-file":            "TABBY_ETCD_KEY_FILE",
@@ -68,6 +69,7 @@ func newRootCmd() *cobra.Command {
 	f.TextVar(&cfg.DefaultPoolCIDR6, "default-ipv6-pool", cfg.DefaultPoolCIDR6, "create this IPv6 pool when no IPv6 pool exists (env TABBY_IPV6POOL_CIDR)")
 	f.TextVar(&cfg.AutodetectMethod, "ip-autodetection-method", cfg.AutodetectMethod, "first-found, interface=RE, skip-interface=RE, can-reach=ADDR or cidr=CIDR (env IP_AUTODETECTION_METHOD)")
 	f.TextVar((*cmdutil.List)(&cfg.Etcd.Endpoints), "etcd-endpoints", cmdutil.List(cfg.Etcd.Endpoints), "etcd endpoints, comma separated (env TABBY_ETCD_ENDPOINTS)")
+	f.TextVar((*cmdutil.List)(&cfg.Etcd.WatchEndpoints), "watch-endpoints", cmdutil.List(cfg.Etcd.WatchEndpoints), "watch relay (tabby-relay) endpoints, comma separated: the view's watch runs there, in batches, with the etcd TLS files; the rest stays on etcd (env TABBY_WATCH_ENDPOINTS; default: none, watch etcd)")
 	f.StringVar(&cfg.Etcd.CAFile, "etcd-ca-file", cfg.Etcd.CAFile, "CA bundle for etcd TLS (env TABBY_ETCD_CA_FILE)")
 	f.StringVar(&cfg.Etcd.CertFile, "etcd-cert-file", cfg.Etcd.CertFile, "client certificate for etcd mTLS (env TABBY_ETCD_CERT_FILE)")
 	f.StringVar(&cfg.Etcd.KeyFile, "etcd-key-file", cfg.Etcd.KeyFile, "client key for etcd mTLS (env TABBY_ETCD_KEY_FILE)")

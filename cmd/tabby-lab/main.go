@@ -66,6 +66,7 @@ type upOptions struct {
 	binDir           string
 	noAgents         bool
 	etcdProxy        bool
+	relay            bool
 	dualStack        bool
 	ipv6Only         bool
 	ipv6OnlyFabric   bool
@@ -95,6 +96,7 @@ func (u *upOptions) register(c *cobra.Command, nodes, pods int) {
 	c.Flags().BoolVar(&u.twoSubnets, "two-subnets", false, "nodes in two underlay subnets (198.18.0.0/24, 198.18.1.0/24: node1, node3, … and node2, node4, …) joined by a router that routes no pod address and speaks no BGP; pods across it need --vxlan-mode")
 	c.Flags().StringVar(&u.vxlanMode, "vxlan-mode", "", "create the pools with this vxlanMode before the agents start: Never, Always or CrossSubnet (docs/vxlan.md)")
 	c.Flags().BoolVar(&u.etcdProxy, "etcd-proxy", false, "run etcd's gRPC proxy (etcd grpc-proxy start) in front of etcd and point the agents at it: etcd serves one watch per proxy (docs/scale.md)")
+	c.Flags().BoolVar(&u.relay, "relay", false, "run a watch relay (tabby-relay) in front of etcd and point the agents' --watch-endpoints at it: their views get their events in batches (docs/scale.md)")
 	c.Flags().StringArrayVar(&u.agentArgs, "agent-arg", nil, "pass this flag to every tabby-agent, e.g. --agent-arg=--gobgp-api=127.0.0.1:50051 (repeatable; also for nodes added later)")
 	c.Flags().TextVar(&u.ipv4Pool, "ipv4-pool", netip.Prefix{}, "the agents' IPv4 pool, a prefix of "+lab.PodPool+" (default all of it); e.g. "+lab.CNIBenchPool.String()+" leaves room for bench cni --use-lab")
 	c.Flags().DurationVar(&u.converge, "converge-timeout", lab.DefaultConvergeTimeout, "fail when the BGP sessions are not all established this long after the agents started")
@@ -153,7 +155,7 @@ func (u *upOptions) options(g *globalFlags) (lab.Options, error) {
 		Name: g.name, RunDir: g.runDir, Nodes: u.nodes, RouteReflectors: u.rrs, AutoReflectors: u.autoRRs, Zones: u.zones, ReflectorPeering: u.reflectorPeering, PodsPerNode: u.pods,
 		BinDir: bin, LabBinary: self, NoAgents: u.noAgents, Log: os.Stdout,
 		AgentArgs: u.agentArgs, ConvergeTimeout: u.converge, EtcdMembers: u.etcdMembers, DualStack: u.dualStack, IPv6Only: u.ipv6Only, IPv6OnlyFabric: u.ipv6OnlyFabric,
-		TwoSubnets: u.twoSubnets, IPv4Pool: u.ipv4Pool, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy,
+		TwoSubnets: u.twoSubnets, IPv4Pool: u.ipv4Pool, VXLANMode: api.VXLANMode(u.vxlanMode), EtcdProxy: u.etcdProxy, Relay: u.relay,
 	}, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,8 +24,11 @@ import (
 // benchmark calls StartFloor.
 
 // ServeFloor makes this process a floor when env is set in its
-// environment ("URL REV MODE": etcd's client URL, the first revision to
-// watch, the datastore.FloorMode as a number):
+// environment ("URL REV MODE [WATCHURL [STREAMS]]": etcd's client URL, the
+// first revision to watch, the datastore.FloorMode as a number, a watch
+// relay's URL for datastore.Config.WatchEndpoints, how many copies of the
+// watch to hold, each on its own stream in FloorStream mode; the events are
+// the first's):
 // it watches spec and answers "wait REV" lines on stdin, once it received
 // a response at revision REV or later, with "ok EVENTS" (the events
 // counted so far), until EOF, and exits. It returns (doing nothing) when
@@ -47,35 +51,51 @@ func serveFloor(v string, spec datastore.WatchSpec, in io.Reader, out io.Writer)
 		from int64
 		mode datastore.FloorMode
 	)
-	if _, err := fmt.Sscan(v, &url, &from, &mode); err != nil {
-		return fmt.Errorf("floor: %q: want \"URL REV MODE\": %w", v, err)
+	f := strings.Fields(v)
+	if len(f) < 3 {
+		return fmt.Errorf("floor: %q: want \"URL REV MODE [WATCHURL]\"", v)
 	}
+	if _, err := fmt.Sscan(strings.Join(f[:3], " "), &url, &from, &mode); err != nil {
+		return fmt.Errorf("floor: %q: want \"URL REV MODE [WATCHURL]\": %w", v, err)
+	}
+	cfg := datastore.Config{Endpoints: []string{url}, WatchEndpoints: f[3:min(4, len(f))]}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store, err := datastore.New(ctx, datastore.Config{Endpoints: []string{url}})
+	store, err := datastore.New(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	streams := 1
+	if len(f) > 4 {
+		if streams, err = strconv.Atoi(f[4]); err != nil || streams < 1 {
+			return fmt.Errorf("floor: %q: STREAMS: want a positive number", v)
+		}
+	}
 	var (
 		mu     sync.Mutex
 		cond   = sync.NewCond(&mu)
-		events int
-		rev    int64
+		events int                      // the first watch's
+		revs   = make([]int64, streams) // each watch's
 		failed error
 	)
-	go func() {
-		err := store.FloorWatch(ctx, spec, from, mode, func(n int, r int64) {
+	for i := range streams {
+		go func() {
+			err := store.FloorWatch(ctx, spec, from, mode, func(n int, r int64) {
+				mu.Lock()
+				if i == 0 {
+					events += n
+				}
+				revs[i] = max(revs[i], r)
+				mu.Unlock()
+				cond.Broadcast()
+			})
 			mu.Lock()
-			events, rev = events+n, max(rev, r)
+			failed = err
 			mu.Unlock()
 			cond.Broadcast()
-		})
-		mu.Lock()
-		failed = err
-		mu.Unlock()
-		cond.Broadcast()
-	}()
+		}()
+	}
 	fmt.Fprintln(out, "ready")
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -88,7 +108,7 @@ func serveFloor(v string, spec datastore.WatchSpec, in io.Reader, out io.Writer)
 			return fmt.Errorf("floor: %q: want \"wait REV\"", sc.Text())
 		}
 		mu.Lock()
-		for rev < want && failed == nil {
+		for slices.Min(revs) < want && failed == nil {
 			cond.Wait()
 		}
 		n, ferr := events, failed
@@ -109,10 +129,12 @@ type Floor struct {
 }
 
 // StartFloor starts the test binary as a floor (env set) watching etcd at
-// url from revision from on as mode says, stopped at cleanup.
-func StartFloor(tb testing.TB, env, url string, from int64, mode datastore.FloorMode) *Floor {
+// url from revision from on as mode says, stopped at cleanup. A watchURL
+// (a watch relay's) makes a FloorStream floor watch through it, and a
+// second word after it (a number) hold as many copies of the watch.
+func StartFloor(tb testing.TB, env, url string, from int64, mode datastore.FloorMode, watchURL ...string) *Floor {
 	tb.Helper()
-	cmd, in, out := startSelf(tb, fmt.Sprintf("%s=%s %d %d", env, url, from, mode))
+	cmd, in, out := startSelf(tb, strings.TrimSpace(fmt.Sprintf("%s=%s %d %d %s", env, url, from, mode, strings.Join(watchURL, " "))))
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	tb.Cleanup(func() {

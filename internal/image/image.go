@@ -66,7 +66,8 @@ func TabbyName(tag string) string { return "docker.io/library/tabby:" + tag }
 const PauseName = "registry.k8s.io/pause:3.10"
 
 // Tabby is the node image: tabby-agent and install-cni's tabby next to it,
-// tabbyctl, tabby-kube-controllers (its Deployment runs the same image), and
+// tabbyctl, tabby-kube-controllers and tabby-relay (their Deployments run
+// the same image), and
 // portmap where install-cni looks for it (installcni.Default().PluginsDir).
 func Tabby(tag string) Spec {
 	return Spec{
@@ -76,6 +77,7 @@ func Tabby(tag string) Spec {
 			{"tabby", "/usr/local/bin/tabby", 0o755},
 			{"tabbyctl", "/usr/local/bin/tabbyctl", 0o755},
 			{"tabby-kube-controllers", "/usr/local/bin/tabby-kube-controllers", 0o755},
+			{"tabby-relay", "/usr/local/bin/tabby-relay", 0o755},
 			{"portmap", "/opt/tabby/cni-plugins/portmap", 0o755},
 		},
 		Env: []string{PathEnv},

@@ -216,6 +216,7 @@ func TestEntries(t *testing.T) {
 		{Path: "/usr/local/bin/tabby", Mode: 0o755, Src: "tabby"},
 		{Path: "/usr/local/bin/tabby-agent", Mode: 0o755, Src: "tabby-agent"},
 		{Path: "/usr/local/bin/tabby-kube-controllers", Mode: 0o755, Src: "tabby-kube-controllers"},
+		{Path: "/usr/local/bin/tabby-relay", Mode: 0o755, Src: "tabby-relay"},
 		{Path: "/usr/local/bin/tabbyctl", Mode: 0o755, Src: "tabbyctl"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

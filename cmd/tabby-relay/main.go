@@ -1,0 +1,140 @@
+// Command tabby-relay serves etcd's watch service to agents and hands them
+// their watch events in batches (package datastore/relay): run one or a
+// few per group of nodes, point the agents' --watch-endpoints at them.
+// It watches etcd with its own credentials and serves only watches under
+// --prefix. See docs/scale.md, "Watch relay".
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/datastore/relay"
+	"github.com/tabbynet/tabby/internal/cmdutil"
+	"github.com/tabbynet/tabby/internal/version"
+)
+
+type config struct {
+	etcd              datastore.Config
+	listen            string
+	certFile, keyFile string
+	clientCAFile      string
+	window            time.Duration
+}
+
+func main() {
+	cfg := config{etcd: datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}}, listen: "0.0.0.0:23791", window: relay.DefaultWindow}
+	fs := pflag.NewFlagSet("tabby-relay", pflag.ExitOnError)
+	fs.TextVar((*cmdutil.List)(&cfg.etcd.Endpoints), "etcd-endpoints", cmdutil.List(cfg.etcd.Endpoints), "etcd endpoints, comma separated (env TABBY_ETCD_ENDPOINTS)")
+	fs.StringVar(&cfg.etcd.CAFile, "etcd-ca-file", "", "etcd CA (env TABBY_ETCD_CA_FILE)")
+	fs.StringVar(&cfg.etcd.CertFile, "etcd-cert-file", "", "etcd client certificate (env TABBY_ETCD_CERT_FILE)")
+	fs.StringVar(&cfg.etcd.KeyFile, "etcd-key-file", "", "etcd client key (env TABBY_ETCD_KEY_FILE)")
+	fs.StringVar(&cfg.etcd.Prefix, "prefix", datastore.DefaultPrefix, "serve watches of keys under this prefix only (the agents' datastore prefix)")
+	fs.StringVar(&cfg.listen, "listen", cfg.listen, "address:port the agents' --watch-endpoints name (env TABBY_RELAY_LISTEN)")
+	fs.StringVar(&cfg.certFile, "cert-file", "", "serve TLS with this certificate (env TABBY_RELAY_CERT_FILE; default: plain text)")
+	fs.StringVar(&cfg.keyFile, "key-file", "", "the certificate's key (env TABBY_RELAY_KEY_FILE)")
+	fs.StringVar(&cfg.clientCAFile, "client-ca-file", "", "require agents' client certificates signed by this CA (env TABBY_RELAY_CLIENT_CA_FILE)")
+	fs.DurationVar(&cfg.window, "batch-window", cfg.window, "hold a stream's watch responses this long after a send, and send them together (0 < window ≤ 10s; env TABBY_RELAY_BATCH_WINDOW)")
+	logLevel := cmdutil.LogLevel(fs, "debug|info|warn|error (env TABBY_LOG_LEVEL)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	var env cmdutil.Env
+	env.Apply(fs, map[string]string{
+		"etcd-endpoints": "TABBY_ETCD_ENDPOINTS",
+		"etcd-ca-file":   "TABBY_ETCD_CA_FILE",
+		"etcd-cert-file": "TABBY_ETCD_CERT_FILE",
+		"etcd-key-file":  "TABBY_ETCD_KEY_FILE",
+		"listen":         "TABBY_RELAY_LISTEN",
+		"cert-file":      "TABBY_RELAY_CERT_FILE",
+		"key-file":       "TABBY_RELAY_KEY_FILE",
+		"client-ca-file": "TABBY_RELAY_CLIENT_CA_FILE",
+		"batch-window":   "TABBY_RELAY_BATCH_WINDOW",
+		"log-level":      "TABBY_LOG_LEVEL",
+	})
+	_ = fs.Parse(os.Args[1:])
+	if *showVersion {
+		fmt.Println(version.String())
+		return
+	}
+	cmdutil.Main("tabby-relay", func(ctx context.Context) error {
+		if err := env.Err(fs); err != nil {
+			return err
+		}
+		return run(ctx, cfg, *logLevel)
+	})
+}
+
+func run(ctx context.Context, cfg config, level slog.Level) error {
+	if cfg.window <= 0 || cfg.window > 10*time.Second {
+		return fmt.Errorf("--batch-window %s: want more than 0 and at most 10s", cfg.window)
+	}
+	if (cfg.certFile == "") != (cfg.keyFile == "") {
+		return errors.New("--cert-file and --key-file must be given together")
+	}
+	if cfg.clientCAFile != "" && cfg.certFile == "" {
+		return errors.New("--client-ca-file needs --cert-file and --key-file")
+	}
+	log := cmdutil.NewLogger(os.Stderr, level)
+	cfg.etcd.Logger = log
+	store, err := datastore.New(ctx, cfg.etcd)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	opts := relay.ServerOptions()
+	if cfg.certFile != "" {
+		t, err := serverTLS(cfg)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(t)))
+	}
+	l, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(opts...)
+	relay.New(store.Client(), cfg.etcd.Prefix, cfg.window, log).Register(srv)
+	log.Info("relaying watches", "listen", l.Addr().String(), "etcd", cfg.etcd.Endpoints, "prefix", cfg.etcd.Prefix, "window", cfg.window, "tls", cfg.certFile != "")
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		srv.Stop()
+		<-done
+		return nil
+	}
+}
+
+func serverTLS(cfg config) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.certFile, cfg.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("loading the relay's certificate: %w", err)
+	}
+	t := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	if cfg.clientCAFile != "" {
+		pem, err := os.ReadFile(cfg.clientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA %s holds no PEM certificate", cfg.clientCAFile)
+		}
+		t.ClientCAs, t.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return t, nil
+}

@@ -1,0 +1,271 @@
+// Package relay serves etcd's gRPC Watch service to agents and hands them
+// their watch events in batches: for each agent's watch stream it opens
+// one watch stream to etcd, forwards the agent's requests to it as they
+// are, and sends etcd's responses back no more often than once per
+// window, consecutive event responses of one watch merged into one. An
+// agent whose events arrive one per watch response wakes once per event,
+// which is most of a remote pod event's CPU at a steady low rate
+// (docs/scale.md, "Watch relay"); batched, it wakes once per window.
+//
+// Only watches of keys under the relay's prefix are forwarded: the relay
+// holds etcd credentials and must not hand out other keys.
+package relay
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultWindow is how long a stream's responses are held after a send.
+const DefaultWindow = 250 * time.Millisecond
+
+// maxMerged bounds the keys' and values' bytes merged into one response.
+const maxMerged = 1 << 20
+
+// Relay is the Watch service; safe for concurrent use.
+type Relay struct {
+	pb.UnimplementedWatchServer
+	conn   func() *grpc.ClientConn // etcd's, shared by every stream
+	prefix string                  // absolute, with a trailing "/"
+	end    string                  // the end of prefix's range
+	window time.Duration
+	log    *slog.Logger
+}
+
+// New serves watches of keys under prefix ("/tabby") through client's
+// connection to etcd, batching each stream's responses by window (0:
+// DefaultWindow; negative: no batching).
+func New(client *clientv3.Client, prefix string, window time.Duration, log *slog.Logger) *Relay {
+	if window == 0 {
+		window = DefaultWindow
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := strings.TrimSuffix(prefix, "/") + "/"
+	return &Relay{conn: client.ActiveConnection, prefix: p, end: clientv3.GetPrefixRangeEnd(p), window: max(window, 0), log: log}
+}
+
+// ServerOptions are the gRPC server's options a relay needs: its agents'
+// etcd clients ping every 10 s (datastore's DialKeepAliveTime), which gRPC's
+// default policy (at most every 5 min) answers by closing the connection.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true})}
+}
+
+// Register adds the relay's Watch service to s.
+func (r *Relay) Register(s *grpc.Server) { pb.RegisterWatchServer(s, r) }
+
+// allowed reports whether a watch of [key, end) lies under the prefix.
+func (r *Relay) allowed(c *pb.WatchCreateRequest) bool {
+	k := string(c.Key)
+	if !strings.HasPrefix(k, r.prefix) {
+		return false
+	}
+	return len(c.RangeEnd) == 0 || (string(c.RangeEnd) > k && string(c.RangeEnd) <= r.end)
+}
+
+// Watch relays one agent's watch stream. The handler's goroutine receives
+// etcd's responses and sends or holds each itself (one hand-off per
+// response, gRPC's reader to it, as the agent's own watch); a goroutine
+// reads the agent's requests; a timer sends what is held.
+func (r *Relay) Watch(down pb.Watch_WatchServer) error {
+	ctx, cancel := context.WithCancel(down.Context())
+	defer cancel()
+	uctx := ctx
+	if md, ok := metadata.FromIncomingContext(down.Context()); ok && len(md.Get(rpctypes.MetadataRequireLeaderKey)) > 0 {
+		uctx = clientv3.WithRequireLeader(ctx)
+	}
+	up, err := pb.NewWatchClient(r.conn()).Watch(uctx, grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
+	if err != nil {
+		return upstreamErr(err)
+	}
+	b := &batcher{down: down, window: r.window, fail: cancel}
+	b.t = time.AfterFunc(time.Hour, b.fire)
+	b.t.Stop()
+	defer b.close()
+	var sendMu sync.Mutex // the reader and the batcher both send upstream
+	sendUp := func(req *pb.WatchRequest) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return up.Send(req)
+	}
+	var upErr error // the reader's, set before it cancels
+	go func() {     // the agent's requests
+		defer cancel()
+		for {
+			req, err := down.Recv()
+			if err != nil {
+				return // the agent went (or the handler returned)
+			}
+			switch u := req.RequestUnion.(type) {
+			case *pb.WatchRequest_CreateRequest:
+				if !r.allowed(u.CreateRequest) {
+					r.log.Warn("refused a watch outside the prefix", "key", string(u.CreateRequest.Key), "prefix", r.prefix)
+					b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
+						CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
+					continue
+				}
+			case *pb.WatchRequest_ProgressRequest:
+				// After the held responses: whoever asks waits for an
+				// answer, and should not wait for the window too.
+				b.flushNow()
+			}
+			if err := sendUp(req); err != nil {
+				sendMu.Lock()
+				upErr = upstreamErr(err)
+				sendMu.Unlock()
+				return
+			}
+		}
+	}()
+	for {
+		resp, err := up.Recv()
+		if err != nil {
+			sendMu.Lock()
+			defer sendMu.Unlock()
+			switch {
+			case upErr != nil:
+				return upErr
+			case b.failed() || down.Context().Err() != nil:
+				return nil // the agent went
+			case ctx.Err() != nil:
+				return nil // the reader saw the agent go
+			}
+			b.flushNow() // what etcd sent before it failed
+			return upstreamErr(err)
+		}
+		b.take(resp)
+	}
+}
+
+// upstreamErr is etcd's error as the agent's: a gRPC status passes as it
+// is (a lost leader, a compaction), anything else is Unavailable.
+func upstreamErr(err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codes.Unavailable, "relay: etcd: "+err.Error())
+}
+
+// batcher sends a stream's responses: the first after a window's quiet at
+// once, later ones held until a window after the last send and then sent
+// back to back, consecutive event responses of one watch merged. A
+// progress request of the agent's, etcd's answer to it and a watch's
+// creation or end each send the held responses at once. Safe for
+// concurrent use; Send is called under mu only.
+type batcher struct {
+	down     pb.Watch_WatchServer
+	window   time.Duration
+	fail     func() // a send failed: end the stream
+	mu       sync.Mutex
+	held     []*pb.WatchResponse
+	heldSize int // the last held response's keys and values
+	lastSend time.Time
+	t        *time.Timer
+	armed    bool
+	closed   bool // the handler returns: nothing more is sent
+	sendErr  bool
+}
+
+func (b *batcher) take(m *pb.WatchResponse) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if answersProgress(m) || m.Created || m.Canceled {
+		// Whoever asked is waiting for it (a progress report says every
+		// event up to its revision was sent, so it follows the held ones;
+		// a watch created or ended is not worth a window's wait).
+		b.held = append(b.held, m)
+		b.flushLocked()
+		return
+	}
+	now := time.Now()
+	if len(b.held) == 0 && now.Sub(b.lastSend) >= b.window {
+		b.held = append(b.held, m)
+		b.flushLocked()
+		return
+	}
+	if n := len(b.held); n > 0 && mergeable(b.held[n-1]) && mergeable(m) && b.held[n-1].WatchId == m.WatchId && b.heldSize < maxMerged {
+		b.held[n-1].Events = append(b.held[n-1].Events, m.Events...)
+		b.held[n-1].Header = m.Header
+	} else {
+		b.held = append(b.held, m)
+		b.heldSize = 0
+	}
+	for _, ev := range m.Events {
+		b.heldSize += len(ev.Kv.GetKey()) + len(ev.Kv.GetValue()) + len(ev.PrevKv.GetKey()) + len(ev.PrevKv.GetValue())
+	}
+	if !b.armed {
+		b.armed = true
+		b.t.Reset(b.lastSend.Add(b.window).Sub(now))
+	}
+}
+
+func (b *batcher) fire() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.armed = false
+	b.flushLocked()
+}
+
+func (b *batcher) flushNow() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.flushLocked()
+}
+
+func (b *batcher) flushLocked() {
+	if b.closed || b.sendErr || len(b.held) == 0 {
+		return
+	}
+	for _, m := range b.held {
+		if err := b.down.Send(m); err != nil {
+			b.sendErr = true
+			b.fail()
+			break
+		}
+	}
+	b.lastSend = time.Now()
+	clear(b.held)
+	b.held, b.heldSize = b.held[:0], 0
+}
+
+func (b *batcher) failed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.sendErr
+}
+
+// close stops the batcher for good: a timer firing after it sends nothing.
+func (b *batcher) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	b.t.Stop()
+}
+
+// mergeable: a plain event response (not a watch's creation, cancel,
+// fragment or compaction, nor a progress report).
+func mergeable(m *pb.WatchResponse) bool {
+	return len(m.Events) > 0 && !m.Created && !m.Canceled && !m.Fragment && m.CompactRevision == 0
+}
+
+// answersProgress: etcd's answer to a progress request (a report of the
+// whole stream, watch ID -1).
+func answersProgress(m *pb.WatchResponse) bool {
+	return m.WatchId == clientv3.InvalidWatchID && !m.Created && !m.Canceled && len(m.Events) == 0
+}

@@ -1,0 +1,238 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/tabbynet/tabby/datastore/embedded"
+	"github.com/tabbynet/tabby/datastore/relay"
+	"github.com/tabbynet/tabby/datastore/storetest"
+)
+
+// fixture is an embedded etcd, a client of it, and a relay in front of it
+// serving on a local port.
+type fixture struct {
+	etcd   *embedded.Etcd
+	client *clientv3.Client
+	conn   *grpc.ClientConn // the agent's, to the relay
+}
+
+func start(t *testing.T, window time.Duration) *fixture {
+	t.Helper()
+	e := storetest.Etcd(t)
+	c, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(relay.ServerOptions()...)
+	relay.New(c, "/tabby", window, nil).Register(srv)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &fixture{etcd: e, client: c, conn: conn}
+}
+
+// watch opens a watch stream to the relay, ended at cleanup.
+func (f *fixture) watch(t *testing.T) (pb.Watch_WatchClient, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	st, err := pb.NewWatchClient(f.conn).Watch(clientv3.WithRequireLeader(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, cancel
+}
+
+func create(t *testing.T, st pb.Watch_WatchClient, key, end string) {
+	t.Helper()
+	if err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_CreateRequest{CreateRequest: &pb.WatchCreateRequest{
+		Key: []byte(key), RangeEnd: []byte(end)}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func recv(t *testing.T, st pb.Watch_WatchClient) *pb.WatchResponse {
+	t.Helper()
+	r, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (f *fixture) put(t *testing.T, key string) int64 {
+	t.Helper()
+	r, err := f.client.Put(context.Background(), key, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Header.Revision
+}
+
+func keys(r *pb.WatchResponse) string {
+	var k []string
+	for _, ev := range r.Events {
+		k = append(k, strings.TrimPrefix(string(ev.Kv.Key), "/tabby/"))
+	}
+	return strings.Join(k, " ")
+}
+
+// The first response after a quiet window goes at once, alone; the
+// responses that follow within the window are held and the event
+// responses of one watch merged, in order, with the later header; another
+// watch's response in between is not merged into them.
+func TestRelayBatches(t *testing.T) {
+	const w = 2 * time.Second // longer than the puts below take on a loaded host
+	f := start(t, w)
+	st, _ := f.watch(t)
+	create(t, st, "/tabby/a/", "/tabby/a0")
+	create(t, st, "/tabby/b/", "/tabby/b0")
+	for i := range 2 {
+		if r := recv(t, st); !r.Created || r.WatchId != int64(i) {
+			t.Fatalf("response %d: %v, want watch %d created", i, r, i)
+		}
+	}
+	time.Sleep(w + 100*time.Millisecond) // quiet for a window
+	f.put(t, "/tabby/a/1")
+	if r := recv(t, st); keys(r) != "a/1" {
+		t.Fatalf("first after the quiet: %q, want a/1 alone", keys(r))
+	}
+	f.put(t, "/tabby/a/2")
+	f.put(t, "/tabby/a/3")
+	f.put(t, "/tabby/b/1")
+	f.put(t, "/tabby/a/4")
+	last := f.put(t, "/tabby/a/5")
+	var got []string
+	for _, want := range []int64{0, 1, 0} {
+		r := recv(t, st)
+		if r.WatchId != want {
+			t.Fatalf("watch %d's response, want %d's: %v", r.WatchId, want, r)
+		}
+		got = append(got, keys(r))
+		if len(got) == 3 && r.Header.Revision != last {
+			t.Errorf("merged response's header at %d, want the last's %d", r.Header.Revision, last)
+		}
+	}
+	if want := []string{"a/2 a/3", "b/1", "a/4 a/5"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("responses %q, want %q", got, want)
+	}
+}
+
+// Watches are created at once; a progress request sends the held
+// responses at once and then etcd's answer; nothing waits for the window (etcd's events may reach the relay
+// after the request: its answer, which follows them, sends them too).
+func TestRelayProgressFlushes(t *testing.T) {
+	f := start(t, time.Hour)
+	st, _ := f.watch(t)
+	create(t, st, "/tabby/", "/tabby/z")
+	create(t, st, "/tabby/z", "/tabby0")
+	for i := range 2 { // each created at once, not a window after the first
+		if r := recv(t, st); !r.Created || r.WatchId != int64(i) {
+			t.Fatalf("response %d: %v, want watch %d created", i, r, i)
+		}
+	}
+	f.put(t, "/tabby/x") // held for an hour
+	rev := f.put(t, "/tabby/y")
+	if err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := recv(t, st); keys(r) != "x y" {
+		t.Fatalf("first after the progress request: %v, want the held x y", r)
+	}
+	r := recv(t, st)
+	if r.WatchId != clientv3.InvalidWatchID || len(r.Events) != 0 || r.Header.Revision != rev {
+		t.Fatalf("then %v, want etcd's progress report at %d", r, rev)
+	}
+}
+
+// A watch outside the prefix is refused as etcd refuses one (created and
+// canceled, no watch ID), and the stream goes on.
+func TestRelayRefusesOutsidePrefix(t *testing.T) {
+	f := start(t, -1)
+	st, _ := f.watch(t)
+	for _, c := range []struct{ key, end string }{
+		{"/other/", "/other0"},
+		{"/tabby", ""},           // the prefix's own key, without the "/"
+		{"/tabby/", "\x00"},      // everything from /tabby/ on
+		{"/tabby/", "/tabbz"},    // past the prefix's end
+		{"/tabbyx/", "/tabbyx0"}, // a sibling prefix
+		{"/tabby/b", "/tabby/a"}, // an empty range is not a loophole either
+	} {
+		create(t, st, c.key, c.end)
+		r := recv(t, st)
+		if !r.Created || !r.Canceled || r.WatchId != clientv3.InvalidWatchID || !strings.Contains(r.CancelReason, "refused") {
+			t.Errorf("watch of [%q, %q): %v, want refused", c.key, c.end, r)
+		}
+	}
+	create(t, st, "/tabby/k", "")
+	if r := recv(t, st); !r.Created || r.Canceled {
+		t.Fatalf("a key under the prefix: %v, want created", r)
+	}
+	f.put(t, "/other/k")
+	f.put(t, "/tabby/k")
+	if r := recv(t, st); keys(r) != "k" {
+		t.Fatalf("%v, want /tabby/k's event", r)
+	}
+}
+
+// etcd going away ends the agent's stream with an error (the agent's
+// watch then watches again), and the relay's goroutines of the stream end.
+func TestRelayUpstreamFailureEndsStream(t *testing.T) {
+	f := start(t, -1)
+	st, _ := f.watch(t)
+	create(t, st, "/tabby/", "/tabby0")
+	recv(t, st)
+	if err := f.etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := st.Recv()
+	if status.Code(err) != codes.Unavailable && status.Code(err) != codes.Canceled {
+		t.Fatalf("after etcd stopped: %v, want Unavailable", err)
+	}
+}
+
+// An agent that goes leaves no goroutine of its stream behind.
+func TestRelayNoLeakWhenAgentGoes(t *testing.T) {
+	f := start(t, time.Hour)
+	st, _ := f.watch(t)
+	create(t, st, "/tabby/", "/tabby0")
+	recv(t, st)
+	before := runtime.NumGoroutine()
+	for range 20 {
+		st, cancel := f.watch(t)
+		create(t, st, "/tabby/", "/tabby0")
+		recv(t, st)
+		f.put(t, "/tabby/x") // held: the window is long
+		cancel()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for runtime.NumGoroutine() > before+5 {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines, %d before the 20 streams:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

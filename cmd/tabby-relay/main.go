@@ -32,10 +32,12 @@ type config struct {
 	certFile, keyFile string
 	clientCAFile      string
 	window            time.Duration
+	batched           []string
 }
 
 func main() {
-	cfg := config{etcd: datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}}, listen: "0.0.0.0:23791", window: relay.DefaultWindow}
+	cfg := config{etcd: datastore.Config{Endpoints: []string{"http://127.0.0.1:2379"}}, listen: "0.0.0.0:23791", window: relay.DefaultWindow,
+		batched: relay.DefaultBatched}
 	fs := pflag.NewFlagSet("tabby-relay", pflag.ExitOnError)
 	fs.TextVar((*cmdutil.List)(&cfg.etcd.Endpoints), "etcd-endpoints", cmdutil.List(cfg.etcd.Endpoints), "etcd endpoints, comma separated (env TABBY_ETCD_ENDPOINTS)")
 	fs.StringVar(&cfg.etcd.CAFile, "etcd-ca-file", "", "etcd CA (env TABBY_ETCD_CA_FILE)")
@@ -47,6 +49,7 @@ func main() {
 	fs.StringVar(&cfg.keyFile, "key-file", "", "the certificate's key (env TABBY_RELAY_KEY_FILE)")
 	fs.StringVar(&cfg.clientCAFile, "client-ca-file", "", "require agents' client certificates signed by this CA (env TABBY_RELAY_CLIENT_CA_FILE)")
 	fs.DurationVar(&cfg.window, "batch-window", cfg.window, "hold a stream's watch responses this long after a send, and send them together (0 < window ≤ 10s; env TABBY_RELAY_BATCH_WINDOW)")
+	fs.TextVar((*cmdutil.List)(&cfg.batched), "batched-keys", cmdutil.List(cfg.batched), "key prefixes (under --prefix, comma separated) whose events wait for the window; an event of any other key is sent at once with what is held; empty: every key's wait (env TABBY_RELAY_BATCHED_KEYS)")
 	logLevel := cmdutil.LogLevel(fs, "debug|info|warn|error (env TABBY_LOG_LEVEL)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	var env cmdutil.Env
@@ -60,6 +63,7 @@ func main() {
 		"key-file":       "TABBY_RELAY_KEY_FILE",
 		"client-ca-file": "TABBY_RELAY_CLIENT_CA_FILE",
 		"batch-window":   "TABBY_RELAY_BATCH_WINDOW",
+		"batched-keys":   "TABBY_RELAY_BATCHED_KEYS",
 		"log-level":      "TABBY_LOG_LEVEL",
 	})
 	_ = fs.Parse(os.Args[1:])
@@ -105,8 +109,8 @@ func run(ctx context.Context, cfg config, level slog.Level) error {
 		return err
 	}
 	srv := grpc.NewServer(opts...)
-	relay.New(store.Client(), cfg.etcd.Prefix, cfg.window, log).Register(srv)
-	log.Info("relaying watches", "listen", l.Addr().String(), "etcd", cfg.etcd.Endpoints, "prefix", cfg.etcd.Prefix, "window", cfg.window, "tls", cfg.certFile != "")
+	relay.New(store.Client(), cfg.etcd.Prefix, cfg.window, log).BatchOnly(cfg.batched).Register(srv)
+	log.Info("relaying watches", "listen", l.Addr().String(), "etcd", cfg.etcd.Endpoints, "prefix", cfg.etcd.Prefix, "window", cfg.window, "batched", cfg.batched, "tls", cfg.certFile != "")
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	select {

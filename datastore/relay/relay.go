@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -44,6 +45,43 @@ type Relay struct {
 	end    string                  // the end of prefix's range
 	window time.Duration
 	log    *slog.Logger
+	// batched are the absolute key prefixes whose events wait for the
+	// window (nil: every key's); an event of any other key sends the
+	// stream's held responses and itself at once (BatchOnly).
+	batched []string
+}
+
+// DefaultBatched is what tabby-relay batches unless told otherwise
+// (relative to its prefix): other nodes' workload endpoints, the churn
+// that wakes every agent. A policy, namespace, node or pool change is rare
+// and an operator waits for it: it goes at once.
+var DefaultBatched = []string{"resources/workloadendpoints/"}
+
+// BatchOnly makes only the events of keys under the given prefixes
+// (relative to the relay's prefix) wait for the window; a response with an
+// event of any other key is sent at once, with what is held before it.
+// Empty: every key's events wait. It returns r; call it before serving.
+func (r *Relay) BatchOnly(rel []string) *Relay {
+	r.batched = nil
+	for _, p := range rel {
+		r.batched = append(r.batched, r.prefix+strings.TrimPrefix(p, "/"))
+	}
+	return r
+}
+
+// urgent reports whether m carries an event of a key whose events do not
+// wait for the window.
+func (r *Relay) urgent(m *pb.WatchResponse) bool {
+	if r.batched == nil {
+		return false
+	}
+	for _, ev := range m.Events {
+		k := string(ev.Kv.GetKey())
+		if !slices.ContainsFunc(r.batched, func(p string) bool { return strings.HasPrefix(k, p) }) {
+			return true
+		}
+	}
+	return false
 }
 
 // New serves watches of keys under prefix ("/tabby") through client's
@@ -94,7 +132,7 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 	if err != nil {
 		return upstreamErr(err)
 	}
-	b := &batcher{down: down, window: r.window, fail: cancel}
+	b := &batcher{down: down, window: r.window, fail: cancel, urgent: r.urgent}
 	b.t = time.AfterFunc(time.Hour, b.fire)
 	b.t.Stop()
 	defer b.close()
@@ -165,13 +203,15 @@ func upstreamErr(err error) error {
 // batcher sends a stream's responses: the first after a window's quiet at
 // once, later ones held until a window after the last send and then sent
 // back to back, consecutive event responses of one watch merged. A
-// progress request of the agent's, etcd's answer to it and a watch's
-// creation or end each send the held responses at once. Safe for
+// progress request of the agent's, etcd's answer to it, a watch's
+// creation or end and an event of a key not batched each send the held
+// responses at once. Safe for
 // concurrent use; Send is called under mu only.
 type batcher struct {
 	down     pb.Watch_WatchServer
 	window   time.Duration
 	fail     func() // a send failed: end the stream
+	urgent   func(*pb.WatchResponse) bool
 	mu       sync.Mutex
 	held     []*pb.WatchResponse
 	heldSize int // the last held response's keys and values
@@ -185,10 +225,11 @@ type batcher struct {
 func (b *batcher) take(m *pb.WatchResponse) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if answersProgress(m) || m.Created || m.Canceled {
+	if answersProgress(m) || m.Created || m.Canceled || b.urgent(m) {
 		// Whoever asked is waiting for it (a progress report says every
 		// event up to its revision was sent, so it follows the held ones;
-		// a watch created or ended is not worth a window's wait).
+		// a watch created or ended is not worth a window's wait; nor is a
+		// change of a key that is not batched, BatchOnly).
 		b.held = append(b.held, m)
 		b.flushLocked()
 		return

@@ -58,7 +58,7 @@ func serveRelay(v string) error {
 		return err
 	}
 	srv := grpc.NewServer(relay.ServerOptions()...)
-	relay.New(c, datastore.DefaultPrefix, window, slog.New(slog.NewTextHandler(os.Stderr, nil))).Register(srv)
+	relay.New(c, datastore.DefaultPrefix, window, slog.New(slog.NewTextHandler(os.Stderr, nil))).BatchOnly(relay.DefaultBatched).Register(srv)
 	go func() { _ = srv.Serve(l) }()
 	defer srv.Stop()
 	fmt.Printf("ready http://%s\n", l.Addr())

@@ -51,20 +51,28 @@ func (l *Lab) startEtcdProxy(ctx context.Context) error {
 	listen := netip.AddrPortFrom(etcdAddr, etcdProxyPort).String()
 	metrics := "http://" + netip.AddrPortFrom(etcdAddr, etcdProxyMetricsPort).String()
 	argv := append([]string{st.LabBinary, "etcd-proxy", "--"}, EtcdProxyArgs(st.EtcdEndpoints(), listen, metrics)...)
-	progress(l.log, "starting etcd grpc-proxy in %s at %s", st.EtcdNS(), listen)
-	p, done, err := startDetached("etcd-proxy", st.EtcdNS(), argv, filepath.Join(l.dir, "etcd-proxy.log"), PIDFile(l.dir, "etcd-proxy"))
+	return l.startInEtcdNS(ctx, "etcd-proxy", "etcd grpc-proxy", argv, listen, func(s *State, p *Proc) { s.EtcdProxy = p })
+}
+
+// startInEtcdNS starts a service of the lab's (name: its log, PID file and
+// process role) in the etcd namespace, records it with set and waits until
+// it accepts connections on listen (30 s at most).
+func (l *Lab) startInEtcdNS(ctx context.Context, name, what string, argv []string, listen string, set func(*State, *Proc)) error {
+	st := l.State()
+	progress(l.log, "starting %s in %s at %s", what, st.EtcdNS(), listen)
+	p, done, err := startDetached(name, st.EtcdNS(), argv, filepath.Join(l.dir, name+".log"), PIDFile(l.dir, name))
 	if err != nil {
 		return err
 	}
 	l.trackExit(p.PID, done)
-	if err := l.Update(func(s *State) error { s.EtcdProxy = p; return nil }); err != nil {
+	if err := l.Update(func(s *State) error { set(s, p); return nil }); err != nil {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err = Poll(wctx, 100*time.Millisecond, func() (bool, error) {
 		if !p.Alive() {
-			return false, fmt.Errorf("etcd grpc-proxy exited; see %s", p.Log)
+			return false, fmt.Errorf("%s exited; see %s", what, p.Log)
 		}
 		c, err := DialIn(wctx, st.EtcdNS(), "tcp", listen)
 		if err != nil {
@@ -73,7 +81,7 @@ func (l *Lab) startEtcdProxy(ctx context.Context) error {
 		return true, c.Close()
 	})
 	if err != nil {
-		return fmt.Errorf("waiting for etcd grpc-proxy: %w", err)
+		return fmt.Errorf("waiting for %s: %w", what, err)
 	}
 	return nil
 }

@@ -2,11 +2,9 @@ package lab
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
-	"time"
 )
 
 // The watch relay (cmd/tabby-relay, Options.Relay, docs/scale.md "Watch
@@ -35,29 +33,5 @@ func (l *Lab) startRelay(ctx context.Context) error {
 	st := l.State()
 	listen := netip.AddrPortFrom(etcdAddr, relayPort).String()
 	argv := RelayArgv(filepath.Join(st.BinDir, BinRelay), st.EtcdEndpoints(), listen)
-	progress(l.log, "starting the watch relay in %s at %s", st.EtcdNS(), listen)
-	p, done, err := startDetached("relay", st.EtcdNS(), argv, filepath.Join(l.dir, "relay.log"), PIDFile(l.dir, "relay"))
-	if err != nil {
-		return err
-	}
-	l.trackExit(p.PID, done)
-	if err := l.Update(func(s *State) error { s.Relay = p; return nil }); err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = Poll(wctx, 100*time.Millisecond, func() (bool, error) {
-		if !p.Alive() {
-			return false, fmt.Errorf("tabby-relay exited; see %s", p.Log)
-		}
-		c, err := DialIn(wctx, st.EtcdNS(), "tcp", listen)
-		if err != nil {
-			return false, nil
-		}
-		return true, c.Close()
-	})
-	if err != nil {
-		return fmt.Errorf("waiting for the watch relay: %w", err)
-	}
-	return nil
+	return l.startInEtcdNS(ctx, "relay", "the watch relay", argv, listen, func(s *State, p *Proc) { s.Relay = p })
 }

@@ -383,17 +383,7 @@ func BenchmarkFlowIndexRemoteEvent(b *testing.B) {
 // aggregator's two sources rarely read at the same instant), parallel on
 // two per CPU at once (the read lock's counter shared between CPUs).
 func BenchmarkFlowIndexLookup(b *testing.B) {
-	kvs, err := scaleSnapshot(scaleNodes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	src := make(syncertest.Script)
-	v := syncertest.Start(b, src, quietLog(), false)
-	v.CompactRemote(scaleNode(0))
-	src <- datastore.Event{Type: datastore.EventResync, Snapshot: kvs, Revision: 1}
-	if err := v.WaitSynced(b.Context()); err != nil {
-		b.Fatal(err)
-	}
+	v := scaleView(b)
 	x := newAddrIndex(scaleNode(0))
 	x.rebuild(v)
 	m := fullAddrIndex(v, scaleNode(0))
@@ -479,17 +469,7 @@ func TestFlowOwnerFollowsView(t *testing.T) {
 // "map" the immutable map the owner rebuilt before, "index" the
 // incremental one; heap-B/address.
 func BenchmarkFlowIndexHeap(b *testing.B) {
-	kvs, err := scaleSnapshot(scaleNodes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	src := make(syncertest.Script)
-	v := syncertest.Start(b, src, quietLog(), false)
-	v.CompactRemote(scaleNode(0))
-	src <- datastore.Event{Type: datastore.EventResync, Snapshot: kvs, Revision: 1}
-	if err := v.WaitSynced(b.Context()); err != nil {
-		b.Fatal(err)
-	}
+	v := scaleView(b)
 	build := map[string]func() (any, int){
 		"map": func() (any, int) { m := fullAddrIndex(v, scaleNode(0)); return m, len(m) },
 		"index": func() (any, int) {
@@ -510,4 +490,22 @@ func BenchmarkFlowIndexHeap(b *testing.B) {
 			b.ReportMetric(float64(heap)/float64(addrs), "heap-B/address")
 		})
 	}
+}
+
+// scaleView is a view of node0 holding the cluster of
+// BenchmarkPolicyRemotePodAdd (30,000 endpoints), synced.
+func scaleView(b *testing.B) *syncer.Syncer {
+	b.Helper()
+	kvs, err := scaleSnapshot(scaleNodes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := make(syncertest.Script)
+	v := syncertest.Start(b, src, quietLog(), false)
+	v.CompactRemote(scaleNode(0))
+	src <- datastore.Event{Type: datastore.EventResync, Snapshot: kvs, Revision: 1}
+	if err := v.WaitSynced(b.Context()); err != nil {
+		b.Fatal(err)
+	}
+	return v
 }

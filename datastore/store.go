@@ -214,17 +214,9 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	client, err := clientv3.New(clientv3.Config{
-		Endpoints:            cfg.Endpoints,
-		DialTimeout:          cfg.DialTimeout,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 5 * time.Second,
-		TLS:                  tlsCfg,
-		Username:             cfg.Username,
-		Password:             cfg.Password,
-		Logger:               zapslog.New(cfg.Logger),
-		DialOptions:          dialOptions(cfg),
-	})
+	ccfg := clientConfig(cfg, cfg.Endpoints, tlsCfg)
+	ccfg.DialTimeout, ccfg.Username, ccfg.Password = cfg.DialTimeout, cfg.Username, cfg.Password
+	client, err := clientv3.New(ccfg)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to etcd at %s: %w", endpoints, err)
 	}
@@ -234,14 +226,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		if err == nil {
 			// No connectivity check: the watch retries until the relay
 			// answers, as it does when etcd goes.
-			watchClient, err = clientv3.New(clientv3.Config{
-				Endpoints:            cfg.WatchEndpoints,
-				DialKeepAliveTime:    10 * time.Second,
-				DialKeepAliveTimeout: 5 * time.Second,
-				TLS:                  wtls,
-				Logger:               zapslog.New(cfg.Logger),
-				DialOptions:          dialOptions(cfg),
-			})
+			watchClient, err = clientv3.New(clientConfig(cfg, cfg.WatchEndpoints, wtls))
 		}
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("connecting to the watch relay at %s: %w", fmt.Sprint(cfg.WatchEndpoints), err), client.Close())
@@ -303,6 +288,19 @@ func clientTLS(cfg Config) (*tls.Config, error) {
 		t.Certificates = []tls.Certificate{cert}
 	}
 	return t, nil
+}
+
+// clientConfig is an etcd client's configuration for endpoints: the
+// keepalives, TLS, logger and dial options every client of a Store has.
+func clientConfig(cfg Config, endpoints []string, t *tls.Config) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:            endpoints,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		TLS:                  t,
+		Logger:               zapslog.New(cfg.Logger),
+		DialOptions:          dialOptions(cfg),
+	}
 }
 
 // Close closes the connection; watches end.

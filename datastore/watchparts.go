@@ -193,7 +193,7 @@ type partResp struct {
 
 // nudger asks for a progress report (send) once a lagging watch's stream
 // has been quiet for progressEvery, and no later than progressMaxLag after
-// the lag began (nudgeDelay). The receiver tells it of every response
+// the lag began (nudgeAfter). The receiver tells it of every response
 // (seen), but the timer is not moved per response: resetting a timer
 // wakes another thread to look at the new deadline (the runtime's
 // wakeNetPoller), once per remote pod event of an agent's view. It is
@@ -269,13 +269,9 @@ func (n *nudger) stop() {
 	n.t.Stop()
 }
 
-// nudgeDelay is how long after a response at now, with the parts lagging
-// since lagSince, the watch asks for progress.
-func nudgeDelay(lagSince, now time.Time) time.Duration {
-	return nudgeAfter(progressEvery, lagSince, now)
-}
-
-// nudgeAfter is nudgeDelay with quiet for progressEvery.
+// nudgeAfter is how long after a response at now, with the parts lagging
+// since lagSince, the watch asks for progress: once quiet for quiet, at
+// most progressMaxLag after the lag began.
 func nudgeAfter(quiet time.Duration, lagSince, now time.Time) time.Duration {
 	return max(0, min(quiet, lagSince.Add(progressMaxLag).Sub(now)))
 }

@@ -75,14 +75,14 @@ func TestNudgeDelay(t *testing.T) {
 		{"past the bound", progressMaxLag + time.Second, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := nudgeDelay(t0, t0.Add(tc.now)); got != tc.want {
-				t.Errorf("nudgeDelay after %v = %v, want %v", tc.now, got, tc.want)
+			if got := nudgeAfter(progressEvery, t0, t0.Add(tc.now)); got != tc.want {
+				t.Errorf("nudgeAfter after %v = %v, want %v", tc.now, got, tc.want)
 			}
 		})
 	}
 }
 
-// The nudger asks as nudgeDelay says although its timer is not reset per
+// The nudger asks as nudgeAfter says although its timer is not reset per
 // response: under a steady stream progressMaxLag after the lag began, on a
 // quiet stream progressEvery after the last response, not at all once the
 // parts are in step again.

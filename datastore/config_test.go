@@ -2,16 +2,8 @@ package datastore_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,89 +11,8 @@ import (
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/embedded"
+	"github.com/tabbynet/tabby/datastore/storetest"
 )
-
-// pki is a CA with a server certificate for 127.0.0.1 and a client
-// certificate, written as PEM files into a temporary directory.
-type pki struct {
-	ca, serverCert, serverKey, clientCert, clientKey string
-	otherCA                                          string // a CA that signed nothing of the above
-}
-
-func newPKI(t *testing.T) pki {
-	t.Helper()
-	dir := t.TempDir()
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	serial := int64(1)
-	sign := func(tmpl, parent *x509.Certificate, pub, signer any) (*x509.Certificate, []byte) {
-		serial++
-		tmpl.SerialNumber = big.NewInt(serial)
-		tmpl.NotBefore = time.Now().Add(-time.Hour)
-		tmpl.NotAfter = time.Now().Add(time.Hour)
-		if parent == nil {
-			parent = tmpl
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, signer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c, der
-	}
-	keyDER := func(k *ecdsa.PrivateKey) []byte {
-		der, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der
-	}
-	caTmpl := func(cn string) *x509.Certificate {
-		return &x509.Certificate{
-			Subject: pkix.Name{CommonName: cn}, IsCA: true, BasicConstraintsValid: true,
-			KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		}
-	}
-	var p pki
-	caKey := newKey()
-	ca, caDER := sign(caTmpl("tabby test ca"), nil, &caKey.PublicKey, caKey)
-	p.ca = write("ca.pem", "CERTIFICATE", caDER)
-	otherKey := newKey()
-	_, otherDER := sign(caTmpl("other ca"), nil, &otherKey.PublicKey, otherKey)
-	p.otherCA = write("other-ca.pem", "CERTIFICATE", otherDER)
-
-	srvKey := newKey()
-	_, srvDER := sign(&x509.Certificate{
-		Subject: pkix.Name{CommonName: "etcd"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}, ca, &srvKey.PublicKey, caKey)
-	p.serverCert = write("server.pem", "CERTIFICATE", srvDER)
-	p.serverKey = write("server-key.pem", "PRIVATE KEY", keyDER(srvKey))
-
-	cliKey := newKey()
-	_, cliDER := sign(&x509.Certificate{
-		Subject:  pkix.Name{CommonName: "tabby-agent"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, ca, &cliKey.PublicKey, caKey)
-	p.clientCert = write("client.pem", "CERTIFICATE", cliDER)
-	p.clientKey = write("client-key.pem", "PRIVATE KEY", keyDER(cliKey))
-	return p
-}
 
 func startEtcd(t *testing.T, cfg embedded.Config) *embedded.Etcd {
 	t.Helper()
@@ -136,16 +47,16 @@ func connect(t *testing.T, cfg datastore.Config) error {
 }
 
 func TestTLS(t *testing.T) {
-	p := newPKI(t)
-	e := startEtcd(t, embedded.Config{CertFile: p.serverCert, KeyFile: p.serverKey})
+	p := storetest.NewPKI(t)
+	e := startEtcd(t, embedded.Config{CertFile: p.ServerCert, KeyFile: p.ServerKey})
 	ep := e.Endpoints()
 	if !strings.HasPrefix(ep[0], "https://127.0.0.1:") {
 		t.Fatalf("endpoint %s, want https on 127.0.0.1", ep[0])
 	}
-	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca}); err != nil {
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.CA}); err != nil {
 		t.Errorf("TLS with the right CA: %v", err)
 	}
-	err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.otherCA})
+	err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.OtherCA})
 	t.Logf("wrong CA: %v", err)
 	if err == nil || !strings.Contains(err.Error(), ep[0]) || !strings.Contains(err.Error(), "unknown authority") {
 		t.Errorf("TLS with the wrong CA: %v, want an error naming %s and the unknown authority", err, ep[0])
@@ -156,18 +67,18 @@ func TestTLS(t *testing.T) {
 }
 
 func TestMutualTLS(t *testing.T) {
-	p := newPKI(t)
-	e := startEtcd(t, embedded.Config{CertFile: p.serverCert, KeyFile: p.serverKey, ClientCAFile: p.ca})
+	p := storetest.NewPKI(t)
+	e := startEtcd(t, embedded.Config{CertFile: p.ServerCert, KeyFile: p.ServerKey, ClientCAFile: p.CA})
 	ep := e.Endpoints()
-	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca, CertFile: p.clientCert, KeyFile: p.clientKey}); err != nil {
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.CA, CertFile: p.ClientCert, KeyFile: p.ClientKey}); err != nil {
 		t.Errorf("mTLS with a client certificate: %v", err)
 	}
-	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca}); err == nil {
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.CA}); err == nil {
 		t.Error("mTLS without a client certificate succeeded")
 	} else {
 		t.Logf("no client cert: %v", err)
 	}
-	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.ca, CertFile: p.clientCert}); err == nil ||
+	if err := connect(t, datastore.Config{Endpoints: ep, CAFile: p.CA, CertFile: p.ClientCert}); err == nil ||
 		!strings.Contains(err.Error(), "keyFile") {
 		t.Errorf("client certificate without key: %v, want a config error", err)
 	}

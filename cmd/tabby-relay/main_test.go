@@ -2,18 +2,11 @@ package main
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,57 +17,8 @@ import (
 
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/datastore/embedded"
+	"github.com/tabbynet/tabby/datastore/storetest"
 )
-
-// certs writes a CA, a server certificate for 127.0.0.1 and a client
-// certificate it signed: ca, cert, key, clientCert, clientKey.
-func certs(t *testing.T) (ca, cert, key, cliCert, cliKey string) {
-	t.Helper()
-	dir := t.TempDir()
-	write := func(name, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	keyPEM := func(name string, k *ecdsa.PrivateKey) string {
-		der, err := x509.MarshalPKCS8PrivateKey(k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return write(name, "PRIVATE KEY", der)
-	}
-	caKey := newKey()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ca"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	leaf := func(serial int64, usage x509.ExtKeyUsage, ips []net.IP) ([]byte, *ecdsa.PrivateKey) {
-		k := newKey()
-		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "leaf"},
-			IPAddresses: ips, KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}, caCert, &k.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, k
-	}
-	srvDER, srvKey := leaf(2, x509.ExtKeyUsageServerAuth, []net.IP{net.IPv4(127, 0, 0, 1)})
-	cliDER, cliK := leaf(3, x509.ExtKeyUsageClientAuth, nil)
-	return write("ca.pem", "CERTIFICATE", caDER), write("server.pem", "CERTIFICATE", srvDER), keyPEM("server-key.pem", srvKey),
-		write("client.pem", "CERTIFICATE", cliDER), keyPEM("client-key.pem", cliK)
-}
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -90,7 +34,8 @@ func freeAddr(t *testing.T) string {
 // the etcd TLS files watches through it (a watch with WatchSpec.Skip gets
 // its events), and a client without a certificate is refused.
 func TestRelayServesWithTLS(t *testing.T) {
-	ca, cert, key, cliCert, cliKey := certs(t)
+	p := storetest.NewPKI(t)
+	ca, cert, key, cliCert, cliKey := p.CA, p.ServerCert, p.ServerKey, p.ClientCert, p.ClientKey
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	e, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), CertFile: cert, KeyFile: key, ClientCAFile: ca, UnsafeNoFsync: true})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tabbynet/tabby/bgp"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/internal/procstat"
 )
 
 func TestCheckSimMemory(t *testing.T) {
@@ -142,6 +143,27 @@ func TestPerEvent(t *testing.T) {
 		if math.Abs(us-tt.us) > 1e-6 || math.Abs(noise-tt.noise) > 1e-6 {
 			t.Errorf("%s: perEvent = %.3f ± %.3f µs, want %.3f ± %.3f", tt.name, us, noise, tt.us, tt.noise)
 		}
+	}
+}
+
+// A window's CPU comes from the threads' nanosecond counts while every
+// thread of the first reading is still there, from the clock ticks when one
+// exited, and from the ticks when threads were not read.
+func TestWindowCPU(t *testing.T) {
+	ms := time.Millisecond
+	from := usage{cpu: 10, threads: procstat.Process{1: {CPU: 400 * ms}, 2: {CPU: 100 * ms}}}
+	to := usage{cpu: 10.03, threads: procstat.Process{1: {CPU: 412 * ms}, 2: {CPU: 101 * ms}, 3: {CPU: 4 * ms}}}
+	w := window{from: map[string]usage{"a": from}, to: map[string]usage{"a": to}, secs: 1}
+	if got := w.cpu("a"); math.Abs(got-0.017) > 1e-9 {
+		t.Errorf("every thread there: cpu = %g s, want 0.017 (12 + 1 + 4 ms)", got)
+	}
+	delete(to.threads, 2)
+	if got := w.cpu("a"); math.Abs(got-0.03) > 1e-9 {
+		t.Errorf("thread 2 exited: cpu = %g s, want the ticks' 0.03", got)
+	}
+	w.to["a"] = usage{cpu: 10.05}
+	if got := w.rate("a"); math.Abs(got-0.05) > 1e-9 {
+		t.Errorf("no threads read: rate = %g /s, want 0.05", got)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/bgp/session"
+	"github.com/tabbynet/tabby/internal/procstat"
 	"github.com/tabbynet/tabby/internal/stats"
 )
 
@@ -59,7 +60,12 @@ func (r *simRun) step(ctx context.Context, size int) (res SimResult, err error) 
 	return res, errors.Join(err, r.checkChoice(ctx))
 }
 
-type usage struct{ cpu, rss float64 }
+// usage is a process's CPU time so far (s, clock ticks), resident memory
+// (MiB) and its threads' CPU time (ns: what window.cpu takes when it can).
+type usage struct {
+	cpu, rss float64
+	threads  procstat.Process
+}
 
 // snapshot reads the real agents', etcd's, the relay's and the proxy's usage.
 func (r *simRun) snapshot() (map[string]usage, error) {
@@ -73,7 +79,11 @@ func (r *simRun) snapshot() (map[string]usage, error) {
 		if err != nil {
 			return fmt.Errorf("%s: %w", key, err)
 		}
-		out[key] = usage{c, m}
+		th, err := procstat.Read(p.PID)
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		out[key] = usage{c, m, th}
 		return nil
 	}
 	for _, n := range st.Nodes {
@@ -141,8 +151,19 @@ type window struct {
 	secs     float64
 }
 
-// cpu is the CPU seconds key used in the window; rate per second.
-func (w window) cpu(key string) float64  { return w.to[key].cpu - w.from[key].cpu }
+// cpu is the CPU seconds key used in the window, from its threads'
+// nanosecond counts (procstat) unless one of them exited in the window,
+// then from the process's 10 ms clock ticks; rate is per second.
+func (w window) cpu(key string) float64 {
+	from, to := w.from[key], w.to[key]
+	if from.threads != nil && to.threads != nil {
+		if d, exact := to.threads.Since(from.threads); exact {
+			return d.CPU.Seconds()
+		}
+	}
+	return to.cpu - from.cpu
+}
+
 func (w window) rate(key string) float64 { return w.cpu(key) / w.secs }
 
 // measure runs fn between two snapshots.

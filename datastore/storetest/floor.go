@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/internal/procstat"
 )
 
 // A floor is the test binary started again as a bare etcd watcher
@@ -170,56 +170,11 @@ func (f *Floor) Wait(tb testing.TB, rev int64) int {
 
 // ProcCounters are a process's CPU and context switches, summed over its
 // live threads.
-type ProcCounters struct {
-	CPU time.Duration // the threads' sum_exec_runtime (/proc/PID/task/*/schedstat): ns, not clock ticks
-	// Voluntary are the threads' switches away to wait (each one a sleep
-	// and a later wake-up); Involuntary their preemptions.
-	Voluntary, Involuntary int64
-	Threads                int
-}
-
-// Sub is c less d.
-func (c ProcCounters) Sub(d ProcCounters) ProcCounters {
-	return ProcCounters{CPU: c.CPU - d.CPU, Voluntary: c.Voluntary - d.Voluntary, Involuntary: c.Involuntary - d.Involuntary, Threads: c.Threads}
-}
+type ProcCounters = procstat.Counters
 
 // ProcSample reads process pid's ProcCounters from /proc. A thread that
 // exited took its counts with it: a Go process's threads rarely exit.
 func ProcSample(pid int) (ProcCounters, error) {
-	var c ProcCounters
-	dirs, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
-	if err != nil || len(dirs) == 0 {
-		return c, fmt.Errorf("process %d: no threads in /proc (%v)", pid, err)
-	}
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "schedstat"))
-		if err != nil {
-			continue // the thread exited meanwhile
-		}
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			continue
-		}
-		ns, err := strconv.ParseInt(f[0], 10, 64)
-		if err != nil {
-			return c, fmt.Errorf("%s/schedstat: %q", d, b)
-		}
-		st, err := os.ReadFile(filepath.Join(d, "status"))
-		if err != nil {
-			continue
-		}
-		c.CPU += time.Duration(ns)
-		c.Threads++
-		for _, line := range strings.Split(string(st), "\n") {
-			name, val, _ := strings.Cut(line, ":")
-			n, _ := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
-			switch name {
-			case "voluntary_ctxt_switches":
-				c.Voluntary += n
-			case "nonvoluntary_ctxt_switches":
-				c.Involuntary += n
-			}
-		}
-	}
-	return c, nil
+	p, err := procstat.Read(pid)
+	return p.Total(), err
 }

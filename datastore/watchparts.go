@@ -42,6 +42,12 @@ const (
 // holds at once; asking after progressEvery would undo the batching.
 const progressEveryRelayed = time.Second
 
+// progressMaxLagRelayed is progressMaxLag of a watch through a watch
+// relay: each request costs the agent a write, and the relay a send out of
+// its batches' step; nothing waits on it (WaitRevision asks itself), and
+// the stream's quiet after a churn still asks within progressEveryRelayed.
+const progressMaxLagRelayed = 10 * time.Second
+
 // absRange is a part of a watch, in absolute keys.
 type absRange struct{ from, to string }
 
@@ -202,19 +208,20 @@ type partResp struct {
 // times a second instead of being reset on every event. Safe for
 // concurrent use.
 type nudger struct {
-	mu       sync.Mutex
-	t        *time.Timer
-	armed    bool
-	stopped  bool      // stop ran: fire neither re-arms nor sends
-	lagSince time.Time // zero: the parts are in step
-	last     time.Time // the last response
-	quiet    time.Duration
-	send     func()
+	mu            sync.Mutex
+	t             *time.Timer
+	armed         bool
+	stopped       bool      // stop ran: fire neither re-arms nor sends
+	lagSince      time.Time // zero: the parts are in step
+	last          time.Time // the last response
+	quiet, maxLag time.Duration
+	send          func()
 }
 
-// newNudger asks by send once a lagging stream was quiet for quiet.
-func newNudger(quiet time.Duration, send func()) *nudger {
-	n := &nudger{quiet: quiet, send: send}
+// newNudger asks by send once a lagging stream was quiet for quiet, or
+// had lagged for maxLag.
+func newNudger(quiet, maxLag time.Duration, send func()) *nudger {
+	n := &nudger{quiet: quiet, maxLag: maxLag, send: send}
 	n.t = time.AfterFunc(time.Hour, n.fire)
 	n.t.Stop()
 	return n
@@ -238,7 +245,7 @@ func (n *nudger) seen(now time.Time, lagging bool) {
 	}
 	if !n.armed {
 		n.armed = true
-		n.t.Reset(nudgeAfter(n.quiet, n.lagSince, now))
+		n.t.Reset(nudgeAfter(n.quiet, n.maxLag, n.lagSince, now))
 	}
 }
 
@@ -250,7 +257,7 @@ func (n *nudger) fire() {
 		return
 	}
 	// Due progressEvery after the last response, within the bound.
-	if left := n.last.Add(nudgeAfter(n.quiet, n.lagSince, n.last)).Sub(time.Now()); left > 0 {
+	if left := n.last.Add(nudgeAfter(n.quiet, n.maxLag, n.lagSince, n.last)).Sub(time.Now()); left > 0 {
 		n.t.Reset(left)
 		n.mu.Unlock()
 		return
@@ -271,9 +278,9 @@ func (n *nudger) stop() {
 
 // nudgeAfter is how long after a response at now, with the parts lagging
 // since lagSince, the watch asks for progress: once quiet for quiet, at
-// most progressMaxLag after the lag began.
-func nudgeAfter(quiet time.Duration, lagSince, now time.Time) time.Duration {
-	return max(0, min(quiet, lagSince.Add(progressMaxLag).Sub(now)))
+// most maxLag after the lag began.
+func nudgeAfter(quiet, maxLag time.Duration, lagSince, now time.Time) time.Duration {
+	return max(0, min(quiet, lagSince.Add(maxLag).Sub(now)))
 }
 
 // handle delivers one part's watch response.

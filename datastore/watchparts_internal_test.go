@@ -75,7 +75,7 @@ func TestNudgeDelay(t *testing.T) {
 		{"past the bound", progressMaxLag + time.Second, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := nudgeAfter(progressEvery, t0, t0.Add(tc.now)); got != tc.want {
+			if got := nudgeAfter(progressEvery, progressMaxLag, t0, t0.Add(tc.now)); got != tc.want {
 				t.Errorf("nudgeAfter after %v = %v, want %v", tc.now, got, tc.want)
 			}
 		})
@@ -96,16 +96,19 @@ func TestNudger(t *testing.T) {
 		want   []time.Duration // sends, since the first response
 		every  time.Duration
 		quiet  time.Duration // progressEvery unless set
+		maxLag time.Duration // progressMaxLag unless set
 	}{
-		{"quiet", 0, false, []time.Duration{progressEvery}, 0, 0},
-		{"quiet after a while", time.Second, false, []time.Duration{time.Second + progressEvery}, 0, 0},
-		{"steady", 3 * time.Second, false, []time.Duration{progressMaxLag, 3*time.Second + progressEvery}, 0, 0},
-		{"in step again", time.Second, true, nil, 0, 0},
+		{"quiet", 0, false, []time.Duration{progressEvery}, 0, 0, 0},
+		{"quiet after a while", time.Second, false, []time.Duration{time.Second + progressEvery}, 0, 0, 0},
+		{"steady", 3 * time.Second, false, []time.Duration{progressMaxLag, 3*time.Second + progressEvery}, 0, 0, 0},
+		{"in step again", time.Second, true, nil, 0, 0, 0},
 		// A relay's batches every 250 ms: asking 200 ms after each
 		// (13 times in 3 s) would make the relay send every 200 ms
 		// instead.
-		{"relay batches", 3 * time.Second, false, everyFrom(200*time.Millisecond, 250*time.Millisecond, 13), 250 * time.Millisecond, 0},
-		{"relay batches, relayed", 3 * time.Second, false, []time.Duration{progressMaxLag, 3*time.Second + progressEveryRelayed}, 250 * time.Millisecond, progressEveryRelayed},
+		{"relay batches", 3 * time.Second, false, everyFrom(200*time.Millisecond, 250*time.Millisecond, 13), 250 * time.Millisecond, 0, 0},
+		// Relayed: under 12 s of batches once at the relayed bound, then
+		// once quiet.
+		{"relay batches, relayed", 12 * time.Second, false, []time.Duration{progressMaxLagRelayed, 12*time.Second + progressEveryRelayed}, 250 * time.Millisecond, progressEveryRelayed, progressMaxLagRelayed},
 	} {
 		if tc.every == 0 {
 			tc.every = 50 * time.Millisecond
@@ -113,12 +116,15 @@ func TestNudger(t *testing.T) {
 		if tc.quiet == 0 {
 			tc.quiet = progressEvery
 		}
+		if tc.maxLag == 0 {
+			tc.maxLag = progressMaxLag
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				t0 := time.Now()
 				var sent []time.Duration
 				var n *nudger
-				n = newNudger(tc.quiet, func() {
+				n = newNudger(tc.quiet, tc.maxLag, func() {
 					sent = append(sent, time.Since(t0))
 					n.seen(time.Now(), false) // the progress report
 				})
@@ -148,7 +154,7 @@ func TestNudgerStopped(t *testing.T) {
 	for _, armed := range []bool{true, false} {
 		synctest.Test(t, func(t *testing.T) {
 			sends := 0
-			n := newNudger(progressEvery, func() { sends++ })
+			n := newNudger(progressEvery, progressMaxLag, func() { sends++ })
 			if armed {
 				n.seen(time.Now(), true)
 			}

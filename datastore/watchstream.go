@@ -78,11 +78,11 @@ func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
 	}
 	w.s.partsProgress.Store(p)
 	defer w.s.partsProgress.CompareAndSwap(p, nil)
-	quiet := progressEvery
+	quiet, maxLag := progressEvery, progressMaxLag
 	if len(w.s.cfg.WatchEndpoints) > 0 {
-		quiet = progressEveryRelayed
+		quiet, maxLag = progressEveryRelayed, progressMaxLagRelayed
 	}
-	nudge := newNudger(quiet, func() { _ = p.requestProgress() }) // best effort: the next lag asks again
+	nudge := newNudger(quiet, maxLag, func() { _ = p.requestProgress() }) // best effort: the next lag asks again
 	defer nudge.stop()
 	for {
 		resp, err := p.st.Recv()

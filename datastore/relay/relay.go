@@ -101,9 +101,21 @@ func New(client *clientv3.Client, prefix string, window time.Duration, log *slog
 // ServerOptions are the gRPC server's options a relay needs: its agents'
 // etcd clients ping every 10 s (datastore's DialKeepAliveTime), which gRPC's
 // default policy (at most every 5 min) answers by closing the connection.
+// The receive windows are fixed: with gRPC's dynamic ones every request an
+// agent sends (a progress request: a few bytes) made the server answer
+// with a window update and a bandwidth-estimation ping, two more frames
+// the agent wakes to read and a ping it wakes to answer. An agent's
+// requests never need more than the minimum window.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true})}
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.StaticStreamWindowSize(requestWindow),
+		grpc.StaticConnWindowSize(requestWindow),
+	}
 }
+
+// requestWindow is gRPC's least window, 64 KiB.
+const requestWindow = 64 << 10
 
 // Register adds the relay's Watch service to s.
 func (r *Relay) Register(s *grpc.Server) { pb.RegisterWatchServer(s, r) }
@@ -158,11 +170,10 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 						CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
 					continue
 				}
-			case *pb.WatchRequest_ProgressRequest:
-				// After the held responses: whoever asks waits for an
-				// answer, and should not wait for the window too.
-				b.flushNow()
 			}
+			// A progress request does not send what is held: etcd's
+			// answer (take) sends it with the answer, a round trip later,
+			// in one write the agent wakes once for instead of two.
 			if err := sendUp(req); err != nil {
 				sendMu.Lock()
 				upErr = upstreamErr(err)
@@ -202,10 +213,9 @@ func upstreamErr(err error) error {
 
 // batcher sends a stream's responses: the first after a window's quiet at
 // once, later ones held until a window after the last send and then sent
-// back to back, consecutive event responses of one watch merged. A
-// progress request of the agent's, etcd's answer to it, a watch's
-// creation or end and an event of a key not batched each send the held
-// responses at once. Safe for
+// back to back, consecutive event responses of one watch merged. etcd's
+// answer to a progress request, a watch's creation or end and an event of
+// a key not batched each send the held responses at once, with themselves. Safe for
 // concurrent use; Send is called under mu only.
 type batcher struct {
 	down     pb.Watch_WatchServer

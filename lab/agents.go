@@ -129,7 +129,21 @@ func (l *Lab) agentArgv(st *State, n *NodeState) []string {
 	if n.IP6.IsValid() {
 		argv = append(argv, "--node-ip6", n.IP6.String(), "--default-ipv6-pool", PodPool6)
 	}
-	return append(argv, st.AgentArgs...)
+	argv = append(argv, st.AgentArgs...)
+	if st.reflectorCandidate(n.Name) {
+		return argv
+	}
+	return append(argv, st.ClientAgentArgs...)
+}
+
+// reflectorCandidate reports whether node is one of the first nodes that
+// reflect (RouteReflectors) or may be elected to (ReflectorCandidates).
+func (st *State) reflectorCandidate(node string) bool {
+	var i int
+	if _, err := fmt.Sscanf(node, "node%d", &i); err != nil {
+		return false
+	}
+	return i <= max(st.RouteReflectors, st.ReflectorCandidates)
 }
 
 // StartAgent starts the node's tabby-agent in the node's namespace (again,

@@ -118,6 +118,33 @@ func TestIPv6OnlyFabric(t *testing.T) {
 	}
 }
 
+// Client agents' arguments go to every node after the reflectors and the
+// reflector candidates, after the arguments every agent gets.
+func TestClientAgentArgs(t *testing.T) {
+	l := &Lab{dir: "/run/x"}
+	for _, tc := range []struct {
+		st     State
+		node   string
+		client bool
+	}{
+		{State{RouteReflectors: 2}, "node2", false},
+		{State{RouteReflectors: 2}, "node3", true},
+		{State{ReflectorCandidates: 4}, "node4", false},
+		{State{ReflectorCandidates: 4}, "node10", true},
+		{State{}, "node1", true},
+	} {
+		st := tc.st
+		st.BinDir, st.AgentArgs, st.ClientAgentArgs = "/b", []string{"--log-level=debug"}, []string{"--max-procs=1"}
+		argv := strings.Join(l.agentArgv(&st, &NodeState{Name: tc.node, IP: nodePrefix(firstNodeHost)}), " ")
+		if got := strings.HasSuffix(argv, "--log-level=debug --max-procs=1"); got != tc.client {
+			t.Errorf("%s of %+v: argv %q; client arguments last: %v, want %v", tc.node, tc.st, argv, got, tc.client)
+		}
+		if !strings.Contains(argv, "--log-level=debug") {
+			t.Errorf("%s: argv %q lacks every agent's arguments", tc.node, argv)
+		}
+	}
+}
+
 func TestParseRoutes(t *testing.T) {
 	out := `10.244.11.64/26 via 198.18.0.12 dev eth0 proto 81
 10.244.158.128/26 proto 81

@@ -146,6 +146,10 @@ type Options struct {
 	// AgentArgs are appended to every tabby-agent command line, also of
 	// agents started later (node add, restarts): the lab records them.
 	AgentArgs []string
+	// ClientAgentArgs are appended after AgentArgs to the command line of
+	// every agent that is neither a route reflector (node1 … nodeK of
+	// RouteReflectors) nor a reflector candidate (ReflectorCandidates).
+	ClientAgentArgs []string
 	// ConvergeTimeout bounds how long Up waits, after the agents serve, for
 	// every expected BGP session to be Established; Up fails when they are
 	// not. Default DefaultConvergeTimeout.

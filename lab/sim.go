@@ -63,6 +63,9 @@ type SimOptions struct {
 	// (Options.AgentArgs), e.g. --debug-pprof 127.0.0.1:6060 to profile
 	// them at a size (docs/scale.md, "Profiling an agent").
 	AgentArgs []string
+	// ClientAgentArgs are appended to the client agents' command lines
+	// only, not the reflectors' (Options.ClientAgentArgs): e.g. --max-procs 1.
+	ClientAgentArgs []string
 	// Out receives results.md, results.json and scale.png ("" = none).
 	Out string
 	Log io.Writer

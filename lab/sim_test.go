@@ -167,6 +167,26 @@ func TestWindowCPU(t *testing.T) {
 	}
 }
 
+// Context switches per event: the churn's beyond the rests' mean rate;
+// none when a thread exited in a window.
+func TestWakesPerEvent(t *testing.T) {
+	w := func(from, to int64, secs float64) window {
+		return window{from: map[string]usage{"a": {threads: procstat.Process{1: {Voluntary: from}}}},
+			to: map[string]usage{"a": {threads: procstat.Process{1: {Voluntary: to}}}}, secs: secs}
+	}
+	// Rests at 10 and 30 a second: 20 a second over 20 s is 400; 1,200
+	// more over 400 events is 3 each.
+	got, ok := wakesPerEvent("a", w(0, 600, 60), w(1000, 2600, 20), w(5000, 6800, 60), 400)
+	if !ok || math.Abs(got-3) > 1e-9 {
+		t.Errorf("wakesPerEvent = %g, %v; want 3, true", got, ok)
+	}
+	gone := w(0, 600, 60)
+	gone.from["a"].threads[2] = procstat.Counters{Voluntary: 5}
+	if _, ok := wakesPerEvent("a", gone, w(1000, 2600, 20), w(5000, 6800, 60), 400); ok {
+		t.Error("wakesPerEvent ok with a thread gone in the first rest")
+	}
+}
+
 // A sample's stages: the claim, each reflector's UPDATE at the observer
 // (one it did not send is left out), and each node's kernel by kind.
 func TestRouteStages(t *testing.T) {

@@ -197,6 +197,43 @@ func perEvent(key string, restA, churn, restB window, events int) (us, noise flo
 	return us, noise
 }
 
+// wakesPerEvent is process key's voluntary context switches per event:
+// the churn's beyond the mean rate of the rests (perEvent's arithmetic);
+// ok is false when a window's threads were not all read at both ends.
+func wakesPerEvent(key string, restA, churn, restB window, events int) (float64, bool) {
+	var rates [3]float64
+	for i, w := range []window{restA, churn, restB} {
+		from, to := w.from[key].threads, w.to[key].threads
+		d, exact := to.Since(from)
+		if from == nil || to == nil || !exact {
+			return 0, false
+		}
+		rates[i] = float64(d.Voluntary)
+		if i != 1 {
+			rates[i] /= w.secs
+		}
+	}
+	return (rates[1] - (rates[0]+rates[2])/2*churn.secs) / float64(max(events, 1)), true
+}
+
+// viewEvents reads each client agent's count of its view's watch events
+// (tabby_view_events_total); an agent that does not answer is left out.
+func (r *simRun) viewEvents(ctx context.Context) map[string]float64 {
+	out := map[string]float64{}
+	for _, c := range r.clients {
+		code, body, err := r.l.AgentGet(ctx, c, "/metrics")
+		if err != nil || code != http.StatusOK {
+			continue
+		}
+		if g, err := parseGauges(bytes.NewReader(body), "tabby_view_events_total"); err == nil {
+			if n, ok := g["tabby_view_events_total"]; ok {
+				out[c] = n
+			}
+		}
+	}
+	return out
+}
+
 // measureLoad measures a rest, a churn of a fixed number of pod events, and
 // a second rest. The first rest starts once the cluster has settled
 // (waitSettled): measured straight after the fill, it held the agents and
@@ -223,10 +260,12 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 	r.drops.enter(phaseChurn)
 	r.l.Progress("churning %d pod events at %g/s", r.o.ChurnEvents, r.o.ChurnRate)
 	var events int
+	views0 := r.viewEvents(ctx)
 	churn, err := r.measure(func() (err error) { events, err = r.churn(ctx); return err })
 	if err != nil {
 		return err
 	}
+	views1 := r.viewEvents(ctx)
 	if err := r.waitStable(ctx, "the second rest"); err != nil {
 		return err
 	}
@@ -242,6 +281,14 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 		return err
 	}
 	r.agentLoad(res, restA, churn, restB, events, sessions)
+	var viewPer []float64
+	for c, n := range views1 {
+		if n0, ok := views0[c]; ok && events > 0 {
+			viewPer = append(viewPer, (n-n0)/float64(events))
+		}
+	}
+	res.AgentViewEventsPerEvent = median(viewPer)
+	r.l.Progress("client agents per pod event: %.0f µs of CPU, %.2f view events, %.2f voluntary context switches", res.AgentUsPerEvent, res.AgentViewEventsPerEvent, res.AgentWakesPerEvent)
 	r.etcdLoad(res, restA, churn, restB)
 	g, err := r.l.EtcdGauges(ctx, "etcd_debugging_mvcc_watcher_total", "etcd_debugging_mvcc_watch_stream_total")
 	if err != nil {
@@ -275,14 +322,18 @@ func (r *simRun) reflectorSessions(ctx context.Context) (map[string]int, error) 
 // rests; a reflector's clients are its established sessions (sessions).
 func (r *simRun) agentLoad(res *SimResult, restA, churn, restB window, events int, sessions map[string]int) {
 	idleRate := func(key string) float64 { return (restA.rate(key) + restB.rate(key)) / 2 }
-	var us, noise, idlePct, rss []float64
+	var us, noise, idlePct, rss, wakes []float64
 	for _, c := range r.clients {
 		u, n := perEvent(c, restA, churn, restB, events)
 		us, noise = append(us, u), append(noise, n)
+		if w, ok := wakesPerEvent(c, restA, churn, restB, events); ok {
+			wakes = append(wakes, w)
+		}
 		idlePct = append(idlePct, 100*idleRate(c))
 		rss = append(rss, churn.to[c].rss)
 	}
 	res.AgentUsPerEvent, res.AgentUsPerEventNoise = median(us), median(noise)
+	res.AgentWakesPerEvent = median(wakes)
 	res.AgentIdlePct, res.AgentRSSMiB = median(idlePct), median(rss)
 	if _, ok := churn.to[floorKey]; ok {
 		res.FloorMeasured = true

@@ -34,8 +34,17 @@ type SimResult struct {
 	FloorUsPerEvent      float64 `json:"floorCPUMicrosPerEvent,omitempty"`
 	FloorUsPerEventNoise float64 `json:"floorCPUMicrosPerEventNoise,omitempty"`
 	FloorIdlePct         float64 `json:"floorIdleCPUPercent,omitempty"`
-	AgentIdlePct         float64 `json:"agentIdleCPUPercent"`
-	AgentRSSMiB          float64 `json:"agentRSSMiB"`
+	// AgentViewEventsPerEvent are the watch events a client agent's view
+	// took during the churn per pod event (progress reports and other
+	// keys' events included: 1 when the churn's are all it saw), and
+	// AgentWakesPerEvent its threads' voluntary context switches per pod
+	// event beyond the rests' rate (each a sleep and a later wake-up):
+	// what tells a costlier event from more wake-ups per event. Medians
+	// of the clients.
+	AgentViewEventsPerEvent float64 `json:"agentViewEventsPerEvent,omitempty"`
+	AgentWakesPerEvent      float64 `json:"agentVoluntarySwitchesPerEvent,omitempty"`
+	AgentIdlePct            float64 `json:"agentIdleCPUPercent"`
+	AgentRSSMiB             float64 `json:"agentRSSMiB"`
 	// Route reflectors (medians); per client = per BGP session.
 	RRIdlePct             float64 `json:"rrIdleCPUPercent"`
 	RRIdleUsPerClientPerS float64 `json:"rrIdleCPUMicrosPerClientPerSecond"`

@@ -52,6 +52,9 @@ type State struct {
 	IPv4Pool netip.Prefix `json:"ipv4Pool,omitzero"`
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string `json:"agentArgs,omitempty"`
+	// ClientAgentArgs are appended to the command line of every agent
+	// after the reflectors and candidates (Options.ClientAgentArgs).
+	ClientAgentArgs []string `json:"clientAgentArgs,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
 	// to make), in creation order. Teardown deletes them in reverse.
 	Namespaces []string `json:"namespaces"`

@@ -187,6 +187,23 @@ func TestWakesPerEvent(t *testing.T) {
 	}
 }
 
+// counterSteps: each client's growth between consecutive readings; a
+// client missing from any reading, or its counter, is left out.
+func TestCounterSteps(t *testing.T) {
+	read := func(vals map[string]float64) map[string]map[string]float64 {
+		out := map[string]map[string]float64{}
+		for c, v := range vals {
+			out[c] = map[string]float64{"n": v}
+		}
+		return out
+	}
+	got := counterSteps("n", read(map[string]float64{"a": 1, "b": 5, "c": 0}), read(map[string]float64{"a": 3, "b": 5}), read(map[string]float64{"a": 7, "b": 6, "c": 2}))
+	want := map[string][]float64{"a": {2, 4}, "b": {0, 1}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("counterSteps (-want +got):\n%s", diff)
+	}
+}
+
 // A sample's stages: the claim, each reflector's UPDATE at the observer
 // (one it did not send is left out), and each node's kernel by kind.
 func TestRouteStages(t *testing.T) {

@@ -197,6 +197,10 @@ func perEvent(key string, restA, churn, restB window, events int) (us, noise flo
 	return us, noise
 }
 
+// clientCounterNames are the client agents' counters read around each
+// window of measureLoad.
+var clientCounterNames = []string{"tabby_view_events_total", "go_gc_duration_seconds_count"}
+
 // wakesPerEvent is process key's voluntary context switches per event:
 // the churn's beyond the mean rate of the rests (perEvent's arithmetic);
 // ok is false when a window's threads were not all read at both ends.
@@ -216,19 +220,40 @@ func wakesPerEvent(key string, restA, churn, restB window, events int) (float64,
 	return (rates[1] - (rates[0]+rates[2])/2*churn.secs) / float64(max(events, 1)), true
 }
 
-// viewEvents reads each client agent's count of its view's watch events
-// (tabby_view_events_total); an agent that does not answer is left out.
-func (r *simRun) viewEvents(ctx context.Context) map[string]float64 {
-	out := map[string]float64{}
+// clientCounters reads the named counters of each client agent's metrics
+// (tabby_view_events_total, go_gc_duration_seconds_count); an agent that
+// does not answer is left out.
+func (r *simRun) clientCounters(ctx context.Context, names ...string) map[string]map[string]float64 {
+	out := map[string]map[string]float64{}
 	for _, c := range r.clients {
 		code, body, err := r.l.AgentGet(ctx, c, "/metrics")
 		if err != nil || code != http.StatusOK {
 			continue
 		}
-		if g, err := parseGauges(bytes.NewReader(body), "tabby_view_events_total"); err == nil {
-			if n, ok := g["tabby_view_events_total"]; ok {
-				out[c] = n
+		if g, err := parseGauges(bytes.NewReader(body), names...); err == nil {
+			out[c] = g
+		}
+	}
+	return out
+}
+
+// counterSteps is, for each client read at every point of at, how much
+// counter name grew between consecutive points.
+func counterSteps(name string, at ...map[string]map[string]float64) map[string][]float64 {
+	out := map[string][]float64{}
+	for c := range at[0] {
+		var steps []float64
+		for i := 1; i < len(at); i++ {
+			a, okA := at[i-1][c][name]
+			b, okB := at[i][c][name]
+			if !okA || !okB {
+				steps = nil
+				break
 			}
+			steps = append(steps, b-a)
+		}
+		if steps != nil {
+			out[c] = steps
 		}
 	}
 	return out
@@ -250,22 +275,24 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 	rest := func() error { sleepCtx(ctx, r.o.IdleWindow); return ctx.Err() }
 	r.drops.enter(phaseRest)
 	r.l.Progress("measuring %s at rest", r.o.IdleWindow)
+	at0 := r.clientCounters(ctx, clientCounterNames...)
 	restA, err := r.measure(rest)
 	if err != nil {
 		return err
 	}
+	at1 := r.clientCounters(ctx, clientCounterNames...)
 	if err := r.waitStable(ctx, "the churn"); err != nil {
 		return err
 	}
 	r.drops.enter(phaseChurn)
 	r.l.Progress("churning %d pod events at %g/s", r.o.ChurnEvents, r.o.ChurnRate)
 	var events int
-	views0 := r.viewEvents(ctx)
+	at2 := r.clientCounters(ctx, clientCounterNames...)
 	churn, err := r.measure(func() (err error) { events, err = r.churn(ctx); return err })
 	if err != nil {
 		return err
 	}
-	views1 := r.viewEvents(ctx)
+	at3 := r.clientCounters(ctx, clientCounterNames...)
 	if err := r.waitStable(ctx, "the second rest"); err != nil {
 		return err
 	}
@@ -275,6 +302,7 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 	if err != nil {
 		return err
 	}
+	at4 := r.clientCounters(ctx, clientCounterNames...)
 	res.Events, res.ChurnFailures, res.ChurnSeconds = events, r.churnFailures, churn.secs
 	sessions, err := r.reflectorSessions(ctx)
 	if err != nil {
@@ -282,13 +310,18 @@ func (r *simRun) measureLoad(ctx context.Context, res *SimResult) error {
 	}
 	r.agentLoad(res, restA, churn, restB, events, sessions)
 	var viewPer []float64
-	for c, n := range views1 {
-		if n0, ok := views0[c]; ok && events > 0 {
-			viewPer = append(viewPer, (n-n0)/float64(events))
-		}
+	for _, steps := range counterSteps("tabby_view_events_total", at2, at3) {
+		viewPer = append(viewPer, steps[0]/float64(max(events, 1)))
 	}
 	res.AgentViewEventsPerEvent = median(viewPer)
-	r.l.Progress("client agents per pod event: %.0f µs of CPU, %.2f view events, %.2f voluntary context switches", res.AgentUsPerEvent, res.AgentViewEventsPerEvent, res.AgentWakesPerEvent)
+	res.AgentGCCycles = map[string][]int{}
+	for c, steps := range counterSteps("go_gc_duration_seconds_count", at0, at1, at2, at3, at4) {
+		// the steps: rest, the wait for stable sessions, churn, the wait
+		// and the second rest
+		res.AgentGCCycles[c] = []int{int(steps[0]), int(steps[2]), int(steps[3])}
+	}
+	r.l.Progress("client agents per pod event: %.0f µs of CPU, %.2f view events, %.2f voluntary context switches; their collections in the first rest, the churn and the second rest: %v",
+		res.AgentUsPerEvent, res.AgentViewEventsPerEvent, res.AgentWakesPerEvent, res.AgentGCCycles)
 	r.etcdLoad(res, restA, churn, restB)
 	g, err := r.l.EtcdGauges(ctx, "etcd_debugging_mvcc_watcher_total", "etcd_debugging_mvcc_watch_stream_total")
 	if err != nil {

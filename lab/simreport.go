@@ -43,8 +43,14 @@ type SimResult struct {
 	// of the clients.
 	AgentViewEventsPerEvent float64 `json:"agentViewEventsPerEvent,omitempty"`
 	AgentWakesPerEvent      float64 `json:"agentVoluntarySwitchesPerEvent,omitempty"`
-	AgentIdlePct            float64 `json:"agentIdleCPUPercent"`
-	AgentRSSMiB             float64 `json:"agentRSSMiB"`
+	// AgentGCCycles are each client agent's garbage collections in the
+	// first rest, the churn and the second rest (with the wait before
+	// it): a collection of an 80 MiB heap costs tens of ms, and the
+	// runtime forces one every 2 min, so one in a short churn window
+	// raises the per-event figure by as much as the churn's own cost.
+	AgentGCCycles map[string][]int `json:"agentGCCycles,omitempty"`
+	AgentIdlePct  float64          `json:"agentIdleCPUPercent"`
+	AgentRSSMiB   float64          `json:"agentRSSMiB"`
 	// Route reflectors (medians); per client = per BGP session.
 	RRIdlePct             float64 `json:"rrIdleCPUPercent"`
 	RRIdleUsPerClientPerS float64 `json:"rrIdleCPUMicrosPerClientPerSecond"`

@@ -15,8 +15,8 @@ import (
 // What it trades (docs/scale.md, "GOMAXPROCS"): at 1 an agent that is
 // woken by a batch of watch events runs it on the thread that read it,
 // where with more every hand-off between goroutines wakes a second thread
-// that finds nothing to do, at ≈ 40 % of the CPU of a remote pod event;
-// but an agent's passes, its collector and a burst of CNI ADDs then share
+// that finds nothing to do: a remote pod event cost ×0.8 at 1 in the scale
+// harness, ×0.5–0.8 in process; but an agent's passes, its collector and a burst of CNI ADDs then share
 // one thread. Keep reflectors at the default: they take in every node's
 // routes.
 func setMaxProcs(log *slog.Logger, n int) error {

@@ -162,18 +162,15 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 			if err != nil {
 				return // the agent went (or the handler returned)
 			}
-			switch u := req.RequestUnion.(type) {
-			case *pb.WatchRequest_CreateRequest:
-				if !r.allowed(u.CreateRequest) {
-					r.log.Warn("refused a watch outside the prefix", "key", string(u.CreateRequest.Key), "prefix", r.prefix)
-					b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
-						CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
-					continue
-				}
+			if c := req.GetCreateRequest(); c != nil && !r.allowed(c) {
+				r.log.Warn("refused a watch outside the prefix", "key", string(c.Key), "prefix", r.prefix)
+				b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
+					CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
+				continue
 			}
 			// A progress request does not send what is held: etcd's
-			// answer (take) sends it with the answer, a round trip later,
-			// in one write the agent wakes once for instead of two.
+			// answer (take) sends it, a round trip later, back to back
+			// with the answer, which the agent wakes once for, not twice.
 			if err := sendUp(req); err != nil {
 				sendMu.Lock()
 				upErr = upstreamErr(err)

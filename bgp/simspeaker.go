@@ -70,9 +70,11 @@ type SimSession struct {
 	sinceUp        atomic.Uint64
 	keepalives     atomic.Uint64
 	drop           atomic.Pointer[SimDrop]
-	// held is the set of Track (the reader's alone), heldN its size.
-	held  map[uint64]struct{}
-	heldN atomic.Int64
+	// held is the set of Track (written by the reader, under heldMu),
+	// heldN its size.
+	heldMu sync.Mutex
+	held   map[uint64]struct{}
+	heldN  atomic.Int64
 }
 
 // Updates is how many UPDATE messages the peer has sent so far.
@@ -243,19 +245,42 @@ func (s *SimSession) readLoop(rd *simReader) error {
 // pointer for the collector to follow in a harness holding a thousand
 // prefixes on each of two thousand sessions.
 func (s *SimSession) track(in, out []netip.Prefix) {
-	key := func(p netip.Prefix) uint64 {
-		a := p.Addr().As4()
-		return uint64(binary.BigEndian.Uint32(a[:]))<<8 | uint64(p.Bits())
-	}
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
 	for _, p := range out {
-		delete(s.held, key(p))
+		delete(s.held, heldKey(p))
 	}
 	for _, p := range in {
 		if s.cfg.Track(p) {
-			s.held[key(p)] = struct{}{}
+			s.held[heldKey(p)] = struct{}{}
 		}
 	}
 	s.heldN.Store(int64(len(s.held)))
+}
+
+func heldKey(p netip.Prefix) uint64 {
+	a := p.Addr().As4()
+	return uint64(binary.BigEndian.Uint32(a[:]))<<8 | uint64(p.Bits())
+}
+
+// Lacks returns up to max of the prefixes of want that the peer does not
+// announce on the session now (with SimConfig.Track; none without), for a
+// harness to name what a reflector did not send.
+func (s *SimSession) Lacks(want []netip.Prefix, max int) []netip.Prefix {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	var out []netip.Prefix
+	if s.held == nil {
+		return nil
+	}
+	for _, p := range want {
+		if _, ok := s.held[heldKey(p)]; !ok {
+			if out = append(out, p); len(out) == max {
+				break
+			}
+		}
+	}
+	return out
 }
 
 // announced returns the IPv4 prefixes an UPDATE's body announces (none if

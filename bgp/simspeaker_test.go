@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -147,6 +148,12 @@ func TestSimSessionTracksHeld(t *testing.T) {
 	testkit.Eventually(t, 10*time.Second, "b2 and b3 held after b1's withdrawal and b2 again", testkit.Cond(func() bool { return s.Updates() == 3 }))
 	if got := s.Held(); got != 2 {
 		t.Errorf("Held() = %d, want 2 (b2, b3)", got)
+	}
+	if got := s.Lacks([]netip.Prefix{b1, b2, b3}, 3); !slices.Equal(got, []netip.Prefix{b1}) {
+		t.Errorf("Lacks(b1, b2, b3) = %v, want [b1 %v]", got, b1)
+	}
+	if got := s.Lacks([]netip.Prefix{b1, other, b2}, 1); !slices.Equal(got, []netip.Prefix{b1}) {
+		t.Errorf("Lacks(b1, other, b2) at most 1 = %v, want [b1 %v]", got, b1)
 	}
 	sendUpdates(t, peer, simUpdate(t, []netip.Prefix{b2, b3}, nil))
 	testkit.Eventually(t, 10*time.Second, "nothing held after both are withdrawn", testkit.Cond(func() bool { return s.Held() == 0 }))

@@ -349,3 +349,20 @@ func TestReflectorsTable(t *testing.T) {
 		t.Errorf("ReflectorsTable (-want +got):\n%s", diff)
 	}
 }
+
+// A simulated node names its sessions that lack a block other than its
+// own, in reflector order, at most max.
+func TestSimNodeLacking(t *testing.T) {
+	own, b1, b2 := netip.MustParsePrefix("10.244.1.0/26"), netip.MustParsePrefix("10.244.2.0/26"), netip.MustParsePrefix("10.244.3.0/26")
+	rr1, rr2 := netip.MustParseAddr("198.18.0.11"), netip.MustParseAddr("198.18.0.12")
+	track := bgp.SimConfig{Track: func(netip.Prefix) bool { return true }}
+	n := &simNode{name: "sim1", blocks: map[netip.Prefix]bool{own: true},
+		sessions: map[netip.Addr]*bgp.SimSession{rr2: bgp.NewSimSession(nil, track), rr1: bgp.NewSimSession(nil, track)}}
+	got := n.lacking([]netip.Prefix{b1, own, b2}, 1)
+	if want := []string{"sim1 ← 198.18.0.11 lacks [10.244.2.0/26 10.244.3.0/26]"}; !slices.Equal(got, want) {
+		t.Errorf("lacking = %q, want %q", got, want)
+	}
+	if got := n.lacking([]netip.Prefix{own}, 3); got != nil {
+		t.Errorf("lacking with only its own block = %q, want none", got)
+	}
+}

@@ -230,7 +230,7 @@ func (r *simRun) waitQuiet(ctx context.Context) (time.Duration, int) {
 	last, since, told := st, time.Now(), time.Now()
 	for (time.Since(since) < quietFor || st.missing > 0) && ctx.Err() == nil {
 		if time.Since(told) >= time.Minute {
-			r.l.Progress("waiting for the reflectors after %s: %s, %d UPDATEs received", time.Since(start).Round(time.Second), st, st.updates)
+			r.l.Progress("waiting for the reflectors after %s: %s, %d UPDATEs received%s", time.Since(start).Round(time.Second), st, st.updates, r.lackingExamples(st))
 			told = time.Now()
 		}
 		if time.Since(start) > quietTimeout {
@@ -245,6 +245,23 @@ func (r *simRun) waitQuiet(ctx context.Context) (time.Duration, int) {
 	waited := max(time.Since(start)-quietFor, 0)
 	r.l.Progress("reflectors quiet after %s (%d UPDATEs received by the simulated nodes so far)", waited.Round(100*time.Millisecond), st.updates)
 	return waited, st.missing
+}
+
+// lackingExamples names up to three sessions that lack blocks and which,
+// for waitQuiet's progress line ("" when none lacks any).
+func (r *simRun) lackingExamples(st quietState) string {
+	if st.missing == 0 {
+		return ""
+	}
+	all := r.simBlocks.list()
+	var ex []string
+	for _, n := range r.nodes {
+		if len(ex) == 3 {
+			break
+		}
+		ex = append(ex, n.lacking(all, 3-len(ex))...)
+	}
+	return "; " + strings.Join(ex, "; ")
 }
 
 // quietState is what waitQuiet watches: the UPDATEs the simulated nodes

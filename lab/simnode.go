@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -69,6 +71,13 @@ func (b *blockSet) has(p netip.Prefix) bool {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return b.m[p]
+}
+
+// list returns the blocks.
+func (b *blockSet) list() []netip.Prefix {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return slices.Collect(maps.Keys(b.m))
 }
 
 func (b *blockSet) len() int {
@@ -235,6 +244,29 @@ func (n *simNode) missing(all int) (prefixes, sessions int) {
 		}
 	}
 	return prefixes, sessions
+}
+
+// lacking describes, up to max, node n's sessions that lack a block of all
+// other than n's own: "sim12 ← 198.18.0.11 lacks 10.244.3.0/26".
+func (n *simNode) lacking(all []netip.Prefix, max int) []string {
+	n.mu.Lock()
+	want := slices.DeleteFunc(slices.Clone(all), func(p netip.Prefix) bool { return n.blocks[p] })
+	rrs := slices.SortedFunc(maps.Keys(n.sessions), netip.Addr.Compare)
+	sessions := map[netip.Addr]*bgp.SimSession{}
+	for _, rr := range rrs {
+		sessions[rr] = n.sessions[rr]
+	}
+	n.mu.Unlock()
+	var out []string
+	for _, rr := range rrs {
+		if len(out) == max {
+			break
+		}
+		if miss := sessions[rr].Lacks(want, 3); len(miss) > 0 {
+			out = append(out, fmt.Sprintf("%s ← %s lacks %v", n.name, rr, miss))
+		}
+	}
+	return out
 }
 
 // unstable calls fn for each of node n's reflectors whose session

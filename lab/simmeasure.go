@@ -190,11 +190,16 @@ func (r *simRun) measure(fn func() error) (window, error) {
 // makes over the churn window, per event: a figure within it is not told
 // apart from the rest's own variation. Either may be negative.
 func perEvent(key string, restA, churn, restB window, events int) (us, noise float64) {
-	ra, rb := restA.rate(key), restB.rate(key)
+	us, noise = beyondRests(restA.rate(key), churn.cpu(key), restB.rate(key), churn.secs, events)
+	return 1e6 * us, 1e6 * noise
+}
+
+// beyondRests is how much more than the rests' mean rate (ra, rb per
+// second) the churn's amount x over secs seconds is, per event, and half
+// the rests' difference over the churn, per event (perEvent's noise).
+func beyondRests(ra, x, rb, secs float64, events int) (per, noise float64) {
 	n := float64(max(events, 1))
-	us = 1e6 * (churn.cpu(key) - (ra+rb)/2*churn.secs) / n
-	noise = 1e6 * math.Abs(ra-rb) / 2 * churn.secs / n
-	return us, noise
+	return (x - (ra+rb)/2*secs) / n, math.Abs(ra-rb) / 2 * secs / n
 }
 
 // clientCounterNames are the client agents' counters read around each
@@ -205,19 +210,25 @@ var clientCounterNames = []string{"tabby_view_events_total", "go_gc_duration_sec
 // the churn's beyond the mean rate of the rests (perEvent's arithmetic);
 // ok is false when a window's threads were not all read at both ends.
 func wakesPerEvent(key string, restA, churn, restB window, events int) (float64, bool) {
-	var rates [3]float64
-	for i, w := range []window{restA, churn, restB} {
-		from, to := w.from[key].threads, w.to[key].threads
-		d, exact := to.Since(from)
-		if from == nil || to == nil || !exact {
-			return 0, false
-		}
-		rates[i] = float64(d.Voluntary)
-		if i != 1 {
-			rates[i] /= w.secs
-		}
+	va, okA := restA.voluntary(key)
+	vc, okC := churn.voluntary(key)
+	vb, okB := restB.voluntary(key)
+	if !okA || !okC || !okB {
+		return 0, false
 	}
-	return (rates[1] - (rates[0]+rates[2])/2*churn.secs) / float64(max(events, 1)), true
+	per, _ := beyondRests(va/restA.secs, vc, vb/restB.secs, churn.secs, events)
+	return per, true
+}
+
+// voluntary is key's threads' voluntary context switches in the window;
+// ok is false when its threads were not all read at both ends.
+func (w window) voluntary(key string) (float64, bool) {
+	from, to := w.from[key].threads, w.to[key].threads
+	d, exact := to.Since(from)
+	if from == nil || to == nil || !exact {
+		return 0, false
+	}
+	return float64(d.Voluntary), true
 }
 
 // clientCounters reads the named counters of each client agent's metrics

@@ -60,11 +60,10 @@ func (l *Lab) startEtcdProxy(ctx context.Context) error {
 func (l *Lab) startInEtcdNS(ctx context.Context, name, what string, argv []string, listen string, set func(*State, *Proc)) error {
 	st := l.State()
 	progress(l.log, "starting %s in %s at %s", what, st.EtcdNS(), listen)
-	p, done, err := startDetached(name, st.EtcdNS(), argv, filepath.Join(l.dir, name+".log"), PIDFile(l.dir, name))
+	p, _, err := l.StartDetached(name, st.EtcdNS(), argv, filepath.Join(l.dir, name+".log"), PIDFile(l.dir, name))
 	if err != nil {
 		return err
 	}
-	l.trackExit(p.PID, done)
 	if err := l.Update(func(s *State) error { set(s, p); return nil }); err != nil {
 		return err
 	}

@@ -195,19 +195,6 @@ func simSessionUp(ctx context.Context, t *testing.T, rr, simAddr netip.Addr, pee
 	if err := n.sp.SetPeers(ctx, []Peer{peer}); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := dialUntilAccepted(t, simAddr, netip.AddrPortFrom(rr, port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s = NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: simAddr, HoldTime: 9 * time.Second})
-	runErr = make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
-	select {
-	case <-s.Established():
-	case err := <-runErr:
-		t.Fatalf("session ended before established: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("session not established in 60s")
-	}
+	s, runErr = establishSim(ctx, t, simAddr, netip.AddrPortFrom(rr, port))
 	return n, s, runErr
 }

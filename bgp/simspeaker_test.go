@@ -36,27 +36,14 @@ func TestSimSessionAdvertisesToRealSpeaker(t *testing.T) {
 		ClusterNode: true, Port: port, LocalAddress: rr}}); err != nil {
 		t.Fatalf("SetPeers: %v", err)
 	}
-	conn, err := dialUntilAccepted(t, simAddr, netip.AddrPortFrom(rr, port))
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: simAddr, HoldTime: 9 * time.Second})
-	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx) }()
+	s, runErr := establishSim(ctx, t, simAddr, netip.AddrPortFrom(rr, port))
 	defer func() {
 		cancel()
 		if err := <-runErr; err != nil && !errors.Is(err, net.ErrClosed) {
 			t.Logf("sim session ended: %v", err)
 		}
 	}()
-	select {
-	case <-s.Established():
-	case err := <-runErr:
-		t.Fatalf("session ended before established: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("session not established in 30s")
-	}
 	b1, b2 := netip.MustParsePrefix("10.244.7.0/26"), netip.MustParsePrefix("10.244.7.64/26")
 	if err := s.Announce([]netip.Prefix{b1, b2}); err != nil {
 		t.Fatal(err)
@@ -77,18 +64,43 @@ func TestSimSessionAdvertisesToRealSpeaker(t *testing.T) {
 	}
 }
 
-// dialUntilAccepted connects from local to the speaker, again while it
-// refuses (its peer may not be configured yet).
-func dialUntilAccepted(t *testing.T, local netip.Addr, to netip.AddrPort) (net.Conn, error) {
+// establishSim connects a simulated node from local to the speaker and
+// runs its session until it is established, again (as a speaker's connect
+// retry would) while the speaker refuses the connection or closes it
+// before its OPEN: GoBGP accepts and drops a connection whose peer is still
+// Idle, which under load lasts past SetPeers. The session runs until ctx
+// ends; its Run's result arrives on runErr.
+func establishSim(ctx context.Context, t *testing.T, local netip.Addr, to netip.AddrPort) (s *SimSession, runErr chan error) {
+	t.Helper()
+	const within = time.Minute
 	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(local, 0)), Timeout: 10 * time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := d.Dial("tcp", to.String())
-		if err == nil || time.Now().After(deadline) {
-			return c, err
+	deadline := time.Now().Add(within)
+	var last error
+	for attempt := 1; time.Now().Before(deadline); attempt++ {
+		if attempt > 1 {
+			time.Sleep(200 * time.Millisecond)
 		}
-		time.Sleep(100 * time.Millisecond)
+		conn, err := d.DialContext(ctx, "tcp", to.String())
+		if err != nil {
+			last = err
+			continue
+		}
+		s = NewSimSession(conn, SimConfig{ASN: api.DefaultASNumber, RouterID: local, HoldTime: 9 * time.Second})
+		runErr = make(chan error, 1)
+		go func() { runErr <- s.Run(ctx) }()
+		select {
+		case <-s.Established():
+			return s, runErr
+		case err := <-runErr:
+			last = err
+			t.Logf("attempt %d: session ended before established: %v", attempt, err)
+		case <-time.After(time.Until(deadline)):
+			conn.Close() // ends Run
+			t.Fatalf("session not established in %s (attempt %d)", within, attempt)
+		}
 	}
+	t.Fatalf("session not established in %s: %v", within, last)
+	return nil, nil
 }
 
 // announced reads the prefixes an UPDATE announces, not those it

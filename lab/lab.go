@@ -91,7 +91,7 @@ func Up(ctx context.Context, o Options) (_ *Lab, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating lab directory: %w", err)
 	}
-	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AutoReflectors: o.AutoReflectors, Zones: o.Zones, ReflectorPeering: o.ReflectorPeering, ReflectorCandidates: o.ReflectorCandidates, AgentArgs: o.AgentArgs, ClientAgentArgs: o.ClientAgentArgs, IPv4Pool: o.IPv4Pool.Masked(), DualStack: o.DualStack || o.IPv6Only || o.IPv6OnlyFabric, IPv6Only: o.IPv6Only || o.IPv6OnlyFabric, NoIPv4: o.IPv6OnlyFabric, TwoSubnets: o.TwoSubnets,
+	st := &State{Name: o.Name, Dir: dir, Created: time.Now().UTC(), NoAgents: o.NoAgents, RouteReflectors: o.RouteReflectors, AutoReflectors: o.AutoReflectors, Zones: o.Zones, ReflectorPeering: o.ReflectorPeering, ReflectorCandidates: o.ReflectorCandidates, AgentArgs: o.AgentArgs, ClientAgentArgs: o.ClientAgentArgs, RelayWindow: o.RelayWindow, IPv4Pool: o.IPv4Pool.Masked(), DualStack: o.DualStack || o.IPv6Only || o.IPv6OnlyFabric, IPv6Only: o.IPv6Only || o.IPv6OnlyFabric, NoIPv4: o.IPv6OnlyFabric, TwoSubnets: o.TwoSubnets,
 		Etcd: etcdMembers(o.EtcdMembers, o.IPv6OnlyFabric)}
 	if err := claim(st, o.RunDir); err != nil {
 		return nil, err

@@ -373,9 +373,18 @@ func TestRelayArgv(t *testing.T) {
 			t.Errorf("agent argv %q: want %q", argv, want)
 		}
 	}
-	relay := strings.Join(RelayArgv("/b/tabby-relay", st.EtcdEndpoints(), "198.18.0.2:23792"), " ")
+	relay := strings.Join(RelayArgv("/b/tabby-relay", st.EtcdEndpoints(), "198.18.0.2:23792", 0), " ")
 	if want := "/b/tabby-relay --etcd-endpoints http://198.18.0.2:2379 --listen 198.18.0.2:23792"; relay != want {
 		t.Errorf("relay argv %q, want %q", relay, want)
+	}
+	relay = strings.Join(RelayArgv("/b/tabby-relay", st.EtcdEndpoints(), "198.18.0.2:23792", time.Second), " ")
+	if want := "/b/tabby-relay --etcd-endpoints http://198.18.0.2:2379 --listen 198.18.0.2:23792 --batch-window 1s"; relay != want {
+		t.Errorf("relay argv with a window %q, want %q", relay, want)
+	}
+	for _, o := range []Options{{Nodes: 1, RelayWindow: time.Second}, {Nodes: 1, Relay: true, RelayWindow: time.Minute}} {
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "relay window") {
+			t.Errorf("relay %v window %s: %v, want refused", o.Relay, o.RelayWindow, err)
+		}
 	}
 	if err := (&Options{Nodes: 1, IPv6OnlyFabric: true, Relay: true}).Validate(); err == nil || !strings.Contains(err.Error(), "relay") {
 		t.Errorf("a relay on an IPv6-only fabric: %v, want refused", err)

@@ -113,6 +113,9 @@ type Options struct {
 	// Relay runs a watch relay (cmd/tabby-relay) in front of etcd and
 	// points the agents' --watch-endpoints at it (lab/relay.go).
 	Relay bool
+	// RelayWindow is the relay's batching window (tabby-relay
+	// --batch-window; 0: the relay's default).
+	RelayWindow time.Duration
 	// NoAgents brings up the fabric, ToR, etcd and node namespaces only.
 	NoAgents bool
 	// DualStack gives the fabric an IPv6 underlay (2001:db8::/64), every
@@ -251,6 +254,9 @@ func (o *Options) Validate() error {
 		if o.Relay {
 			errs = append(errs, errors.New("relay: not available with an IPv6-only fabric"))
 		}
+	}
+	if o.RelayWindow != 0 && (!o.Relay || o.RelayWindow < 0 || o.RelayWindow > 10*time.Second) {
+		errs = append(errs, fmt.Errorf("relay window %s: wants a relay, and more than 0 and at most 10s", o.RelayWindow))
 	}
 	if o.IPv4Pool.IsValid() && (!o.IPv4Pool.Addr().Is4() || o.IPv4Pool.Bits() < podPool.Bits() || !podPool.Contains(o.IPv4Pool.Addr()) || o.IPv4Pool.Bits() > 26) {
 		errs = append(errs, fmt.Errorf("ipv4 pool %s: want a prefix of %s between /%d and /26", o.IPv4Pool, PodPool, podPool.Bits()))

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // The watch relay (cmd/tabby-relay, Options.Relay, docs/scale.md "Watch
@@ -22,9 +23,14 @@ func (s *State) RelayURL() string {
 	return "http://" + netip.AddrPortFrom(etcdAddr, relayPort).String()
 }
 
-// RelayArgv is the relay's command line for etcd at endpoints.
-func RelayArgv(bin string, endpoints []string, listen string) []string {
-	return []string{bin, "--etcd-endpoints", strings.Join(endpoints, ","), "--listen", listen}
+// RelayArgv is the relay's command line for etcd at endpoints, batching
+// by window (0: the relay's default).
+func RelayArgv(bin string, endpoints []string, listen string, window time.Duration) []string {
+	argv := []string{bin, "--etcd-endpoints", strings.Join(endpoints, ","), "--listen", listen}
+	if window > 0 {
+		argv = append(argv, "--batch-window", window.String())
+	}
+	return argv
 }
 
 // startRelay starts the relay in the etcd namespace and waits until it
@@ -32,6 +38,6 @@ func RelayArgv(bin string, endpoints []string, listen string) []string {
 func (l *Lab) startRelay(ctx context.Context) error {
 	st := l.State()
 	listen := netip.AddrPortFrom(etcdAddr, relayPort).String()
-	argv := RelayArgv(filepath.Join(st.BinDir, BinRelay), st.EtcdEndpoints(), listen)
+	argv := RelayArgv(filepath.Join(st.BinDir, BinRelay), st.EtcdEndpoints(), listen, time.Duration(st.RelayWindow))
 	return l.startInEtcdNS(ctx, "relay", "the watch relay", argv, listen, func(s *State, p *Proc) { s.Relay = p })
 }

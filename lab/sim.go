@@ -59,6 +59,9 @@ type SimOptions struct {
 	// Relay: the real agents' views watch through a watch relay
 	// (Options.Relay); the simulated nodes do not.
 	Relay bool
+	// RelayWindow is the relay's batching window (Options.RelayWindow; 0:
+	// the relay's default).
+	RelayWindow time.Duration
 	// AgentArgs are appended to every real agent's command line
 	// (Options.AgentArgs), e.g. --debug-pprof 127.0.0.1:6060 to profile
 	// them at a size (docs/scale.md, "Profiling an agent").

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/bgp/session"
+	"github.com/tabbynet/tabby/datastore/relay"
 	"github.com/tabbynet/tabby/internal/procstat"
 	"github.com/tabbynet/tabby/internal/stats"
 )
@@ -528,9 +529,41 @@ func (r *simRun) waitObserved(ctx context.Context, rev int64) error {
 
 // measurePolicy times one-label changes of a simulated endpoint that the
 // sim-target policy's rule selects (role=probe) until every client
-// node's nftables set has, then has lost, its address.
+// node's nftables set has, then has lost, its address: each change as
+// soon as the one before is in every set and, with a relay, again each
+// more than its window after the one before (alone, as an operator's
+// change usually is: the relay sends it at once).
 func (r *simRun) measurePolicy(ctx context.Context, res *SimResult) error {
 	r.l.Progress("timing %d policy changes (one label) at %d endpoints, %d policies", 2*r.o.Samples, res.Endpoints, r.o.Policies)
+	lat, err := r.policyChanges(ctx, 0)
+	if err != nil {
+		return err
+	}
+	res.PolicyP50Ms, res.PolicyP99Ms = quantileMs(lat)
+	if !r.o.Relay {
+		return nil
+	}
+	res.RelayWindowMs = float64(r.relayWindow()) / float64(time.Millisecond)
+	r.l.Progress("timing %d policy changes again, each %s after the last (the relay's window)", 2*r.o.Samples, r.relayWindow())
+	if lat, err = r.policyChanges(ctx, r.relayWindow()+100*time.Millisecond); err != nil {
+		return err
+	}
+	res.PolicyLoneP50Ms, res.PolicyLoneP99Ms = quantileMs(lat)
+	return nil
+}
+
+// relayWindow is the relay's batching window in this run.
+func (r *simRun) relayWindow() time.Duration {
+	if r.o.RelayWindow > 0 {
+		return r.o.RelayWindow
+	}
+	return relay.DefaultWindow
+}
+
+// policyChanges makes 2×Samples label changes (measurePolicy), each apart
+// after the one before reached every set, and times each until every
+// client's set has it.
+func (r *simRun) policyChanges(ctx context.Context, apart time.Duration) ([]time.Duration, error) {
 	var lat []time.Duration
 	for k := range r.o.Samples {
 		n := r.nodes[(k*7919)%len(r.nodes)]
@@ -542,21 +575,27 @@ func (r *simRun) measurePolicy(ctx context.Context, res *SimResult) error {
 			for _, m := range r.sets {
 				m.forget(tok)
 			}
+			if apart > 0 {
+				select {
+				case <-time.After(apart):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
 			t0 := time.Now()
 			if _, err := n.relabel(ctx, "role", step.value); err != nil {
-				return err
+				return nil, err
 			}
 			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 			_, t1, err := waitAll(wctx, r.sets, tok)
 			cancel()
 			if err != nil {
-				return err
+				return nil, err
 			}
 			lat = append(lat, t1.Sub(t0))
 		}
 	}
-	res.PolicyP50Ms, res.PolicyP99Ms = quantileMs(lat)
-	return nil
+	return lat, nil
 }
 
 // measureRestart restarts the first client agent (SIGTERM) and times its

@@ -74,7 +74,13 @@ type SimResult struct {
 	Stages      *RouteStages `json:"blockToRouteStages,omitempty"`
 	PolicyP50Ms float64      `json:"policyToKernelP50Ms"`
 	PolicyP99Ms float64      `json:"policyToKernelP99Ms"`
-	ReadyS      float64      `json:"restartToReadySeconds"`
+	// PolicyLoneP50Ms and PolicyLoneP99Ms time the same changes each made
+	// more than the relay's window after the one before (with a relay
+	// only): a change alone, which the relay sends at once, where the
+	// back-to-back ones above wait for its window.
+	PolicyLoneP50Ms float64 `json:"policyLoneToKernelP50Ms,omitempty"`
+	PolicyLoneP99Ms float64 `json:"policyLoneToKernelP99Ms,omitempty"`
+	ReadyS          float64 `json:"restartToReadySeconds"`
 	// etcd (first member) and the proxy.
 	EtcdIdlePct      float64 `json:"etcdIdleCPUPercent"`
 	EtcdChurnPct     float64 `json:"etcdChurnCPUPercent"`
@@ -86,6 +92,8 @@ type SimResult struct {
 	// the real agents only.
 	Relay         bool    `json:"relay,omitempty"`
 	RelayChurnPct float64 `json:"relayChurnCPUPercent,omitempty"`
+	// RelayWindowMs is the relay's batching window.
+	RelayWindowMs float64 `json:"relayWindowMs,omitempty"`
 	// SessionDrops counts, by the harness's phase (simPhases), the
 	// simulated sessions with a reflector that ended after being
 	// established; SessionOpensFailed those that ended while opening
@@ -190,19 +198,21 @@ func (r SimResult) summary() string {
 // SimTable renders results as a Markdown table, one row per size.
 func SimTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | bare watcher µs/event ± noise (agent / it) | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy (relay) CPU % | load 1m |\n")
+	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | bare watcher µs/event ± noise (agent / it) | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms (with a relay: changes alone) | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy (relay) CPU % | load 1m |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		proxy := "—"
 		if r.EtcdProxy {
 			proxy = fmt.Sprintf("%.1f", r.ProxyChurnPct)
 		}
+		policy := fmt.Sprintf("%.0f / %.0f", r.PolicyP50Ms, r.PolicyP99Ms)
 		if r.Relay {
-			proxy += fmt.Sprintf(" (relay %.1f)", r.RelayChurnPct)
+			proxy += fmt.Sprintf(" (relay %.1f, window %.0f ms)", r.RelayChurnPct, r.RelayWindowMs)
+			policy += fmt.Sprintf(" (alone %.0f / %.0f)", r.PolicyLoneP50Ms, r.PolicyLoneP99Ms)
 		}
-		fmt.Fprintf(&b, "| %d | %d | %d (%.0f) | %.0f ± %.0f | %s | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
+		fmt.Fprintf(&b, "| %d | %d | %d (%.0f) | %.0f ± %.0f | %s | %.2f | %.0f | %.2f | %.1f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %s | %.1f | %.1f / %.1f | %d (%d) | %s | %.1f |\n",
 			r.Nodes, r.Endpoints, r.Events, r.ChurnSeconds, r.AgentUsPerEvent, r.AgentUsPerEventNoise, r.floorCell(), r.AgentIdlePct, r.AgentRSSMiB, r.RRIdlePct, r.RRIdleUsPerClientPerS, r.RRRSSMiB, r.RRKiBPerClient,
-			r.RouteP50Ms, r.RouteP99Ms, r.AdvertP50Ms, r.AdvertP99Ms, r.PolicyP50Ms, r.PolicyP99Ms, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy, r.Load)
+			r.RouteP50Ms, r.RouteP99Ms, r.AdvertP50Ms, r.AdvertP99Ms, policy, r.ReadyS, r.EtcdIdlePct, r.EtcdChurnPct, r.EtcdWatchers, r.EtcdWatchStreams, proxy, r.Load)
 	}
 	return b.String()
 }

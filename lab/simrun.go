@@ -56,7 +56,7 @@ func Sim(ctx context.Context, o SimOptions) (_ []SimResult, err error) {
 		return nil, fmt.Errorf("invalid sim options: %w", err)
 	}
 	lo := Options{Name: o.Name, Nodes: o.RealNodes + o.reflectors(), RouteReflectors: o.RouteReflectors,
-		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, Relay: o.Relay, AgentArgs: o.AgentArgs, ClientAgentArgs: o.ClientAgentArgs, Log: o.Log}
+		RunDir: o.RunDir, BinDir: o.BinDir, EtcdProxy: o.EtcdProxy, Relay: o.Relay, RelayWindow: o.RelayWindow, AgentArgs: o.AgentArgs, ClientAgentArgs: o.ClientAgentArgs, Log: o.Log}
 	if o.Zones > 0 {
 		lo.RouteReflectors, lo.AutoReflectors, lo.Zones, lo.ReflectorCandidates = 0, o.RouteReflectors, o.Zones, o.reflectors()
 		lo.ReflectorPeering = o.ReflectorPeering

@@ -55,6 +55,9 @@ type State struct {
 	// ClientAgentArgs are appended to the command line of every agent
 	// after the reflectors and candidates (Options.ClientAgentArgs).
 	ClientAgentArgs []string `json:"clientAgentArgs,omitempty"`
+	// RelayWindow is the watch relay's batching window (Options.RelayWindow;
+	// 0: the relay's default).
+	RelayWindow time.Duration `json:"relayWindow,omitempty"`
 	// Namespaces lists every network namespace the lab made (or was about
 	// to make), in creation order. Teardown deletes them in reverse.
 	Namespaces []string `json:"namespaces"`

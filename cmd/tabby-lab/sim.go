@@ -61,6 +61,7 @@ own elected reflectors, as a deployment of that size is. Writes results.md, resu
 	f.BoolVar(&o.Watch, "watch", true, "simulated nodes watch the whole prefix during the measurements, as agents do")
 	f.BoolVar(&o.EtcdProxy, "etcd-proxy", false, "agents and simulated nodes reach etcd through etcd's gRPC proxy")
 	f.BoolVar(&o.Relay, "relay", false, "the real agents' views watch through a watch relay (tabby-relay) in front of etcd")
+	f.DurationVar(&o.RelayWindow, "relay-window", 0, "the watch relay's batching window (tabby-relay --batch-window; 0: its default)")
 	f.StringArrayVar(&o.ClientAgentArgs, "client-agent-arg", nil, "argument appended to the client agents' command lines only, not the reflectors' (repeat; e.g. --client-agent-arg=--max-procs=1)")
 	f.StringArrayVar(&o.AgentArgs, "agent-arg", nil, "argument appended to every real agent's command line (repeat; e.g. --agent-arg=--debug-pprof --agent-arg=127.0.0.1:6060)")
 	f.StringVar(&o.Out, "out", "", "directory for results.md, results.json and scale.png")

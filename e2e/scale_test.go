@@ -69,8 +69,9 @@ func TestRelay(t *testing.T) {
 
 // TestSimHarness is a short representative run of the scale harness
 // (`tabby-lab sim`, `make scale-sweep` for the sweep): 10 simulated nodes
-// with real reflector sessions and etcd records next to real agents; every
-// figure is measured and the table and plot are written.
+// with real reflector sessions and etcd records next to real agents whose
+// views watch through a relay; every figure is measured and the table and
+// plot are written.
 func TestSimHarness(t *testing.T) {
 	testkit.RequirePrivileged(t, "ip", "nsenter", "nft")
 	const name = "shsim"
@@ -79,7 +80,8 @@ func TestSimHarness(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rs, err := lab.Sim(ctx, lab.SimOptions{Name: name, RunDir: runDir, BinDir: os.Getenv("TABBY_BIN"), Sizes: []int{10},
-		Policies: 100, Samples: 3, IdleWindow: 3 * time.Second, ChurnEvents: 40, Watch: true, Out: out, Log: testWriter{t}})
+		Policies: 100, Samples: 3, IdleWindow: 3 * time.Second, ChurnEvents: 40, Watch: true, Relay: true, RelayWindow: 400 * time.Millisecond,
+		Out: out, Log: testWriter{t}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +101,10 @@ func TestSimHarness(t *testing.T) {
 	check(r.AgentRSSMiB > 0 && r.RRRSSMiB > 0, "no RSS")
 	check(r.RouteP50Ms > 0 && r.RouteP99Ms >= r.RouteP50Ms, "block-to-route latencies")
 	check(r.PolicyP50Ms > 0 && r.PolicyP99Ms >= r.PolicyP50Ms, "policy latencies")
+	// Through the relay, changes made alone are timed too, and the window
+	// is the one asked for.
+	check(r.Relay && r.RelayWindowMs == 400, "relay window")
+	check(r.PolicyLoneP50Ms > 0 && r.PolicyLoneP99Ms >= r.PolicyLoneP50Ms, "policy latencies of changes alone")
 	check(r.ReadyS > 0, "restart to Ready")
 	// The block samples began with every simulated session holding every
 	// simulated block (the sessions' own count of what the reflectors sent).

@@ -38,9 +38,10 @@ const (
 
 // progressEveryRelayed is progressEvery of a watch through a watch relay
 // (Config.WatchEndpoints): its stream is quiet between the relay's batches
-// (250 ms by default), and a progress request makes the relay send what it
-// holds at once; asking after progressEvery would undo the batching.
-const progressEveryRelayed = time.Second
+// (1 s apart by default, relay.DefaultWindow), and etcd's answer to a
+// progress request makes the relay send what it holds; asking in every gap
+// would add a wake-up (the request's) to every batch.
+const progressEveryRelayed = 3 * time.Second
 
 // progressMaxLagRelayed is progressMaxLag of a watch through a watch
 // relay: each request costs the agent a write, and the relay a send out of

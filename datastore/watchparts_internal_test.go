@@ -106,9 +106,10 @@ func TestNudger(t *testing.T) {
 		// (13 times in 3 s) would make the relay send every 200 ms
 		// instead.
 		{"relay batches", 3 * time.Second, false, everyFrom(200*time.Millisecond, 250*time.Millisecond, 13), 250 * time.Millisecond, 0, 0},
-		// Relayed: under 12 s of batches once at the relayed bound, then
-		// once quiet.
-		{"relay batches, relayed", 12 * time.Second, false, []time.Duration{progressMaxLagRelayed, 12*time.Second + progressEveryRelayed}, 250 * time.Millisecond, progressEveryRelayed, progressMaxLagRelayed},
+		// Relayed: under 12 s of batches (the relay's default window, 1 s)
+		// once at the relayed bound, then once quiet; never in a gap
+		// between batches.
+		{"relay batches, relayed", 12 * time.Second, false, []time.Duration{progressMaxLagRelayed, 12*time.Second + progressEveryRelayed}, time.Second, progressEveryRelayed, progressMaxLagRelayed},
 	} {
 		if tc.every == 0 {
 			tc.every = 50 * time.Millisecond

@@ -31,8 +31,13 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// DefaultWindow is how long a stream's responses are held after a send.
-const DefaultWindow = 250 * time.Millisecond
+// DefaultWindow is how long a stream's responses are held after a send of
+// events. A wake-up costs an agent about as much as a whole second's
+// batch of 20 events (docs/scale.md, "The relay's window"): at 1 s an
+// agent pays for remote pods ≈ 1 ms of CPU a second whatever the churn,
+// and another node's pod reaches its policy sets at most 1 s later under
+// a churn (a lone event goes at once).
+const DefaultWindow = time.Second
 
 // maxMerged bounds the keys' and values' bytes merged into one response.
 const maxMerged = 1 << 20
@@ -209,8 +214,11 @@ func upstreamErr(err error) error {
 }
 
 // batcher sends a stream's responses: the first after a window's quiet at
-// once, later ones held until a window after the last send and then sent
-// back to back, consecutive event responses of one watch merged. etcd's
+// once, later ones held until a window after the last send of events and
+// then sent back to back, consecutive event responses of one watch merged.
+// A send without events (a progress report, a watch's creation or end)
+// starts no window: the agent asked for it, and an event after it alone
+// still goes at once. etcd's
 // answer to a progress request, a watch's creation or end and an event of
 // a key not batched each send the held responses at once, with themselves. Safe for
 // concurrent use; Send is called under mu only.
@@ -221,8 +229,8 @@ type batcher struct {
 	urgent   func(*pb.WatchResponse) bool
 	mu       sync.Mutex
 	held     []*pb.WatchResponse
-	heldSize int // the last held response's keys and values
-	lastSend time.Time
+	heldSize int       // the last held response's keys and values
+	lastSend time.Time // of events: when the window began
 	t        *time.Timer
 	armed    bool
 	closed   bool // the handler returns: nothing more is sent
@@ -280,14 +288,18 @@ func (b *batcher) flushLocked() {
 	if b.closed || b.sendErr || len(b.held) == 0 {
 		return
 	}
+	events := false
 	for _, m := range b.held {
 		if err := b.down.Send(m); err != nil {
 			b.sendErr = true
 			b.fail()
 			break
 		}
+		events = events || len(m.Events) > 0
 	}
-	b.lastSend = time.Now()
+	if events {
+		b.lastSend = time.Now()
+	}
 	clear(b.held)
 	b.held, b.heldSize = b.held[:0], 0
 }

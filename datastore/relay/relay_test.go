@@ -156,7 +156,11 @@ func TestRelayUnbatchedKeyFlushes(t *testing.T) {
 	if r := recv(t, st); !r.Created {
 		t.Fatalf("%v, want the watch created", r)
 	}
-	// Held for an hour: the creation was a send.
+	// The first event goes at once and starts an hour's window.
+	f.put(t, "/tabby/resources/workloadendpoints/ns/0")
+	if r := recv(t, st); keys(r) != "resources/workloadendpoints/ns/0" {
+		t.Fatalf("%v, want the first event at once", r)
+	}
 	f.put(t, "/tabby/resources/workloadendpoints/ns/a")
 	f.put(t, "/tabby/resources/workloadendpoints/ns/b")
 	f.put(t, "/tabby/resources/networkpolicies/ns/p") // not batched: sends all three now
@@ -182,7 +186,7 @@ func TestRelayProgressFlushes(t *testing.T) {
 			t.Fatalf("response %d: %v, want watch %d created", i, r, i)
 		}
 	}
-	f.put(t, "/tabby/x") // held for an hour
+	f.put(t, "/tabby/x") // the first event: at once, and an hour's window begins
 	rev := f.put(t, "/tabby/y")
 	if err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}); err != nil {
 		t.Fatal(err)
@@ -203,6 +207,27 @@ func TestRelayProgressFlushes(t *testing.T) {
 	}
 	if k := strings.Join(got, " "); k != "x y" {
 		t.Errorf("before the progress report: %q, want x y", got)
+	}
+}
+
+// Sends without events (a watch's creation, a progress report) start no
+// window: the first event after them, a lone one, still goes at once.
+func TestRelayNoWindowAfterProgress(t *testing.T) {
+	f := start(t, time.Hour)
+	st, _ := f.watch(t)
+	create(t, st, "/tabby/", "/tabby0")
+	if r := recv(t, st); !r.Created {
+		t.Fatalf("%v, want the watch created", r)
+	}
+	if err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := recv(t, st); r.WatchId != clientv3.InvalidWatchID || len(r.Events) > 0 {
+		t.Fatalf("%v, want etcd's progress report", r)
+	}
+	f.put(t, "/tabby/x")
+	if r := recv(t, st); keys(r) != "x" { // the stream's minute ends first if it is held
+		t.Fatalf("%v, want x at once", r)
 	}
 }
 

@@ -48,7 +48,7 @@ func main() {
 	fs.StringVar(&cfg.certFile, "cert-file", "", "serve TLS with this certificate (env TABBY_RELAY_CERT_FILE; default: plain text)")
 	fs.StringVar(&cfg.keyFile, "key-file", "", "the certificate's key (env TABBY_RELAY_KEY_FILE)")
 	fs.StringVar(&cfg.clientCAFile, "client-ca-file", "", "require agents' client certificates signed by this CA (env TABBY_RELAY_CLIENT_CA_FILE)")
-	fs.DurationVar(&cfg.window, "batch-window", cfg.window, "hold a stream's watch responses this long after a send, and send them together (0 < window ≤ 10s; env TABBY_RELAY_BATCH_WINDOW)")
+	fs.DurationVar(&cfg.window, "batch-window", cfg.window, "hold a stream's watch events this long after a send of events, and send them together; a lone event after a quiet window goes at once (0 < window ≤ 10s; env TABBY_RELAY_BATCH_WINDOW)")
 	fs.TextVar((*cmdutil.List)(&cfg.batched), "batched-keys", cmdutil.List(cfg.batched), "key prefixes (under --prefix, comma separated) whose events wait for the window; an event of any other key is sent at once with what is held; empty: every key's wait (env TABBY_RELAY_BATCHED_KEYS)")
 	logLevel := cmdutil.LogLevel(fs, "debug|info|warn|error (env TABBY_LOG_LEVEL)")
 	showVersion := fs.Bool("version", false, "print the version and exit")

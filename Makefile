@@ -102,11 +102,15 @@ clean:
 # The scale harness's sweep (docs/scale.md, BENCHMARKS.md "Scale harness"):
 # real reflectors and agents plus N simulated nodes, N = SCALE_SIZES, then
 # the largest N again with the agents and simulated nodes behind etcd's
-# gRPC proxy. Results (table, JSON, plot) in SCALE_OUT. Long: not in `make test`
-# (TestSimHarness is its short representative run).
+# gRPC proxy, then every N with the agents' views through the watch relay
+# (120 s rests and 2,400 churn events: per-event figures over the runtime's
+# forced-collection period). Results (table, JSON, plot) in SCALE_OUT. Long:
+# not in `make test` (TestSimHarness is its short representative run).
 SCALE_SIZES ?= 10,100,300,1000
 SCALE_OUT   ?= $(CURDIR)/docs/scale
+comma := ,
 .PHONY: scale-sweep
 scale-sweep: build
 	$(BIN)/tabby-lab sim --name scale --bin-dir $(BIN) --sizes $(SCALE_SIZES) --out $(SCALE_OUT) $(SCALEFLAGS)
-	$(BIN)/tabby-lab sim --name scalepx --bin-dir $(BIN) --etcd-proxy --sizes $(lastword $(subst ,, ,$(SCALE_SIZES))) --out $(SCALE_OUT)/etcd-proxy $(SCALEFLAGS)
+	$(BIN)/tabby-lab sim --name scalepx --bin-dir $(BIN) --etcd-proxy --sizes $(lastword $(subst $(comma), ,$(SCALE_SIZES))) --out $(SCALE_OUT)/etcd-proxy $(SCALEFLAGS)
+	$(BIN)/tabby-lab sim --name scalerl --bin-dir $(BIN) --relay --idle-window 120s --churn-events 2400 --sizes $(SCALE_SIZES) --out $(SCALE_OUT)/relay $(SCALEFLAGS)

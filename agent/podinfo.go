@@ -3,10 +3,8 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -27,31 +25,8 @@ const (
 	// controllers have not written yet; then ADD fails and the kubelet
 	// retries, rather than run the pod under the wrong policy.
 	kubePodWait = 2 * time.Second
-	// kubeMarkerTTL: how long the absence of datastore.KubeMarkerKey is
-	// trusted, so that ADD outside Kubernetes costs no extra request.
-	kubeMarkerTTL = 10 * time.Second
-	kubePodPoll   = 50 * time.Millisecond
+	kubePodPoll = 50 * time.Millisecond
 )
-
-// kubeMarkers caches, per store, when the marker was last seen absent.
-var kubeMarkers sync.Map // *datastore.Store → time.Time
-
-// kubeManaged reports whether tabby-kube-controllers manage this cluster.
-func kubeManaged(ctx context.Context, s *datastore.Store) (bool, error) {
-	if t, ok := kubeMarkers.Load(s); ok && time.Since(t.(time.Time)) < kubeMarkerTTL {
-		return false, nil
-	}
-	_, err := s.GetKV(ctx, datastore.KubeMarkerKey)
-	switch {
-	case errors.Is(err, datastore.ErrNotFound):
-		kubeMarkers.Store(s, time.Now())
-		return false, nil
-	case err != nil:
-		return false, err
-	}
-	kubeMarkers.Delete(s)
-	return true, nil
-}
 
 // podInfo is what ADD takes from a Kubernetes pod's records besides its
 // labels and address request.
@@ -79,64 +54,59 @@ func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.N
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	pod, err := h.readPodRecord(ctx, w.Namespace, w.Pod)
+	pod, ns, err := h.readPodRecords(ctx, w.Namespace, w.Pod)
 	if err != nil {
 		return podInfo{}, err
 	}
 	if pod == nil {
 		return podInfo{}, nil
 	}
-	var ns api.KubeNamespace
-	if kv, err := h.store.GetKV(ctx, datastore.KubeNamespaceKey(w.Namespace)); err == nil {
-		if err := json.Unmarshal(kv.Value, &ns); err != nil {
-			return podInfo{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
-		}
-	} else if !errors.Is(err, datastore.ErrNotFound) {
-		return podInfo{}, cniErr(codeDatastore, "reading the record of namespace "+w.Namespace, err)
-	}
 	args.Labels = api.EndpointLabels(pod)
 	info := podInfo{kube: true, nsLabels: ns.Labels, ports: pod.Ports}
-	if info.noIPAM, err = h.addressRequest(pod, &ns, conf, v4, v6); err != nil {
+	if info.noIPAM, err = h.addressRequest(pod, ns, conf, v4, v6); err != nil {
 		return podInfo{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}
 	return info, nil
 }
 
-// readPodRecord returns the pod's record, waiting up to kubePodWait for
-// it when the controllers manage the cluster; nil when they do not.
-func (h *cniHandler) readPodRecord(ctx context.Context, ns, name string) (*api.KubePod, error) {
-	key := datastore.KubePodKey(ns, name)
+// readPodRecords reads the pod's record, its namespace's and the marker
+// that says whether the controllers manage the cluster in one round trip
+// (one read-only transaction), and returns the first two; nil when there
+// is no pod record and no marker (not a cluster the controllers manage).
+// A managed cluster's pod record that is not written yet is waited for,
+// up to kubePodWait. A namespace without a record reads as one without
+// labels or annotations.
+func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.KubePod, *api.KubeNamespace, error) {
+	podKey, nsKey := datastore.KubePodKey(ns, name), datastore.KubeNamespaceKey(ns)
 	deadline := time.Now().Add(kubePodWait)
-	checkedMarker := false
 	for {
-		kv, err := h.store.GetKV(ctx, key)
-		if err == nil {
+		kvs, err := h.store.GetKVs(ctx, podKey, nsKey, datastore.KubeMarkerKey)
+		if err != nil {
+			return nil, nil, cniErr(codeDatastore, "reading the records of pod "+ns+"/"+name, err)
+		}
+		if kv, ok := kvs[podKey]; ok {
 			var p api.KubePod
 			if err := json.Unmarshal(kv.Value, &p); err != nil {
-				return nil, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
+				return nil, nil, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
 			}
-			return &p, nil
+			var n api.KubeNamespace
+			if kv, ok := kvs[nsKey]; ok {
+				if err := json.Unmarshal(kv.Value, &n); err != nil {
+					return nil, nil, cniErr(codeDatastore, "reading the record of namespace "+ns, err)
+				}
+			}
+			return &p, &n, nil
 		}
-		if !errors.Is(err, datastore.ErrNotFound) {
-			return nil, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
-		}
-		if !checkedMarker {
-			managed, err := kubeManaged(ctx, h.store)
-			if err != nil {
-				return nil, cniErr(codeDatastore, "reading "+datastore.KubeMarkerKey, err)
-			}
-			if !managed {
-				return nil, nil
-			}
-			checkedMarker = true
+		if _, managed := kvs[datastore.KubeMarkerKey]; !managed {
+			return nil, nil, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, &types.Error{Code: types.ErrTryAgainLater,
+			return nil, nil, &types.Error{Code: types.ErrTryAgainLater,
 				Msg: fmt.Sprintf("pod %s/%s: tabby-kube-controllers has not recorded it (waited %s); is tabby-kube-controllers running?", ns, name, kubePodWait)}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, cniErr(codeDatastore, "waiting for the record of pod "+ns+"/"+name, ctx.Err())
+			return nil, nil, cniErr(codeDatastore, "waiting for the record of pod "+ns+"/"+name, ctx.Err())
 		case <-time.After(kubePodPoll):
 		}
 	}

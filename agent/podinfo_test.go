@@ -112,7 +112,6 @@ func TestAddWaitsForPodRecordThenFails(t *testing.T) {
 	if eps := e.endpoints(t); len(eps) != 1 || api.Origin(eps[0]) != api.OriginAgent {
 		t.Errorf("endpoint of an ADD outside Kubernetes: %v, want one of origin agent", eps)
 	}
-	kubeMarkers.Delete(e.store)
 	putJSON(t, e.store, datastore.KubeMarkerKey, api.KubeMarker{Identity: "test"})
 
 	req, conf, args = addReq("missing")
@@ -151,4 +150,39 @@ func storeRev(t *testing.T, s *datastore.Store) int64 {
 		t.Fatal(err)
 	}
 	return rev
+}
+
+// A pod's records (its own, its namespace's and the controllers' marker)
+// take one read: inside Kubernetes and outside it.
+func TestPodRecordsInOneRead(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	reads := func(ns, name string) (*api.KubePod, *api.KubeNamespace, int64) {
+		t.Helper()
+		before := e.store.Requests()
+		pod, nsRec, err := e.h.readPodRecords(ctx, ns, name)
+		if err != nil {
+			t.Fatalf("readPodRecords(%s/%s): %v", ns, name, err)
+		}
+		after := e.store.Requests()
+		if after.List != before.List || after.Txn != before.Txn || after.Put != before.Put {
+			t.Errorf("readPodRecords(%s/%s): requests %+v → %+v, want reads only", ns, name, before, after)
+		}
+		return pod, nsRec, after.Get - before.Get
+	}
+	if pod, nsRec, n := reads("ns1", "pod-a"); pod != nil || nsRec != nil || n != 1 {
+		t.Errorf("outside Kubernetes: %v, %v in %d reads, want nothing in 1", pod, nsRec, n)
+	}
+	putJSON(t, e.store, datastore.KubeMarkerKey, api.KubeMarker{Identity: "test"})
+	putJSON(t, e.store, datastore.KubePodKey("ns1", "pod-a"), api.KubePod{Namespace: "ns1", Name: "pod-a", Labels: map[string]string{"app": "a"}})
+	putJSON(t, e.store, datastore.KubeNamespaceKey("ns1"), api.KubeNamespace{Name: "ns1", Labels: map[string]string{"team": "x"}})
+	pod, nsRec, n := reads("ns1", "pod-a")
+	if pod == nil || pod.Labels["app"] != "a" || nsRec == nil || nsRec.Labels["team"] != "x" || n != 1 {
+		t.Errorf("inside Kubernetes: %+v, %+v in %d reads, want the pod's and the namespace's records in 1", pod, nsRec, n)
+	}
+	// A namespace without a record reads as an empty one.
+	putJSON(t, e.store, datastore.KubePodKey("ns2", "pod-b"), api.KubePod{Namespace: "ns2", Name: "pod-b"})
+	if pod, nsRec, _ := reads("ns2", "pod-b"); pod == nil || nsRec == nil || len(nsRec.Labels) != 0 {
+		t.Errorf("a namespace without a record: %+v, %+v, want the pod and an empty namespace", pod, nsRec)
+	}
 }

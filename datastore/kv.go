@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -58,6 +59,31 @@ func (s *Store) GetKV(ctx context.Context, key string) (KV, error) {
 		return KV{}, fmt.Errorf("%s: %w", key, ErrNotFound)
 	}
 	return s.toKV(resp.Kvs[0]), nil
+}
+
+// GetKVs reads keys in one round trip, at one revision (a read-only
+// transaction: linearizable, nothing written): the keys that exist, by
+// key; a key that does not is absent from the map.
+func (s *Store) GetKVs(ctx context.Context, keys ...string) (map[string]KV, error) {
+	ctx, cancel := s.withTimeout(ctx)
+	defer cancel()
+	ops := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		ops[i] = clientv3.OpGet(s.abs(k))
+	}
+	s.count.get.Add(1)
+	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, s.etcdErr(fmt.Sprintf("getting %s", strings.Join(keys, ", ")), err)
+	}
+	out := make(map[string]KV, len(keys))
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().GetKvs() {
+			k := s.toKV(kv)
+			out[k.Key] = k
+		}
+	}
+	return out, nil
 }
 
 // ListKV returns every key that starts with prefix (a plain string prefix:

@@ -14,6 +14,38 @@ import (
 	"github.com/tabbynet/tabby/datastore/storetest"
 )
 
+// GetKVs reads several keys at once; a missing one is absent from the map.
+func TestGetKVs(t *testing.T) {
+	ctx := context.Background()
+	s := storetest.New(t)
+	revA, err := s.CreateKV(ctx, "a", []byte("1"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revB, err := s.CreateKV(ctx, "b/c", []byte("2"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetKVs(ctx, "a", "missing", "b/c", "b")
+	if err != nil {
+		t.Fatalf("GetKVs: %v", err)
+	}
+	want := map[string]datastore.KV{
+		"a":   {Key: "a", Value: []byte("1"), ModRevision: revA},
+		"b/c": {Key: "b/c", Value: []byte("2"), ModRevision: revB},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("GetKVs (-want +got):\n%s", diff)
+	}
+	before := s.Requests()
+	if _, err := s.GetKVs(ctx, "a", "b/c"); err != nil {
+		t.Fatal(err)
+	}
+	if after := s.Requests(); after.Get != before.Get+1 || after.Txn != before.Txn {
+		t.Errorf("requests %+v → %+v, want one get", before, after)
+	}
+}
+
 func TestKVErrors(t *testing.T) {
 	ctx := context.Background()
 	s := storetest.New(t)

@@ -68,8 +68,10 @@ func TestSimSessionAdvertisesToRealSpeaker(t *testing.T) {
 // runs its session until it is established, again (as a speaker's connect
 // retry would) while the speaker refuses the connection or closes it
 // before its OPEN: GoBGP accepts and drops a connection whose peer is still
-// Idle, which under load lasts past SetPeers. The session runs until ctx
-// ends; its Run's result arrives on runErr.
+// Idle, which under load lasts past SetPeers. A NOTIFICATION other than a
+// cease (a configuration the speaker refuses) fails at once, as does ctx
+// ending. The session runs until ctx ends; its Run's result arrives on
+// runErr.
 func establishSim(ctx context.Context, t *testing.T, local netip.Addr, to netip.AddrPort) (s *SimSession, runErr chan error) {
 	t.Helper()
 	const within = time.Minute
@@ -79,6 +81,9 @@ func establishSim(ctx context.Context, t *testing.T, local netip.Addr, to netip.
 	for attempt := 1; time.Now().Before(deadline); attempt++ {
 		if attempt > 1 {
 			time.Sleep(200 * time.Millisecond)
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("session not established: %v (attempt %d, last: %v)", ctx.Err(), attempt, last)
 		}
 		conn, err := d.DialContext(ctx, "tcp", to.String())
 		if err != nil {
@@ -93,6 +98,9 @@ func establishSim(ctx context.Context, t *testing.T, local netip.Addr, to netip.
 			return s, runErr
 		case err := <-runErr:
 			last = err
+			if d := (*SimDrop)(nil); errors.As(err, &d) && d.Code != 0 && d.Code != 6 {
+				t.Fatalf("session refused with a NOTIFICATION: %v", err)
+			}
 			t.Logf("attempt %d: session ended before established: %v", attempt, err)
 		case <-time.After(time.Until(deadline)):
 			conn.Close() // ends Run

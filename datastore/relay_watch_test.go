@@ -43,7 +43,7 @@ func TestWatchKeysSkipThroughRelay(t *testing.T) {
 	defer cancel()
 	e := storetest.Etcd(t)
 	w := storetest.Connect(t, e)                 // the writer, and the relay's client
-	url, stop := serveRelay(t, w, "", time.Hour) // nothing leaves but by a flush
+	url, stop := serveRelay(t, w, "", time.Hour) // after the first event, nothing leaves but by a flush
 	s := storetest.Connect(t, e, func(c *datastore.Config) { c.WatchEndpoints = []string{url} })
 	put := func(key string) int64 {
 		t.Helper()
@@ -61,7 +61,8 @@ func TestWatchKeysSkipThroughRelay(t *testing.T) {
 	} else {
 		m.apply(e)
 	}
-	// Held by the relay for an hour, unless asked.
+	// a/1 goes at once (the first event: an hour's window begins); the
+	// rest are held by the relay until asked.
 	put("a/1")
 	put("a/2")
 	put("b/1")

@@ -158,7 +158,8 @@ type Store struct {
 type counters struct{ get, list, txn, put atomic.Int64 }
 
 // Requests counts the requests a Store sent to etcd, by kind: reads (Get of
-// one key, List of a prefix — one per page) and writes (transactions,
+// one key or of several in one read-only transaction, GetKVs; List of a
+// prefix — one per page) and writes (transactions,
 // including every compare-and-swap and delete, and plain puts). Watches and
 // lease keep-alives are not counted.
 type Requests struct {

@@ -105,6 +105,8 @@ func TestSimHarness(t *testing.T) {
 	// is the one asked for.
 	check(r.Relay && r.RelayWindowMs == 400, "relay window")
 	check(r.PolicyLoneP50Ms > 0 && r.PolicyLoneP99Ms >= r.PolicyLoneP50Ms, "policy latencies of changes alone")
+	// A change alone does not wait out the window (the relay sends it at once).
+	check(r.PolicyLoneP50Ms < r.RelayWindowMs, "changes alone wait for the relay's window")
 	check(r.ReadyS > 0, "restart to Ready")
 	// The block samples began with every simulated session holding every
 	// simulated block (the sessions' own count of what the reflectors sent).

@@ -38,6 +38,6 @@ func RelayArgv(bin string, endpoints []string, listen string, window time.Durati
 func (l *Lab) startRelay(ctx context.Context) error {
 	st := l.State()
 	listen := netip.AddrPortFrom(etcdAddr, relayPort).String()
-	argv := RelayArgv(filepath.Join(st.BinDir, BinRelay), st.EtcdEndpoints(), listen, time.Duration(st.RelayWindow))
+	argv := RelayArgv(filepath.Join(st.BinDir, BinRelay), st.EtcdEndpoints(), listen, st.RelayWindow)
 	return l.startInEtcdNS(ctx, "relay", "the watch relay", argv, listen, func(s *State, p *Proc) { s.Relay = p })
 }

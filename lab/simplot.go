@@ -23,7 +23,7 @@ var simPanels = []struct {
 	{"new block → route, p99", "ms", func(r SimResult) float64 { return r.RouteP99Ms }},
 	// Through a relay the back-to-back changes read its window: the
 	// panel shows a change alone there (SimResult.PolicyLoneP99Ms).
-	{"policy change → kernel, p99 (relay: alone)", "ms", func(r SimResult) float64 {
+	{"policy change → kernel, p99 (alone if through a relay)", "ms", func(r SimResult) float64 {
 		if r.Relay && r.PolicyLoneP99Ms > 0 {
 			return r.PolicyLoneP99Ms
 		}

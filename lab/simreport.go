@@ -198,7 +198,7 @@ func (r SimResult) summary() string {
 // SimTable renders results as a Markdown table, one row per size.
 func SimTable(rs []SimResult) string {
 	var b strings.Builder
-	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | bare watcher µs/event ± noise (agent / it) | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms (with a relay: changes alone) | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy (relay) CPU % | load 1m |\n")
+	b.WriteString("| sim nodes | endpoints | churn events (s) | agent µs/event ± noise | bare watcher µs/event ± noise (agent / it) | agent idle CPU % | agent RSS MiB | RR idle CPU % | RR µs/s per client | RR RSS MiB | RR KiB/client | block→route p50/p99 ms | advert→route p50/p99 ms | policy→kernel p50/p99 ms (with a relay: back to back, then changes alone) | restart→Ready s | etcd CPU % idle/churn | etcd watchers (streams) | proxy (relay) CPU % | load 1m |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		proxy := "—"

@@ -1,8 +1,10 @@
 // Package relay serves etcd's gRPC Watch service to agents and hands them
 // their watch events in batches: for each agent's watch stream it opens
 // one watch stream to etcd, forwards the agent's requests to it as they
-// are, and sends etcd's responses back no more often than once per
-// window, consecutive event responses of one watch merged into one. An
+// are, and sends the events of batched keys back at most once per
+// window, consecutive event responses of one watch merged into one
+// (progress reports, a watch's creation or end and other keys' events go
+// at once, with what is held). An
 // agent whose events arrive one per watch response wakes once per event,
 // which is most of a remote pod event's CPU at a steady low rate
 // (docs/scale.md, "Watch relay"); batched, it wakes once per window.
@@ -299,6 +301,13 @@ func (b *batcher) flushLocked() {
 	}
 	if events {
 		b.lastSend = time.Now()
+		if b.armed {
+			// A flush before the timer (an urgent event, a progress
+			// report) starts a new window: the timer's deadline is the
+			// old one's.
+			b.t.Stop()
+			b.armed = false
+		}
 	}
 	clear(b.held)
 	b.held, b.heldSize = b.held[:0], 0

@@ -121,7 +121,7 @@ func TestRelayBatches(t *testing.T) {
 			t.Fatalf("response %d: %v, want watch %d created", i, r, i)
 		}
 	}
-	time.Sleep(w + 100*time.Millisecond) // quiet for a window
+	// The creations started no window: the first event goes at once.
 	f.put(t, "/tabby/a/1")
 	if r := recv(t, st); keys(r) != "a/1" {
 		t.Fatalf("first after the quiet: %q, want a/1 alone", keys(r))
@@ -144,6 +144,16 @@ func TestRelayBatches(t *testing.T) {
 	}
 	if want := []string{"a/2 a/3", "b/1", "a/4 a/5"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("responses %q, want %q", got, want)
+	}
+	// A window after that send, the next event goes at once again.
+	time.Sleep(w + 100*time.Millisecond)
+	f.put(t, "/tabby/a/6")
+	f.put(t, "/tabby/a/7") // within the new window: held
+	if r := recv(t, st); keys(r) != "a/6" {
+		t.Errorf("after a quiet window: %q, want a/6 alone", keys(r))
+	}
+	if r := recv(t, st); keys(r) != "a/7" {
+		t.Errorf("then %q, want a/7", keys(r))
 	}
 }
 

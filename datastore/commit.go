@@ -147,7 +147,8 @@ func (s *Store) applied(ctx context.Context, w casWrite) (rev int64, ok bool, er
 	return rev, true, nil
 }
 
-// txnCommit runs a commit; tests replace it to lose a write's outcome.
+// txnCommit runs a commit (or GetKVs's read-only transaction); tests
+// replace it to lose a write's outcome or fail a read.
 func (s *Store) txnCommit(ctx context.Context, commit func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
 	if s.commitFault != nil {
 		return s.commitFault(ctx, commit)

@@ -160,3 +160,34 @@ func TestCommitResolvesLostOutcome(t *testing.T) {
 	})
 	s.commitFault = nil
 }
+
+// GetKVs is a transaction, which etcd's client does not retry: it retries
+// itself while etcd has no leader (as across a leader's loss), and not on
+// an error that says the read itself is wrong.
+func TestGetKVsRetriesWithoutLeader(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s := newCommitTestStore(t)
+	if _, err := s.PutKV(ctx, "k", []byte("v"), 0); err != nil {
+		t.Fatal(err)
+	}
+	attempts := 0
+	s.commitFault = func(ctx context.Context, commit commitFn) (*clientv3.TxnResponse, error) {
+		if attempts++; attempts <= 2 {
+			return nil, rpctypes.ErrLeaderChanged
+		}
+		return commit(ctx)
+	}
+	kvs, err := s.GetKVs(ctx, "k")
+	if err != nil || string(kvs["k"].Value) != "v" || attempts != 3 {
+		t.Errorf("GetKVs = %v, %v after %d attempts, want k=v after 3", kvs, err, attempts)
+	}
+	attempts = 0
+	s.commitFault = func(context.Context, commitFn) (*clientv3.TxnResponse, error) {
+		attempts++
+		return nil, rpctypes.ErrKeyNotFound
+	}
+	if _, err := s.GetKVs(ctx, "k"); err == nil || attempts != 1 {
+		t.Errorf("GetKVs with a lasting error: %v after %d attempts, want the error after 1", err, attempts)
+	}
+}

@@ -63,7 +63,10 @@ func (s *Store) GetKV(ctx context.Context, key string) (KV, error) {
 
 // GetKVs reads keys in one round trip, at one revision (a read-only
 // transaction: linearizable, nothing written): the keys that exist, by
-// key; a key that does not is absent from the map.
+// key; a key that does not is absent from the map. etcd's client retries
+// a failed Get but no Txn, so GetKVs retries itself (it writes nothing)
+// while etcd is unavailable or has no leader, as across a leader's loss,
+// until ctx ends.
 func (s *Store) GetKVs(ctx context.Context, keys ...string) (map[string]KV, error) {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
@@ -72,7 +75,19 @@ func (s *Store) GetKVs(ctx context.Context, keys ...string) (map[string]KV, erro
 		ops[i] = clientv3.OpGet(s.abs(k))
 	}
 	s.count.get.Add(1)
-	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
+	var resp *clientv3.TxnResponse
+	var err error
+	for {
+		actx, acancel := context.WithTimeout(ctx, attemptTimeout)
+		resp, err = s.txnCommit(actx, func(ctx context.Context) (*clientv3.TxnResponse, error) {
+			return s.client.Txn(ctx).Then(ops...).Commit()
+		})
+		acancel()
+		if err == nil || ctx.Err() != nil || !outcomeUnknown(err) || !pause(ctx) {
+			break
+		}
+		s.log.Debug("etcd read failed: trying again", "err", err)
+	}
 	if err != nil {
 		return nil, s.etcdErr(fmt.Sprintf("getting %s", strings.Join(keys, ", ")), err)
 	}

@@ -142,7 +142,8 @@ type Store struct {
 	endpoints   string // for error messages: "[http://a http://b]"
 	log         *slog.Logger
 	count       counters
-	// commitFault, when set (tests only), runs each write attempt.
+	// commitFault, when set (tests only), runs each write attempt and each
+	// attempt of GetKVs.
 	commitFault func(context.Context, func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error)
 	// progress is whether etcd answers watch progress requests (see
 	// watchProgressAnswered), asked once.

@@ -66,6 +66,9 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 // routes) need only the address, so they run concurrently: ADD costs the
 // longer of the two, not the sum. Policy rules match the host interface by
 // name, so they can be programmed while the interface is still being made.
+// The policy gate needs the cluster view to hold every write before the
+// ADD began: the view catches up with the pod records' read while IPAM
+// assigns.
 // A repeated ADD of a live attachment must leave it as it was when it
 // fails: what it finds already there is never undone. docs/agent.md shows
 // this table.
@@ -79,7 +82,8 @@ func (p *addPlan) steps() []attach.Step {
 		{Name: "complete", After: []string{"prepare", "assign"}, Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.complete, Undo: p.uncomplete},
 		{Name: "routes", After: []string{"complete"}, Code: codeDataplane, Msg: "routing to " + p.a.hostIf, Do: p.wire, Undo: p.unwire},
 		{Name: "endpoint", After: []string{"prior"}, Code: codeDatastore, Msg: "recording endpoint " + wepName, Do: p.putEndpoint, Undo: p.unputEndpoint},
-		{Name: "policy", After: []string{"endpoint"}, Code: codeDataplane, Msg: "programming policy for " + wepName, Do: p.syncPolicy},
+		{Name: "view", After: []string{"request"}, Code: codeDatastore, Msg: "waiting for the cluster view", Do: p.catchUp},
+		{Name: "policy", After: []string{"endpoint", "view"}, Code: codeDataplane, Msg: "programming policy for " + wepName, Do: p.syncPolicy},
 		{Name: "advertise", After: []string{"assign"}, Detached: true, Do: p.waitAdvertised},
 	}
 }
@@ -274,13 +278,26 @@ func (p *addPlan) unputEndpoint(ctx context.Context) error {
 	}
 }
 
+// catchUp waits for the cluster view to reach the pod records' read (a
+// progress report from etcd, asked for now), while IPAM assigns, so that
+// the policy gate finds it there. The gate waits for it itself: this only
+// moves the wait off ADD's longest path.
+func (p *addPlan) catchUp(ctx context.Context) error {
+	if p.h.policy == nil || p.h.view == nil || p.info.readRev == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
+	defer cancel()
+	return p.h.view.WaitRevision(ctx, p.info.readRev)
+}
+
 func (p *addPlan) syncPolicy(ctx context.Context) error {
 	if p.h.policy == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	return p.h.policy.SyncEndpoint(ctx, p.wep, p.rev)
+	return p.h.policy.SyncEndpoint(ctx, p.wep, p.rev, p.info.readRev)
 }
 
 // waitAdvertised waits, at most advertiseWait, until the new routes (one
@@ -331,7 +348,7 @@ func (p *addPlan) logAdded(res *attach.Result) {
 	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
 		"borrowed", borrowed, "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
 		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
-		"endpoint", took("endpoint"), "policy", took("policy"))
+		"endpoint", took("endpoint"), "view", took("view"), "policy", took("policy"))
 }
 
 // containerMAC derives a stable, locally administered unicast MAC for a

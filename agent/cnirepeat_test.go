@@ -35,11 +35,11 @@ func TestCNIFailedRepeatedAddKeepsLivePod(t *testing.T) {
 			case "dataplane-setup":
 				e.wl.SetFail("Setup", injected)
 			case "policy-gate":
-				e.h.policy = attach.PolicyFunc(func(context.Context, *api.WorkloadEndpoint, int64) error { return injected })
+				e.h.policy = attach.PolicyFunc(func(context.Context, *api.WorkloadEndpoint, int64, int64) error { return injected })
 			case "endpoint-write":
 				// The repeat carries new labels, and fails after writing them.
 				args.Labels = map[string]string{"app": "other"}
-				e.h.policy = attach.PolicyFunc(func(context.Context, *api.WorkloadEndpoint, int64) error { return injected })
+				e.h.policy = attach.PolicyFunc(func(context.Context, *api.WorkloadEndpoint, int64, int64) error { return injected })
 			default:
 				e.h.runner.Fault = func(s string) error {
 					if s == step {

@@ -42,6 +42,10 @@ type podInfo struct {
 	// write, whose policy is programmed before ADD returns, must already
 	// match named ports (the controllers keep them up to date later).
 	ports []api.EndpointPort
+	// readRev is the etcd revision the records were read at (0: no read,
+	// not a Kubernetes pod): every write before the ADD began is at or
+	// below it. The policy gate waits for the view to reach it.
+	readRev int64
 }
 
 // applyPodInfo fills in a Kubernetes pod's endpoint labels (args.Labels)
@@ -54,15 +58,15 @@ func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.N
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	pod, ns, err := h.readPodRecords(ctx, w.Namespace, w.Pod)
+	pod, ns, rev, err := h.readPodRecords(ctx, w.Namespace, w.Pod)
 	if err != nil {
 		return podInfo{}, err
 	}
 	if pod == nil {
-		return podInfo{}, nil
+		return podInfo{readRev: rev}, nil
 	}
 	args.Labels = api.EndpointLabels(pod)
-	info := podInfo{kube: true, nsLabels: ns.Labels, ports: pod.Ports}
+	info := podInfo{kube: true, nsLabels: ns.Labels, ports: pod.Ports, readRev: rev}
 	if info.noIPAM, err = h.addressRequest(pod, ns, conf, v4, v6); err != nil {
 		return podInfo{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}
@@ -71,42 +75,43 @@ func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.N
 
 // readPodRecords reads the pod's record, its namespace's and the marker
 // that says whether the controllers manage the cluster in one round trip
-// (one read-only transaction), and returns the first two; nil when there
-// is no pod record and no marker (not a cluster the controllers manage).
+// (one read-only transaction), and returns the first two and the
+// revision of the read; nil records when there is no pod record and no
+// marker (not a cluster the controllers manage).
 // A managed cluster's pod record that is not written yet is waited for,
 // up to kubePodWait. A namespace without a record reads as one without
 // labels or annotations.
-func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.KubePod, *api.KubeNamespace, error) {
+func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.KubePod, *api.KubeNamespace, int64, error) {
 	podKey, nsKey := datastore.KubePodKey(ns, name), datastore.KubeNamespaceKey(ns)
 	deadline := time.Now().Add(kubePodWait)
 	for {
-		kvs, err := h.store.GetKVs(ctx, podKey, nsKey, datastore.KubeMarkerKey)
+		kvs, rev, err := h.store.GetKVs(ctx, podKey, nsKey, datastore.KubeMarkerKey)
 		if err != nil {
-			return nil, nil, cniErr(codeDatastore, "reading the records of pod "+ns+"/"+name, err)
+			return nil, nil, 0, cniErr(codeDatastore, "reading the records of pod "+ns+"/"+name, err)
 		}
 		if kv, ok := kvs[podKey]; ok {
 			var p api.KubePod
 			if err := json.Unmarshal(kv.Value, &p); err != nil {
-				return nil, nil, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
+				return nil, nil, 0, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
 			}
 			var n api.KubeNamespace
 			if kv, ok := kvs[nsKey]; ok {
 				if err := json.Unmarshal(kv.Value, &n); err != nil {
-					return nil, nil, cniErr(codeDatastore, "reading the record of namespace "+ns, err)
+					return nil, nil, 0, cniErr(codeDatastore, "reading the record of namespace "+ns, err)
 				}
 			}
-			return &p, &n, nil
+			return &p, &n, rev, nil
 		}
 		if _, managed := kvs[datastore.KubeMarkerKey]; !managed {
-			return nil, nil, nil
+			return nil, nil, rev, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, nil, &types.Error{Code: types.ErrTryAgainLater,
+			return nil, nil, 0, &types.Error{Code: types.ErrTryAgainLater,
 				Msg: fmt.Sprintf("pod %s/%s: tabby-kube-controllers has not recorded it (waited %s); is tabby-kube-controllers running?", ns, name, kubePodWait)}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, nil, cniErr(codeDatastore, "waiting for the record of pod "+ns+"/"+name, ctx.Err())
+			return nil, nil, 0, cniErr(codeDatastore, "waiting for the record of pod "+ns+"/"+name, ctx.Err())
 		case <-time.After(kubePodPoll):
 		}
 	}

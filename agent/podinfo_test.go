@@ -157,12 +157,18 @@ func storeRev(t *testing.T, s *datastore.Store) int64 {
 func TestPodRecordsInOneRead(t *testing.T) {
 	ctx := context.Background()
 	e := newHandlerEnv(t)
+	// The read's revision is at least the last write's: the policy gate
+	// waits for the view to reach it.
+	lastWrite := storeRev(t, e.store)
 	reads := func(ns, name string) (*api.KubePod, *api.KubeNamespace, int64) {
 		t.Helper()
 		before := e.store.Requests()
-		pod, nsRec, err := e.h.readPodRecords(ctx, ns, name)
+		pod, nsRec, rev, err := e.h.readPodRecords(ctx, ns, name)
 		if err != nil {
 			t.Fatalf("readPodRecords(%s/%s): %v", ns, name, err)
+		}
+		if rev < lastWrite {
+			t.Errorf("readPodRecords(%s/%s) read at revision %d, before the last write's %d", ns, name, rev, lastWrite)
 		}
 		after := e.store.Requests()
 		if after.List != before.List || after.Txn != before.Txn || after.Put != before.Put {
@@ -176,6 +182,7 @@ func TestPodRecordsInOneRead(t *testing.T) {
 	putJSON(t, e.store, datastore.KubeMarkerKey, api.KubeMarker{Identity: "test"})
 	putJSON(t, e.store, datastore.KubePodKey("ns1", "pod-a"), api.KubePod{Namespace: "ns1", Name: "pod-a", Labels: map[string]string{"app": "a"}})
 	putJSON(t, e.store, datastore.KubeNamespaceKey("ns1"), api.KubeNamespace{Name: "ns1", Labels: map[string]string{"team": "x"}})
+	lastWrite = storeRev(t, e.store)
 	pod, nsRec, n := reads("ns1", "pod-a")
 	if pod == nil || pod.Labels["app"] != "a" || nsRec == nil || nsRec.Labels["team"] != "x" || n != 1 {
 		t.Errorf("inside Kubernetes: %+v, %+v in %d reads, want the pod's and the namespace's records in 1", pod, nsRec, n)

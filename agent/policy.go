@@ -12,6 +12,7 @@ import (
 
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
+	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -166,12 +167,24 @@ func (p *policyOwner) loop(every time.Duration, m *metrics) loop {
 }
 
 // syncFor is the CNI handler's hook: it returns once a pass that saw the
-// endpoint stored at revision rev has programmed the firewall.
-func (p *policyOwner) syncFor(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error {
-	if err := p.view.WaitRevision(ctx, rev); err != nil {
+// endpoint stored at revision rev, and every write up to since (up to rev
+// when since is 0), has programmed the firewall. With since the view need
+// not reach rev in all its parts, which would take a progress report from
+// etcd: the endpoint's own event brings it (syncer.WaitHeld).
+func (p *policyOwner) syncFor(ctx context.Context, wep *api.WorkloadEndpoint, rev, since int64) error {
+	var err error
+	if since > 0 && since < rev {
+		var key string
+		if key, err = datastore.ResourceKey(api.KindWorkloadEndpoint, wep.Metadata.Namespace, wep.Metadata.Name); err == nil {
+			err = p.view.WaitHeld(ctx, since, key, rev)
+		}
+	} else {
+		err = p.view.WaitRevision(ctx, rev)
+	}
+	if err != nil {
 		return fmt.Errorf("waiting for endpoint %s/%s in the cluster view: %w", wep.Metadata.Namespace, wep.Metadata.Name, err)
 	}
-	err := p.sync(ctx, false)
+	err = p.sync(ctx, false)
 	if onlyStaleCleanup(err) {
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -243,6 +244,40 @@ func TestCNIAddProgramsPolicy(t *testing.T) {
 	}
 	if n := len(e.endpoints(t)); n != 1 {
 		t.Errorf("%d endpoints after the failed ADD, want 1", n)
+	}
+}
+
+// A Kubernetes pod's ADD hands the policy gate the revision of its
+// records' read, which is at or above every write made before the ADD
+// began and below the endpoint's own: the gate waits for the view to hold
+// those (syncer.WaitHeld), and a policy written before the ADD is in the
+// firewall when ADD returns.
+func TestCNIAddGatesOnTheRecordsRead(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	fw := &fake.Firewall{}
+	owner := newPolicyOwner("node1", e.view, fw, quietLog())
+	var gotRev, gotSince int64
+	e.h.policy = attach.PolicyFunc(func(ctx context.Context, wep *api.WorkloadEndpoint, rev, since int64) error {
+		gotRev, gotSince = rev, since
+		return owner.syncFor(ctx, wep, rev, since)
+	})
+	pol, err := e.store.Create(ctx, &api.NetworkPolicy{Metadata: api.ObjectMeta{Namespace: "ns1", Name: "deny"},
+		Spec: api.NetworkPolicySpec{PolicyTypes: []api.PolicyType{api.PolicyTypeIngress}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	polRev, _ := strconv.ParseInt(pol.GetMeta().ResourceVersion, 10, 64)
+	req, conf, args := addReq("c1")
+	if _, err := e.h.Add(ctx, req, conf, args); err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if gotSince < polRev || gotSince >= gotRev {
+		t.Errorf("the gate got since %d, rev %d; want the policy's %d <= since < rev", gotSince, gotRev, polRev)
+	}
+	iface := e.endpoints(t)[0].Spec.InterfaceName
+	if r, _ := fw.Rules("filter", "tabby-tw-"+iface); len(r) == 0 || !strings.HasSuffix(r[len(r)-1], "-j DROP") {
+		t.Errorf("the policy written before ADD is not in the firewall when ADD returns:\n%s", strings.Join(fw.Lines(), "\n"))
 	}
 }
 

@@ -178,7 +178,7 @@ func TestGetKVsRetriesWithoutLeader(t *testing.T) {
 		}
 		return commit(ctx)
 	}
-	kvs, err := s.GetKVs(ctx, "k")
+	kvs, _, err := s.GetKVs(ctx, "k")
 	if err != nil || string(kvs["k"].Value) != "v" || attempts != 3 {
 		t.Errorf("GetKVs = %v, %v after %d attempts, want k=v after 3", kvs, err, attempts)
 	}
@@ -187,7 +187,7 @@ func TestGetKVsRetriesWithoutLeader(t *testing.T) {
 		attempts++
 		return nil, rpctypes.ErrKeyNotFound
 	}
-	if _, err := s.GetKVs(ctx, "k"); err == nil || attempts != 1 {
+	if _, _, err := s.GetKVs(ctx, "k"); err == nil || attempts != 1 {
 		t.Errorf("GetKVs with a lasting error: %v after %d attempts, want the error after 1", err, attempts)
 	}
 }

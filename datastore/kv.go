@@ -63,11 +63,13 @@ func (s *Store) GetKV(ctx context.Context, key string) (KV, error) {
 
 // GetKVs reads keys in one round trip, at one revision (a read-only
 // transaction: linearizable, nothing written): the keys that exist, by
-// key; a key that does not is absent from the map. etcd's client retries
+// key (a key that does not is absent from the map), and the store's
+// revision the read saw: every write before the call is at or below it,
+// which is what a caller waits for a view to reach. etcd's client retries
 // a failed Get but no Txn, so GetKVs retries itself (it writes nothing)
 // while etcd is unavailable or has no leader, as across a leader's loss,
 // until ctx ends.
-func (s *Store) GetKVs(ctx context.Context, keys ...string) (map[string]KV, error) {
+func (s *Store) GetKVs(ctx context.Context, keys ...string) (map[string]KV, int64, error) {
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	ops := make([]clientv3.Op, len(keys))
@@ -89,7 +91,7 @@ func (s *Store) GetKVs(ctx context.Context, keys ...string) (map[string]KV, erro
 		s.log.Debug("etcd read failed: trying again", "err", err)
 	}
 	if err != nil {
-		return nil, s.etcdErr(fmt.Sprintf("getting %s", strings.Join(keys, ", ")), err)
+		return nil, 0, s.etcdErr(fmt.Sprintf("getting %s", strings.Join(keys, ", ")), err)
 	}
 	out := make(map[string]KV, len(keys))
 	for _, r := range resp.Responses {
@@ -98,7 +100,7 @@ func (s *Store) GetKVs(ctx context.Context, keys ...string) (map[string]KV, erro
 			out[k.Key] = k
 		}
 	}
-	return out, nil
+	return out, resp.Header.GetRevision(), nil
 }
 
 // ListKV returns every key that starts with prefix (a plain string prefix:

@@ -26,9 +26,12 @@ func TestGetKVs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.GetKVs(ctx, "a", "missing", "b/c", "b")
+	got, rev, err := s.GetKVs(ctx, "a", "missing", "b/c", "b")
 	if err != nil {
 		t.Fatalf("GetKVs: %v", err)
+	}
+	if rev != revB {
+		t.Errorf("GetKVs read at revision %d, want %d (the last write's)", rev, revB)
 	}
 	want := map[string]datastore.KV{
 		"a":   {Key: "a", Value: []byte("1"), ModRevision: revA},
@@ -38,7 +41,7 @@ func TestGetKVs(t *testing.T) {
 		t.Errorf("GetKVs (-want +got):\n%s", diff)
 	}
 	before := s.Requests()
-	if _, err := s.GetKVs(ctx, "a", "b/c"); err != nil {
+	if _, _, err := s.GetKVs(ctx, "a", "b/c"); err != nil {
 		t.Fatal(err)
 	}
 	if after := s.Requests(); after.Get != before.Get+1 || after.Txn != before.Txn {

@@ -168,20 +168,32 @@ func (s *Syncer) apply(evs ...datastore.Event) {
 	s.mu.Unlock()
 }
 
-// waiter is one WaitRevision call: ch is closed when the view is synced
-// and has reached rev.
+// waiter is one WaitRevision or WaitHeld call: ch is closed when the view
+// is synced, has reached rev and, with a key, holds the key at keyRev or
+// later (or has reached keyRev).
 type waiter struct {
-	rev int64
-	ch  chan struct{}
+	rev    int64
+	key    string
+	keyRev int64
+	ch     chan struct{}
+}
+
+// doneLocked says whether the view is as w waits for it to be.
+func (s *Syncer) doneLocked(w waiter) bool {
+	switch {
+	case !s.synced || s.rev < w.rev:
+		return false
+	case w.key == "" || s.rev >= w.keyRev:
+		return true
+	}
+	it, ok := s.st.items[w.key]
+	return ok && it.rev >= w.keyRev
 }
 
 // wakeWaitersLocked wakes the waiters whose revision the view reached.
 func (s *Syncer) wakeWaitersLocked() {
-	if !s.synced {
-		return
-	}
 	s.waiters = slices.DeleteFunc(s.waiters, func(w waiter) bool {
-		if s.rev < w.rev {
+		if !s.doneLocked(w) {
 			return false
 		}
 		close(w.ch)
@@ -259,9 +271,30 @@ func (s *Syncer) Stats() Stats {
 // revision only when every part has: it asks the source for a progress
 // report while it waits, so that a part without writes catches up.
 func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
-	w := waiter{rev: rev, ch: make(chan struct{})}
+	return s.wait(ctx, waiter{rev: rev}, true)
+}
+
+// WaitHeld blocks until the view is synced, has reached since, and holds
+// key as written at rev or later (or has reached rev: the key may have
+// been deleted since), or ctx ends. since < rev: everything written up to
+// since, and the one write at rev. It is WaitRevision(rev) without the
+// wait for the parts of the view that rev's write did not touch: the
+// write's own event brings the key, where reaching rev would take a
+// progress report. It asks for one only while the view is short of since,
+// and then every progressRetry (a key deleted before its event arrived).
+func (s *Syncer) WaitHeld(ctx context.Context, since int64, key string, rev int64) error {
+	s.mu.RLock()
+	short := s.rev < since
+	s.mu.RUnlock()
+	return s.wait(ctx, waiter{rev: since, key: key, keyRev: rev}, short)
+}
+
+// wait blocks until w is done or ctx ends, asking the source for progress
+// reports every progressRetry, and at once when askNow.
+func (s *Syncer) wait(ctx context.Context, w waiter, askNow bool) error {
+	w.ch = make(chan struct{})
 	s.mu.Lock()
-	if s.synced && s.rev >= rev {
+	if s.doneLocked(w) {
 		s.mu.Unlock()
 		return nil
 	}
@@ -271,9 +304,10 @@ func (s *Syncer) WaitRevision(ctx context.Context, rev int64) error {
 	retry := time.NewTicker(progressRetry)
 	defer retry.Stop()
 	for {
-		if s.Synced() && asks {
+		if askNow && asks && s.Synced() {
 			_ = p.RequestWatchProgress(ctx) // best effort: asked again on the next tick
 		}
+		askNow = true
 		select {
 		case <-w.ch:
 			return nil

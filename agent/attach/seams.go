@@ -51,17 +51,20 @@ type HostRoutes interface {
 }
 
 // PolicyGate programs the firewall for an endpoint stored at revision rev
-// before ADD returns, so that a pod never runs without its policy.
+// before ADD returns, so that a pod never runs without its policy: with
+// every policy written up to since (the revision of the ADD's first read:
+// whatever was written before the ADD began), or up to rev when since is
+// 0 (an ADD that read nothing).
 type PolicyGate interface {
-	SyncEndpoint(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error
+	SyncEndpoint(ctx context.Context, wep *api.WorkloadEndpoint, rev, since int64) error
 }
 
 // PolicyFunc is a function as a PolicyGate.
-type PolicyFunc func(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error
+type PolicyFunc func(ctx context.Context, wep *api.WorkloadEndpoint, rev, since int64) error
 
 // SyncEndpoint implements PolicyGate.
-func (f PolicyFunc) SyncEndpoint(ctx context.Context, wep *api.WorkloadEndpoint, rev int64) error {
-	return f(ctx, wep, rev)
+func (f PolicyFunc) SyncEndpoint(ctx context.Context, wep *api.WorkloadEndpoint, rev, since int64) error {
+	return f(ctx, wep, rev, since)
 }
 
 // AdvertGate returns once BGP advertises the prefix (at once for a family

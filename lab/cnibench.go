@@ -122,6 +122,10 @@ type CNIBenchPod struct {
 	// (the pod's records written).
 	Agent     time.Duration `json:"agent,omitempty"`
 	AgentIPAM time.Duration `json:"agentIPAM,omitempty"`
+	// AgentSteps are the ADD's steps as the agent timed them ("workload
+	// added": request, assign, prepare, … policy), each from its start to
+	// its end; steps run concurrently (docs/agent.md).
+	AgentSteps map[string]time.Duration `json:"agentSteps,omitempty"`
 	// CPU is the CPU time the ADD cost: the plugin processes' (with the
 	// processes they ran) plus what the node's agent and the lab's etcd
 	// used meanwhile (for the reference that is their background, the

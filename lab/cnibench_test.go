@@ -54,7 +54,7 @@ func TestAgentTimings(t *testing.T) {
 	id := strings.Repeat("ab", 32)
 	other := strings.Repeat("cd", 32)
 	log := `time=t level=INFO msg="CNI request done" cmd=ADD container=` + other + ` dur=99ms
-time=t level=INFO msg="workload added" container=` + id[:12] + ` pod="default/p" ipam=3.5ms endpoint=0s
+time=t level=INFO msg="workload added" container=` + id[:12] + ` pod="default/p" request=1.2ms assign=1.8ms ipam=3.5ms prepare=1.5ms endpoint=0s view=650µs policy=700µs
 time=t level=INFO msg="CNI request done" cmd=ADD container=` + id + ` dur=7.25ms
 time=t level=INFO msg="CNI request done" cmd=DEL container=` + id + ` dur=5ms
 `
@@ -66,7 +66,10 @@ time=t level=INFO msg="CNI request done" cmd=DEL container=` + id + ` dur=5ms
 	if err := agentTimings(path, int64(len("skipped line before the offset\n")), pods); err != nil {
 		t.Fatal(err)
 	}
-	want := []CNIBenchPod{{Plugin: CNIBenchTabby, ContainerID: id, Agent: 7250 * time.Microsecond, AgentIPAM: 3500 * time.Microsecond}, {Plugin: CNIBenchRef, ContainerID: other}}
+	steps := map[string]time.Duration{"request": 1200 * time.Microsecond, "assign": 1800 * time.Microsecond, "prepare": 1500 * time.Microsecond,
+		"endpoint": 0, "view": 650 * time.Microsecond, "policy": 700 * time.Microsecond}
+	want := []CNIBenchPod{{Plugin: CNIBenchTabby, ContainerID: id, Agent: 7250 * time.Microsecond, AgentIPAM: 3500 * time.Microsecond, AgentSteps: steps},
+		{Plugin: CNIBenchRef, ContainerID: other}}
 	if diff := cmp.Diff(want, pods, cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
 		t.Errorf("agentTimings (-want +got):\n%s", diff)
 	}
@@ -119,7 +122,8 @@ func TestCNIBenchTable(t *testing.T) {
 	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
 	run := func(tabby, ref float64) CNIBenchRun {
 		return CNIBenchRun{Pods: []CNIBenchPod{
-			{Plugin: CNIBenchTabby, Add: ms(tabby), Del: ms(tabby), Exec: ms(tabby - 1), Agent: ms(tabby / 2), AgentIPAM: ms(1), CPU: ms(tabby)},
+			{Plugin: CNIBenchTabby, Add: ms(tabby), Del: ms(tabby), Exec: ms(tabby - 1), Agent: ms(tabby / 2), AgentIPAM: ms(1), CPU: ms(tabby),
+				AgentSteps: map[string]time.Duration{"policy": ms(tabby / 10), "request": ms(1.25)}},
 			{Plugin: CNIBenchRef, Add: ms(ref), Del: ms(ref), Exec: ms(ref - 1), CPU: ms(ref)},
 		}}
 	}
@@ -134,7 +138,8 @@ func TestCNIBenchTable(t *testing.T) {
 	if diff := cmp.Diff(CNIBenchRatios{AddP50: 0.8, AddP90: 0.8, AddP99: 0.8, DelP50: 0.8, CPU: 0.8}, rep.MedianRatios()); diff != "" {
 		t.Errorf("MedianRatios with a run stopped early (-want +got):\n%s", diff)
 	}
-	for _, w := range []string{"(stopped early)", "median over 3 runs of tabby / ptp+host-local: ADD p50 0.80×", "CPU per ADD (plugins, agent, etcd) p50 0.80×", "0.60", "ptp+host-local"} {
+	for _, w := range []string{"(stopped early)", "median over 3 runs of tabby / ptp+host-local: ADD p50 0.80×", "CPU per ADD (plugins, agent, etcd) p50 0.80×", "0.60", "ptp+host-local",
+		"run 2: request 1.25, policy 0.60"} {
 		if !strings.Contains(tab, w) {
 			t.Errorf("table lacks %q:\n%s", w, tab)
 		}

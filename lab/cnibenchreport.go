@@ -20,11 +20,14 @@ type CNIBenchStats struct {
 	CPUP50, PluginCPUP50 time.Duration
 	// AgentP50 and AgentIPAMP50 are the agent's own figures (tabby only).
 	AgentP50, AgentIPAMP50 time.Duration
+	// AgentStepsP50 are the medians of the agent's steps (tabby only).
+	AgentStepsP50 map[string]time.Duration
 }
 
 // Stats summarises the run's pods of the plugin.
 func (r CNIBenchRun) Stats(plugin string) CNIBenchStats {
 	var add, del, ex, ag, agIPAM, cpu, pcpu []time.Duration
+	steps := map[string][]time.Duration{}
 	for _, p := range r.Pods {
 		if p.Plugin != plugin {
 			continue
@@ -34,8 +37,18 @@ func (r CNIBenchRun) Stats(plugin string) CNIBenchStats {
 		if p.Agent > 0 {
 			ag, agIPAM = append(ag, p.Agent), append(agIPAM, p.AgentIPAM)
 		}
+		for step, d := range p.AgentSteps {
+			steps[step] = append(steps[step], d)
+		}
 	}
-	return CNIBenchStats{
+	var stepsP50 map[string]time.Duration
+	for step, ds := range steps {
+		if stepsP50 == nil {
+			stepsP50 = map[string]time.Duration{}
+		}
+		stepsP50[step] = stats.Quantile(ds, 0.5)
+	}
+	return CNIBenchStats{AgentStepsP50: stepsP50,
 		Pods:   len(add),
 		AddP50: stats.Quantile(add, 0.5), AddP90: stats.Quantile(add, 0.9), AddP99: stats.Quantile(add, 0.99),
 		DelP50: stats.Quantile(del, 0.5), DelP90: stats.Quantile(del, 0.9), DelP99: stats.Quantile(del, 0.99),
@@ -129,6 +142,14 @@ func (rep *CNIBenchReport) Table() string {
 		fmt.Fprintf(w, "%d\t\t%s / ref\t%.2f\t%.2f\t%.2f\t%.2f\t\t\t\t\t\t%.2f\t\t\n", r+1, CNIBenchTabby, x.AddP50, x.AddP90, x.AddP99, x.DelP50, x.CPU)
 	}
 	w.Flush()
+	for r, run := range rep.Runs {
+		if line := stepsLine(run.Stats(CNIBenchTabby).AgentStepsP50); line != "" {
+			if r == 0 {
+				fmt.Fprintf(&b, "\n%s's ADD steps as its agent timed them, p50 in ms (concurrent: docs/agent.md):\n", CNIBenchTabby)
+			}
+			fmt.Fprintf(&b, "  run %d: %s\n", r+1, line)
+		}
+	}
 	m := rep.MedianRatios()
 	runs := rep.complete()
 	if runs == 0 {
@@ -137,6 +158,17 @@ func (rep *CNIBenchReport) Table() string {
 	fmt.Fprintf(&b, "\nmedian over %d runs of %s / %s: ADD p50 %.2f×, p90 %.2f×, p99 %.2f×; DEL p50 %.2f×; CPU per ADD (plugins, agent, etcd) p50 %.2f×\n",
 		runs, CNIBenchTabby, CNIBenchRef, m.AddP50, m.AddP90, m.AddP99, m.DelP50, m.CPU)
 	return b.String()
+}
+
+// stepsLine prints the steps' medians in the plan's order ("" for none).
+func stepsLine(p50 map[string]time.Duration) string {
+	var parts []string
+	for _, step := range AgentSteps {
+		if d, ok := p50[step]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f", step, float64(d)/float64(time.Millisecond)))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // msec prints a duration in milliseconds with one decimal.

@@ -228,9 +228,13 @@ func hostLocalLeftovers(dir string) func(context.Context, []CNIBenchPod) ([]stri
 	}
 }
 
-// agentTimings fills in Agent and AgentIPAM of the tabby pods from the
-// agent's log, read from offset on: its "CNI request done" record of each
-// ADD (dur) and its "workload added" record (ipam).
+// AgentSteps are the ADD steps whose times the agent logs ("workload
+// added", agent/cniadd.go), in the order of the plan.
+var AgentSteps = []string{"request", "assign", "prepare", "view", "complete", "routes", "endpoint", "policy"}
+
+// agentTimings fills in Agent, AgentIPAM and AgentSteps of the tabby pods
+// from the agent's log, read from offset on: its "CNI request done" record
+// of each ADD (dur) and its "workload added" record (ipam, the steps).
 func agentTimings(path string, offset int64, pods []CNIBenchPod) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -260,6 +264,12 @@ func agentTimings(path string, offset int64, pods []CNIBenchPod) error {
 			p.Agent, _ = time.ParseDuration(rec["dur"])
 		case rec["msg"] == "workload added":
 			p.AgentIPAM, _ = time.ParseDuration(rec["ipam"])
+			p.AgentSteps = map[string]time.Duration{}
+			for _, step := range AgentSteps {
+				if d, err := time.ParseDuration(rec[step]); err == nil {
+					p.AgentSteps[step] = d
+				}
+			}
 		}
 	}
 	return sc.Err()

@@ -287,6 +287,7 @@ func (a *Agent) wireOwners(gctx context.Context) {
 	a.handler.observe, a.handler.observeAssign = a.metrics.observeCNI, a.metrics.observeAssign
 	a.handler.runner = attach.Runner{Fault: a.deps.CNIFault, Observe: a.metrics.observeStep}
 	a.handler.endpointApart = a.deps.EndpointApart
+	a.handler.kube = newKubeRecords(a.cfg.NodeName)
 	if a.policy != nil {
 		a.handler.policy = attach.PolicyFunc(a.policy.syncFor)
 	}
@@ -362,6 +363,7 @@ func (a *Agent) runLoops(g *errgroup.Group, gctx context.Context, srv *cni.Serve
 	g.Go(func() error { a.gc.loop(every, a.metrics).run(gctx); return nil })
 	g.Go(func() error { a.lease.keep(gctx); return nil })
 	g.Go(func() error { a.statusLoop(gctx); return nil })
+	g.Go(func() error { a.handler.kube.run(gctx, a.store); return nil })
 	if a.policy != nil {
 		g.Go(func() error { a.policy.loop(every, a.metrics).run(gctx); return nil })
 		if a.flows != nil {

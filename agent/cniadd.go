@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 
@@ -22,15 +23,27 @@ import (
 )
 
 // addPlan is one ADD: its steps and what they hand each other. Each field
-// is written by one step and read only by the steps that come after it.
+// is written by one step and read only by the steps that come after it,
+// but for read, which assign reads once request has closed readDone.
 type addPlan struct {
 	h *cniHandler
 	a *attachment
 	// spec is the pair as Prepare makes it: no addresses yet.
 	spec dataplane.WorkloadSpec
 
-	reqs []ipam.AssignRequest // request
-	info podInfo              // request
+	// request: the read of the pod's records (Kubernetes), closing
+	// readDone; assign takes its requests from it when the cache of the
+	// records cannot say, and the policy gate waits for the view to reach
+	// it (read.info.readRev).
+	read     readResult
+	readDone chan struct{}
+	// assign: the requests and what else ADD takes from the pod's records;
+	// speculative when they came from the cache (kubeRecords), whose
+	// comparisons recCmps then ride on the endpoint's creation.
+	reqs        []ipam.AssignRequest
+	info        podInfo
+	speculative bool
+	recCmps     []datastore.Cmp
 	// assign: the addresses; handle is "" for an address without IPAM.
 	asgs      []ipam.Assignment
 	addrs     []netip.Addr
@@ -56,7 +69,7 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 	if mac == "" {
 		mac = containerMAC(a.req.ContainerID, a.req.IfName)
 	}
-	return &addPlan{h: h, a: a, handle: a.handle, spec: dataplane.WorkloadSpec{
+	return &addPlan{h: h, a: a, handle: a.handle, readDone: make(chan struct{}), spec: dataplane.WorkloadSpec{
 		NetNS: a.req.Netns, IfName: a.req.IfName, HostIfName: a.hostIf, MTU: h.podMTU(a.conf), MAC: mac, SkipHostRoutes: true,
 	}}
 }
@@ -66,9 +79,12 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 // routes) need only the address, so they run concurrently: ADD costs the
 // longer of the two, not the sum. Policy rules match the host interface by
 // name, so they can be programmed while the interface is still being made.
-// The policy gate needs the cluster view to hold every write before the
-// ADD began: the view catches up with the pod records' read while IPAM
-// assigns.
+// The pod's records (Kubernetes) are read while IPAM assigns: the
+// request and the endpoint come from the agent's cache of the records,
+// checked by the assignment's transaction, and from the read only when the
+// cache cannot say or was stale. The policy gate needs the cluster view to
+// hold every write before the ADD began: the view catches up with the
+// read while IPAM assigns.
 // A repeated ADD of a live attachment must leave it as it was when it
 // fails: what it finds already there is never undone. docs/agent.md shows
 // this table.
@@ -76,7 +92,7 @@ func (p *addPlan) steps() []attach.Step {
 	req, wepName := p.a.req, p.a.endpointName(p.h.node)
 	return []attach.Step{
 		{Name: "request", Code: codeDatastore, Msg: "reading the pod's records", Do: p.request},
-		{Name: "assign", After: []string{"request"}, Code: codeIPAM, Msg: "assigning addresses for " + p.a.handle, Do: p.assign, Undo: p.unassign},
+		{Name: "assign", Code: codeIPAM, Msg: "assigning addresses for " + p.a.handle, Do: p.assign, Undo: p.unassign},
 		{Name: "prepare", Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.prepare, Undo: p.unprepare},
 		{Name: "prior", After: []string{"assign"}, Code: codeDatastore, Msg: "reading the endpoint of " + shortID(req.ContainerID), Do: p.readEndpoint},
 		{Name: "complete", After: []string{"prepare", "assign"}, Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.complete, Undo: p.uncomplete},
@@ -88,17 +104,111 @@ func (p *addPlan) steps() []attach.Step {
 	}
 }
 
+// readResult is what the read of the pod's records gives: the IPAM
+// requests (one per family the network assigns) and the rest.
+type readResult struct {
+	reqs []ipam.AssignRequest
+	info podInfo
+	err  error
+}
+
 // request reads the pod's records (Kubernetes) and builds one IPAM request
-// per family the network assigns.
+// per family the network assigns from them.
 func (p *addPlan) request(ctx context.Context) (err error) {
-	p.reqs, p.info, err = p.h.assignRequests(ctx, p.a.w, p.a.req, p.a.conf, p.a.args, p.a.handle)
+	defer close(p.readDone)
+	defer func() { p.read.err = err }()
+	pod, ns, rev, err := p.h.readRecords(ctx, p.a.w)
+	if err != nil {
+		return err
+	}
+	p.read.reqs, p.read.info, err = p.h.assignRequests(p.a.w, p.a.req, p.a.conf, p.a.args, p.a.handle, pod, ns)
+	p.read.info.readRev = rev
 	return err
+}
+
+// plan takes the IPAM requests and what else ADD takes from the pod's
+// records: from the agent's cache of the records when it can say (then
+// speculative: the assignment's transaction checks them), else from the
+// read. A cached record that does not decode, or whose request is
+// invalid, leaves the answer (and its error) to the read.
+func (p *addPlan) plan(ctx context.Context) error {
+	w := p.a.w
+	if recs, ok := p.h.kube.lookup(w.Namespace, w.Pod); ok && w.Orchestrator == "k8s" && !p.h.endpointApart {
+		var pod *api.KubePod
+		var ns *api.KubeNamespace
+		var err error
+		if recs.pod != nil {
+			pod, ns, err = decodePodRecords(w.Namespace, w.Pod, recs.pod, recs.ns)
+		}
+		if err == nil {
+			var reqs []ipam.AssignRequest
+			var info podInfo
+			if reqs, info, err = p.h.assignRequests(w, p.a.req, p.a.conf, p.a.args, p.a.handle, pod, ns); err == nil {
+				p.reqs, p.info, p.recCmps, p.speculative = reqs, info, recs.cmps, true
+				return nil
+			}
+		}
+	}
+	return p.awaitRead(ctx)
+}
+
+// awaitRead takes the requests from the read of the pod's records.
+func (p *addPlan) awaitRead(ctx context.Context) error {
+	select {
+	case <-p.readDone:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if p.read.err != nil {
+		return p.read.err
+	}
+	p.reqs, p.info, p.speculative, p.recCmps = p.read.reqs, p.read.info, false, nil
+	return nil
+}
+
+// confirm checks speculative requests against the read when no
+// transaction checked the cached records (they changed before it
+// committed, or it carried no endpoint: a repeat): the endpoint is then
+// written with the read's records, and an address request that differs
+// fails ADD (the address may be from the wrong pool), which the runtime
+// tries again.
+func (p *addPlan) confirm(ctx context.Context) error {
+	reqs, info := p.reqs, p.info
+	if err := p.awaitRead(ctx); err != nil {
+		return err
+	}
+	if !sameRequests(reqs, p.reqs) || info.noIPAM != p.info.noIPAM {
+		return &types.Error{Code: types.ErrTryAgainLater, Msg: fmt.Sprintf("the address annotations of pod %s/%s changed during ADD", p.a.w.Namespace, p.a.w.Pod),
+			Details: "the agent's copy of the pod's records was older than etcd's; try again"}
+	}
+	return nil
+}
+
+// sameRequests reports whether two sets of IPAM requests ask for the same
+// (their families, pools and addresses).
+func sameRequests(a, b []ipam.AssignRequest) bool {
+	return slices.EqualFunc(a, b, func(x, y ipam.AssignRequest) bool {
+		return x.Family == y.Family && x.Addr == y.Addr && slices.Equal(x.Pools, y.Pools)
+	})
 }
 
 // assign takes one address of each family under one handle. IPAM says
 // whether this is a repeat; only a repeat reads the endpoint (or every ADD
 // of an address without IPAM, which IPAM knows nothing of).
 func (p *addPlan) assign(ctx context.Context) error {
+	if err := p.plan(ctx); err != nil {
+		return err
+	}
+	if err := p.assignAddrs(ctx); err != nil {
+		return err
+	}
+	if p.speculative && !p.rode {
+		return p.confirm(ctx)
+	}
+	return nil
+}
+
+func (p *addPlan) assignAddrs(ctx context.Context) error {
 	defer func() {
 		for _, a := range p.asgs {
 			p.addrs = append(p.addrs, a.Addr)
@@ -146,7 +256,9 @@ func (p *addPlan) endpointWith(addr netip.Addr) ([]datastore.Cmp, []datastore.Op
 		return nil, nil, fmt.Errorf("preparing endpoint %s: %w", p.a.endpointName(p.h.node), err)
 	}
 	p.wep = wep
-	return []datastore.Cmp{cmp}, []datastore.Op{op}, nil
+	// An endpoint from the cache's records commits only if they are
+	// still etcd's.
+	return append([]datastore.Cmp{cmp}, p.recCmps...), []datastore.Op{op}, nil
 }
 
 // unassign releases what assign took: on a repeat only the addresses that
@@ -247,7 +359,7 @@ func (p *addPlan) putEndpoint(ctx context.Context) (err error) {
 // endpoint is the pod's WorkloadEndpoint with addrs.
 func (p *addPlan) endpoint(addrs []netip.Addr) *api.WorkloadEndpoint {
 	a, h := p.a, p.h
-	wep := buildEndpoint(h.node, a.w, p.handle, addrs, a.hostIf, p.spec.MAC, a.args.Labels)
+	wep := buildEndpoint(h.node, a.w, p.handle, addrs, a.hostIf, p.spec.MAC, p.info.labels)
 	wep.Spec.NamespaceLabels = p.info.nsLabels
 	wep.Spec.Ports = p.info.ports
 	wep.Metadata.Annotations = map[string]string{api.AnnotationOrigin: api.OriginAgent}
@@ -283,12 +395,12 @@ func (p *addPlan) unputEndpoint(ctx context.Context) error {
 // the policy gate finds it there. The gate waits for it itself: this only
 // moves the wait off ADD's longest path.
 func (p *addPlan) catchUp(ctx context.Context) error {
-	if p.h.policy == nil || p.h.view == nil || p.info.readRev == 0 {
+	if p.h.policy == nil || p.h.view == nil || p.read.info.readRev == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	return p.h.view.WaitRevision(ctx, p.info.readRev)
+	return p.h.view.WaitRevision(ctx, p.read.info.readRev)
 }
 
 func (p *addPlan) syncPolicy(ctx context.Context) error {
@@ -297,7 +409,7 @@ func (p *addPlan) syncPolicy(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	return p.h.policy.SyncEndpoint(ctx, p.wep, p.rev, p.info.readRev)
+	return p.h.policy.SyncEndpoint(ctx, p.wep, p.rev, p.read.info.readRev)
 }
 
 // waitAdvertised waits, at most advertiseWait, until the new routes (one
@@ -346,7 +458,7 @@ func (p *addPlan) logAdded(res *attach.Result) {
 	routed, _ := res.Timing("routes")
 	borrowed := len(p.asgs) > 0 && p.asgs[0].Borrowed // the first family's (IPv4 when the network has it)
 	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
-		"borrowed", borrowed, "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
+		"borrowed", borrowed, "cached", p.speculative, "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
 		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
 		"endpoint", took("endpoint"), "view", took("view"), "policy", took("policy"))
 }

@@ -58,6 +58,13 @@ type cniHandler struct {
 	wl            dataplane.Workloads
 	// view answers GC's question which endpoints this node has.
 	view *syncer.Syncer
+	// kube, when set, is the cache of the controllers' records that ADD
+	// takes a Kubernetes pod's from (kuberecords.go); nil: ADD waits for
+	// its read of them.
+	kube *kubeRecords
+	// readHook, when set, is called by ADD's read of the pod's records
+	// before it reads (tests hold the read with it)
+	readHook func()
 	// routes installs a new pod's routes (the one writer of them).
 	routes attach.HostRoutes
 	// policy, when set, programs the firewall for a new endpoint before
@@ -282,9 +289,10 @@ func (h *cniHandler) waitSpares() {
 // assignRequests builds the IPAM requests of an ADD, one per family the
 // network assigns (IPv4 first): the family's pools, the runtime's
 // requested address of that family, and for IPv4 the pod's address
-// annotations (Kubernetes). A requested address of a family the network
-// does not assign is an error.
-func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.Request, conf *cni.NetConf, args *cni.Args, handle string) ([]ipam.AssignRequest, podInfo, error) {
+// annotations (Kubernetes: pod and ns are its records, nil outside
+// Kubernetes). A requested address of a family the network does not
+// assign is an error.
+func (h *cniHandler) assignRequests(w workloadID, req *cni.Request, conf *cni.NetConf, args *cni.Args, handle string, pod *api.KubePod, ns *api.KubeNamespace) ([]ipam.AssignRequest, podInfo, error) {
 	if h.ipv6Only && conf.WantsIPv4() {
 		return nil, podInfo{}, h.refuseIPv4(conf)
 	}
@@ -308,7 +316,7 @@ func (h *cniHandler) assignRequests(ctx context.Context, w workloadID, req *cni.
 		}
 		r.Addr = a
 	}
-	info, err := h.applyPodInfo(ctx, w, conf, args, &v4, &v6)
+	info, err := h.applyPodInfo(w, pod, ns, conf, args, &v4, &v6)
 	if err != nil {
 		return nil, podInfo{}, err
 	}

@@ -29,10 +29,13 @@ const (
 )
 
 // podInfo is what ADD takes from a Kubernetes pod's records besides its
-// labels and address request.
+// address request.
 type podInfo struct {
 	// kube: the pod's record was found and used.
 	kube bool
+	// labels are the endpoint's: the pod's (Kubernetes), else the CNI
+	// arguments'.
+	labels map[string]string
 	// nsLabels are the labels of the pod's namespace, for the endpoint.
 	nsLabels map[string]string
 	// noIPAM, when valid, is the address the pod gets without IPAM
@@ -48,25 +51,31 @@ type podInfo struct {
 	readRev int64
 }
 
-// applyPodInfo fills in a Kubernetes pod's endpoint labels (args.Labels)
-// and address request (areq) from its records, and returns its namespace's
-// labels. Outside Kubernetes (no pod name in the arguments, or no
-// controllers managing the cluster) it changes nothing.
-func (h *cniHandler) applyPodInfo(ctx context.Context, w workloadID, conf *cni.NetConf, args *cni.Args, v4, v6 *ipam.AssignRequest) (podInfo, error) {
+// readRecords reads a Kubernetes pod's records (readPodRecords) and
+// returns them with the revision of the read; nil records outside
+// Kubernetes (no pod name in the arguments: nothing is read) or in a
+// cluster the controllers do not manage.
+func (h *cniHandler) readRecords(ctx context.Context, w workloadID) (*api.KubePod, *api.KubeNamespace, int64, error) {
 	if w.Orchestrator != "k8s" {
-		return podInfo{}, nil
+		return nil, nil, 0, nil
+	}
+	if h.readHook != nil {
+		h.readHook()
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeCallTimeout)
 	defer cancel()
-	pod, ns, rev, err := h.readPodRecords(ctx, w.Namespace, w.Pod)
-	if err != nil {
-		return podInfo{}, err
-	}
+	return h.readPodRecords(ctx, w.Namespace, w.Pod)
+}
+
+// applyPodInfo fills in a Kubernetes pod's address request (v4, v6) from
+// its records and returns the rest of what ADD takes from them. Outside
+// Kubernetes (pod nil) the endpoint's labels are the CNI arguments'.
+func (h *cniHandler) applyPodInfo(w workloadID, pod *api.KubePod, ns *api.KubeNamespace, conf *cni.NetConf, args *cni.Args, v4, v6 *ipam.AssignRequest) (podInfo, error) {
 	if pod == nil {
-		return podInfo{readRev: rev}, nil
+		return podInfo{labels: args.Labels}, nil
 	}
-	args.Labels = api.EndpointLabels(pod)
-	info := podInfo{kube: true, nsLabels: ns.Labels, ports: pod.Ports, readRev: rev}
+	info := podInfo{kube: true, labels: api.EndpointLabels(pod), nsLabels: ns.Labels, ports: pod.Ports}
+	var err error
 	if info.noIPAM, err = h.addressRequest(pod, ns, conf, v4, v6); err != nil {
 		return podInfo{}, cniErr(codeIPAM, fmt.Sprintf("address annotations of pod %s/%s", w.Namespace, w.Pod), err)
 	}
@@ -90,17 +99,12 @@ func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.
 			return nil, nil, 0, cniErr(codeDatastore, "reading the records of pod "+ns+"/"+name, err)
 		}
 		if kv, ok := kvs[podKey]; ok {
-			var p api.KubePod
-			if err := json.Unmarshal(kv.Value, &p); err != nil {
-				return nil, nil, 0, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
-			}
-			var n api.KubeNamespace
+			var nsKV *datastore.KV
 			if kv, ok := kvs[nsKey]; ok {
-				if err := json.Unmarshal(kv.Value, &n); err != nil {
-					return nil, nil, 0, cniErr(codeDatastore, "reading the record of namespace "+ns, err)
-				}
+				nsKV = &kv
 			}
-			return &p, &n, rev, nil
+			p, n, err := decodePodRecords(ns, name, &kv, nsKV)
+			return p, n, rev, err
 		}
 		if _, managed := kvs[datastore.KubeMarkerKey]; !managed {
 			return nil, nil, rev, nil
@@ -115,6 +119,23 @@ func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.
 		case <-time.After(kubePodPoll):
 		}
 	}
+}
+
+// decodePodRecords decodes a pod's record and its namespace's (nsKV nil:
+// a namespace without a record, which reads as one without labels or
+// annotations).
+func decodePodRecords(ns, name string, podKV, nsKV *datastore.KV) (*api.KubePod, *api.KubeNamespace, error) {
+	var p api.KubePod
+	if err := json.Unmarshal(podKV.Value, &p); err != nil {
+		return nil, nil, cniErr(codeDatastore, "reading the record of pod "+ns+"/"+name, err)
+	}
+	var n api.KubeNamespace
+	if nsKV != nil {
+		if err := json.Unmarshal(nsKV.Value, &n); err != nil {
+			return nil, nil, cniErr(codeDatastore, "reading the record of namespace "+ns, err)
+		}
+	}
+	return &p, &n, nil
 }
 
 // addressRequest turns the pod's and namespace's address annotations into

@@ -15,6 +15,22 @@ const (
 	KubeNamespacesPrefix = "kube/namespaces/"
 )
 
+// KubeNodePodsPrefix holds kube/nodepods/<node>/<namespace>/<name>: the
+// record of each pod scheduled to a node, beside its kube/pods/ record,
+// written with it in one transaction. An agent watches its own node's
+// (KubeNodePodsPrefixOf), a few dozen keys, rather than every pod of the
+// cluster: its CNI ADD then finds the pod's record in memory.
+const KubeNodePodsPrefix = "kube/nodepods/"
+
+// KubeNodePodsPrefixOf is the prefix of the records of node's pods.
+func KubeNodePodsPrefixOf(node string) string { return KubeNodePodsPrefix + url.PathEscape(node) + "/" }
+
+// KubeNodePodKey is where the record of pod namespace/name, scheduled to
+// node, lives beside KubePodKey's.
+func KubeNodePodKey(node, namespace, name string) string {
+	return KubeNodePodsPrefixOf(node) + url.PathEscape(namespace) + "/" + url.PathEscape(name)
+}
+
 // KubePodKey is where the record of pod namespace/name lives.
 func KubePodKey(namespace, name string) string {
 	return KubePodsPrefix + url.PathEscape(namespace) + "/" + url.PathEscape(name)

@@ -162,6 +162,14 @@ func TestControllersAgainstRealAPIServer(t *testing.T) {
 			return r.UID == string(p1.UID) && r.Labels["app"] == "web" && r.Node == "n1" && len(r.Ports) == 1 &&
 				r.Annotations["cni.projectcalico.org/ipv4pools"] != "", "record " + string(mustJSON(r))
 		})
+		// Its copy under its node's prefix, which that node's agent watches.
+		eventually(t, "pod record under its node", 10*time.Second, func() (bool, string) {
+			r, err := record[api.KubePod](store, datastore.KubeNodePodKey("n1", "w14", "web"))
+			if err != nil {
+				return false, err.Error()
+			}
+			return r.UID == string(p1.UID) && r.Labels["app"] == "web", "record " + string(mustJSON(r))
+		})
 		eventually(t, "namespace record", 10*time.Second, func() (bool, string) {
 			r, err := record[api.KubeNamespace](store, datastore.KubeNamespaceKey("w14"))
 			if err != nil {

@@ -76,6 +76,9 @@ type controller struct {
 	// written holds the kube/ records as this controller last wrote or
 	// read them, so that an unchanged pod costs no etcd request.
 	written map[string][]byte
+	// nodePodKey is, by "<ns>/<pod>", the kube/nodepods/ key written
+	// (datastore.KubeNodePodKey): where the pod's copy is to be removed.
+	nodePodKey map[string]string
 	// epByPod indexes the view's Kubernetes endpoints by "<ns>/<pod>".
 	epByPod map[string]map[string]*api.WorkloadEndpoint
 	gc      gcState
@@ -96,7 +99,7 @@ func newController(cfg Config, kc kubernetes.Interface, store *datastore.Store, 
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.DefaultTypedControllerRateLimiter[key](),
 			workqueue.TypedRateLimitingQueueConfig[key]{Name: "tabby"}),
-		written: map[string][]byte{},
+		written: map[string][]byte{}, nodePodKey: map[string]string{},
 		epByPod: map[string]map[string]*api.WorkloadEndpoint{},
 	}
 	c.gc.firstSeen = map[string]time.Time{}
@@ -332,6 +335,8 @@ func (c *controller) sweep() {
 	c.mu.Lock()
 	for k := range c.written {
 		if ns, name, ok := splitPodKey(k); ok {
+			c.queue.Add(key{kindPod, ns, name})
+		} else if _, ns, name, ok := splitNodePodKey(k); ok {
 			c.queue.Add(key{kindPod, ns, name})
 		} else if name, ok := splitNamespaceKey(k); ok {
 			c.queue.Add(key{kind: kindNamespace, name: name})

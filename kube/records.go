@@ -24,44 +24,75 @@ func (c *controller) loadWritten(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.written = make(map[string][]byte, len(kvs))
+	c.nodePodKey = map[string]string{}
 	for _, kv := range kvs {
 		c.written[kv.Key] = kv.Value
+		if _, ns, name, ok := splitNodePodKey(kv.Key); ok {
+			c.nodePodKey[ns+"/"+name] = kv.Key
+		}
 	}
 	return nil
 }
 
 // putRecord writes v at key unless it already holds it; v nil deletes.
 func (c *controller) putRecord(ctx context.Context, key string, v any) error {
-	var b []byte
-	if v != nil {
-		var err error
-		if b, err = json.Marshal(v); err != nil {
-			return err
+	return c.putRecords(ctx, map[string]any{key: v})
+}
+
+// putRecords writes each value at its key (nil deletes) in one
+// transaction, leaving out the keys that already hold theirs.
+func (c *controller) putRecords(ctx context.Context, recs map[string]any) error {
+	want := make(map[string][]byte, len(recs))
+	for key, v := range recs {
+		var b []byte
+		if v != nil {
+			var err error
+			if b, err = json.Marshal(v); err != nil {
+				return err
+			}
+		}
+		want[key] = b
+	}
+	var ops []datastore.Op
+	c.mu.Lock()
+	for key, b := range want {
+		old, had := c.written[key]
+		switch {
+		case b == nil && !had, b != nil && had && bytes.Equal(old, b):
+			delete(want, key)
+		case b == nil:
+			ops = append(ops, datastore.Op{Key: key, Delete: true})
+		default:
+			ops = append(ops, datastore.Op{Key: key, Value: b})
 		}
 	}
-	c.mu.Lock()
-	old, had := c.written[key]
 	c.mu.Unlock()
-	switch {
-	case b == nil && !had:
+	if len(ops) == 0 {
 		return nil
-	case b != nil && had && bytes.Equal(old, b):
-		return nil
-	case b == nil:
-		if err := c.store.DeleteKV(ctx, key, 0); err != nil && !errors.Is(err, datastore.ErrNotFound) {
-			return fmt.Errorf("deleting %s: %w", key, err)
+	}
+	if _, err := c.store.Txn(ctx, nil, ops); err != nil {
+		keys := make([]string, 0, len(ops))
+		for _, op := range ops {
+			keys = append(keys, op.Key)
 		}
-		c.mu.Lock()
-		delete(c.written, key)
-		c.mu.Unlock()
-		return nil
-	}
-	if _, err := c.store.PutKV(ctx, key, b, 0); err != nil {
-		return fmt.Errorf("writing %s: %w", key, err)
+		return fmt.Errorf("writing %s: %w", strings.Join(keys, ", "), err)
 	}
 	c.mu.Lock()
-	c.written[key] = b
-	c.mu.Unlock()
+	defer c.mu.Unlock()
+	for key, b := range want {
+		node, ns, name, isNodePod := splitNodePodKey(key)
+		if b == nil {
+			delete(c.written, key)
+			if isNodePod && c.nodePodKey[ns+"/"+name] == key {
+				delete(c.nodePodKey, ns+"/"+name)
+			}
+			continue
+		}
+		c.written[key] = b
+		if isNodePod && node != "" {
+			c.nodePodKey[ns+"/"+name] = key
+		}
+	}
 	return nil
 }
 
@@ -90,7 +121,20 @@ func (c *controller) syncPod(ctx context.Context, ns, name string) error {
 	if rec != nil {
 		v = rec
 	}
-	if err := c.putRecord(ctx, datastore.KubePodKey(ns, name), v); err != nil {
+	// The record, and its copy under its node's prefix (the node's agent
+	// watches those); a copy under another node (a pod of that name that
+	// ran elsewhere) goes.
+	recs := map[string]any{datastore.KubePodKey(ns, name): v}
+	if rec != nil && rec.Node != "" {
+		recs[datastore.KubeNodePodKey(rec.Node, ns, name)] = v
+	}
+	c.mu.Lock()
+	old := c.nodePodKey[ns+"/"+name]
+	c.mu.Unlock()
+	if _, keep := recs[old]; old != "" && !keep {
+		recs[old] = nil
+	}
+	if err := c.putRecords(ctx, recs); err != nil {
 		return err
 	}
 	if rec == nil {
@@ -155,6 +199,23 @@ func splitPodKey(k string) (ns, name string, ok bool) {
 	ns, err1 := url.PathUnescape(a)
 	name, err2 := url.PathUnescape(b)
 	return ns, name, err1 == nil && err2 == nil
+}
+
+// splitNodePodKey parses a datastore.KubeNodePodKey.
+func splitNodePodKey(k string) (node, ns, name string, ok bool) {
+	rest, ok := strings.CutPrefix(k, datastore.KubeNodePodsPrefix)
+	if !ok {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 {
+		return "", "", "", false
+	}
+	var errs [3]error
+	node, errs[0] = url.PathUnescape(parts[0])
+	ns, errs[1] = url.PathUnescape(parts[1])
+	name, errs[2] = url.PathUnescape(parts[2])
+	return node, ns, name, errs[0] == nil && errs[1] == nil && errs[2] == nil
 }
 
 func splitNamespaceKey(k string) (string, bool) {

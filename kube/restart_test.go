@@ -136,6 +136,10 @@ func TestControllersRestartCatchUp(t *testing.T) {
 		_, err := store.GetKV(ctx, datastore.KubePodKey("r14", "gone"))
 		return errors.Is(err, datastore.ErrNotFound), errString(err)
 	})
+	eventually(t, "its copy under its node removed", 20*time.Second, func() (bool, string) {
+		_, err := store.GetKV(ctx, datastore.KubeNodePodKey("n1", "r14", "gone"))
+		return errors.Is(err, datastore.ErrNotFound), errString(err)
+	})
 	eventually(t, "the deleted pod's address released", 30*time.Second, func() (bool, string) {
 		addrs, err := alloc.AddressesByHandle(ctx, gone.Spec.IPAMHandle)
 		return err == nil && len(addrs) == 0, errString(err)
@@ -154,5 +158,8 @@ func TestControllersRestartCatchUp(t *testing.T) {
 	}
 	if _, err := store.GetKV(ctx, datastore.KubePodKey("r14", "live")); err != nil {
 		t.Errorf("live pod's record: %v", err)
+	}
+	if _, err := store.GetKV(ctx, datastore.KubeNodePodKey("n1", "r14", "live")); err != nil {
+		t.Errorf("live pod's record under its node: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/datastore/relay"
 )
 
 // Addresses of the lab's underlay. Everything lives in 198.18.0.0/24, inside
@@ -255,8 +256,12 @@ func (o *Options) Validate() error {
 			errs = append(errs, errors.New("relay: not available with an IPv6-only fabric"))
 		}
 	}
-	if o.RelayWindow != 0 && (!o.Relay || o.RelayWindow < 0 || o.RelayWindow > 10*time.Second) {
-		errs = append(errs, fmt.Errorf("relay window %s: wants a relay, and more than 0 and at most 10s", o.RelayWindow))
+	if o.RelayWindow != 0 {
+		if !o.Relay {
+			errs = append(errs, fmt.Errorf("relay window %s: wants a relay", o.RelayWindow))
+		} else if err := relay.CheckWindow(o.RelayWindow); err != nil {
+			errs = append(errs, fmt.Errorf("relay window: %w", err))
+		}
 	}
 	if o.IPv4Pool.IsValid() && (!o.IPv4Pool.Addr().Is4() || o.IPv4Pool.Bits() < podPool.Bits() || !podPool.Contains(o.IPv4Pool.Addr()) || o.IPv4Pool.Bits() > 26) {
 		errs = append(errs, fmt.Errorf("ipv4 pool %s: want a prefix of %s between /%d and /26", o.IPv4Pool, PodPool, podPool.Bits()))

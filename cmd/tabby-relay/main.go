@@ -80,8 +80,8 @@ func main() {
 }
 
 func run(ctx context.Context, cfg config, level slog.Level) error {
-	if cfg.window <= 0 || cfg.window > 10*time.Second {
-		return fmt.Errorf("--batch-window %s: want more than 0 and at most 10s", cfg.window)
+	if err := relay.CheckWindow(cfg.window); err != nil {
+		return fmt.Errorf("--batch-window: %w", err)
 	}
 	if (cfg.certFile == "") != (cfg.keyFile == "") {
 		return errors.New("--cert-file and --key-file must be given together")

@@ -41,6 +41,21 @@ import (
 // a churn (a lone event goes at once).
 const DefaultWindow = time.Second
 
+// MaxWindow is the longest batching window a relay takes: a longer one
+// would hold a lone client's events for longer than the agents' progress
+// requests wait (datastore's progressEveryRelayed, 3 s, is sized for the
+// default).
+const MaxWindow = 10 * time.Second
+
+// CheckWindow says whether d is a batching window a relay takes: more than
+// 0 and at most MaxWindow (tabby-relay's --batch-window; the lab's relay).
+func CheckWindow(d time.Duration) error {
+	if d <= 0 || d > MaxWindow {
+		return fmt.Errorf("batching window %s: want more than 0 and at most %s", d, MaxWindow)
+	}
+	return nil
+}
+
 // maxMerged bounds the keys' and values' bytes merged into one response.
 const maxMerged = 1 << 20
 

@@ -310,3 +310,13 @@ func TestRelayNoLeakWhenAgentGoes(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// CheckWindow takes more than 0 up to MaxWindow, as tabby-relay's
+// --batch-window and the lab's relay do.
+func TestCheckWindow(t *testing.T) {
+	for d, ok := range map[time.Duration]bool{-time.Second: false, 0: false, time.Nanosecond: true, relay.DefaultWindow: true, relay.MaxWindow: true, relay.MaxWindow + 1: false} {
+		if err := relay.CheckWindow(d); (err == nil) != ok {
+			t.Errorf("CheckWindow(%s) = %v, want ok %v", d, err, ok)
+		}
+	}
+}

@@ -133,7 +133,10 @@ func (p *addPlan) request(ctx context.Context) (err error) {
 // invalid, leaves the answer (and its error) to the read.
 func (p *addPlan) plan(ctx context.Context) error {
 	w := p.a.w
-	if recs, ok := p.h.kube.lookup(w.Namespace, w.Pod); ok && w.Orchestrator == "k8s" && !p.h.endpointApart {
+	if w.Orchestrator != "k8s" || p.h.endpointApart {
+		return p.awaitRead(ctx)
+	}
+	if recs, ok := p.h.kube.lookup(w.Namespace, w.Pod); ok {
 		var pod *api.KubePod
 		var ns *api.KubeNamespace
 		var err error

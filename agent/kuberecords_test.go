@@ -178,3 +178,44 @@ func TestCNIAddStaleCachedRecords(t *testing.T) {
 		t.Errorf("the failed ADD's addresses: %v, %v; want none", addrs, err)
 	}
 }
+
+// A dual-stack pod: the records' comparisons ride on the last family's
+// transaction; a stale copy leaves the endpoint to the read's records and
+// both addresses in place.
+func TestCNIAddDualStackCachedRecords(t *testing.T) {
+	ctx := context.Background()
+	e := newHandlerEnv(t)
+	mustCreate(t, e.store, &api.IPPool{Metadata: api.ObjectMeta{Name: "v6"}, Spec: api.IPPoolSpec{CIDR: "fd00:10:244::/64"}})
+	testkit.Eventually(t, 10*time.Second, "two pools in the view", testkit.Cond(func() bool { return len(e.view.Pools()) == 2 }))
+	k := startKubeRecords(t, e)
+	putJSON(t, e.store, datastore.KubeMarkerKey, api.KubeMarker{Identity: "test"})
+	k.holds(t, datastore.KubeMarkerKey, 1)
+	for _, tt := range []struct {
+		id, want string
+		stale    bool
+	}{{"d1", "cached", false}, {"d2", "read", true}} {
+		rec := api.KubePod{Namespace: "ns1", Name: "pod-" + tt.id, Node: "node1", Labels: map[string]string{"app": "cached"}}
+		k.holds(t, datastore.KubeNodePodKey("node1", "ns1", rec.Name), putPodRecord(t, e, rec))
+		if tt.stale {
+			rec.Labels["app"] = "read"
+			putJSON(t, e.store, datastore.KubePodKey("ns1", rec.Name), rec)
+		}
+		req, conf, args := addReq(tt.id)
+		conf.AssignIPv6 = flex(true)
+		if _, err := e.h.Add(ctx, req, conf, args); err != nil {
+			t.Fatalf("%s: ADD: %v", tt.id, err)
+		}
+		var wep *api.WorkloadEndpoint
+		for _, w := range e.endpoints(t) {
+			if w.Spec.Pod == rec.Name {
+				wep = w
+			}
+		}
+		if wep == nil || wep.Metadata.Labels["app"] != tt.want || len(wep.Spec.IPNetworks) != 2 {
+			t.Fatalf("%s: endpoint %+v, want app=%s and two addresses", tt.id, wep, tt.want)
+		}
+		if held, err := e.alloc.AddressesByHandle(ctx, wep.Spec.IPAMHandle); err != nil || len(held) != 2 {
+			t.Errorf("%s: handle holds %v, %v; want both addresses", tt.id, held, err)
+		}
+	}
+}

@@ -38,12 +38,11 @@ type addPlan struct {
 	read     readResult
 	readDone chan struct{}
 	// assign: the requests and what else ADD takes from the pod's records;
-	// speculative when they came from the cache (kubeRecords), whose
-	// comparisons recCmps then ride on the endpoint's creation.
-	reqs        []ipam.AssignRequest
-	info        podInfo
-	speculative bool
-	recCmps     []datastore.Cmp
+	// recCmps, when they came from the cache (kubeRecords; see cached), its
+	// comparisons, which ride on the endpoint's creation.
+	reqs    []ipam.AssignRequest
+	info    podInfo
+	recCmps []datastore.Cmp
 	// assign: the addresses; handle is "" for an address without IPAM.
 	asgs      []ipam.Assignment
 	addrs     []netip.Addr
@@ -147,13 +146,17 @@ func (p *addPlan) plan(ctx context.Context) error {
 			var reqs []ipam.AssignRequest
 			var info podInfo
 			if reqs, info, err = p.h.assignRequests(w, p.a.req, p.a.conf, p.a.args, p.a.handle, pod, ns); err == nil {
-				p.reqs, p.info, p.recCmps, p.speculative = reqs, info, recs.cmps, true
+				p.reqs, p.info, p.recCmps = reqs, info, recs.cmps
 				return nil
 			}
 		}
 	}
 	return p.awaitRead(ctx)
 }
+
+// cached reports whether the requests came from the cache of the pod's
+// records (they carry its comparisons; a lookup always has some).
+func (p *addPlan) cached() bool { return len(p.recCmps) > 0 }
 
 // awaitRead takes the requests from the read of the pod's records.
 func (p *addPlan) awaitRead(ctx context.Context) error {
@@ -165,7 +168,7 @@ func (p *addPlan) awaitRead(ctx context.Context) error {
 	if p.read.err != nil {
 		return p.read.err
 	}
-	p.reqs, p.info, p.speculative, p.recCmps = p.read.reqs, p.read.info, false, nil
+	p.reqs, p.info, p.recCmps = p.read.reqs, p.read.info, nil
 	return nil
 }
 
@@ -205,7 +208,7 @@ func (p *addPlan) assign(ctx context.Context) error {
 	if err := p.assignAddrs(ctx); err != nil {
 		return err
 	}
-	if p.speculative && !p.rode {
+	if p.cached() && !p.rode {
 		return p.confirm(ctx)
 	}
 	return nil
@@ -461,7 +464,7 @@ func (p *addPlan) logAdded(res *attach.Result) {
 	routed, _ := res.Timing("routes")
 	borrowed := len(p.asgs) > 0 && p.asgs[0].Borrowed // the first family's (IPv4 when the network has it)
 	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
-		"borrowed", borrowed, "cached", p.speculative, "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
+		"borrowed", borrowed, "cached", p.cached(), "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
 		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
 		"endpoint", took("endpoint"), "view", took("view"), "policy", took("policy"))
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/syncer"
 )
 
 // kubeRecords keeps in memory what a Kubernetes pod's CNI ADD takes from
@@ -43,13 +44,9 @@ func (k *kubeRecords) specs() [3]datastore.WatchSpec {
 	}
 }
 
-// watcher is what kubeRecords watches with (datastore.Store).
-type watcher interface {
-	WatchKeysFunc(ctx context.Context, spec datastore.WatchSpec, fromRev int64, fn func([]datastore.Event))
-}
-
-// run follows the three ranges until ctx ends.
-func (k *kubeRecords) run(ctx context.Context, w watcher) {
+// run follows the three ranges until ctx ends, watching through w (the
+// datastore, as the cluster view does).
+func (k *kubeRecords) run(ctx context.Context, w syncer.Source) {
 	var wg sync.WaitGroup
 	for i, spec := range k.specs() {
 		wg.Go(func() {

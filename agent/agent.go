@@ -290,6 +290,7 @@ func (a *Agent) wireOwners(gctx context.Context) {
 	a.handler.kube = newKubeRecords(a.cfg.NodeName)
 	if a.policy != nil {
 		a.handler.policy = attach.PolicyFunc(a.policy.syncFor)
+		a.handler.primer = a.policy
 	}
 	a.handler.advert = attach.AdvertFunc(a.bgp.waitAdvertised)
 	if a.tunnel != nil {

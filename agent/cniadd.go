@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -49,12 +50,28 @@ type addPlan struct {
 	handle    string
 	readPrior bool                  // a repeat (or no IPAM): the endpoint may be a live pod's
 	prior     *api.WorkloadEndpoint // prior: the live pod's endpoint
-	prep      dataplane.Prepared    // prepare
-	st        dataplane.WorkloadStatus
-	completed bool                  // complete
-	wep       *api.WorkloadEndpoint // endpoint (or assign, when rode)
-	rev       int64
-	stored    bool
+	// assign, while its transaction is in flight: the addresses it
+	// commits with the endpoint, and the endpoint, published at the first
+	// call of endpointWith by closing early; complete configures them
+	// ahead of the commit. assigned is closed when assign has ended,
+	// assignOK set when it succeeded.
+	early      chan struct{}
+	earlyOnce  sync.Once
+	earlyAddrs []netip.Addr
+	earlyWep   *api.WorkloadEndpoint
+	// assign: the endpoint the policy gate compiles ahead of its commit
+	// (attach.PolicyPrimer), the last one primed; earlyPrimed says the
+	// first call of endpointWith primed one.
+	primed      *api.WorkloadEndpoint
+	earlyPrimed bool
+	assigned    chan struct{}
+	assignOK    bool
+	prep        dataplane.Prepared // prepare
+	st          dataplane.WorkloadStatus
+	completed   bool                  // complete
+	wep         *api.WorkloadEndpoint // endpoint (or assign, when rode)
+	rev         int64
+	stored      bool
 	// rode: the endpoint was created by the assignment's transaction
 	// (one durable write for both); assign's undo then removes it.
 	rode    bool
@@ -68,7 +85,7 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 	if mac == "" {
 		mac = containerMAC(a.req.ContainerID, a.req.IfName)
 	}
-	return &addPlan{h: h, a: a, handle: a.handle, readDone: make(chan struct{}), spec: dataplane.WorkloadSpec{
+	return &addPlan{h: h, a: a, handle: a.handle, readDone: make(chan struct{}), early: make(chan struct{}), assigned: make(chan struct{}), spec: dataplane.WorkloadSpec{
 		NetNS: a.req.Netns, IfName: a.req.IfName, HostIfName: a.hostIf, MTU: h.podMTU(a.conf), MAC: mac, SkipHostRoutes: true,
 	}}
 }
@@ -90,11 +107,12 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 func (p *addPlan) steps() []attach.Step {
 	req, wepName := p.a.req, p.a.endpointName(p.h.node)
 	return []attach.Step{
-		{Name: "request", Code: codeDatastore, Msg: "reading the pod's records", Do: p.request},
 		{Name: "assign", Code: codeIPAM, Msg: "assigning addresses for " + p.a.handle, Do: p.assign, Undo: p.unassign},
 		{Name: "prepare", Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.prepare, Undo: p.unprepare},
+		{Name: "request", Code: codeDatastore, Msg: "reading the pod's records", Do: p.request},
+		{Name: "prime", Code: codeDataplane, Msg: "programming policy ahead for " + wepName, Do: p.primePolicy, Undo: p.unprime},
 		{Name: "prior", After: []string{"assign"}, Code: codeDatastore, Msg: "reading the endpoint of " + shortID(req.ContainerID), Do: p.readEndpoint},
-		{Name: "complete", After: []string{"prepare", "assign"}, Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.complete, Undo: p.uncomplete},
+		{Name: "complete", After: []string{"prepare"}, Code: codeDataplane, Msg: "wiring " + req.IfName + " in " + req.Netns, Do: p.complete, Undo: p.uncomplete},
 		{Name: "routes", After: []string{"complete"}, Code: codeDataplane, Msg: "routing to " + p.a.hostIf, Do: p.wire, Undo: p.unwire},
 		{Name: "endpoint", After: []string{"prior"}, Code: codeDatastore, Msg: "recording endpoint " + wepName, Do: p.putEndpoint, Undo: p.unputEndpoint},
 		{Name: "view", After: []string{"request"}, Code: codeDatastore, Msg: "waiting for the cluster view", Do: p.catchUp},
@@ -201,7 +219,11 @@ func sameRequests(a, b []ipam.AssignRequest) bool {
 // assign takes one address of each family under one handle. IPAM says
 // whether this is a repeat; only a repeat reads the endpoint (or every ADD
 // of an address without IPAM, which IPAM knows nothing of).
-func (p *addPlan) assign(ctx context.Context) error {
+func (p *addPlan) assign(ctx context.Context) (err error) {
+	defer func() {
+		p.assignOK = err == nil
+		close(p.assigned)
+	}()
 	if err := p.plan(ctx); err != nil {
 		return err
 	}
@@ -262,6 +284,18 @@ func (p *addPlan) endpointWith(addr netip.Addr) ([]datastore.Cmp, []datastore.Op
 		return nil, nil, fmt.Errorf("preparing endpoint %s: %w", p.a.endpointName(p.h.node), err)
 	}
 	p.wep = wep
+	if pr := p.h.primer; pr != nil {
+		if pr.Prime(wep) {
+			p.primed = wep
+		} else if p.primed != nil {
+			pr.Unprime(p.primed)
+			p.primed = nil
+		}
+	}
+	p.earlyOnce.Do(func() {
+		p.earlyAddrs, p.earlyWep, p.earlyPrimed = append(addrs, addr), wep, p.primed != nil
+		close(p.early)
+	})
 	// An endpoint from the cache's records commits only if they are
 	// still etcd's.
 	return append([]datastore.Cmp{cmp}, p.recCmps...), []datastore.Op{op}, nil
@@ -314,21 +348,81 @@ func (p *addPlan) readEndpoint(ctx context.Context) (err error) {
 	return err
 }
 
-// withAddrs is the spec with the assigned addresses.
-func (p *addPlan) withAddrs() dataplane.WorkloadSpec {
+// specWith is the spec with addrs.
+func (p *addPlan) specWith(addrs []netip.Addr) dataplane.WorkloadSpec {
 	spec := p.spec
-	for _, a := range p.addrs {
+	for _, a := range addrs {
 		spec.Addrs = append(spec.Addrs, netip.PrefixFrom(a, a.BitLen()))
 	}
 	return spec
 }
 
+// errNotAssigned ends a step waiting for the addresses when assign failed
+// (assign's error, earlier in the plan, is ADD's).
+var errNotAssigned = errors.New("no addresses: assigning them failed")
+
 // complete adds the addresses and routes inside the pod (all of Setup for
-// a pair Prepare did not make).
+// a pair Prepare did not make). In a pair Prepare made it adds the
+// addresses the assignment is committing as soon as it has chosen them,
+// while the transaction is in flight, and, when the committed ones differ
+// (the transaction was tried again with others), sets those once it is
+// done: the pod's container starts only after ADD returns, so nothing
+// uses them before.
 func (p *addPlan) complete(ctx context.Context) (err error) {
-	p.st, err = p.h.wl.Complete(ctx, p.withAddrs(), p.prep)
+	addrs, ahead, err := p.addrsToComplete(ctx)
+	if err != nil {
+		return err
+	}
+	p.st, err = p.h.wl.Complete(ctx, p.specWith(addrs), p.prep)
 	p.completed = err == nil
-	return err
+	if err != nil || !ahead {
+		return err
+	}
+	if err := p.awaitAssigned(ctx); err != nil {
+		return err
+	}
+	if slices.Equal(addrs, p.addrs) {
+		return nil
+	}
+	st, err := p.h.wl.Setup(ctx, p.specWith(p.addrs))
+	if err != nil {
+		return err
+	}
+	st.Existed = false // Prepare made it
+	p.st = st
+	return nil
+}
+
+// addrsToComplete returns the addresses complete configures: in a pair
+// Prepare made, the ones the assignment has chosen if it has (ahead: not
+// yet committed), else, once assign is done, the assigned ones.
+func (p *addPlan) addrsToComplete(ctx context.Context) (addrs []netip.Addr, ahead bool, err error) {
+	if p.prep.Created {
+		select {
+		case <-p.early:
+			return p.earlyAddrs, true, nil
+		case <-p.assigned:
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+	if err := p.awaitAssigned(ctx); err != nil {
+		return nil, false, err
+	}
+	return p.addrs, false, nil
+}
+
+// awaitAssigned waits for assign to end; errNotAssigned when it failed.
+func (p *addPlan) awaitAssigned(ctx context.Context) error {
+	select {
+	case <-p.assigned:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if !p.assignOK {
+		return errNotAssigned
+	}
+	return nil
 }
 
 // uncomplete removes a pair that Complete made (a stale link replaced); one
@@ -341,7 +435,7 @@ func (p *addPlan) uncomplete(ctx context.Context) error {
 }
 
 func (p *addPlan) wire(context.Context) error {
-	return p.h.routes.Wire(p.a.hostIf, dataplane.HostRoutes(p.withAddrs()))
+	return p.h.routes.Wire(p.a.hostIf, dataplane.HostRoutes(p.specWith(p.addrs)))
 }
 
 func (p *addPlan) unwire(context.Context) error {
@@ -409,7 +503,42 @@ func (p *addPlan) catchUp(ctx context.Context) error {
 	return p.h.view.WaitRevision(ctx, p.read.info.readRev)
 }
 
+// primePolicy programs the policy of the endpoint that assign's
+// transaction is creating while it is in flight (endpointWith primed it),
+// so that the policy step's pass after the commit finds nothing to change.
+// It never fails ADD: the policy step's pass is what ADD waits for.
+func (p *addPlan) primePolicy(ctx context.Context) error {
+	select {
+	case <-p.early:
+	case <-p.assigned:
+		return nil
+	case <-ctx.Done():
+		return nil
+	}
+	if !p.earlyPrimed {
+		return nil
+	}
+	if err := p.h.primer.Program(ctx); err != nil && ctx.Err() == nil {
+		p.h.log.Debug("programming policy ahead of the endpoint's commit", "endpoint", p.earlyWep.Metadata.Name, "err", err)
+	}
+	return nil
+}
+
+// unprime takes back an endpoint primed for a creation that did not
+// commit (or an ADD that failed: its endpoint goes, with its own event).
+func (p *addPlan) unprime(context.Context) error {
+	if p.primed != nil {
+		p.h.primer.Unprime(p.primed)
+	}
+	return nil
+}
+
 func (p *addPlan) syncPolicy(ctx context.Context) error {
+	if p.primed != nil && !p.rode {
+		// The endpoint was written apart (endpoint), not as primed.
+		p.h.primer.Unprime(p.primed)
+		p.primed = nil
+	}
 	if p.h.policy == nil {
 		return nil
 	}
@@ -466,7 +595,7 @@ func (p *addPlan) logAdded(res *attach.Result) {
 	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
 		"borrowed", borrowed, "cached", p.cached(), "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
 		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
-		"endpoint", took("endpoint"), "view", took("view"), "policy", took("policy"))
+		"endpoint", took("endpoint"), "view", took("view"), "prime", took("prime"), "policy", took("policy"))
 }
 
 // containerMAC derives a stable, locally administered unicast MAC for a

@@ -70,6 +70,9 @@ type cniHandler struct {
 	// policy, when set, programs the firewall for a new endpoint before
 	// ADD returns, so that a pod never runs without its policy.
 	policy attach.PolicyGate
+	// primer, when set, compiles a new endpoint's policy ahead of its
+	// commit (the policy owner).
+	primer attach.PolicyPrimer
 	// advert, when set, returns once BGP advertises a prefix: ADD of a pod
 	// in a block claimed for it (or with a borrowed address) waits for it,
 	// at most advertiseWait, so that the pod's first packets to other

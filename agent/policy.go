@@ -194,6 +194,36 @@ func (p *policyOwner) syncFor(ctx context.Context, wep *api.WorkloadEndpoint, re
 	return nil
 }
 
+// Prime implements attach.PolicyPrimer: the next pass compiles wep, whose
+// creation CNI ADD has in flight, as if the view held it (docs/agent.md,
+// "Policy ahead of the commit"). Not when the view holds an endpoint of
+// that name: the creation fails then, and two of one name would be
+// compiled meanwhile.
+func (p *policyOwner) Prime(wep *api.WorkloadEndpoint) bool {
+	if _, ok := p.view.Endpoint(wep.Metadata.Namespace, wep.Metadata.Name); ok {
+		return false
+	}
+	p.eps.prime(wep)
+	return true
+}
+
+// Unprime implements attach.PolicyPrimer: the creation of wep did not
+// commit; the next pass removes what Prime added.
+func (p *policyOwner) Unprime(wep *api.WorkloadEndpoint) {
+	if p.eps.unprime(wep) {
+		kick(p.kick)
+	}
+}
+
+// Program implements attach.PolicyPrimer: a pass.
+func (p *policyOwner) Program(ctx context.Context) error {
+	err := p.sync(ctx, false)
+	if onlyStaleCleanup(err) {
+		return nil
+	}
+	return err
+}
+
 // sync runs a pass unless one that started after this call finished in the
 // meantime, and returns that pass's error.
 func (p *policyOwner) sync(ctx context.Context, force bool) error {

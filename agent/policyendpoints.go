@@ -37,7 +37,13 @@ type endpointLog struct {
 	// woke and skipped count the changes that woke the owner and those
 	// that did not (tests, metrics).
 	woke, skipped int64
+	// primed are the endpoints CNI ADD is creating, compiled ahead of
+	// their commit (prime), by namespace/name: the view's change that
+	// creates one replaces it.
+	primed map[string]*api.WorkloadEndpoint
 }
+
+func epName(w *api.WorkloadEndpoint) string { return w.Metadata.Namespace + "/" + w.Metadata.Name }
 
 // maxEndpointChanges bounds the changes kept between two passes; beyond
 // it the next pass reads every endpoint.
@@ -48,6 +54,12 @@ const maxEndpointChanges = 8192
 func (l *endpointLog) record(old, new *api.WorkloadEndpoint) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if old == nil && new != nil {
+		if p := l.primed[epName(new)]; p != nil {
+			old = p // the compiler holds it: the committed one replaces it
+			delete(l.primed, epName(new))
+		}
+	}
 	var wake bool
 	if l.interest == nil {
 		on := endpointOn(l.node)
@@ -69,6 +81,31 @@ func (l *endpointLog) recordRemote(old, new *api.RemoteEndpoint) bool {
 		wake = l.interest.WantsRemote(old) || l.interest.WantsRemote(new)
 	}
 	return l.keep(policy.EndpointChange{OldRemote: old, NewRemote: new}, wake)
+}
+
+// prime adds w, an endpoint whose creation is in flight, to the changes
+// (replacing one primed before under its name); it wakes the owner.
+func (l *endpointLog) prime(w *api.WorkloadEndpoint) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.primed == nil {
+		l.primed = map[string]*api.WorkloadEndpoint{}
+	}
+	prev := l.primed[epName(w)]
+	l.primed[epName(w)] = w
+	l.keep(policy.EndpointChange{Old: prev, New: w}, true)
+}
+
+// unprime takes w back, unless the view's change creating it has
+// replaced it already; it reports whether it did.
+func (l *endpointLog) unprime(w *api.WorkloadEndpoint) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.primed[epName(w)] != w {
+		return false
+	}
+	delete(l.primed, epName(w))
+	return l.keep(policy.EndpointChange{Old: w}, true)
 }
 
 // keep keeps a change that wakes the owner or not. The caller holds mu.

@@ -230,7 +230,7 @@ func hostLocalLeftovers(dir string) func(context.Context, []CNIBenchPod) ([]stri
 
 // AgentSteps are the ADD steps whose times the agent logs ("workload
 // added", agent/cniadd.go), in the order of the plan.
-var AgentSteps = []string{"request", "assign", "prepare", "view", "complete", "routes", "endpoint", "policy"}
+var AgentSteps = []string{"request", "assign", "prepare", "view", "complete", "routes", "endpoint", "prime", "policy"}
 
 // agentTimings fills in Agent, AgentIPAM and AgentSteps of the tabby pods
 // from the agent's log, read from offset on: its "CNI request done" record

@@ -13,6 +13,18 @@ func (s *Syncer) Services() []*api.Service {
 	return objects[*api.Service](s.st, api.KindService)
 }
 
+// Endpoint returns one whole WorkloadEndpoint (in a view with
+// CompactRemote, only one of its node).
+func (s *Syncer) Endpoint(namespace, name string) (*api.WorkloadEndpoint, bool) {
+	key, err := datastore.ResourceKey(api.KindWorkloadEndpoint, namespace, name)
+	if err != nil {
+		return nil, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return object[*api.WorkloadEndpoint](s.st, api.KindWorkloadEndpoint, key)
+}
+
 // Service returns one Service record.
 func (s *Syncer) Service(namespace, name string) (*api.Service, bool) {
 	key, err := datastore.ResourceKey(api.KindService, namespace, name)

@@ -67,6 +67,19 @@ func (f PolicyFunc) SyncEndpoint(ctx context.Context, wep *api.WorkloadEndpoint,
 	return f(ctx, wep, rev, since)
 }
 
+// PolicyPrimer lets ADD compile a new endpoint's policy while the
+// transaction creating it is in flight, so that the gate's pass after the
+// commit finds its rules in place. Prime adds the endpoint, not yet
+// committed, to what passes compile, until the view's event of its
+// creation replaces it or Unprime takes it back, and reports whether it
+// did (not when the view holds an endpoint of that name); Program runs a
+// pass.
+type PolicyPrimer interface {
+	Prime(wep *api.WorkloadEndpoint) bool
+	Unprime(wep *api.WorkloadEndpoint)
+	Program(ctx context.Context) error
+}
+
 // AdvertGate returns once BGP advertises the prefix (at once for a family
 // BGP does not carry).
 type AdvertGate interface {

@@ -117,8 +117,8 @@ func (k *kubeRecords) lookup(ns, name string) (podRecords, bool) {
 	}
 	marker := get(datastore.KubeMarkerKey)
 	var r podRecords
-	if r.pod = get(datastore.KubeNodePodKey(k.node, ns, name)); r.pod == nil && marker != nil {
-		return podRecords{}, false
+	if r.pod = get(datastore.KubeNodePodKey(k.node, ns, name)); podRecordsSay(r.pod, marker) == notYet {
+		return podRecords{}, false // the read waits for it
 	}
 	r.cmps = []datastore.Cmp{{Key: datastore.KubePodKey(ns, name), ModRevision: rev(r.pod)}, {Key: datastore.KubeMarkerKey, ModRevision: rev(marker)}}
 	if r.pod != nil {

@@ -202,15 +202,30 @@ func TestCNIAddDualStackCachedRecords(t *testing.T) {
 		}
 		req, conf, args := addReq(tt.id)
 		conf.AssignIPv6 = flex(true)
-		if _, err := e.h.Add(ctx, req, conf, args); err != nil {
+		endpoint := func() *api.WorkloadEndpoint {
+			for _, w := range e.endpoints(t) {
+				if w.Spec.Pod == rec.Name {
+					return w
+				}
+			}
+			return nil
+		}
+		release := make(chan struct{})
+		e.h.readHook = nil
+		if !tt.stale {
+			// From the copy: the endpoint is written while the read is held.
+			e.h.readHook = func() { <-release }
+		}
+		errc := make(chan error, 1)
+		go func() { _, err := e.h.Add(ctx, req, conf, args); errc <- err }()
+		if !tt.stale {
+			testkit.Eventually(t, 10*time.Second, tt.id+": the endpoint written while the read waits", testkit.Cond(func() bool { return endpoint() != nil }))
+		}
+		close(release)
+		if err := <-errc; err != nil {
 			t.Fatalf("%s: ADD: %v", tt.id, err)
 		}
-		var wep *api.WorkloadEndpoint
-		for _, w := range e.endpoints(t) {
-			if w.Spec.Pod == rec.Name {
-				wep = w
-			}
-		}
+		wep := endpoint()
 		if wep == nil || wep.Metadata.Labels["app"] != tt.want || len(wep.Spec.IPNetworks) != 2 {
 			t.Fatalf("%s: endpoint %+v, want app=%s and two addresses", tt.id, wep, tt.want)
 		}

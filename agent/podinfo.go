@@ -98,15 +98,17 @@ func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.
 		if err != nil {
 			return nil, nil, 0, cniErr(codeDatastore, "reading the records of pod "+ns+"/"+name, err)
 		}
-		if kv, ok := kvs[podKey]; ok {
-			var nsKV *datastore.KV
-			if kv, ok := kvs[nsKey]; ok {
-				nsKV = &kv
+		get := func(key string) *datastore.KV {
+			if kv, ok := kvs[key]; ok {
+				return &kv
 			}
-			p, n, err := decodePodRecords(ns, name, &kv, nsKV)
-			return p, n, rev, err
+			return nil
 		}
-		if _, managed := kvs[datastore.KubeMarkerKey]; !managed {
+		switch podKV := get(podKey); podRecordsSay(podKV, get(datastore.KubeMarkerKey)) {
+		case recordedPod:
+			p, n, err := decodePodRecords(ns, name, podKV, get(nsKey))
+			return p, n, rev, err
+		case notManaged:
 			return nil, nil, rev, nil
 		}
 		if time.Now().After(deadline) {
@@ -118,6 +120,30 @@ func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.
 			return nil, nil, 0, cniErr(codeDatastore, "waiting for the record of pod "+ns+"/"+name, ctx.Err())
 		case <-time.After(kubePodPoll):
 		}
+	}
+}
+
+// recordsSay is what a pod's record and the controllers' marker say of
+// the pod (podRecordsSay).
+type recordsSay int
+
+const (
+	recordedPod recordsSay = iota // a Kubernetes pod: its record (and its namespace's) give what ADD takes
+	notManaged                    // no record and no marker: not a cluster tabby-kube-controllers manage
+	notYet                        // the marker without the pod's record: the controllers have not written it yet
+)
+
+// podRecordsSay is the one rule for a pod's records, read from etcd
+// (readPodRecords) or from the agent's copy (kubeRecords.lookup); nil is a
+// record that is not there.
+func podRecordsSay(pod, marker *datastore.KV) recordsSay {
+	switch {
+	case pod != nil:
+		return recordedPod
+	case marker == nil:
+		return notManaged
+	default:
+		return notYet
 	}
 }
 

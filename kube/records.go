@@ -40,7 +40,12 @@ func (c *controller) putRecord(ctx context.Context, key string, v any) error {
 }
 
 // putRecords writes each value at its key (nil deletes) in one
-// transaction, leaving out the keys that already hold theirs.
+// transaction when any key does not hold its value yet, and nothing when
+// every key does. Values are written also where they are already held, so
+// that all the keys written share one ModRevision: an agent compares its
+// copy of a pod's record (kube/nodepods/) with the record's revision
+// (kuberecords.go), and a copy written apart from its record (a pod
+// recorded before the copies existed) would never compare equal.
 func (c *controller) putRecords(ctx context.Context, recs map[string]any) error {
 	want := make(map[string][]byte, len(recs))
 	for key, v := range recs {
@@ -54,20 +59,22 @@ func (c *controller) putRecords(ctx context.Context, recs map[string]any) error 
 		want[key] = b
 	}
 	var ops []datastore.Op
+	changed := false
 	c.mu.Lock()
 	for key, b := range want {
 		old, had := c.written[key]
 		switch {
-		case b == nil && !had, b != nil && had && bytes.Equal(old, b):
-			delete(want, key)
+		case b == nil && !had:
+			delete(want, key) // nothing to delete
 		case b == nil:
-			ops = append(ops, datastore.Op{Key: key, Delete: true})
+			ops, changed = append(ops, datastore.Op{Key: key, Delete: true}), true
 		default:
+			changed = changed || !had || !bytes.Equal(old, b)
 			ops = append(ops, datastore.Op{Key: key, Value: b})
 		}
 	}
 	c.mu.Unlock()
-	if len(ops) == 0 {
+	if !changed {
 		return nil
 	}
 	if _, err := c.store.Txn(ctx, nil, ops); err != nil {

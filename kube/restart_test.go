@@ -3,6 +3,7 @@ package kube_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 // change in Kubernetes. The restarted replica catches up on every change
 // (nothing lost), releases the address of the pod deleted meanwhile only
 // after the grace, and releases or deletes nothing that is still live or
-// that it did not write (nothing released wrongly).
+// that it did not write (nothing released wrongly). A pod recorded by
+// controllers from before the copies under the nodes (its copy missing)
+// gets its copy written with its record, at the record's revision.
 func TestControllersRestartCatchUp(t *testing.T) {
 	srv := kubetest.Start(t)
 	ctx := context.Background()
@@ -39,7 +42,7 @@ func TestControllersRestartCatchUp(t *testing.T) {
 		return kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "r14",
 			Labels: map[string]string{"team": "red"}}}, metav1.CreateOptions{})
 	})
-	for _, name := range []string{"live", "gone"} {
+	for _, name := range []string{"live", "gone", "old"} {
 		mustCreate(t, "pod", func() (*corev1.Pod, error) {
 			return kc.CoreV1().Pods("r14").Create(ctx, pod("r14", name, "n1", map[string]string{"app": name}), metav1.CreateOptions{})
 		})
@@ -88,7 +91,12 @@ func TestControllersRestartCatchUp(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("stopping the controllers: %v", err)
 	}
-	// While no replica runs.
+	// While no replica runs. The copy of "old" goes, as if controllers
+	// that wrote no copies had recorded it.
+	oldCopy := datastore.KubeNodePodKey("n1", "r14", "old")
+	if _, err := store.Txn(ctx, nil, []datastore.Op{{Key: oldCopy, Delete: true}}); err != nil {
+		t.Fatal(err)
+	}
 	p, err := kc.CoreV1().Pods("r14").Get(ctx, "live", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -162,4 +170,15 @@ func TestControllersRestartCatchUp(t *testing.T) {
 	if _, err := store.GetKV(ctx, datastore.KubeNodePodKey("n1", "r14", "live")); err != nil {
 		t.Errorf("live pod's record under its node: %v", err)
 	}
+	eventually(t, "the old pod's copy written with its record", 20*time.Second, func() (bool, string) {
+		c, err := store.GetKV(ctx, oldCopy)
+		if err != nil {
+			return false, err.Error()
+		}
+		r, err := store.GetKV(ctx, datastore.KubePodKey("r14", "old"))
+		if err != nil {
+			return false, err.Error()
+		}
+		return c.ModRevision == r.ModRevision, fmt.Sprintf("copy at revision %d, record at %d", c.ModRevision, r.ModRevision)
+	})
 }

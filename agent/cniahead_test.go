@@ -170,6 +170,13 @@ func TestCNIAddPrimesPolicy(t *testing.T) {
 	if err := owner.Program(ctx); err != nil { // the first pass: every endpoint
 		t.Fatal(err)
 	}
+	// The node's first block, claimed as the agent does at start: an
+	// address of a block the transaction itself claims is not primed.
+	block, err := e.alloc.EnsureBlock(ctx, "node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the node's block in the view", testkit.Cond(func() bool { return len(e.view.BlocksOf("node1")) == 1 }))
 	held := &heldAssign{Addresses: e.h.ipam, chosen: make(chan struct{}), hold: make(chan struct{})}
 	e.h.ipam = held
 	req, conf, args := addReq("pp1")
@@ -191,6 +198,23 @@ func TestCNIAddPrimesPolicy(t *testing.T) {
 	}
 	if _, ok := fw.Rules("filter", "tabby-fw-"+hostIf); !ok {
 		t.Errorf("no chain for %s after ADD", hostIf)
+	}
+	if a := netip.MustParsePrefix(e.endpoints(t)[0].Spec.IPNetworks[0]).Addr(); !block.Contains(a) {
+		t.Errorf("address %v outside the node's block %v", a, block)
+	}
+
+	// Not primed: an address outside the node's blocks (borrowed, or of a
+	// block being claimed), an endpoint whose name the view holds.
+	other := &api.WorkloadEndpoint{Metadata: api.ObjectMeta{Namespace: "ns1", Name: "elsewhere"},
+		Spec: api.WorkloadEndpointSpec{Node: "node1", IPNetworks: []string{"10.244.0.200/32"}}}
+	if block.Contains(netip.MustParseAddr("10.244.0.200")) {
+		t.Fatalf("test address inside the node's block %v", block)
+	}
+	if owner.Prime(other) {
+		t.Error("primed an address outside the node's blocks")
+	}
+	if owner.Prime(e.endpoints(t)[0]) {
+		t.Error("primed an endpoint the view holds")
 	}
 }
 

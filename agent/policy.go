@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
+	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -196,12 +198,22 @@ func (p *policyOwner) syncFor(ctx context.Context, wep *api.WorkloadEndpoint, re
 
 // Prime implements attach.PolicyPrimer: the next pass compiles wep, whose
 // creation CNI ADD has in flight, as if the view held it (docs/agent.md,
-// "Policy ahead of the commit"). Not when the view holds an endpoint of
-// that name: the creation fails then, and two of one name would be
-// compiled meanwhile.
+// "Ahead of the commit"). Not when the view holds an endpoint of that name
+// (the creation fails then, and two of one name would be compiled
+// meanwhile), nor when an address of it lies outside the blocks affine to
+// this node (a borrowed one, which another node may be committing to a pod
+// of its own at the same time; or a block this transaction claims, which
+// the view does not hold yet).
 func (p *policyOwner) Prime(wep *api.WorkloadEndpoint) bool {
 	if _, ok := p.view.Endpoint(wep.Metadata.Namespace, wep.Metadata.Name); ok {
 		return false
+	}
+	blocks := p.view.BlocksOf(p.node)
+	for _, n := range wep.Spec.IPNetworks {
+		a, err := netip.ParsePrefix(n)
+		if err != nil || !slices.ContainsFunc(blocks, func(b ipam.BlockInfo) bool { return b.CIDR.Contains(a.Addr()) }) {
+			return false
+		}
 	}
 	p.eps.prime(wep)
 	return true

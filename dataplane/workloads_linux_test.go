@@ -740,3 +740,39 @@ func TestPrivilegedWorkloadPrepareComplete(t *testing.T) {
 		t.Errorf("eth0 left in the pod after a failed Complete:\n%s", out)
 	}
 }
+
+// TestPrivilegedWorkloadCompleteReaddressed: the agent's ADD completes a
+// prepared pair with the addresses its transaction is committing, and when
+// the transaction commits others (tried again), sets those with Setup. The
+// pair ends as Setup with the committed addresses makes it: the first
+// address gone, the routes in place.
+func TestPrivilegedWorkloadCompleteReaddressed(t *testing.T) {
+	testkit.RequirePrivileged(t, "ip")
+	_, w := workloadNode(t)
+	ctx := context.Background()
+	pod := testkit.NewNetNS(t, "tbdp-pod")
+	ahead := podSpec(pod, "default/pra", "10.244.0.70/32")
+	links := ahead
+	links.Addrs = nil
+	p, err := w.Prepare(ctx, links)
+	if err != nil || !p.Created {
+		t.Fatalf("Prepare = %+v, %v; want a new pair", p, err)
+	}
+	if _, err := w.Complete(ctx, ahead, p); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+	committed := podSpec(pod, "default/pra", "10.244.0.71/32")
+	if _, err := w.Setup(ctx, committed); err != nil {
+		t.Fatalf("Setup with the committed address: %v", err)
+	}
+	if err := w.Check(ctx, committed); err != nil {
+		t.Errorf("Check with the committed address: %v", err)
+	}
+	got := run(t, "ip", "-4", "-o", "-n", pod.Name, "addr", "show", "dev", "eth0")
+	if strings.Contains(got, "10.244.0.70") || !strings.Contains(got, "10.244.0.71/32") {
+		t.Errorf("pod addresses:\n%s", got)
+	}
+	if out := run(t, "ip", "-n", pod.Name, "route", "show"); !strings.Contains(out, "default via 169.254.1.1 dev eth0") {
+		t.Errorf("container routes:\n%s", out)
+	}
+}

@@ -38,6 +38,12 @@ type addPlan struct {
 	// it (read.info.readRev).
 	read     readResult
 	readDone chan struct{}
+	// newAddPlan: the agent's copy of the pod's records, when it can say
+	// (a Kubernetes pod; kubeRecords.lookup): then request reads nothing,
+	// and assign reads only if the copy turns out stale (readLate).
+	cache     podRecords
+	fromCache bool
+	readLate  bool
 	// assign: the requests and what else ADD takes from the pod's records;
 	// recCmps, when they came from the cache (kubeRecords; see cached), its
 	// comparisons, which ride on the endpoint's creation.
@@ -85,9 +91,13 @@ func newAddPlan(h *cniHandler, a *attachment) *addPlan {
 	if mac == "" {
 		mac = containerMAC(a.req.ContainerID, a.req.IfName)
 	}
-	return &addPlan{h: h, a: a, handle: a.handle, readDone: make(chan struct{}), early: make(chan struct{}), assigned: make(chan struct{}), spec: dataplane.WorkloadSpec{
+	p := &addPlan{h: h, a: a, handle: a.handle, readDone: make(chan struct{}), early: make(chan struct{}), assigned: make(chan struct{}), spec: dataplane.WorkloadSpec{
 		NetNS: a.req.Netns, IfName: a.req.IfName, HostIfName: a.hostIf, MTU: h.podMTU(a.conf), MAC: mac, SkipHostRoutes: true,
 	}}
+	if a.w.Orchestrator == "k8s" && !h.endpointApart {
+		p.cache, p.fromCache = h.kube.lookup(a.w.Namespace, a.w.Pod)
+	}
+	return p
 }
 
 // steps is ADD. The veth pair is prepared while IPAM assigns; the endpoint
@@ -130,8 +140,19 @@ type readResult struct {
 }
 
 // request reads the pod's records (Kubernetes) and builds one IPAM request
-// per family the network assigns from them.
-func (p *addPlan) request(ctx context.Context) (err error) {
+// per family the network assigns from them, unless the agent's copy of
+// them answers: the endpoint's creation then compares the copy with etcd's
+// records, and the policy gate waits for the view to reach the endpoint's
+// revision (a progress report after the commit) rather than the read's.
+func (p *addPlan) request(ctx context.Context) error {
+	if p.fromCache {
+		return nil
+	}
+	return p.readRecords(ctx)
+}
+
+// readRecords is the read of the pod's records; it closes readDone.
+func (p *addPlan) readRecords(ctx context.Context) (err error) {
 	defer close(p.readDone)
 	defer func() { p.read.err = err }()
 	pod, ns, rev, err := p.h.readRecords(ctx, p.a.w)
@@ -150,10 +171,7 @@ func (p *addPlan) request(ctx context.Context) (err error) {
 // invalid, leaves the answer (and its error) to the read.
 func (p *addPlan) plan(ctx context.Context) error {
 	w := p.a.w
-	if w.Orchestrator != "k8s" || p.h.endpointApart {
-		return p.awaitRead(ctx)
-	}
-	if recs, ok := p.h.kube.lookup(w.Namespace, w.Pod); ok {
+	if recs := p.cache; p.fromCache {
 		var pod *api.KubePod
 		var ns *api.KubeNamespace
 		var err error
@@ -176,8 +194,14 @@ func (p *addPlan) plan(ctx context.Context) error {
 // records (they carry its comparisons; a lookup always has some).
 func (p *addPlan) cached() bool { return len(p.recCmps) > 0 }
 
-// awaitRead takes the requests from the read of the pod's records.
+// awaitRead takes the requests from the read of the pod's records; when
+// the copy was to answer, request read nothing, and the read is made now
+// (assign's goroutine, the only one that reads them then).
 func (p *addPlan) awaitRead(ctx context.Context) error {
+	if p.fromCache && !p.readLate {
+		p.readLate = true
+		_ = p.readRecords(ctx) // its error is p.read.err
+	}
 	select {
 	case <-p.readDone:
 	case <-ctx.Done():
@@ -495,6 +519,9 @@ func (p *addPlan) unputEndpoint(ctx context.Context) error {
 // the policy gate finds it there. The gate waits for it itself: this only
 // moves the wait off ADD's longest path.
 func (p *addPlan) catchUp(ctx context.Context) error {
+	if p.fromCache {
+		return nil // no read: the gate waits for the endpoint's revision
+	}
 	if p.h.policy == nil || p.h.view == nil || p.read.info.readRev == 0 {
 		return nil
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/testkit"
@@ -96,9 +98,10 @@ func TestKubeRecordsLookup(t *testing.T) {
 	}
 }
 
-// With the pod's records in the cache, ADD assigns the address and writes
-// the endpoint without waiting for its read of the records (which the
-// policy gate still waits for).
+// With the pod's records in the cache, ADD reads none of them: the
+// address request and the endpoint come from the copy (the endpoint's
+// creation compares it with etcd's), and the policy gate waits for the
+// endpoint's revision, not a read's.
 func TestCNIAddTakesCachedRecords(t *testing.T) {
 	ctx := context.Background()
 	e := newHandlerEnv(t)
@@ -108,25 +111,26 @@ func TestCNIAddTakesCachedRecords(t *testing.T) {
 	k.holds(t, datastore.KubeNodePodKey("node1", "ns1", "pod-c1"), rev)
 	k.holds(t, datastore.KubeMarkerKey, 1)
 
-	release := make(chan struct{})
-	e.h.readHook = func() { <-release }
+	var reads atomic.Int32
+	e.h.readHook = func() { reads.Add(1) }
+	var gotRev, gotSince int64
+	e.h.policy = attach.PolicyFunc(func(_ context.Context, _ *api.WorkloadEndpoint, rev, since int64) error {
+		gotRev, gotSince = rev, since
+		return nil
+	})
 	req, conf, args := addReq("c1")
-	errc := make(chan error, 1)
-	go func() { _, err := e.h.Add(ctx, req, conf, args); errc <- err }()
-	testkit.Eventually(t, 10*time.Second, "the endpoint written while the read waits", testkit.Cond(func() bool {
-		return len(e.endpoints(t)) == 1
-	}))
-	select {
-	case err := <-errc:
-		t.Fatalf("ADD returned before its read of the records: %v", err)
-	default:
-	}
-	close(release)
-	if err := <-errc; err != nil {
+	if _, err := e.h.Add(ctx, req, conf, args); err != nil {
 		t.Fatalf("ADD: %v", err)
 	}
-	if got := e.endpoints(t)[0].Metadata.Labels["app"]; got != "cached" {
-		t.Errorf("endpoint label app=%q, want the record's %q", got, "cached")
+	if n := reads.Load(); n != 0 {
+		t.Errorf("%d reads of the records, want none: the copy answered", n)
+	}
+	eps := e.endpoints(t)
+	if len(eps) != 1 || eps[0].Metadata.Labels["app"] != "cached" {
+		t.Fatalf("endpoints %+v, want one with the copy's label app=cached", eps)
+	}
+	if gotSince != 0 || gotRev == 0 {
+		t.Errorf("the gate got rev %d since %d; want the endpoint's revision and no read's (0)", gotRev, gotSince)
 	}
 }
 

@@ -64,7 +64,6 @@ type addPlan struct {
 	early      chan struct{}
 	earlyOnce  sync.Once
 	earlyAddrs []netip.Addr
-	earlyWep   *api.WorkloadEndpoint
 	// assign: the endpoint the policy gate compiles ahead of its commit
 	// (attach.PolicyPrimer), the last one primed; earlyPrimed says the
 	// first call of endpointWith primed one.
@@ -317,7 +316,7 @@ func (p *addPlan) endpointWith(addr netip.Addr) ([]datastore.Cmp, []datastore.Op
 		}
 	}
 	p.earlyOnce.Do(func() {
-		p.earlyAddrs, p.earlyWep, p.earlyPrimed = append(addrs, addr), wep, p.primed != nil
+		p.earlyAddrs, p.earlyPrimed = append(addrs, addr), p.primed != nil
 		close(p.early)
 	})
 	// An endpoint from the cache's records commits only if they are
@@ -408,13 +407,9 @@ func (p *addPlan) complete(ctx context.Context) (err error) {
 	if slices.Equal(addrs, p.addrs) {
 		return nil
 	}
-	st, err := p.h.wl.Setup(ctx, p.specWith(p.addrs))
-	if err != nil {
-		return err
-	}
-	st.Existed = false // Prepare made it
-	p.st = st
-	return nil
+	// The same pair: its status (indexes, MACs) is Complete's.
+	_, err = p.h.wl.Setup(ctx, p.specWith(p.addrs))
+	return err
 }
 
 // addrsToComplete returns the addresses complete configures: in a pair
@@ -546,7 +541,7 @@ func (p *addPlan) primePolicy(ctx context.Context) error {
 		return nil
 	}
 	if err := p.h.primer.Program(ctx); err != nil && ctx.Err() == nil {
-		p.h.log.Debug("programming policy ahead of the endpoint's commit", "endpoint", p.earlyWep.Metadata.Name, "err", err)
+		p.h.log.Debug("programming policy ahead of the endpoint's commit", "endpoint", p.a.endpointName(p.h.node), "err", err)
 	}
 	return nil
 }

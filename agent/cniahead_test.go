@@ -47,6 +47,19 @@ func (h *heldAssign) Assign(ctx context.Context, req ipam.AssignRequest) (ipam.A
 	return h.Addresses.Assign(ctx, req)
 }
 
+// addHeld starts an ADD of pod id whose endpoint-creating assignment is
+// held (heldAssign, with decoy) and returns once the endpoint is built:
+// the hold, the pod's host interface and where ADD's error comes.
+func (e *handlerEnv) addHeld(ctx context.Context, id string, decoy netip.Addr) (*heldAssign, string, <-chan error) {
+	held := &heldAssign{Addresses: e.h.ipam, decoy: decoy, chosen: make(chan struct{}), hold: make(chan struct{})}
+	e.h.ipam = held
+	req, conf, args := addReq(id)
+	errc := make(chan error, 1)
+	go func() { _, err := e.h.Add(ctx, req, conf, args); errc <- err }()
+	<-held.chosen
+	return held, newWorkloadID(req, args).hostIfName(), errc
+}
+
 // specOf returns the fake dataplane's spec of the host interface.
 func (e *handlerEnv) specOf(hostIf string) (dataplane.WorkloadSpec, bool) {
 	i := slices.IndexFunc(e.wl.Specs(), func(s dataplane.WorkloadSpec) bool { return s.HostIfName == hostIf })
@@ -73,13 +86,7 @@ func TestCNIAddCompletesAheadOfTheCommit(t *testing.T) {
 			e := newHandlerEnv(t)
 			pr := &recordingPrimer{}
 			e.h.primer = pr
-			held := &heldAssign{Addresses: e.h.ipam, decoy: tc.decoy, chosen: make(chan struct{}), hold: make(chan struct{})}
-			e.h.ipam = held
-			req, conf, args := addReq("ah1")
-			hostIf := newWorkloadID(req, args).hostIfName()
-			errc := make(chan error, 1)
-			go func() { _, err := e.h.Add(ctx, req, conf, args); errc <- err }()
-			<-held.chosen
+			held, hostIf, errc := e.addHeld(ctx, "ah1", tc.decoy)
 			var ahead netip.Addr
 			testkit.Eventually(t, 10*time.Second, "the pod's address configured before the commit", testkit.Cond(func() bool {
 				s, ok := e.specOf(hostIf)
@@ -177,13 +184,7 @@ func TestCNIAddPrimesPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, 10*time.Second, "the node's block in the view", testkit.Cond(func() bool { return len(e.view.BlocksOf("node1")) == 1 }))
-	held := &heldAssign{Addresses: e.h.ipam, chosen: make(chan struct{}), hold: make(chan struct{})}
-	e.h.ipam = held
-	req, conf, args := addReq("pp1")
-	hostIf := newWorkloadID(req, args).hostIfName()
-	errc := make(chan error, 1)
-	go func() { _, err := e.h.Add(ctx, req, conf, args); errc <- err }()
-	<-held.chosen
+	held, hostIf, errc := e.addHeld(ctx, "pp1", netip.Addr{})
 	testkit.Eventually(t, 10*time.Second, "the endpoint's chain programmed before its commit", testkit.Cond(func() bool {
 		_, ok := fw.Rules("filter", "tabby-fw-"+hostIf)
 		return ok

@@ -21,13 +21,7 @@ func (s *Syncer) Nodes() []*api.Node {
 
 // Node returns one Node.
 func (s *Syncer) Node(name string) (*api.Node, bool) {
-	key, err := datastore.ResourceKey(api.KindNode, "", name)
-	if err != nil {
-		return nil, false
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return object[*api.Node](s.st, api.KindNode, key)
+	return named[*api.Node](s, api.KindNode, "", name)
 }
 
 // NodeRecordExists reports whether a Node's key exists, even if its record
@@ -106,6 +100,24 @@ func (s *Syncer) RemoteEndpoints() []*api.RemoteEndpoint {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return objects[*api.RemoteEndpoint](s.st, kindRemote)
+}
+
+// Endpoint returns one whole WorkloadEndpoint (in a view with
+// CompactRemote, only one of its node).
+func (s *Syncer) Endpoint(namespace, name string) (*api.WorkloadEndpoint, bool) {
+	return named[*api.WorkloadEndpoint](s, api.KindWorkloadEndpoint, namespace, name)
+}
+
+// named returns the object of a kind stored under namespace and name.
+func named[T api.Object](s *Syncer, kind, namespace, name string) (T, bool) {
+	key, err := datastore.ResourceKey(kind, namespace, name)
+	if err != nil {
+		var zero T
+		return zero, false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return object[T](s.st, kind, key)
 }
 
 // EndpointsOn returns the whole WorkloadEndpoints of one node, by key (in

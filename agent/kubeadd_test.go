@@ -100,8 +100,12 @@ func TestKubeAddressAnnotationsThroughAPIServer(t *testing.T) {
 		keys = append(keys, datastore.KubePodKey(tt.ns, tt.name))
 	}
 	waitRecords(t, e.store, keys)
-	if err := e.view.WaitRevision(ctx, storeRev(t, e.store)); err != nil {
-		t.Fatal(err)
+	// Bounded: a view that never reaches etcd's revision fails here, with
+	// where it stopped, rather than timing the package out (seen once).
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if rev := storeRev(t, e.store); e.view.WaitRevision(wctx, rev) != nil {
+		t.Fatalf("the view did not reach etcd's revision %d in 30 s: at %d, stats %+v", rev, e.view.Revision(), e.view.Stats())
 	}
 
 	for i, tt := range tests {

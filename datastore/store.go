@@ -149,9 +149,11 @@ type Store struct {
 	// watchProgressAnswered), asked once.
 	progressOnce sync.Once
 	progressOK   bool
-	// partsProgress is the stream of the running watch with
-	// WatchSpec.Skip, which RequestWatchProgress asks (nil: none runs).
-	partsProgress atomic.Pointer[partsStream]
+	// partsStreams are the streams of the running watches with
+	// WatchSpec.Skip, each of which RequestWatchProgress asks (one Store
+	// may carry several views: tabby-lab sim's nodes, tests).
+	partsMu      sync.Mutex
+	partsStreams map[*partsStream]struct{}
 	// clusterID is etcd's cluster ID as the latest list's response said it.
 	clusterID atomic.Uint64
 }

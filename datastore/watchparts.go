@@ -2,6 +2,7 @@ package datastore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -142,14 +143,40 @@ func withoutSkip(spec WatchSpec) WatchSpec {
 
 // RequestWatchProgress asks etcd to report how far the store's watches
 // have got; a watch with WatchSpec.Skip then moves Event.Reached to etcd's
-// revision. Cheap (one message on the watch stream), answered only when
-// every watch of the stream is in step with etcd.
+// revision. Cheap (one message on each watch stream), answered only when
+// every watch of a stream is in step with etcd.
 func (s *Store) RequestWatchProgress(ctx context.Context) error {
-	if p := s.partsProgress.Load(); p != nil {
-		return p.requestProgress() // the parts' own stream
+	s.partsMu.Lock()
+	streams := make([]*partsStream, 0, len(s.partsStreams))
+	for p := range s.partsStreams {
+		streams = append(streams, p)
 	}
-	// The watches' stream is the one of their context's metadata.
-	return s.client.RequestProgress(clientv3.WithRequireLeader(ctx))
+	s.partsMu.Unlock()
+	if len(streams) == 0 {
+		// The watches' stream is the one of their context's metadata.
+		return s.client.RequestProgress(clientv3.WithRequireLeader(ctx))
+	}
+	var errs []error
+	for _, p := range streams {
+		errs = append(errs, p.requestProgress()) // each watch's own stream
+	}
+	return errors.Join(errs...)
+}
+
+// addParts registers a watch's stream for RequestWatchProgress until the
+// returned func runs.
+func (s *Store) addParts(p *partsStream) (remove func()) {
+	s.partsMu.Lock()
+	defer s.partsMu.Unlock()
+	if s.partsStreams == nil {
+		s.partsStreams = map[*partsStream]struct{}{}
+	}
+	s.partsStreams[p] = struct{}{}
+	return func() {
+		s.partsMu.Lock()
+		defer s.partsMu.Unlock()
+		delete(s.partsStreams, p)
+	}
 }
 
 type partsWatcher struct {

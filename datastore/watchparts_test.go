@@ -99,6 +99,63 @@ func TestWatchKeysSkip(t *testing.T) {
 	}
 }
 
+// TestWatchKeysSkipProgressReachesEveryWatch: two watches with Skip on
+// one Store (an agent's view and tabby-kube-controllers' in one test
+// process), and writes only in the skipped range: no part of either watch
+// receives an event, so only a progress report moves them, and
+// RequestWatchProgress must ask the stream of each. It asked only the
+// last one opened, and a view waiting for a revision waited forever.
+func TestWatchKeysSkipProgressReachesEveryWatch(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := storetest.New(t)
+	if _, err := s.PutKV(ctx, "a/1", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	spec := datastore.WatchSpec{Skip: []datastore.KeyRange{{From: "b/", To: "c/"}}}
+	var chs []<-chan datastore.Event
+	for range 2 {
+		ch := s.WatchKeys(ctx, spec, 0)
+		if e := next(t, ch); e.Type != datastore.EventResync {
+			t.Fatalf("first event %+v, want a resync", e)
+		}
+		chs = append(chs, ch)
+	}
+	// Both streams are open once a write to a watched part reaches both.
+	rev, err := s.PutKV(ctx, "a/2", []byte("x"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range chs {
+		untilReached(t, ch, mirror{}, rev)
+	}
+	if rev, err = s.PutKV(ctx, "b/1", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range chs {
+		// Asked again while waiting, as the view does: a request that
+		// came before etcd's watchers were in step goes unanswered.
+		done := make(chan struct{})
+		go func() {
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				_ = s.RequestWatchProgress(ctx)
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+				}
+			}
+		}()
+		e := next(t, ch)
+		close(done)
+		if e.Type != datastore.EventProgress || e.Reached != rev {
+			t.Errorf("watch %d: event %+v, want progress reached at %d", i, e, rev)
+		}
+	}
+}
+
 // TestWatchKeysSkipCatchesUpUnderChurn: while writes keep coming to one
 // part, the quiet part is moved by the watch's own progress requests
 // (nobody else asks), so Reached follows the writes within

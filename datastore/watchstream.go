@@ -76,8 +76,7 @@ func (w *partsWatcher) watchOnce(ctx context.Context, b *backoff) error {
 	if err != nil {
 		return w.s.etcdErr(what, err)
 	}
-	w.s.partsProgress.Store(p)
-	defer w.s.partsProgress.CompareAndSwap(p, nil)
+	defer w.s.addParts(p)()
 	quiet, maxLag := progressEvery, progressMaxLag
 	if len(w.s.cfg.WatchEndpoints) > 0 {
 		quiet, maxLag = progressEveryRelayed, progressMaxLagRelayed

@@ -109,12 +109,7 @@ func (k *kubeRecords) lookup(ns, name string) (podRecords, bool) {
 		}
 		return kv.ModRevision
 	}
-	get := func(key string) *datastore.KV {
-		if kv, ok := k.kvs[key]; ok {
-			return &kv
-		}
-		return nil
-	}
+	get := func(key string) *datastore.KV { return kvAt(k.kvs, key) }
 	marker := get(datastore.KubeMarkerKey)
 	var r podRecords
 	if r.pod = get(datastore.KubeNodePodKey(k.node, ns, name)); podRecordsSay(r.pod, marker) == notYet {

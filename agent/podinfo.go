@@ -98,15 +98,9 @@ func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.
 		if err != nil {
 			return nil, nil, 0, cniErr(codeDatastore, "reading the records of pod "+ns+"/"+name, err)
 		}
-		get := func(key string) *datastore.KV {
-			if kv, ok := kvs[key]; ok {
-				return &kv
-			}
-			return nil
-		}
-		switch podKV := get(podKey); podRecordsSay(podKV, get(datastore.KubeMarkerKey)) {
+		switch podKV := kvAt(kvs, podKey); podRecordsSay(podKV, kvAt(kvs, datastore.KubeMarkerKey)) {
 		case recordedPod:
-			p, n, err := decodePodRecords(ns, name, podKV, get(nsKey))
+			p, n, err := decodePodRecords(ns, name, podKV, kvAt(kvs, nsKey))
 			return p, n, rev, err
 		case notManaged:
 			return nil, nil, rev, nil
@@ -121,6 +115,15 @@ func (h *cniHandler) readPodRecords(ctx context.Context, ns, name string) (*api.
 		case <-time.After(kubePodPoll):
 		}
 	}
+}
+
+// kvAt is the record a read (or the agent's copy) holds at key, nil when
+// it holds none.
+func kvAt(kvs map[string]datastore.KV, key string) *datastore.KV {
+	if kv, ok := kvs[key]; ok {
+		return &kv
+	}
+	return nil
 }
 
 // recordsSay is what a pod's record and the controllers' marker say of

@@ -14,7 +14,6 @@ import (
 	"github.com/tabbynet/tabby/api"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/datastore"
-	"github.com/tabbynet/tabby/ipam"
 	"github.com/tabbynet/tabby/policy"
 	"github.com/tabbynet/tabby/syncer"
 )
@@ -208,10 +207,9 @@ func (p *policyOwner) Prime(wep *api.WorkloadEndpoint) bool {
 	if _, ok := p.view.Endpoint(wep.Metadata.Namespace, wep.Metadata.Name); ok {
 		return false
 	}
-	blocks := p.view.BlocksOf(p.node)
 	for _, n := range wep.Spec.IPNetworks {
 		a, err := netip.ParsePrefix(n)
-		if err != nil || !slices.ContainsFunc(blocks, func(b ipam.BlockInfo) bool { return b.CIDR.Contains(a.Addr()) }) {
+		if err != nil || !p.view.InBlocksOf(p.node, a.Addr()) {
 			return false
 		}
 	}

@@ -94,6 +94,14 @@ func TestViewFollowsEtcd(t *testing.T) {
 	if diff := cmp.Diff(want, v.BlocksOf("a"), cmpopts.EquateComparable(netip.Prefix{})); diff != "" {
 		t.Errorf("BlocksOf(a) (-want +got):\n%s", diff)
 	}
+	for _, c := range []struct {
+		node, addr string
+		want       bool
+	}{{"a", "10.244.0.3", true}, {"a", "10.244.0.4", false}, {"b", "10.244.0.3", false}} {
+		if got := v.InBlocksOf(c.node, netip.MustParseAddr(c.addr)); got != c.want {
+			t.Errorf("InBlocksOf(%s, %s) = %v, want %v", c.node, c.addr, got, c.want)
+		}
+	}
 	if ups, _ := subA.blocks.Take(); len(ups) == 0 {
 		t.Error("a's subscription saw no update for its new block")
 	}

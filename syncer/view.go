@@ -2,6 +2,7 @@ package syncer
 
 import (
 	"maps"
+	"net/netip"
 	"slices"
 
 	"github.com/tabbynet/tabby/api"
@@ -163,6 +164,19 @@ func (s *Syncer) BlocksOf(node string) []ipam.BlockInfo {
 		out = append(out, s.st.blockInfo(b))
 	}
 	return out
+}
+
+// InBlocksOf reports whether a lies in a block affine to node (BlocksOf
+// without the copy: asked on CNI ADD's path).
+func (s *Syncer) InBlocksOf(node string, a netip.Addr) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for cidr := range s.st.blocksByNode[node] {
+		if cidr.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // BorrowedBy returns the addresses node uses from blocks not affine to it,

@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -268,7 +269,7 @@ func (x *run) do(s *stepState) {
 		ctx = x.detached
 	}
 	begin := time.Since(x.start)
-	err := s.step.Do(ctx)
+	err := doStep(ctx, s.step)
 	if err == nil && x.r.Fault != nil {
 		err = x.r.Fault(s.step.Name)
 	}
@@ -293,6 +294,20 @@ func (x *run) do(s *stepState) {
 			x.startLocked(n)
 		}
 	}
+}
+
+// doStep runs a step's Do; a panic is the step's failure (with its
+// stack), so that the steps that ran are undone as after any other
+// failure: the first step runs in the caller's goroutine, whose panic
+// would otherwise leave the others' work behind, and a step in a
+// goroutine of its own would take the agent down.
+func doStep(ctx context.Context, s *Step) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("step %s panicked: %v\n%s", s.Name, p, debug.Stack())
+		}
+	}()
+	return s.Do(ctx)
 }
 
 // undo reverses every step that ran, last finished first, and keeps going

@@ -143,6 +143,33 @@ func TestRunnerUndoesLastFirst(t *testing.T) {
 	}
 }
 
+// A step that panics fails like any other, in the caller's goroutine (the
+// first step) or in one of its own: the steps that ran are undone and the
+// error names the step and the panic.
+func TestRunnerPanicIsAFailure(t *testing.T) {
+	for _, first := range []bool{true, false} {
+		j := &journal{}
+		boom := Step{Name: "boom", Code: 150, Msg: "booming", Do: func(context.Context) error { panic("kaboom") },
+			Undo: func(context.Context) error { j.add("undo boom"); return nil }}
+		var steps []Step
+		if first {
+			steps = []Step{boom, j.step("a", nil, nil)}
+		} else {
+			steps = []Step{j.step("a", nil, nil), {Name: "b", After: []string{"a"}, Do: boom.Do, Undo: boom.Undo, Code: 150, Msg: "booming"}}
+		}
+		var r Runner
+		_, err := r.Run(context.Background(), "test", steps)
+		var te *types.Error
+		if !errors.As(err, &te) || te.Code != 150 || !strings.Contains(te.Details, "panicked: kaboom") {
+			t.Fatalf("first=%v: error %#v, want the panicking step's", first, err)
+		}
+		got := j.get()
+		if !slices.Contains(got, "undo a") || !slices.Contains(got, "undo boom") {
+			t.Errorf("first=%v: journal %v, want a and the panicking step undone", first, got)
+		}
+	}
+}
+
 // The failure reported is that of the earliest failed step in the plan,
 // whatever order they failed in; a *types.Error a step returns is kept.
 func TestRunnerErrorOfFirstFailedStepInPlanOrder(t *testing.T) {

@@ -8,13 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/tabbynet/tabby/agent/attach"
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/dataplane"
 	"github.com/tabbynet/tabby/dataplane/fake"
 	"github.com/tabbynet/tabby/datastore"
 	"github.com/tabbynet/tabby/internal/testkit"
 	"github.com/tabbynet/tabby/ipam"
+	"github.com/tabbynet/tabby/lab"
 	"github.com/tabbynet/tabby/policy"
 )
 
@@ -256,5 +260,24 @@ func TestEndpointLogPrime(t *testing.T) {
 	l.record(nil, wep("b", "9"))
 	if changes, _ = l.take(); len(changes) != 1 || changes[0].Old != nil {
 		t.Errorf("a creation after Unprime: changes %+v, want one from nothing", changes)
+	}
+}
+
+// tabby-lab bench cni reports the ADD steps the agent logs under the names
+// lab.AgentSteps lists (lab does not import the agent): every step of the
+// plan but the two that are not timed on ADD's path (prior, a read inside
+// the endpoint's write; advertise, detached).
+func TestBenchKnowsTheAddSteps(t *testing.T) {
+	p := &addPlan{h: &cniHandler{}, a: &attachment{req: &cni.Request{}}}
+	var names []string
+	for _, s := range p.steps() {
+		if s.Name != "prior" && s.Name != "advertise" {
+			names = append(names, s.Name)
+		}
+	}
+	slices.Sort(names)
+	want := slices.Sorted(slices.Values(lab.AgentSteps))
+	if d := cmp.Diff(want, names); d != "" {
+		t.Errorf("lab.AgentSteps (-) and the ADD plan's steps (+) differ:\n%s", d)
 	}
 }

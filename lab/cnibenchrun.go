@@ -229,7 +229,8 @@ func hostLocalLeftovers(dir string) func(context.Context, []CNIBenchPod) ([]stri
 }
 
 // AgentSteps are the ADD steps whose times the agent logs ("workload
-// added", agent/cniadd.go), in the order of the plan.
+// added", agent/cniadd.go), in the order of the plan; the agent's
+// TestBenchKnowsTheAddSteps fails when the plan's steps change without it.
 var AgentSteps = []string{"request", "assign", "prepare", "view", "complete", "routes", "endpoint", "prime", "policy"}
 
 // agentTimings fills in Agent, AgentIPAM and AgentSteps of the tabby pods

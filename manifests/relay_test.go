@@ -62,6 +62,14 @@ func TestRelayManifest(t *testing.T) {
 			t.Errorf("args lack %s", f)
 		}
 	}
+	if !slices.Contains(c.Args, "--metrics-listen=$(NODE_IP):23793") {
+		t.Error("args lack --metrics-listen on the node's address")
+	}
+	for name, pr := range map[string]*corev1.Probe{"/livez": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
+		if pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != name || pr.HTTPGet.Port.IntValue() != 23793 {
+			t.Errorf("probe of %s: %+v, want an HTTP GET of port 23793", name, pr)
+		}
+	}
 	env := map[string]bool{}
 	for _, e := range c.Env {
 		env[e.Name] = true

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 type config struct {
 	etcd              datastore.Config
 	listen            string
+	metricsListen     string
 	certFile, keyFile string
 	clientCAFile      string
 	window            time.Duration
@@ -45,6 +47,7 @@ func main() {
 	fs.StringVar(&cfg.etcd.KeyFile, "etcd-key-file", "", "etcd client key (env TABBY_ETCD_KEY_FILE)")
 	fs.StringVar(&cfg.etcd.Prefix, "prefix", datastore.DefaultPrefix, "serve watches of keys under this prefix only (the agents' datastore prefix)")
 	fs.StringVar(&cfg.listen, "listen", cfg.listen, "address:port the agents' --watch-endpoints name (env TABBY_RELAY_LISTEN)")
+	fs.StringVar(&cfg.metricsListen, "metrics-listen", "", "address:port of the HTTP server of /metrics (Prometheus), /livez and /readyz (etcd answers); empty: none (env TABBY_RELAY_METRICS_LISTEN)")
 	fs.StringVar(&cfg.certFile, "cert-file", "", "serve TLS with this certificate (env TABBY_RELAY_CERT_FILE; default: plain text)")
 	fs.StringVar(&cfg.keyFile, "key-file", "", "the certificate's key (env TABBY_RELAY_KEY_FILE)")
 	fs.StringVar(&cfg.clientCAFile, "client-ca-file", "", "require agents' client certificates signed by this CA (env TABBY_RELAY_CLIENT_CA_FILE)")
@@ -59,6 +62,7 @@ func main() {
 		"etcd-cert-file": "TABBY_ETCD_CERT_FILE",
 		"etcd-key-file":  "TABBY_ETCD_KEY_FILE",
 		"listen":         "TABBY_RELAY_LISTEN",
+		"metrics-listen": "TABBY_RELAY_METRICS_LISTEN",
 		"cert-file":      "TABBY_RELAY_CERT_FILE",
 		"key-file":       "TABBY_RELAY_KEY_FILE",
 		"client-ca-file": "TABBY_RELAY_CLIENT_CA_FILE",
@@ -109,10 +113,27 @@ func run(ctx context.Context, cfg config, level slog.Level) error {
 		return err
 	}
 	srv := grpc.NewServer(opts...)
-	relay.New(store.Client(), cfg.etcd.Prefix, cfg.window, log).BatchOnly(cfg.batched).Register(srv)
+	r := relay.New(store.Client(), cfg.etcd.Prefix, cfg.window, log).BatchOnly(cfg.batched)
+	r.Register(srv)
+	var hsrv *http.Server
+	if cfg.metricsListen != "" {
+		ml, err := net.Listen("tcp", cfg.metricsListen)
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		hsrv = &http.Server{Handler: r.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = hsrv.Serve(ml) }() // ends with Close below
+		log.Info("serving metrics and health", "listen", ml.Addr().String())
+	}
 	log.Info("relaying watches", "listen", l.Addr().String(), "etcd", cfg.etcd.Endpoints, "prefix", cfg.etcd.Prefix, "window", cfg.window, "batched", cfg.batched, "tls", cfg.certFile != "")
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
+	defer func() {
+		if hsrv != nil {
+			hsrv.Close()
+		}
+	}()
 	select {
 	case err := <-done:
 		return err

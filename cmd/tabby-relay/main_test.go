@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -44,11 +46,12 @@ func TestRelayServesWithTLS(t *testing.T) {
 	}
 	defer e.Stop()
 	tlsFiles := datastore.Config{Endpoints: e.Endpoints(), CAFile: ca, CertFile: cliCert, KeyFile: cliKey}
-	addr := freeAddr(t)
+	addr, maddr := freeAddr(t), freeAddr(t)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(rctx, config{etcd: tlsFiles, listen: addr, certFile: cert, keyFile: key, clientCAFile: ca, window: 100 * time.Millisecond}, slog.LevelWarn)
+		done <- run(rctx, config{etcd: tlsFiles, listen: addr, certFile: cert, keyFile: key, clientCAFile: ca, window: 100 * time.Millisecond,
+			metricsListen: maddr}, slog.LevelWarn)
 	}()
 	defer func() {
 		stop()
@@ -79,6 +82,18 @@ func TestRelayServesWithTLS(t *testing.T) {
 			got = ev.Type == datastore.EventPut && ev.KV.Key == "a/1"
 		case <-deadline:
 			t.Fatalf("a/1 (revision %d) never came through the relay", rev)
+		}
+	}
+	// --metrics-listen: health and the stream counted.
+	for path, want := range map[string]string{"/livez": "ok", "/readyz": "ok", "/metrics": "tabby_relay_streams 1"} {
+		resp, err := http.Get("http://" + maddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s: %d, want 200 with %q:\n%.2000s", path, resp.StatusCode, want, body)
 		}
 	}
 	// No client certificate: the handshake fails.

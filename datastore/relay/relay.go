@@ -63,8 +63,10 @@ const maxMerged = 1 << 20
 type Relay struct {
 	pb.UnimplementedWatchServer
 	conn   func() *grpc.ClientConn // etcd's, shared by every stream
+	kv     clientv3.KV             // for /readyz
 	prefix string                  // absolute, with a trailing "/"
 	end    string                  // the end of prefix's range
+	m      *metrics
 	window time.Duration
 	log    *slog.Logger
 	// batched are the absolute key prefixes whose events wait for the
@@ -117,7 +119,8 @@ func New(client *clientv3.Client, prefix string, window time.Duration, log *slog
 		log = slog.New(slog.DiscardHandler)
 	}
 	p := strings.TrimSuffix(prefix, "/") + "/"
-	return &Relay{conn: client.ActiveConnection, prefix: p, end: clientv3.GetPrefixRangeEnd(p), window: max(window, 0), log: log}
+	return &Relay{conn: client.ActiveConnection, kv: client.KV, prefix: p, end: clientv3.GetPrefixRangeEnd(p), window: max(window, 0), log: log,
+		m: newMetrics()}
 }
 
 // ServerOptions are the gRPC server's options a relay needs: its agents'
@@ -162,11 +165,14 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 	if md, ok := metadata.FromIncomingContext(down.Context()); ok && len(md.Get(rpctypes.MetadataRequireLeaderKey)) > 0 {
 		uctx = clientv3.WithRequireLeader(ctx)
 	}
+	r.m.streams.Inc()
+	defer r.m.streams.Dec()
 	up, err := pb.NewWatchClient(r.conn()).Watch(uctx, grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
 	if err != nil {
+		r.m.upErrs.Inc()
 		return upstreamErr(err)
 	}
-	b := &batcher{down: down, window: r.window, fail: cancel, urgent: r.urgent}
+	b := &batcher{down: down, window: r.window, fail: cancel, urgent: r.urgent, m: r.m}
 	b.t = time.AfterFunc(time.Hour, b.fire)
 	b.t.Stop()
 	defer b.close()
@@ -184,11 +190,15 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 			if err != nil {
 				return // the agent went (or the handler returned)
 			}
-			if c := req.GetCreateRequest(); c != nil && !r.allowed(c) {
-				r.log.Warn("refused a watch outside the prefix", "key", string(c.Key), "prefix", r.prefix)
-				b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
-					CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
-				continue
+			if c := req.GetCreateRequest(); c != nil {
+				if !r.allowed(c) {
+					r.m.refused.Inc()
+					r.log.Warn("refused a watch outside the prefix", "key", string(c.Key), "prefix", r.prefix)
+					b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
+						CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
+					continue
+				}
+				r.m.watches.Inc()
 			}
 			// A progress request does not send what is held: etcd's
 			// answer (take) sends it, a round trip later, back to back
@@ -208,6 +218,7 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 			defer sendMu.Unlock()
 			switch {
 			case upErr != nil:
+				r.m.upErrs.Inc()
 				return upErr
 			case b.failed() || down.Context().Err() != nil:
 				return nil // the agent went
@@ -215,8 +226,10 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 				return nil // the reader saw the agent go
 			}
 			b.flushNow() // what etcd sent before it failed
+			r.m.upErrs.Inc()
 			return upstreamErr(err)
 		}
+		r.m.received.Inc()
 		b.take(resp)
 	}
 }
@@ -244,6 +257,7 @@ type batcher struct {
 	window   time.Duration
 	fail     func() // a send failed: end the stream
 	urgent   func(*pb.WatchResponse) bool
+	m        *metrics
 	mu       sync.Mutex
 	held     []*pb.WatchResponse
 	heldSize int       // the last held response's keys and values
@@ -312,6 +326,8 @@ func (b *batcher) flushLocked() {
 			b.fail()
 			break
 		}
+		b.m.sends.Inc()
+		b.m.events.Add(float64(len(m.Events)))
 		events = events || len(m.Events) > 0
 	}
 	if events {

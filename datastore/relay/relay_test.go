@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +23,7 @@ import (
 	"github.com/tabbynet/tabby/datastore/embedded"
 	"github.com/tabbynet/tabby/datastore/relay"
 	"github.com/tabbynet/tabby/datastore/storetest"
+	"github.com/tabbynet/tabby/internal/testkit"
 )
 
 // fixture is an embedded etcd, a client of it, and a relay in front of it
@@ -27,6 +32,7 @@ type fixture struct {
 	etcd   *embedded.Etcd
 	client *clientv3.Client
 	conn   *grpc.ClientConn // the agent's, to the relay
+	relay  *relay.Relay
 }
 
 func start(t *testing.T, window time.Duration) *fixture {
@@ -49,7 +55,8 @@ func startBatching(t *testing.T, window time.Duration, batched []string) *fixtur
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer(relay.ServerOptions()...)
-	relay.New(c, "/tabby", window, nil).BatchOnly(batched).Register(srv)
+	r := relay.New(c, "/tabby", window, nil).BatchOnly(batched)
+	r.Register(srv)
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(srv.Stop)
 	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -57,7 +64,7 @@ func startBatching(t *testing.T, window time.Duration, batched []string) *fixtur
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &fixture{etcd: e, client: c, conn: conn}
+	return &fixture{etcd: e, client: c, conn: conn, relay: r}
 }
 
 // watch opens a watch stream to the relay, ended at cleanup.
@@ -309,6 +316,86 @@ func TestRelayNoLeakWhenAgentGoes(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// get is a GET of path from the relay's Handler: its status and body.
+func (f *fixture) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	f.relay.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+// metric is a sample's value in /metrics' text (-1: none).
+func metric(body, name string) float64 {
+	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return -1
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// /metrics counts the streams, the watches created and refused, the
+// responses received and sent and the events sent; /livez answers while
+// the relay serves; /readyz answers while etcd does.
+func TestRelayMetricsAndHealth(t *testing.T) {
+	f := start(t, time.Hour)
+	st, _ := f.watch(t)
+	create(t, st, "/other/", "/other0")
+	recv(t, st)
+	create(t, st, "/tabby/", "/tabby0")
+	recv(t, st)
+	f.put(t, "/tabby/x") // at once: the window begins
+	recv(t, st)
+	f.put(t, "/tabby/y")
+	f.put(t, "/tabby/z")
+	// A progress request sends the two held events and etcd's answer.
+	if err := st.Send(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}}); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < 2; {
+		n += len(recv(t, st).Events)
+	}
+	var body string
+	want := map[string]float64{"tabby_relay_streams": 1, "tabby_relay_watches_created_total": 1, "tabby_relay_watches_refused_total": 1,
+		"tabby_relay_events_sent_total": 3, "tabby_relay_upstream_errors_total": 0}
+	testkit.Eventually(t, 10*time.Second, "the relay's metrics", func() error {
+		var code int
+		code, body = f.get(t, "/metrics")
+		for name, v := range want {
+			if got := metric(body, name); got != v {
+				return fmt.Errorf("status %d, %s = %v, want %v", code, name, got, v)
+			}
+		}
+		return nil
+	})
+	// Received: the creation, x, y, z and the progress answer (y and z
+	// may come in one response); sent: the refusal too, y and z merged.
+	if recvd, sent := metric(body, "tabby_relay_responses_received_total"), metric(body, "tabby_relay_responses_sent_total"); recvd < 4 || sent < 4 || sent > recvd+1 {
+		t.Errorf("responses received %v, sent %v", recvd, sent)
+	}
+	for _, path := range []string{"/livez", "/readyz"} {
+		if code, body := f.get(t, path); code != http.StatusOK {
+			t.Errorf("%s: %d %s, want 200", path, code, body)
+		}
+	}
+	if err := f.etcd.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := f.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "etcd") {
+		t.Errorf("/readyz with etcd stopped: %d %s, want 503", code, body)
+	}
+	if code, _ := f.get(t, "/livez"); code != http.StatusOK {
+		t.Errorf("/livez with etcd stopped: %d, want 200", code)
+	}
+	testkit.Eventually(t, 10*time.Second, "the stream's end counted", func() error {
+		_, body := f.get(t, "/metrics")
+		if s, e := metric(body, "tabby_relay_streams"), metric(body, "tabby_relay_upstream_errors_total"); s != 0 || e != 1 {
+			return fmt.Errorf("streams %v, upstream errors %v", s, e)
+		}
+		return nil
+	})
 }
 
 // CheckWindow takes more than 0 up to MaxWindow, as tabby-relay's

@@ -1,0 +1,82 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// metrics count what a relay does. Every Relay has them; Handler serves
+// them with its health.
+type metrics struct {
+	reg      *prometheus.Registry
+	streams  prometheus.Gauge
+	watches  prometheus.Counter
+	refused  prometheus.Counter
+	received prometheus.Counter
+	sends    prometheus.Counter
+	events   prometheus.Counter
+	upErrs   prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tabby_relay_streams",
+			Help: "Agents' watch streams the relay serves (one etcd watch stream each)."}),
+		watches: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_watches_created_total",
+			Help: "Watches the agents asked to create through the relay."}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_watches_refused_total",
+			Help: "Watches refused because their keys lie outside the relay's prefix."}),
+		received: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_responses_received_total",
+			Help: "Watch responses received from etcd."}),
+		sends: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_responses_sent_total",
+			Help: "Watch responses sent to agents (after merging: fewer than received under churn)."}),
+		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_events_sent_total",
+			Help: "Watch events sent to agents."}),
+		upErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_upstream_errors_total",
+			Help: "Agents' streams ended because etcd's stream failed."}),
+	}
+	m.reg.MustRegister(m.streams, m.watches, m.refused, m.received, m.sends, m.events, m.upErrs,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// readyTimeout bounds /readyz's read of etcd.
+const readyTimeout = 2 * time.Second
+
+// Handler serves the relay's metrics (/metrics, Prometheus), its liveness
+// (/livez: the process serves) and its readiness (/readyz: etcd answers a
+// read under the prefix; an agent's watch through a relay that cannot
+// reach etcd would fail).
+func (r *Relay) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
+		if err := r.ready(req.Context()); err != nil {
+			http.Error(w, "etcd: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// ready reads one key's count under the prefix from etcd (linearizable:
+// a member cut off from its cluster's leader is not ready either).
+func (r *Relay) ready(ctx context.Context) error {
+	if r.kv == nil {
+		return errors.New("no etcd client")
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	_, err := r.kv.Get(ctx, r.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithLimit(1))
+	return err
+}

@@ -57,6 +57,10 @@ type Agent struct {
 	wired chan struct{}
 
 	cniListening atomic.Bool
+	// panicked is the first panic of a CNI step (attach.Runner.Panicked):
+	// the agent is no longer live (liveness), so that the kubelet restarts
+	// it and it re-reads what the panic may have left half-changed.
+	panicked atomic.Pointer[string]
 	// probes rate-limits POST /policy/probe (probe.go).
 	probes *rate.Limiter
 }
@@ -285,7 +289,7 @@ func (a *Agent) wireOwners(gctx context.Context) {
 	a.handler = newCNIHandler(gctx, a.cfg.NodeName, a.store, a.ipam, a.deps.Workloads, a.view, a.routes, a.log.With("component", "cni"))
 	a.handler.ipv6Only = !a.nodeAddr.IsValid()
 	a.handler.observe, a.handler.observeAssign = a.metrics.observeCNI, a.metrics.observeAssign
-	a.handler.runner = attach.Runner{Fault: a.deps.CNIFault, Observe: a.metrics.observeStep}
+	a.handler.runner = attach.Runner{Fault: a.deps.CNIFault, Observe: a.metrics.observeStep, Panicked: a.stepPanicked}
 	a.handler.endpointApart = a.deps.EndpointApart
 	a.handler.kube = newKubeRecords(a.cfg.NodeName)
 	if a.policy != nil {

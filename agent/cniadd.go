@@ -614,10 +614,12 @@ func (p *addPlan) logAdded(res *attach.Result) {
 	assigned, _ := res.Timing("assign")
 	routed, _ := res.Timing("routes")
 	borrowed := len(p.asgs) > 0 && p.asgs[0].Borrowed // the first family's (IPv4 when the network has it)
-	h.log.Info("workload added", "container", shortID(a.req.ContainerID), "pod", a.w.Namespace+"/"+a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
-		"borrowed", borrowed, "cached", p.cached(), "request", took("request"), "assign", took("assign"), "ipam", assigned.End.Round(time.Microsecond), "prepare", took("prepare"),
-		"complete", took("complete"), "routes", took("routes"), "dataplane", (routed.End - assigned.End).Round(time.Microsecond),
-		"endpoint", took("endpoint"), "view", took("view"), "prime", took("prime"), "policy", took("policy"))
+	attrs := []any{"container", shortID(a.req.ContainerID), "pod", a.w.Namespace + "/" + a.w.Pod, "ips", p.addrs, "iface", a.hostIf,
+		"borrowed", borrowed, "cached", p.cached(), "ipam", assigned.End.Round(time.Microsecond), "dataplane", (routed.End - assigned.End).Round(time.Microsecond)}
+	for _, step := range cni.AddSteps {
+		attrs = append(attrs, step, took(step))
+	}
+	h.log.Info("workload added", attrs...)
 }
 
 // containerMAC derives a stable, locally administered unicast MAC for a

@@ -114,6 +114,9 @@ func (a *Agent) statusLoop(ctx context.Context) {
 // liveness: every owner's loop has run recently (each runs at least once
 // per resync interval).
 func (a *Agent) liveness() error {
+	if p := a.panicked.Load(); p != nil {
+		return fmt.Errorf("%s: a restart re-reads what it may have left half-changed", *p)
+	}
 	limit := 3*a.cfg.ResyncInterval + 30*time.Second
 	if time.Since(a.started) < limit || a.routes == nil || a.bgp == nil {
 		return nil
@@ -128,6 +131,14 @@ func (a *Agent) liveness() error {
 		return fmt.Errorf("bgp loop has not completed a pass for %s", time.Since(last).Round(time.Second))
 	}
 	return nil
+}
+
+// stepPanicked is attach.Runner.Panicked: the panic and its stack go to
+// the log, and the first one ends the agent's liveness.
+func (a *Agent) stepPanicked(plan, step string, v any, stack []byte) {
+	a.log.Error("a CNI step panicked", "plan", plan, "step", step, "panic", fmt.Sprint(v), "stack", string(stack))
+	msg := fmt.Sprintf("CNI %s step %s panicked: %v", plan, step, v)
+	a.panicked.CompareAndSwap(nil, &msg)
 }
 
 // readiness: this node can network its pods. The cluster view is synced,

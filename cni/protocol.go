@@ -12,6 +12,12 @@ import (
 // maxMessageSize bounds one request or response on the socket.
 const maxMessageSize = 4 << 20
 
+// AddSteps are the steps of the agent's ADD whose times its "workload
+// added" log record carries, each under its own name, in the plan's order
+// (tabby-lab bench cni reads them; the agent's TestAddStepsLogged keeps
+// the list and the plan together).
+var AddSteps = []string{"request", "assign", "prepare", "view", "complete", "routes", "endpoint", "prime", "policy"}
+
 // Request is what the shim sends the agent: one CNI invocation, as the
 // runtime gave it to the plugin. One Request per connection.
 type Request struct {

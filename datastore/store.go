@@ -151,7 +151,7 @@ type Store struct {
 	progressOK   bool
 	// partsStreams are the streams of the running watches with
 	// WatchSpec.Skip, each of which RequestWatchProgress asks (one Store
-	// may carry several views: tabby-lab sim's nodes, tests).
+	// may carry several views: an agent has one, a test may run two).
 	partsMu      sync.Mutex
 	partsStreams map[*partsStream]struct{}
 	// clusterID is etcd's cluster ID as the latest list's response said it.

@@ -3,6 +3,7 @@ package datastore_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,6 +137,8 @@ func TestWatchKeysSkipProgressReachesEveryWatch(t *testing.T) {
 		// Asked again while waiting, as the view does: a request that
 		// came before etcd's watchers were in step goes unanswered.
 		done := make(chan struct{})
+		stopAsking := sync.OnceFunc(func() { close(done) })
+		defer stopAsking() // also when next fails the test
 		go func() {
 			tick := time.NewTicker(100 * time.Millisecond)
 			defer tick.Stop()
@@ -149,7 +152,7 @@ func TestWatchKeysSkipProgressReachesEveryWatch(t *testing.T) {
 			}
 		}()
 		e := next(t, ch)
-		close(done)
+		stopAsking()
 		if e.Type != datastore.EventProgress || e.Reached != rev {
 			t.Errorf("watch %d: event %+v, want progress reached at %d", i, e, rev)
 		}

@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/internal/stats"
 )
 
@@ -163,7 +164,7 @@ func (rep *CNIBenchReport) Table() string {
 // stepsLine prints the steps' medians in the plan's order ("" for none).
 func stepsLine(p50 map[string]time.Duration) string {
 	var parts []string
-	for _, step := range AgentSteps {
+	for _, step := range cni.AddSteps {
 		if d, ok := p50[step]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.2f", step, float64(d)/float64(time.Millisecond)))
 		}

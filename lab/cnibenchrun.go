@@ -16,6 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/tabbynet/tabby/api"
+	"github.com/tabbynet/tabby/cni"
 	"github.com/tabbynet/tabby/ipam"
 )
 
@@ -228,11 +229,6 @@ func hostLocalLeftovers(dir string) func(context.Context, []CNIBenchPod) ([]stri
 	}
 }
 
-// AgentSteps are the ADD steps whose times the agent logs ("workload
-// added", agent/cniadd.go), in the order of the plan; the agent's
-// TestBenchKnowsTheAddSteps fails when the plan's steps change without it.
-var AgentSteps = []string{"request", "assign", "prepare", "view", "complete", "routes", "endpoint", "prime", "policy"}
-
 // agentTimings fills in Agent, AgentIPAM and AgentSteps of the tabby pods
 // from the agent's log, read from offset on: its "CNI request done" record
 // of each ADD (dur) and its "workload added" record (ipam, the steps).
@@ -266,7 +262,7 @@ func agentTimings(path string, offset int64, pods []CNIBenchPod) error {
 		case rec["msg"] == "workload added":
 			p.AgentIPAM, _ = time.ParseDuration(rec["ipam"])
 			p.AgentSteps = map[string]time.Duration{}
-			for _, step := range AgentSteps {
+			for _, step := range cni.AddSteps {
 				if d, err := time.ParseDuration(rec[step]); err == nil {
 					p.AgentSteps[step] = d
 				}

@@ -62,12 +62,12 @@ func TestRelayManifest(t *testing.T) {
 			t.Errorf("args lack %s", f)
 		}
 	}
-	if !slices.Contains(c.Args, "--metrics-listen=$(NODE_IP):23793") {
-		t.Error("args lack --metrics-listen on the node's address")
+	if !slices.Contains(c.Args, "--metrics-listen=127.0.0.1:23793") {
+		t.Error("args lack --metrics-listen on the node's loopback")
 	}
 	for name, pr := range map[string]*corev1.Probe{"/livez": c.LivenessProbe, "/readyz": c.ReadinessProbe} {
-		if pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != name || pr.HTTPGet.Port.IntValue() != 23793 {
-			t.Errorf("probe of %s: %+v, want an HTTP GET of port 23793", name, pr)
+		if pr == nil || pr.HTTPGet == nil || pr.HTTPGet.Path != name || pr.HTTPGet.Port.IntValue() != 23793 || pr.HTTPGet.Host != "127.0.0.1" {
+			t.Errorf("probe of %s: %+v, want an HTTP GET of 127.0.0.1:23793", name, pr)
 		}
 	}
 	env := map[string]bool{}

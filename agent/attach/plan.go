@@ -73,6 +73,11 @@ type Runner struct {
 	Fault func(step string) error
 	// Observe, when set, is told of every step that ran (metrics).
 	Observe func(plan string, t Timing)
+	// Panicked, when set, is told of a panic in a step's Do or Undo, with
+	// its stack (the agent logs it and stops reporting itself live: state
+	// a panic left half-changed is re-read by a restart). The step fails
+	// with ErrInternal and the plan is undone as after any failure.
+	Panicked func(plan, step string, value any, stack []byte)
 }
 
 // Result is what a run of a plan did.
@@ -269,10 +274,12 @@ func (x *run) do(s *stepState) {
 		ctx = x.detached
 	}
 	begin := time.Since(x.start)
-	err := doStep(ctx, s.step)
-	if err == nil && x.r.Fault != nil {
-		err = x.r.Fault(s.step.Name)
-	}
+	err := x.safely(s.step.Name, func() error {
+		if err := s.step.Do(ctx); err != nil || x.r.Fault == nil {
+			return err
+		}
+		return x.r.Fault(s.step.Name)
+	})
 	end := time.Since(x.start)
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -296,18 +303,23 @@ func (x *run) do(s *stepState) {
 	}
 }
 
-// doStep runs a step's Do; a panic is the step's failure (with its
+// safely runs a step's Do or Undo; a panic is its failure, an
+// ErrInternal naming the step and the panic (Runner.Panicked gets the
 // stack), so that the steps that ran are undone as after any other
 // failure: the first step runs in the caller's goroutine, whose panic
 // would otherwise leave the others' work behind, and a step in a
-// goroutine of its own would take the agent down.
-func doStep(ctx context.Context, s *Step) (err error) {
+// goroutine of its own would take the agent down with every pod's ADD in
+// flight.
+func (x *run) safely(step string, f func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("step %s panicked: %v\n%s", s.Name, p, debug.Stack())
+			if x.r.Panicked != nil {
+				x.r.Panicked(x.plan, step, p, debug.Stack())
+			}
+			err = &types.Error{Code: types.ErrInternal, Msg: "step " + step + " panicked", Details: fmt.Sprint(p)}
 		}
 	}()
-	return s.Do(ctx)
+	return f()
 }
 
 // undo reverses every step that ran, last finished first, and keeps going
@@ -324,7 +336,7 @@ func (x *run) undo(ctx context.Context) error {
 	defer cancel()
 	var errs []error
 	for _, s := range ran {
-		if err := s.step.Undo(uctx); err != nil {
+		if err := x.safely("undo "+s.step.Name, func() error { return s.step.Undo(uctx) }); err != nil {
 			errs = append(errs, fmt.Errorf("undoing %s: %w", s.step.Name, err))
 		}
 	}

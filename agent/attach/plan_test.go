@@ -3,6 +3,7 @@ package attach
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -144,28 +145,44 @@ func TestRunnerUndoesLastFirst(t *testing.T) {
 }
 
 // A step that panics fails like any other, in the caller's goroutine (the
-// first step) or in one of its own: the steps that ran are undone and the
-// error names the step and the panic.
+// first step) or in one of its own: the steps that ran are undone (an
+// undo that panics too does not stop the others), the error is
+// ErrInternal naming the step and the panic, and Panicked gets the stack.
 func TestRunnerPanicIsAFailure(t *testing.T) {
 	for _, first := range []bool{true, false} {
 		j := &journal{}
 		boom := Step{Name: "boom", Code: 150, Msg: "booming", Do: func(context.Context) error { panic("kaboom") },
-			Undo: func(context.Context) error { j.add("undo boom"); return nil }}
+			Undo: func(context.Context) error { j.add("undo boom"); panic("undo kaboom") }}
 		var steps []Step
 		if first {
 			steps = []Step{boom, j.step("a", nil, nil)}
 		} else {
-			steps = []Step{j.step("a", nil, nil), {Name: "b", After: []string{"a"}, Do: boom.Do, Undo: boom.Undo, Code: 150, Msg: "booming"}}
+			boom.After = []string{"a"}
+			steps = []Step{j.step("a", nil, nil), boom}
 		}
-		var r Runner
-		_, err := r.Run(context.Background(), "test", steps)
+		var panics []string
+		var mu sync.Mutex
+		r := Runner{Panicked: func(plan, step string, v any, stack []byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			panics = append(panics, fmt.Sprintf("%s/%s: %v", plan, step, v))
+			if !strings.Contains(string(stack), "plan_test.go") {
+				t.Errorf("stack of %s lacks the panicking function:\n%s", step, stack)
+			}
+		}}
+		res, err := r.Run(context.Background(), "test", steps)
 		var te *types.Error
-		if !errors.As(err, &te) || te.Code != 150 || !strings.Contains(te.Details, "panicked: kaboom") {
-			t.Fatalf("first=%v: error %#v, want the panicking step's", first, err)
+		if !errors.As(err, &te) || te.Code != types.ErrInternal || te.Msg != "step boom panicked" || te.Details != "kaboom" {
+			t.Fatalf("first=%v: error %#v, want ErrInternal naming boom's panic", first, err)
 		}
-		got := j.get()
-		if !slices.Contains(got, "undo a") || !slices.Contains(got, "undo boom") {
+		if got := j.get(); !slices.Contains(got, "undo a") || !slices.Contains(got, "undo boom") {
 			t.Errorf("first=%v: journal %v, want a and the panicking step undone", first, got)
+		}
+		if res.UndoErr == nil || !strings.Contains(res.UndoErr.Error(), "undo kaboom") {
+			t.Errorf("first=%v: undo error %v, want the undo's panic", first, res.UndoErr)
+		}
+		if d := cmp.Diff([]string{"test/boom: kaboom", "test/undo boom: undo kaboom"}, panics); d != "" {
+			t.Errorf("first=%v: Panicked (-want +got):\n%s", first, d)
 		}
 	}
 }

@@ -69,14 +69,16 @@ func (r *Relay) Handler() http.Handler {
 	return mux
 }
 
-// ready reads one key's count under the prefix from etcd (linearizable:
-// a member cut off from its cluster's leader is not ready either).
+// ready reads the count of one key, the prefix's own, from etcd: a
+// lookup, not a walk of the prefix (etcd counts every key of a range), and
+// linearizable, so a member cut off from its cluster's leader is not ready
+// either.
 func (r *Relay) ready(ctx context.Context) error {
 	if r.kv == nil {
 		return errors.New("no etcd client")
 	}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
-	_, err := r.kv.Get(ctx, r.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly(), clientv3.WithLimit(1))
+	_, err := r.kv.Get(ctx, r.prefix, clientv3.WithCountOnly())
 	return err
 }

@@ -169,7 +169,9 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 	defer r.m.streams.Dec()
 	up, err := pb.NewWatchClient(r.conn()).Watch(uctx, grpc.WaitForReady(true), grpc.MaxCallRecvMsgSize(math.MaxInt32))
 	if err != nil {
-		r.m.upErrs.Inc()
+		if ctx.Err() == nil { // not the agent gone while the relay waited for etcd
+			r.m.upErrs.Inc()
+		}
 		return upstreamErr(err)
 	}
 	b := &batcher{down: down, window: r.window, fail: cancel, urgent: r.urgent, m: r.m}

@@ -157,7 +157,7 @@ func (r *Relay) allowed(c *pb.WatchCreateRequest) bool {
 // Watch relays one agent's watch stream. The handler's goroutine receives
 // etcd's responses and sends or holds each itself (one hand-off per
 // response, gRPC's reader to it, as the agent's own watch); a goroutine
-// reads the agent's requests; a timer sends what is held.
+// forwards the agent's requests; a timer sends what is held.
 func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 	ctx, cancel := context.WithCancel(down.Context())
 	defer cancel()
@@ -178,46 +178,20 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 	b.t = time.AfterFunc(time.Hour, b.fire)
 	b.t.Stop()
 	defer b.close()
-	var sendMu sync.Mutex // the reader and the batcher both send upstream
-	sendUp := func(req *pb.WatchRequest) error {
-		sendMu.Lock()
-		defer sendMu.Unlock()
-		return up.Send(req)
-	}
+	var mu sync.Mutex
 	var upErr error // the reader's, set before it cancels
-	go func() {     // the agent's requests
+	go func() {
 		defer cancel()
-		for {
-			req, err := down.Recv()
-			if err != nil {
-				return // the agent went (or the handler returned)
-			}
-			if c := req.GetCreateRequest(); c != nil {
-				if !r.allowed(c) {
-					r.m.refused.Inc()
-					r.log.Warn("refused a watch outside the prefix", "key", string(c.Key), "prefix", r.prefix)
-					b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
-						CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
-					continue
-				}
-				r.m.watches.Inc()
-			}
-			// A progress request does not send what is held: etcd's
-			// answer (take) sends it, a round trip later, back to back
-			// with the answer, which the agent wakes once for, not twice.
-			if err := sendUp(req); err != nil {
-				sendMu.Lock()
-				upErr = upstreamErr(err)
-				sendMu.Unlock()
-				return
-			}
-		}
+		err := r.forward(down, up, b)
+		mu.Lock()
+		upErr = err
+		mu.Unlock()
 	}()
 	for {
 		resp, err := up.Recv()
 		if err != nil {
-			sendMu.Lock()
-			defer sendMu.Unlock()
+			mu.Lock()
+			defer mu.Unlock()
 			switch {
 			case upErr != nil:
 				r.m.upErrs.Inc()
@@ -233,6 +207,34 @@ func (r *Relay) Watch(down pb.Watch_WatchServer) error {
 		}
 		r.m.received.Inc()
 		b.take(resp)
+	}
+}
+
+// forward sends the agent's requests to etcd until the agent goes (nil)
+// or etcd's stream fails (its error); a watch outside the prefix is
+// refused here, never forwarded. It is the only sender on up.
+func (r *Relay) forward(down pb.Watch_WatchServer, up pb.Watch_WatchClient, b *batcher) error {
+	for {
+		req, err := down.Recv()
+		if err != nil {
+			return nil // the agent went (or the handler returned)
+		}
+		if c := req.GetCreateRequest(); c != nil {
+			if !r.allowed(c) {
+				r.m.refused.Inc()
+				r.log.Warn("refused a watch outside the prefix", "key", string(c.Key), "prefix", r.prefix)
+				b.take(&pb.WatchResponse{Header: &pb.ResponseHeader{}, WatchId: clientv3.InvalidWatchID, Created: true, Canceled: true,
+					CancelReason: fmt.Sprintf("relay: watch outside %s refused", r.prefix)})
+				continue
+			}
+			r.m.watches.Inc()
+		}
+		// A progress request does not send what is held: etcd's answer
+		// (take) sends it, a round trip later, back to back with the
+		// answer, which the agent wakes once for, not twice.
+		if err := up.Send(req); err != nil {
+			return upstreamErr(err)
+		}
 	}
 }
 

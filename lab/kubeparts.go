@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -380,4 +382,118 @@ func (l *Lab) StopKubeProxy(ctx context.Context, node string) error {
 	}
 	progress(l.log, "stopping kube-proxy on %s (pid %d)", node, n.KubeProxy.PID)
 	return n.KubeProxy.Stop(ctx, syscall.SIGTERM, 5*time.Second, l.exitChan(n.KubeProxy.PID))
+}
+
+// sweepNode kills what a node's containerd left when it died before Down
+// could remove its tasks, once the lab's own processes are stopped: its
+// shims (which outlive it, in no cgroup of the lab's: found by the socket
+// they name, the node's, under the lab's directory) and the processes left
+// in the node's cgroup root (the pods', which keep the cgroups busy). The
+// runtime's pod network namespaces (/run/netns/cni-…) those processes
+// were in are deleted too, as containerd would have with the pods. Only
+// those processes are touched, and only namespaces one of them was in.
+func sweepNode(ctx context.Context, root, sock string, log io.Writer) error {
+	if root == "" || root == "/" || !strings.HasPrefix(root, "/tabby-lab-") {
+		return fmt.Errorf("refusing to sweep cgroup %q: not a lab's", root)
+	}
+	hs, err := CgroupHierarchies()
+	if err != nil {
+		return err
+	}
+	pids := map[int]bool{}
+	for _, h := range hs {
+		_ = filepath.WalkDir(filepath.Join(h, root), func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil // gone meanwhile, or not yet there
+			}
+			b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			if err != nil {
+				return nil
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+					pids[pid] = true
+				}
+			}
+			return nil
+		})
+	}
+	shims := shimsOf(sock)
+	if len(pids) == 0 && len(shims) == 0 {
+		return nil
+	}
+	type nsID struct{ dev, ino uint64 }
+	netns := map[nsID]bool{}
+	for pid := range pids {
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil {
+			netns[nsID{st.Dev, st.Ino}] = true
+		}
+	}
+	progress(log, "killing %d processes and %d shims its containerd left (%s)", len(pids), len(shims), root)
+	for _, pid := range shims {
+		pids[pid] = true
+	}
+	for pid := range pids {
+		_ = unix.Kill(pid, unix.SIGKILL)
+	}
+	var errs []error
+	deadline := time.Now().Add(10 * time.Second)
+	for pid := range pids {
+		for processExists(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if processExists(pid) {
+			errs = append(errs, fmt.Errorf("process %d of %s outlived SIGKILL", pid, root))
+		}
+	}
+	entries, err := os.ReadDir(NetNSDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range entries {
+		var st unix.Stat_t
+		if !strings.HasPrefix(e.Name(), "cni-") || unix.Stat(filepath.Join(NetNSDir, e.Name()), &st) != nil || !netns[nsID{st.Dev, st.Ino}] {
+			continue
+		}
+		progress(log, "deleting pod namespace %s", e.Name())
+		if err := ip(ctx, "netns", "delete", e.Name()); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// processExists: pid is a process that has not exited (a zombie has: the
+// shims' parent is init, which reaps them).
+func processExists(pid int) bool {
+	f, err := ProcStat(pid)
+	return err == nil && len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+// shimsOf returns the containerd shims serving the containerd at sock
+// (their command line names it after -address).
+func shimsOf(sock string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") {
+			continue
+		}
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-address" && args[i+1] == sock {
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
 }

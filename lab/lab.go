@@ -375,7 +375,8 @@ func teardown(ctx context.Context, dir string, log io.Writer, exited map[int]<-c
 	}
 	for _, n := range st.Nodes {
 		if n.CgroupRoot != "" {
-			errs = append(errs, removeCgroupRoot(n.CgroupRoot))
+			sock := filepath.Join(dir, n.Name, "containerd", "containerd.sock")
+			errs = append(errs, sweepNode(ctx, n.CgroupRoot, sock, log), removeCgroupRoot(n.CgroupRoot))
 		}
 		if n.Containerd != nil {
 			removeEmptyContainerdDirs()

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,11 +224,16 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 				t.Errorf("the lab made the host's %s", p)
 			}
 		}
-		// The pod left running at Down: its network namespace goes too.
+		// The pod left running at Down: its network namespace goes too,
+		// and so do the shims of node1's containerd (killed before Down).
 		for _, ns := range ownNetns {
 			if _, err := os.Stat(filepath.Join(lab.NetNSDir, ns)); err == nil {
 				t.Errorf("pod network namespace %s left after Down", ns)
 			}
+		}
+		sock := filepath.Join(runDir, name, "node1", "containerd", "containerd.sock")
+		if out, err := exec.Command("pgrep", "-a", "-f", "containerd-shim.* -address "+sock).Output(); err == nil {
+			t.Errorf("containerd shims of node1 left after Down:\n%s", out)
 		}
 	})
 	node := l.State().Node("node1")
@@ -331,6 +337,18 @@ func TestPrivilegedKubeletPod(t *testing.T) {
 	}
 	if len(ownNetns) == 0 {
 		t.Error("no pod network namespace holds the running pod's task: the Down check would prove nothing")
+	}
+	// containerd dies before Down (TestPrivilegedDaemonSet's Down removes
+	// running pods through it): its shims and the pod outlive it, and Down
+	// still stops them (the processes left in the node's cgroup root,
+	// which otherwise stays busy: Down fails) and deletes the pod's network
+	// namespace (the cleanup checks both).
+	cd := l.State().Node("node1").Containerd
+	if err := syscall.Kill(cd.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := lab.Poll(ctx, 50*time.Millisecond, func() (bool, error) { return !cd.Alive(), nil }); err != nil {
+		t.Fatalf("containerd (pid %d) still alive after SIGKILL: %v", cd.PID, err)
 	}
 }
 

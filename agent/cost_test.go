@@ -44,7 +44,14 @@ func newFakeAgentOn(t testing.TB, endpoints []string, node, ip string, log *slog
 // endpoints, until the test ends.
 func startFakeAgent(t *testing.T, endpoints []string, node, ip string) *Agent {
 	t.Helper()
-	a := newFakeAgent(t, endpoints, node, ip, testLogger())
+	return runAgent(t, newFakeAgent(t, endpoints, node, ip, testLogger()))
+}
+
+// runAgent runs a until the test ends (an error then fails it) and returns
+// it once it is wired.
+func runAgent(t *testing.T, a *Agent) *Agent {
+	t.Helper()
+	node := a.cfg.NodeName
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -24,25 +23,15 @@ import (
 func TestStepPanicEndsLiveness(t *testing.T) {
 	etcd := storetest.Etcd(t)
 	routes := fake.NewRoutes()
-	a := newFakeAgentOn(t, etcd.Endpoints(), "node1", "198.18.0.11/24", testLogger(),
+	a := runAgent(t, newFakeAgentOn(t, etcd.Endpoints(), "node1", "198.18.0.11/24", testLogger(),
 		Deps{Workloads: fake.NewWorkloads(routes), Routes: routes, Speaker: newFakeSpeaker(),
 			CNIFault: func(step string) error {
 				if step == "routes" {
 					panic("injected")
 				}
 				return nil
-			}})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-a.wired:
-	case err := <-done:
-		t.Fatalf("agent stopped: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("agent never came up")
-	}
+			}}))
+	ctx := t.Context()
 	healthz := func() (int, string) {
 		rec := httptest.NewRecorder()
 		a.httpHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))

@@ -283,41 +283,41 @@ func CgroupHierarchies() ([]string, error) {
 // below it, deepest first, in every hierarchy. A cgroup that still holds a
 // process cannot be removed: that is an error (a pod outlived teardown).
 func removeCgroupRoot(root string) error {
+	dirs, err := cgroupDirs(root)
+	var errs []error
+	for _, d := range slices.Backward(dirs) {
+		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// cgroupDirs lists a lab's cgroup root and every cgroup below it in every
+// hierarchy, each parent before its children; with an error, those it
+// could list. It refuses a root that is not a lab's.
+func cgroupDirs(root string) ([]string, error) {
 	if root == "" || root == "/" || !strings.HasPrefix(root, "/tabby-lab-") {
-		return fmt.Errorf("refusing to remove cgroup %q: not a lab's", root)
+		return nil, fmt.Errorf("refusing cgroup %q: not a lab's", root)
 	}
 	hs, err := CgroupHierarchies()
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var dirs []string
 	var errs []error
 	for _, h := range hs {
-		top := filepath.Join(h, root)
-		var dirs []string
-		err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() {
+		err := filepath.WalkDir(filepath.Join(h, root), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}
-			return nil
+			return err
 		})
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
-			continue
-		}
-		slices.Reverse(dirs)
-		for _, d := range dirs {
-			if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", d, err))
-			}
 		}
 	}
-	return errors.Join(errs...)
+	return dirs, errors.Join(errs...)
 }
 
 // StopKubelet stops the node's kubelet (SIGTERM, SIGKILL after 10 s) and
@@ -393,59 +393,32 @@ func (l *Lab) StopKubeProxy(ctx context.Context, node string) error {
 // were in are deleted too, as containerd would have with the pods. Only
 // those processes are touched, and only namespaces one of them was in.
 func sweepNode(ctx context.Context, root, sock string, log io.Writer) error {
-	if root == "" || root == "/" || !strings.HasPrefix(root, "/tabby-lab-") {
-		return fmt.Errorf("refusing to sweep cgroup %q: not a lab's", root)
-	}
-	hs, err := CgroupHierarchies()
+	dirs, err := cgroupDirs(root)
 	if err != nil {
 		return err
 	}
-	pids := map[int]bool{}
-	for _, h := range hs {
-		_ = filepath.WalkDir(filepath.Join(h, root), func(p string, d os.DirEntry, err error) error {
-			if err != nil || !d.IsDir() {
-				return nil // gone meanwhile, or not yet there
-			}
-			b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
-			if err != nil {
-				return nil
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
-					pids[pid] = true
-				}
-			}
-			return nil
-		})
-	}
-	shims := shimsOf(sock)
-	if len(pids) == 0 && len(shims) == 0 {
-		return nil
-	}
 	type nsID struct{ dev, ino uint64 }
 	netns := map[nsID]bool{}
-	for pid := range pids {
-		var st unix.Stat_t
-		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil {
-			netns[nsID{st.Dev, st.Ino}] = true
+	var left []*Proc
+	for _, d := range dirs {
+		b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs")) // gone meanwhile: nothing in it
+		for _, f := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(f)
+			var st unix.Stat_t
+			if p := procOf(pid, "a process left in "+root); p != nil && unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) == nil {
+				netns[nsID{st.Dev, st.Ino}] = true
+				left = append(left, p)
+			}
 		}
 	}
-	progress(log, "killing %d processes and %d shims its containerd left (%s)", len(pids), len(shims), root)
-	for _, pid := range shims {
-		pids[pid] = true
+	left = append(left, shimsOf(sock)...)
+	if len(left) == 0 {
+		return nil
 	}
-	for pid := range pids {
-		_ = unix.Kill(pid, unix.SIGKILL)
-	}
+	progress(log, "stopping %d processes its containerd left (%s)", len(left), root)
 	var errs []error
-	deadline := time.Now().Add(10 * time.Second)
-	for pid := range pids {
-		for processExists(pid) && time.Now().Before(deadline) {
-			time.Sleep(20 * time.Millisecond)
-		}
-		if processExists(pid) {
-			errs = append(errs, fmt.Errorf("process %d of %s outlived SIGKILL", pid, root))
-		}
+	for _, p := range left {
+		errs = append(errs, p.Stop(ctx, syscall.SIGKILL, 10*time.Second, nil))
 	}
 	entries, err := os.ReadDir(NetNSDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -464,34 +437,47 @@ func sweepNode(ctx context.Context, root, sock string, log io.Writer) error {
 	return errors.Join(errs...)
 }
 
-// processExists: pid is a process that has not exited (a zombie has: the
-// shims' parent is init, which reaps them).
-func processExists(pid int) bool {
-	f, err := ProcStat(pid)
-	return err == nil && len(f) > 0 && f[0] != "Z" && f[0] != "X"
+// procOf describes the running process pid as a Proc (its command line and
+// start time, which Stop checks against pid reuse); nil when it is gone.
+func procOf(pid int, role string) *Proc {
+	start, err := procStartTime(pid)
+	if err != nil || pid <= 0 {
+		return nil
+	}
+	b, err := readCmdline(pid)
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	p := &Proc{Role: role, PID: pid, Argv: strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"), StartTime: start}
+	if !p.Alive() {
+		return nil
+	}
+	return p
 }
 
 // shimsOf returns the containerd shims serving the containerd at sock
 // (their command line names it after -address).
-func shimsOf(sock string) []int {
+func shimsOf(sock string) []*Proc {
 	entries, _ := os.ReadDir("/proc")
-	var out []int
+	var out []*Proc
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
+		// One read first: a kernel thread's empty command line would make
+		// procOf wait for one.
+		b, err := readCmdlineOnce(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.HasPrefix(filepath.Base(strings.SplitN(string(b), "\x00", 2)[0]), "containerd-shim") {
 			continue
 		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "containerd-shim") {
+		p := procOf(pid, "a containerd shim")
+		if p == nil {
 			continue
 		}
-		for i := 0; i+1 < len(args); i++ {
-			if args[i] == "-address" && args[i+1] == sock {
-				out = append(out, pid)
+		for i := 0; i+1 < len(p.Argv); i++ {
+			if p.Argv[i] == "-address" && p.Argv[i+1] == sock {
+				out = append(out, p)
 			}
 		}
 	}

@@ -26,22 +26,19 @@ type metrics struct {
 }
 
 func newMetrics() *metrics {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_" + name, Help: help})
+	}
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tabby_relay_streams",
 			Help: "Agents' watch streams the relay serves (one etcd watch stream each)."}),
-		watches: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_watches_created_total",
-			Help: "Watches the agents asked to create through the relay."}),
-		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_watches_refused_total",
-			Help: "Watches refused because their keys lie outside the relay's prefix."}),
-		received: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_responses_received_total",
-			Help: "Watch responses received from etcd."}),
-		sends: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_responses_sent_total",
-			Help: "Watch responses sent to agents (after merging: fewer than received under churn)."}),
-		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_events_sent_total",
-			Help: "Watch events sent to agents."}),
-		upErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "tabby_relay_upstream_errors_total",
-			Help: "Agents' streams ended because etcd's stream failed."}),
+		watches:  counter("watches_created_total", "Watches the agents asked to create through the relay."),
+		refused:  counter("watches_refused_total", "Watches refused because their keys lie outside the relay's prefix."),
+		received: counter("responses_received_total", "Watch responses received from etcd."),
+		sends:    counter("responses_sent_total", "Watch responses sent to agents (after merging: fewer than received under churn)."),
+		events:   counter("events_sent_total", "Watch events sent to agents."),
+		upErrs:   counter("upstream_errors_total", "Agents' streams ended because etcd's stream failed."),
 	}
 	m.reg.MustRegister(m.streams, m.watches, m.refused, m.received, m.sends, m.events, m.upErrs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -81,8 +81,12 @@ type Syncer struct {
 	// waiters are the WaitRevision calls, each woken once, when the view
 	// is synced and has reached its revision: not on every event.
 	waiters []waiter
-	subs    []subscriber
-	stats   Stats
+	// offering: an apply has changed the state and not yet offered its
+	// updates to the subscribers; a key it holds does not end a WaitHeld
+	// until they have been (the apply's end wakes the waiters).
+	offering bool
+	subs     []subscriber
+	stats    Stats
 }
 
 // Stats counts what the view has processed, for metrics and tests.
@@ -150,6 +154,7 @@ func (s *Syncer) apply(evs ...datastore.Event) {
 		}
 	}
 	subs := s.subs
+	s.offering = true
 	s.mu.Unlock()
 	for _, sub := range subs {
 		sub.offer(ups)
@@ -160,6 +165,7 @@ func (s *Syncer) apply(evs ...datastore.Event) {
 	// The revision moves only after every subscriber was offered the
 	// updates: whoever waited for it finds them queued.
 	s.mu.Lock()
+	s.offering = false
 	if resynced {
 		s.synced = true
 	}
@@ -185,6 +191,8 @@ func (s *Syncer) doneLocked(w waiter) bool {
 		return false
 	case w.key == "" || s.rev >= w.keyRev:
 		return true
+	case s.offering:
+		return false // the key may be there before its update is queued
 	}
 	it, ok := s.st.items[w.key]
 	return ok && it.rev >= w.keyRev
